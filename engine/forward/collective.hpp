@@ -1,0 +1,43 @@
+// collective: the reduction between the tensor-parallel shards of one stage. A shard
+// calls all_reduce_sum with its partial sums; on return every shard holds the same total,
+// summed in rank order (so every shard, and every run, gets identical bits).
+//
+// local_collective_group: the shards are threads of one process (the CPU case). Each
+// rank uses member(rank) from its own thread; all ranks must call with the same n.
+#pragma once
+
+#include <barrier>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace troupe {
+
+class collective {
+ public:
+  virtual ~collective() = default;
+  virtual void all_reduce_sum(float* data, int64_t n) = 0;
+};
+
+// The single-shard case: nothing to reduce.
+class no_collective final : public collective {
+ public:
+  void all_reduce_sum(float*, int64_t) override {}
+};
+
+class local_collective_group {
+ public:
+  explicit local_collective_group(int32_t size);
+  collective& member(int32_t rank);
+  int32_t size() const { return size_; }
+
+ private:
+  class member_impl;
+  int32_t size_;
+  std::barrier<> barrier_;
+  std::vector<float*> buffers_;
+  std::vector<float> sum_;
+  std::vector<std::unique_ptr<member_impl>> members_;
+};
+
+}  // namespace troupe

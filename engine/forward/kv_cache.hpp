@@ -1,0 +1,39 @@
+// kv_cache: the key/value tensors one shard keeps for its layers and KV heads, in
+// fixed-size blocks. Which block belongs to which sequence is decided elsewhere (block
+// tables handed in with each step); this object only owns the memory.
+//
+//   per layer: k, v [num_blocks][num_kv_heads][block_size][head_dim] floats
+//
+// Owned by one shard; touched only by the thread that runs that shard's forward pass.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cpu/paged_attention.hpp"
+
+namespace troupe {
+
+struct kv_cache_shape {
+  int32_t num_layers = 0;
+  int32_t num_blocks = 0;
+  int32_t num_kv_heads = 0;  // this shard's share
+  int32_t block_size = 16;
+  int32_t head_dim = 0;
+};
+
+class kv_cache {
+ public:
+  explicit kv_cache(const kv_cache_shape& s);
+
+  paged_kv_layer layer(int32_t idx) const;
+  const kv_cache_shape& shape() const { return shape_; }
+  int64_t bytes() const { return 2 * layer_floats_ * shape_.num_layers * int64_t{sizeof(float)}; }
+
+ private:
+  kv_cache_shape shape_;
+  int64_t layer_floats_;
+  std::unique_ptr<float[]> data_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,44 @@
+// step_batch: the tokens one forward step processes, sequence by sequence. A sequence
+// contributes a prefill chunk (many tokens) or a decode token (one); all tokens of the
+// step go through each weight matrix in one GEMM.
+//
+// Sequence i's tokens are tokens[first_i .. first_i + num_tokens_i), where first_i is the
+// sum of the earlier sequences' num_tokens, at positions start_pos .. start_pos +
+// num_tokens - 1. Its block_table must cover every position up to the last one.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace troupe {
+
+struct step_sequence {
+  int32_t num_tokens = 0;
+  int32_t start_pos = 0;               // tokens of this sequence already in the cache
+  std::span<const uint32_t> block_table;
+  bool want_logits = false;            // logits of its last token are wanted
+};
+
+struct step_batch {
+  std::vector<int32_t> tokens;
+  std::vector<step_sequence> sequences;
+
+  void clear() {
+    tokens.clear();
+    sequences.clear();
+  }
+  void add(std::span<const int32_t> toks, int32_t start_pos, std::span<const uint32_t> blocks,
+           bool want_logits) {
+    tokens.insert(tokens.end(), toks.begin(), toks.end());
+    sequences.push_back({static_cast<int32_t>(toks.size()), start_pos, blocks, want_logits});
+  }
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_logits() const {
+    int32_t n = 0;
+    for (const auto& s : sequences) n += s.want_logits;
+    return n;
+  }
+};
+
+}  // namespace troupe

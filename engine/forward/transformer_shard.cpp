@@ -1,0 +1,159 @@
+#include "engine/forward/transformer_shard.hpp"
+
+#include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/rmsnorm.hpp"
+#include "kernels/cpu/silu_mul.hpp"
+
+namespace troupe {
+
+namespace {
+
+template <class T>
+T* grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+kv_cache_shape transformer_shard::cache_shape(const model_config& c, const shard_spec& spec,
+                                              int32_t num_blocks, int32_t block_size) {
+  const int32_t end = spec.end_layer == 0 ? c.num_layers : spec.end_layer;
+  kv_cache_shape s;
+  s.num_layers = end - spec.first_layer;
+  s.num_blocks = num_blocks;
+  s.num_kv_heads = c.num_kv_heads / spec.tp.size;
+  s.block_size = block_size;
+  s.head_dim = c.head_dim;
+  return s;
+}
+
+transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_cache& kv,
+                                     thread_pool& pool, collective& comm)
+    : model_(m), cfg_(m.config), spec_(spec), kv_(kv), pool_(pool), comm_(comm) {
+  if (spec_.end_layer == 0) spec_.end_layer = cfg_.num_layers;
+  TROUPE_ASSERT(spec_.first_layer >= 0 && spec_.first_layer < spec_.end_layer &&
+                    spec_.end_layer <= cfg_.num_layers,
+                spec_.first_layer, spec_.end_layer, cfg_.num_layers);
+  const tp_slice tp = spec_.tp;
+  TROUPE_ASSERT(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, tp.rank, tp.size);
+  local_heads_ = cfg_.num_heads / tp.size;
+  local_kv_heads_ = cfg_.num_kv_heads / tp.size;
+  local_hidden_ = cfg_.hidden_dim / tp.size;
+  TROUPE_ASSERT(local_heads_ * tp.size == cfg_.num_heads &&
+                local_kv_heads_ * tp.size == cfg_.num_kv_heads &&
+                local_hidden_ * tp.size == cfg_.hidden_dim, "split checked by check_tp_split");
+  const kv_cache_shape& ks = kv_.shape();
+  TROUPE_ASSERT(ks.num_layers == spec_.end_layer - spec_.first_layer &&
+                ks.num_kv_heads == local_kv_heads_ && ks.head_dim == cfg_.head_dim,
+                ks.num_layers, ks.num_kv_heads, ks.head_dim);
+
+  const int32_t hd = cfg_.head_dim;
+  for (int32_t l = spec_.first_layer; l < spec_.end_layer; ++l) {
+    const layer_weights& w = m.weights.layers[l];
+    sliced_layer s;
+    s.attn_norm = w.attn_norm;
+    s.ffn_norm = w.ffn_norm;
+    s.wq = w.wq.slice_rows(tp.rank * local_heads_ * hd, local_heads_ * hd);
+    s.wk = w.wk.slice_rows(tp.rank * local_kv_heads_ * hd, local_kv_heads_ * hd);
+    s.wv = w.wv.slice_rows(tp.rank * local_kv_heads_ * hd, local_kv_heads_ * hd);
+    s.wo = w.wo.slice_cols(tp.rank * local_heads_ * hd, local_heads_ * hd);
+    s.w1 = w.w1.slice_rows(tp.rank * local_hidden_, local_hidden_);
+    s.w3 = w.w3.slice_rows(tp.rank * local_hidden_, local_hidden_);
+    s.w2 = w.w2.slice_cols(tp.rank * local_hidden_, local_hidden_);
+    layers_.push_back(s);
+  }
+  const int32_t half = cfg_.rope_dim / 2;
+  rope_cos_.resize(int64_t{cfg_.max_seq_len} * half);
+  rope_sin_.resize(int64_t{cfg_.max_seq_len} * half);
+  rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq_len, cfg_.rope_dim, cfg_.rope_base);
+}
+
+void transformer_shard::forward(const step_batch& batch, float* hidden, float* logits) {
+  const int32_t n = batch.num_tokens();
+  if (n == 0) return;
+  // Per-token attention inputs: position and block table of the token's sequence.
+  att_tokens_.clear();
+  for (const auto& s : batch.sequences) {
+    TROUPE_ASSERT(s.start_pos >= 0 && s.start_pos + s.num_tokens <= cfg_.max_seq_len,
+                  s.start_pos, s.num_tokens, cfg_.max_seq_len);
+    TROUPE_ASSERT(static_cast<int64_t>(s.block_table.size()) * kv_.shape().block_size >= s.start_pos + s.num_tokens,
+                  s.block_table.size(), s.start_pos, s.num_tokens);
+    for (uint32_t b : s.block_table)
+      TROUPE_ASSERT(b < static_cast<uint32_t>(kv_.shape().num_blocks), b, kv_.shape().num_blocks);
+    for (int32_t i = 0; i < s.num_tokens; ++i)
+      att_tokens_.push_back({s.start_pos + i, s.block_table.data()});
+  }
+  TROUPE_ASSERT(static_cast<int32_t>(att_tokens_.size()) == n, att_tokens_.size(), n);
+
+  if (is_first_stage()) {
+    for (int32_t t : batch.tokens) TROUPE_ASSERT(t >= 0 && t < cfg_.vocab_size, t, cfg_.vocab_size);
+    embedding(model_.weights.token_embedding, batch.tokens.data(), n, hidden, cfg_.dim);
+  }
+  for (int32_t l = 0; l < static_cast<int32_t>(layers_.size()); ++l) run_layer(l, batch, hidden);
+  if (is_last_stage() && logits != nullptr && spec_.tp.rank == 0) run_head(batch, hidden, logits);
+}
+
+void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x) {
+  const sliced_layer& w = layers_[idx];
+  const int32_t n = batch.num_tokens();
+  const int32_t dim = cfg_.dim, hd = cfg_.head_dim;
+  const int32_t q_dim = local_heads_ * hd, kv_dim = local_kv_heads_ * hd;
+  float* xb = grow(xb_, int64_t{n} * dim);
+  float* q = grow(q_, int64_t{n} * q_dim);
+  float* k = grow(k_, int64_t{n} * kv_dim);
+  float* v = grow(v_, int64_t{n} * kv_dim);
+  float* att = grow(att_, int64_t{n} * q_dim);
+  float* proj = grow(proj_, int64_t{n} * dim);
+  const paged_kv_layer cache = kv_.layer(idx);
+  const int32_t half = cfg_.rope_dim / 2;
+
+  // Attention block.
+  for (int32_t t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, w.attn_norm, dim, cfg_.rms_eps);
+  gemm(xb, dim, n, w.wq, q, q_dim, pool_);
+  gemm(xb, dim, n, w.wk, k, kv_dim, pool_);
+  gemm(xb, dim, n, w.wv, v, kv_dim, pool_);
+  for (int32_t t = 0; t < n; ++t) {
+    const int32_t pos = att_tokens_[t].position;
+    const float* c = rope_cos_.data() + int64_t{pos} * half;
+    const float* s = rope_sin_.data() + int64_t{pos} * half;
+    rope(q + t * q_dim, local_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
+    rope(k + t * kv_dim, local_kv_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
+    paged_kv_write(cache, att_tokens_[t].block_table, pos, k + t * kv_dim, v + t * kv_dim);
+  }
+  paged_attention(q, q_dim, att, q_dim, att_tokens_.data(), n, local_heads_, cache, pool_);
+  gemm(att, q_dim, n, w.wo, proj, dim, pool_);
+  if (spec_.tp.size > 1) comm_.all_reduce_sum(proj, int64_t{n} * dim);
+  for (int64_t i = 0; i < int64_t{n} * dim; ++i) x[i] += proj[i];
+
+  // Feed-forward block (SwiGLU).
+  const int32_t hid = local_hidden_;
+  float* gate = grow(gate_, int64_t{n} * hid);
+  float* up = grow(up_, int64_t{n} * hid);
+  for (int32_t t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, w.ffn_norm, dim, cfg_.rms_eps);
+  gemm(xb, dim, n, w.w1, gate, hid, pool_);
+  gemm(xb, dim, n, w.w3, up, hid, pool_);
+  silu_mul(gate, up, n * hid);
+  gemm(gate, hid, n, w.w2, proj, dim, pool_);
+  if (spec_.tp.size > 1) comm_.all_reduce_sum(proj, int64_t{n} * dim);
+  for (int64_t i = 0; i < int64_t{n} * dim; ++i) x[i] += proj[i];
+}
+
+void transformer_shard::run_head(const step_batch& batch, const float* x, float* logits) {
+  const int32_t dim = cfg_.dim;
+  const int32_t rows = batch.num_logits();
+  float* xb = grow(xb_, int64_t{rows} * dim);
+  int32_t token = 0, row = 0;
+  for (const auto& s : batch.sequences) {
+    token += s.num_tokens;
+    if (s.want_logits) {
+      rmsnorm(xb + int64_t{row} * dim, x + int64_t{token - 1} * dim, model_.weights.final_norm,
+              dim, cfg_.rms_eps);
+      ++row;
+    }
+  }
+  gemm(xb, dim, rows, model_.weights.classifier, logits, cfg_.vocab_size, pool_);
+}
+
+}  // namespace troupe

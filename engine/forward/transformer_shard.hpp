@@ -1,0 +1,73 @@
+// transformer_shard: runs a range of a Llama model's layers, for one tensor-parallel
+// slice, over a step_batch. Pipeline parallelism gives each stage a layer range; tensor
+// parallelism gives each shard of a stage a slice; one shard with every layer and
+// slice {0, 1} is the whole model.
+//
+//   hidden: [num_tokens][dim] activations, in place. The first stage (first_layer == 0)
+//           fills it from the token embedding; later stages receive it from the previous.
+//   logits: [num_logits][vocab] for the sequences that want logits, in batch order;
+//           produced by the last stage's rank-0 shard (other shards may pass nullptr).
+//
+// The shard borrows the model, its KV cache, a thread pool and the collective of its
+// stage; all must outlive it. One thread calls forward() at a time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/forward/collective.hpp"
+#include "engine/forward/kv_cache.hpp"
+#include "engine/forward/step_batch.hpp"
+#include "engine/forward/tp_slice.hpp"
+#include "engine/model/model.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace troupe {
+
+struct shard_spec {
+  int32_t first_layer = 0;
+  int32_t end_layer = 0;  // exclusive; 0 means every layer
+  tp_slice tp;
+};
+
+class transformer_shard {
+ public:
+  transformer_shard(const model& m, const shard_spec& spec, kv_cache& kv, thread_pool& pool,
+                    collective& comm);
+
+  void forward(const step_batch& batch, float* hidden, float* logits);
+
+  bool is_first_stage() const { return spec_.first_layer == 0; }
+  bool is_last_stage() const { return spec_.end_layer == cfg_.num_layers; }
+  const shard_spec& spec() const { return spec_; }
+
+  // The cache shape this shard needs for num_blocks blocks of block_size tokens.
+  static kv_cache_shape cache_shape(const model_config& c, const shard_spec& spec,
+                                    int32_t num_blocks, int32_t block_size);
+
+ private:
+  struct sliced_layer {
+    const float* attn_norm;
+    const float* ffn_norm;
+    matrix_view wq, wk, wv, wo, w1, w2, w3;
+  };
+
+  void run_layer(int32_t idx, const step_batch& batch, float* hidden);
+  void run_head(const step_batch& batch, const float* hidden, float* logits);
+
+  const model& model_;
+  const model_config& cfg_;
+  shard_spec spec_;
+  kv_cache& kv_;
+  thread_pool& pool_;
+  collective& comm_;
+  std::vector<sliced_layer> layers_;  // [end_layer - first_layer]
+  int32_t local_heads_, local_kv_heads_, local_hidden_;
+  std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len][rope_dim / 2]
+
+  // Scratch, grown to the largest step seen.
+  std::vector<float> xb_, q_, k_, v_, att_, proj_, gate_, up_;
+  std::vector<attention_token> att_tokens_;
+};
+
+}  // namespace troupe

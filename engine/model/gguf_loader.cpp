@@ -1,0 +1,226 @@
+// GGUF checkpoints of the "llama" architecture: shape from llama.* metadata, tensors by
+// their GGUF names (token_embd, blk.N.attn_q, ..., output_norm, output), vocabulary from
+// tokenizer.ggml.* metadata.
+#include <cmath>
+
+#include "engine/model/gguf_file.hpp"
+#include "engine/model/model.hpp"
+
+namespace troupe {
+
+namespace {
+
+std::string utf8_lower_block() { return "\xe2\x96\x81"; }  // U+2581, SentencePiece's space
+
+expected<vocabulary> vocabulary_from(const gguf_file& g) {
+  const std::string path = g.path();
+  auto model_name = g.get_string("tokenizer.ggml.model");
+  if (!model_name) return error{path + ": no tokenizer.ggml.model in the metadata"};
+  if (*model_name != "llama")
+    return error{path + ": tokenizer '" + *model_name + "' is not supported (the SentencePiece 'llama' vocabulary is)"};
+  auto tokens = g.get_string_array("tokenizer.ggml.tokens");
+  if (!tokens) return tokens.err();
+  vocabulary v;
+  const std::string block = utf8_lower_block();
+  v.pieces = std::move(tokens).value();
+  for (auto& p : v.pieces)
+    for (size_t at = p.find(block); at != std::string::npos; at = p.find(block, at + 1))
+      p.replace(at, block.size(), " ");
+  v.scores.assign(v.pieces.size(), 0.0f);
+  if (g.find("tokenizer.ggml.scores")) {
+    auto scores = g.get_number_array("tokenizer.ggml.scores");
+    if (!scores) return scores.err();
+    if (scores->size() != v.pieces.size()) return error{path + ": tokenizer scores and tokens differ in count"};
+    for (size_t i = 0; i < scores->size(); ++i) v.scores[i] = static_cast<float>((*scores)[i]);
+  }
+  if (g.find("tokenizer.ggml.token_type")) {
+    auto types = g.get_number_array("tokenizer.ggml.token_type");
+    if (!types) return types.err();
+    if (types->size() != v.pieces.size()) return error{path + ": tokenizer token types and tokens differ in count"};
+    v.kinds.resize(types->size());
+    for (size_t i = 0; i < types->size(); ++i) {
+      switch (static_cast<int>((*types)[i])) {
+        case 2: v.kinds[i] = token_kind::unknown; break;
+        case 3: v.kinds[i] = token_kind::control; break;
+        case 4: v.kinds[i] = token_kind::user_defined; break;
+        case 5: v.kinds[i] = token_kind::unused; break;
+        case 6: v.kinds[i] = token_kind::byte; break;
+        default: v.kinds[i] = token_kind::normal; break;
+      }
+    }
+  }
+  v.bos_id = static_cast<int32_t>(g.get_int("tokenizer.ggml.bos_token_id").value_or(1));
+  v.eos_id = static_cast<int32_t>(g.get_int("tokenizer.ggml.eos_token_id").value_or(2));
+  v.unk_id = static_cast<int32_t>(g.get_int("tokenizer.ggml.unknown_token_id").value_or(0));
+  v.add_space_prefix = g.get_bool("tokenizer.ggml.add_space_prefix").value_or(true);
+  if (auto e = validate(v)) return error{path + ": tokenizer: " + *e};
+  return v;
+}
+
+class tensor_binder {
+ public:
+  tensor_binder(const gguf_file& g, model_weights& w) : g_(g), w_(w) {}
+
+  // A matrix [rows][cols]: GGUF dims {cols, rows}.
+  matrix_view matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const gguf_tensor* t = find(name);
+    if (!t) return {};
+    if (t->dims.size() != 2 || t->dims[0] != static_cast<uint64_t>(cols) ||
+        t->dims[1] != static_cast<uint64_t>(rows)) {
+      fail(name + " has shape " + shape(*t) + ", the model needs [" + std::to_string(cols) + ", " +
+           std::to_string(rows) + "]");
+      return {};
+    }
+    const dtype type = *dtype_of_ggml(t->ggml_type);
+    if (type != dtype::q8_0)
+      return matrix_view::dense(type, t->data, static_cast<int32_t>(rows), static_cast<int32_t>(cols));
+    matrix_view v;
+    v.type = dtype::q8_0;
+    v.rows = static_cast<int32_t>(rows);
+    v.cols = static_cast<int32_t>(cols);
+    v.group_size = 32;
+    v.q_row_stride = cols / 32 * 34;
+    v.q_group_stride = 34;
+    v.q = reinterpret_cast<const int8_t*>(t->data + 2);
+    v.scale = t->data;
+    v.s_row_stride = v.q_row_stride;
+    v.s_group_stride = 34;
+    v.scale_is_f16 = true;
+    return v;
+  }
+
+  // A vector of n floats; 16-bit types are converted into a buffer the weights own.
+  const float* vector(const std::string& name, int64_t n) {
+    const gguf_tensor* t = find(name);
+    if (!t) return nullptr;
+    if (t->dims.size() != 1 || t->dims[0] != static_cast<uint64_t>(n)) {
+      fail(name + " has shape " + shape(*t) + ", the model needs [" + std::to_string(n) + "]");
+      return nullptr;
+    }
+    const dtype type = *dtype_of_ggml(t->ggml_type);
+    if (type == dtype::f32) return reinterpret_cast<const float*>(t->data);
+    if (type == dtype::q8_0) {
+      fail(name + " is Q8_0; norm weights must be F32, F16 or BF16");
+      return nullptr;
+    }
+    auto buf = std::make_unique<float[]>(n);
+    const auto view = matrix_view::dense(type, t->data, 1, static_cast<int32_t>(n));
+    for (int64_t i = 0; i < n; ++i) buf[i] = view.at(0, static_cast<int32_t>(i));
+    w_.owned.push_back(std::move(buf));
+    return w_.owned.back().get();
+  }
+
+  bool has(const std::string& name) const { return g_.tensor(name) != nullptr; }
+  bool ok() const { return error_.empty(); }
+  const std::string& error_message() const { return error_; }
+
+ private:
+  const gguf_tensor* find(const std::string& name) {
+    const gguf_tensor* t = g_.tensor(name);
+    if (!t) fail("tensor " + name + " is missing");
+    return ok() ? t : nullptr;
+  }
+  static std::string shape(const gguf_tensor& t) {
+    std::string s = "[";
+    for (size_t i = 0; i < t.dims.size(); ++i) s += (i ? ", " : "") + std::to_string(t.dims[i]);
+    return s + "]";
+  }
+  void fail(const std::string& what) {
+    if (error_.empty()) error_ = g_.path() + ": " + what;
+  }
+  const gguf_file& g_;
+  model_weights& w_;
+  std::string error_;
+};
+
+expected<model_config> config_from(const gguf_file& g) {
+  const std::string path = g.path();
+  auto arch = g.get_string("general.architecture");
+  if (!arch) return error{path + ": no general.architecture in the metadata"};
+  if (*arch != "llama")
+    return error{path + ": architecture '" + *arch + "' is not supported (llama is)"};
+  auto need = [&](const char* key) -> expected<int64_t> {
+    auto v = g.get_int(key);
+    if (!v) return error{path + ": metadata " + key + " is missing or not an integer"};
+    if (*v <= 0 || *v > (int64_t{1} << 30)) return error{path + ": metadata " + key + " = " + std::to_string(*v) + " is out of range"};
+    return *v;
+  };
+  model_config c;
+  for (auto [key, field] : {std::pair{"llama.embedding_length", &c.dim},
+                            std::pair{"llama.feed_forward_length", &c.hidden_dim},
+                            std::pair{"llama.block_count", &c.num_layers},
+                            std::pair{"llama.attention.head_count", &c.num_heads},
+                            std::pair{"llama.context_length", &c.max_seq_len}}) {
+    auto v = need(key);
+    if (!v) return v.err();
+    *field = static_cast<int32_t>(*v);
+  }
+  c.num_kv_heads = c.num_heads;
+  if (g.find("llama.attention.head_count_kv")) {
+    auto v = need("llama.attention.head_count_kv");
+    if (!v) return v.err();
+    c.num_kv_heads = static_cast<int32_t>(*v);
+  }
+  if (g.find("llama.rope.dimension_count")) {
+    auto v = need("llama.rope.dimension_count");
+    if (!v) return v.err();
+    c.rope_dim = static_cast<int32_t>(*v);
+  }
+  c.rope_base = static_cast<float>(g.get_float("llama.rope.freq_base").value_or(10000.0));
+  c.rms_eps = static_cast<float>(g.get_float("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.rope = rope_layout::pairs;
+  const gguf_tensor* emb = g.tensor("token_embd.weight");
+  if (!emb || emb->dims.size() != 2) return error{path + ": tensor token_embd.weight is missing or not a matrix"};
+  if (emb->dims[1] > static_cast<uint64_t>(max_vocab)) return error{path + ": vocabulary of " + std::to_string(emb->dims[1]) + " tokens is out of range"};
+  c.vocab_size = static_cast<int32_t>(emb->dims[1]);
+  if (auto e = validate(c)) return error{path + ": metadata describes an impossible model: " + *e};
+  return c;
+}
+
+}  // namespace
+
+expected<model> load_gguf(mapped_file file) {
+  auto parsed = gguf_file::parse(std::move(file));
+  if (!parsed) return parsed.err();
+  gguf_file& g = *parsed;
+  auto cfg = config_from(g);
+  if (!cfg) return cfg.err();
+  model m;
+  m.path = g.path();
+  m.config = *cfg;
+  const model_config& c = m.config;
+  auto vocab = vocabulary_from(g);
+  if (!vocab) return vocab.err();
+  if (vocab->size() != c.vocab_size)
+    return error{m.path + ": the vocabulary has " + std::to_string(vocab->size()) +
+                 " tokens, the embedding " + std::to_string(c.vocab_size)};
+  m.vocab = std::move(vocab).value();
+
+  auto& w = m.weights;
+  tensor_binder b(g, w);
+  w.token_embedding = b.matrix("token_embd.weight", c.vocab_size, c.dim);
+  w.layers.resize(c.num_layers);
+  for (int32_t l = 0; l < c.num_layers && b.ok(); ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto& lw = w.layers[l];
+    lw.attn_norm = b.vector(p + "attn_norm.weight", c.dim);
+    lw.wq = b.matrix(p + "attn_q.weight", int64_t{c.num_heads} * c.head_dim, c.dim);
+    lw.wk = b.matrix(p + "attn_k.weight", c.kv_dim(), c.dim);
+    lw.wv = b.matrix(p + "attn_v.weight", c.kv_dim(), c.dim);
+    lw.wo = b.matrix(p + "attn_output.weight", c.dim, int64_t{c.num_heads} * c.head_dim);
+    lw.ffn_norm = b.vector(p + "ffn_norm.weight", c.dim);
+    lw.w1 = b.matrix(p + "ffn_gate.weight", c.hidden_dim, c.dim);
+    lw.w2 = b.matrix(p + "ffn_down.weight", c.dim, c.hidden_dim);
+    lw.w3 = b.matrix(p + "ffn_up.weight", c.hidden_dim, c.dim);
+  }
+  w.final_norm = b.vector("output_norm.weight", c.dim);
+  w.classifier = b.has("output.weight") ? b.matrix("output.weight", c.vocab_size, c.dim)
+                                        : w.token_embedding;
+  if (!b.ok()) return error{b.error_message()};
+  m.weight_type = w.layers[0].wq.type;
+  m.format = "GGUF v" + std::to_string(g.version()) + " (" + std::string(dtype_name(m.weight_type)) + ")";
+  w.file = g.take_file();
+  return m;
+}
+
+}  // namespace troupe

@@ -1,0 +1,15 @@
+#include <cstring>
+
+#include "engine/model/model.hpp"
+
+namespace troupe {
+
+expected<model> load_model(const std::string& path) {
+  auto file = mapped_file::open(path);
+  if (!file) return file.err();
+  if (file->size() >= 4 && std::memcmp(file->data(), "GGUF", 4) == 0)
+    return load_gguf(std::move(file).value());
+  return load_llama2c(std::move(file).value());
+}
+
+}  // namespace troupe

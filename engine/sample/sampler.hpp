@@ -1,0 +1,57 @@
+// sampler: one request's token choice, step after step. Owns the request's random stream
+// and the token counts its penalties need, so a seeded request draws the same tokens
+// alone or in any batch.
+//
+// Order of operations on the logits of a step:
+//   1. penalties: repetition (over prompt and output: positive logits divided by it,
+//      negative multiplied), frequency and presence (over the output only, as OpenAI's);
+//   2. log-probabilities, if asked, from these logits (before temperature and truncation);
+//   3. temperature 0: argmax. Otherwise softmax(logits / temperature), then top-k, top-p
+//      and min-p truncation, and a draw from what is left.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/sample/rng.hpp"
+#include "engine/sample/sampling_params.hpp"
+
+namespace troupe {
+
+struct token_logprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct sample_result {
+  int32_t token = 0;
+  float logprob = 0.0f;             // of the chosen token, if logprobs >= 0
+  std::vector<token_logprob> top;   // the most likely tokens, if logprobs > 0
+};
+
+class sampler {
+ public:
+  sampler(const sampling_params& p, std::span<const int32_t> prompt);
+
+  // Chooses the next token from logits [vocab] (penalties are applied in place) and
+  // records it.
+  sample_result sample(float* logits, int32_t vocab);
+
+  const sampling_params& params() const { return p_; }
+
+ private:
+  void apply_penalties(float* logits, int32_t vocab) const;
+  int32_t draw(const float* logits, int32_t vocab);
+
+  sampling_params p_;
+  rng rng_;
+  std::unordered_map<int32_t, int32_t> seen_;    // prompt + output, for repetition
+  std::unordered_map<int32_t, int32_t> output_;  // output only, for frequency/presence
+  std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<float> probs_;
+};
+
+}  // namespace troupe

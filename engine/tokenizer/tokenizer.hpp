@@ -1,0 +1,45 @@
+// tokenizer: SentencePiece-style BPE over a vocabulary (engine/tokenizer/vocabulary.hpp).
+//
+// encode: the text (with SentencePiece's dummy-prefix space when the vocabulary asks for
+// it) is split into UTF-8 characters; a character missing from the vocabulary falls back
+// to its bytes as <0xNN> tokens; then adjacent pairs whose concatenation is a piece are
+// merged, the highest-scoring pair first (the leftmost on ties), until none is left.
+// decode: a token's piece as bytes; <0xNN> pieces become the byte; control tokens (BOS,
+// EOS) become nothing; after BOS a leading space is dropped (the dummy prefix).
+//
+// Immutable after construction; safe to share between threads.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/tokenizer/vocabulary.hpp"
+
+namespace troupe {
+
+class tokenizer {
+ public:
+  explicit tokenizer(vocabulary v);
+
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
+
+  // The bytes of token `token` when it follows `prev` (which decides the leading-space rule).
+  std::string_view decode(int32_t prev, int32_t token) const;
+  std::string decode_all(const std::vector<int32_t>& tokens) const;
+
+  const vocabulary& vocab() const { return v_; }
+  int32_t bos_id() const { return v_.bos_id; }
+  int32_t eos_id() const { return v_.eos_id; }
+  int32_t size() const { return v_.size(); }
+  int32_t find(std::string_view piece) const;  // -1 if absent
+
+ private:
+  vocabulary v_;
+  std::unordered_map<std::string, int32_t> ids_;
+  int32_t byte_ids_[256];
+  std::vector<std::string> decoded_;  // what decode() yields for each token
+};
+
+}  // namespace troupe

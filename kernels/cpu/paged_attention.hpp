@@ -1,0 +1,50 @@
+// paged_attention: causal grouped-query attention of a step's tokens over K/V held in
+// fixed-size blocks.
+//
+// One layer's cache (the caller owns the memory; a shard holds one per layer):
+//   k, v: [num_blocks][num_kv_heads][block_size][head_dim] floats
+// Position p of a sequence lives in block block_table[p / block_size], slot
+// p % block_size. Each token of the step attends to positions 0..position of its own
+// sequence, which must already be written (its own K/V included).
+//
+//   q:   [num_tokens][q_stride], the first num_heads * head_dim used
+//   out: [num_tokens][out_stride], num_heads * head_dim written
+// Query head h reads KV head h / (num_heads / num_kv_heads).
+//
+// Every (token, head) result is computed in a fixed order from that token's query and
+// its own sequence's cache only, so batching never changes it.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace troupe {
+
+struct paged_kv_layer {
+  float* k = nullptr;  // [num_blocks][num_kv_heads][block_size][head_dim]
+  float* v = nullptr;  // [num_blocks][num_kv_heads][block_size][head_dim]
+  int32_t num_blocks = 0;
+  int32_t num_kv_heads = 0;
+  int32_t block_size = 0;
+  int32_t head_dim = 0;
+
+  int64_t offset(uint32_t block, int32_t kv_head, int32_t slot) const {
+    return ((int64_t{block} * num_kv_heads + kv_head) * block_size + slot) * head_dim;
+  }
+};
+
+struct attention_token {
+  int32_t position;             // this token's position in its sequence
+  const uint32_t* block_table;  // its sequence's blocks, covering 0..position
+};
+
+void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_stride,
+                     const attention_token* tokens, int32_t num_tokens, int32_t num_heads,
+                     const paged_kv_layer& kv, thread_pool& pool);
+
+// Writes one token's K and V rows ([num_kv_heads][head_dim] each) at its position.
+void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32_t position,
+                    const float* k, const float* v);
+
+}  // namespace troupe

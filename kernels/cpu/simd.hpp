@@ -1,0 +1,114 @@
+// Sixteen-lane float vectors (GCC vector extensions) and loaders that dequantize weights
+// into them. One lane width on every ISA: with AVX-512 a v16f is one register, with AVX2
+// two, with the portable baseline four; the arithmetic, and therefore every result, is
+// the same function of the inputs whatever the width (up to FMA contraction).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/common/dtype.hpp"
+
+namespace troupe::simd {
+
+constexpr int width = 16;
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef int8_t v16b __attribute__((vector_size(16)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+inline v16f zero() { return v16f{}; }
+inline v16f splat(float f) { return v16f{} + f; }
+
+inline v16f load(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
+
+inline v16f load_bf16(const uint16_t* p) {
+  v16h h;
+  std::memcpy(&h, p, sizeof h);
+  v16u u = __builtin_convertvector(h, v16u) << 16;
+  v16f f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline v16f load_f16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return reinterpret_cast<v16f>(_mm512_maskz_cvtph_ps(0xffff, h));
+#elif defined(__F16C__)
+  __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8));
+  v8f a = reinterpret_cast<v8f>(_mm256_cvtph_ps(lo));
+  v8f b = reinterpret_cast<v8f>(_mm256_cvtph_ps(hi));
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  v16f f;
+  for (int i = 0; i < 16; ++i) f[i] = f16_to_f32(p[i]);
+  return f;
+#endif
+}
+
+// Sixteen int8 values converted to float (not yet scaled).
+inline v16f load_i8(const int8_t* p) {
+  v16b b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(b, v16f);
+}
+
+// a * b + c, fused where the ISA has FMA (one rounding), else two roundings.
+inline v16f fma(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<v16f>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a),
+                                                reinterpret_cast<__m512>(b),
+                                                reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+  v8f alo = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
+  v8f ahi = __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  v8f blo = __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7);
+  v8f bhi = __builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15);
+  v8f clo = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7);
+  v8f chi = __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
+  v8f lo = reinterpret_cast<v8f>(_mm256_fmadd_ps(reinterpret_cast<__m256>(alo),
+                                                 reinterpret_cast<__m256>(blo),
+                                                 reinterpret_cast<__m256>(clo)));
+  v8f hi = reinterpret_cast<v8f>(_mm256_fmadd_ps(reinterpret_cast<__m256>(ahi),
+                                                 reinterpret_cast<__m256>(bhi),
+                                                 reinterpret_cast<__m256>(chi)));
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  return a * b + c;
+#endif
+}
+
+// Sum of all lanes in a fixed tree order.
+inline float reduce_add(v16f v) {
+  v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  v8f b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v8f s8 = a + b;
+  v4f c = __builtin_shufflevector(s8, s8, 0, 1, 2, 3);
+  v4f d = __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  v4f s4 = c + d;
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+inline float reduce_max(v16f v) {
+  float m = v[0];
+  for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+}  // namespace troupe::simd

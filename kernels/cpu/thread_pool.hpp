@@ -1,0 +1,63 @@
+// thread_pool: fork-join parallelism for kernels. The calling thread takes part as worker
+// 0; num_threads - 1 threads wait for work, spinning briefly before they sleep, so the
+// many short parallel regions of a decode step cost a few hundred nanoseconds each.
+//
+// Owned by one engine object (a shard); only one thread may call parallel_for at a time.
+// Work is split statically, so which thread computes which rows never depends on timing
+// (results are deterministic).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace troupe {
+
+class thread_pool {
+ public:
+  explicit thread_pool(int num_threads = 1);
+  ~thread_pool();
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Calls fn(begin, end, thread_idx) on disjoint ranges covering [0, n), each range
+  // a multiple of `grain` except the last; returns when all calls have returned.
+  template <class Fn>
+  void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
+    if (n <= 0) return;
+    const int64_t chunks = (n + grain - 1) / grain;
+    const int used = chunks < num_threads_ ? static_cast<int>(chunks) : num_threads_;
+    if (used <= 1) {
+      fn(int64_t{0}, n, 0);
+      return;
+    }
+    auto body = [&](int idx) {
+      const int64_t c0 = chunks * idx / used;
+      const int64_t c1 = chunks * (idx + 1) / used;
+      const int64_t b = c0 * grain;
+      const int64_t e = c1 * grain < n ? c1 * grain : n;
+      if (b < e) fn(b, e, idx);
+    };
+    run(used, [](void* ctx, int idx) { (*static_cast<decltype(body)*>(ctx))(idx); }, &body);
+  }
+
+ private:
+  using task_fn = void (*)(void* ctx, int thread_idx);
+  void run(int used, task_fn fn, void* ctx);
+  void worker_loop(int idx);
+
+  int num_threads_;
+  std::vector<std::thread> threads_;
+  // A task is published by bumping epoch_; workers with idx < used_ run it.
+  alignas(64) std::atomic<uint64_t> epoch_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  task_fn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  int used_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace troupe

@@ -1,0 +1,41 @@
+#include "tools/common/model_loading.hpp"
+
+#include <cstdio>
+#include <filesystem>
+
+namespace troupe::tools {
+
+expected<loaded_model> load_model_and_tokenizer(const std::string& model_path,
+                                                const std::string& tokenizer_path) {
+  auto m = load_model(model_path);
+  if (!m) return m.err();
+  loaded_model out{std::move(m).value(), std::nullopt};
+  if (out.m.vocab && tokenizer_path.empty()) {
+    out.tok.emplace(*out.m.vocab);
+    return out;
+  }
+  std::string path = tokenizer_path;
+  if (path.empty()) {
+    path = (std::filesystem::path(model_path).parent_path() / "tokenizer.bin").string();
+    if (!std::filesystem::exists(path))
+      return error{model_path + ": this checkpoint carries no vocabulary; name its tokenizer with -z (looked for " + path + ")"};
+  }
+  auto v = load_llama2c_vocabulary(path, out.m.config.vocab_size);
+  if (!v) return v.err();
+  out.tok.emplace(std::move(v).value());
+  return out;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) {
+    b /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace troupe::tools

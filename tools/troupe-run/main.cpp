@@ -1,0 +1,138 @@
+// troupe-run: generate text from a checkpoint on this machine's CPU, printing it as it is
+// produced. The composition root of a single-process engine: model, tokenizer, generator.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/generate/generator.hpp"
+#include "tools/common/model_loading.hpp"
+
+using namespace troupe;
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "troupe-run: generate text from a Llama-family checkpoint on the CPU.\n\n"
+      "Reads llama2.c checkpoints (legacy f32 and version-2 Q8_0) and GGUF files (F32, F16,\n"
+      "BF16, Q8_0 weights, used in place). The prompt is echoed, then the continuation is\n"
+      "printed as it is produced. BOS is prepended; generation stops at EOS or BOS, at a\n"
+      "stop string, or when the sequence reaches STEPS tokens.\n\n"
+      "Examples:\n"
+      "  troupe-run stories260K.bin -z tok512.bin -p \"Once upon a time\" -t 0\n"
+      "  troupe-run model.gguf -p \"The answer is\" -n 128 -t 0.8 --top-p 0.95 --seed 7\n",
+      "troupe-run"};
+  std::string model_path, tokenizer_path, prompt;
+  int32_t steps = 256, threads = 0, top_k = 0, logprobs = -1;
+  float temperature = 1.0f, top_p = 0.9f, min_p = 0.0f, rep = 1.0f, freq = 0.0f, pres = 0.0f;
+  int64_t seed = -1;
+  std::vector<std::string> stops;
+  bool ids = false, quiet = false;
+  app.add_option("model", model_path, "checkpoint: llama2.c .bin or .gguf")->required();
+  app.add_option("-z,--tokenizer", tokenizer_path,
+                 "llama2.c tokenizer.bin (default: the GGUF's own vocabulary, else tokenizer.bin beside the model)");
+  app.add_option("-p,--prompt", prompt, "prompt text (default: empty, start from BOS)");
+  app.add_option("-n,--steps", steps,
+                 "sequence length in tokens counted from BOS, prompt included, as llama2.c's run counts it; 0: the model's context")
+      ->check(CLI::Range(0, 1 << 22))->capture_default_str();
+  app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  app.add_option("--top-p", top_p, "nucleus sampling mass, in (0, 1]")->capture_default_str();
+  app.add_option("--top-k", top_k, "keep the k most likely tokens; 0: all")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--min-p", min_p, "drop tokens below this fraction of the top probability")->capture_default_str();
+  app.add_option("--repeat-penalty", rep, "repetition penalty over prompt and output; 1: off")->capture_default_str();
+  app.add_option("--frequency-penalty", freq, "in [-2, 2]")->capture_default_str();
+  app.add_option("--presence-penalty", pres, "in [-2, 2]")->capture_default_str();
+  app.add_option("-s,--seed", seed, "random seed (default: from the clock)");
+  app.add_option("--stop", stops, "stop string (repeatable); the output ends before it");
+  app.add_option("--logprobs", logprobs, "print the log-probability of each token and of the N most likely (0..20)")
+      ->check(CLI::Range(0, 20));
+  app.add_option("-j,--threads", threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app.add_flag("--ids", ids, "print token ids instead of text");
+  app.add_flag("-q,--quiet", quiet, "no loading line or speed summary on stderr");
+  CLI11_PARSE(app, argc, argv);
+
+  if (threads == 0) threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  if (seed < 0) seed = std::chrono::steady_clock::now().time_since_epoch().count();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto loaded = tools::load_model_and_tokenizer(model_path, tokenizer_path);
+  if (!loaded) {
+    std::fprintf(stderr, "troupe-run: %s\n", loaded.err().message.c_str());
+    return 1;
+  }
+  const model& m = loaded->m;
+  const tokenizer& tok = *loaded->tok;
+  if (!quiet)
+    std::fprintf(stderr, "troupe-run: %s: %s, %s, %d threads\n", m.path.c_str(), m.format.c_str(),
+                 describe(m.config).c_str(), threads);
+
+  generation_request req;
+  req.prompt = tok.encode(prompt, true);
+  req.sampling.temperature = temperature;
+  req.sampling.top_p = top_p;
+  req.sampling.top_k = top_k;
+  req.sampling.min_p = min_p;
+  req.sampling.repetition_penalty = rep;
+  req.sampling.frequency_penalty = freq;
+  req.sampling.presence_penalty = pres;
+  req.sampling.seed = static_cast<uint64_t>(seed);
+  req.sampling.logprobs = logprobs;
+  req.stop_strings = stops;
+  const int32_t limit = steps == 0 || steps > m.config.max_seq_len ? m.config.max_seq_len : steps;
+  if (static_cast<int32_t>(req.prompt.size()) >= limit) {
+    std::fprintf(stderr, "troupe-run: the prompt is %zu tokens with BOS; -n %d leaves no room to generate\n",
+                 req.prompt.size(), limit);
+    return 1;
+  }
+  req.max_tokens = limit - static_cast<int32_t>(req.prompt.size());
+
+  // Echo the prompt.
+  if (ids) {
+    for (size_t i = 1; i < req.prompt.size(); ++i) std::printf("%d ", req.prompt[i]);
+  } else {
+    std::printf("%s", tok.decode_all(std::vector<int32_t>(req.prompt.begin() + 1, req.prompt.end())).c_str());
+  }
+  std::fflush(stdout);
+
+  generator_options opts;
+  opts.num_threads = threads;
+  generator gen(m, tok, opts);
+  const auto t1 = std::chrono::steady_clock::now();
+  auto first_token = t1;
+  int64_t produced = 0;
+  auto result = gen.generate({req}, [&](size_t, const token_event& ev) {
+    if (produced++ == 0) first_token = std::chrono::steady_clock::now();
+    if (ids) {
+      if (ev.token >= 0) std::printf("%d ", ev.token);
+    } else {
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+    }
+    std::fflush(stdout);
+  });
+  if (!result) {
+    std::fprintf(stderr, "\ntroupe-run: %s\n", result.err().message.c_str());
+    return 1;
+  }
+  std::printf("\n");
+  const auto t2 = std::chrono::steady_clock::now();
+  const auto& r = (*result)[0];
+  if (logprobs >= 0) {
+    for (size_t i = 0; i < r.logprobs.size(); ++i) {
+      const auto& lp = r.logprobs[i];
+      std::printf("%4zu %6d %-16s %9.4f", i, lp.token, ("'" + std::string(tok.decode(0, lp.token)) + "'").c_str(), lp.logprob);
+      for (const auto& t : lp.top) std::printf("  %d:%.3f", t.token, t.logprob);
+      std::printf("\n");
+    }
+  }
+  if (!quiet) {
+    auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    const double decode_s = secs(first_token, t2);
+    std::fprintf(stderr, "troupe-run: load %.2f s, prompt %zu tokens, first token %.1f ms, %zu tokens at %.1f tok/s (%s)\n",
+                 secs(t0, t1), req.prompt.size(), 1e3 * secs(t1, first_token), r.tokens.size(),
+                 r.tokens.size() > 1 && decode_s > 0 ? (r.tokens.size() - 1) / decode_s : 0.0,
+                 r.reason == finish_reason::stop ? "stopped" : "length");
+  }
+  return 0;
+}
