@@ -103,7 +103,7 @@ expected<std::vector<generation_result>> generator::generate(
       const int32_t tok = r.token;
       const auto& req = *s.req;
       token_event ev;
-      if (tok == tok_.eos_id() || tok == tok_.bos_id() ||
+      if ((!req.ignore_eos && (tok == tok_.eos_id() || tok == tok_.bos_id())) ||
           std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end()) {
         s.result.reason = finish_reason::stop;
         s.finished = true;

@@ -27,6 +27,7 @@ struct generation_request {
   int32_t max_tokens = 256;               // generated tokens at most
   std::vector<int32_t> stop_tokens;       // besides EOS and BOS, which always stop
   std::vector<std::string> stop_strings;  // output text ends before the first one
+  bool ignore_eos = false;                // run to max_tokens (benchmarks)
 };
 
 enum class finish_reason { stop, length };

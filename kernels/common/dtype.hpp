@@ -6,6 +6,10 @@
 #include <cstring>
 #include <string_view>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace troupe {
 
 enum class dtype : uint8_t {
@@ -48,6 +52,9 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#endif
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t man = h & 0x3ffu;

@@ -1,6 +1,7 @@
 #include "kernels/cpu/gemm.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/simd.hpp"
@@ -13,6 +14,7 @@ using simd::v16f;
 constexpr int lanes = simd::width;
 constexpr int tile_rows = 4;    // weight rows per register tile
 constexpr int tile_tokens = 4;  // tokens per register tile
+constexpr int prefetch_rows = 3 * tile_rows;  // how far ahead weight rows are fetched
 
 // Readers return sixteen dequantized weights of one row. chunk(r, k) requires
 // k + 16 <= cols; tail(r, k, out) fills out with the columns from k to the end of the
@@ -21,52 +23,124 @@ void tail_generic(const matrix_view& w, int32_t r, int32_t k, float* out) {
   for (int i = 0; i < lanes; ++i) out[i] = k + i < w.cols ? w.at(r, k + i) : 0.0f;
 }
 
+// A reader's cursor(r) resolves row r once; cursor.chunk(k) then costs one load and a
+// conversion.
 struct f32_reader {
+  static constexpr int step = lanes;
   const matrix_view& w;
-  v16f chunk(int32_t r, int32_t k) const {
-    return simd::load(static_cast<const float*>(w.data) + r * w.row_stride + k);
-  }
+  struct cursor {
+    const float* p;
+    v16f chunk(int32_t k) const { return simd::load(p + k); }
+    void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
+    void prefetch(int32_t k, int64_t ahead) const {
+      __builtin_prefetch(reinterpret_cast<const char*>(p + k) + ahead);
+    }
+  };
+  int64_t row_bytes() const { return w.row_stride * 4; }
+  cursor row(int32_t r) const { return {static_cast<const float*>(w.data) + r * w.row_stride}; }
 };
 
 struct f16_reader {
+  static constexpr int step = lanes;
   const matrix_view& w;
-  v16f chunk(int32_t r, int32_t k) const {
-    return simd::load_f16(static_cast<const uint16_t*>(w.data) + r * w.row_stride + k);
-  }
+  struct cursor {
+    const uint16_t* p;
+    v16f chunk(int32_t k) const { return simd::load_f16(p + k); }
+    void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
+    void prefetch(int32_t k, int64_t ahead) const {
+      if (k % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(p + k) + ahead);
+    }
+  };
+  int64_t row_bytes() const { return w.row_stride * 2; }
+  cursor row(int32_t r) const { return {static_cast<const uint16_t*>(w.data) + r * w.row_stride}; }
 };
 
 struct bf16_reader {
+  static constexpr int step = lanes;
   const matrix_view& w;
-  v16f chunk(int32_t r, int32_t k) const {
-    return simd::load_bf16(static_cast<const uint16_t*>(w.data) + r * w.row_stride + k);
-  }
+  struct cursor {
+    const uint16_t* p;
+    v16f chunk(int32_t k) const { return simd::load_bf16(p + k); }
+    void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
+    void prefetch(int32_t k, int64_t ahead) const {
+      if (k % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(p + k) + ahead);
+    }
+  };
+  int64_t row_bytes() const { return w.row_stride * 2; }
+  cursor row(int32_t r) const { return {static_cast<const uint16_t*>(w.data) + r * w.row_stride}; }
 };
 
-// q8_0 with a group size that is a multiple of 16: a chunk lies inside one group.
+// q8_0 with a group size that is a multiple of 16, known at compile time (32 for GGUF,
+// 64 for llama2.c exports), and the scale type of the layout.
+// load() yields a whole group, so its scale is read once.
+template <int GroupSize, bool ScaleF16>
 struct q8_reader {
+  static constexpr int step = GroupSize;
   const matrix_view& w;
-  v16f chunk(int32_t r, int32_t k) const {
-    const int32_t g = k / w.group_size;
-    const int8_t* q = w.q + r * w.q_row_stride + g * w.q_group_stride + (k - g * w.group_size);
-    return simd::load_i8(q) * simd::splat(w.scale_at(r, g));
+  struct cursor {
+    const int8_t* q;
+    const uint8_t* s;
+    int64_t q_group_stride, s_group_stride;
+    float scale(int32_t g) const {
+      const uint8_t* sg = s + g * s_group_stride;
+      if constexpr (ScaleF16) {
+        uint16_t h;
+        std::memcpy(&h, sg, 2);
+        return f16_to_f32(h);
+      } else {
+        float f;
+        std::memcpy(&f, sg, 4);
+        return f;
+      }
+    }
+    v16f chunk(int32_t k) const {
+      const int32_t g = k / GroupSize;
+      return simd::load_i8(q + g * q_group_stride + (k % GroupSize)) * simd::splat(scale(g));
+    }
+    void prefetch(int32_t k, int64_t ahead) const {
+      __builtin_prefetch(q + (k / GroupSize) * q_group_stride + ahead);
+    }
+    void load(int32_t k, v16f* out) const {
+      const int32_t g = k / GroupSize;
+      const int8_t* qg = q + g * q_group_stride;
+      const v16f sv = simd::splat(scale(g));
+      for (int c = 0; c < GroupSize / lanes; ++c) out[c] = simd::load_i8(qg + c * lanes) * sv;
+    }
+  };
+  int64_t row_bytes() const { return w.q_row_stride; }
+  cursor row(int32_t r) const {
+    return {w.q + r * w.q_row_stride, w.scale + r * w.s_row_stride, w.q_group_stride, w.s_group_stride};
   }
 };
 
-// Any layout, element by element (q8_0 with small groups, such as 4).
+// Any layout, element by element (q8_0 with other group sizes, such as 4).
 struct generic_reader {
+  static constexpr int step = lanes;
   const matrix_view& w;
-  v16f chunk(int32_t r, int32_t k) const {
-    alignas(64) float buf[lanes];
-    for (int i = 0; i < lanes; ++i) buf[i] = w.at(r, k + i);
-    return simd::load(buf);
-  }
+  struct cursor {
+    const matrix_view* w;
+    int32_t r;
+    v16f chunk(int32_t k) const {
+      alignas(64) float buf[lanes];
+      for (int i = 0; i < lanes; ++i) buf[i] = w->at(r, k + i);
+      return simd::load(buf);
+    }
+    void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
+  };
+  cursor row(int32_t r) const { return {&w, r}; }
 };
 
 // Rows of a dequantized panel: [tile_rows][padded_cols] floats, zero beyond cols.
 struct panel_reader {
+  static constexpr int step = lanes;
   const float* panel;
   int64_t stride;
-  v16f chunk(int32_t r, int32_t k) const { return simd::load(panel + r * stride + k); }
+  struct cursor {
+    const float* p;
+    v16f chunk(int32_t k) const { return simd::load(p + k); }
+    void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
+  };
+  cursor row(int32_t r) const { return {panel + r * stride}; }
 };
 
 // y[i][j] = dot(x[i], W[rows[j]]) for i < MR tokens and j < num_valid rows.
@@ -77,12 +151,34 @@ inline void tile(const Reader& rd, const matrix_view& w, const int32_t* rows, in
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < tile_rows; ++j) acc[i][j] = simd::zero();
   const int32_t cols = w.cols;
+  typename Reader::cursor cur[tile_rows];
+  for (int j = 0; j < tile_rows; ++j) cur[j] = rd.row(rows[j]);
+  // Decode streams every weight once: fetch the rows of the tile after next while this
+  // one computes (the hardware prefetcher alone leaves most of the bandwidth unused).
+  int64_t ahead = 0;
+  if constexpr (requires { rd.row_bytes(); }) ahead = prefetch_rows * rd.row_bytes();
+  // Reader::step columns at a time (a whole quantization group), in column order; the
+  // lanes see the same sequence of products as a chunk-by-chunk loop.
+  constexpr int chunks = Reader::step / lanes;
   int32_t k = 0;
+  for (; k + Reader::step <= cols; k += Reader::step) {
+    v16f wv[tile_rows][chunks];
+    for (int j = 0; j < tile_rows; ++j) {
+      if constexpr (requires { rd.row_bytes(); }) cur[j].prefetch(k, ahead);
+      cur[j].load(k, wv[j]);
+    }
+    for (int c = 0; c < chunks; ++c) {
+      v16f xv[MR];
+      for (int i = 0; i < MR; ++i) xv[i] = simd::load(x + i * x_stride + k + c * lanes);
+      for (int j = 0; j < tile_rows; ++j)
+        for (int i = 0; i < MR; ++i) acc[i][j] = simd::fma(xv[i], wv[j][c], acc[i][j]);
+    }
+  }
   for (; k + lanes <= cols; k += lanes) {
     v16f xv[MR];
     for (int i = 0; i < MR; ++i) xv[i] = simd::load(x + i * x_stride + k);
     for (int j = 0; j < tile_rows; ++j) {
-      const v16f wv = rd.chunk(rows[j], k);
+      const v16f wv = cur[j].chunk(k);
       for (int i = 0; i < MR; ++i) acc[i][j] = simd::fma(xv[i], wv, acc[i][j]);
     }
   }
@@ -96,7 +192,7 @@ inline void tile(const Reader& rd, const matrix_view& w, const int32_t* rows, in
     for (int j = 0; j < tile_rows; ++j) {
       v16f wv;
       if constexpr (PaddedReader) {
-        wv = rd.chunk(rows[j], k);
+        wv = cur[j].chunk(k);
       } else {
         tail_generic(w, rows[j], k, buf);
         wv = simd::load(buf);
@@ -155,7 +251,8 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
       const int32_t r = r0 + std::min(j, num_valid - 1);
       float* dst = panel.data() + j * padded;
       int32_t k = 0;
-      for (; k + lanes <= w.cols; k += lanes) simd::store(dst + k, rd.chunk(r, k));
+      const auto cur = rd.row(r);
+      for (; k + lanes <= w.cols; k += lanes) simd::store(dst + k, cur.chunk(k));
       if (k < w.cols) tail_generic(w, r, k, dst + k);
     }
     tokens_loop<panel_reader, true>(pr, w, panel_rows, num_valid, x, x_stride, num_tokens,
@@ -192,8 +289,12 @@ void gemm(const float* x, int64_t x_stride, int32_t num_tokens, const matrix_vie
         rows_any<bf16_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
         break;
       case dtype::q8_0:
-        if (w.group_size % lanes == 0)
-          rows_any<q8_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+        if (w.group_size == 32 && w.scale_is_f16)
+          rows_any<q8_reader<32, true>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+        else if (w.group_size == 32)
+          rows_any<q8_reader<32, false>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+        else if (w.group_size == 64 && !w.scale_is_f16)
+          rows_any<q8_reader<64, false>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
         else
           rows_any<generic_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
         break;

@@ -26,7 +26,7 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
 inline v16f zero() { return v16f{}; }
-inline v16f splat(float f) { return v16f{} + f; }
+inline v16f splat(float f) { return v16f{f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
 
 inline v16f load(const float* p) {
   v16f v;
@@ -37,12 +37,20 @@ inline v16f load(const float* p) {
 inline void store(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
 
 inline v16f load_bf16(const uint16_t* p) {
-  v16h h;
-  std::memcpy(&h, p, sizeof h);
-  v16u u = __builtin_convertvector(h, v16u) << 16;
+#if defined(__AVX512F__)
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return reinterpret_cast<v16f>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif defined(__AVX2__)
+  __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8));
+  v8f a = reinterpret_cast<v8f>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
+  v8f b = reinterpret_cast<v8f>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
   v16f f;
-  std::memcpy(&f, &u, sizeof f);
+  for (int i = 0; i < 16; ++i) f[i] = bf16_to_f32(p[i]);
   return f;
+#endif
 }
 
 inline v16f load_f16(const uint16_t* p) {
@@ -64,9 +72,19 @@ inline v16f load_f16(const uint16_t* p) {
 
 // Sixteen int8 values converted to float (not yet scaled).
 inline v16f load_i8(const int8_t* p) {
-  v16b b;
-  std::memcpy(&b, p, sizeof b);
-  return __builtin_convertvector(b, v16f);
+#if defined(__AVX512F__)
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return reinterpret_cast<v16f>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+#elif defined(__AVX2__)
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  v8f lo = reinterpret_cast<v8f>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+  v8f hi = reinterpret_cast<v8f>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  v16f f;
+  for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(p[i]);
+  return f;
+#endif
 }
 
 // a * b + c, fused where the ISA has FMA (one rounding), else two roundings.

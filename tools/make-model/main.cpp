@@ -1,0 +1,151 @@
+// make-model: writes Llama checkpoints of any shape with seeded random weights (or
+// converts a model troupe can load), in llama2.c or GGUF format, for benchmarks and tests
+// at sizes that cannot be shipped.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/model/checkpoint_writer.hpp"
+#include "tools/common/model_loading.hpp"
+
+using namespace troupe;
+
+namespace {
+
+struct preset {
+  const char* name;
+  int32_t dim, hidden, layers, heads, kv_heads, vocab, context;
+};
+
+constexpr preset presets[] = {
+    {"260k", 64, 172, 5, 8, 4, 512, 512},
+    {"15m", 288, 768, 6, 6, 6, 32000, 256},
+    {"110m", 768, 2048, 12, 12, 12, 32000, 1024},
+    {"1b", 2048, 5632, 22, 32, 4, 32000, 2048},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "make-model: write a Llama checkpoint with seeded random weights, or convert one.\n\n"
+      "Formats: llama2c (f32 writes the legacy format, q8_0 version 2) and gguf (f32, f16,\n"
+      "bf16, q8_0; the vocabulary goes into the file). The same seed gives the same weights\n"
+      "in every format, so formats can be compared against each other.\n\n"
+      "Examples:\n"
+      "  make-model syn110m.gguf --preset 110m --type q8_0 --vocab-from tokenizer.bin\n"
+      "  make-model tiny.bin --dim 64 --hidden 96 --layers 2 --heads 4 --vocab 300\n"
+      "  make-model stories.f16.gguf --from stories260K.bin -z tok512.bin --type f16\n",
+      "make-model"};
+  std::string out, format, type_name = "f32", preset_name, vocab_from, from, from_tokenizer;
+  model_config c;
+  c.dim = 64;
+  c.hidden_dim = 172;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 0;
+  c.vocab_size = 512;
+  c.max_seq_len = 256;
+  uint64_t seed = 42;
+  int32_t group_size = 64;
+  bool separate = false;
+  app.add_option("output", out, "file to write (.bin: llama2c, .gguf: gguf, unless --format says)")->required();
+  app.add_option("--format", format, "llama2c or gguf")->check(CLI::IsMember({"llama2c", "gguf"}));
+  app.add_option("--type", type_name, "weight type: f32, f16, bf16 or q8_0")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}))->capture_default_str();
+  app.add_option("--preset", preset_name, "a named shape: 260k, 15m, 110m (dim 768, hidden 2048, 12 layers, 12 heads, vocab 32000), 1b")
+      ->check(CLI::IsMember({"260k", "15m", "110m", "1b"}));
+  app.add_option("--dim", c.dim, "residual width")->capture_default_str();
+  app.add_option("--hidden", c.hidden_dim, "FFN width")->capture_default_str();
+  app.add_option("--layers", c.num_layers)->capture_default_str();
+  app.add_option("--heads", c.num_heads)->capture_default_str();
+  app.add_option("--kv-heads", c.num_kv_heads, "default: --heads");
+  app.add_option("--vocab", c.vocab_size)->capture_default_str();
+  app.add_option("--context", c.max_seq_len)->capture_default_str();
+  app.add_option("--seed", seed)->capture_default_str();
+  app.add_option("--group-size", group_size, "Q8_0 group size of llama2.c version 2 files")->capture_default_str();
+  app.add_flag("--separate-classifier", separate, "write an output matrix instead of sharing the embedding");
+  app.add_option("--vocab-from", vocab_from, "llama2.c tokenizer.bin to embed in a GGUF (default: a synthetic vocabulary)");
+  app.add_option("--from", from, "convert this model instead of generating weights");
+  app.add_option("-z,--tokenizer", from_tokenizer, "tokenizer.bin of the --from model, if it has none");
+  CLI11_PARSE(app, argc, argv);
+
+  for (const auto& p : presets)
+    if (preset_name == p.name) {
+      c.dim = p.dim;
+      c.hidden_dim = p.hidden;
+      c.num_layers = p.layers;
+      c.num_heads = p.heads;
+      c.num_kv_heads = p.kv_heads;
+      c.vocab_size = p.vocab;
+      c.max_seq_len = p.context;
+    }
+  if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+  if (format.empty()) format = out.size() > 5 && out.substr(out.size() - 5) == ".gguf" ? "gguf" : "llama2c";
+  const dtype type = type_name == "f16" ? dtype::f16 : type_name == "bf16" ? dtype::bf16
+                     : type_name == "q8_0" ? dtype::q8_0 : dtype::f32;
+
+  std::optional<tools::loaded_model> source;
+  vocabulary vocab;
+  if (!from.empty()) {
+    auto l = tools::load_model_and_tokenizer(from, from_tokenizer);
+    if (!l && format == "llama2c") {
+      // llama2.c files need no vocabulary; load the weights alone.
+      auto m = load_model(from);
+      if (!m) {
+        std::fprintf(stderr, "make-model: %s\n", m.err().message.c_str());
+        return 1;
+      }
+      source.emplace(tools::loaded_model{std::move(m).value(), std::nullopt});
+    } else if (!l) {
+      std::fprintf(stderr, "make-model: %s\n", l.err().message.c_str());
+      return 1;
+    } else {
+      source.emplace(std::move(l).value());
+    }
+    c = source->m.config;
+    separate = source->m.weights.classifier.data != source->m.weights.token_embedding.data ||
+               source->m.weights.classifier.q != source->m.weights.token_embedding.q;
+    if (source->tok) vocab = source->tok->vocab();
+  } else if (auto e = validate(c)) {
+    std::fprintf(stderr, "make-model: %s\n", e->c_str());
+    return 1;
+  }
+  if (format == "gguf" && vocab.pieces.empty()) {
+    if (!vocab_from.empty()) {
+      auto v = load_llama2c_vocabulary(vocab_from, c.vocab_size);
+      if (!v) {
+        std::fprintf(stderr, "make-model: %s\n", v.err().message.c_str());
+        return 1;
+      }
+      vocab = std::move(v).value();
+    } else {
+      vocab = synthetic_vocabulary(c.vocab_size);
+    }
+  }
+
+  checkpoint_spec spec{c, type, group_size, !separate};
+  const weight_source src = source ? weights_of(source->m) : random_weights(seed);
+  const bool tty = isatty(STDERR_FILENO);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto progress = [&](double f) {
+    if (tty) std::fprintf(stderr, "\rmake-model: writing %s  %3.0f%%", out.c_str(), 100.0 * f);
+  };
+  std::fprintf(stderr, "make-model: %s, %s, %s%s\n", out.c_str(), format.c_str(), type_name.c_str(),
+               source ? (", from " + from).c_str() : (", seed " + std::to_string(seed)).c_str());
+  std::fprintf(stderr, "make-model: %s\n", describe(c).c_str());
+  status st = format == "gguf" ? write_gguf(out, spec, vocab, src, progress)
+                               : write_llama2c(out, spec, src, progress);
+  if (tty) std::fprintf(stderr, "\n");
+  if (!st) {
+    std::fprintf(stderr, "make-model: %s\n", st.err().message.c_str());
+    std::remove(out.c_str());
+    return 1;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "make-model: wrote %s in %.1f s\n", out.c_str(), secs);
+  return 0;
+}

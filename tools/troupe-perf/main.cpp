@@ -1,0 +1,225 @@
+// troupe-perf: measures the engine on this machine: memory bandwidth, GEMM kernels,
+// single-stream decode, prefill, and batched decode, printing a table (and JSON with
+// --json) that BENCHMARKS.md quotes.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/generate/generator.hpp"
+#include "kernels/cpu/gemm.hpp"
+#include "tools/common/model_loading.hpp"
+#include "tools/troupe-perf/triad.hpp"
+
+using namespace troupe;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct row_out {
+  std::string name;
+  double value;
+  std::string unit;
+  std::string note;
+};
+
+std::vector<row_out> results;
+
+void report(const std::string& name, double value, const std::string& unit, const std::string& note = "") {
+  results.push_back({name, value, unit, note});
+  std::printf("%-44s %12.1f %-8s %s\n", name.c_str(), value, unit.c_str(), note.c_str());
+  std::fflush(stdout);
+}
+
+// Decodes `tokens` tokens for each of `sequences` sequences after a short prompt, in one
+// batch, greedy; returns generated tokens per second (all sequences together), the
+// median of `runs` runs.
+double decode_rate(const model& m, const tokenizer& tok, int threads, int sequences, int tokens, int runs) {
+  generator_options opts;
+  opts.num_threads = threads;
+  generator gen(m, tok, opts);
+  std::vector<generation_request> reqs(sequences);
+  for (int s = 0; s < sequences; ++s) {
+    reqs[s].prompt = {tok.bos_id(), 100 + s % 50, 200 + s % 30};
+    for (int32_t& t : reqs[s].prompt) t = std::min(t, m.config.vocab_size - 1);
+    reqs[s].sampling.temperature = 0.0f;
+    reqs[s].max_tokens = tokens;
+    reqs[s].ignore_eos = true;
+  }
+  std::vector<double> rates;
+  for (int r = 0; r < runs + 1; ++r) {  // the first run warms the page cache and mappings
+    int64_t produced = 0;
+    clock_type::time_point first{};
+    auto res = gen.generate(reqs, [&](size_t, const token_event& ev) {
+      if (produced++ == sequences - 1) first = clock_type::now();  // after the prefill step
+    });
+    const double secs = seconds_since(first);
+    if (!res) {
+      std::fprintf(stderr, "troupe-perf: %s\n", res.err().message.c_str());
+      std::exit(1);
+    }
+    if (r > 0) rates.push_back((produced - sequences) / secs);
+  }
+  return median(rates);
+}
+
+double prefill_rate(const model& m, const tokenizer& tok, int threads, int prompt_tokens, int runs) {
+  generator_options opts;
+  opts.num_threads = threads;
+  opts.max_step_tokens = prompt_tokens;
+  generator gen(m, tok, opts);
+  generation_request req;
+  req.prompt.push_back(tok.bos_id());
+  for (int i = 1; i < prompt_tokens; ++i) req.prompt.push_back(3 + (i * 7919) % (m.config.vocab_size - 3));
+  req.sampling.temperature = 0.0f;
+  req.max_tokens = 1;
+  req.ignore_eos = true;
+  std::vector<double> rates;
+  for (int r = 0; r < runs + 1; ++r) {
+    auto t0 = clock_type::now();
+    auto res = gen.generate({req});
+    const double secs = seconds_since(t0);
+    if (r > 0) rates.push_back(prompt_tokens / secs);
+  }
+  return median(rates);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "troupe-perf: measure the engine on this machine.\n\n"
+      "  troupe-perf bandwidth                    memory bandwidth (STREAM-like triad and read)\n"
+      "  troupe-perf decode MODEL                 single-stream decode tokens/s\n"
+      "  troupe-perf prefill MODEL                prompt tokens/s for one prompt\n"
+      "  troupe-perf batch MODEL -b 1,4,16,32     aggregate decode tokens/s per batch size\n"
+      "  troupe-perf gemm --type q8_0             one weight matrix, tokens per step\n\n"
+      "Every figure is the median of --runs runs after one warm-up run.",
+      "troupe-perf"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  int threads = 0, runs = 3, tokens = 128, prompt_tokens = 128;
+  std::string model_path, tokenizer_path, json_path;
+  std::vector<int> batches{1, 4, 16, 32};
+  app.add_option("-j,--threads", threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("-r,--runs", runs, "measured runs")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--json", json_path, "also write the results as JSON to this file");
+
+  auto* bw = app.add_subcommand("bandwidth", "memory bandwidth");
+  size_t mib = 512;
+  bw->add_option("--mib", mib, "MiB per array (three arrays)")->check(CLI::Range(16, 8192))->capture_default_str();
+
+  auto add_model = [&](CLI::App* sub) {
+    sub->add_option("model", model_path, "checkpoint")->required();
+    sub->add_option("-z,--tokenizer", tokenizer_path, "tokenizer.bin for llama2.c checkpoints");
+  };
+  auto* dec = app.add_subcommand("decode", "single-stream decode");
+  add_model(dec);
+  dec->add_option("-n,--tokens", tokens, "tokens to generate per run")->check(CLI::Range(2, 100000))->capture_default_str();
+  auto* pre = app.add_subcommand("prefill", "prompt processing");
+  add_model(pre);
+  pre->add_option("-p,--prompt-tokens", prompt_tokens)->check(CLI::Range(2, 100000))->capture_default_str();
+  auto* bat = app.add_subcommand("batch", "batched decode");
+  add_model(bat);
+  bat->add_option("-b,--batch", batches, "sequences per batch")->delimiter(',')->check(CLI::Range(1, 4096));
+  bat->add_option("-n,--tokens", tokens, "tokens to generate per sequence")->check(CLI::Range(2, 100000))->capture_default_str();
+
+  auto* gm = app.add_subcommand("gemm", "one GEMM");
+  std::string type_name = "q8_0";
+  int rows = 2048, cols = 768, m_tokens = 1;
+  gm->add_option("--type", type_name)->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}))->capture_default_str();
+  gm->add_option("--rows", rows)->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  gm->add_option("--cols", cols)->check(CLI::Range(32, 1 << 20))->capture_default_str();
+  gm->add_option("--tokens", m_tokens)->check(CLI::Range(1, 4096))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  if (bw->parsed()) {
+    thread_pool pool(threads);
+    auto b = tools::measure_bandwidth(pool, mib << 20, runs);
+    report("triad bandwidth, " + std::to_string(threads) + " threads", b.triad_gbs, "GB/s");
+    report("read bandwidth, " + std::to_string(threads) + " threads", b.read_gbs, "GB/s");
+  } else if (gm->parsed()) {
+    const dtype type = type_name == "f16" ? dtype::f16 : type_name == "bf16" ? dtype::bf16
+                       : type_name == "q8_0" ? dtype::q8_0 : dtype::f32;
+    cols = cols / 32 * 32;
+    std::vector<uint8_t> buf(int64_t{rows} * cols * 4 + 64, 1);
+    matrix_view w;
+    if (type == dtype::q8_0) {
+      w.type = type;
+      w.rows = rows;
+      w.cols = cols;
+      w.group_size = 32;
+      w.q_row_stride = cols / 32 * 34;
+      w.q_group_stride = 34;
+      w.q = reinterpret_cast<const int8_t*>(buf.data() + 2);
+      w.scale = buf.data();
+      w.s_row_stride = w.q_row_stride;
+      w.s_group_stride = 34;
+      w.scale_is_f16 = true;
+    } else {
+      w = matrix_view::dense(type, buf.data(), rows, cols);
+    }
+    std::vector<float> x(int64_t{m_tokens} * cols, 0.5f), y(int64_t{m_tokens} * rows);
+    thread_pool pool(threads);
+    std::vector<double> t;
+    for (int r = 0; r < runs + 1; ++r) {
+      auto t0 = clock_type::now();
+      int iters = 0;
+      do {
+        gemm(x.data(), cols, m_tokens, w, y.data(), rows, pool);
+        ++iters;
+      } while (seconds_since(t0) < 0.2);
+      if (r > 0) t.push_back(seconds_since(t0) / iters);
+    }
+    const double s = median(t);
+    report("gemm " + type_name + " " + std::to_string(rows) + "x" + std::to_string(cols) + " x " + std::to_string(m_tokens) + " tokens",
+           2.0 * rows * cols * m_tokens / s / 1e9, "GFLOP/s", std::to_string(w.bytes() / s / 1e9) + " GB/s of weights");
+  } else {
+    auto loaded = tools::load_model_and_tokenizer(model_path, tokenizer_path);
+    if (!loaded) {
+      std::fprintf(stderr, "troupe-perf: %s\n", loaded.err().message.c_str());
+      return 1;
+    }
+    const model& m = loaded->m;
+    const tokenizer& tok = *loaded->tok;
+    std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads\n", m.path.c_str(), m.format.c_str(),
+                 describe(m.config).c_str(), threads);
+    const double bytes = static_cast<double>(m.weights.streamed_bytes());
+    if (dec->parsed()) {
+      const double r = decode_rate(m, tok, threads, 1, tokens, runs);
+      report("decode, 1 sequence, " + std::to_string(threads) + " threads", r, "tok/s",
+             std::to_string(r * bytes / 1e9).substr(0, 5) + " GB/s of weights");
+    } else if (pre->parsed()) {
+      report("prefill, " + std::to_string(prompt_tokens) + " tokens, " + std::to_string(threads) + " threads",
+             prefill_rate(m, tok, threads, prompt_tokens, runs), "tok/s");
+    } else if (bat->parsed()) {
+      for (int b : batches)
+        report("decode, " + std::to_string(b) + " sequences, " + std::to_string(threads) + " threads",
+               decode_rate(m, tok, threads, b, tokens, runs), "tok/s", "all sequences together");
+    }
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << "[\n";
+    for (size_t i = 0; i < results.size(); ++i)
+      f << "  {\"name\": \"" << results[i].name << "\", \"value\": " << results[i].value << ", \"unit\": \""
+        << results[i].unit << "\"}" << (i + 1 < results.size() ? ",\n" : "\n");
+    f << "]\n";
+  }
+  return 0;
+}
