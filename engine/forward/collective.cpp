@@ -29,6 +29,8 @@ class local_collective_group::member_impl final : public collective {
   int32_t rank_;
 };
 
+local_collective_group::~local_collective_group() = default;
+
 collective& local_collective_group::member(int32_t rank) { return *members_[rank]; }
 
 local_collective_group::local_collective_group(int32_t size)

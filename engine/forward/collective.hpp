@@ -28,6 +28,7 @@ class no_collective final : public collective {
 class local_collective_group {
  public:
   explicit local_collective_group(int32_t size);
+  ~local_collective_group();
   collective& member(int32_t rank);
   int32_t size() const { return size_; }
 

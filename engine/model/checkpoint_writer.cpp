@@ -286,7 +286,9 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
     return error{"the vocabulary has " + std::to_string(vocab.size()) + " tokens, the model " + std::to_string(c.vocab_size)};
   if (spec.type == dtype::q8_0 && (c.dim % 32 != 0 || c.hidden_dim % 32 != 0))
     return error{"GGUF Q8_0 needs dim and hidden_dim to be multiples of 32"};
-  const auto tensors = gguf_tensors(spec);
+  checkpoint_spec validated = spec;
+  validated.config = c;
+  const auto tensors = gguf_tensors(validated);
   constexpr uint64_t alignment = 32;
   file_out f(path);
   f.pod(uint32_t{0x46554747});

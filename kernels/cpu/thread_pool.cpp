@@ -40,7 +40,13 @@ void thread_pool::run(int used, task_fn fn, void* ctx) {
   epoch_.fetch_add(1, std::memory_order_release);
   epoch_.notify_all();
   fn(ctx, 0);
-  while (pending_.load(std::memory_order_acquire) != 0) TROUPE_PAUSE();
+  // Yield after a while, so that a worker descheduled on an oversubscribed machine runs.
+  for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
+    if (i < spin_iterations)
+      TROUPE_PAUSE();
+    else
+      std::this_thread::yield();
+  }
 }
 
 void thread_pool::worker_loop(int idx) {

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
                  "llama2.c tokenizer.bin (default: the GGUF's own vocabulary, else tokenizer.bin beside the model)");
   app.add_option("-p,--prompt", prompt, "prompt text (default: empty, start from BOS)");
   app.add_option("-n,--steps", steps,
-                 "sequence length in tokens counted from BOS, prompt included, as llama2.c's run counts it; 0: the model's context")
+                 "tokens after BOS, prompt included, as llama2.c's run counts them; 0: the model's context")
       ->check(CLI::Range(0, 1 << 22))->capture_default_str();
   app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   app.add_option("--top-p", top_p, "nucleus sampling mass, in (0, 1]")->capture_default_str();
@@ -80,13 +80,15 @@ int main(int argc, char** argv) {
   req.sampling.seed = static_cast<uint64_t>(seed);
   req.sampling.logprobs = logprobs;
   req.stop_strings = stops;
-  const int32_t limit = steps == 0 || steps > m.config.max_seq_len ? m.config.max_seq_len : steps;
-  if (static_cast<int32_t>(req.prompt.size()) >= limit) {
-    std::fprintf(stderr, "troupe-run: the prompt is %zu tokens with BOS; -n %d leaves no room to generate\n",
-                 req.prompt.size(), limit);
+  // Positions after BOS; the sequence with BOS must fit the model's context.
+  const int32_t limit = steps == 0 || steps >= m.config.max_seq_len ? m.config.max_seq_len - 1 : steps;
+  const auto prompt_after_bos = static_cast<int32_t>(req.prompt.size()) - 1;
+  if (prompt_after_bos >= limit) {
+    std::fprintf(stderr, "troupe-run: the prompt is %d tokens; -n %d leaves no room to generate (the context is %d)\n",
+                 prompt_after_bos, steps, m.config.max_seq_len);
     return 1;
   }
-  req.max_tokens = limit - static_cast<int32_t>(req.prompt.size());
+  req.max_tokens = limit - prompt_after_bos;
 
   // Echo the prompt.
   if (ids) {

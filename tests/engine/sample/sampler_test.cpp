@@ -1,0 +1,117 @@
+#include "engine/sample/sampler.hpp"
+
+#include <cmath>
+#include <map>
+
+#include <doctest/doctest.h>
+
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+namespace {
+
+std::vector<float> logits_fixture() { return {1.0f, 3.0f, 2.0f, 0.5f, 2.9f, -1.0f}; }
+
+int32_t draw(sampling_params p, std::vector<float> l, std::vector<int32_t> prompt = {}) {
+  sampler s(p, prompt);
+  return s.sample(l.data(), static_cast<int32_t>(l.size())).token;
+}
+
+}  // namespace
+
+TEST_CASE("greedy and top-k 1 choose the argmax") {
+  sampling_params p;
+  p.temperature = 0.0f;
+  CHECK(draw(p, logits_fixture()) == 1);
+  p.temperature = 1.5f;
+  p.top_k = 1;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    p.seed = seed;
+    CHECK(draw(p, logits_fixture()) == 1);
+  }
+}
+
+TEST_CASE("the same seed gives the same tokens; sampling follows the distribution") {
+  sampling_params p;
+  p.seed = 42;
+  sampler a(p, {}), b(p, {});
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 4000; ++i) {
+    auto la = logits_fixture(), lb = logits_fixture();
+    const int32_t ta = a.sample(la.data(), 6).token;
+    CHECK(ta == b.sample(lb.data(), 6).token);
+    ++counts[ta];
+  }
+  // softmax of the fixture: p(1) ~ 0.35, p(4) ~ 0.32, p(2) ~ 0.13, p(5) ~ 0.006
+  CHECK(counts[1] / 4000.0 == doctest::Approx(0.353).epsilon(0.1));
+  CHECK(counts[4] / 4000.0 == doctest::Approx(0.320).epsilon(0.1));
+  CHECK(counts[5] < 60);
+}
+
+TEST_CASE("top-p and min-p keep only the head of the distribution") {
+  sampling_params p;
+  p.top_p = 0.5f;  // tokens 1 and 4 hold 0.67 of the mass; 1 alone 0.35
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    p.seed = seed;
+    const int32_t t = draw(p, logits_fixture());
+    CHECK((t == 1 || t == 4));
+  }
+  sampling_params q;
+  q.min_p = 0.5f;  // keeps tokens within 2x of the top: 1, 4 and 2 (e^-1 = 0.37 < 0.5: no)
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    q.seed = seed;
+    const int32_t t = draw(q, logits_fixture());
+    CHECK((t == 1 || t == 4));
+  }
+}
+
+TEST_CASE("penalties push repeated tokens down") {
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.repetition_penalty = 1.5f;  // token 1 seen in the prompt: 3.0 -> 2.0, token 4 wins
+  CHECK(draw(p, logits_fixture(), {1}) == 4);
+  sampling_params f;
+  f.temperature = 0.0f;
+  f.frequency_penalty = 0.2f;
+  sampler s(f, {});
+  auto l = logits_fixture();
+  CHECK(s.sample(l.data(), 6).token == 1);  // output now holds token 1 once
+  l = logits_fixture();
+  CHECK(s.sample(l.data(), 6).token == 4);  // 3.0 - 0.2 < 2.9
+}
+
+TEST_CASE("log-probabilities are those of the softmax, top-n sorted") {
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.logprobs = 3;
+  sampler s(p, {});
+  auto l = logits_fixture();
+  const auto r = s.sample(l.data(), 6);
+  double z = 0;
+  for (float v : logits_fixture()) z += std::exp(double(v));
+  CHECK(r.logprob == doctest::Approx(3.0 - std::log(z)).epsilon(1e-5));
+  REQUIRE(r.top.size() == 3);
+  CHECK(r.top[0].token == 1);
+  CHECK(r.top[1].token == 4);
+  CHECK(r.top[2].token == 2);
+  CHECK(r.top[1].logprob == doctest::Approx(2.9 - std::log(z)).epsilon(1e-5));
+}
+
+TEST_CASE("invalid parameters are named") {
+  sampling_params p;
+  p.top_p = 0.0f;
+  CHECK(validate(p).has_value());
+  p = {};
+  p.temperature = -1.0f;
+  CHECK(validate(p).has_value());
+  p = {};
+  p.temperature = NAN;
+  CHECK(validate(p).has_value());
+  p = {};
+  p.logprobs = 21;
+  CHECK(validate(p).has_value());
+  CHECK_FALSE(validate(sampling_params{}).has_value());
+}
+
+}  // namespace troupe

@@ -1,0 +1,178 @@
+#include "kernels/cpu/gemm.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+namespace {
+
+// A weight matrix in one of the stored layouts, built from random floats.
+struct test_matrix {
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> scales;
+  matrix_view view;
+};
+
+enum class layout { f32, f16, bf16, q8_gguf, q8_llama2c_gs64, q8_llama2c_gs4 };
+
+test_matrix make_matrix(layout l, int32_t rows, int32_t cols, uint64_t seed) {
+  const auto vals = test::random_floats(size_t(rows) * cols, seed);
+  test_matrix t;
+  switch (l) {
+    case layout::f32:
+      t.bytes.resize(vals.size() * 4);
+      std::memcpy(t.bytes.data(), vals.data(), t.bytes.size());
+      t.view = matrix_view::dense(dtype::f32, t.bytes.data(), rows, cols);
+      break;
+    case layout::f16:
+    case layout::bf16: {
+      t.bytes.resize(vals.size() * 2);
+      auto* h = reinterpret_cast<uint16_t*>(t.bytes.data());
+      for (size_t i = 0; i < vals.size(); ++i) h[i] = l == layout::f16 ? f32_to_f16(vals[i]) : f32_to_bf16(vals[i]);
+      t.view = matrix_view::dense(l == layout::f16 ? dtype::f16 : dtype::bf16, t.bytes.data(), rows, cols);
+      break;
+    }
+    case layout::q8_gguf: {
+      const int32_t groups = cols / 32;
+      t.bytes.resize(size_t(rows) * groups * 34);
+      for (int32_t r = 0; r < rows; ++r)
+        for (int32_t g = 0; g < groups; ++g) {
+          uint8_t* b = t.bytes.data() + (size_t(r) * groups + g) * 34;
+          const uint16_t d = f32_to_f16(0.01f + 0.001f * ((r + g) % 7));
+          std::memcpy(b, &d, 2);
+          for (int i = 0; i < 32; ++i) b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(vals[size_t(r) * cols + g * 32 + i] * 127)));
+        }
+      matrix_view& v = t.view;
+      v.type = dtype::q8_0;
+      v.rows = rows;
+      v.cols = cols;
+      v.group_size = 32;
+      v.q = reinterpret_cast<const int8_t*>(t.bytes.data() + 2);
+      v.q_row_stride = int64_t{groups} * 34;
+      v.q_group_stride = 34;
+      v.scale = t.bytes.data();
+      v.s_row_stride = v.q_row_stride;
+      v.s_group_stride = 34;
+      v.scale_is_f16 = true;
+      break;
+    }
+    case layout::q8_llama2c_gs64:
+    case layout::q8_llama2c_gs4: {
+      const int32_t gs = l == layout::q8_llama2c_gs64 ? 64 : 4;
+      t.bytes.resize(vals.size());
+      for (size_t i = 0; i < vals.size(); ++i) t.bytes[i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(vals[i] * 127)));
+      std::vector<float> s(vals.size() / gs);
+      for (size_t i = 0; i < s.size(); ++i) s[i] = 0.02f + 0.003f * (i % 5);
+      t.scales.resize(s.size() * 4);
+      std::memcpy(t.scales.data(), s.data(), t.scales.size());
+      matrix_view& v = t.view;
+      v.type = dtype::q8_0;
+      v.rows = rows;
+      v.cols = cols;
+      v.group_size = gs;
+      v.q = reinterpret_cast<const int8_t*>(t.bytes.data());
+      v.q_row_stride = cols;
+      v.q_group_stride = gs;
+      v.scale = t.scales.data();
+      v.s_row_stride = int64_t{cols / gs} * 4;
+      v.s_group_stride = 4;
+      break;
+    }
+  }
+  return t;
+}
+
+// y = x W^T in double, from the dequantized weights.
+std::vector<double> reference(const std::vector<float>& x, int32_t m, const matrix_view& w) {
+  std::vector<double> y(size_t(m) * w.rows);
+  for (int32_t i = 0; i < m; ++i)
+    for (int32_t r = 0; r < w.rows; ++r) {
+      double s = 0;
+      for (int32_t c = 0; c < w.cols; ++c) s += double(x[size_t(i) * w.cols + c]) * w.at(r, c);
+      y[size_t(i) * w.rows + r] = s;
+    }
+  return y;
+}
+
+const float poison = std::numeric_limits<float>::quiet_NaN();
+
+void check_layout(layout l, std::initializer_list<int32_t> col_sizes) {
+  thread_pool pool(3);
+  uint64_t seed = 1;
+  for (int32_t cols : col_sizes)
+    for (int32_t rows : {1, 3, 4, 5, 17, 33})
+      for (int32_t m : {1, 2, 3, 4, 5, 7, 9}) {
+        CAPTURE(cols);
+        CAPTURE(rows);
+        CAPTURE(m);
+        const test_matrix t = make_matrix(l, rows, cols, seed++);
+        const auto x = test::random_floats(size_t(m) * cols, seed++);
+        // Output rows are wider than the matrix: the extra columns must stay poisoned.
+        const int32_t ys = rows + 3;
+        std::vector<float> y(size_t(m) * ys, poison);
+        gemm(x.data(), cols, m, t.view, y.data(), ys, pool);
+        const auto ref = reference(x, m, t.view);
+        for (int32_t i = 0; i < m; ++i) {
+          double norm = 0;
+          for (int32_t c = 0; c < cols; ++c) norm += std::fabs(x[size_t(i) * cols + c]);
+          for (int32_t r = 0; r < rows; ++r) {
+            const double want = ref[size_t(i) * rows + r];
+            const float got = y[size_t(i) * ys + r];
+            REQUIRE(std::isfinite(got));
+            // Float accumulation over cols terms: error bounded relative to sum |x_k w_k|.
+            CHECK(std::fabs(got - want) <= 1e-5 * norm + 1e-6);
+          }
+          for (int32_t r = rows; r < ys; ++r) CHECK(std::isnan(y[size_t(i) * ys + r]));
+        }
+      }
+}
+
+}  // namespace
+
+TEST_CASE("gemm f32 matches a double-precision reference, odd sizes included") {
+  check_layout(layout::f32, {16, 21, 64, 100});
+}
+TEST_CASE("gemm f16 matches a double-precision reference") { check_layout(layout::f16, {16, 37, 96}); }
+TEST_CASE("gemm bf16 matches a double-precision reference") { check_layout(layout::bf16, {16, 50, 128}); }
+TEST_CASE("gemm q8_0 in GGUF blocks matches a double-precision reference") { check_layout(layout::q8_gguf, {32, 96, 160}); }
+TEST_CASE("gemm q8_0 in llama2.c layout, group 64") { check_layout(layout::q8_llama2c_gs64, {64, 192}); }
+TEST_CASE("gemm q8_0 in llama2.c layout, group 4 (element path)") { check_layout(layout::q8_llama2c_gs4, {4, 20, 172}); }
+
+TEST_CASE("gemm results do not depend on batch size or thread count") {
+  for (layout l : {layout::f32, layout::f16, layout::bf16, layout::q8_gguf, layout::q8_llama2c_gs4}) {
+    CAPTURE(static_cast<int>(l));
+    const int32_t rows = 37, cols = 96, m = 13;
+    const test_matrix t = make_matrix(l, rows, cols, 77);
+    const auto x = test::random_floats(size_t(m) * cols, 78);
+    thread_pool one(1), three(3);
+    std::vector<float> batched(size_t(m) * rows), alone(size_t(m) * rows), threaded(size_t(m) * rows);
+    gemm(x.data(), cols, m, t.view, batched.data(), rows, one);
+    gemm(x.data(), cols, m, t.view, threaded.data(), rows, three);
+    for (int32_t i = 0; i < m; ++i) gemm(x.data() + size_t(i) * cols, cols, 1, t.view, alone.data() + size_t(i) * rows, rows, one);
+    CHECK(std::memcmp(batched.data(), alone.data(), batched.size() * 4) == 0);
+    CHECK(std::memcmp(batched.data(), threaded.data(), batched.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("gemm on row and column slices equals the slice of the full product") {
+  thread_pool pool(2);
+  const test_matrix t = make_matrix(layout::q8_gguf, 24, 128, 5);
+  const auto x = test::random_floats(128, 6);
+  // Columns 32..95 of the input with the matching weight columns, rows 8..15.
+  const matrix_view part = t.view.slice_rows(8, 8).slice_cols(32, 64);
+  std::vector<float> y(8);
+  gemm(x.data() + 32, 64, 1, part, y.data(), 8, pool);
+  for (int32_t r = 0; r < 8; ++r) {
+    double want = 0;
+    for (int32_t c = 32; c < 96; ++c) want += double(x[c]) * t.view.at(8 + r, c);
+    CHECK(y[r] == doctest::Approx(want).epsilon(1e-5));
+  }
+}
+
+}  // namespace troupe

@@ -1,0 +1,108 @@
+// Element-wise and per-vector kernels against plain double-precision references.
+#include <cmath>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "kernels/cpu/argmax.hpp"
+#include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/rmsnorm.hpp"
+#include "kernels/cpu/rope.hpp"
+#include "kernels/cpu/silu_mul.hpp"
+#include "kernels/cpu/softmax.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+TEST_CASE("rmsnorm matches the definition for odd sizes, in place too") {
+  for (int32_t n : {1, 7, 16, 33, 64, 255}) {
+    CAPTURE(n);
+    const auto x = test::random_floats(n, n);
+    const auto w = test::random_floats(n, n + 100, 0.5f, 1.5f);
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    const double inv = 1.0 / std::sqrt(ss / n + 1e-5);
+    std::vector<float> out(n + 1, -7.0f);
+    rmsnorm(out.data(), x.data(), w.data(), n, 1e-5f);
+    for (int32_t i = 0; i < n; ++i) CHECK(out[i] == doctest::Approx(w[i] * x[i] * inv).epsilon(1e-5));
+    CHECK(out[n] == -7.0f);
+    std::vector<float> inplace = x;
+    rmsnorm(inplace.data(), inplace.data(), w.data(), n, 1e-5f);
+    for (int32_t i = 0; i < n; ++i) CHECK(inplace[i] == out[i]);
+  }
+}
+
+TEST_CASE("rope rotates pairs and halves by the table's angles") {
+  const int32_t heads = 3, head_dim = 10, rot = 8, pos = 5;
+  std::vector<float> cos(64 * rot / 2), sin(64 * rot / 2);
+  rope_table(cos.data(), sin.data(), 64, rot, 10000.0f);
+  for (rope_layout layout : {rope_layout::pairs, rope_layout::halves}) {
+    const auto v0 = test::random_floats(heads * head_dim, 9);
+    auto v = v0;
+    rope(v.data(), heads, head_dim, rot, cos.data() + pos * rot / 2, sin.data() + pos * rot / 2, layout);
+    for (int32_t h = 0; h < heads; ++h) {
+      for (int32_t i = 0; i < rot / 2; ++i) {
+        const double angle = pos * std::pow(10000.0, -2.0 * i / rot);
+        const int32_t a = h * head_dim + (layout == rope_layout::pairs ? 2 * i : i);
+        const int32_t b = h * head_dim + (layout == rope_layout::pairs ? 2 * i + 1 : i + rot / 2);
+        CHECK(v[a] == doctest::Approx(v0[a] * std::cos(angle) - v0[b] * std::sin(angle)).epsilon(1e-4));
+        CHECK(v[b] == doctest::Approx(v0[a] * std::sin(angle) + v0[b] * std::cos(angle)).epsilon(1e-4));
+      }
+      for (int32_t d = rot; d < head_dim; ++d) CHECK(v[h * head_dim + d] == v0[h * head_dim + d]);
+    }
+  }
+}
+
+TEST_CASE("softmax sums to one, is stable for large logits and keeps order") {
+  for (int32_t n : {1, 2, 17, 512}) {
+    auto x = test::random_floats(n, n, -50.0f, 50.0f);
+    x[0] = 1e4f;  // would overflow exp without the max subtraction
+    const auto orig = x;
+    softmax(x.data(), n);
+    double sum = 0;
+    for (float p : x) {
+      CHECK(std::isfinite(p));
+      sum += p;
+    }
+    CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
+    for (int32_t i = 1; i < n; ++i) {
+      const double want = std::exp(double(orig[i]) - 1e4);
+      CHECK(x[i] == doctest::Approx(want).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE("silu_mul matches x * sigmoid(x) * up") {
+  const int32_t n = 45;
+  auto gate = test::random_floats(n, 1, -8.0f, 8.0f);
+  const auto up = test::random_floats(n, 2);
+  const auto g0 = gate;
+  silu_mul(gate.data(), up.data(), n);
+  for (int32_t i = 0; i < n; ++i)
+    CHECK(gate[i] == doctest::Approx(g0[i] / (1.0 + std::exp(-double(g0[i]))) * up[i]).epsilon(1e-5));
+}
+
+TEST_CASE("argmax returns the first maximum") {
+  std::vector<float> x{1, 5, 3, 5, -2};
+  CHECK(argmax(x.data(), 5) == 1);
+  CHECK(argmax(x.data(), 1) == 0);
+  x = {-3, -1, -1};
+  CHECK(argmax(x.data(), 3) == 1);
+}
+
+TEST_CASE("embedding gathers and dequantizes rows") {
+  const int32_t vocab = 7, dim = 20;
+  std::vector<uint16_t> table(vocab * dim);
+  const auto vals = test::random_floats(table.size(), 3);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = f32_to_bf16(vals[i]);
+  const auto view = matrix_view::dense(dtype::bf16, table.data(), vocab, dim);
+  const int32_t tokens[] = {6, 0, 6, 3};
+  std::vector<float> out(4 * (dim + 2), -1.0f);
+  embedding(view, tokens, 4, out.data(), dim + 2);
+  for (int t = 0; t < 4; ++t) {
+    for (int c = 0; c < dim; ++c) CHECK(out[t * (dim + 2) + c] == bf16_to_f32(table[tokens[t] * dim + c]));
+    CHECK(out[t * (dim + 2) + dim] == -1.0f);
+  }
+}
+
+}  // namespace troupe

@@ -1,0 +1,63 @@
+#include "kernels/cpu/paged_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "engine/sample/rng.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attention") {
+  for (int32_t head_dim : {8, 16, 20}) {
+    CAPTURE(head_dim);
+    const int32_t heads = 6, kv_heads = 2, block = 4, blocks = 16, len = 23;
+    std::vector<float> k(size_t(blocks) * kv_heads * block * head_dim, NAN), v(k.size(), NAN);
+    paged_kv_layer kv{k.data(), v.data(), blocks, kv_heads, block, head_dim};
+    // The sequence's blocks in a scrambled order: the table, not the layout, decides.
+    std::vector<uint32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0u);
+    rng r(3);
+    for (size_t i = table.size() - 1; i > 0; --i) std::swap(table[i], table[r.next() % (i + 1)]);
+    const auto keys = test::random_floats(size_t(len) * kv_heads * head_dim, 1);
+    const auto vals = test::random_floats(keys.size(), 2);
+    for (int32_t p = 0; p < len; ++p)
+      paged_kv_write(kv, table.data(), p, keys.data() + size_t(p) * kv_heads * head_dim,
+                     vals.data() + size_t(p) * kv_heads * head_dim);
+    // Queries at three positions, as a step might hold them.
+    const std::vector<int32_t> positions{0, 11, len - 1};
+    const auto q = test::random_floats(positions.size() * heads * head_dim, 4);
+    std::vector<attention_token> toks;
+    for (int32_t p : positions) toks.push_back({p, table.data()});
+    std::vector<float> out(q.size(), NAN);
+    thread_pool pool(2);
+    paged_attention(q.data(), heads * head_dim, out.data(), heads * head_dim, toks.data(),
+                    static_cast<int32_t>(toks.size()), heads, kv, pool);
+    for (size_t t = 0; t < positions.size(); ++t)
+      for (int32_t h = 0; h < heads; ++h) {
+        const int32_t kh = h / (heads / kv_heads);
+        const float* qh = q.data() + (t * heads + h) * head_dim;
+        std::vector<double> s(positions[t] + 1);
+        double mx = -1e300;
+        for (int32_t p = 0; p <= positions[t]; ++p) {
+          double d = 0;
+          for (int32_t i = 0; i < head_dim; ++i) d += double(qh[i]) * keys[(size_t(p) * kv_heads + kh) * head_dim + i];
+          s[p] = d / std::sqrt(double(head_dim));
+          mx = std::max(mx, s[p]);
+        }
+        double z = 0;
+        for (double& e : s) z += (e = std::exp(e - mx));
+        for (int32_t i = 0; i < head_dim; ++i) {
+          double o = 0;
+          for (int32_t p = 0; p <= positions[t]; ++p) o += s[p] / z * vals[(size_t(p) * kv_heads + kh) * head_dim + i];
+          CHECK(out[(t * heads + h) * head_dim + i] == doctest::Approx(o).epsilon(1e-5).scale(1.0));
+        }
+      }
+  }
+}
+
+}  // namespace troupe

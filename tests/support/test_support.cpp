@@ -1,0 +1,109 @@
+#include "tests/support/test_support.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <doctest/doctest.h>
+
+#include "engine/sample/rng.hpp"
+
+namespace troupe::test {
+
+std::string shared_path(const std::string& rel) { return std::string(TROUPE_SHARED_DIR) + "/" + rel; }
+std::string models_dir() { return shared_path("models/stories260K"); }
+
+namespace {
+
+// Minimal reader for the reference files' flat JSON objects.
+std::string json_string(const std::string& line, const std::string& key) {
+  const size_t k = line.find("\"" + key + "\"");
+  REQUIRE(k != std::string::npos);
+  size_t i = line.find('"', line.find(':', k) + 1) + 1;
+  std::string out;
+  for (; i < line.size() && line[i] != '"'; ++i) {
+    if (line[i] != '\\') {
+      out += line[i];
+      continue;
+    }
+    const char e = line[++i];
+    switch (e) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        const unsigned cp = std::stoul(line.substr(i + 1, 4), nullptr, 16);
+        i += 4;
+        if (cp < 0x80) out += static_cast<char>(cp);
+        else if (cp < 0x800) { out += static_cast<char>(0xc0 | (cp >> 6)); out += static_cast<char>(0x80 | (cp & 0x3f)); }
+        else { out += static_cast<char>(0xe0 | (cp >> 12)); out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f)); out += static_cast<char>(0x80 | (cp & 0x3f)); }
+        break;
+      }
+      default: out += e;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<reference_case> read_reference(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE_MESSAGE(f.good(), "cannot read " << path);
+  std::vector<reference_case> out;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    reference_case c;
+    c.prompt = json_string(line, "prompt");
+    c.text = json_string(line, "text");
+    const size_t s = line.find("\"steps\"");
+    c.steps = std::stoi(line.substr(line.find(':', s) + 1));
+    const size_t a = line.find('[', line.find("\"ids_after_bos\""));
+    const size_t b = line.find(']', a);
+    std::string ids = line.substr(a + 1, b - a - 1);
+    for (size_t p = 0; p < ids.size();) {
+      size_t q = ids.find(',', p);
+      if (q == std::string::npos) q = ids.size();
+      c.ids_after_bos.push_back(std::stoi(ids.substr(p, q - p)));
+      p = q + 1;
+    }
+    out.push_back(std::move(c));
+  }
+  REQUIRE(!out.empty());
+  return out;
+}
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float lo, float hi) {
+  rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = lo + (hi - lo) * r.uniform();
+  return v;
+}
+
+temp_dir::temp_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-test-XXXXXX").string();
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  path_ = tmpl;
+}
+
+temp_dir::~temp_dir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+loaded load(const std::string& model_path, const std::string& tokenizer_path) {
+  auto m = load_model(model_path);
+  REQUIRE_MESSAGE(m.has_value(), (m.has_value() ? "" : m.err().message));
+  if (m->vocab && tokenizer_path.empty()) {
+    vocabulary v = *m->vocab;
+    return {std::move(m).value(), tokenizer(std::move(v))};
+  }
+  auto v = load_llama2c_vocabulary(tokenizer_path.empty() ? models_dir() + "/tok512.bin" : tokenizer_path,
+                                   m->config.vocab_size);
+  REQUIRE_MESSAGE(v.has_value(), (v.has_value() ? "" : v.err().message));
+  return {std::move(m).value(), tokenizer(std::move(v).value())};
+}
+
+}  // namespace troupe::test

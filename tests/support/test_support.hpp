@@ -1,0 +1,47 @@
+// Helpers shared by the tests: paths to the shared models, reference outputs, seeded
+// random data and scratch directories.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/model.hpp"
+#include "engine/tokenizer/tokenizer.hpp"
+
+namespace troupe::test {
+
+std::string shared_path(const std::string& rel);  // under ../shared
+std::string models_dir();                         // ../shared/models/stories260K
+
+struct reference_case {
+  std::string prompt;
+  int32_t steps;
+  std::vector<int32_t> ids_after_bos;
+  std::string text;
+};
+// Reads a reference .jsonl file (one object per line with prompt, steps, ids_after_bos, text).
+std::vector<reference_case> read_reference(const std::string& path);
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// A fresh directory under the system temp dir, removed by the destructor.
+class temp_dir {
+ public:
+  temp_dir();
+  ~temp_dir();
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct loaded {
+  model m;
+  tokenizer tok;
+};
+// Loads a model and its tokenizer (from the GGUF itself, or tok512.bin); fails the test on error.
+loaded load(const std::string& model_path, const std::string& tokenizer_path = "");
+
+}  // namespace troupe::test
