@@ -111,9 +111,8 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
 
   // Attention block.
   for (int32_t t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, w.attn_norm, dim, cfg_.rms_eps);
-  gemm(xb, dim, n, w.wq, q, q_dim, pool_);
-  gemm(xb, dim, n, w.wk, k, kv_dim, pool_);
-  gemm(xb, dim, n, w.wv, v, kv_dim, pool_);
+  const gemm_output qkv[] = {{&w.wq, q, q_dim}, {&w.wk, k, kv_dim}, {&w.wv, v, kv_dim}};
+  gemm_multi(xb, dim, n, qkv, 3, pool_);
   for (int32_t t = 0; t < n; ++t) {
     const int32_t pos = att_tokens_[t].position;
     const float* c = rope_cos_.data() + int64_t{pos} * half;
@@ -132,8 +131,8 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   float* gate = grow(gate_, int64_t{n} * hid);
   float* up = grow(up_, int64_t{n} * hid);
   for (int32_t t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, w.ffn_norm, dim, cfg_.rms_eps);
-  gemm(xb, dim, n, w.w1, gate, hid, pool_);
-  gemm(xb, dim, n, w.w3, up, hid, pool_);
+  const gemm_output gate_up[] = {{&w.w1, gate, hid}, {&w.w3, up, hid}};
+  gemm_multi(xb, dim, n, gate_up, 2, pool_);
   silu_mul(gate, up, n * hid);
   gemm(gate, hid, n, w.w2, proj, dim, pool_);
   if (spec_.tp.size > 1) comm_.all_reduce_sum(proj, int64_t{n} * dim);

@@ -13,7 +13,8 @@ namespace {
 using simd::v16f;
 constexpr int lanes = simd::width;
 constexpr int tile_rows = 4;    // weight rows per register tile
-constexpr int tile_tokens = 4;  // tokens per register tile
+constexpr int tile_tokens = 4;   // tokens per register tile reading weights directly
+constexpr int panel_tokens = 6;  // tokens per register tile over a dequantized panel
 constexpr int prefetch_rows = 3 * tile_rows;  // how far ahead weight rows are fetched
 
 // Readers return sixteen dequantized weights of one row. chunk(r, k) requires
@@ -204,20 +205,28 @@ inline void tile(const Reader& rd, const matrix_view& w, const int32_t* rows, in
     for (int j = 0; j < num_valid; ++j) y[i * y_stride + j] = simd::reduce_add(acc[i][j]);
 }
 
-template <class Reader, bool Padded>
+// Token tiles of MT (register budget: MT * tile_rows accumulators plus the weights of
+// one step), then one tile for the rest.
+template <int MT, class Reader, bool Padded>
 void tokens_loop(const Reader& rd, const matrix_view& w, const int32_t* rows, int num_valid,
                  const float* x, int64_t x_stride, int32_t num_tokens, float* y,
                  int64_t y_stride) {
   int32_t m = 0;
-  for (; m + tile_tokens <= num_tokens; m += tile_tokens)
-    tile<tile_tokens, Reader, Padded>(rd, w, rows, num_valid, x + m * x_stride, x_stride,
-                                      y + m * y_stride, y_stride);
+  for (; m + MT <= num_tokens; m += MT)
+    tile<MT, Reader, Padded>(rd, w, rows, num_valid, x + m * x_stride, x_stride, y + m * y_stride,
+                             y_stride);
   const float* xm = x + m * x_stride;
   float* ym = y + m * y_stride;
   switch (num_tokens - m) {
     case 1: tile<1, Reader, Padded>(rd, w, rows, num_valid, xm, x_stride, ym, y_stride); break;
     case 2: tile<2, Reader, Padded>(rd, w, rows, num_valid, xm, x_stride, ym, y_stride); break;
     case 3: tile<3, Reader, Padded>(rd, w, rows, num_valid, xm, x_stride, ym, y_stride); break;
+    case 4:
+      if constexpr (MT > 4) tile<4, Reader, Padded>(rd, w, rows, num_valid, xm, x_stride, ym, y_stride);
+      break;
+    case 5:
+      if constexpr (MT > 5) tile<5, Reader, Padded>(rd, w, rows, num_valid, xm, x_stride, ym, y_stride);
+      break;
     default: break;
   }
 }
@@ -230,8 +239,8 @@ void rows_direct(const matrix_view& w, int32_t row_begin, int32_t row_end, const
     const int num_valid = std::min<int32_t>(tile_rows, row_end - r0);
     int32_t rows[tile_rows];
     for (int j = 0; j < tile_rows; ++j) rows[j] = r0 + std::min(j, num_valid - 1);
-    tokens_loop<Reader, false>(rd, w, rows, num_valid, x, x_stride, num_tokens, y + r0,
-                               y_stride);
+    tokens_loop<tile_tokens, Reader, false>(rd, w, rows, num_valid, x, x_stride, num_tokens,
+                                            y + r0, y_stride);
   }
 }
 
@@ -247,16 +256,24 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
   const int32_t panel_rows[tile_rows] = {0, 1, 2, 3};
   for (int32_t r0 = row_begin; r0 < row_end; r0 += tile_rows) {
     const int num_valid = std::min<int32_t>(tile_rows, row_end - r0);
+    int64_t ahead = 0;
+    if constexpr (requires { rd.row_bytes(); }) ahead = prefetch_rows * rd.row_bytes();
     for (int j = 0; j < tile_rows; ++j) {
       const int32_t r = r0 + std::min(j, num_valid - 1);
       float* dst = panel.data() + j * padded;
       int32_t k = 0;
       const auto cur = rd.row(r);
+      for (; k + Reader::step <= w.cols; k += Reader::step) {
+        if constexpr (requires { rd.row_bytes(); }) cur.prefetch(k, ahead);
+        v16f chunk[Reader::step / lanes];
+        cur.load(k, chunk);
+        for (int c = 0; c < Reader::step / lanes; ++c) simd::store(dst + k + c * lanes, chunk[c]);
+      }
       for (; k + lanes <= w.cols; k += lanes) simd::store(dst + k, cur.chunk(k));
       if (k < w.cols) tail_generic(w, r, k, dst + k);
     }
-    tokens_loop<panel_reader, true>(pr, w, panel_rows, num_valid, x, x_stride, num_tokens,
-                                    y + r0, y_stride);
+    tokens_loop<panel_tokens, panel_reader, true>(pr, w, panel_rows, num_valid, x, x_stride,
+                                                  num_tokens, y + r0, y_stride);
   }
 }
 
@@ -271,33 +288,59 @@ void rows_any(const matrix_view& w, int32_t b, int32_t e, const float* x, int64_
 
 }  // namespace
 
+namespace {
+
+void rows_of(const matrix_view& w, int32_t rb, int32_t re, const float* x, int64_t x_stride,
+             int32_t num_tokens, float* y, int64_t y_stride) {
+  switch (w.type) {
+    case dtype::f32:
+      rows_direct<f32_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      break;
+    case dtype::f16:
+      rows_any<f16_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      break;
+    case dtype::bf16:
+      rows_any<bf16_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      break;
+    case dtype::q8_0:
+      if (w.group_size == 32 && w.scale_is_f16)
+        rows_any<q8_reader<32, true>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      else if (w.group_size == 32)
+        rows_any<q8_reader<32, false>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      else if (w.group_size == 64 && !w.scale_is_f16)
+        rows_any<q8_reader<64, false>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      else
+        rows_any<generic_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      break;
+  }
+}
+
+// Enough rows per task that each thread streams long runs of weights.
+constexpr int64_t row_grain = tile_rows * 4;
+
+}  // namespace
+
 void gemm(const float* x, int64_t x_stride, int32_t num_tokens, const matrix_view& w, float* y,
           int64_t y_stride, thread_pool& pool) {
-  if (num_tokens <= 0 || w.rows <= 0) return;
-  // Enough rows per task that each thread streams long runs of weights.
-  const int64_t grain = tile_rows * 4;
-  pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e, int) {
-    const auto rb = static_cast<int32_t>(b), re = static_cast<int32_t>(e);
-    switch (w.type) {
-      case dtype::f32:
-        rows_direct<f32_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
-        break;
-      case dtype::f16:
-        rows_any<f16_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
-        break;
-      case dtype::bf16:
-        rows_any<bf16_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
-        break;
-      case dtype::q8_0:
-        if (w.group_size == 32 && w.scale_is_f16)
-          rows_any<q8_reader<32, true>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
-        else if (w.group_size == 32)
-          rows_any<q8_reader<32, false>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
-        else if (w.group_size == 64 && !w.scale_is_f16)
-          rows_any<q8_reader<64, false>>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
-        else
-          rows_any<generic_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
-        break;
+  const gemm_output out{&w, y, y_stride};
+  gemm_multi(x, x_stride, num_tokens, &out, 1, pool);
+}
+
+void gemm_multi(const float* x, int64_t x_stride, int32_t num_tokens, const gemm_output* outs,
+                int num_outs, thread_pool& pool) {
+  if (num_tokens <= 0) return;
+  int64_t total = 0;
+  for (int i = 0; i < num_outs; ++i) total += outs[i].w->rows;
+  // Rows of all outputs, one after another, split over the threads.
+  pool.parallel_for(total, row_grain, [&](int64_t b, int64_t e, int) {
+    int64_t first = 0;
+    for (int i = 0; i < num_outs && first < e; ++i) {
+      const matrix_view& w = *outs[i].w;
+      const int64_t lo = std::max(b, first), hi = std::min(e, first + w.rows);
+      if (lo < hi)
+        rows_of(w, static_cast<int32_t>(lo - first), static_cast<int32_t>(hi - first), x, x_stride,
+                num_tokens, outs[i].y, outs[i].y_stride);
+      first += w.rows;
     }
   });
 }

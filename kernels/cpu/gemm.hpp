@@ -21,4 +21,15 @@ namespace troupe {
 void gemm(const float* x, int64_t x_stride, int32_t num_tokens, const matrix_view& w, float* y,
           int64_t y_stride, thread_pool& pool);
 
+// Several GEMMs over the same input in one parallel region (Q, K and V; gate and up):
+// one fork-join instead of several, and each thread streams a longer run of weights.
+// Results are bit-identical to separate gemm() calls.
+struct gemm_output {
+  const matrix_view* w;
+  float* y;
+  int64_t y_stride;
+};
+void gemm_multi(const float* x, int64_t x_stride, int32_t num_tokens, const gemm_output* outs,
+                int num_outs, thread_pool& pool);
+
 }  // namespace troupe

@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("\n");
+  std::fflush(stdout);
   const auto t2 = std::chrono::steady_clock::now();
   const auto& r = (*result)[0];
   if (logprobs >= 0) {
