@@ -168,12 +168,13 @@ inline void tile(const Reader& rd, const matrix_view& w, const int32_t* rows, in
       if constexpr (requires { rd.row_bytes(); }) cur[j].prefetch(k, ahead);
       cur[j].load(k, wv[j]);
     }
-    for (int c = 0; c < chunks; ++c) {
-      v16f xv[MR];
-      for (int i = 0; i < MR; ++i) xv[i] = simd::load(x + i * x_stride + k + c * lanes);
-      for (int j = 0; j < tile_rows; ++j)
-        for (int i = 0; i < MR; ++i) acc[i][j] = simd::fma(xv[i], wv[j][c], acc[i][j]);
-    }
+    // One token's input at a time: MR * tile_rows accumulators, tile_rows * chunks weights
+    // and one input vector fit the 32 registers without reloads.
+    for (int c = 0; c < chunks; ++c)
+      for (int i = 0; i < MR; ++i) {
+        const v16f xv = simd::load(x + i * x_stride + k + c * lanes);
+        for (int j = 0; j < tile_rows; ++j) acc[i][j] = simd::fma(xv, wv[j][c], acc[i][j]);
+      }
   }
   for (; k + lanes <= cols; k += lanes) {
     v16f xv[MR];
@@ -201,8 +202,14 @@ inline void tile(const Reader& rd, const matrix_view& w, const int32_t* rows, in
       for (int i = 0; i < MR; ++i) acc[i][j] = simd::fma(xv[i], wv, acc[i][j]);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < num_valid; ++j) y[i * y_stride + j] = simd::reduce_add(acc[i][j]);
+  static_assert(tile_rows == 4);
+  for (int i = 0; i < MR; ++i) {
+    if (num_valid == tile_rows) {
+      simd::reduce_add4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], y + i * y_stride);
+    } else {
+      for (int j = 0; j < num_valid; ++j) y[i * y_stride + j] = simd::reduce_add(acc[i][j]);
+    }
+  }
 }
 
 // Token tiles of MT (register budget: MT * tile_rows accumulators plus the weights of
@@ -244,23 +251,25 @@ void rows_direct(const matrix_view& w, int32_t row_begin, int32_t row_end, const
   }
 }
 
-// Dequantizes tile_rows rows once, then runs every token tile against the panel.
+// Many tokens: dequantizes a block of rows into a panel that stays in L2, then runs each
+// token tile (which stays in L1) against every row tile of the block. Each weight is
+// dequantized once per step and each input row is read from L2 once per block.
 template <class Reader>
 void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, const float* x,
                   int64_t x_stride, int32_t num_tokens, float* y, int64_t y_stride) {
   const Reader rd{w};
   const int64_t padded = (int64_t{w.cols} + lanes - 1) / lanes * lanes;
+  // About 128 KiB of panel (in L2), in whole row tiles.
+  const int32_t block_rows =
+      static_cast<int32_t>(std::max<int64_t>(tile_rows, (128 * 1024 / 4 / padded) / tile_rows * tile_rows));
   thread_local std::vector<float> panel;
-  if (static_cast<int64_t>(panel.size()) < tile_rows * padded) panel.resize(tile_rows * padded);
-  const panel_reader pr{panel.data(), padded};
-  const int32_t panel_rows[tile_rows] = {0, 1, 2, 3};
-  for (int32_t r0 = row_begin; r0 < row_end; r0 += tile_rows) {
-    const int num_valid = std::min<int32_t>(tile_rows, row_end - r0);
-    int64_t ahead = 0;
-    if constexpr (requires { rd.row_bytes(); }) ahead = prefetch_rows * rd.row_bytes();
-    for (int j = 0; j < tile_rows; ++j) {
-      const int32_t r = r0 + std::min(j, num_valid - 1);
-      float* dst = panel.data() + j * padded;
+  if (static_cast<int64_t>(panel.size()) < block_rows * padded) panel.resize(block_rows * padded);
+  int64_t ahead = 0;
+  if constexpr (requires { rd.row_bytes(); }) ahead = prefetch_rows * rd.row_bytes();
+  for (int32_t b0 = row_begin; b0 < row_end; b0 += block_rows) {
+    const int32_t b1 = std::min(row_end, b0 + block_rows);
+    for (int32_t r = b0; r < b1; ++r) {
+      float* dst = panel.data() + (r - b0) * padded;
       int32_t k = 0;
       const auto cur = rd.row(r);
       for (; k + Reader::step <= w.cols; k += Reader::step) {
@@ -272,8 +281,17 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
       for (; k + lanes <= w.cols; k += lanes) simd::store(dst + k, cur.chunk(k));
       if (k < w.cols) tail_generic(w, r, k, dst + k);
     }
-    tokens_loop<panel_tokens, panel_reader, true>(pr, w, panel_rows, num_valid, x, x_stride,
-                                                  num_tokens, y + r0, y_stride);
+    const panel_reader pr{panel.data(), padded};
+    for (int32_t m = 0; m < num_tokens; m += panel_tokens) {
+      const int32_t mt = std::min(panel_tokens, num_tokens - m);
+      for (int32_t r0 = b0; r0 < b1; r0 += tile_rows) {
+        const int num_valid = std::min<int32_t>(tile_rows, b1 - r0);
+        int32_t rows[tile_rows];
+        for (int j = 0; j < tile_rows; ++j) rows[j] = r0 - b0 + std::min(j, num_valid - 1);
+        tokens_loop<panel_tokens, panel_reader, true>(pr, w, rows, num_valid, x + m * x_stride,
+                                                      x_stride, mt, y + m * y_stride + r0, y_stride);
+      }
+    }
   }
 }
 

@@ -123,6 +123,26 @@ inline float reduce_add(v16f v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+// reduce_add of four vectors at once, into out[0..3]: the same additions in the same
+// tree as reduce_add on each (so the same bits), with the partial sums of several vectors
+// packed into one register at each level.
+inline void reduce_add4(v16f a, v16f b, v16f c, v16f d, float* out) {
+  // level 1: lane l + lane l+8. ab = [a0..7 | b0..7], cd likewise.
+  const v16f ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  // level 2: lane l + lane l+4 of each 8. q = [a0..3 | b0..3 | c0..3 | d0..3]
+  const v16f q = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                 __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  // level 3: lane l + lane l+2 of each 4. r = [a0 a1 | b0 b1 | c0 c1 | d0 d1]
+  const v8f r = __builtin_shufflevector(q, q, 0, 1, 4, 5, 8, 9, 12, 13) +
+                __builtin_shufflevector(q, q, 2, 3, 6, 7, 10, 11, 14, 15);
+  // level 4: lane l + lane l+1.
+  const v4f t = __builtin_shufflevector(r, r, 0, 2, 4, 6) + __builtin_shufflevector(r, r, 1, 3, 5, 7);
+  std::memcpy(out, &t, sizeof t);
+}
+
 inline float reduce_max(v16f v) {
   float m = v[0];
   for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
