@@ -11,36 +11,64 @@ namespace troupe {
 
 namespace {
 
-float dot(const float* a, const float* b, int32_t n) {
-  int32_t i = 0;
-  float s = 0.0f;
-  if (n >= simd::width) {
-    simd::v16f acc = simd::zero();
-    for (; i + simd::width <= n; i += simd::width)
-      acc = simd::fma(simd::load(a + i), simd::load(b + i), acc);
-    s = simd::reduce_add(acc);
+constexpr int max_group = 8;  // query heads per KV head handled in one pass
+
+// scores[h][p] = q_h . k_p / sqrt(head_dim) for p < n, for the `group` query heads that
+// share one KV head. Each score is a sequential sum over the head dimension, whichever
+// path computes it.
+void scores_for(const float* const* q, int group, const attention_token& tok, int32_t kv_head,
+                const paged_kv_layer& kv, int32_t n, float* const* scores) {
+  const int32_t bs = kv.block_size, hd = kv.head_dim;
+  const float norm = std::sqrt(static_cast<float>(hd));
+  const simd::v16f vnorm = simd::splat(norm);
+  for (int32_t p0 = 0; p0 < n; p0 += bs) {
+    const float* kt = kv.k + kv.offset(tok.block_table[p0 / bs], kv_head);  // [hd][bs]
+    const int32_t count = std::min(bs, n - p0);
+    if (bs % simd::width == 0) {
+      // Whole vectors of slots; lanes past `count` are computed and dropped.
+      for (int32_t c = 0; c < count; c += simd::width) {
+        simd::v16f acc[max_group];
+        for (int h = 0; h < group; ++h) acc[h] = simd::zero();
+        for (int32_t d = 0; d < hd; ++d) {
+          const simd::v16f col = simd::load(kt + d * bs + c);
+          for (int h = 0; h < group; ++h) acc[h] = simd::fma(simd::splat(q[h][d]), col, acc[h]);
+        }
+        const int32_t take = std::min(simd::width, count - c);
+        for (int h = 0; h < group; ++h) {
+          alignas(64) float tmp[simd::width];
+          simd::store(tmp, acc[h] / vnorm);
+          std::memcpy(scores[h] + p0 + c, tmp, sizeof(float) * take);
+        }
+      }
+    } else {
+      for (int32_t s = 0; s < count; ++s)
+        for (int h = 0; h < group; ++h) {
+          float acc = 0.0f;
+          for (int32_t d = 0; d < hd; ++d) acc = std::fma(q[h][d], kt[d * bs + s], acc);
+          scores[h][p0 + s] = acc / norm;
+        }
+    }
   }
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
 }
 
-void attend_one(const float* q, float* out, const attention_token& tok, int32_t kv_head,
-                const paged_kv_layer& kv, float* scores) {
+void attend_group(const float* const* q, float* const* out, int group, const attention_token& tok,
+                  int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
   const int32_t n = tok.position + 1;
-  const int32_t hd = kv.head_dim;
-  const float norm = std::sqrt(static_cast<float>(hd));
-  for (int32_t p = 0; p < n; ++p) {
-    const uint32_t block = tok.block_table[p / kv.block_size];
-    const float* k = kv.k + kv.offset(block, kv_head, p % kv.block_size);
-    scores[p] = dot(q, k, hd) / norm;
-  }
-  softmax(scores, n);
-  std::memset(out, 0, sizeof(float) * hd);
-  for (int32_t p = 0; p < n; ++p) {
-    const uint32_t block = tok.block_table[p / kv.block_size];
-    const float* v = kv.v + kv.offset(block, kv_head, p % kv.block_size);
-    const float a = scores[p];
-    for (int32_t d = 0; d < hd; ++d) out[d] += a * v[d];
+  const int32_t hd = kv.head_dim, bs = kv.block_size;
+  const int32_t padded = (n + bs - 1) / bs * bs + simd::width;
+  if (static_cast<int32_t>(scratch.size()) < group * padded) scratch.resize(group * padded);
+  float* scores[max_group];
+  for (int h = 0; h < group; ++h) scores[h] = scratch.data() + h * padded;
+  scores_for(q, group, tok, kv_head, kv, n, scores);
+  for (int h = 0; h < group; ++h) {
+    softmax(scores[h], n);
+    float* o = out[h];
+    std::memset(o, 0, sizeof(float) * hd);
+    for (int32_t p = 0; p < n; ++p) {
+      const float* v = kv.v + kv.offset(tok.block_table[p / bs], kv_head) + (p % bs) * hd;
+      const float a = scores[h][p];
+      for (int32_t d = 0; d < hd; ++d) o[d] += a * v[d];
+    }
   }
 }
 
@@ -50,16 +78,24 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
                      const attention_token* tokens, int32_t num_tokens, int32_t num_heads,
                      const paged_kv_layer& kv, thread_pool& pool) {
   const int32_t group = num_heads / kv.num_kv_heads;
-  const int64_t items = int64_t{num_tokens} * num_heads;
+  // Query heads of one KV head in passes of at most max_group.
+  const int32_t passes = (group + max_group - 1) / max_group;
+  const int64_t items = int64_t{num_tokens} * kv.num_kv_heads * passes;
   pool.parallel_for(items, 1, [&](int64_t b, int64_t e, int) {
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scratch;
     for (int64_t it = b; it < e; ++it) {
-      const auto t = static_cast<int32_t>(it / num_heads);
-      const auto h = static_cast<int32_t>(it % num_heads);
-      const attention_token& tok = tokens[t];
-      if (static_cast<int64_t>(scores.size()) < tok.position + 1) scores.resize(tok.position + 1);
-      attend_one(q + t * q_stride + h * kv.head_dim, out + t * out_stride + h * kv.head_dim, tok,
-                 h / group, kv, scores.data());
+      const auto t = static_cast<int32_t>(it / (int64_t{kv.num_kv_heads} * passes));
+      const auto rest = static_cast<int32_t>(it % (int64_t{kv.num_kv_heads} * passes));
+      const int32_t g = rest / passes, pass = rest % passes;
+      const int32_t h0 = g * group + pass * max_group;
+      const int count = std::min(max_group, group - pass * max_group);
+      const float* qs[max_group];
+      float* outs[max_group];
+      for (int h = 0; h < count; ++h) {
+        qs[h] = q + t * q_stride + (h0 + h) * kv.head_dim;
+        outs[h] = out + t * out_stride + (h0 + h) * kv.head_dim;
+      }
+      attend_group(qs, outs, count, tokens[t], g, kv, scratch);
     }
   });
 }
@@ -69,9 +105,10 @@ void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32
   const uint32_t block = block_table[position / kv.block_size];
   const int32_t slot = position % kv.block_size;
   for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
-    const int64_t off = kv.offset(block, h, slot);
-    std::memcpy(kv.k + off, k + h * kv.head_dim, sizeof(float) * kv.head_dim);
-    std::memcpy(kv.v + off, v + h * kv.head_dim, sizeof(float) * kv.head_dim);
+    float* kt = kv.k + kv.offset(block, h);
+    for (int32_t d = 0; d < kv.head_dim; ++d) kt[d * kv.block_size + slot] = k[h * kv.head_dim + d];
+    std::memcpy(kv.v + kv.offset(block, h) + slot * kv.head_dim, v + h * kv.head_dim,
+                sizeof(float) * kv.head_dim);
   }
 }
 

@@ -2,7 +2,9 @@
 // fixed-size blocks.
 //
 // One layer's cache (the caller owns the memory; a shard holds one per layer):
-//   k, v: [num_blocks][num_kv_heads][block_size][head_dim] floats
+//   k: [num_blocks][num_kv_heads][head_dim][block_size] floats (dimension-major in a block,
+//      so that the scores of 16 slots are 16 lanes of one vector)
+//   v: [num_blocks][num_kv_heads][block_size][head_dim] floats
 // Position p of a sequence lives in block block_table[p / block_size], slot
 // p % block_size. Each token of the step attends to positions 0..position of its own
 // sequence, which must already be written (its own K/V included).
@@ -22,15 +24,16 @@
 namespace troupe {
 
 struct paged_kv_layer {
-  float* k = nullptr;  // [num_blocks][num_kv_heads][block_size][head_dim]
+  float* k = nullptr;  // [num_blocks][num_kv_heads][head_dim][block_size]
   float* v = nullptr;  // [num_blocks][num_kv_heads][block_size][head_dim]
   int32_t num_blocks = 0;
   int32_t num_kv_heads = 0;
   int32_t block_size = 0;
   int32_t head_dim = 0;
 
-  int64_t offset(uint32_t block, int32_t kv_head, int32_t slot) const {
-    return ((int64_t{block} * num_kv_heads + kv_head) * block_size + slot) * head_dim;
+  // Start of one KV head's part of a block, in k or v (the same offset in both).
+  int64_t offset(uint32_t block, int32_t kv_head) const {
+    return (int64_t{block} * num_kv_heads + kv_head) * block_size * head_dim;
   }
 };
 

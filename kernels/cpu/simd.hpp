@@ -143,6 +143,37 @@ inline void reduce_add4(v16f a, v16f b, v16f c, v16f d, float* out) {
   std::memcpy(out, &t, sizeof t);
 }
 
+// e^x for every lane, within 2 ulp of the exact value over the whole float range
+// (Cody-Waite reduction by ln 2, degree-6 polynomial, exact scaling by 2^n).
+inline v16f exp(v16f x) {
+  const v16f hi = splat(88.7228394f), lo = splat(-103.972084f);
+  x = x > hi ? hi : x;
+  const v16i underflow = x < lo;
+  const v16f n = __builtin_convertvector(__builtin_convertvector(x * splat(1.44269504f) +
+                                                                     (x >= 0 ? splat(0.5f) : splat(-0.5f)),
+                                                                 v16i),
+                                         v16f);
+  v16f r = x - n * splat(0.693359375f);
+  r = r - n * splat(-2.12194440e-4f);
+  v16f p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  // 2^n in two halves, so that n down to -150 (subnormal results) scales exactly enough.
+  const v16i ni = __builtin_convertvector(n, v16i);
+  const v16i n1 = ni / 2, n2 = ni - n1;
+  v16f s1, s2;
+  const v16i b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  std::memcpy(&s1, &b1, sizeof s1);
+  std::memcpy(&s2, &b2, sizeof s2);
+  v16f out = p * s1 * s2;
+  v16f zero{};
+  return underflow ? zero : out;
+}
+
 inline float reduce_max(v16f v) {
   float m = v[0];
   for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;

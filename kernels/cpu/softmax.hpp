@@ -1,4 +1,5 @@
-// softmax in place over n floats (n >= 1), stable (the maximum is subtracted first).
+// softmax in place over n floats (n >= 1), stable (the maximum is subtracted first),
+// with a vectorised exp (simd::exp, within 2 ulp).
 #pragma once
 
 #include <cstdint>

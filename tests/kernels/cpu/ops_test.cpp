@@ -106,3 +106,28 @@ TEST_CASE("embedding gathers and dequantizes rows") {
 }
 
 }  // namespace troupe
+
+#include "kernels/cpu/simd.hpp"
+
+namespace troupe {
+
+TEST_CASE("simd::exp is within 2 ulp of exp over the float range, 0 below it") {
+  double worst = 0;
+  for (float x = -103.0f; x < 88.7f; x += 0.0031f) {
+    const float got = simd::exp(simd::splat(x))[0];
+    const double want = std::exp(double(x));
+    const float wf = static_cast<float>(want);
+    if (wf < 1.18e-38f) {  // subnormal results: absolute error of a few units
+      CHECK(std::fabs(got - want) <= 4 * 1.4e-45);
+      continue;
+    }
+    const double ulp = std::nextafter(wf, INFINITY) - wf;
+    worst = std::max(worst, std::fabs(got - want) / ulp);
+  }
+  CHECK(worst <= 2.0);
+  CHECK(simd::exp(simd::splat(-200.0f))[3] == 0.0f);
+  CHECK(simd::exp(simd::splat(100.0f))[0] >= 3.4e38f);  // overflows as expf does
+  CHECK(simd::exp(simd::splat(0.0f))[7] == 1.0f);
+}
+
+}  // namespace troupe
