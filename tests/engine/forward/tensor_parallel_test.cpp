@@ -1,5 +1,6 @@
 // TP=2 shards of one model, summed through the collective, against TP=1.
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -126,6 +127,36 @@ TEST_CASE("a model that cannot be split says why") {
   c.hidden_dim = 96;
   CHECK_FALSE(check_tp_split(c, 3, 0).has_value());
   CHECK(check_tp_split(c, 3, 32).has_value());  // 16 columns per shard cut 32-groups
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("two pipeline stages (layers 0-1 and 2-4) hand over activations and match one stage") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const model& m = l.m;
+  const std::vector<int32_t> tokens{1, 403, 407, 261, 378, 432, 383, 286};
+  const std::vector<uint32_t> blocks{0};
+  step_batch batch;
+  batch.add(tokens, 0, blocks, true);
+  thread_pool pool(1);
+  no_collective solo;
+
+  auto run = [&](std::vector<shard_spec> stages) {
+    std::vector<float> hidden(tokens.size() * m.config.dim), logits(m.config.vocab_size, NAN);
+    for (const shard_spec& spec : stages) {
+      kv_cache cache(transformer_shard::cache_shape(m.config, spec, 1, 16));
+      transformer_shard shard(m, spec, cache, pool, solo);
+      shard.forward(batch, hidden.data(), shard.is_last_stage() ? logits.data() : nullptr);
+    }
+    return logits;
+  };
+  shard_spec whole;
+  shard_spec first{0, 2, {}}, second{2, 5, {}};
+  const auto a = run({whole});
+  const auto b = run({first, second});
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 }  // namespace troupe
