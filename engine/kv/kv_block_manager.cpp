@@ -1,0 +1,94 @@
+#include "engine/kv/kv_block_manager.hpp"
+
+#include "kernels/common/assert.hpp"
+
+namespace troupe {
+
+kv_block_manager::kv_block_manager(uint32_t num_blocks, int32_t block_size, bool prefix_caching)
+    : pool_(num_blocks), cache_(num_blocks), block_size_(block_size), prefix_caching_(prefix_caching) {
+  TROUPE_ASSERT(block_size > 0 && num_blocks > 0, block_size, num_blocks);
+}
+
+std::vector<block_id> kv_block_manager::match_prefix(std::span<const int32_t> tokens, uint64_t ns) {
+  std::vector<block_id> hits;
+  if (!prefix_caching_ || tokens.empty()) return hits;
+  queried_tokens_ += tokens.size();
+  const size_t max_blocks = (tokens.size() - 1) / block_size_;
+  uint64_t parent = prefix_cache::root(ns);
+  for (size_t b = 0; b < max_blocks; ++b) {
+    const auto blk = tokens.subspan(b * block_size_, block_size_);
+    const uint64_t h = prefix_cache::chain(parent, blk);
+    const auto found = cache_.find(h, parent, blk);
+    if (!found) break;
+    hits.push_back(*found);
+    parent = h;
+  }
+  hit_tokens_ += hits.size() * block_size_;
+  return hits;
+}
+
+bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, int32_t num_tokens,
+                                std::span<const block_id> hits, uint64_t ns) {
+  TROUPE_ASSERT(num_tokens >= 0 && static_cast<size_t>(num_tokens) <= tokens.size(), num_tokens, tokens.size());
+  auto it = held_.find(id);
+  const bool first = it == held_.end();
+  TROUPE_ASSERT(first || hits.empty(), "prefix hits only on a request's first allocation");
+  const size_t have = first ? 0 : it->second.blocks.size();
+  const size_t want = (static_cast<size_t>(num_tokens) + block_size_ - 1) / block_size_;
+  const size_t from_hits = std::min(hits.size(), want);
+  const size_t fresh = want > have + from_hits ? want - have - from_hits : 0;
+  // Hits on free blocks take those blocks out of the free list.
+  size_t hits_on_free = 0;
+  for (size_t i = 0; i < from_hits; ++i) hits_on_free += pool_.ref_count(hits[i]) == 0;
+  if (fresh + hits_on_free > pool_.num_free()) return false;
+
+  if (first) it = held_.emplace(id, holding{{}, ns, prefix_cache::root(ns), 0}).first;
+  holding& h = it->second;
+  for (size_t i = 0; i < from_hits; ++i) {
+    pool_.ref(hits[i]);
+    h.blocks.push_back(hits[i].value);
+  }
+  for (size_t i = 0; i < fresh; ++i) {
+    const auto b = pool_.allocate();
+    TROUPE_ASSERT(b.has_value());
+    cache_.evict(*b);  // it may have held a cached prefix nobody was using
+    h.blocks.push_back(b->value);
+  }
+  // Hash (and, with caching on, cache) every block the known tokens fill.
+  const size_t full = static_cast<size_t>(num_tokens) / block_size_;
+  for (size_t b = static_cast<size_t>(h.num_hashed); b < full; ++b) {
+    const auto blk = tokens.subspan(b * block_size_, block_size_);
+    const uint64_t hash = prefix_cache::chain(h.last_hash, blk);
+    if (prefix_caching_ && b >= from_hits) cache_.insert(hash, h.last_hash, blk, block_id{h.blocks[b]});
+    h.last_hash = hash;
+    h.num_hashed = static_cast<int32_t>(b + 1);
+  }
+  return true;
+}
+
+void kv_block_manager::free(request_id id) {
+  auto it = held_.find(id);
+  if (it == held_.end()) return;
+  const auto& blocks = it->second.blocks;
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) pool_.unref(block_id{*b});
+  held_.erase(it);
+}
+
+std::span<const uint32_t> kv_block_manager::block_table(request_id id) const {
+  auto it = held_.find(id);
+  if (it == held_.end()) return {};
+  return it->second.blocks;
+}
+
+kv_usage kv_block_manager::usage() const {
+  kv_usage u;
+  u.num_blocks = pool_.num_blocks();
+  u.free = pool_.num_free();
+  u.used = u.num_blocks - u.free;
+  u.cached = static_cast<uint32_t>(cache_.size());
+  u.queried_tokens = queried_tokens_;
+  u.hit_tokens = hit_tokens_;
+  return u;
+}
+
+}  // namespace troupe

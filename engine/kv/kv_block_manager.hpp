@@ -1,0 +1,71 @@
+// kv_block_manager: which KV blocks each request holds. It combines the block pool (ref
+// counts, eviction order) and the prefix cache (which blocks hold which prefixes), hands
+// out block tables for the forward pass, and reports usage.
+//
+// A request's blocks: [prefix hits (shared, ref-counted)][blocks it computes itself].
+// As a request's blocks fill, they are cached (when prefix caching is on), so a request
+// admitted later, even in the same step, reuses them. On release, a request's blocks go
+// back to the pool last block first, so a shared prefix outlives the tails that follow it.
+//
+// Single-threaded: owned by the scheduler.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv/block_pool.hpp"
+#include "engine/kv/prefix_cache.hpp"
+
+namespace troupe {
+
+struct kv_usage {
+  uint32_t num_blocks = 0;
+  uint32_t used = 0;    // referenced by a request
+  uint32_t free = 0;    // unreferenced, cached or not
+  uint32_t cached = 0;  // holding a cached prefix, in use or free
+  uint64_t queried_tokens = 0;  // prompt tokens looked up in the prefix cache
+  uint64_t hit_tokens = 0;      // of which found cached
+};
+
+class kv_block_manager {
+ public:
+  kv_block_manager(uint32_t num_blocks, int32_t block_size, bool prefix_caching);
+
+  // The cached blocks holding the longest prefix of `tokens` in whole blocks, leaving at
+  // least the last token to compute (its logits are needed). Takes no reference.
+  std::vector<block_id> match_prefix(std::span<const int32_t> tokens, uint64_t ns);
+
+  // Grows request `id`'s blocks to hold `num_tokens` tokens (of `tokens`, which holds at
+  // least that many), starting from `hits` on its first allocation, and caches the blocks
+  // those tokens fill. Returns false, changing nothing, if too few blocks are free.
+  bool allocate(request_id id, std::span<const int32_t> tokens, int32_t num_tokens,
+                std::span<const block_id> hits, uint64_t ns);
+
+  // Releases every block of the request (cached ones stay cached until evicted).
+  void free(request_id id);
+
+  std::span<const uint32_t> block_table(request_id id) const;
+  int32_t block_size() const { return block_size_; }
+  kv_usage usage() const;
+  const block_pool& pool() const { return pool_; }
+  uint32_t num_free_blocks() const { return pool_.num_free(); }
+
+ private:
+  struct holding {
+    std::vector<uint32_t> blocks;
+    uint64_t ns = 0;
+    uint64_t last_hash = 0;     // chained hash of the last cached (or hit) full block
+    int32_t num_hashed = 0;     // full blocks whose hash is known
+  };
+
+  block_pool pool_;
+  prefix_cache cache_;
+  int32_t block_size_;
+  bool prefix_caching_;
+  std::unordered_map<request_id, holding> held_;
+  uint64_t queried_tokens_ = 0, hit_tokens_ = 0;
+};
+
+}  // namespace troupe

@@ -1,0 +1,47 @@
+// step_plan: what one engine step computes, as the scheduler decided it; step_output: what
+// one request got from a step.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/kv/block_id.hpp"
+#include "engine/sched/request.hpp"
+
+namespace troupe {
+
+struct scheduled_chunk {
+  request_id id;
+  int32_t first = 0;       // index of the first token computed (== num_computed_tokens)
+  int32_t count = 0;       // tokens computed this step
+  std::span<const int32_t> tokens;        // those tokens
+  std::span<const uint32_t> block_table;  // the request's blocks, covering first + count
+  bool sample = false;     // the chunk reaches the end of the known tokens: sample one
+};
+
+struct step_plan {
+  std::vector<scheduled_chunk> chunks;  // decode tokens first, then prefill chunks
+  std::vector<request_id> preempted;    // requests sent back to waiting this step
+  int32_t num_tokens = 0;
+  int32_t num_samples() const {
+    int32_t n = 0;
+    for (const auto& c : chunks) n += c.sample;
+    return n;
+  }
+};
+
+struct step_output {
+  request_id id;
+  std::vector<int32_t> new_tokens;  // at most one per step for now
+  std::string text;                 // text that became final this step
+  std::vector<sample_result> logprobs;
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+  int32_t num_prompt_tokens = 0;
+  int32_t num_output_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache
+};
+
+}  // namespace troupe
