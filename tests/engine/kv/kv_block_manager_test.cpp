@@ -1,0 +1,124 @@
+#include "engine/kv/kv_block_manager.hpp"
+
+#include <numeric>
+
+#include <doctest/doctest.h>
+
+namespace troupe {
+
+namespace {
+
+// Block size 4 keeps the numbers small.
+constexpr int32_t bs = 4;
+
+std::vector<int32_t> seq(int32_t first, int32_t n) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+std::vector<uint32_t> table(const kv_block_manager& m, uint64_t id) {
+  auto t = m.block_table(request_id{id});
+  return {t.begin(), t.end()};
+}
+
+std::vector<uint32_t> ids(const std::vector<block_id>& v) {
+  std::vector<uint32_t> out;
+  for (auto b : v) out.push_back(b.value);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a full prefix hit reuses the same blocks and shares them by reference count") {
+  kv_block_manager m(8, bs, true);
+  const auto prompt = seq(100, 10);  // two full blocks and two tokens
+  CHECK(m.match_prefix(prompt, 0).empty());
+  REQUIRE(m.allocate(request_id{1}, prompt, 10, {}, 0));
+  CHECK(table(m, 1) == std::vector<uint32_t>{0, 1, 2});
+  CHECK(m.usage().cached == 2);  // the partial third block is not cached
+
+  // Same prompt: both full blocks hit (the last token is always computed).
+  const auto hits = m.match_prefix(prompt, 0);
+  CHECK(ids(hits) == std::vector<uint32_t>{0, 1});
+  REQUIRE(m.allocate(request_id{2}, prompt, 10, hits, 0));
+  CHECK(table(m, 2) == std::vector<uint32_t>{0, 1, 3});
+  CHECK(m.pool().ref_count(block_id{0}) == 2);
+  CHECK(m.pool().ref_count(block_id{1}) == 2);
+  CHECK(m.pool().ref_count(block_id{2}) == 1);
+  CHECK(m.pool().ref_count(block_id{3}) == 1);
+  CHECK(m.usage().hit_tokens == 8);
+
+  // A prompt of exactly two blocks hits only the first: its last token must be computed.
+  CHECK(ids(m.match_prefix(seq(100, 8), 0)) == std::vector<uint32_t>{0});
+}
+
+TEST_CASE("a partial hit stops at the first block that differs") {
+  kv_block_manager m(8, bs, true);
+  REQUIRE(m.allocate(request_id{1}, seq(0, 12), 12, {}, 0));  // blocks 0 1 2, all full
+  auto other = seq(0, 12);
+  other[5] = 999;  // second block differs
+  CHECK(ids(m.match_prefix(other, 0)) == std::vector<uint32_t>{0});
+  auto third = seq(0, 13);
+  CHECK(ids(m.match_prefix(third, 0)) == std::vector<uint32_t>{0, 1, 2});
+  // The same tokens at another start do not match (hashes chain on the parent).
+  auto shifted = seq(4, 8);
+  CHECK(m.match_prefix(shifted, 0).empty());
+}
+
+TEST_CASE("released blocks stay cached; eviction takes the least recently freed, tails first") {
+  kv_block_manager m(6, bs, true);
+  REQUIRE(m.allocate(request_id{1}, seq(0, 8), 8, {}, 0));   // blocks 0 1
+  REQUIRE(m.allocate(request_id{2}, seq(50, 8), 8, {}, 0));  // blocks 2 3
+  m.free(request_id{1});  // free list: 4 5 1 0 (last block first)
+  m.free(request_id{2});  // free list: 4 5 1 0 3 2
+  CHECK(ids(m.pool().free_order()) == std::vector<uint32_t>{4, 5, 1, 0, 3, 2});
+  CHECK(m.usage().cached == 4);
+  CHECK(m.usage().used == 0);
+
+  // Both prefixes still hit.
+  CHECK(ids(m.match_prefix(seq(0, 9), 0)) == std::vector<uint32_t>{0, 1});
+  // Pressure: a new request of 16 tokens takes 4 blocks: 4, 5, then evicts 1 and 0.
+  REQUIRE(m.allocate(request_id{3}, seq(200, 16), 16, {}, 0));
+  CHECK(table(m, 3) == std::vector<uint32_t>{4, 5, 1, 0});
+  CHECK(m.match_prefix(seq(0, 9), 0).empty());                              // evicted
+  CHECK(ids(m.match_prefix(seq(50, 9), 0)) == std::vector<uint32_t>{2, 3});  // survived
+  CHECK(ids(m.pool().free_order()) == std::vector<uint32_t>{3, 2});
+  // A hit on free blocks takes them back; nothing else is free, so a request needing
+  // one more block than that fails and changes nothing.
+  const auto hits = m.match_prefix(seq(50, 9), 0);
+  CHECK_FALSE(m.allocate(request_id{4}, seq(50, 9), 9, hits, 0));
+  CHECK(m.pool().num_free() == 2);
+  CHECK(m.block_table(request_id{4}).empty());
+  REQUIRE(m.allocate(request_id{4}, seq(50, 8), 8, std::vector<block_id>(hits.begin(), hits.begin() + 2), 0));
+  CHECK(table(m, 4) == std::vector<uint32_t>{2, 3});
+  CHECK(m.pool().num_free() == 0);
+}
+
+TEST_CASE("namespaces isolate tenants: the same tokens never match across them") {
+  kv_block_manager m(8, bs, true);
+  REQUIRE(m.allocate(request_id{1}, seq(0, 9), 9, {}, 7));
+  CHECK(ids(m.match_prefix(seq(0, 9), 7)) == std::vector<uint32_t>{0, 1});
+  CHECK(m.match_prefix(seq(0, 9), 8).empty());
+  CHECK(m.match_prefix(seq(0, 9), 0).empty());
+  // Tenant 8 computes its own copy in new blocks.
+  REQUIRE(m.allocate(request_id{2}, seq(0, 9), 9, {}, 8));
+  CHECK(table(m, 2) == std::vector<uint32_t>{3, 4, 5});
+  CHECK(ids(m.match_prefix(seq(0, 9), 8)) == std::vector<uint32_t>{3, 4});
+}
+
+TEST_CASE("blocks are cached as they fill, and caching can be turned off") {
+  kv_block_manager m(8, bs, true);
+  const auto prompt = seq(0, 12);
+  REQUIRE(m.allocate(request_id{1}, prompt, 3, {}, 0));  // a partial first block
+  CHECK(m.usage().cached == 0);
+  REQUIRE(m.allocate(request_id{1}, prompt, 9, {}, 0));  // now two full blocks
+  CHECK(m.usage().cached == 2);
+  CHECK(table(m, 1) == std::vector<uint32_t>{0, 1, 2});
+  kv_block_manager off(8, bs, false);
+  REQUIRE(off.allocate(request_id{1}, prompt, 12, {}, 0));
+  CHECK(off.usage().cached == 0);
+  CHECK(off.match_prefix(prompt, 0).empty());
+}
+
+}  // namespace troupe

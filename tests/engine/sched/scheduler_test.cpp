@@ -1,0 +1,226 @@
+// The scheduler driven by hand: plans are inspected, samples are made up.
+#include "engine/sched/scheduler.hpp"
+
+#include <doctest/doctest.h>
+
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+namespace {
+
+const tokenizer& tok512() {
+  static const tokenizer t = [] {
+    auto v = load_llama2c_vocabulary(test::models_dir() + "/tok512.bin", 512);
+    REQUIRE(v.has_value());
+    return tokenizer(std::move(v).value());
+  }();
+  return t;
+}
+
+scheduler_config small(int32_t budget, uint32_t blocks = 64, int32_t max_running = 8) {
+  scheduler_config c;
+  c.max_step_tokens = budget;
+  c.num_blocks = blocks;
+  c.block_size = 4;
+  c.max_running = max_running;
+  c.context = 512;
+  c.vocab = 512;
+  return c;
+}
+
+request_params prompt_of(int32_t n, int32_t first = 300, int32_t max_tokens = 100) {
+  request_params p;
+  for (int32_t i = 0; i < n; ++i) p.prompt.push_back(first + i % 100);
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+// Feeds token `t` to every sampled chunk of the plan.
+std::vector<step_output> run(scheduler& s, const step_plan& plan, int32_t t = 400) {
+  std::vector<sample_result> samples(plan.num_samples());
+  for (auto& x : samples) x.token = t;
+  return s.update_from_output(plan, samples);
+}
+
+}  // namespace
+
+TEST_CASE("chunked prefill: a long prompt is computed over several steps within the budget") {
+  scheduler s(small(8), tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(20)).has_value());
+  for (int32_t expect_first : {0, 8}) {
+    const step_plan p = s.schedule();
+    REQUIRE(p.chunks.size() == 1);
+    CHECK(p.chunks[0].first == expect_first);
+    CHECK(p.chunks[0].count == 8);
+    CHECK_FALSE(p.chunks[0].sample);
+    CHECK(run(s, p).empty());
+  }
+  const step_plan p = s.schedule();
+  CHECK(p.chunks[0].first == 16);
+  CHECK(p.chunks[0].count == 4);
+  CHECK(p.chunks[0].sample);
+  const auto out = run(s, p, 401);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].new_tokens == std::vector<int32_t>{401});
+  CHECK(s.find(request_id{1})->num_computed_tokens == 20);
+  CHECK(s.find(request_id{1})->num_tokens() == 21);
+  // Next step decodes the sampled token.
+  const step_plan d = s.schedule();
+  CHECK(d.chunks[0].first == 20);
+  CHECK(d.chunks[0].count == 1);
+}
+
+TEST_CASE("decode tokens and a prefill chunk share one step's budget") {
+  scheduler s(small(8), tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(3)).has_value());
+  run(s, s.schedule());  // prefilled, first token sampled
+  REQUIRE(s.add(request_id{2}, prompt_of(20, 100)).has_value());
+  const step_plan p = s.schedule();
+  REQUIRE(p.chunks.size() == 2);
+  CHECK(p.chunks[0].id == request_id{1});
+  CHECK(p.chunks[0].count == 1);
+  CHECK(p.chunks[1].id == request_id{2});
+  CHECK(p.chunks[1].count == 7);
+  CHECK(p.num_tokens == 8);
+}
+
+TEST_CASE("the running cap holds requests back until one finishes") {
+  scheduler s(small(64, 64, 2), tok512());
+  for (uint64_t id = 1; id <= 3; ++id) REQUIRE(s.add(request_id{id}, prompt_of(4, 300, 1)).has_value());
+  const step_plan p = s.schedule();
+  CHECK(p.chunks.size() == 2);
+  CHECK(s.num_waiting() == 1);
+  const auto out = run(s, p);
+  CHECK(out.size() == 2);
+  CHECK(out[0].finished);  // max_tokens 1
+  CHECK(out[0].reason == finish_reason::length);
+  const step_plan q = s.schedule();
+  REQUIRE(q.chunks.size() == 1);
+  CHECK(q.chunks[0].id == request_id{3});
+}
+
+TEST_CASE("the priority policy admits lower priority values first; FCFS admits by arrival") {
+  for (schedule_policy policy : {schedule_policy::fcfs, schedule_policy::priority}) {
+    auto cfg = small(64, 64, 1);
+    cfg.policy = policy;
+    scheduler s(cfg, tok512());
+    auto a = prompt_of(4);
+    a.priority = 5;
+    auto b = prompt_of(4);
+    b.priority = 1;
+    REQUIRE(s.add(request_id{1}, a).has_value());
+    REQUIRE(s.add(request_id{2}, b).has_value());
+    const step_plan p = s.schedule();
+    REQUIRE(p.chunks.size() == 1);
+    CHECK(p.chunks[0].id == request_id{policy == schedule_policy::fcfs ? 1u : 2u});
+  }
+}
+
+TEST_CASE("out of blocks, the latest running request is preempted and later recomputes") {
+  // 4 blocks of 4 tokens; two requests of 6 prompt tokens each hold 2 blocks.
+  auto cfg = small(64, 4);
+  cfg.prefix_caching = false;
+  scheduler s(cfg, tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(6, 300, 20)).has_value());
+  REQUIRE(s.add(request_id{2}, prompt_of(6, 100, 20)).has_value());
+  run(s, s.schedule());  // both prefilled: 7 tokens each, 2 blocks each
+  run(s, s.schedule());  // 7 computed, 8 tokens
+  run(s, s.schedule());  // 8 computed, 9 tokens
+  // Request 1 needs a third block for its 9th token: request 2 is preempted.
+  const step_plan p = s.schedule();
+  REQUIRE(p.preempted == std::vector<request_id>{request_id{2}});
+  REQUIRE(p.chunks.size() == 1);
+  CHECK(p.chunks[0].id == request_id{1});
+  const request* r2 = s.find(request_id{2});
+  CHECK(r2->num_computed_tokens == 0);
+  CHECK(r2->num_tokens() == 9);  // its tokens are kept
+  CHECK(r2->state == request_state::waiting);
+  CHECK(s.usage().used == 3);
+  run(s, p);
+  // When request 1 finishes, request 2 comes back and recomputes all 9 tokens.
+  s.abort(request_id{1});
+  const step_plan q = s.schedule();
+  REQUIRE(q.chunks.size() == 1);
+  CHECK(q.chunks[0].id == request_id{2});
+  CHECK(q.chunks[0].first == 0);
+  CHECK(q.chunks[0].count == 9);
+  CHECK(q.chunks[0].sample);
+}
+
+TEST_CASE("abort releases every block and returns a final output once") {
+  scheduler s(small(64), tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(10)).has_value());
+  run(s, s.schedule());
+  CHECK(s.usage().used == 3);
+  const auto out = s.abort(request_id{1});
+  REQUIRE(out.has_value());
+  CHECK(out->finished);
+  CHECK(out->reason == finish_reason::aborted);
+  CHECK(s.usage().used == 0);
+  CHECK_FALSE(s.abort(request_id{1}).has_value());
+  CHECK_FALSE(s.has_unfinished());
+}
+
+TEST_CASE("stop conditions: EOS, stop tokens, stop strings and max tokens") {
+  scheduler s(small(64), tok512());
+  auto p = prompt_of(3);
+  REQUIRE(s.add(request_id{1}, p).has_value());
+  auto out = run(s, s.schedule(), tok512().eos_id());
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].finished);
+  CHECK(out[0].reason == finish_reason::stop);
+  CHECK(out[0].new_tokens.empty());
+
+  auto q = prompt_of(3);
+  q.stop_tokens = {333};
+  REQUIRE(s.add(request_id{2}, q).has_value());
+  out = run(s, s.schedule(), 333);
+  CHECK(out[0].reason == finish_reason::stop);
+
+  // "Lily" then " said": the stop string "ly s" cuts the text inside both tokens.
+  auto r = prompt_of(3);
+  r.stop_strings = {"ly s"};
+  REQUIRE(s.add(request_id{3}, r).has_value());
+  std::string text;
+  for (int32_t t : tok512().encode("Lily said hello", false)) {
+    out = run(s, s.schedule(), t);
+    REQUIRE(out.size() == 1);
+    text += out[0].text;
+    if (out[0].finished) break;
+  }
+  CHECK(out[0].finished);
+  CHECK(text.find("ly s") == std::string::npos);
+  CHECK(text.find("Li") != std::string::npos);
+
+  auto m = prompt_of(3, 300, 2);
+  REQUIRE(s.add(request_id{4}, m).has_value());
+  run(s, s.schedule());
+  out = run(s, s.schedule());
+  CHECK(out[0].reason == finish_reason::length);
+  CHECK(out[0].num_output_tokens == 2);
+  CHECK(s.usage().used == 0);
+}
+
+TEST_CASE("bad requests are refused with the reason, and leave nothing queued") {
+  scheduler s(small(64, 4), tok512());
+  CHECK_FALSE(s.add(request_id{1}, request_params{}).has_value());
+  auto bad = prompt_of(3);
+  bad.prompt[1] = 512;
+  auto e = s.add(request_id{1}, bad);
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.err().message.find("outside the vocabulary") != std::string::npos);
+  auto huge = prompt_of(100);  // needs 26 blocks, the pool has 4
+  e = s.add(request_id{1}, huge);
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.err().message.find("KV blocks") != std::string::npos);
+  auto zero = prompt_of(3);
+  zero.max_tokens = 0;
+  CHECK_FALSE(s.add(request_id{1}, zero).has_value());
+  REQUIRE(s.add(request_id{1}, prompt_of(3)).has_value());
+  CHECK_FALSE(s.add(request_id{1}, prompt_of(3)).has_value());  // duplicate id
+  CHECK(s.num_waiting() == 1);
+}
+
+}  // namespace troupe

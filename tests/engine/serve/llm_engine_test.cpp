@@ -1,0 +1,133 @@
+// The serving loop on a real model: a randomized workload with preemption and cancels,
+// and a shared prefix computed once.
+#include "engine/serve/llm_engine.hpp"
+
+#include <map>
+
+#include <doctest/doctest.h>
+
+#include "engine/generate/generator.hpp"
+#include "engine/sample/rng.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+TEST_CASE("randomized: arrivals, cancels and preemption; every request ends once, no block leaks, outputs as alone") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  for (uint64_t seed : {1u, 2u}) {
+    CAPTURE(seed);
+    rng r(seed);
+    const int num_requests = 200;
+    struct planned {
+      request_params p;
+      int arrival_step;
+      int cancel_step;  // -1: never
+    };
+    std::vector<planned> plan;
+    for (int i = 0; i < num_requests; ++i) {
+      planned x;
+      const int len = 1 + static_cast<int>(r.next() % 40);
+      x.p.prompt.push_back(1);
+      for (int k = 1; k < len; ++k) x.p.prompt.push_back(3 + static_cast<int32_t>(r.next() % 500));
+      // A third of the prompts share a 20-token beginning, so prefix hits happen too.
+      if (i % 3 == 0)
+        for (int k = 1; k < std::min<int>(len, 21); ++k) x.p.prompt[k] = 260 + k;
+      x.p.sampling.temperature = 0.0f;
+      x.p.max_tokens = 1 + static_cast<int32_t>(r.next() % 30);
+      x.arrival_step = static_cast<int>(r.next() % 120);
+      x.cancel_step = r.next() % 8 == 0 ? x.arrival_step + static_cast<int>(r.next() % 10) : -1;
+      plan.push_back(std::move(x));
+    }
+    engine_config cfg;
+    cfg.sched.num_blocks = 24;  // 384 token slots for up to ~40 live requests: preemption
+    cfg.sched.block_size = 16;
+    cfg.sched.max_step_tokens = 64;
+    cfg.sched.max_running = 16;
+    cfg.num_threads = 2;
+    llm_engine engine(l.m, l.tok, cfg);
+
+    std::map<uint64_t, std::vector<int32_t>> tokens;
+    std::map<uint64_t, int> endings;
+    std::map<uint64_t, finish_reason> reasons;
+    int step = 0;
+    size_t added = 0;
+    while (added < plan.size() || engine.has_unfinished()) {
+      for (size_t i = 0; i < plan.size(); ++i) {
+        if (plan[i].arrival_step == step) {
+          REQUIRE(engine.add_request(request_id{i}, plan[i].p).has_value());
+          ++added;
+        }
+        if (plan[i].cancel_step == step)
+          if (auto out = engine.abort(request_id{i})) {
+            ++endings[i];
+            reasons[i] = out->reason;
+          }
+      }
+      for (const step_output& o : engine.step()) {
+        auto& t = tokens[o.id.value];
+        t.insert(t.end(), o.new_tokens.begin(), o.new_tokens.end());
+        if (o.finished) {
+          ++endings[o.id.value];
+          reasons[o.id.value] = o.reason;
+        }
+      }
+      ++step;
+      REQUIRE(step < 5000);
+    }
+    CHECK(engine.stats().preemptions > 0);
+    CHECK(engine.kv().used == 0);
+    CHECK(engine.kv().free == cfg.sched.num_blocks);
+    CHECK(engine.kv().hit_tokens > 0);
+    int cancelled = 0;
+    generator alone(l.m, l.tok, generator_options{});
+    for (size_t i = 0; i < plan.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(endings[i] == 1);
+      if (reasons[i] == finish_reason::aborted) {
+        ++cancelled;
+        continue;
+      }
+      auto ref = alone.generate({plan[i].p});
+      REQUIRE(ref.has_value());
+      CHECK(tokens[i] == (*ref)[0].tokens);
+    }
+    CHECK(cancelled > 0);
+  }
+}
+
+TEST_CASE("a 400-token shared prefix is computed once for 32 requests with distinct suffixes") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.gguf");
+  std::vector<int32_t> prefix{1};
+  rng r(9);
+  for (int i = 0; i < 400; ++i) prefix.push_back(3 + static_cast<int32_t>(r.next() % 500));
+  std::vector<generation_request> reqs;
+  for (int i = 0; i < 32; ++i) {
+    generation_request g;
+    g.prompt = prefix;
+    for (int k = 0; k < 16; ++k) g.prompt.push_back(3 + static_cast<int32_t>((i * 37 + k * 11) % 500));
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = 4;
+    g.ignore_eos = true;
+    reqs.push_back(g);
+  }
+  generator_options with;
+  with.max_step_tokens = 256;
+  generator cached(l.m, l.tok, with);
+  auto a = cached.generate(reqs);
+  REQUIRE(a.has_value());
+  // 401 prefix tokens (with BOS) once: 400 of them in cached full blocks, plus every
+  // request's own tokens from the first uncached block on.
+  const uint64_t prompt_tokens = cached.last_stats().prompt_tokens_computed;
+  const uint64_t shared_blocks = 401 / 16;  // 25 full blocks shared
+  const uint64_t per_request = 417 - shared_blocks * 16;
+  CHECK(prompt_tokens == shared_blocks * 16 + 32 * per_request);
+
+  with.prefix_caching = false;
+  generator uncached(l.m, l.tok, with);
+  auto b = uncached.generate(reqs);
+  REQUIRE(b.has_value());
+  CHECK(uncached.last_stats().prompt_tokens_computed == 32u * 417u);
+  for (size_t i = 0; i < reqs.size(); ++i) CHECK((*a)[i].tokens == (*b)[i].tokens);
+}
+
+}  // namespace troupe
