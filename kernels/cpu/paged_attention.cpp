@@ -51,6 +51,44 @@ void scores_for(const float* const* q, int group, const attention_token& tok, in
   }
 }
 
+// out = sum_p weights[p] * v_p, accumulated over positions in order. Head sizes that are
+// multiples of 16 (up to 256) keep the sum in registers.
+template <int Chunks>
+void weighted_values_simd(const float* weights, int32_t n, const attention_token& tok, int32_t kv_head,
+                          const paged_kv_layer& kv, float* out) {
+  simd::v16f acc[Chunks];
+  for (int c = 0; c < Chunks; ++c) acc[c] = simd::zero();
+  const int32_t bs = kv.block_size;
+  for (int32_t p0 = 0; p0 < n; p0 += bs) {
+    const float* vb = kv.v + kv.offset(tok.block_table[p0 / bs], kv_head);
+    const int32_t count = std::min(bs, n - p0);
+    for (int32_t s = 0; s < count; ++s) {
+      const simd::v16f a = simd::splat(weights[p0 + s]);
+      for (int c = 0; c < Chunks; ++c) acc[c] = simd::fma(a, simd::load(vb + s * Chunks * simd::width + c * simd::width), acc[c]);
+    }
+  }
+  for (int c = 0; c < Chunks; ++c) simd::store(out + c * simd::width, acc[c]);
+}
+
+void weighted_values(const float* weights, int32_t n, const attention_token& tok, int32_t kv_head,
+                     const paged_kv_layer& kv, float* out) {
+  switch (kv.head_dim) {
+    case 16: return weighted_values_simd<1>(weights, n, tok, kv_head, kv, out);
+    case 32: return weighted_values_simd<2>(weights, n, tok, kv_head, kv, out);
+    case 64: return weighted_values_simd<4>(weights, n, tok, kv_head, kv, out);
+    case 128: return weighted_values_simd<8>(weights, n, tok, kv_head, kv, out);
+    case 256: return weighted_values_simd<16>(weights, n, tok, kv_head, kv, out);
+    default: break;
+  }
+  const int32_t hd = kv.head_dim, bs = kv.block_size;
+  std::memset(out, 0, sizeof(float) * hd);
+  for (int32_t p = 0; p < n; ++p) {
+    const float* v = kv.v + kv.offset(tok.block_table[p / bs], kv_head) + (p % bs) * hd;
+    const float a = weights[p];
+    for (int32_t d = 0; d < hd; ++d) out[d] += a * v[d];
+  }
+}
+
 void attend_group(const float* const* q, float* const* out, int group, const attention_token& tok,
                   int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
   const int32_t n = tok.position + 1;
@@ -62,13 +100,7 @@ void attend_group(const float* const* q, float* const* out, int group, const att
   scores_for(q, group, tok, kv_head, kv, n, scores);
   for (int h = 0; h < group; ++h) {
     softmax(scores[h], n);
-    float* o = out[h];
-    std::memset(o, 0, sizeof(float) * hd);
-    for (int32_t p = 0; p < n; ++p) {
-      const float* v = kv.v + kv.offset(tok.block_table[p / bs], kv_head) + (p % bs) * hd;
-      const float a = scores[h][p];
-      for (int32_t d = 0; d < hd; ++d) o[d] += a * v[d];
-    }
+    weighted_values(scores[h], n, tok, kv_head, kv, out[h]);
   }
 }
 
@@ -81,9 +113,11 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
   // Query heads of one KV head in passes of at most max_group.
   const int32_t passes = (group + max_group - 1) / max_group;
   const int64_t items = int64_t{num_tokens} * kv.num_kv_heads * passes;
-  pool.parallel_for(items, 1, [&](int64_t b, int64_t e, int) {
+  // Items differ in cost (a prefill chunk's tokens see more positions than a new
+  // sequence's), so threads take them as they become free.
+  pool.parallel_for_dynamic(items, [&](int64_t it, int) {
     thread_local std::vector<float> scratch;
-    for (int64_t it = b; it < e; ++it) {
+    {
       const auto t = static_cast<int32_t>(it / (int64_t{kv.num_kv_heads} * passes));
       const auto rest = static_cast<int32_t>(it % (int64_t{kv.num_kv_heads} * passes));
       const int32_t g = rest / passes, pass = rest % passes;

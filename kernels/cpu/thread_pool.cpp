@@ -37,12 +37,12 @@ void thread_pool::run(int used, task_fn fn, void* ctx) {
   // Every worker acknowledges every task, even one it takes no part in, so none can
   // still be reading fn_ or used_ when the next task is published.
   pending_.store(num_threads_ - 1, std::memory_order_relaxed);
-  epoch_.fetch_add(1, std::memory_order_release);
-  epoch_.notify_all();
+  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
   fn(ctx, 0);
   // Yield after a while, so that a worker descheduled on an oversubscribed machine runs.
   for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < spin_iterations)
+    if (i < 16 * spin_iterations)
       TROUPE_PAUSE();
     else
       std::this_thread::yield();
@@ -58,7 +58,11 @@ void thread_pool::worker_loop(int idx) {
       e = epoch_.load(std::memory_order_acquire);
     }
     if (e == seen) {
-      epoch_.wait(seen, std::memory_order_acquire);
+      // Announce the sleep before the last look, so a publisher either sees the sleeper
+      // (and wakes it) or the sleeper sees the new epoch.
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      if (epoch_.load(std::memory_order_seq_cst) == seen) epoch_.wait(seen, std::memory_order_acquire);
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
       continue;
     }
     seen = e;

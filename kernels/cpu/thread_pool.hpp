@@ -23,6 +23,26 @@ class thread_pool {
 
   int num_threads() const { return num_threads_; }
 
+  // Calls fn(i, thread_idx) for every i in [0, n), handing items out one at a time to
+  // whichever thread is free: for items of uneven cost. Which thread computes an item
+  // must not matter to the result.
+  template <class Fn>
+  void parallel_for_dynamic(int64_t n, Fn&& fn) {
+    if (n <= 0) return;
+    if (num_threads_ == 1 || n == 1) {
+      for (int64_t i = 0; i < n; ++i) fn(i, 0);
+      return;
+    }
+    std::atomic<int64_t> next{0};
+    auto body = [&](int idx) {
+      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+           i = next.fetch_add(1, std::memory_order_relaxed))
+        fn(i, idx);
+    };
+    const int used = n < num_threads_ ? static_cast<int>(n) : num_threads_;
+    run(used, [](void* ctx, int idx) { (*static_cast<decltype(body)*>(ctx))(idx); }, &body);
+  }
+
   // Calls fn(begin, end, thread_idx) on disjoint ranges covering [0, n), each range
   // a multiple of `grain` except the last; returns when all calls have returned.
   template <class Fn>
@@ -54,6 +74,7 @@ class thread_pool {
   // A task is published by bumping epoch_; workers with idx < used_ run it.
   alignas(64) std::atomic<uint64_t> epoch_{0};
   alignas(64) std::atomic<int> pending_{0};
+  std::atomic<int> sleepers_{0};  // workers blocked in epoch_.wait (notify only if any)
   task_fn fn_ = nullptr;
   void* ctx_ = nullptr;
   int used_ = 0;

@@ -14,6 +14,7 @@
 #include "engine/generate/generator.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "tools/common/model_loading.hpp"
+#include "tools/troupe-perf/serve_bench.hpp"
 #include "tools/troupe-perf/triad.hpp"
 
 using namespace troupe;
@@ -107,7 +108,9 @@ int main(int argc, char** argv) {
       "  troupe-perf decode MODEL                 single-stream decode tokens/s\n"
       "  troupe-perf prefill MODEL                prompt tokens/s for one prompt\n"
       "  troupe-perf batch MODEL -b 1,4,16,32     aggregate decode tokens/s per batch size\n"
-      "  troupe-perf gemm --type q8_0             one weight matrix, tokens per step\n\n"
+      "  troupe-perf gemm --type q8_0             one weight matrix, tokens per step\n"
+      "  troupe-perf serve MODEL -c 1,4,16,64     the serving loop: throughput, TTFT, TPOT\n"
+      "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n\n"
       "Every figure is the median of --runs runs after one warm-up run.",
       "troupe-perf"};
   app.require_subcommand(1);
@@ -137,6 +140,18 @@ int main(int argc, char** argv) {
   add_model(bat);
   bat->add_option("-b,--batch", batches, "sequences per batch")->delimiter(',')->check(CLI::Range(1, 4096));
   bat->add_option("-n,--tokens", tokens, "tokens to generate per sequence")->check(CLI::Range(2, 100000))->capture_default_str();
+
+  auto* srv = app.add_subcommand("serve", "serving loop under concurrent requests");
+  add_model(srv);
+  std::vector<int> concurrency{1, 4, 16, 64};
+  int out_tokens = 128, num_requests = 0, shared_prefix = 0, max_step = 512;
+  srv->add_option("-c,--concurrency", concurrency, "requests kept in flight")->delimiter(',')->check(CLI::Range(1, 4096));
+  srv->add_option("-p,--prompt-tokens", prompt_tokens, "prompt length, BOS included")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  srv->add_option("-n,--output-tokens", out_tokens, "tokens generated per request")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  srv->add_option("--requests", num_requests, "requests per run (default: 2 x concurrency, at least 4)")->check(CLI::Range(0, 1 << 20));
+  srv->add_option("--shared-prefix", shared_prefix, "leading prompt tokens all requests share; runs with the prefix cache on and off")
+      ->check(CLI::Range(0, 1 << 20));
+  srv->add_option("--max-step-tokens", max_step, "token budget per engine step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
 
   auto* gm = app.add_subcommand("gemm", "one GEMM");
   std::string type_name = "q8_0";
@@ -207,6 +222,40 @@ int main(int argc, char** argv) {
     } else if (pre->parsed()) {
       report("prefill, " + std::to_string(prompt_tokens) + " tokens, " + std::to_string(threads) + " threads",
              prefill_rate(m, tok, threads, prompt_tokens, runs), "tok/s");
+    } else if (srv->parsed()) {
+      std::printf("%-34s %8s %10s %9s %9s %9s %9s\n", "workload", "requests", "out tok/s", "TTFT p50", "TTFT p99",
+                  "TPOT p50", "TPOT p99");
+      for (int c : concurrency) {
+        for (bool caching : shared_prefix > 0 ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
+          tools::serve_workload w;
+          w.concurrency = c;
+          w.num_requests = num_requests > 0 ? num_requests : std::max(4, 2 * c);
+          w.prompt_tokens = prompt_tokens;
+          w.output_tokens = out_tokens;
+          w.shared_prefix = shared_prefix;
+          engine_config cfg;
+          cfg.num_threads = threads;
+          cfg.sched.max_step_tokens = max_step;
+          cfg.sched.max_running = std::max(c, 1);
+          cfg.sched.prefix_caching = caching;
+          const int64_t per_request = (prompt_tokens + out_tokens + 15) / 16;
+          cfg.sched.num_blocks = static_cast<uint32_t>(per_request * c + 16);
+          llm_engine engine(m, tok, cfg);
+          const auto r = tools::run_serve(engine, w, m.config.vocab_size, tok.bos_id());
+          const std::string name = "c=" + std::to_string(c) + (shared_prefix > 0 ? (caching ? " prefix cache on" : " prefix cache off") : "");
+          std::printf("%-34s %8d %10.1f %7.0fms %7.0fms %7.1fms %7.1fms   mean TTFT %.0f ms, prompt tokens computed %llu\n",
+                      name.c_str(), w.num_requests, r.output_tokens_per_s, tools::percentile(r.ttft_ms, 50),
+                      tools::percentile(r.ttft_ms, 99), tools::percentile(r.tpot_ms, 50), tools::percentile(r.tpot_ms, 99),
+                      tools::mean(r.ttft_ms), static_cast<unsigned long long>(r.prompt_tokens_computed));
+          std::fflush(stdout);
+          results.push_back({name + " output tok/s", r.output_tokens_per_s, "tok/s", ""});
+          results.push_back({name + " TTFT p50", tools::percentile(r.ttft_ms, 50), "ms", ""});
+          results.push_back({name + " TTFT p99", tools::percentile(r.ttft_ms, 99), "ms", ""});
+          results.push_back({name + " TTFT mean", tools::mean(r.ttft_ms), "ms", ""});
+          results.push_back({name + " TPOT p50", tools::percentile(r.tpot_ms, 50), "ms", ""});
+          results.push_back({name + " TPOT p99", tools::percentile(r.tpot_ms, 99), "ms", ""});
+        }
+      }
     } else if (bat->parsed()) {
       for (int b : batches)
         report("decode, " + std::to_string(b) + " sequences, " + std::to_string(threads) + " threads",
