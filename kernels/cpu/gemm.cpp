@@ -131,17 +131,22 @@ struct generic_reader {
   cursor row(int32_t r) const { return {&w, r}; }
 };
 
-// Rows of a dequantized panel: [tile_rows][padded_cols] floats, zero beyond cols.
+// Rows of a dequantized panel, interleaved by row tile: chunk k/16 of the four rows of a
+// tile lie next to each other ([tile][k / 16][row in tile][16] floats), so a register
+// tile reads one contiguous stream. Zero beyond cols.
 struct panel_reader {
   static constexpr int step = lanes;
-  const float* panel;
-  int64_t stride;
+  float* panel;
+  int64_t padded;  // columns rounded up to 16
   struct cursor {
     const float* p;
-    v16f chunk(int32_t k) const { return simd::load(p + k); }
+    v16f chunk(int32_t k) const { return simd::load(p + int64_t{k} * tile_rows); }
     void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
   };
-  cursor row(int32_t r) const { return {panel + r * stride}; }
+  float* at(int32_t r, int32_t k) const {
+    return panel + (r / tile_rows) * tile_rows * padded + int64_t{k} * tile_rows + (r % tile_rows) * lanes;
+  }
+  cursor row(int32_t r) const { return {at(r, 0)}; }
 };
 
 // y[i][j] = dot(x[i], W[rows[j]]) for i < MR tokens and j < num_valid rows.
@@ -268,20 +273,23 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
   if constexpr (requires { rd.row_bytes(); }) ahead = prefetch_rows * rd.row_bytes();
   for (int32_t b0 = row_begin; b0 < row_end; b0 += block_rows) {
     const int32_t b1 = std::min(row_end, b0 + block_rows);
+    const panel_reader pr{panel.data(), padded};
     for (int32_t r = b0; r < b1; ++r) {
-      float* dst = panel.data() + (r - b0) * padded;
       int32_t k = 0;
       const auto cur = rd.row(r);
       for (; k + Reader::step <= w.cols; k += Reader::step) {
         if constexpr (requires { rd.row_bytes(); }) cur.prefetch(k, ahead);
         v16f chunk[Reader::step / lanes];
         cur.load(k, chunk);
-        for (int c = 0; c < Reader::step / lanes; ++c) simd::store(dst + k + c * lanes, chunk[c]);
+        for (int c = 0; c < Reader::step / lanes; ++c) simd::store(pr.at(r - b0, k + c * lanes), chunk[c]);
       }
-      for (; k + lanes <= w.cols; k += lanes) simd::store(dst + k, cur.chunk(k));
-      if (k < w.cols) tail_generic(w, r, k, dst + k);
+      for (; k + lanes <= w.cols; k += lanes) simd::store(pr.at(r - b0, k), cur.chunk(k));
+      if (k < w.cols) {
+        alignas(64) float buf[lanes];
+        tail_generic(w, r, k, buf);
+        simd::store(pr.at(r - b0, k), simd::load(buf));
+      }
     }
-    const panel_reader pr{panel.data(), padded};
     for (int32_t m = 0; m < num_tokens; m += panel_tokens) {
       const int32_t mt = std::min(panel_tokens, num_tokens - m);
       for (int32_t r0 = b0; r0 < b1; r0 += tile_rows) {
