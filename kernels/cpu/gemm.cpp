@@ -41,12 +41,14 @@ struct f32_reader {
   cursor row(int32_t r) const { return {static_cast<const float*>(w.data) + r * w.row_stride}; }
 };
 
-struct f16_reader {
+// F16 and BF16: sixteen 16-bit values widened to float.
+template <v16f (*Load)(const uint16_t*)>
+struct half_reader {
   static constexpr int step = lanes;
   const matrix_view& w;
   struct cursor {
     const uint16_t* p;
-    v16f chunk(int32_t k) const { return simd::load_f16(p + k); }
+    v16f chunk(int32_t k) const { return Load(p + k); }
     void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
     void prefetch(int32_t k, int64_t ahead) const {
       if (k % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(p + k) + ahead);
@@ -55,24 +57,9 @@ struct f16_reader {
   int64_t row_bytes() const { return w.row_stride * 2; }
   cursor row(int32_t r) const { return {static_cast<const uint16_t*>(w.data) + r * w.row_stride}; }
 };
+using f16_reader = half_reader<simd::load_f16>;
+using bf16_reader = half_reader<simd::load_bf16>;
 
-struct bf16_reader {
-  static constexpr int step = lanes;
-  const matrix_view& w;
-  struct cursor {
-    const uint16_t* p;
-    v16f chunk(int32_t k) const { return simd::load_bf16(p + k); }
-    void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
-    void prefetch(int32_t k, int64_t ahead) const {
-      if (k % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(p + k) + ahead);
-    }
-  };
-  int64_t row_bytes() const { return w.row_stride * 2; }
-  cursor row(int32_t r) const { return {static_cast<const uint16_t*>(w.data) + r * w.row_stride}; }
-};
-
-// q8_0 with a group size that is a multiple of 16, known at compile time (32 for GGUF,
-// 64 for llama2.c exports), and the scale type of the layout.
 // load() yields a whole group, so its scale is read once.
 template <int GroupSize, bool ScaleF16>
 struct q8_reader {
