@@ -1,0 +1,157 @@
+#include "tools/common/topology.hpp"
+
+#include <filesystem>
+
+#include <doctest/doctest.h>
+
+#include "engine/model/model.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace troupe::tools {
+
+namespace {
+
+model_config stories() {
+  auto m = load_model(test::models_dir() + "/stories260K.bin");
+  REQUIRE(m.has_value());
+  return m->config;
+}
+
+const char* base = R"(
+[model]
+path = "m.bin"
+[gateway]
+node = "n0"
+capnp = "127.0.0.1:7400"
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = 7410
+[[node]]
+name = "n1"
+host = "127.0.0.1"
+port = 7411
+)";
+
+const std::string ok_replica = R"(
+[[replica]]
+name = "ok"
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ]
+)";
+
+// Parses `base` plus a replica section and validates it against stories260K.
+std::string problem(const std::string& extra) {
+  auto t = parse_topology_text(std::string(base) + extra, "t.toml", "/d");
+  if (!t) return t.err().message;
+  auto v = validate_topology(*t, stories(), 0);
+  return v ? "" : v.err().message;
+}
+
+}  // namespace
+
+TEST_CASE("every topology in deploy/ parses and fits stories260K") {
+  const std::string dir = std::string(TROUPE_SOURCE_DIR) + "/deploy";
+  int n = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().extension() != ".toml") continue;
+    CAPTURE(f.path().string());
+    auto t = parse_topology(f.path().string());
+    REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
+    CHECK(std::filesystem::exists(t->model_path));
+    CHECK(validate_topology(*t, stories(), 0).has_value());
+    ++n;
+  }
+  CHECK(n == 4);
+  auto pp = parse_topology(dir + "/pp2-tp2.toml");
+  REQUIRE(pp.has_value());
+  REQUIRE(pp->replicas.size() == 1);
+  REQUIRE(pp->replicas[0].stages.size() == 2);
+  CHECK(pp->replicas[0].stages[1].first_layer == 3);
+  CHECK(pp->replicas[0].stages[1].devices.size() == 2);
+  CHECK(pp->num_blocks == 512);
+  CHECK(pp->capnp.str() == "127.0.0.1:7400");
+}
+
+TEST_CASE("a correct two-stage replica passes") {
+  CHECK(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "3-4", devices = ["cpu", "cpu"] } ])") == "");
+}
+
+TEST_CASE("topology mistakes are rejected with the mistake named") {
+  auto has = [](const std::string& msg, const std::string& part) {
+    CAPTURE(msg);
+    CHECK(msg.find(part) != std::string::npos);
+    CHECK(msg.find("t.toml") != std::string::npos);
+  };
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "2-4", devices = ["cpu"] } ])"),
+      "overlaps");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-1", devices = ["cpu"] }, { node = "n1", layers = "3-4", devices = ["cpu"] } ])"),
+      "leaves layers 2-2");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-3", devices = ["cpu"] } ])"),
+      "leaves layers 4-4");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-5", devices = ["cpu"] } ])"),
+      "past the model's last layer");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu", "cpu", "cpu"] } ])"),
+      "cannot be split 3 ways");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n9", layers = "0-4", devices = ["cpu"] } ])"),
+      "unknown node 'n9'");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "4-0", devices = ["cpu"] } ])"),
+      "is not FIRST-LAST");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["tpu"] } ])"),
+      "\"cpu\" or \"cuda:N\"");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ]
+[[replica]]
+name = "r0"
+stages = [ { node = "n1", layers = "0-4", devices = ["cpu"] } ])"),
+      "used twice");
+  has(problem(std::string("[[node]]\nname = \"n2\"\nhost = \"127.0.0.1\"\nport = 7411\n") + ok_replica), "port clash");
+  has(problem(std::string("[[node]]\nname = \"n2\"\nhost = \"127.0.0.1\"\nport = 7400\n") + ok_replica), "port clash");
+  has(problem(std::string("[[node]]\nname = \"n2\"\nhost = \"127.0.0.1\"\nport = 70000\n") + ok_replica), "not in 1..65535");
+  has(problem(std::string("[[node]]\nname = \"n1\"\nhost = \"127.0.0.1\"\nport = 7412\n") + ok_replica), "used twice");
+  has(problem(std::string("[[node]]\nname = \"n2\"\nhost = \"bad host!\"\nport = 7412\n") + ok_replica), "not a host name");
+  has(problem(std::string("[[node]]\nname = \"n2\"\nport = 7412\n") + ok_replica), "'host' is missing");
+  has(problem(std::string("[[node]]\nname = \"n2\"\nhost = 5\nport = 7412\n") + ok_replica), "must be a string");
+  has(problem(""), "no [[replica]]");
+  has(problem("this is = not [toml"), "t.toml:");
+}
+
+TEST_CASE("a missing topology file and a gateway on an unknown node are errors") {
+  auto t = parse_topology("/nonexistent/topology.toml");
+  REQUIRE_FALSE(t.has_value());
+  CHECK(t.err().message.find("cannot open") != std::string::npos);
+  auto g = parse_topology_text(R"([model]
+path = "m"
+[gateway]
+node = "nx"
+capnp = "127.0.0.1:1"
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = 2
+[[replica]]
+name = "r"
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])", "g.toml", "/");
+  REQUIRE_FALSE(g.has_value());
+  CHECK(g.err().message.find("unknown node 'nx'") != std::string::npos);
+}
+
+}  // namespace troupe::tools

@@ -1,0 +1,75 @@
+// topology: one deployment, as an operator writes it in a TOML file under deploy/: the
+// model, the client endpoints, the node processes, and the replicas, each a chain of
+// pipeline stages whose devices are its tensor-parallel shards.
+//
+//   [model]     path, tokenizer (for llama2.c files)
+//   [gateway]   node, capnp = "HOST:PORT", http = "HOST:PORT"
+//   [kv]        block_size, num_blocks        (optional)
+//   [scheduler] max_step_tokens, max_running  (optional)
+//   [[node]]    name, host, port, threads (optional)
+//   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ]
+//
+// Parsed and validated once, before anything starts: every mistake is reported with the
+// file and the place it is in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/config.hpp"
+#include "engine/util/expected.hpp"
+
+namespace troupe::tools {
+
+struct endpoint {
+  std::string host;
+  uint16_t port = 0;
+  std::string str() const { return host + ":" + std::to_string(port); }
+};
+
+struct node_spec {
+  std::string name;
+  std::string host;
+  uint16_t port = 0;
+  int32_t threads = 1;
+};
+
+struct stage_spec {
+  std::string node;
+  int32_t first_layer = 0;
+  int32_t last_layer = 0;            // inclusive, as written
+  std::vector<std::string> devices;  // "cpu" or "cuda:N"; one per tensor-parallel shard
+};
+
+struct replica_spec {
+  std::string name;
+  std::vector<stage_spec> stages;
+};
+
+struct topology {
+  std::string path;  // the file it came from
+  std::string model_path;
+  std::string tokenizer_path;
+  std::string gateway_node;
+  endpoint capnp;
+  endpoint http;
+  int32_t block_size = 16;
+  int32_t num_blocks = 1024;
+  int32_t max_step_tokens = 512;
+  int32_t max_running = 64;
+  std::vector<node_spec> nodes;
+  std::vector<replica_spec> replicas;
+};
+
+// Reads and checks a topology file's structure (types, required fields, names, hosts,
+// ports, layer syntax). Relative model paths are taken from the file's directory.
+expected<topology> parse_topology(const std::string& path);
+expected<topology> parse_topology_text(const std::string& text, const std::string& name,
+                                       const std::string& base_dir);
+
+// Checks the topology against the model it serves: layer ranges cover every layer once,
+// in order, in each replica; tensor-parallel sizes divide the heads and FFN columns.
+status validate_topology(const topology& t, const model_config& model, int32_t q8_group_size);
+
+}  // namespace troupe::tools
