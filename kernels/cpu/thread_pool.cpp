@@ -42,7 +42,7 @@ void thread_pool::run(int used, task_fn fn, void* ctx) {
   fn(ctx, 0);
   // Yield after a while, so that a worker descheduled on an oversubscribed machine runs.
   for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < 16 * spin_iterations)
+    if (i < spin_iterations)
       TROUPE_PAUSE();
     else
       std::this_thread::yield();
