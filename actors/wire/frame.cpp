@@ -1,0 +1,54 @@
+#include "actors/wire/frame.hpp"
+
+#include <cstring>
+
+#include <kj/exception.h>
+
+namespace troupe::wire {
+
+expected<std::unique_ptr<frame_reader>> frame_reader::parse(std::span<const uint8_t> bytes,
+                                                           const frame_limits& lim) {
+  if (bytes.size() > lim.max_bytes)
+    return error{"frame of " + std::to_string(bytes.size()) + " bytes exceeds the limit of " + std::to_string(lim.max_bytes)};
+  if (bytes.size() < 8 || bytes.size() % 8 != 0)
+    return error{"frame of " + std::to_string(bytes.size()) + " bytes is not a whole number of words"};
+  // Segment table: u32 (count - 1), then count u32 sizes in words, padded to a word.
+  uint32_t count_minus_one = 0;
+  std::memcpy(&count_minus_one, bytes.data(), 4);
+  if (count_minus_one >= lim.max_segments)
+    return error{"frame claims " + std::to_string(uint64_t{count_minus_one} + 1) + " segments; at most " +
+                 std::to_string(lim.max_segments) + " are allowed"};
+  const uint64_t count = uint64_t{count_minus_one} + 1;
+  const uint64_t table_bytes = (4 + 4 * count + 7) / 8 * 8;
+  if (table_bytes > bytes.size()) return error{"frame is truncated inside its segment table"};
+  uint64_t words = 0;
+  for (uint64_t s = 0; s < count; ++s) {
+    uint32_t size = 0;
+    std::memcpy(&size, bytes.data() + 4 + 4 * s, 4);
+    words += size;
+  }
+  if (table_bytes + words * 8 != bytes.size())
+    return error{"frame's segment table describes " + std::to_string(table_bytes + words * 8) +
+                 " bytes, the frame has " + std::to_string(bytes.size())};
+  std::unique_ptr<frame_reader> f(new frame_reader);
+  f->words_.resize(bytes.size() / 8);
+  std::memcpy(f->words_.data(), bytes.data(), bytes.size());
+  capnp::ReaderOptions opts;
+  opts.traversalLimitInWords = lim.traversal_words;
+  opts.nestingLimit = lim.nesting;
+  try {
+    f->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(
+        kj::ArrayPtr<const capnp::word>(f->words_.data(), f->words_.size()), opts);
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed frame: ") + e.getDescription().cStr()};
+  }
+  return f;
+}
+
+std::vector<uint8_t> to_bytes(capnp::MessageBuilder& b) {
+  const auto flat = capnp::messageToFlatArray(b);
+  const auto bytes = flat.asBytes();
+  return {bytes.begin(), bytes.end()};
+}
+
+}  // namespace troupe::wire

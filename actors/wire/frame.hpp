@@ -1,0 +1,45 @@
+// frame: Cap'n Proto messages in standard stream framing, checked before the library
+// reads them. A frame from outside (a socket, another process) may be truncated, claim
+// absurd segment counts (Cap'n Proto 0.9.2 mishandles 0xFFFFFFFF), or point anywhere;
+// frame_reader checks the segment table against the bytes it has and gives the reader a
+// traversal and nesting limit sized for the protocol, never a global one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include "engine/util/expected.hpp"
+
+namespace troupe::wire {
+
+// Limits of one protocol's messages.
+struct frame_limits {
+  size_t max_bytes = 1 << 20;       // whole frame
+  uint32_t max_segments = 16;
+  uint64_t traversal_words = 1 << 17;
+  int nesting = 16;
+};
+
+// A message received as bytes: owns an aligned copy and a reader over it.
+class frame_reader {
+ public:
+  static expected<std::unique_ptr<frame_reader>> parse(std::span<const uint8_t> bytes, const frame_limits& lim);
+
+  template <class T>
+  typename T::Reader root() { return reader_->getRoot<T>(); }
+
+ private:
+  frame_reader() = default;
+  std::vector<capnp::word> words_;
+  std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
+};
+
+// A built message in stream framing.
+std::vector<uint8_t> to_bytes(capnp::MessageBuilder& b);
+
+}  // namespace troupe::wire

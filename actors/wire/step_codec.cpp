@@ -1,0 +1,112 @@
+#include "actors/wire/step_codec.hpp"
+
+#include <set>
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include "actors/wire/frame.hpp"
+#include "schema/step.capnp.h"
+
+namespace troupe::wire {
+
+std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const request_id> released) {
+  for (request_id id : plan.preempted) sent_.erase(id);  // their tables start anew
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::StepPlan>();
+  root.setStepId(next_step_++);
+  auto chunks = root.initChunks(static_cast<unsigned>(plan.chunks.size()));
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const scheduled_chunk& c = plan.chunks[i];
+    auto out = chunks[static_cast<unsigned>(i)];
+    out.setRequestId(c.id.value);
+    out.setFirst(c.first);
+    auto toks = out.initTokens(static_cast<unsigned>(c.tokens.size()));
+    for (size_t k = 0; k < c.tokens.size(); ++k) toks.set(static_cast<unsigned>(k), c.tokens[k]);
+    auto it = sent_.find(c.id);
+    const bool reset = it == sent_.end();
+    const size_t known = reset ? 0 : it->second;
+    out.setResetTable(reset);
+    auto blocks = out.initNewBlocks(static_cast<unsigned>(c.block_table.size() - known));
+    for (size_t b = known; b < c.block_table.size(); ++b) blocks.set(static_cast<unsigned>(b - known), c.block_table[b]);
+    sent_[c.id] = c.block_table.size();
+    out.setSample(c.sample);
+  }
+  auto rel = root.initReleased(static_cast<unsigned>(released.size()));
+  for (size_t i = 0; i < released.size(); ++i) {
+    rel.set(static_cast<unsigned>(i), released[i].value);
+    sent_.erase(released[i]);
+  }
+  return to_bytes(msg);
+}
+
+expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
+  frame_limits fl;
+  fl.max_bytes = static_cast<size_t>(lim_.max_step_tokens + lim_.max_chunks * 4) * 16 + (1 << 16);
+  fl.traversal_words = fl.max_bytes / 8 * 2;
+  fl.nesting = 8;
+  auto frame = frame_reader::parse(bytes, fl);
+  if (!frame) return frame.err();
+  try {
+    auto root = (*frame)->root<schema::StepPlan>();
+    const auto chunks = root.getChunks();
+    if (chunks.size() > static_cast<unsigned>(lim_.max_chunks))
+      return error{"step plan has " + std::to_string(chunks.size()) + " chunks; at most " + std::to_string(lim_.max_chunks)};
+    if (any_ && root.getStepId() <= last_step_)
+      return error{"step plan " + std::to_string(root.getStepId()) + " does not follow " + std::to_string(last_step_)};
+    const size_t max_table = static_cast<size_t>((lim_.context + lim_.block_size - 1) / lim_.block_size);
+
+    // Check everything first; apply only a plan that passes.
+    std::set<uint64_t> seen;
+    int64_t total = 0;
+    for (unsigned i = 0; i < chunks.size(); ++i) {
+      const auto c = chunks[i];
+      const std::string who = "chunk " + std::to_string(i) + " (request " + std::to_string(c.getRequestId()) + "): ";
+      if (!seen.insert(c.getRequestId()).second) return error{who + "request appears twice in one step"};
+      const auto toks = c.getTokens();
+      const auto blocks = c.getNewBlocks();
+      if (toks.size() == 0) return error{who + "no tokens"};
+      total += toks.size();
+      if (total > lim_.max_step_tokens) return error{"step plan exceeds " + std::to_string(lim_.max_step_tokens) + " tokens"};
+      const int64_t first = c.getFirst();
+      if (first < 0 || first + toks.size() > static_cast<uint64_t>(lim_.context))
+        return error{who + "positions " + std::to_string(first) + ".." + std::to_string(first + toks.size() - 1) +
+                     " are outside the context of " + std::to_string(lim_.context)};
+      for (int32_t t : toks)
+        if (t < 0 || t >= lim_.vocab) return error{who + "token id " + std::to_string(t) + " is outside the vocabulary"};
+      size_t known = 0;
+      if (!c.getResetTable()) {
+        auto it = tables_.find(c.getRequestId());
+        if (it == tables_.end()) return error{who + "unknown request (its table was never sent)"};
+        known = it->second.size();
+      }
+      if (known + blocks.size() > max_table) return error{who + "block table longer than the context needs"};
+      for (uint32_t b : blocks)
+        if (b >= lim_.num_blocks) return error{who + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
+      if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(first) + toks.size())
+        return error{who + "block table does not cover its positions"};
+    }
+
+    decoded_step out;
+    out.step_id = root.getStepId();
+    for (uint64_t id : root.getReleased()) tables_.erase(id);
+    for (const auto c : chunks) {
+      auto& table = tables_[c.getRequestId()];
+      if (c.getResetTable()) table.clear();
+      for (uint32_t b : c.getNewBlocks()) table.push_back(b);
+    }
+    for (const auto c : chunks) {
+      const auto toks = c.getTokens();
+      for (int32_t t : toks) out.batch.tokens.push_back(t);
+      out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), c.getFirst(), tables_[c.getRequestId()], c.getSample()});
+      out.ids.push_back(request_id{c.getRequestId()});
+    }
+    last_step_ = out.step_id;
+    any_ = true;
+    return out;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed step plan: ") + e.getDescription().cStr()};
+  }
+}
+
+}  // namespace troupe::wire

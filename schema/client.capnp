@@ -1,0 +1,98 @@
+# troupe's client API, version 1: what a client program (troupe-client, the C++ client
+# library) asks the gateway over Cap'n Proto RPC. Ordinals are never reused; new fields
+# go at the end.
+@0xedb00e0e43e1385e;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("troupe::schema");
+
+# How a generation request samples; the same meaning as troupe-run's flags.
+struct Sampling {
+  temperature @0 :Float32 = 1.0;        # 0: greedy
+  topK @1 :Int32 = 0;                   # keep the k most likely tokens; 0: all
+  topP @2 :Float32 = 1.0;               # nucleus mass, in (0, 1]
+  minP @3 :Float32 = 0.0;               # drop tokens below min_p times the top probability
+  repetitionPenalty @4 :Float32 = 1.0;  # over prompt and output; 1: off
+  frequencyPenalty @5 :Float32 = 0.0;   # per earlier occurrence in the output, in [-2, 2]
+  presencePenalty @6 :Float32 = 0.0;    # once if present in the output, in [-2, 2]
+  seed @7 :UInt64;                      # the request's random stream
+  logprobs @8 :Int32 = -1;              # -1: none; 0: the chosen token's; n: also the top n (<= 20)
+}
+
+struct GenerateRequest {
+  prompt :union {
+    text @0 :Text;                      # tokenized by the gateway, BOS prepended
+    tokens @1 :List(Int32);             # token ids as they are (BOS included if wanted)
+  }
+  maxTokens @2 :Int32 = 256;            # generated tokens at most
+  sampling @3 :Sampling;
+  stopStrings @4 :List(Text);           # the output ends before the first one
+  stopTokens @5 :List(Int32);           # besides EOS and BOS
+  priority @6 :Int32 = 0;               # lower runs first under the priority policy
+  ignoreEos @7 :Bool = false;           # run to maxTokens (benchmarks)
+}
+
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
+# Part of a streamed output. seq counts chunks of one request from 0 without gaps, so a
+# client can tell a lost or repeated chunk (after a failover, say) from a correct stream.
+struct TokenChunk {
+  requestId @0 :UInt64;
+  seq @1 :UInt32;
+  tokens @2 :List(Int32);               # new token ids, in order
+  text @3 :Text;                        # the text that became final (never half a character)
+  logprobs @4 :List(TokenLogprob);      # per token, if asked: the chosen one
+  topLogprobs @5 :List(List(TokenLogprob));  # per token, if asked: the most likely ones
+}
+
+enum FinishReason {
+  stop @0;                              # EOS, a stop token or a stop string
+  length @1;                            # maxTokens or the context
+  aborted @2;                           # cancelled by the client
+  error @3;                             # see GenerateResult.error
+}
+
+struct GenerateResult {
+  requestId @0 :UInt64;
+  reason @1 :FinishReason;
+  promptTokens @2 :UInt32;
+  outputTokens @3 :UInt32;
+  cachedPromptTokens @4 :UInt32;        # served by the prefix cache
+  error @5 :Text;                       # why, when reason is error
+  chunks @6 :UInt32;                    # chunks sent, so the last seq is chunks - 1
+}
+
+struct Health {
+  ready @0 :Bool;                       # a replica can serve a request now
+  detail @1 :Text;                      # in words, when not ready
+  replicas @2 :UInt32;
+  replicasReady @3 :UInt32;
+}
+
+struct Stats {
+  requestsRunning @0 :UInt32;
+  requestsWaiting @1 :UInt32;
+  kvBlocksUsed @2 :UInt32;
+  kvBlocksFree @3 :UInt32;
+  kvBlocksCached @4 :UInt32;
+  prefixHitTokens @5 :UInt64;
+  tokensIn @6 :UInt64;
+  tokensOut @7 :UInt64;
+  requestsFinished @8 :UInt64;
+}
+
+# Where a generation's output goes: the client passes one with each request.
+interface TokenSink {
+  chunk @0 (chunk :TokenChunk) -> stream;
+  done @1 (result :GenerateResult) -> ();
+}
+
+interface Gateway {
+  generate @0 (request :GenerateRequest, sink :TokenSink) -> (requestId :UInt64);
+  cancel @1 (requestId :UInt64) -> (found :Bool);
+  health @2 () -> (health :Health);
+  stats @3 () -> (stats :Stats);
+}

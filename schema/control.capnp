@@ -1,0 +1,40 @@
+# Control and health between node agents and the launcher, version 1. Ordinals are never
+# reused; new fields go at the end.
+@0xbbee1b5726af699a;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("troupe::schema");
+
+struct Heartbeat {
+  node @0 :Text;
+  sentAtMicros @1 :UInt64;         # the sender's monotonic clock
+}
+
+enum ActorKind {
+  gateway @0;
+  scheduler @1;
+  kvManager @2;
+  stage @3;
+  shard @4;
+  nodeAgent @5;
+}
+
+struct ActorStatus {
+  name @0 :Text;
+  kind @1 :ActorKind;
+  alive @2 :Bool;
+  restarts @3 :UInt32;
+}
+
+struct NodeHealth {
+  node @0 :Text;
+  pid @1 :UInt32;
+  actors @2 :List(ActorStatus);
+  ready @3 :Bool;
+}
+
+# A request to stop one named actor (failure injection, or a drain).
+struct KillActor {
+  name @0 :Text;
+  reason @1 :Text;
+}

@@ -1,0 +1,46 @@
+# Step plans between a scheduler and its pipeline stages, and what comes back, version 1.
+# A plan carries a request's tokens once, when it is new to the stages (or after it was
+# preempted), and deltas afterwards: the tokens computed this step and the blocks added
+# to its table. Ordinals are never reused; new fields go at the end.
+@0xd92c4e26a7f7a8c4;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("troupe::schema");
+
+# One request's part of a step.
+struct Chunk {
+  requestId @0 :UInt64;
+  first @1 :Int32;                 # position of the first token computed
+  tokens @2 :List(Int32);          # the tokens computed this step (first .. first + n - 1)
+  newBlocks @3 :List(UInt32);      # blocks appended to the request's table this step
+  resetTable @4 :Bool;             # the table starts anew (new or resumed request)
+  sample @5 :Bool;                 # the last token's logits are wanted
+}
+
+struct StepPlan {
+  stepId @0 :UInt64;               # increases by one per plan of a scheduler
+  chunks @1 :List(Chunk);          # in batch order
+  released @2 :List(UInt64);       # requests whose tables the stages can forget
+}
+
+# Hidden states handed from one stage to the next: [numTokens][dim] float32,
+# little-endian, in batch order.
+struct Activations {
+  stepId @0 :UInt64;
+  numTokens @1 :UInt32;
+  dim @2 :UInt32;
+  data @3 :Data;                   # numTokens * dim * 4 bytes
+}
+
+# Logits of the sampled rows come back as the last stage's samples.
+struct Sample {
+  requestId @0 :UInt64;
+  token @1 :Int32;
+  logprob @2 :Float32;
+}
+
+struct StepResult {
+  stepId @0 :UInt64;
+  samples @1 :List(Sample);        # one per chunk with sample set, in batch order
+  error @2 :Text;                  # non-empty: the step failed and must be recomputed
+}

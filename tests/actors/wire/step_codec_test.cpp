@@ -1,0 +1,171 @@
+#include "actors/wire/step_codec.hpp"
+
+#include <capnp/message.h>
+#include <doctest/doctest.h>
+
+#include "actors/wire/frame.hpp"
+#include "engine/sample/rng.hpp"
+#include "engine/sched/scheduler.hpp"
+#include "schema/step.capnp.h"
+#include "tests/support/test_support.hpp"
+
+namespace troupe::wire {
+
+namespace {
+
+const tokenizer& tok512() {
+  static const tokenizer t = [] {
+    auto v = load_llama2c_vocabulary(test::models_dir() + "/tok512.bin", 512);
+    REQUIRE(v.has_value());
+    return tokenizer(std::move(v).value());
+  }();
+  return t;
+}
+
+step_limits limits() {
+  step_limits l;
+  l.vocab = 512;
+  l.context = 512;
+  l.num_blocks = 12;
+  l.block_size = 4;
+  l.max_step_tokens = 64;
+  l.max_chunks = 16;
+  return l;
+}
+
+// A plan message built by hand, one chunk.
+std::vector<uint8_t> one_chunk(uint64_t step, uint64_t id, int32_t first, std::vector<int32_t> toks,
+                               std::vector<uint32_t> blocks, bool reset) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::StepPlan>();
+  root.setStepId(step);
+  auto c = root.initChunks(1)[0];
+  c.setRequestId(id);
+  c.setFirst(first);
+  auto t = c.initTokens(static_cast<unsigned>(toks.size()));
+  for (size_t i = 0; i < toks.size(); ++i) t.set(static_cast<unsigned>(i), toks[i]);
+  auto b = c.initNewBlocks(static_cast<unsigned>(blocks.size()));
+  for (size_t i = 0; i < blocks.size(); ++i) b.set(static_cast<unsigned>(i), blocks[i]);
+  c.setResetTable(reset);
+  c.setSample(true);
+  return to_bytes(msg);
+}
+
+}  // namespace
+
+TEST_CASE("plans of a scheduler run, preemptions included, arrive at the stage as the engine built them") {
+  scheduler_config cfg;
+  cfg.max_step_tokens = 64;
+  cfg.num_blocks = 12;
+  cfg.block_size = 4;
+  cfg.max_running = 4;
+  cfg.context = 512;
+  cfg.vocab = 512;
+  scheduler s(cfg, tok512());
+  rng r(3);
+  for (uint64_t id = 0; id < 10; ++id) {
+    request_params p;
+    for (int i = 0; i < 3 + static_cast<int>(r.next() % 9); ++i) p.prompt.push_back(3 + static_cast<int32_t>(r.next() % 500));
+    p.max_tokens = 4 + static_cast<int32_t>(r.next() % 12);
+    p.ignore_eos = true;
+    REQUIRE(s.add(request_id{id}, p).has_value());
+  }
+  step_encoder enc;
+  step_decoder dec(limits());
+  std::vector<request_id> released;
+  int preemptions = 0;
+  for (int step = 0; s.has_unfinished() && step < 500; ++step) {
+    const step_plan plan = s.schedule();
+    preemptions += static_cast<int>(plan.preempted.size());
+    const auto bytes = enc.encode(plan, released);
+    released.clear();
+    auto d = dec.decode(bytes);
+    REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.err().message));
+    REQUIRE(d->batch.sequences.size() == plan.chunks.size());
+    size_t tok = 0;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      const auto& c = plan.chunks[i];
+      const auto& q = d->batch.sequences[i];
+      CHECK(d->ids[i] == c.id);
+      CHECK(q.start_pos == c.first);
+      CHECK(q.num_tokens == c.count);
+      CHECK(q.want_logits == c.sample);
+      CHECK(std::vector<uint32_t>(q.block_table.begin(), q.block_table.end()) ==
+            std::vector<uint32_t>(c.block_table.begin(), c.block_table.end()));
+      for (int32_t t : c.tokens) CHECK(d->batch.tokens[tok++] == t);
+    }
+    std::vector<sample_result> samples(plan.num_samples());
+    for (auto& x : samples) x.token = 3 + static_cast<int32_t>(r.next() % 500);
+    for (const auto& o : s.update_from_output(plan, samples))
+      if (o.finished) released.push_back(o.id);
+  }
+  CHECK_FALSE(s.has_unfinished());
+  CHECK(preemptions > 0);
+  enc.encode(step_plan{}, released);
+  CHECK(dec.decode(enc.encode(step_plan{}, {})).has_value());
+}
+
+TEST_CASE("out-of-range ids, tokens and positions are rejected, and leave the decoder as it was") {
+  step_decoder dec(limits());
+  REQUIRE(dec.decode(one_chunk(1, 7, 0, {5, 6, 7}, {0}, true)).has_value());
+  auto expect = [&](const std::vector<uint8_t>& bytes, const std::string& part) {
+    auto d = dec.decode(bytes);
+    REQUIRE_FALSE(d.has_value());
+    CAPTURE(d.err().message);
+    CHECK(d.err().message.find(part) != std::string::npos);
+  };
+  expect(one_chunk(2, 7, 3, {600}, {}, false), "outside the vocabulary");
+  expect(one_chunk(2, 7, 3, {-1}, {}, false), "outside the vocabulary");
+  expect(one_chunk(2, 7, 3, {5}, {12}, false), "outside the pool");
+  expect(one_chunk(2, 8, 0, {5}, {}, false), "unknown request");
+  expect(one_chunk(2, 7, 4, {5}, {}, false), "does not cover");
+  expect(one_chunk(2, 7, 511, {5, 6}, {1}, false), "outside the context");
+  expect(one_chunk(2, 7, -3, {5}, {}, false), "outside the context");
+  expect(one_chunk(2, 7, 3, {}, {}, false), "no tokens");
+  expect(one_chunk(2, 7, 3, std::vector<int32_t>(65, 5), std::vector<uint32_t>(11, 1), false), "exceeds");
+  expect(one_chunk(1, 7, 3, {5}, {}, false), "does not follow");
+  // None of that changed the table: request 7 still has one block and continues.
+  auto ok = dec.decode(one_chunk(2, 7, 3, {5}, {}, false));
+  REQUIRE(ok.has_value());
+  CHECK(ok->batch.sequences[0].block_table.size() == 1);
+  CHECK(dec.num_known_requests() == 1);
+}
+
+TEST_CASE("truncated, oversized and corrupted frames are errors, never crashes") {
+  const auto good = one_chunk(1, 7, 0, {5, 6, 7}, {0}, true);
+  for (size_t n = 0; n < good.size(); ++n) {
+    step_decoder dec(limits());
+    CHECK_FALSE(dec.decode(std::span(good).first(n)).has_value());
+  }
+  // A segment count of 0xFFFFFFFF (Cap'n Proto 0.9.2 overflows on it).
+  auto huge = good;
+  huge[0] = huge[1] = huge[2] = huge[3] = 0xff;
+  {
+    step_decoder dec(limits());
+    auto d = dec.decode(huge);
+    REQUIRE_FALSE(d.has_value());
+    CHECK(d.err().message.find("segments") != std::string::npos);
+  }
+  // Random corruption: whatever the bytes say, decode returns (an error or a checked plan).
+  rng r(11);
+  int rejected = 0;
+  for (int i = 0; i < 3000; ++i) {
+    auto bad = good;
+    const int flips = 1 + static_cast<int>(r.next() % 4);
+    for (int f = 0; f < flips; ++f) bad[r.next() % bad.size()] ^= static_cast<uint8_t>(1u << (r.next() % 8));
+    step_decoder dec(limits());
+    auto d = dec.decode(bad);
+    if (!d) {
+      ++rejected;
+      continue;
+    }
+    for (const auto& q : d->batch.sequences) {
+      CHECK(q.start_pos >= 0);
+      for (uint32_t b : q.block_table) CHECK(b < 12u);
+    }
+    for (int32_t t : d->batch.tokens) CHECK((t >= 0 && t < 512));
+  }
+  CHECK(rejected > 0);
+}
+
+}  // namespace troupe::wire
