@@ -7,8 +7,7 @@ namespace troupe {
 kv_cache::kv_cache(const kv_cache_shape& s)
     : shape_(s),
       layer_floats_(int64_t{s.num_blocks} * s.num_kv_heads * s.block_size * s.head_dim),
-      // Zeroed so that a bug reading an unwritten slot gives the same wrong answer every time.
-      data_(new float[2 * layer_floats_ * s.num_layers]()) {
+      data_(static_cast<size_t>(2 * layer_floats_ * s.num_layers), 0.0f) {
   TROUPE_ASSERT(s.num_layers > 0 && s.num_blocks > 0 && s.block_size > 0 && s.head_dim > 0,
                 s.num_layers, s.num_blocks, s.block_size, s.head_dim);
 }
@@ -16,7 +15,7 @@ kv_cache::kv_cache(const kv_cache_shape& s)
 paged_kv_layer kv_cache::layer(int32_t idx) const {
   TROUPE_ASSERT(idx >= 0 && idx < shape_.num_layers, idx, shape_.num_layers);
   paged_kv_layer l;
-  l.k = data_.get() + 2 * layer_floats_ * idx;
+  l.k = const_cast<float*>(data_.data()) + 2 * layer_floats_ * idx;
   l.v = l.k + layer_floats_;
   l.num_blocks = shape_.num_blocks;
   l.num_kv_heads = shape_.num_kv_heads;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/common/aligned.hpp"
 #include "kernels/cpu/paged_attention.hpp"
 
 namespace troupe {
@@ -33,7 +34,7 @@ class kv_cache {
  private:
   kv_cache_shape shape_;
   int64_t layer_floats_;
-  std::unique_ptr<float[]> data_;
+  aligned_vector<float> data_;  // zeroed, so a read of an unwritten slot is repeatable
 };
 
 }  // namespace troupe

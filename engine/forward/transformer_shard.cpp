@@ -9,8 +9,8 @@ namespace troupe {
 
 namespace {
 
-template <class T>
-T* grow(std::vector<T>& v, int64_t n) {
+template <class V>
+typename V::value_type* grow(V& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
   return v.data();
 }

@@ -20,6 +20,7 @@
 #include "engine/forward/step_batch.hpp"
 #include "engine/forward/tp_slice.hpp"
 #include "engine/model/model.hpp"
+#include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe {
@@ -66,7 +67,7 @@ class transformer_shard {
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len][rope_dim / 2]
 
   // Scratch, grown to the largest step seen.
-  std::vector<float> xb_, q_, k_, v_, att_, proj_, gate_, up_;
+  aligned_vector<float> xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<attention_token> att_tokens_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe {
@@ -56,7 +57,7 @@ class llm_engine {
   transformer_shard shard_;
   engine_stats stats_;
   step_batch batch_;
-  std::vector<float> hidden_, logits_;
+  aligned_vector<float> hidden_, logits_;
   std::vector<sample_result> samples_;
 };
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/common/aligned.hpp"
 #include "kernels/cpu/simd.hpp"
 
 namespace troupe {
@@ -254,7 +255,7 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
   // About 128 KiB of panel (in L2), in whole row tiles.
   const int32_t block_rows =
       static_cast<int32_t>(std::max<int64_t>(tile_rows, (128 * 1024 / 4 / padded) / tile_rows * tile_rows));
-  thread_local std::vector<float> panel;
+  thread_local aligned_vector<float> panel;
   if (static_cast<int64_t>(panel.size()) < block_rows * padded) panel.resize(block_rows * padded);
   int64_t ahead = 0;
   if constexpr (requires { rd.row_bytes(); }) ahead = prefetch_rows * rd.row_bytes();
