@@ -1,0 +1,35 @@
+// shard_actor: one tensor-parallel slice of one pipeline stage's layers, as an actor. Its
+// state owns the engine objects (transformer_shard, kv_cache, thread pool) and a
+// step_decoder that rebuilds each step's batch from the scheduler's plan.
+//
+//   (step_atom, plan, activations) -> activations out
+//
+// plan is a StepPlan frame; activations is the previous stage's hidden states (ignored by
+// the first stage). The reply is this stage's hidden states, or, from rank 0 of the last
+// stage, the logits of the sampled rows ([num_samples][vocab]); other ranks of the last
+// stage reply with an empty message. Shards of a stage all-reduce through the stage's
+// local collective, so they are spawned detached (each on its own thread).
+#pragma once
+
+#include <memory>
+
+#include <caf/fwd.hpp>
+
+#include "actors/wire/step_codec.hpp"
+#include "engine/forward/transformer_shard.hpp"
+
+namespace troupe {
+
+struct shard_setup {
+  const model* m = nullptr;
+  shard_spec spec;
+  std::shared_ptr<local_collective_group> group;  // the stage's shards, when TP > 1
+  uint32_t num_blocks = 1024;
+  int32_t block_size = 16;
+  int32_t threads = 1;
+  int32_t max_step_tokens = 512;
+};
+
+caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);
+
+}  // namespace troupe

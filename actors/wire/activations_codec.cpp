@@ -1,0 +1,54 @@
+#include "actors/wire/activations_codec.hpp"
+
+#include <cstring>
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include "actors/wire/frame.hpp"
+#include "schema/step.capnp.h"
+
+namespace troupe::wire {
+
+std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::Activations>();
+  root.setStepId(step_id);
+  root.setNumTokens(static_cast<uint32_t>(num_tokens));
+  root.setDim(static_cast<uint32_t>(dim));
+  const size_t bytes = static_cast<size_t>(num_tokens) * dim * sizeof(float);
+  auto d = root.initData(static_cast<unsigned>(bytes));
+  std::memcpy(d.begin(), data, bytes);
+  return to_bytes(msg);
+}
+
+expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens) {
+  frame_limits fl;
+  fl.max_bytes = static_cast<size_t>(max_tokens) * dim * 4 + 4096;
+  fl.traversal_words = fl.max_bytes / 8 + 64;
+  fl.nesting = 4;
+  auto frame = frame_reader::parse(bytes, fl);
+  if (!frame) return frame.err();
+  try {
+    auto root = (*frame)->root<schema::Activations>();
+    decoded_activations out;
+    out.step_id = root.getStepId();
+    if (root.getDim() != static_cast<uint32_t>(dim))
+      return error{"activations of width " + std::to_string(root.getDim()) + "; expected " + std::to_string(dim)};
+    if (root.getNumTokens() > static_cast<uint32_t>(max_tokens))
+      return error{"activations of " + std::to_string(root.getNumTokens()) + " tokens exceed " + std::to_string(max_tokens)};
+    out.num_tokens = static_cast<int32_t>(root.getNumTokens());
+    out.dim = dim;
+    const auto d = root.getData();
+    if (d.size() != static_cast<size_t>(out.num_tokens) * dim * 4)
+      return error{"activations carry " + std::to_string(d.size()) + " bytes for " + std::to_string(out.num_tokens) +
+                   " x " + std::to_string(dim) + " floats"};
+    out.data.resize(static_cast<size_t>(out.num_tokens) * dim);
+    std::memcpy(out.data.data(), d.begin(), d.size());
+    return out;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed activations: ") + e.getDescription().cStr()};
+  }
+}
+
+}  // namespace troupe::wire
