@@ -1,0 +1,32 @@
+// scheduler_actor: the step loop of one replica as an actor. Its state owns the engine's
+// scheduler and the requests' samplers; each step's plan goes to the replica's first
+// stage, the logits that come back are sampled here, and each request's news is sent to
+// the sink that asked for it.
+//
+//   (generate_atom, GenerateRequest frame, sink) -> request id (uint64)
+//   (cancel_atom, id)                            -> found (bool)
+//   (stats_atom)                                 -> (kv used, kv free, running, waiting)
+//
+// A sink receives (chunk_atom, TokenChunk frame) for every step that gave its request
+// tokens or text, chunks numbered from 0 without gaps, then (done_atom, GenerateResult
+// frame) once. One step is in flight at a time.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "engine/model/model.hpp"
+#include "engine/sched/scheduler.hpp"
+
+namespace troupe {
+
+struct scheduler_setup {
+  const model* m = nullptr;
+  const tokenizer* tok = nullptr;
+  scheduler_config config;
+  caf::actor entry;  // the replica's first stage
+};
+
+caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);
+
+}  // namespace troupe

@@ -1,0 +1,179 @@
+#include "actors/wire/client_codec.hpp"
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include "actors/wire/frame.hpp"
+#include "schema/client.capnp.h"
+
+namespace troupe::wire {
+
+namespace {
+
+frame_limits client_limits(size_t max_bytes) {
+  frame_limits fl;
+  fl.max_bytes = max_bytes;
+  fl.traversal_words = max_bytes / 8 * 2 + 64;
+  fl.nesting = 8;
+  return fl;
+}
+
+}  // namespace
+
+expected<request_params> decode_generate_request(std::span<const uint8_t> bytes, const tokenizer& tok,
+                                                 const request_limits& lim) {
+  auto frame = frame_reader::parse(bytes, client_limits(static_cast<size_t>(lim.max_prompt_bytes) * 2 + 65536));
+  if (!frame) return frame.err();
+  try {
+    auto r = (*frame)->root<schema::GenerateRequest>();
+    request_params p;
+    auto prompt = r.getPrompt();
+    if (prompt.isText()) {
+      const auto text = prompt.getText();
+      if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
+      p.prompt = tok.encode(std::string_view(text.cStr(), text.size()), true);
+    } else {
+      const auto ids = prompt.getTokens();
+      if (ids.size() >= static_cast<unsigned>(lim.context)) return error{"prompt has more tokens than the context"};
+      for (int32_t t : ids) {
+        if (t < 0 || t >= tok.size()) return error{"token id " + std::to_string(t) + " is outside the vocabulary"};
+        p.prompt.push_back(t);
+      }
+    }
+    if (p.prompt.empty()) return error{"the prompt is empty"};
+    p.max_tokens = r.getMaxTokens();
+    if (p.max_tokens < 1 || p.max_tokens > lim.context) return error{"maxTokens must be in 1.." + std::to_string(lim.context)};
+    const auto s = r.getSampling();
+    p.sampling.temperature = s.getTemperature();
+    p.sampling.top_k = s.getTopK();
+    p.sampling.top_p = s.getTopP();
+    p.sampling.min_p = s.getMinP();
+    p.sampling.repetition_penalty = s.getRepetitionPenalty();
+    p.sampling.frequency_penalty = s.getFrequencyPenalty();
+    p.sampling.presence_penalty = s.getPresencePenalty();
+    p.sampling.seed = s.getSeed();
+    p.sampling.logprobs = s.getLogprobs();
+    if (auto e = validate(p.sampling)) return error{*e};
+    const auto stops = r.getStopStrings();
+    if (stops.size() > static_cast<unsigned>(lim.max_stop_strings)) return error{"too many stop strings"};
+    for (auto st : stops) p.stop_strings.emplace_back(st.cStr(), st.size());
+    for (int32_t t : r.getStopTokens()) {
+      if (t < 0 || t >= tok.size()) return error{"stop token " + std::to_string(t) + " is outside the vocabulary"};
+      p.stop_tokens.push_back(t);
+    }
+    p.priority = r.getPriority();
+    p.ignore_eos = r.getIgnoreEos();
+    return p;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed request: ") + e.getDescription().cStr()};
+  }
+}
+
+std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, const request_params& p) {
+  capnp::MallocMessageBuilder msg;
+  auto r = msg.initRoot<schema::GenerateRequest>();
+  r.initPrompt().setText(prompt);
+  r.setMaxTokens(p.max_tokens);
+  auto s = r.initSampling();
+  s.setTemperature(p.sampling.temperature);
+  s.setTopK(p.sampling.top_k);
+  s.setTopP(p.sampling.top_p);
+  s.setMinP(p.sampling.min_p);
+  s.setRepetitionPenalty(p.sampling.repetition_penalty);
+  s.setFrequencyPenalty(p.sampling.frequency_penalty);
+  s.setPresencePenalty(p.sampling.presence_penalty);
+  s.setSeed(p.sampling.seed);
+  s.setLogprobs(p.sampling.logprobs);
+  auto stops = r.initStopStrings(static_cast<unsigned>(p.stop_strings.size()));
+  for (size_t i = 0; i < p.stop_strings.size(); ++i) stops.set(static_cast<unsigned>(i), p.stop_strings[i]);
+  auto st = r.initStopTokens(static_cast<unsigned>(p.stop_tokens.size()));
+  for (size_t i = 0; i < p.stop_tokens.size(); ++i) st.set(static_cast<unsigned>(i), p.stop_tokens[i]);
+  r.setPriority(p.priority);
+  r.setIgnoreEos(p.ignore_eos);
+  return to_bytes(msg);
+}
+
+std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const step_output& out) {
+  capnp::MallocMessageBuilder msg;
+  auto c = msg.initRoot<schema::TokenChunk>();
+  c.setRequestId(request);
+  c.setSeq(seq);
+  auto toks = c.initTokens(static_cast<unsigned>(out.new_tokens.size()));
+  for (size_t i = 0; i < out.new_tokens.size(); ++i) toks.set(static_cast<unsigned>(i), out.new_tokens[i]);
+  c.setText(out.text);
+  if (!out.logprobs.empty()) {
+    auto lp = c.initLogprobs(static_cast<unsigned>(out.logprobs.size()));
+    auto top = c.initTopLogprobs(static_cast<unsigned>(out.logprobs.size()));
+    for (size_t i = 0; i < out.logprobs.size(); ++i) {
+      lp[static_cast<unsigned>(i)].setToken(out.logprobs[i].token);
+      lp[static_cast<unsigned>(i)].setLogprob(out.logprobs[i].logprob);
+      auto t = top.init(static_cast<unsigned>(i), static_cast<unsigned>(out.logprobs[i].top.size()));
+      for (size_t k = 0; k < out.logprobs[i].top.size(); ++k) {
+        t[static_cast<unsigned>(k)].setToken(out.logprobs[i].top[k].token);
+        t[static_cast<unsigned>(k)].setLogprob(out.logprobs[i].top[k].logprob);
+      }
+    }
+  }
+  return to_bytes(msg);
+}
+
+std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output& last, uint32_t chunks,
+                                            const std::string& error_text) {
+  capnp::MallocMessageBuilder msg;
+  auto r = msg.initRoot<schema::GenerateResult>();
+  r.setRequestId(request);
+  switch (last.reason) {
+    case finish_reason::stop: r.setReason(schema::FinishReason::STOP); break;
+    case finish_reason::length: r.setReason(schema::FinishReason::LENGTH); break;
+    case finish_reason::aborted: r.setReason(schema::FinishReason::ABORTED); break;
+    case finish_reason::none: r.setReason(schema::FinishReason::ERROR); break;
+  }
+  if (!error_text.empty()) r.setReason(schema::FinishReason::ERROR);
+  r.setPromptTokens(static_cast<uint32_t>(last.num_prompt_tokens));
+  r.setOutputTokens(static_cast<uint32_t>(last.num_output_tokens));
+  r.setCachedPromptTokens(static_cast<uint32_t>(last.num_cached_prompt_tokens));
+  r.setError(error_text);
+  r.setChunks(chunks);
+  return to_bytes(msg);
+}
+
+expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) {
+  auto frame = frame_reader::parse(bytes, client_limits(size_t{1} << 22));
+  if (!frame) return frame.err();
+  try {
+    auto c = (*frame)->root<schema::TokenChunk>();
+    chunk_view v;
+    v.request = c.getRequestId();
+    v.seq = c.getSeq();
+    for (int32_t t : c.getTokens()) v.tokens.push_back(t);
+    v.text.assign(c.getText().cStr(), c.getText().size());
+    return v;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed token chunk: ") + e.getDescription().cStr()};
+  }
+}
+
+expected<result_view> decode_generate_result(std::span<const uint8_t> bytes) {
+  auto frame = frame_reader::parse(bytes, client_limits(size_t{1} << 16));
+  if (!frame) return frame.err();
+  try {
+    auto r = (*frame)->root<schema::GenerateResult>();
+    result_view v;
+    v.request = r.getRequestId();
+    switch (r.getReason()) {
+      case schema::FinishReason::STOP: v.reason = finish_reason::stop; break;
+      case schema::FinishReason::LENGTH: v.reason = finish_reason::length; break;
+      case schema::FinishReason::ABORTED: v.reason = finish_reason::aborted; break;
+      default: v.reason = finish_reason::none; break;
+    }
+    v.prompt_tokens = r.getPromptTokens();
+    v.output_tokens = r.getOutputTokens();
+    v.chunks = r.getChunks();
+    v.error.assign(r.getError().cStr(), r.getError().size());
+    return v;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed result: ") + e.getDescription().cStr()};
+  }
+}
+
+}  // namespace troupe::wire

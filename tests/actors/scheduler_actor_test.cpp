@@ -1,0 +1,113 @@
+// The scheduler actor over a TP=2 replica of actors: concurrent streams, a cancel, and
+// the engine's greedy tokens.
+#include "actors/scheduler_actor.hpp"
+
+#include <map>
+
+#include <caf/all.hpp>
+#include <doctest/doctest.h>
+
+#include "actors/caf/system_config.hpp"
+#include "actors/caf/type_ids.hpp"
+#include "actors/replica.hpp"
+#include "actors/wire/client_codec.hpp"
+#include "engine/generate/generator.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order, as the engine alone") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const char* texts[] = {"Once upon a time", "The cat", "Lily and Tom went to the", "One day", "He was",
+                         "She saw a big", "The sun was", "Tim had a red", "In the park", "A little bird",
+                         "Mom said", "They played", "The dog ran", "There was a", "Ben wanted to", "It was a sunny day"};
+  std::vector<request_params> reqs;
+  for (const char* t : texts) {
+    request_params p;
+    p.prompt = l.tok.encode(t, true);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 48;
+    reqs.push_back(p);
+  }
+  generator gen(l.m, l.tok, generator_options{});
+  auto alone = gen.generate(reqs);
+  REQUIRE(alone.has_value());
+
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  scheduler_setup setup;
+  setup.m = &l.m;
+  setup.tok = &l.tok;
+  setup.config.num_blocks = 128;
+  setup.config.block_size = 16;
+  setup.config.max_step_tokens = 128;
+  setup.config.context = l.m.config.max_seq_len;
+  setup.config.vocab = l.m.config.vocab_size;
+  auto rep = spawn_replica(sys, l.m, {{0, 5, 2}}, setup.config.num_blocks, setup.config.block_size,
+                           setup.config.max_step_tokens);
+  setup.entry = rep.entry;
+  auto sched = spawn_scheduler(sys, setup);
+  caf::scoped_actor self{sys};
+
+  std::map<uint64_t, size_t> index;  // request id -> prompt index
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const wire_message msg(wire_kind::none, wire::encode_generate_request_text(texts[i], reqs[i]));
+    self->request(sched, std::chrono::seconds(10), generate_atom_v, msg, caf::actor{self})
+        .receive([&](uint64_t id) { index[id] = i; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  }
+  // One more request, cancelled at once.
+  request_params longer = reqs[0];
+  longer.max_tokens = 400;
+  uint64_t cancelled = 0;
+  self->request(sched, std::chrono::seconds(10), generate_atom_v,
+                wire_message(wire_kind::none, wire::encode_generate_request_text("Once upon a time", longer)), caf::actor{self})
+      .receive([&](uint64_t id) { cancelled = id; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  bool found = false;
+  self->request(sched, std::chrono::seconds(10), cancel_atom_v, cancelled).receive([&](bool f) { found = f; }, [&](caf::error&) {});
+  CHECK(found);
+
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, uint32_t> next_seq;
+  std::map<uint64_t, wire::result_view> results;
+  while (results.size() < reqs.size() + 1) {
+    bool got = false;
+    self->receive(
+        [&](chunk_atom, const wire_message& m) {
+          auto c = wire::decode_token_chunk(*m.bytes);
+          REQUIRE(c.has_value());
+          CHECK(c->seq == next_seq[c->request]++);  // no gaps, no repeats
+          tokens[c->request].insert(tokens[c->request].end(), c->tokens.begin(), c->tokens.end());
+          got = true;
+        },
+        [&](done_atom, const wire_message& m) {
+          auto r = wire::decode_generate_result(*m.bytes);
+          REQUIRE(r.has_value());
+          CHECK(r->chunks == next_seq[r->request]);
+          CHECK(results.count(r->request) == 0);
+          results[r->request] = *r;
+          got = true;
+        },
+        caf::after(std::chrono::seconds(30)) >> [&] {});
+    REQUIRE(got);
+  }
+  CHECK(results[cancelled].reason == finish_reason::aborted);
+  for (const auto& [id, i] : index) {
+    CAPTURE(texts[i]);
+    CHECK(tokens[id] == (*alone)[i].tokens);
+    CHECK(results[id].output_tokens == (*alone)[i].tokens.size());
+  }
+  uint32_t used = 99;
+  self->request(sched, std::chrono::seconds(10), stats_atom_v)
+      .receive([&](uint32_t u, uint32_t, uint32_t, uint32_t) { used = u; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(used == 0);
+
+  // A malformed request is refused; the scheduler keeps serving.
+  bool refused = false;
+  self->request(sched, std::chrono::seconds(10), generate_atom_v, wire_message(wire_kind::none, {1, 2, 3}), caf::actor{self})
+      .receive([&](uint64_t) {}, [&](caf::error&) { refused = true; });
+  CHECK(refused);
+  for (auto& a : rep.actors) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace troupe
