@@ -131,6 +131,24 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         maybe_step(self);
         return id.value;
       },
+      [self](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) {
+        auto& st = self->state;
+        auto refuse = [&](const std::string& why) {
+          step_output out;
+          out.id = request_id{id};
+          out.finished = true;
+          self->send(sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, 0, why)));
+        };
+        if (!req.bytes) return refuse("empty request");
+        if (st.sinks.count(id)) return refuse("request id " + std::to_string(id) + " is in use");
+        wire::request_limits lim;
+        lim.context = st.setup.config.context;
+        auto params = wire::decode_generate_request(*req.bytes, *st.setup.tok, lim);
+        if (!params) return refuse(params.err().message);
+        if (auto added = st.sched->add(request_id{id}, std::move(params).value()); !added) return refuse(added.err().message);
+        st.sinks[id] = sink_entry{sink, 0};
+        maybe_step(self);
+      },
       [self](cancel_atom, uint64_t id) -> bool {
         auto& st = self->state;
         auto out = st.sched->abort(request_id{id});

@@ -4,6 +4,9 @@
 // the sink that asked for it.
 //
 //   (generate_atom, GenerateRequest frame, sink) -> request id (uint64)
+//   (generate_atom, id, GenerateRequest frame, sink) -> ()   the caller chose the id; a
+//                                                 refused request ends at once with an
+//                                                 error result sent to the sink
 //   (cancel_atom, id)                            -> found (bool)
 //   (stats_atom)                                 -> (kv used, kv free, running, waiting)
 //

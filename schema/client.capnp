@@ -30,6 +30,8 @@ struct GenerateRequest {
   stopTokens @5 :List(Int32);           # besides EOS and BOS
   priority @6 :Int32 = 0;               # lower runs first under the priority policy
   ignoreEos @7 :Bool = false;           # run to maxTokens (benchmarks)
+  stepsIncludePrompt @8 :Bool = false;  # maxTokens counts the prompt's tokens after BOS too
+                                        # (llama2.c's and troupe-run's -n)
 }
 
 struct TokenLogprob {

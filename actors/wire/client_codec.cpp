@@ -42,6 +42,13 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     }
     if (p.prompt.empty()) return error{"the prompt is empty"};
     p.max_tokens = r.getMaxTokens();
+    if (r.getStepsIncludePrompt()) {
+      const int32_t after_bos = static_cast<int32_t>(p.prompt.size()) - 1;
+      if (p.max_tokens <= after_bos)
+        return error{"the prompt is " + std::to_string(after_bos) + " tokens; " + std::to_string(p.max_tokens) +
+                     " steps leave no room to generate"};
+      p.max_tokens -= after_bos;
+    }
     if (p.max_tokens < 1 || p.max_tokens > lim.context) return error{"maxTokens must be in 1.." + std::to_string(lim.context)};
     const auto s = r.getSampling();
     p.sampling.temperature = s.getTemperature();
@@ -72,6 +79,12 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
 std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, const request_params& p) {
   capnp::MallocMessageBuilder msg;
   auto r = msg.initRoot<schema::GenerateRequest>();
+  fill_generate_request(r, prompt, p, false);
+  return to_bytes(msg);
+}
+
+void fill_generate_request(schema::GenerateRequest::Builder r, const std::string& prompt, const request_params& p,
+                           bool steps_include_prompt) {
   r.initPrompt().setText(prompt);
   r.setMaxTokens(p.max_tokens);
   auto s = r.initSampling();
@@ -90,7 +103,7 @@ std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, con
   for (size_t i = 0; i < p.stop_tokens.size(); ++i) st.set(static_cast<unsigned>(i), p.stop_tokens[i]);
   r.setPriority(p.priority);
   r.setIgnoreEos(p.ignore_eos);
-  return to_bytes(msg);
+  r.setStepsIncludePrompt(steps_include_prompt);
 }
 
 std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const step_output& out) {

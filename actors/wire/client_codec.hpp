@@ -12,6 +12,7 @@
 #include "engine/sched/step_plan.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "engine/util/expected.hpp"
+#include "schema/client.capnp.h"
 
 namespace troupe::wire {
 
@@ -24,6 +25,9 @@ struct request_limits {
 expected<request_params> decode_generate_request(std::span<const uint8_t> bytes, const tokenizer& tok,
                                                  const request_limits& lim);
 std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, const request_params& p);
+// Fills a request under construction (an RPC call's parameters, say).
+void fill_generate_request(schema::GenerateRequest::Builder r, const std::string& prompt, const request_params& p,
+                           bool steps_include_prompt);
 
 std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const step_output& out);
 std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output& last, uint32_t chunks,

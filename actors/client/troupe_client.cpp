@@ -1,0 +1,122 @@
+#include "actors/client/troupe_client.hpp"
+
+#include <capnp/ez-rpc.h>
+#include <kj/async.h>
+
+#include "actors/wire/client_codec.hpp"
+#include "schema/client.capnp.h"
+
+namespace troupe {
+
+struct troupe_client::impl {
+  explicit impl(const std::string& address) : rpc(address), gateway(rpc.getMain<schema::Gateway>()) {}
+  capnp::EzRpcClient rpc;
+  schema::Gateway::Client gateway;
+};
+
+namespace {
+
+class sink_server final : public schema::TokenSink::Server {
+ public:
+  sink_server(client_result& r, const std::function<void(const client_chunk&)>& on_chunk,
+              kj::Own<kj::PromiseFulfiller<void>> done)
+      : r_(r), on_chunk_(on_chunk), done_(kj::mv(done)) {}
+
+  kj::Promise<void> chunk(ChunkContext context) override {
+    auto c = context.getParams().getChunk();
+    client_chunk out;
+    out.request = c.getRequestId();
+    out.seq = c.getSeq();
+    for (int32_t t : c.getTokens()) out.tokens.push_back(t);
+    out.text.assign(c.getText().cStr(), c.getText().size());
+    if (out.seq != r_.chunks) r_.sequence_ok = false;
+    ++r_.chunks;
+    r_.tokens.insert(r_.tokens.end(), out.tokens.begin(), out.tokens.end());
+    r_.text += out.text;
+    if (on_chunk_) on_chunk_(out);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> done(DoneContext context) override {
+    auto res = context.getParams().getResult();
+    r_.request = res.getRequestId();
+    switch (res.getReason()) {
+      case schema::FinishReason::STOP: r_.reason = finish_reason::stop; break;
+      case schema::FinishReason::LENGTH: r_.reason = finish_reason::length; break;
+      case schema::FinishReason::ABORTED: r_.reason = finish_reason::aborted; break;
+      default: r_.reason = finish_reason::none; break;
+    }
+    r_.prompt_tokens = res.getPromptTokens();
+    r_.output_tokens = res.getOutputTokens();
+    r_.error.assign(res.getError().cStr(), res.getError().size());
+    if (res.getChunks() != r_.chunks) r_.sequence_ok = false;
+    done_->fulfill();
+    return kj::READY_NOW;
+  }
+
+ private:
+  client_result& r_;
+  const std::function<void(const client_chunk&)>& on_chunk_;
+  kj::Own<kj::PromiseFulfiller<void>> done_;
+};
+
+std::string describe(const kj::Exception& e) { return std::string(e.getDescription().cStr()); }
+
+}  // namespace
+
+troupe_client::troupe_client(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
+troupe_client::~troupe_client() = default;
+
+std::unique_ptr<troupe_client> troupe_client::connect(const std::string& address) {
+  return std::unique_ptr<troupe_client>(new troupe_client(std::make_unique<impl>(address)));
+}
+
+expected<client_result> troupe_client::generate(const std::string& prompt, const request_params& params,
+                                                bool steps_include_prompt,
+                                                const std::function<void(const client_chunk&)>& on_chunk) {
+  client_result result;
+  try {
+    auto& ws = impl_->rpc.getWaitScope();
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    auto req = impl_->gateway.generateRequest();
+    wire::fill_generate_request(req.initRequest(), prompt, params, steps_include_prompt);
+    req.setSink(kj::heap<sink_server>(result, on_chunk, kj::mv(paf.fulfiller)));
+    auto reply = req.send().wait(ws);
+    result.request = reply.getRequestId();
+    paf.promise.wait(ws);
+  } catch (const kj::Exception& e) {
+    return error{"troupe gateway: " + describe(e)};
+  }
+  if (result.reason == finish_reason::none) return error{result.error.empty() ? "request failed" : result.error};
+  return result;
+}
+
+expected<bool> troupe_client::cancel(uint64_t request) {
+  try {
+    auto req = impl_->gateway.cancelRequest();
+    req.setRequestId(request);
+    return req.send().wait(impl_->rpc.getWaitScope()).getFound();
+  } catch (const kj::Exception& e) {
+    return error{"troupe gateway: " + describe(e)};
+  }
+}
+
+expected<client_health> troupe_client::health() {
+  try {
+    auto h = impl_->gateway.healthRequest().send().wait(impl_->rpc.getWaitScope()).getHealth();
+    return client_health{h.getReady(), h.getDetail().cStr()};
+  } catch (const kj::Exception& e) {
+    return error{"troupe gateway: " + describe(e)};
+  }
+}
+
+expected<client_stats> troupe_client::stats() {
+  try {
+    auto s = impl_->gateway.statsRequest().send().wait(impl_->rpc.getWaitScope()).getStats();
+    return client_stats{s.getRequestsRunning(), s.getRequestsWaiting(), s.getKvBlocksUsed(), s.getKvBlocksFree()};
+  } catch (const kj::Exception& e) {
+    return error{"troupe gateway: " + describe(e)};
+  }
+}
+
+}  // namespace troupe

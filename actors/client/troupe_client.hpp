@@ -1,0 +1,66 @@
+// troupe_client: a small library for programs that talk to a troupe gateway over Cap'n
+// Proto RPC (schema/client.capnp): generate with streamed chunks, cancel, health, stats.
+// It owns a KJ event loop and runs it in the calling thread; one thread uses a client.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sched/request.hpp"
+#include "engine/util/expected.hpp"
+
+namespace troupe {
+
+struct client_chunk {
+  uint64_t request = 0;
+  uint32_t seq = 0;
+  std::vector<int32_t> tokens;
+  std::string text;
+};
+
+struct client_result {
+  uint64_t request = 0;
+  finish_reason reason = finish_reason::none;
+  std::vector<int32_t> tokens;   // every chunk's tokens, in order
+  std::string text;              // every chunk's text
+  uint32_t chunks = 0;
+  uint32_t prompt_tokens = 0;
+  uint32_t output_tokens = 0;
+  bool sequence_ok = true;       // chunks arrived numbered 0, 1, 2, ... without gaps
+  std::string error;             // from the server, when reason is none
+};
+
+struct client_health {
+  bool ready = false;
+  std::string detail;
+};
+
+struct client_stats {
+  uint32_t running = 0, waiting = 0, kv_used = 0, kv_free = 0;
+};
+
+class troupe_client {
+ public:
+  // host:port; the connection is made lazily and errors surface from the first call.
+  static std::unique_ptr<troupe_client> connect(const std::string& address);
+  ~troupe_client();
+
+  // steps_include_prompt: max_tokens counts the prompt's tokens after BOS (troupe-run's -n).
+  expected<client_result> generate(const std::string& prompt, const request_params& params,
+                                   bool steps_include_prompt,
+                                   const std::function<void(const client_chunk&)>& on_chunk = {});
+  expected<bool> cancel(uint64_t request);
+  expected<client_health> health();
+  expected<client_stats> stats();
+
+  struct impl;
+
+ private:
+  explicit troupe_client(std::unique_ptr<impl> i);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,39 @@
+// rpc_gateway: the client API (schema/client.capnp Gateway) over Cap'n Proto RPC, beside
+// the CAF actors. The RPC system runs on a thread of its own (KJ's event loop); a call
+// becomes a message to the scheduler actor, and the scheduler's chunks come back through
+// a bridge actor that queues them and wakes the KJ thread, which forwards them to the
+// client's TokenSink in order (streaming calls, so a slow client slows only itself).
+//
+// Lifecycle: constructed -> start() (listening; the port is known) -> stop() / destructor
+// (the KJ thread closes every connection and exits). Methods are called from one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "engine/util/expected.hpp"
+
+namespace troupe {
+
+class rpc_gateway {
+ public:
+  rpc_gateway(caf::actor_system& sys, caf::actor scheduler);
+  ~rpc_gateway();
+  rpc_gateway(const rpc_gateway&) = delete;
+  rpc_gateway& operator=(const rpc_gateway&) = delete;
+
+  // Binds host:port (port 0: any free port) and serves; returns the port.
+  expected<uint16_t> start(const std::string& host, uint16_t port);
+  void stop();
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe

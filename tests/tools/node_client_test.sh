@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A real troupe-node on 127.0.0.1 serving a topology, and troupe-client against it:
+# greedy output equal to troupe-run's, 16 concurrent streams, health, junk bytes on the
+# port, and a clean stop on SIGTERM. Bounded in time; the node is always killed.
+# Usage: node_client_test.sh BUILD_DIR TOPOLOGY MODELS_DIR
+set -euo pipefail
+build=$1 topology=$2 models=$3
+work=$(mktemp -d)
+node_pid=
+cleanup() {
+  [[ -n $node_pid ]] && kill -9 "$node_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+timeout 120 "$build/tools/troupe-node" "$topology" --capnp 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
+node_pid=$!
+for _ in $(seq 1 300); do
+  grep -q '^endpoint: capnp://' "$work/node.out" 2>/dev/null && break
+  kill -0 "$node_pid" 2>/dev/null || { cat "$work/node.err"; echo "node exited early"; exit 1; }
+  sleep 0.1
+done
+ep=$(sed -n 's|^endpoint: capnp://||p' "$work/node.out")
+[[ -n $ep ]] || { cat "$work/node.err"; echo "no endpoint line"; exit 1; }
+
+run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -q -t 0 "$@"; }
+client() { timeout 60 "$build/tools/troupe-client" --connect "$ep" -t 0 "$@"; }
+
+[[ $(client --health) == ready ]] || { echo "health is not ready"; exit 1; }
+
+prompts=("Once upon a time" "The cat" "Lily and Tom went to the" "One day" "He was" "She saw a big" "The sun was"
+         "Tim had a red" "In the park" "A little bird" "Mom said" "They played" "The dog ran" "There was a"
+         "Ben wanted to" "It was a sunny day")
+for i in "${!prompts[@]}"; do
+  client -p "${prompts[$i]}" -n 80 >"$work/client.$i" &
+  run -p "${prompts[$i]}" -n 80 >"$work/run.$i"
+done
+wait $(jobs -p | grep -v "^$node_pid$") 2>/dev/null || true
+for i in "${!prompts[@]}"; do
+  cmp -s "$work/client.$i" "$work/run.$i" || { echo "prompt '${prompts[$i]}' differs:"; cat "$work/client.$i" "$work/run.$i"; exit 1; }
+done
+
+# Junk on the RPC port: the node drops that connection and keeps serving.
+head -c 4096 /dev/urandom >"$work/junk"
+printf '\xff\xff\xff\xff\x00\x00\x00\x00' | cat - "$work/junk" >"$work/junk2"
+timeout 5 bash -c "cat '$work/junk2' >/dev/tcp/${ep%:*}/${ep##*:}" 2>/dev/null || true
+client -p "Once upon a time" -n 30 >"$work/after"
+run -p "Once upon a time" -n 30 >"$work/after.run"
+cmp -s "$work/after" "$work/after.run" || { echo "wrong output after junk"; exit 1; }
+
+[[ $(client --stats | sed -n 's/^kv_blocks_used //p') == 0 ]] || { echo "blocks still in use"; exit 1; }
+
+kill -TERM "$node_pid"
+for _ in $(seq 1 100); do kill -0 "$node_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$node_pid" 2>/dev/null; then echo "node did not stop on SIGTERM"; exit 1; fi
+wait "$node_pid" && rc=0 || rc=$?
+node_pid=
+[[ $rc == 0 ]] || { echo "node exited with $rc"; exit 1; }
+echo "node and client agree for ${#prompts[@]} concurrent streams ($topology)"

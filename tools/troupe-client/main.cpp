@@ -1,0 +1,97 @@
+// troupe-client: generate text through a troupe gateway (Cap'n Proto RPC), printing what
+// troupe-run prints for the same request: the prompt, then the continuation as it streams.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "actors/client/troupe_client.hpp"
+
+using namespace troupe;
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "troupe-client: generate through a troupe gateway over Cap'n Proto RPC.\n\n"
+      "Prints the prompt, then the continuation as it streams, as troupe-run does; -n counts\n"
+      "tokens after BOS with the prompt included, as troupe-run's -n does. --health, --stats\n"
+      "and --cancel ID ask the gateway instead of generating.\n\n"
+      "Example:\n  troupe-client --connect 127.0.0.1:7400 -p \"Once upon a time\" -n 64 -t 0\n",
+      "troupe-client"};
+  std::string address = "127.0.0.1:7400", prompt;
+  int32_t steps = 256, top_k = 0;
+  float temperature = 1.0f, top_p = 0.9f, min_p = 0.0f;
+  uint64_t seed = 0;
+  std::vector<std::string> stops;
+  bool ids = false, health = false, stats = false;
+  int64_t cancel = -1;
+  app.add_option("-c,--connect", address, "gateway HOST:PORT")->capture_default_str();
+  app.add_option("-p,--prompt", prompt, "prompt text");
+  app.add_option("-n,--steps", steps, "tokens after BOS, prompt included")->check(CLI::Range(1, 1 << 22))->capture_default_str();
+  app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  app.add_option("--top-p", top_p)->capture_default_str();
+  app.add_option("--top-k", top_k)->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--min-p", min_p)->capture_default_str();
+  app.add_option("-s,--seed", seed)->capture_default_str();
+  app.add_option("--stop", stops, "stop string (repeatable)");
+  app.add_flag("--ids", ids, "print the generated token ids instead of text");
+  app.add_flag("--health", health, "ask whether the gateway can serve now");
+  app.add_flag("--stats", stats, "print the gateway's counters");
+  app.add_option("--cancel", cancel, "cancel a request by id")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  auto client = troupe_client::connect(address);
+  if (health) {
+    auto h = client->health();
+    if (!h) {
+      std::fprintf(stderr, "troupe-client: %s\n", h.err().message.c_str());
+      return 1;
+    }
+    std::printf("%s%s%s\n", h->ready ? "ready" : "not ready", h->detail.empty() ? "" : ": ", h->detail.c_str());
+    return h->ready ? 0 : 3;
+  }
+  if (stats) {
+    auto s = client->stats();
+    if (!s) {
+      std::fprintf(stderr, "troupe-client: %s\n", s.err().message.c_str());
+      return 1;
+    }
+    std::printf("running %u\nwaiting %u\nkv_blocks_used %u\nkv_blocks_free %u\n", s->running, s->waiting, s->kv_used, s->kv_free);
+    return 0;
+  }
+  if (cancel >= 0) {
+    auto f = client->cancel(static_cast<uint64_t>(cancel));
+    if (!f) {
+      std::fprintf(stderr, "troupe-client: %s\n", f.err().message.c_str());
+      return 1;
+    }
+    std::printf("%s\n", *f ? "cancelled" : "no such request");
+    return *f ? 0 : 3;
+  }
+
+  request_params p;
+  p.sampling.temperature = temperature;
+  p.sampling.top_p = top_p;
+  p.sampling.top_k = top_k;
+  p.sampling.min_p = min_p;
+  p.sampling.seed = seed;
+  p.stop_strings = stops;
+  p.max_tokens = steps;
+  if (!ids) std::printf("%s", prompt.c_str());
+  std::fflush(stdout);
+  auto r = client->generate(prompt, p, true, [&](const client_chunk& c) {
+    if (ids)
+      for (int32_t t : c.tokens) std::printf("%d ", t);
+    else
+      std::fwrite(c.text.data(), 1, c.text.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::printf("\n");
+  if (!r) {
+    std::fprintf(stderr, "troupe-client: %s\n", r.err().message.c_str());
+    return 1;
+  }
+  if (!r->sequence_ok) {
+    std::fprintf(stderr, "troupe-client: chunks arrived out of sequence\n");
+    return 2;
+  }
+  return 0;
+}
