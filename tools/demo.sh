@@ -1,26 +1,80 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and serves a small model from this
-# machine's CPU: ../shared/models/stories260K when it is there, else the model named as
-# the first argument (with its tokenizer.bin as the second for llama2.c files).
+# The main job: installs what is missing, builds, starts a local troupe node serving a
+# small model (the gateway, scheduler, stage and two tensor-parallel shards as actors in
+# one process), answers real requests through troupe-client over Cap'n Proto RPC, and
+# keeps serving until Ctrl-C when run on a terminal.
+#
+#   tools/demo.sh                    serves ../shared/models/stories260K (deploy/tp2.toml)
+#   tools/demo.sh MODEL [TOKENIZER]  serves another llama2.c or GGUF model
+#   TROUPE_PORT=7500 tools/demo.sh   another client port (default 7400)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh build >&2
 
-model=${1:-}
-tokenizer=${2:-}
-if [[ -z $model ]]; then
+port=${TROUPE_PORT:-7400}
+work=$(mktemp -d)
+node_pid=
+cleanup() {
+  [[ -n $node_pid ]] && kill -TERM "$node_pid" 2>/dev/null && wait "$node_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+if [[ $# -ge 1 ]]; then
+  model=$(realpath "$1")
+  tokenizer=${2:+$(realpath "$2")}
+  topology=$work/topology.toml
+  cat >"$topology" <<TOML
+[model]
+path = "$model"
+tokenizer = "$tokenizer"
+[gateway]
+node = "n0"
+capnp = "127.0.0.1:$port"
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = $((port + 10))
+threads = 2
+[[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
+TOML
+else
   model=../shared/models/stories260K/stories260K.bin
-  tokenizer=../shared/models/stories260K/tok512.bin
+  topology=deploy/tp2.toml
   if [[ ! -f $model ]]; then
     echo "demo: no model given and $model is not here; run: tools/demo.sh MODEL [TOKENIZER]" >&2
     exit 2
   fi
 fi
-tok_args=()
-[[ -n $tokenizer ]] && tok_args=(-z "$tokenizer")
 
-echo "demo: serving $model" >&2
-run() { echo; echo "\$ troupe-run $model -p \"$1\" ${*:2}"; build/tools/troupe-run "$model" "${tok_args[@]}" -p "$1" "${@:2}"; }
-run "Once upon a time" -t 0 -n 120
-run "Lily and Tom went to the" -t 0.8 --top-p 0.95 --seed 7 -n 120
-run "The little dog" -t 1.0 --seed 3 -n 120 --stop "."
+echo "demo: starting a troupe node for $model ($topology)" >&2
+build/tools/troupe-node "$topology" --capnp "127.0.0.1:$port" >"$work/node.out" 2> >(tee "$work/node.err" >&2) &
+node_pid=$!
+for _ in $(seq 1 600); do
+  grep -q '^endpoint:' "$work/node.out" 2>/dev/null && break
+  kill -0 "$node_pid" 2>/dev/null || { echo "demo: the node did not start" >&2; exit 1; }
+  sleep 0.1
+done
+endpoint=$(sed -n 's|^endpoint: capnp://||p' "$work/node.out")
+echo "endpoint: capnp://$endpoint"
+
+ask() {
+  echo
+  echo "\$ troupe-client --connect $endpoint -p \"$1\" ${*:2}"
+  build/tools/troupe-client --connect "$endpoint" -p "$1" "${@:2}"
+}
+ask "Once upon a time" -t 0 -n 120
+ask "Lily and Tom went to the" -t 0.8 --top-p 0.95 --seed 7 -n 120
+ask "The little dog" -t 1.0 --seed 3 -n 120 --stop "."
+echo
+build/tools/troupe-client --connect "$endpoint" --stats
+
+if [[ -t 0 ]]; then
+  echo
+  echo "demo: the node keeps serving at capnp://$endpoint; in another terminal try"
+  echo "  build/tools/troupe-client --connect $endpoint -p \"Once upon a time\" -n 100 -t 0.8"
+  echo "demo: Ctrl-C stops it."
+  wait "$node_pid"
+fi

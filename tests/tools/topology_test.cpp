@@ -78,6 +78,19 @@ name = "r0"
 stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "3-4", devices = ["cpu", "cpu"] } ])") == "");
 }
 
+TEST_CASE("layers \"all\" and \"N-end\" reach the model's last layer") {
+  CHECK(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ])") == "");
+  CHECK(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "3-end", devices = ["cpu"] } ])") == "");
+  CHECK(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-end", devices = ["cpu"] }, { node = "n1", layers = "3-end", devices = ["cpu"] } ])")
+            .find("overlaps") != std::string::npos);
+}
+
 TEST_CASE("topology mistakes are rejected with the mistake named") {
   auto has = [](const std::string& msg, const std::string& part) {
     CAPTURE(msg);

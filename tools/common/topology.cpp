@@ -79,6 +79,11 @@ class reader {
 };
 
 bool parse_layers(const std::string& s, int32_t& first, int32_t& last) {
+  if (s == "all") {
+    first = 0;
+    last = -1;
+    return true;
+  }
   const size_t dash = s.find('-');
   const std::string a = dash == std::string::npos ? s : s.substr(0, dash);
   const std::string b = dash == std::string::npos ? s : s.substr(dash + 1);
@@ -87,6 +92,10 @@ bool parse_layers(const std::string& s, int32_t& first, int32_t& last) {
     out = std::stoi(x);
     return true;
   };
+  if (b == "end") {
+    last = -1;
+    return num(a, first);
+  }
   return num(a, first) && num(b, last) && first <= last;
 }
 
@@ -245,17 +254,20 @@ status validate_topology(const topology& t, const model_config& m, int32_t q8_gr
     int32_t next = 0;
     for (size_t s = 0; s < r.stages.size(); ++s) {
       const stage_spec& st = r.stages[s];
+      const int32_t last = end_layer(st, m.num_layers) - 1;
       const std::string where = t.path + ": replica '" + r.name + "', stage " + std::to_string(s) + " (layers " +
-                                std::to_string(st.first_layer) + "-" + std::to_string(st.last_layer) + ")";
+                                std::to_string(st.first_layer) + "-" + std::to_string(last) + ")";
       if (st.first_layer < next)
         return error{where + " overlaps the layers of the stage before it"};
       if (st.first_layer > next)
         return error{where + " leaves layers " + std::to_string(next) + "-" + std::to_string(st.first_layer - 1) + " to no stage"};
-      if (st.last_layer >= m.num_layers)
+      if (last < st.first_layer)
+        return error{where + " holds no layer"};
+      if (last >= m.num_layers)
         return error{where + " goes past the model's last layer, " + std::to_string(m.num_layers - 1)};
       if (auto e = check_tp_split(m, static_cast<int32_t>(st.devices.size()), q8_group_size))
         return error{where + ": " + std::to_string(st.devices.size()) + " devices: " + *e};
-      next = st.last_layer + 1;
+      next = last + 1;
     }
     if (next != m.num_layers)
       return error{t.path + ": replica '" + r.name + "' leaves layers " + std::to_string(next) + "-" +

@@ -8,6 +8,7 @@
 //   [scheduler] max_step_tokens, max_running  (optional)
 //   [[node]]    name, host, port, threads (optional)
 //   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ]
+//               (layers may also be "FIRST-end", or "all" for the whole model)
 //
 // Parsed and validated once, before anything starts: every mistake is reported with the
 // file and the place it is in.
@@ -38,7 +39,8 @@ struct node_spec {
 struct stage_spec {
   std::string node;
   int32_t first_layer = 0;
-  int32_t last_layer = 0;            // inclusive, as written
+  int32_t last_layer = 0;            // inclusive, as written; -1: through the model's last layer
+                                     // (layers = "N-end" or "all")
   std::vector<std::string> devices;  // "cpu" or "cuda:N"; one per tensor-parallel shard
 };
 
@@ -67,6 +69,11 @@ struct topology {
 expected<topology> parse_topology(const std::string& path);
 expected<topology> parse_topology_text(const std::string& text, const std::string& name,
                                        const std::string& base_dir);
+
+// The exclusive end layer of a stage for a model of num_layers layers.
+inline int32_t end_layer(const stage_spec& s, int32_t num_layers) {
+  return s.last_layer < 0 ? num_layers : s.last_layer + 1;
+}
 
 // Checks the topology against the model it serves: layer ranges cover every layer once,
 // in order, in each replica; tensor-parallel sizes divide the heads and FFN columns.

@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   std::vector<stage_layout> layout;
   for (const auto& s : rs.stages) {
     const int32_t tp = static_cast<int32_t>(s.devices.size());
-    layout.push_back({s.first_layer, s.last_layer + 1, tp, std::max(1, threads / tp)});
+    layout.push_back({s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, threads / tp)});
   }
   scheduler_setup setup;
   setup.m = &m;
