@@ -93,6 +93,15 @@ temp_dir::~temp_dir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+const tokenizer& tok512() {
+  static const tokenizer t = [] {
+    auto v = load_llama2c_vocabulary(models_dir() + "/tok512.bin", 512);
+    REQUIRE(v.has_value());
+    return tokenizer(std::move(v).value());
+  }();
+  return t;
+}
+
 loaded load(const std::string& model_path, const std::string& tokenizer_path) {
   auto m = load_model(model_path);
   REQUIRE_MESSAGE(m.has_value(), (m.has_value() ? "" : m.err().message));

@@ -41,6 +41,9 @@ struct loaded {
   model m;
   tokenizer tok;
 };
+// The stories260K vocabulary (tok512.bin), loaded once.
+const tokenizer& tok512();
+
 // Loads a model and its tokenizer (from the GGUF itself, or tok512.bin); fails the test on error.
 loaded load(const std::string& model_path, const std::string& tokenizer_path = "");
 

@@ -13,15 +13,6 @@ namespace troupe::wire {
 
 namespace {
 
-const tokenizer& tok512() {
-  static const tokenizer t = [] {
-    auto v = load_llama2c_vocabulary(test::models_dir() + "/tok512.bin", 512);
-    REQUIRE(v.has_value());
-    return tokenizer(std::move(v).value());
-  }();
-  return t;
-}
-
 step_limits limits() {
   step_limits l;
   l.vocab = 512;
@@ -61,7 +52,7 @@ TEST_CASE("plans of a scheduler run, preemptions included, arrive at the stage a
   cfg.max_running = 4;
   cfg.context = 512;
   cfg.vocab = 512;
-  scheduler s(cfg, tok512());
+  scheduler s(cfg, test::tok512());
   rng r(3);
   for (uint64_t id = 0; id < 10; ++id) {
     request_params p;

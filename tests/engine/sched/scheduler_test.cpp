@@ -9,15 +9,6 @@ namespace troupe {
 
 namespace {
 
-const tokenizer& tok512() {
-  static const tokenizer t = [] {
-    auto v = load_llama2c_vocabulary(test::models_dir() + "/tok512.bin", 512);
-    REQUIRE(v.has_value());
-    return tokenizer(std::move(v).value());
-  }();
-  return t;
-}
-
 scheduler_config small(int32_t budget, uint32_t blocks = 64, int32_t max_running = 8) {
   scheduler_config c;
   c.max_step_tokens = budget;
@@ -47,7 +38,7 @@ std::vector<step_output> run(scheduler& s, const step_plan& plan, int32_t t = 40
 }  // namespace
 
 TEST_CASE("chunked prefill: a long prompt is computed over several steps within the budget") {
-  scheduler s(small(8), tok512());
+  scheduler s(small(8), test::tok512());
   REQUIRE(s.add(request_id{1}, prompt_of(20)).has_value());
   for (int32_t expect_first : {0, 8}) {
     const step_plan p = s.schedule();
@@ -73,7 +64,7 @@ TEST_CASE("chunked prefill: a long prompt is computed over several steps within 
 }
 
 TEST_CASE("decode tokens and a prefill chunk share one step's budget") {
-  scheduler s(small(8), tok512());
+  scheduler s(small(8), test::tok512());
   REQUIRE(s.add(request_id{1}, prompt_of(3)).has_value());
   run(s, s.schedule());  // prefilled, first token sampled
   REQUIRE(s.add(request_id{2}, prompt_of(20, 100)).has_value());
@@ -87,7 +78,7 @@ TEST_CASE("decode tokens and a prefill chunk share one step's budget") {
 }
 
 TEST_CASE("the running cap holds requests back until one finishes") {
-  scheduler s(small(64, 64, 2), tok512());
+  scheduler s(small(64, 64, 2), test::tok512());
   for (uint64_t id = 1; id <= 3; ++id) REQUIRE(s.add(request_id{id}, prompt_of(4, 300, 1)).has_value());
   const step_plan p = s.schedule();
   CHECK(p.chunks.size() == 2);
@@ -105,7 +96,7 @@ TEST_CASE("the priority policy admits lower priority values first; FCFS admits b
   for (schedule_policy policy : {schedule_policy::fcfs, schedule_policy::priority}) {
     auto cfg = small(64, 64, 1);
     cfg.policy = policy;
-    scheduler s(cfg, tok512());
+    scheduler s(cfg, test::tok512());
     auto a = prompt_of(4);
     a.priority = 5;
     auto b = prompt_of(4);
@@ -122,7 +113,7 @@ TEST_CASE("out of blocks, the latest running request is preempted and later reco
   // 4 blocks of 4 tokens; two requests of 6 prompt tokens each hold 2 blocks.
   auto cfg = small(64, 4);
   cfg.prefix_caching = false;
-  scheduler s(cfg, tok512());
+  scheduler s(cfg, test::tok512());
   REQUIRE(s.add(request_id{1}, prompt_of(6, 300, 20)).has_value());
   REQUIRE(s.add(request_id{2}, prompt_of(6, 100, 20)).has_value());
   run(s, s.schedule());  // both prefilled: 7 tokens each, 2 blocks each
@@ -150,7 +141,7 @@ TEST_CASE("out of blocks, the latest running request is preempted and later reco
 }
 
 TEST_CASE("abort releases every block and returns a final output once") {
-  scheduler s(small(64), tok512());
+  scheduler s(small(64), test::tok512());
   REQUIRE(s.add(request_id{1}, prompt_of(10)).has_value());
   run(s, s.schedule());
   CHECK(s.usage().used == 3);
@@ -164,10 +155,10 @@ TEST_CASE("abort releases every block and returns a final output once") {
 }
 
 TEST_CASE("stop conditions: EOS, stop tokens, stop strings and max tokens") {
-  scheduler s(small(64), tok512());
+  scheduler s(small(64), test::tok512());
   auto p = prompt_of(3);
   REQUIRE(s.add(request_id{1}, p).has_value());
-  auto out = run(s, s.schedule(), tok512().eos_id());
+  auto out = run(s, s.schedule(), test::tok512().eos_id());
   REQUIRE(out.size() == 1);
   CHECK(out[0].finished);
   CHECK(out[0].reason == finish_reason::stop);
@@ -184,7 +175,7 @@ TEST_CASE("stop conditions: EOS, stop tokens, stop strings and max tokens") {
   r.stop_strings = {"ly s"};
   REQUIRE(s.add(request_id{3}, r).has_value());
   std::string text;
-  for (int32_t t : tok512().encode("Lily said hello", false)) {
+  for (int32_t t : test::tok512().encode("Lily said hello", false)) {
     out = run(s, s.schedule(), t);
     REQUIRE(out.size() == 1);
     text += out[0].text;
@@ -204,7 +195,7 @@ TEST_CASE("stop conditions: EOS, stop tokens, stop strings and max tokens") {
 }
 
 TEST_CASE("bad requests are refused with the reason, and leave nothing queued") {
-  scheduler s(small(64, 4), tok512());
+  scheduler s(small(64, 4), test::tok512());
   CHECK_FALSE(s.add(request_id{1}, request_params{}).has_value());
   auto bad = prompt_of(3);
   bad.prompt[1] = 512;

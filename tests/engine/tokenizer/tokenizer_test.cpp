@@ -8,11 +8,7 @@ namespace troupe {
 
 namespace {
 
-tokenizer tok512() {
-  auto v = load_llama2c_vocabulary(test::models_dir() + "/tok512.bin", 512);
-  REQUIRE(v.has_value());
-  return tokenizer(std::move(v).value());
-}
+const tokenizer& tok512() { return test::tok512(); }
 
 }  // namespace
 
