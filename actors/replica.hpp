@@ -27,4 +27,9 @@ struct replica_handles {
 replica_handles spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
                               uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens);
 
+// One stage and its shards, handing steps on to `next` (invalid for the last stage).
+replica_handles spawn_replica_stage(caf::actor_system& sys, const model& m, const stage_layout& stage,
+                                    caf::actor next, uint32_t num_blocks, int32_t block_size,
+                                    int32_t max_step_tokens);
+
 }  // namespace troupe

@@ -7,13 +7,22 @@ set -euo pipefail
 build=$1 topology=$2 models=$3
 work=$(mktemp -d)
 node_pid=
+others=()
 cleanup() {
   [[ -n $node_pid ]] && kill -9 "$node_pid" 2>/dev/null || true
+  for p in "${others[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-timeout 120 "$build/tools/troupe-node" "$topology" --capnp 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
+# Every node but the gateway's first, then the gateway's node.
+gateway=$(sed -n '/^\[gateway\]/,/^\[/ s/^node *= *"\(.*\)"/\1/p' "$topology")
+for n in $(sed -n '/^\[\[node\]\]/,/^$/ s/^name *= *"\(.*\)"/\1/p' "$topology"); do
+  [[ $n == "$gateway" ]] && continue
+  timeout 120 "$build/tools/troupe-node" "$topology" --node "$n" >"$work/$n.out" 2>"$work/$n.err" &
+  others+=($!)
+done
+timeout 120 "$build/tools/troupe-node" "$topology" --node "$gateway" --capnp 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
 node_pid=$!
 for _ in $(seq 1 300); do
   grep -q '^endpoint: capnp://' "$work/node.out" 2>/dev/null && break
@@ -35,7 +44,11 @@ for i in "${!prompts[@]}"; do
   client -p "${prompts[$i]}" -n 80 >"$work/client.$i" &
   run -p "${prompts[$i]}" -n 80 >"$work/run.$i"
 done
-wait $(jobs -p | grep -v "^$node_pid$") 2>/dev/null || true
+for p in $(jobs -p); do
+  [[ $p == "$node_pid" ]] && continue
+  [[ " ${others[*]} " == *" $p "* ]] && continue
+  wait "$p" || true
+done
 for i in "${!prompts[@]}"; do
   cmp -s "$work/client.$i" "$work/run.$i" || { echo "prompt '${prompts[$i]}' differs:"; cat "$work/client.$i" "$work/run.$i"; exit 1; }
 done
@@ -56,4 +69,9 @@ if kill -0 "$node_pid" 2>/dev/null; then echo "node did not stop on SIGTERM"; ex
 wait "$node_pid" && rc=0 || rc=$?
 node_pid=
 [[ $rc == 0 ]] || { echo "node exited with $rc"; exit 1; }
+for p in "${others[@]}"; do
+  kill -TERM "$p"
+  wait "$p" || { echo "a stage node exited with an error"; exit 1; }
+done
+others=()
 echo "node and client agree for ${#prompts[@]} concurrent streams ($topology)"

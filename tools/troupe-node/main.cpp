@@ -1,11 +1,16 @@
-// troupe-node: one process of a topology. This build serves replicas whose stages all run
-// on this node (one process; tensor parallelism inside it) and the gateway's Cap'n Proto
-// endpoint; it prints `endpoint: capnp://HOST:PORT` once it answers, and shuts down
-// cleanly on SIGINT or SIGTERM.
+// troupe-node: one process of a topology: the stages (and their shards) of the replica
+// placed on this node, and, on the gateway's node, the scheduler and the client API. Nodes
+// find each other's stages through a directory actor published at each node's port
+// (CAF's middleman, heartbeats on). The gateway's node prints
+// `endpoint: capnp://HOST:PORT` once it answers; others print `node: NAME`. SIGINT or
+// SIGTERM stops a node cleanly.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <thread>
 
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <CLI/CLI.hpp>
 
 #include "actors/caf/system_config.hpp"
@@ -56,17 +61,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-node: %s\n", v.err().message.c_str());
     return 1;
   }
-  for (const auto& r : topo->replicas)
-    for (const auto& s : r.stages)
-      if (s.node != node_name || topo->gateway_node != node_name) {
-        std::fprintf(stderr,
-                     "troupe-node: %s: replica '%s' places a stage on node '%s'; this build serves replicas "
-                     "whose stages and gateway all run in one process\n",
-                     topo_path.c_str(), r.name.c_str(), s.node.c_str());
-        return 1;
-      }
   if (topo->replicas.size() != 1) {
-    std::fprintf(stderr, "troupe-node: %s: this build serves one replica per process\n", topo_path.c_str());
+    std::fprintf(stderr, "troupe-node: %s: this build serves one replica\n", topo_path.c_str());
     return 1;
   }
   tools::endpoint ep = topo->capnp;
@@ -93,17 +89,82 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  int32_t threads = 1;
+  const tools::node_spec* me = nullptr;
   for (const auto& n : topo->nodes)
-    if (n.name == node_name) threads = n.threads;
+    if (n.name == node_name) me = &n;
   system_config cfg;
   caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
   const auto& rs = topo->replicas[0];
-  std::vector<stage_layout> layout;
-  for (const auto& s : rs.stages) {
+
+  // This node's stages, built last to first: each needs the next stage's handle, local or
+  // (from another node's directory) remote.
+  std::vector<caf::actor> mine;      // every stage and shard spawned here
+  std::vector<caf::actor> stage_of(rs.stages.size());
+  auto node_of = [&](const std::string& name) -> const tools::node_spec& {
+    for (const auto& n : topo->nodes)
+      if (n.name == name) return n;
+    return *me;
+  };
+  auto remote_stage = [&](size_t idx) -> expected<caf::actor> {
+    const tools::node_spec& peer = node_of(rs.stages[idx].node);
+    std::string last_error;
+    for (int attempt = 0; attempt < 300; ++attempt) {  // the peer may still be starting: 30 s
+      auto dir = sys.middleman().remote_actor(peer.host, peer.port);
+      if (dir) {
+        caf::actor found;
+        self->request(*dir, std::chrono::seconds(5), lookup_atom_v, rs.name, static_cast<int32_t>(idx))
+            .receive([&](const caf::actor& a) { found = a; }, [&](caf::error& e) { last_error = sys.render(e); });
+        if (found) return found;
+      } else {
+        last_error = sys.render(dir.error());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return error{"stage " + std::to_string(idx) + " on node '" + peer.name + "' (" + peer.host + ":" +
+                 std::to_string(peer.port) + ") cannot be reached: " + last_error};
+  };
+  for (size_t i = rs.stages.size(); i-- > 0;) {
+    const auto& s = rs.stages[i];
+    if (s.node != node_name) continue;
+    caf::actor next;
+    if (i + 1 < rs.stages.size()) {
+      if (rs.stages[i + 1].node == node_name) {
+        next = stage_of[i + 1];
+      } else {
+        auto r = remote_stage(i + 1);
+        if (!r) {
+          std::fprintf(stderr, "troupe-node %s: %s\n", node_name.c_str(), r.err().message.c_str());
+          return 1;
+        }
+        next = *r;
+      }
+    }
     const int32_t tp = static_cast<int32_t>(s.devices.size());
-    layout.push_back({s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, threads / tp)});
+    const stage_layout one{s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, me->threads / tp)};
+    auto rep = spawn_replica_stage(sys, m, one, next, static_cast<uint32_t>(topo->num_blocks), topo->block_size,
+                                   topo->max_step_tokens);
+    stage_of[i] = rep.entry;
+    mine.insert(mine.end(), rep.actors.begin(), rep.actors.end());
   }
+  // Other nodes find this node's stages through a directory published at its port.
+  caf::actor directory;
+  if (topo->nodes.size() > 1) {
+    directory = sys.spawn([stages = stage_of, name = rs.name](caf::event_based_actor*) -> caf::behavior {
+      return {[stages, name](lookup_atom, const std::string& replica, int32_t idx) -> caf::result<caf::actor> {
+        if (replica != name || idx < 0 || static_cast<size_t>(idx) >= stages.size() || !stages[idx])
+          return caf::make_error(caf::sec::invalid_argument, "no such stage here");
+        return stages[idx];
+      }};
+    });
+    auto bound = sys.middleman().publish(directory, me->port, me->host.c_str(), true);
+    if (!bound) {
+      std::fprintf(stderr, "troupe-node %s: cannot listen on %s:%u: %s\n", node_name.c_str(), me->host.c_str(),
+                   static_cast<unsigned>(me->port), sys.render(bound.error()).c_str());
+      return 1;
+    }
+  }
+
   scheduler_setup setup;
   setup.m = &m;
   setup.tok = &*loaded->tok;
@@ -113,12 +174,33 @@ int main(int argc, char** argv) {
   setup.config.max_running = topo->max_running;
   setup.config.context = m.config.max_seq_len;
   setup.config.vocab = m.config.vocab_size;
-  auto rep = spawn_replica(sys, m, layout, setup.config.num_blocks, setup.config.block_size, setup.config.max_step_tokens);
-  setup.entry = rep.entry;
-  auto sched = spawn_scheduler(sys, setup);
+  const bool is_gateway = topo->gateway_node == node_name;
+  caf::actor sched;
+  if (is_gateway) {
+    if (rs.stages[0].node == node_name) {
+      setup.entry = stage_of[0];
+    } else {
+      auto r = remote_stage(0);
+      if (!r) {
+        std::fprintf(stderr, "troupe-node %s: %s\n", node_name.c_str(), r.err().message.c_str());
+        return 1;
+      }
+      setup.entry = *r;
+    }
+    sched = spawn_scheduler(sys, setup);
+  }
 
   int rc = 0;
-  {
+  if (!is_gateway) {
+    std::fprintf(stderr, "troupe-node %s: serving %zu stage(s) of replica '%s' at %s:%u\n", node_name.c_str(),
+                 static_cast<size_t>(std::count_if(rs.stages.begin(), rs.stages.end(), [&](const auto& s) { return s.node == node_name; })),
+                 rs.name.c_str(), me->host.c_str(), static_cast<unsigned>(me->port));
+    std::printf("node: %s\n", node_name.c_str());
+    std::fflush(stdout);
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::fprintf(stderr, "troupe-node %s: stopping (signal %d)\n", node_name.c_str(), sig);
+  } else {
     rpc_gateway gateway(sys, sched);
     auto port = gateway.start(ep.host, ep.port);
     if (!port) {
@@ -135,8 +217,8 @@ int main(int argc, char** argv) {
     }
     gateway.stop();
   }
-  caf::scoped_actor self{sys};
-  self->send_exit(sched, caf::exit_reason::user_shutdown);
-  for (auto& a : rep.actors) self->send_exit(a, caf::exit_reason::user_shutdown);
+  if (sched) self->send_exit(sched, caf::exit_reason::user_shutdown);
+  if (directory) self->send_exit(directory, caf::exit_reason::user_shutdown);
+  for (auto& a : mine) self->send_exit(a, caf::exit_reason::user_shutdown);
   return rc;
 }
