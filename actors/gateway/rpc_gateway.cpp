@@ -1,5 +1,6 @@
 #include "actors/gateway/rpc_gateway.hpp"
 
+#include <atomic>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -97,6 +98,7 @@ struct rpc_gateway::impl {
   std::mutex mu;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stopper;  // set by the KJ thread
   bool stopped = false;
+  std::atomic<bool> draining{false};
 
   impl(caf::actor_system& s, caf::actor sched) : sys(s), scheduler(std::move(sched)) {}
 };
@@ -108,6 +110,7 @@ class gateway_server final : public schema::Gateway::Server {
   explicit gateway_server(rpc_gateway::impl& g) : g_(g), tasks_(errors_) {}
 
   kj::Promise<void> generate(GenerateContext context) override {
+    if (g_.draining) return KJ_EXCEPTION(OVERLOADED, "the gateway is draining: it takes no new requests");
     auto params = context.getParams();
     const uint64_t id = next_id_++;
     capnp::MallocMessageBuilder copy;
@@ -248,6 +251,8 @@ expected<uint16_t> rpc_gateway::start(const std::string& host, uint16_t port) {
   }
   return result;
 }
+
+void rpc_gateway::drain() { impl_->draining = true; }
 
 void rpc_gateway::stop() {
   {

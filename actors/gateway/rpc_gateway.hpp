@@ -29,6 +29,8 @@ class rpc_gateway {
   // Binds host:port (port 0: any free port) and serves; returns the port.
   expected<uint16_t> start(const std::string& host, uint16_t port);
   void stop();
+  // From now on generate() is refused ("draining"); requests in flight continue.
+  void drain();
 
   struct impl;
 

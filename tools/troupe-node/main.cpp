@@ -213,7 +213,18 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       int sig = 0;
       sigwait(&stop_signals, &sig);
-      std::fprintf(stderr, "troupe-node %s: stopping (signal %d)\n", node_name.c_str(), sig);
+      // Drain: no new requests; those in flight finish (for up to 30 s).
+      gateway.drain();
+      std::fprintf(stderr, "troupe-node %s: draining (signal %d)\n", node_name.c_str(), sig);
+      for (int i = 0; i < 300; ++i) {
+        uint32_t busy = 0;
+        self->request(sched, std::chrono::seconds(1), stats_atom_v)
+            .receive([&](uint32_t, uint32_t, uint32_t running, uint32_t waiting) { busy = running + waiting; },
+                     [&](caf::error&) {});
+        if (busy == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      std::fprintf(stderr, "troupe-node %s: stopping\n", node_name.c_str());
     }
     gateway.stop();
   }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# troupe-launch against real processes on 127.0.0.1: up prints the endpoint and the
+# cluster answers; status lists every node and sees a SIGSTOPped one; down stops them all;
+# a topology with a mistake starts nothing. Bounded in time; leftovers are killed.
+# Usage: launcher_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+set -euo pipefail
+build=$1 src=$2 models=$3
+state=$(mktemp -d)
+launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
+cleanup() {
+  if [[ -f $state/pp2-tp2.procs ]]; then
+    while read -r _ pid; do kill -9 "$pid" 2>/dev/null || true; done <"$state/pp2-tp2.procs"
+  fi
+  rm -rf "$state"
+}
+trap cleanup EXIT
+topo=$src/deploy/pp2-tp2.toml
+
+ep=$(launch up "$topo" --capnp 127.0.0.1:0 | sed -n 's|^endpoint: capnp://||p')
+[[ -n $ep ]] || { echo "no endpoint line"; exit 1; }
+got=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 50 -t 0)
+want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 50 -t 0 -q)
+[[ $got == "$want" ]] || { echo "output differs"; echo "$got"; echo "$want"; exit 1; }
+
+status=$(launch status "$topo")
+echo "$status"
+[[ $(grep -cE '^node n[01] pid [0-9]+ running$' <<<"$status") == 2 ]] || { echo "status lines wrong"; exit 1; }
+pid1=$(sed -n 's/^node n1 pid \([0-9]*\) .*/\1/p' <<<"$status")
+kill -STOP "$pid1"
+grep -q "^node n1 pid $pid1 stopped$" <<<"$(launch status "$topo")" || { echo "SIGSTOP not seen"; exit 1; }
+kill -CONT "$pid1"
+
+launch down "$topo"
+for pid in $(sed -n 's/^node n[01] pid \([0-9]*\) .*/\1/p' <<<"$status"); do
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null && [[ $(ps -o stat= -p "$pid") != Z* ]]; then echo "pid $pid survived down"; exit 1; fi
+done
+launch status "$topo" >/dev/null && { echo "status still lists nodes after down"; exit 1; }
+
+# A mistake is reported and nothing starts.
+bad=$state/bad.toml
+sed 's/layers = "3-4"/layers = "2-4"/' "$topo" >"$bad"
+sed -i "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$bad"
+if out=$(launch up "$bad" 2>&1); then echo "a bad topology was started"; exit 1; fi
+grep -q "overlaps" <<<"$out" || { echo "no reason given: $out"; exit 1; }
+[[ ! -f $state/bad.procs ]] || { echo "processes were started for a bad topology"; exit 1; }
+echo "launcher: up, status, SIGSTOP seen, down, bad topology refused"

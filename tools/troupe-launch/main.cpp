@@ -1,0 +1,244 @@
+// troupe-launch: the operator's tool. `up` checks a topology against its model, then starts
+// every node process (local processes for 127.0.0.1 and localhost, ssh for other hosts),
+// the gateway's node last, waits until the gateway answers health, and prints
+// `endpoint: capnp://HOST:PORT`. `status` prints one line per node process,
+// `node NAME pid PID STATE`. `down` stops the gateway's node first (it drains requests in
+// flight), then the others. Node logs and the process table live in --state-dir.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "actors/client/troupe_client.hpp"
+#include "tools/common/model_loading.hpp"
+#include "tools/common/topology.hpp"
+
+using namespace troupe;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct proc {
+  std::string node;
+  pid_t pid;
+};
+
+bool is_local(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+
+std::string state_file(const std::string& dir, const std::string& topology) {
+  return (fs::path(dir) / (fs::path(topology).stem().string() + ".procs")).string();
+}
+
+std::vector<proc> read_state(const std::string& file) {
+  std::vector<proc> out;
+  std::ifstream f(file);
+  std::string node;
+  pid_t pid;
+  while (f >> node >> pid) out.push_back({node, pid});
+  return out;
+}
+
+// "running", "stopped" (SIGSTOP), "zombie" or "gone", from /proc.
+std::string state_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return "gone";
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return "gone";
+  switch (line[close + 2]) {
+    case 'T': case 't': return "stopped";
+    case 'Z': case 'X': return "zombie";
+    default: return "running";
+  }
+}
+
+// Starts a node in its own session, stdout/stderr to log files; returns its pid.
+pid_t start_node(const std::string& node_bin, const std::string& topology, const tools::node_spec& n,
+                 const std::string& capnp, const std::string& dir) {
+  const std::string out = (fs::path(dir) / (n.name + ".out")).string();
+  const std::string err = (fs::path(dir) / (n.name + ".log")).string();
+  std::vector<std::string> args;
+  if (is_local(n.host)) {
+    args = {node_bin, topology, "--node", n.name};
+    if (!capnp.empty()) args.insert(args.end(), {"--capnp", capnp});
+  } else {
+    std::string remote = "troupe-node '" + topology + "' --node '" + n.name + "'";
+    if (!capnp.empty()) remote += " --capnp '" + capnp + "'";
+    args = {"ssh", "-o", "BatchMode=yes", n.host, remote};
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setsid();
+    FILE* o = std::freopen(out.c_str(), "w", stdout);
+    FILE* e = std::freopen(err.c_str(), "w", stderr);
+    (void)o;
+    (void)e;
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::perror("troupe-launch: exec");
+    _exit(127);
+  }
+  return pid;
+}
+
+void stop_all(std::vector<proc> procs, const std::string& gateway_node, bool verbose) {
+  // The gateway's node first, so requests in flight drain while the stages still run.
+  std::stable_partition(procs.begin(), procs.end(), [&](const proc& p) { return p.node == gateway_node; });
+  for (const proc& p : procs) {
+    if (state_of(p.pid) == "gone") continue;
+    if (state_of(p.pid) == "stopped") kill(p.pid, SIGCONT);
+    kill(p.pid, SIGTERM);
+    for (int i = 0; i < 350 && state_of(p.pid) == "running"; ++i) {
+      waitpid(p.pid, nullptr, WNOHANG);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (state_of(p.pid) != "gone" && state_of(p.pid) != "zombie") kill(p.pid, SIGKILL);
+    waitpid(p.pid, nullptr, WNOHANG);
+    if (verbose) std::fprintf(stderr, "troupe-launch: node %s (pid %d) stopped\n", p.node.c_str(), p.pid);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "troupe-launch: start, inspect and stop the node processes of a topology.\n\n"
+      "  troupe-launch up deploy/pp2.toml       check, start every node, wait for health,\n"
+      "                                         print `endpoint: capnp://HOST:PORT`\n"
+      "  troupe-launch status deploy/pp2.toml   one line per node: node NAME pid PID STATE\n"
+      "  troupe-launch down deploy/pp2.toml     drain the gateway, stop every node\n",
+      "troupe-launch"};
+  app.require_subcommand(1);
+  std::string topology, state_dir = "/tmp/troupe-launch-" + std::to_string(getuid()), capnp, node_bin;
+  int timeout_s = 60;
+  auto* up = app.add_subcommand("up", "start every node of a topology");
+  auto* status = app.add_subcommand("status", "print the node processes");
+  auto* down = app.add_subcommand("down", "stop every node");
+  for (auto* sub : {up, status, down}) {
+    sub->add_option("topology", topology, "topology file (deploy/*.toml)")->required();
+    sub->add_option("--state-dir", state_dir, "where node logs and the process table live")->capture_default_str();
+  }
+  up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)");
+  up->add_option("--timeout", timeout_s, "seconds to wait for the cluster to answer")->check(CLI::Range(1, 3600))->capture_default_str();
+  up->add_option("--node-binary", node_bin, "troupe-node to run (default: beside this tool)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto topo = tools::parse_topology(topology);
+  if (!topo) {
+    std::fprintf(stderr, "troupe-launch: %s\n", topo.err().message.c_str());
+    return 1;
+  }
+  std::error_code ec;
+  fs::create_directories(state_dir, ec);
+  const std::string table = state_file(state_dir, topology);
+
+  if (status->parsed()) {
+    const auto procs = read_state(table);
+    if (procs.empty()) {
+      std::printf("no nodes of %s are known (not started with troupe-launch up?)\n", topology.c_str());
+      return 3;
+    }
+    for (const proc& p : procs) std::printf("node %s pid %d %s\n", p.node.c_str(), p.pid, state_of(p.pid).c_str());
+    return 0;
+  }
+  if (down->parsed()) {
+    stop_all(read_state(table), topo->gateway_node, true);
+    fs::remove(table, ec);
+    return 0;
+  }
+
+  // up: everything is checked before anything starts.
+  for (const proc& p : read_state(table))
+    if (state_of(p.pid) == "running") {
+      std::fprintf(stderr, "troupe-launch: %s is already up (node %s, pid %d); run troupe-launch down first\n",
+                   topology.c_str(), p.node.c_str(), p.pid);
+      return 1;
+    }
+  auto m = load_model(topo->model_path);
+  if (!m) {
+    std::fprintf(stderr, "troupe-launch: %s\n", m.err().message.c_str());
+    return 1;
+  }
+  const int32_t gs = m->weight_type == dtype::q8_0 ? m->weights.layers[0].wq.group_size : 0;
+  if (auto v = tools::validate_topology(*topo, m->config, gs); !v) {
+    std::fprintf(stderr, "troupe-launch: %s\n", v.err().message.c_str());
+    return 1;
+  }
+  if (node_bin.empty()) node_bin = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "troupe-node" / "troupe-node").string();
+  if (!fs::exists(node_bin)) node_bin = (fs::read_symlink("/proc/self/exe").parent_path() / "troupe-node").string();
+  if (!fs::exists(node_bin)) {
+    std::fprintf(stderr, "troupe-launch: cannot find troupe-node (looked beside this tool); name it with --node-binary\n");
+    return 1;
+  }
+  const std::string topo_abs = fs::absolute(topology).string();
+  std::vector<proc> procs;
+  const tools::node_spec* gateway = nullptr;
+  for (const auto& n : topo->nodes) {
+    if (n.name == topo->gateway_node) {
+      gateway = &n;
+      continue;
+    }
+    procs.push_back({n.name, start_node(node_bin, topo_abs, n, "", state_dir)});
+    std::fprintf(stderr, "troupe-launch: started node %s (pid %d) on %s\n", n.name.c_str(), procs.back().pid, n.host.c_str());
+  }
+  procs.push_back({gateway->name, start_node(node_bin, topo_abs, *gateway, capnp, state_dir)});
+  std::fprintf(stderr, "troupe-launch: started node %s (pid %d), the gateway\n", gateway->name.c_str(), procs.back().pid);
+  {
+    std::ofstream f(table);
+    for (const proc& p : procs) f << p.node << ' ' << p.pid << '\n';
+  }
+
+  // Wait for the endpoint line, then for health.
+  const std::string out = (fs::path(state_dir) / (gateway->name + ".out")).string();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  const bool tty = isatty(STDERR_FILENO);
+  std::string endpoint;
+  int dots = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream f(out);
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("endpoint: capnp://", 0) == 0) endpoint = line.substr(18);
+    if (!endpoint.empty()) {
+      auto h = troupe_client::connect(endpoint)->health();
+      if (h && h->ready) break;
+    }
+    for (const proc& p : procs) {
+      waitpid(p.pid, nullptr, WNOHANG);
+      const std::string st = state_of(p.pid);
+      if (st == "gone" || st == "zombie") {
+        if (tty) std::fprintf(stderr, "\n");
+        std::fprintf(stderr, "troupe-launch: node %s exited; its log (%s/%s.log) ends:\n", p.node.c_str(), state_dir.c_str(), p.node.c_str());
+        std::ifstream log(fs::path(state_dir) / (p.node + ".log"));
+        std::string l, all;
+        while (std::getline(log, l)) all += "  " + l + "\n";
+        std::fprintf(stderr, "%s", all.substr(all.size() > 2000 ? all.size() - 2000 : 0).c_str());
+        stop_all(procs, topo->gateway_node, false);
+        fs::remove(table, ec);
+        return 1;
+      }
+    }
+    if (tty) std::fprintf(stderr, "\rtroupe-launch: waiting for the cluster to answer%.*s", (dots++ % 4), "...");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  if (endpoint.empty() || std::chrono::steady_clock::now() >= deadline) {
+    std::fprintf(stderr, "troupe-launch: the cluster did not answer within %d s; see the logs in %s\n", timeout_s, state_dir.c_str());
+    stop_all(procs, topo->gateway_node, false);
+    fs::remove(table, ec);
+    return 1;
+  }
+  std::printf("endpoint: capnp://%s\n", endpoint.c_str());
+  return 0;
+}
