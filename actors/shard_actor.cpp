@@ -68,7 +68,10 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
 }  // namespace
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup) {
-  return sys.spawn<caf::detached>(shard_behavior, setup);
+  // Shards of a TP group wait for each other inside all_reduce: each needs a thread of its
+  // own. A lone shard runs on CAF's workers (no thread wake-up per step).
+  if (setup.group) return sys.spawn<caf::detached>(shard_behavior, setup);
+  return sys.spawn(shard_behavior, setup);
 }
 
 }  // namespace troupe

@@ -1,5 +1,6 @@
 // troupe-client: generate text through a troupe gateway (Cap'n Proto RPC), printing what
 // troupe-run prints for the same request: the prompt, then the continuation as it streams.
+#include <chrono>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   float temperature = 1.0f, top_p = 0.9f, min_p = 0.0f;
   uint64_t seed = 0;
   std::vector<std::string> stops;
-  bool ids = false, health = false, stats = false;
+  bool ids = false, health = false, stats = false, ignore_eos = false, timing = false;
   int64_t cancel = -1;
   app.add_option("-c,--connect", address, "gateway HOST:PORT")->capture_default_str();
   app.add_option("-p,--prompt", prompt, "prompt text");
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   app.add_option("-s,--seed", seed)->capture_default_str();
   app.add_option("--stop", stops, "stop string (repeatable)");
   app.add_flag("--ids", ids, "print the generated token ids instead of text");
+  app.add_flag("--ignore-eos", ignore_eos, "generate until -n even past EOS (benchmarks)");
+  app.add_flag("--time", timing, "print first-token latency and tokens/s on stderr");
   app.add_flag("--health", health, "ask whether the gateway can serve now");
   app.add_flag("--stats", stats, "print the gateway's counters");
   app.add_option("--cancel", cancel, "cancel a request by id")->check(CLI::NonNegativeNumber);
@@ -75,9 +78,15 @@ int main(int argc, char** argv) {
   p.sampling.seed = seed;
   p.stop_strings = stops;
   p.max_tokens = steps;
+  p.ignore_eos = ignore_eos;
   if (!ids) std::printf("%s", prompt.c_str());
   std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto first = t0;
+  size_t received = 0;
   auto r = client->generate(prompt, p, true, [&](const client_chunk& c) {
+    if (received == 0 && !c.tokens.empty()) first = std::chrono::steady_clock::now();
+    received += c.tokens.size();
     if (ids)
       for (int32_t t : c.tokens) std::printf("%d ", t);
     else
@@ -88,6 +97,13 @@ int main(int argc, char** argv) {
   if (!r) {
     std::fprintf(stderr, "troupe-client: %s\n", r.err().message.c_str());
     return 1;
+  }
+  if (timing) {
+    const auto t1 = std::chrono::steady_clock::now();
+    const double decode_s = std::chrono::duration<double>(t1 - first).count();
+    std::fprintf(stderr, "troupe-client: %zu tokens, first after %.1f ms, then %.1f tok/s\n", received,
+                 std::chrono::duration<double, std::milli>(first - t0).count(),
+                 received > 1 && decode_s > 0 ? (received - 1) / decode_s : 0.0);
   }
   if (!r->sequence_ok) {
     std::fprintf(stderr, "troupe-client: chunks arrived out of sequence\n");
