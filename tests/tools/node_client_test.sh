@@ -57,6 +57,12 @@ done
 head -c 4096 /dev/urandom >"$work/junk"
 printf '\xff\xff\xff\xff\x00\x00\x00\x00' | cat - "$work/junk" >"$work/junk2"
 timeout 5 bash -c "cat '$work/junk2' >/dev/tcp/${ep%:*}/${ep##*:}" 2>/dev/null || true
+# And on every other node's middleman port (CAF's BASP): the stages keep serving.
+for n in $(sed -n '/^\[\[node\]\]/,/^$/ s/^name *= *"\(.*\)"/\1/p' "$topology"); do
+  [[ $n == "$gateway" ]] && continue
+  port=$(sed -n "/^name *= *\"$n\"/,/^\$/ s/^port *= *\([0-9]*\)/\1/p" "$topology")
+  timeout 5 bash -c "cat '$work/junk2' >/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
+done
 client -p "Once upon a time" -n 30 >"$work/after"
 run -p "Once upon a time" -n 30 >"$work/after.run"
 cmp -s "$work/after" "$work/after.run" || { echo "wrong output after junk"; exit 1; }
