@@ -37,7 +37,7 @@ client() { timeout 60 "$build/tools/troupe-client" --connect "$ep" -t 0 "$@"; }
 
 [[ $(client --health) == ready ]] || { echo "health is not ready"; exit 1; }
 
-prompts=("Once upon a time" "The cat" "Lily and Tom went to the" "One day" "He was" "She saw a big" "The sun was"
+prompts=("" "Once upon a time" "The cat" "Lily and Tom went to the" "One day" "He was" "She saw a big" "The sun was"
          "Tim had a red" "In the park" "A little bird" "Mom said" "They played" "The dog ran" "There was a"
          "Ben wanted to" "It was a sunny day")
 for i in "${!prompts[@]}"; do
