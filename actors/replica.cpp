@@ -23,6 +23,7 @@ replica_handles spawn_replica_stage(caf::actor_system& sys, const model& m, cons
     s.block_size = block_size;
     s.threads = stage.threads_per_shard;
     s.max_step_tokens = max_step_tokens;
+    if (stage.tp == 1) s.next = next;
     shards.push_back(spawn_shard(sys, s));
     out.actors.push_back(shards.back());
   }

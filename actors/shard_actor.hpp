@@ -13,6 +13,7 @@
 
 #include <memory>
 
+#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
 #include "actors/wire/step_codec.hpp"
@@ -28,6 +29,7 @@ struct shard_setup {
   int32_t block_size = 16;
   int32_t threads = 1;
   int32_t max_step_tokens = 512;
+  caf::actor next;  // a stage's only shard hands its output straight to the next stage
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

@@ -19,8 +19,13 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
   self->state.next = std::move(next);
   return {
       [self](step_atom, const wire_message& plan, const wire_message& act) -> caf::result<wire_message> {
-        auto rp = self->make_response_promise<wire_message>();
         const auto& shards = self->state.shards;
+        // A lone shard was spawned knowing the next stage: it answers, or passes the step on.
+        if (shards.size() == 1) {
+          auto rp = self->make_response_promise<wire_message>();
+          return rp.delegate(shards[0], step_atom_v, plan, act);
+        }
+        auto rp = self->make_response_promise<wire_message>();
         auto pending = std::make_shared<size_t>(shards.size());
         auto first = std::make_shared<wire_message>();
         auto failed = std::make_shared<bool>(false);
