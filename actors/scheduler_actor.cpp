@@ -27,7 +27,7 @@ struct scheduler_state {
   std::vector<request_id> released;
   std::unordered_map<uint64_t, sink_entry> sinks;
   uint64_t next_id = 1;
-  bool in_flight = false;
+  int32_t in_flight = 0;
 };
 
 using self_ptr = caf::stateful_actor<scheduler_state>*;
@@ -48,23 +48,33 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
   }
 }
 
+void send_step(self_ptr self);
+
 void maybe_step(self_ptr self) {
   auto& st = self->state;
-  if (st.in_flight || !st.sched->has_unfinished()) return;
+  while (st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
+    const int32_t before = st.in_flight;
+    send_step(self);
+    if (st.in_flight == before) break;  // nothing could be scheduled
+  }
+}
+
+void send_step(self_ptr self) {
+  auto& st = self->state;
   const auto plan = std::make_shared<step_plan>(st.sched->schedule());
   if (plan->chunks.empty()) {
-    // Nothing could run (requests ended for lack of memory, say): deliver and stop.
+    // Nothing could run now (requests in flight, or ended for lack of memory): deliver.
     dispatch(self, st.sched->update_from_output(*plan, {}));
     return;
   }
   const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released));
   st.released.clear();
-  st.in_flight = true;
+  ++st.in_flight;
   self->request(st.setup.entry, caf::infinite, step_atom_v, msg, wire_message{})
       .then(
           [self, plan](const wire_message& logits) {
             auto& st = self->state;
-            st.in_flight = false;
+            --st.in_flight;
             const int32_t vocab = st.setup.m->config.vocab_size;
             std::vector<sample_result> samples;
             auto lg = logits.bytes ? wire::decode_activations(*logits.bytes, vocab, st.setup.config.max_step_tokens)
@@ -97,7 +107,7 @@ void maybe_step(self_ptr self) {
           },
           [self, plan](caf::error& e) {
             auto& st = self->state;
-            st.in_flight = false;
+            --st.in_flight;
             for (const auto& c : plan->chunks)
               if (auto out = st.sched->abort(c.id)) {
                 auto it = st.sinks.find(c.id.value);

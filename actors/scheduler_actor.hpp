@@ -12,7 +12,9 @@
 //
 // A sink receives (chunk_atom, TokenChunk frame) for every step that gave its request
 // tokens or text, chunks numbered from 0 without gaps, then (done_atom, GenerateResult
-// frame) once. One step is in flight at a time.
+// frame) once. Up to max_in_flight steps are in flight at once (one per pipeline stage
+// keeps every stage busy), each over different requests; a single step in flight is also
+// the flow control of the activations between stages.
 #pragma once
 
 #include <caf/actor.hpp>
@@ -28,6 +30,7 @@ struct scheduler_setup {
   const tokenizer* tok = nullptr;
   scheduler_config config;
   caf::actor entry;  // the replica's first stage
+  int32_t max_in_flight = 1;  // the number of pipeline stages is a good value
 };
 
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);

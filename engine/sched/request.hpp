@@ -50,6 +50,7 @@ struct request {
   finish_reason reason = finish_reason::none;
   int32_t num_preemptions = 0;
   int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
+  bool in_flight = false;  // a step computing this request has not come back yet
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;

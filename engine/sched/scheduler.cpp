@@ -104,6 +104,7 @@ step_plan scheduler::schedule() {
     c.tokens = std::span<const int32_t>(r.tokens).subspan(c.first, n);
     c.block_table = kv_.block_table(r.id);
     c.sample = c.first + n == r.num_tokens();
+    r.in_flight = true;
     plan.chunks.push_back(c);
     plan.num_tokens += n;
     budget -= n;
@@ -112,10 +113,24 @@ step_plan scheduler::schedule() {
   // Running requests first, in scheduling order.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     request& r = *running_[i];
+    if (r.in_flight) {
+      ++i;
+      continue;
+    }
     const int32_t n = std::min(r.num_tokens() - r.num_computed_tokens, budget);
-    bool preempted_self = false;
+    bool preempted_self = false, blocked = false;
     while (!kv_.allocate(r.id, r.tokens, r.num_computed_tokens + n, {}, r.params.cache_namespace)) {
-      request* victim = running_.back();
+      // The lowest-priority request not in flight gives way.
+      request* victim = nullptr;
+      for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+        if (!(*it)->in_flight) {
+          victim = *it;
+          break;
+        }
+      if (victim == nullptr) {
+        blocked = true;  // only requests in flight hold blocks: wait for them
+        break;
+      }
       if (victim == &r) {
         if (running_.size() == 1) {
           // Alone and still out of blocks: the pool cannot hold this sequence.
@@ -129,6 +144,10 @@ step_plan scheduler::schedule() {
       preempt(*victim, plan);
     }
     if (preempted_self) continue;  // running_[i] is now the next request
+    if (blocked) {
+      ++i;
+      continue;
+    }
     add_chunk(r, n);
     ++i;
   }
@@ -141,7 +160,7 @@ step_plan scheduler::schedule() {
     const int32_t computed = static_cast<int32_t>(hits.size()) * cfg_.block_size;
     const int32_t n = std::min(r.num_tokens() - computed, budget);
     if (!kv_.allocate(r.id, r.tokens, computed + n, hits, r.params.cache_namespace)) {
-      if (running_.empty()) {
+      if (running_.empty() && plan.chunks.empty()) {
         // Nothing runs that could free blocks: it can never fit.
         pending_.push_back(finish(r, finish_reason::length));
         continue;
@@ -165,6 +184,7 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
   for (const scheduled_chunk& c : plan.chunks) {
     request* rp = find(c.id);
     sample_result* s = c.sample ? &samples[k++] : nullptr;
+    if (rp) rp->in_flight = false;
     if (!rp || rp->state != request_state::running || rp->num_computed_tokens != c.first) continue;
     request& r = *rp;
     r.num_computed_tokens += c.count;

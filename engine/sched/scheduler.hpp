@@ -11,6 +11,10 @@
 //                         their text, applies stop conditions, releases finished requests'
 //                         blocks (caching their prefixes), and returns each request's news.
 //
+// Several plans may be in flight at once (a pipeline of P stages keeps up to P steps
+// busy): a request whose step has not come back is left out of the next plans and is
+// never preempted; results must be applied in the order the plans were made.
+//
 // Policies: FCFS (arrival order) or priority (lower first, then arrival). Single-threaded;
 // owned by one engine loop.
 #pragma once

@@ -35,7 +35,12 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
 
   system_config cfg;
   caf::actor_system sys{cfg};
+  // TP=2 in one stage with one step in flight; PP=2 with a step per stage in flight.
+  for (const auto& [layout, in_flight] : std::vector<std::pair<std::vector<stage_layout>, int32_t>>{
+           {{{0, 5, 2}}, 1}, {{{0, 2, 1}, {2, 5, 1}}, 2}}) {
+  CAPTURE(in_flight);
   scheduler_setup setup;
+  setup.max_in_flight = in_flight;
   setup.m = &l.m;
   setup.tok = &l.tok;
   setup.config.num_blocks = 128;
@@ -43,7 +48,7 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   setup.config.max_step_tokens = 128;
   setup.config.context = l.m.config.max_seq_len;
   setup.config.vocab = l.m.config.vocab_size;
-  auto rep = spawn_replica(sys, l.m, {{0, 5, 2}}, setup.config.num_blocks, setup.config.block_size,
+  auto rep = spawn_replica(sys, l.m, layout, setup.config.num_blocks, setup.config.block_size,
                            setup.config.max_step_tokens);
   setup.entry = rep.entry;
   auto sched = spawn_scheduler(sys, setup);
@@ -108,6 +113,7 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   CHECK(refused);
   for (auto& a : rep.actors) self->send_exit(a, caf::exit_reason::user_shutdown);
   self->send_exit(sched, caf::exit_reason::user_shutdown);
+  }
 }
 
 }  // namespace troupe

@@ -215,3 +215,30 @@ TEST_CASE("bad requests are refused with the reason, and leave nothing queued") 
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("two plans in flight: the second leaves out the first's requests; results apply in order") {
+  scheduler s(small(64), test::tok512());
+  for (uint64_t id = 1; id <= 3; ++id) REQUIRE(s.add(request_id{id}, prompt_of(4, 300, 5)).has_value());
+  const step_plan a = s.schedule();
+  REQUIRE(a.chunks.size() == 3);
+  const step_plan b = s.schedule();  // everything is in flight
+  CHECK(b.chunks.empty());
+  REQUIRE(s.add(request_id{4}, prompt_of(4, 100, 5)).has_value());
+  const step_plan c = s.schedule();
+  REQUIRE(c.chunks.size() == 1);
+  CHECK(c.chunks[0].id == request_id{4});
+  std::vector<sample_result> sa(3), sc(1);
+  for (auto& x : sa) x.token = 400;
+  sc[0].token = 401;
+  CHECK(s.update_from_output(a, sa).size() == 3);
+  // Requests 1-3 are back; 4 is still in flight.
+  const step_plan d = s.schedule();
+  REQUIRE(d.chunks.size() == 3);
+  for (const auto& ch : d.chunks) CHECK(ch.id != request_id{4});
+  CHECK(s.update_from_output(c, sc).size() == 1);
+  CHECK(s.find(request_id{4})->num_computed_tokens == 4);
+}
+
+}  // namespace troupe
