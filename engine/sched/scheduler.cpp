@@ -96,6 +96,11 @@ void scheduler::preempt(request& r, step_plan& plan) {
 step_plan scheduler::schedule() {
   step_plan plan;
   int32_t budget = cfg_.max_step_tokens;
+  // With micro-batches, one plan takes its share of the requests, not all of them.
+  const size_t share = cfg_.micro_batches > 1
+                           ? std::max<size_t>(1, (running_.size() + waiting_.size() + cfg_.micro_batches - 1) /
+                                                     static_cast<size_t>(cfg_.micro_batches))
+                           : SIZE_MAX;
   auto add_chunk = [&](request& r, int32_t n) {
     scheduled_chunk c;
     c.id = r.id;
@@ -111,7 +116,7 @@ step_plan scheduler::schedule() {
   };
 
   // Running requests first, in scheduling order.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
+  for (size_t i = 0; i < running_.size() && budget > 0 && plan.chunks.size() < share;) {
     request& r = *running_[i];
     if (r.in_flight) {
       ++i;
@@ -153,7 +158,7 @@ step_plan scheduler::schedule() {
   }
 
   // Then waiting requests, unless memory ran short this step.
-  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
+  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() && plan.chunks.size() < share &&
          static_cast<int32_t>(running_.size()) < cfg_.max_running) {
     request& r = *waiting_.front();
     const auto hits = kv_.match_prefix(r.tokens, r.params.cache_namespace);

@@ -43,6 +43,8 @@ struct scheduler_config {
   bool prefix_caching = true;
   int32_t context = 0;            // longest sequence (the model's context)
   int32_t vocab = 0;              // token ids must be below this
+  int32_t micro_batches = 1;      // plans share the requests this many ways (pipelines of
+                                  // P stages keep P plans in flight)
 };
 
 class scheduler {

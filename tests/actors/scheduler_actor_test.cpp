@@ -41,6 +41,7 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   CAPTURE(in_flight);
   scheduler_setup setup;
   setup.max_in_flight = in_flight;
+  setup.config.micro_batches = in_flight;
   setup.m = &l.m;
   setup.tok = &l.tok;
   setup.config.num_blocks = 128;

@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
   setup.config.context = m.config.max_seq_len;
   setup.config.vocab = m.config.vocab_size;
   setup.max_in_flight = static_cast<int32_t>(rs.stages.size());
+  setup.config.micro_batches = setup.max_in_flight;
   const bool is_gateway = topo->gateway_node == node_name;
   caf::actor sched;
   if (is_gateway) {

@@ -242,3 +242,19 @@ TEST_CASE("two plans in flight: the second leaves out the first's requests; resu
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("micro-batches: each plan takes its share of the requests") {
+  auto cfg = small(64);
+  cfg.micro_batches = 2;
+  scheduler s(cfg, test::tok512());
+  for (uint64_t id = 1; id <= 4; ++id) REQUIRE(s.add(request_id{id}, prompt_of(4, 300, 5)).has_value());
+  const step_plan a = s.schedule();
+  const step_plan b = s.schedule();
+  CHECK(a.chunks.size() == 2);
+  CHECK(b.chunks.size() == 2);
+  CHECK(s.schedule().chunks.empty());
+}
+
+}  // namespace troupe
