@@ -5,6 +5,7 @@
 // `endpoint: capnp://HOST:PORT` once it answers; others print `node: NAME`. SIGINT or
 // SIGTERM stops a node cleanly.
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -124,6 +125,21 @@ int main(int argc, char** argv) {
     return error{"stage " + std::to_string(idx) + " on node '" + peer.name + "' (" + peer.host + ":" +
                  std::to_string(peer.port) + ") cannot be reached: " + last_error};
   };
+  // The round trip to another node's directory, measured once so operators see the cost
+  // of a pipeline hop (printed; BENCHMARKS.md quotes it).
+  auto report_hop = [&](const tools::node_spec& peer) {
+    auto dir = sys.middleman().remote_actor(peer.host, peer.port);
+    if (!dir) return;
+    std::vector<double> us;
+    for (uint64_t k = 0; k < 200; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      self->request(*dir, std::chrono::seconds(5), ping_atom_v, k).receive([](uint64_t) {}, [](caf::error&) {});
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    std::fprintf(stderr, "troupe-node %s: round trip to node %s: median %.0f us, p90 %.0f us (200 pings)\n",
+                 node_name.c_str(), peer.name.c_str(), us[us.size() / 2], us[us.size() * 9 / 10]);
+  };
   for (size_t i = rs.stages.size(); i-- > 0;) {
     const auto& s = rs.stages[i];
     if (s.node != node_name) continue;
@@ -138,6 +154,7 @@ int main(int argc, char** argv) {
           return 1;
         }
         next = *r;
+        report_hop(node_of(rs.stages[i + 1].node));
       }
     }
     const int32_t tp = static_cast<int32_t>(s.devices.size());
@@ -151,11 +168,14 @@ int main(int argc, char** argv) {
   caf::actor directory;
   if (topo->nodes.size() > 1) {
     directory = sys.spawn([stages = stage_of, name = rs.name](caf::event_based_actor*) -> caf::behavior {
-      return {[stages, name](lookup_atom, const std::string& replica, int32_t idx) -> caf::result<caf::actor> {
-        if (replica != name || idx < 0 || static_cast<size_t>(idx) >= stages.size() || !stages[idx])
-          return caf::make_error(caf::sec::invalid_argument, "no such stage here");
-        return stages[idx];
-      }};
+      return {
+          [stages, name](lookup_atom, const std::string& replica, int32_t idx) -> caf::result<caf::actor> {
+            if (replica != name || idx < 0 || static_cast<size_t>(idx) >= stages.size() || !stages[idx])
+              return caf::make_error(caf::sec::invalid_argument, "no such stage here");
+            return stages[idx];
+          },
+          [](ping_atom, uint64_t x) { return x; },
+      };
     });
     auto bound = sys.middleman().publish(directory, me->port, me->host.c_str(), true);
     if (!bound) {
