@@ -125,11 +125,16 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (!model) return error{name + ": the [model] table is missing"};
   rd.get(*model, "[model]", "path", t.model_path, true);
   rd.get(*model, "[model]", "tokenizer", t.tokenizer_path, false);
+  rd.get(*model, "[model]", "name", t.model_name, false);
+  rd.get(*model, "[model]", "chat_template", t.chat_template, false);
+  if (rd.ok() && t.chat_template != "raw" && t.chat_template != "llama2" && t.chat_template != "chatml")
+    rd.fail("[model]: chat_template must be raw, llama2 or chatml");
   auto resolve = [&](std::string& p) {
     if (!p.empty() && std::filesystem::path(p).is_relative()) p = (std::filesystem::path(base_dir) / p).lexically_normal().string();
   };
   resolve(t.model_path);
   resolve(t.tokenizer_path);
+  if (t.model_name.empty()) t.model_name = std::filesystem::path(t.model_path).stem().string();
 
   const toml::table* gw = root["gateway"].as_table();
   if (!gw) return error{name + ": the [gateway] table is missing"};
@@ -137,6 +142,8 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   rd.get(*gw, "[gateway]", "node", t.gateway_node, true);
   if (rd.get(*gw, "[gateway]", "capnp", capnp, true)) rd.endpoint_of(capnp, "[gateway] capnp", t.capnp);
   if (rd.get(*gw, "[gateway]", "http", http, false)) rd.endpoint_of(http, "[gateway] http", t.http);
+  rd.get(*gw, "[gateway]", "api_keys_file", t.api_keys_file, false);
+  resolve(t.api_keys_file);
 
   if (const toml::table* kv = root["kv"].as_table()) {
     rd.get(*kv, "[kv]", "block_size", t.block_size, false);

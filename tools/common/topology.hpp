@@ -2,8 +2,10 @@
 // model, the client endpoints, the node processes, and the replicas, each a chain of
 // pipeline stages whose devices are its tensor-parallel shards.
 //
-//   [model]     path, tokenizer (for llama2.c files)
-//   [gateway]   node, capnp = "HOST:PORT", http = "HOST:PORT"
+//   [model]     path, tokenizer (for llama2.c files), name (what HTTP clients pass as
+//               "model"; default: the file's stem), chat_template = raw | llama2 | chatml
+//   [gateway]   node, capnp = "HOST:PORT", http = "HOST:PORT", api_keys_file (one key a
+//               line; required when an endpoint is not on loopback)
 //   [kv]        block_size, num_blocks        (optional)
 //   [scheduler] max_step_tokens, max_running  (optional)
 //   [[node]]    name, host, port, threads (optional)
@@ -53,6 +55,9 @@ struct topology {
   std::string path;  // the file it came from
   std::string model_path;
   std::string tokenizer_path;
+  std::string model_name;
+  std::string chat_template = "raw";
+  std::string api_keys_file;
   std::string gateway_node;
   endpoint capnp;
   endpoint http;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -16,6 +17,7 @@
 
 #include "actors/caf/system_config.hpp"
 #include "actors/caf/type_ids.hpp"
+#include "actors/gateway/http_gateway.hpp"
 #include "actors/gateway/rpc_gateway.hpp"
 #include "actors/replica.hpp"
 #include "actors/scheduler_actor.hpp"
@@ -32,10 +34,11 @@ int main(int argc, char** argv) {
       "endpoint, printing `endpoint: capnp://HOST:PORT` when ready. Stops on SIGINT/SIGTERM.\n\n"
       "Example:\n  troupe-node deploy/tp2.toml --node n0\n",
       "troupe-node"};
-  std::string topo_path, node_name, capnp_override;
+  std::string topo_path, node_name, capnp_override, http_override;
   app.add_option("topology", topo_path, "topology file (deploy/*.toml)")->required();
   app.add_option("--node", node_name, "this process's node name (default: the gateway's node)");
   app.add_option("--capnp", capnp_override, "serve the client API here instead (HOST:PORT; port 0 picks a free one)");
+  app.add_option("--http", http_override, "serve the OpenAI-compatible HTTP API here (HOST:PORT; port 0 picks a free one)");
   CLI11_PARSE(app, argc, argv);
 
   auto topo = tools::parse_topology(topo_path);
@@ -66,21 +69,41 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-node: %s: this build serves one replica\n", topo_path.c_str());
     return 1;
   }
-  tools::endpoint ep = topo->capnp;
-  if (!capnp_override.empty()) {
-    const size_t colon = capnp_override.rfind(':');
-    if (colon == std::string::npos || capnp_override.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
-        colon + 1 == capnp_override.size() || capnp_override.size() - colon > 6) {
-      std::fprintf(stderr, "troupe-node: --capnp '%s' is not HOST:PORT\n", capnp_override.c_str());
+  auto override_endpoint = [](const std::string& text, const char* flag, tools::endpoint& ep) {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == text.size() || text.size() - colon > 6 ||
+        text.find_first_not_of("0123456789", colon + 1) != std::string::npos || std::stol(text.substr(colon + 1)) > 65535) {
+      std::fprintf(stderr, "troupe-node: %s '%s' is not HOST:PORT\n", flag, text.c_str());
+      return false;
+    }
+    ep.host = text.substr(0, colon);
+    ep.port = static_cast<uint16_t>(std::stol(text.substr(colon + 1)));
+    return true;
+  };
+  tools::endpoint ep = topo->capnp, http_ep = topo->http;
+  if (!capnp_override.empty() && !override_endpoint(capnp_override, "--capnp", ep)) return 1;
+  if (!http_override.empty() && !override_endpoint(http_override, "--http", http_ep)) return 1;
+  const bool serve_http = !http_override.empty() || topo->http.port != 0;
+  auto loopback = [](const std::string& h) { return h == "127.0.0.1" || h == "localhost" || h == "::1"; };
+  std::vector<std::string> api_keys;
+  if (!topo->api_keys_file.empty()) {
+    std::ifstream f(topo->api_keys_file);
+    if (!f) {
+      std::fprintf(stderr, "troupe-node: cannot read the API keys file %s\n", topo->api_keys_file.c_str());
       return 1;
     }
-    ep.host = capnp_override.substr(0, colon);
-    const long port = std::stol(capnp_override.substr(colon + 1));
-    if (port > 65535) {
-      std::fprintf(stderr, "troupe-node: --capnp port %ld is not in 0..65535\n", port);
-      return 1;
-    }
-    ep.port = static_cast<uint16_t>(port);
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty() && line[0] != '#') api_keys.push_back(line);
+  }
+  if (!loopback(ep.host)) {
+    std::fprintf(stderr, "troupe-node: the Cap'n Proto endpoint %s is not on loopback; it does not check API keys yet\n",
+                 ep.str().c_str());
+    return 1;
+  }
+  if (serve_http && !loopback(http_ep.host) && api_keys.empty()) {
+    std::fprintf(stderr, "troupe-node: the HTTP endpoint %s is not on loopback: name an api_keys_file in [gateway]\n",
+                 http_ep.str().c_str());
+    return 1;
   }
 
   // Block the stop signals before any thread starts, so only the wait below sees them.
@@ -224,6 +247,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-node %s: stopping (signal %d)\n", node_name.c_str(), sig);
   } else {
     rpc_gateway gateway(sys, sched);
+    http_config hc;
+    hc.host = http_ep.host;
+    hc.port = http_ep.port;
+    hc.model_id = topo->model_name;
+    hc.chat = *openai::template_named(topo->chat_template);
+    hc.limits.context = m.config.max_seq_len;
+    hc.limits.max_tokens = m.config.max_seq_len;
+    hc.max_requests = std::max(1, topo->max_running * 4);
+    hc.api_keys = api_keys;
+    http_gateway http(sys, sched, hc);
+    if (serve_http) {
+      auto hp = http.start();
+      if (!hp) {
+        std::fprintf(stderr, "troupe-node: %s\n", hp.err().message.c_str());
+        return 1;
+      }
+      std::printf("endpoint: http://%s:%u\n", http_ep.host.c_str(), static_cast<unsigned>(*hp));
+    }
     auto port = gateway.start(ep.host, ep.port);
     if (!port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
@@ -237,6 +278,7 @@ int main(int argc, char** argv) {
       sigwait(&stop_signals, &sig);
       // Drain: no new requests; those in flight finish (for up to 30 s).
       gateway.drain();
+      http.drain();
       std::fprintf(stderr, "troupe-node %s: draining (signal %d)\n", node_name.c_str(), sig);
       for (int i = 0; i < 300; ++i) {
         uint32_t busy = 0;
@@ -249,6 +291,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-node %s: stopping\n", node_name.c_str());
     }
     gateway.stop();
+    http.stop();
   }
   if (sched) self->send_exit(sched, caf::exit_reason::user_shutdown);
   if (directory) self->send_exit(directory, caf::exit_reason::user_shutdown);

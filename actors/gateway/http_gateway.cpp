@@ -1,0 +1,401 @@
+#include "actors/gateway/http_gateway.hpp"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <caf/all.hpp>
+
+#include "actors/caf/type_ids.hpp"
+#include "actors/wire/client_codec.hpp"
+
+namespace troupe {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// HTTP request ids live far above the Cap'n Proto gateway's, in the same scheduler.
+std::atomic<uint64_t> next_http_id{uint64_t{1} << 62};
+
+struct stream_event {
+  bool done = false;
+  wire_message frame;
+};
+
+// Chunks of one HTTP request's completions, filled by its sink actor, drained by the
+// request's thread.
+struct request_stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<stream_event> q;
+
+  void push(stream_event e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      q.push_back(std::move(e));
+    }
+    cv.notify_one();
+  }
+  std::optional<stream_event> pop(clock_type::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_until(lock, deadline, [&] { return !q.empty(); })) return std::nullopt;
+    stream_event e = std::move(q.front());
+    q.pop_front();
+    return e;
+  }
+};
+
+caf::behavior stream_sink(caf::event_based_actor*, std::shared_ptr<request_stream> s) {
+  return {
+      [s](chunk_atom, const wire_message& m) { s->push({false, m}); },
+      [s](done_atom, const wire_message& m) { s->push({true, m}); },
+  };
+}
+
+// A histogram with Prometheus's cumulative buckets, in seconds.
+struct histogram {
+  std::vector<double> bounds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  std::vector<uint64_t> counts = std::vector<uint64_t>(bounds.size() + 1, 0);
+  double sum = 0;
+  uint64_t n = 0;
+  void add(double s) {
+    size_t i = 0;
+    while (i < bounds.size() && s > bounds[i]) ++i;
+    ++counts[i];
+    sum += s;
+    ++n;
+  }
+  void write(std::string& out, const std::string& name, const std::string& help) const {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    uint64_t acc = 0;
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      acc += counts[i];
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%g", bounds[i]);
+      out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(acc) + "\n";
+    }
+    out += name + "_bucket{le=\"+Inf\"} " + std::to_string(n) + "\n";
+    out += name + "_sum " + std::to_string(sum) + "\n" + name + "_count " + std::to_string(n) + "\n";
+  }
+};
+
+struct metrics {
+  std::mutex mu;
+  std::map<std::string, uint64_t> outcomes;  // requests by outcome
+  uint64_t tokens_in = 0, tokens_out = 0;
+  histogram ttft, tpot, itl, e2e;
+};
+
+std::string outcome_of(finish_reason r, const std::string& error) {
+  if (!error.empty()) return "error";
+  switch (r) {
+    case finish_reason::stop: return "stop";
+    case finish_reason::length: return "length";
+    case finish_reason::aborted: return "cancelled";
+    default: return "error";
+  }
+}
+
+}  // namespace
+
+struct http_gateway::impl {
+  caf::actor_system& sys;
+  caf::actor scheduler;
+  http_config cfg;
+  httplib::Server server;
+  std::thread thread;
+  std::atomic<int32_t> in_flight{0};
+  std::atomic<bool> draining{false};
+  metrics m;
+  int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+
+  impl(caf::actor_system& s, caf::actor sched, http_config c) : sys(s), scheduler(std::move(sched)), cfg(std::move(c)) {}
+
+  bool authorized(const httplib::Request& req) const {
+    if (cfg.api_keys.empty()) return true;
+    const std::string h = req.get_header_value("Authorization");
+    if (h.rfind("Bearer ", 0) != 0) return false;
+    const std::string key = h.substr(7);
+    for (const auto& k : cfg.api_keys)
+      if (k == key) return true;
+    return false;
+  }
+
+  static void send_error(httplib::Response& res, const openai::api_error& e) {
+    res.status = e.status;
+    res.set_content(openai::error_body(e), "application/json");
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  std::string render_metrics();
+};
+
+void http_gateway::impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto t0 = clock_type::now();
+  if (!authorized(req)) return send_error(res, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+  if (draining) return send_error(res, {503, "the server is shutting down", "server_error", "", ""});
+  auto parsed = openai::parse_request(req.body, chat, cfg.model_id, cfg.chat, cfg.limits);
+  if (auto* e = std::get_if<openai::api_error>(&parsed)) {
+    std::lock_guard<std::mutex> lock(m.mu);
+    ++m.outcomes["invalid"];
+    return send_error(res, *e);
+  }
+  auto r = std::get<openai::api_request>(std::move(parsed));
+  // Admission: a full server answers at once.
+  if (in_flight.fetch_add(1) >= cfg.max_requests) {
+    in_flight.fetch_sub(1);
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      ++m.outcomes["rejected"];
+    }
+    res.set_header("Retry-After", "1");
+    return send_error(res, {429, "the server is at capacity; retry shortly", "rate_limit_error", "", "overloaded"});
+  }
+  auto stream = std::make_shared<request_stream>();
+  auto sink = sys.spawn(stream_sink, stream);
+  std::vector<uint64_t> ids;
+  for (int32_t i = 0; i < r.n; ++i) {
+    request_params p = r.params;
+    p.sampling.seed += static_cast<uint64_t>(i);  // n different samples
+    const uint64_t id = next_http_id++;
+    ids.push_back(id);
+    caf::anon_send(scheduler, generate_atom_v, id, wire_message(wire_kind::none, wire::encode_generate_request_text(r.prompt, p)), sink);
+  }
+  const std::string cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(ids[0]);
+  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto deadline = t0 + std::chrono::seconds(cfg.request_timeout_s);
+
+  struct state {
+    std::vector<openai::choice_result> choices;
+    std::vector<bool> finished, started;
+    uint32_t prompt_tokens = 0, output_tokens = 0;
+    size_t done = 0;
+    std::string error;
+    clock_type::time_point first{}, last{};
+  };
+  auto st = std::make_shared<state>();
+  st->choices.resize(ids.size());
+  st->finished.assign(ids.size(), false);
+  st->started.assign(ids.size(), false);
+  auto index_of = [ids](uint64_t id) {
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == id) return static_cast<int>(i);
+    return -1;
+  };
+  // Applies one event; returns the SSE payloads it produces (streaming).
+  auto apply = [this, st, index_of, chat, cid, created, model = r.model](const stream_event& e, std::vector<std::string>* sse) {
+    if (e.done) {
+      auto v = wire::decode_generate_result(*e.frame.bytes);
+      if (!v) return;
+      const int i = index_of(v->request);
+      if (i < 0 || st->finished[i]) return;
+      st->finished[i] = true;
+      ++st->done;
+      st->choices[i].reason = v->reason;
+      st->prompt_tokens = v->prompt_tokens;
+      st->output_tokens += v->output_tokens;
+      if (!v->error.empty() && st->error.empty()) st->error = v->error;
+      if (sse && v->error.empty()) sse->push_back(openai::chunk_body(cid, chat, model, created, i, "", v->reason, !st->started[i]));
+    } else {
+      auto c = wire::decode_token_chunk(*e.frame.bytes);
+      if (!c) return;
+      const int i = index_of(c->request);
+      if (i < 0) return;
+      const auto now = clock_type::now();
+      if (st->first == clock_type::time_point{}) st->first = now;
+      {
+        std::lock_guard<std::mutex> lock(m.mu);
+        if (st->last != clock_type::time_point{}) m.itl.add(std::chrono::duration<double>(now - st->last).count());
+      }
+      st->last = now;
+      st->choices[i].text += c->text;
+      st->choices[i].tokens.insert(st->choices[i].tokens.end(), c->tokens.begin(), c->tokens.end());
+      if (sse && !c->text.empty()) {
+        sse->push_back(openai::chunk_body(cid, chat, model, created, i, c->text, std::nullopt, !st->started[i]));
+        st->started[i] = true;
+      }
+    }
+  };
+  auto finish_metrics = [this, st, t0, first_id = ids[0]]() {
+    std::lock_guard<std::mutex> lock(m.mu);
+    const auto now = clock_type::now();
+    ++m.outcomes[outcome_of(st->choices[0].reason, st->error)];
+    m.tokens_in += st->prompt_tokens;
+    m.tokens_out += st->output_tokens;
+    if (st->first != clock_type::time_point{}) {
+      m.ttft.add(std::chrono::duration<double>(st->first - t0).count());
+      if (st->output_tokens > 1)
+        m.tpot.add(std::chrono::duration<double>(st->last - st->first).count() / (st->output_tokens - 1));
+    }
+    m.e2e.add(std::chrono::duration<double>(now - t0).count());
+    std::fprintf(stderr, "troupe-http: request %llu tokens_in=%u tokens_out=%u ttft_ms=%.1f outcome=%s\n",
+                 static_cast<unsigned long long>(first_id), st->prompt_tokens, st->output_tokens,
+                 st->first == clock_type::time_point{} ? -1.0 : std::chrono::duration<double, std::milli>(st->first - t0).count(),
+                 outcome_of(st->choices[0].reason, st->error).c_str());
+  };
+  auto cancel_all = [this, ids, st]() {
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (!st->finished[i]) caf::anon_send(scheduler, cancel_atom_v, ids[i]);
+  };
+
+  if (!r.stream) {
+    while (st->done < ids.size()) {
+      auto e = stream->pop(deadline);
+      if (!e) {
+        cancel_all();
+        st->error = "the request took longer than " + std::to_string(cfg.request_timeout_s) + " s";
+        break;
+      }
+      apply(*e, nullptr);
+    }
+    caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+    finish_metrics();
+    in_flight.fetch_sub(1);
+    if (!st->error.empty()) return send_error(res, {400, st->error, "invalid_request_error", "", ""});
+    res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens, st->output_tokens),
+                    "application/json");
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, stream, st, apply, ids, deadline, cancel_all, include_usage = r.include_usage, chat, cid, created,
+       model = r.model](size_t, httplib::DataSink& out) {
+        auto write = [&](const std::string& payload) {
+          const std::string line = "data: " + payload + "\n\n";
+          return out.write(line.data(), line.size());
+        };
+        auto e = stream->pop(deadline);
+        if (!e) {
+          cancel_all();
+          write(openai::error_body({408, "the request timed out", "timeout_error", "", ""}));
+          write("[DONE]");
+          out.done();
+          return true;
+        }
+        std::vector<std::string> sse;
+        apply(*e, &sse);
+        for (const auto& p : sse)
+          if (!write(p)) {  // the client went away: stop generating
+            cancel_all();
+            return false;
+          }
+        if (st->done == ids.size()) {
+          if (!st->error.empty()) write(openai::error_body({400, st->error, "invalid_request_error", "", ""}));
+          if (include_usage) write(openai::usage_chunk_body(cid, chat, model, created, st->prompt_tokens, st->output_tokens));
+          write("[DONE]");
+          out.done();
+        }
+        return true;
+      },
+      [this, sink, st, finish_metrics, cancel_all](bool) {
+        cancel_all();  // no-op for finished choices
+        caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+        finish_metrics();
+        in_flight.fetch_sub(1);
+      });
+}
+
+std::string http_gateway::impl::render_metrics() {
+  uint32_t used = 0, free = 0, running = 0, waiting = 0;
+  caf::scoped_actor self{sys};
+  self->request(scheduler, std::chrono::seconds(1), stats_atom_v)
+      .receive([&](uint32_t u, uint32_t f, uint32_t r, uint32_t w) { used = u; free = f; running = r; waiting = w; },
+               [&](caf::error&) {});
+  std::lock_guard<std::mutex> lock(m.mu);
+  std::string out;
+  out += "# HELP troupe_requests_total HTTP completion requests by outcome.\n# TYPE troupe_requests_total counter\n";
+  for (const char* o : {"stop", "length", "cancelled", "error", "invalid", "rejected"})
+    out += std::string("troupe_requests_total{outcome=\"") + o + "\"} " + std::to_string(m.outcomes[o]) + "\n";
+  out += "# HELP troupe_prompt_tokens_total Prompt tokens of finished requests.\n# TYPE troupe_prompt_tokens_total counter\n";
+  out += "troupe_prompt_tokens_total " + std::to_string(m.tokens_in) + "\n";
+  out += "# HELP troupe_generated_tokens_total Generated tokens of finished requests.\n# TYPE troupe_generated_tokens_total counter\n";
+  out += "troupe_generated_tokens_total " + std::to_string(m.tokens_out) + "\n";
+  out += "# HELP troupe_requests_running Requests in the running batch.\n# TYPE troupe_requests_running gauge\n";
+  out += "troupe_requests_running " + std::to_string(running) + "\n";
+  out += "# HELP troupe_requests_waiting Requests queued for the batch.\n# TYPE troupe_requests_waiting gauge\n";
+  out += "troupe_requests_waiting " + std::to_string(waiting) + "\n";
+  out += "# HELP troupe_kv_blocks KV blocks by state.\n# TYPE troupe_kv_blocks gauge\n";
+  out += "troupe_kv_blocks{state=\"used\"} " + std::to_string(used) + "\n";
+  out += "troupe_kv_blocks{state=\"free\"} " + std::to_string(free) + "\n";
+  m.ttft.write(out, "troupe_time_to_first_token_seconds", "Time from request to first token.");
+  m.tpot.write(out, "troupe_time_per_output_token_seconds", "Mean time per token after the first, per request.");
+  m.itl.write(out, "troupe_inter_token_latency_seconds", "Gaps between streamed chunks.");
+  m.e2e.write(out, "troupe_request_latency_seconds", "Time from request to its last token.");
+  return out;
+}
+
+http_gateway::http_gateway(caf::actor_system& sys, caf::actor scheduler, http_config cfg)
+    : impl_(std::make_unique<impl>(sys, std::move(scheduler), std::move(cfg))) {}
+
+http_gateway::~http_gateway() { stop(); }
+
+expected<uint16_t> http_gateway::start() {
+  impl* g = impl_.get();
+  auto& srv = g->server;
+  srv.set_payload_max_length(g->cfg.max_body_bytes);
+  srv.set_read_timeout(30, 0);
+  srv.set_write_timeout(30, 0);
+  srv.Post("/v1/completions", [g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, false); });
+  srv.Post("/v1/chat/completions", [g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, true); });
+  srv.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::fprintf(stderr, "troupe-http: handler failed: %s\n", what.c_str());
+    r.status = 500;
+    r.set_content(openai::error_body({500, "internal error", "server_error", "", ""}), "application/json");
+  });
+  srv.Get("/v1/models", [g](const httplib::Request& q, httplib::Response& r) {
+    if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+    r.set_content(openai::models_body(g->cfg.model_id, g->started), "application/json");
+  });
+  srv.Get("/health", [g](const httplib::Request&, httplib::Response& r) {
+    bool ready = false;
+    caf::scoped_actor self{g->sys};
+    self->request(g->scheduler, std::chrono::seconds(1), stats_atom_v)
+        .receive([&](uint32_t, uint32_t, uint32_t, uint32_t) { ready = true; }, [&](caf::error&) {});
+    ready = ready && !g->draining;
+    r.status = ready ? 200 : 503;
+    r.set_content(ready ? R"({"status":"ok"})" : R"({"status":"unavailable"})", "application/json");
+  });
+  srv.Get("/metrics", [g](const httplib::Request& q, httplib::Response& r) {
+    if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+    r.set_content(g->render_metrics(), "text/plain; version=0.0.4");
+  });
+  srv.set_error_handler([](const httplib::Request&, httplib::Response& r) {
+    if (!r.body.empty()) return;
+    const char* msg = r.status == 413 ? "the request body is too large" : r.status == 404 ? "no such route" : "bad request";
+    r.set_content(openai::error_body({r.status, msg, "invalid_request_error", "", ""}), "application/json");
+  });
+  int port = g->cfg.port;
+  if (port == 0) {
+    port = srv.bind_to_any_port(g->cfg.host.c_str());
+    if (port < 0) return error{"http: cannot listen on " + g->cfg.host};
+  } else if (!srv.bind_to_port(g->cfg.host.c_str(), port)) {
+    return error{"http: cannot listen on " + g->cfg.host + ":" + std::to_string(port)};
+  }
+  g->thread = std::thread([g] { g->server.listen_after_bind(); });
+  return static_cast<uint16_t>(port);
+}
+
+void http_gateway::drain() { impl_->draining = true; }
+
+void http_gateway::stop() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace troupe

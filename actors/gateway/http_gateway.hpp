@@ -1,0 +1,53 @@
+// http_gateway: the OpenAI-compatible HTTP API beside the Cap'n Proto one:
+// POST /v1/completions and /v1/chat/completions (whole responses, or server-sent events
+// ending with `data: [DONE]`), GET /v1/models, GET /health (200 only when the scheduler
+// answers), GET /metrics (Prometheus text). Bearer keys guard every route but /health
+// when keys are configured; over capacity a request gets 429 with Retry-After at once.
+//
+// The HTTP server (cpp-httplib, from Debian: small, threaded, chunked responses for
+// SSE) runs its own threads; each request submits to the scheduler actor with a sink
+// actor of its own that queues the chunks for the request's thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "actors/gateway/openai.hpp"
+#include "engine/util/expected.hpp"
+
+namespace troupe {
+
+struct http_config {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;                  // 0: any free port
+  std::string model_id;                  // the name clients pass as "model"
+  openai::chat_template chat = openai::chat_template::raw;
+  openai::api_limits limits;
+  size_t max_body_bytes = size_t{1} << 20;  // larger bodies get 413
+  int32_t max_requests = 64;             // in flight; more get 429
+  int32_t request_timeout_s = 600;       // a request that takes longer ends with an error
+  std::vector<std::string> api_keys;     // empty: no authentication
+};
+
+class http_gateway {
+ public:
+  http_gateway(caf::actor_system& sys, caf::actor scheduler, http_config cfg);
+  ~http_gateway();
+  http_gateway(const http_gateway&) = delete;
+  http_gateway& operator=(const http_gateway&) = delete;
+
+  expected<uint16_t> start();
+  void drain();  // new completions get 503; those in flight finish
+  void stop();
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,249 @@
+#include "actors/gateway/openai.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace troupe::openai {
+
+namespace {
+
+using nlohmann::json;
+
+api_error bad(const std::string& message, const std::string& param, int status = 400, const std::string& code = "") {
+  api_error e;
+  e.status = status;
+  e.message = message;
+  e.param = param;
+  e.code = code;
+  return e;
+}
+
+const char* reason_name(finish_reason r) {
+  switch (r) {
+    case finish_reason::stop: return "stop";
+    case finish_reason::length: return "length";
+    default: return "stop";
+  }
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<chat_template> template_named(const std::string& name) {
+  if (name == "raw") return chat_template::raw;
+  if (name == "llama2") return chat_template::llama2;
+  if (name == "chatml") return chat_template::chatml;
+  return std::nullopt;
+}
+
+std::string apply_template(chat_template t, const std::vector<std::pair<std::string, std::string>>& messages) {
+  std::string out;
+  switch (t) {
+    case chat_template::raw:
+      for (const auto& [role, content] : messages) out += content + "\n";
+      return out;
+    case chat_template::chatml:
+      for (const auto& [role, content] : messages) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+      return out + "<|im_start|>assistant\n";
+    case chat_template::llama2: {
+      std::string system;
+      bool open = false;
+      for (const auto& [role, content] : messages) {
+        if (role == "system") {
+          system = "<<SYS>>\n" + content + "\n<</SYS>>\n\n";
+        } else if (role == "user") {
+          out += "[INST] " + system + content + " [/INST]";
+          system.clear();
+          open = true;
+        } else {
+          out += " " + content + " ";
+          open = false;
+        }
+      }
+      (void)open;
+      return out;
+    }
+  }
+  return out;
+}
+
+std::variant<api_request, api_error> parse_request(const std::string& body, bool chat, const std::string& model_id,
+                                                   chat_template tmpl, const api_limits& lim) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return bad(std::string("the body is not valid JSON: ") + e.what(), "");
+  }
+  if (!j.is_object()) return bad("the body must be a JSON object", "");
+  api_request r;
+  r.chat = chat;
+  if (!j.contains("model") || !j["model"].is_string()) return bad("'model' must be a string", "model");
+  r.model = j["model"].get<std::string>();
+  if (r.model != model_id)
+    return bad("The model '" + r.model + "' does not exist; this server serves '" + model_id + "'", "model", 404,
+               "model_not_found");
+
+  if (chat) {
+    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+      return bad("'messages' must be a non-empty array", "messages");
+    std::vector<std::pair<std::string, std::string>> msgs;
+    for (const auto& m : j["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+          !m["content"].is_string())
+        return bad("each message needs a string 'role' and a string 'content'", "messages");
+      const std::string role = m["role"].get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant")
+        return bad("message role '" + role + "' is not system, user or assistant", "messages");
+      msgs.emplace_back(role, m["content"].get<std::string>());
+    }
+    r.prompt = apply_template(tmpl, msgs);
+  } else {
+    if (!j.contains("prompt")) return bad("'prompt' is required", "prompt");
+    const auto& p = j["prompt"];
+    if (p.is_string()) {
+      r.prompt = p.get<std::string>();
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      r.prompt = p[0].get<std::string>();
+    } else {
+      return bad("'prompt' must be a string (or an array of one string)", "prompt");
+    }
+  }
+  if (r.prompt.size() > lim.max_prompt_bytes) return bad("the prompt is longer than this server accepts", chat ? "messages" : "prompt", 413);
+  if (!valid_utf8(r.prompt)) return bad("the prompt is not valid UTF-8", chat ? "messages" : "prompt");
+
+  auto number = [&](const char* key, double lo, double hi, double& out) -> std::optional<api_error> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number()) return bad(std::string("'") + key + "' must be a number", key);
+    const double v = j[key].get<double>();
+    if (!(v >= lo && v <= hi))
+      return bad(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", key);
+    out = v;
+    return std::nullopt;
+  };
+  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) -> std::optional<api_error> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number_integer()) return bad(std::string("'") + key + "' must be an integer", key);
+    const int64_t v = j[key].get<int64_t>();
+    if (v < lo || v > hi)
+      return bad(std::string("'") + key + "' must be in " + std::to_string(lo) + ".." + std::to_string(hi), key);
+    out = v;
+    return std::nullopt;
+  };
+  double temperature = 1.0, top_p = 1.0, freq = 0.0, pres = 0.0;
+  int64_t max_tokens = 16, seed = 0, n = 1;
+  if (chat) max_tokens = std::min<int64_t>(lim.max_tokens, lim.context);
+  if (auto e = number("temperature", 0.0, 2.0, temperature)) return *e;
+  if (auto e = number("top_p", 0.0, 1.0, top_p)) return *e;
+  if (top_p == 0.0) return bad("'top_p' must be above 0", "top_p");
+  if (auto e = number("frequency_penalty", -2.0, 2.0, freq)) return *e;
+  if (auto e = number("presence_penalty", -2.0, 2.0, pres)) return *e;
+  if (auto e = integer(chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", 1,
+                       std::min<int64_t>(lim.max_tokens, lim.context), max_tokens))
+    return *e;
+  if (auto e = integer("seed", INT64_MIN, INT64_MAX, seed)) return *e;
+  if (auto e = integer("n", 1, lim.max_n, n)) return *e;
+  r.n = static_cast<int32_t>(n);
+  if (j.contains("stream") && !j["stream"].is_null()) {
+    if (!j["stream"].is_boolean()) return bad("'stream' must be a boolean", "stream");
+    r.stream = j["stream"].get<bool>();
+  }
+  if (j.contains("stream_options") && j["stream_options"].is_object() && j["stream_options"].contains("include_usage")) {
+    if (!j["stream_options"]["include_usage"].is_boolean()) return bad("'include_usage' must be a boolean", "stream_options");
+    r.include_usage = j["stream_options"]["include_usage"].get<bool>();
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const auto& s = j["stop"];
+    if (s.is_string()) {
+      r.params.stop_strings.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const auto& x : s) {
+        if (!x.is_string()) return bad("'stop' must be a string or an array of up to 4 strings", "stop");
+        r.params.stop_strings.push_back(x.get<std::string>());
+      }
+    } else {
+      return bad("'stop' must be a string or an array of up to 4 strings", "stop");
+    }
+  }
+  r.params.sampling.temperature = static_cast<float>(temperature);
+  r.params.sampling.top_p = static_cast<float>(top_p);
+  r.params.sampling.frequency_penalty = static_cast<float>(freq);
+  r.params.sampling.presence_penalty = static_cast<float>(pres);
+  r.params.sampling.seed = static_cast<uint64_t>(seed);
+  r.params.max_tokens = static_cast<int32_t>(max_tokens);
+  return r;
+}
+
+std::string error_body(const api_error& e) {
+  json j = {{"error", {{"message", e.message}, {"type", e.type}, {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+                       {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string completion_body(const std::string& id, bool chat, const std::string& model, int64_t created,
+                            const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens) {
+  json cs = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    json c = {{"index", i}, {"finish_reason", reason_name(choices[i].reason)}, {"logprobs", nullptr}};
+    if (chat)
+      c["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+    else
+      c["text"] = choices[i].text;
+    cs.push_back(c);
+  }
+  json j = {{"id", id},
+            {"object", chat ? "chat.completion" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", cs},
+            {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", output_tokens},
+                       {"total_tokens", prompt_tokens + output_tokens}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created, int index,
+                       const std::string& text, const std::optional<finish_reason>& reason, bool first) {
+  json c = {{"index", index}, {"finish_reason", reason ? json(reason_name(*reason)) : json(nullptr)}, {"logprobs", nullptr}};
+  if (chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || !reason) delta["content"] = text;
+    c["delta"] = delta;
+  } else {
+    c["text"] = text;
+  }
+  json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+            {"model", model}, {"choices", json::array({c})}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string usage_chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created,
+                             uint32_t prompt_tokens, uint32_t output_tokens) {
+  json j = {{"id", id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", json::array()},
+            {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", output_tokens},
+                       {"total_tokens", prompt_tokens + output_tokens}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string models_body(const std::string& model, int64_t created) {
+  json j = {{"object", "list"},
+            {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "troupe"}}})}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace troupe::openai

@@ -1,0 +1,69 @@
+// openai: the OpenAI-compatible HTTP API's requests and responses, as JSON, mapped to and
+// from troupe's request parameters. Parsing checks every field's type and range and
+// reports the first problem the way OpenAI's API does ({"error": {message, type, param,
+// code}}, with the HTTP status to send).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <variant>
+#include <string>
+#include <vector>
+
+#include "engine/sched/request.hpp"
+
+namespace troupe::openai {
+
+enum class chat_template : uint8_t { raw, llama2, chatml };
+
+struct api_limits {
+  int32_t context = 0;            // the model's context
+  int32_t max_tokens = 4096;      // a request may ask for at most this many
+  int32_t max_n = 8;              // completions per request
+  size_t max_prompt_bytes = 1 << 20;
+};
+
+struct api_request {
+  bool chat = false;
+  std::string model;
+  std::string prompt;             // the text the model continues (chat: after the template)
+  request_params params;          // prompt tokens are filled by the server
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool logprobs = false;
+};
+
+struct api_error {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;
+  std::string code;
+};
+
+// body: the request's JSON text. model_id: the one model served.
+std::variant<api_request, api_error> parse_request(const std::string& body, bool chat, const std::string& model_id,
+                                                   chat_template tmpl, const api_limits& lim);
+
+std::string apply_template(chat_template t, const std::vector<std::pair<std::string, std::string>>& messages);
+std::optional<chat_template> template_named(const std::string& name);
+
+std::string error_body(const api_error& e);
+
+struct choice_result {
+  std::string text;
+  finish_reason reason = finish_reason::none;
+  std::vector<int32_t> tokens;
+};
+
+std::string completion_body(const std::string& id, bool chat, const std::string& model, int64_t created,
+                             const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens);
+// One server-sent event's JSON for a streamed delta (chat: {"delta": {"content": ...}}).
+std::string chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created, int index,
+                       const std::string& text, const std::optional<finish_reason>& reason, bool first);
+std::string usage_chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created,
+                             uint32_t prompt_tokens, uint32_t output_tokens);
+std::string models_body(const std::string& model, int64_t created);
+
+}  // namespace troupe::openai

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The OpenAI-compatible HTTP API of a real troupe-node on 127.0.0.1: completions and chat
+# (whole and streamed) against troupe-run's text, every kind of bad input getting the
+# right 4xx and an OpenAI-style error body, a client that goes away mid-stream, 429 at
+# capacity, API keys, health and metrics. Bounded in time; the node is always killed.
+# Usage: http_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+set -euo pipefail
+build=$1 src=$2 models=$3
+work=$(mktemp -d)
+node_pid=
+cleanup() {
+  [[ -n $node_pid ]] && kill -9 "$node_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; tail -5 "$work/node.err"; exit 1; }
+
+start_node() {  # topology; sets base
+  timeout 120 "$build/tools/troupe-node" "$1" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
+  node_pid=$!
+  for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
+  base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
+  [[ -n $base ]] || { cat "$work/node.err"; fail "no http endpoint"; }
+}
+stop_node() { kill -TERM "$node_pid"; wait "$node_pid" || true; node_pid=; }
+status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
+post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
+expect() {  # code, body-substring, description, curl result
+  [[ $4 == "$1" ]] || fail "$3: status $4, wanted $1 ($(cat "$work/body"))"
+  grep -q -- "$2" "$work/body" || fail "$3: body lacks '$2': $(cat "$work/body")"
+}
+
+# Topology: stories260K, a capacity of 4 requests (max_running 1 x 4), an API key file.
+cat >"$work/keys" <<KEYS
+# one key a line
+test-key-1
+KEYS
+sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" -e 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' \
+  "$src/deploy/single.toml" >"$work/t.toml"
+printf '[scheduler]\nmax_running = 1\n' >>"$work/t.toml"
+start_node "$work/t.toml"
+auth=(-H 'Authorization: Bearer test-key-1')
+
+# Health needs no key; everything else does.
+expect 200 '"ok"' "health" "$(status "$base/health")"
+expect 401 'invalid_api_key' "no key" "$(post /v1/completions '{"model":"stories260K","prompt":"a"}')"
+expect 401 'invalid_api_key' "wrong key" "$(status -H 'Authorization: Bearer nope' "$base/v1/models")"
+expect 200 '"stories260K"' "models" "$(status "${auth[@]}" "$base/v1/models")"
+
+post() { status "${auth[@]}" -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
+
+# A greedy completion continues the prompt exactly as troupe-run does.
+expect 200 '"text_completion"' "completion" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0}')"
+text=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body")
+want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 44 -t 0 -q)
+[[ "Once upon a time$text" == "$want" ]] || fail "completion text differs: '$text'"
+grep -q '"completion_tokens":40' "$work/body" || fail "usage"
+
+# Streamed: the concatenated deltas are the same text, and the stream ends with [DONE].
+curl -sN "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$work/sse"
+[[ $(tail -n 2 "$work/sse" | head -n 1) == "data: [DONE]" ]] || fail "stream does not end with [DONE]"
+streamed=$(python3 -c '
+import json, sys
+out = ""
+for line in open(sys.argv[1]):
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])
+        for c in d["choices"]: out += c.get("text", "")
+print(out, end="")' "$work/sse")
+[[ $streamed == "$text" ]] || fail "streamed text differs: '$streamed'"
+grep -q '"usage"' "$work/sse" || fail "no usage chunk"
+
+# Chat, whole and streamed.
+expect 200 '"chat.completion"' "chat" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')"
+curl -sN "${auth[@]}" "$base/v1/chat/completions" -d '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' | grep -q '^data: \[DONE\]' || fail "chat stream"
+
+# Bad input: the right status, an OpenAI-style error, and the server keeps serving.
+expect 400 '"invalid_request_error"' "malformed JSON" "$(post /v1/completions '{bad')"
+expect 400 "'max_tokens' must be an integer" "wrong type" "$(post /v1/completions '{"model":"stories260K","prompt":"a","max_tokens":"ten"}')"
+expect 400 "'max_tokens' must be in" "negative max_tokens" "$(post /v1/completions '{"model":"stories260K","prompt":"a","max_tokens":-5}')"
+expect 400 "'max_tokens' must be in" "huge max_tokens" "$(post /v1/completions '{"model":"stories260K","prompt":"a","max_tokens":100000000}')"
+expect 400 "'temperature' must be in" "bad temperature" "$(post /v1/completions '{"model":"stories260K","prompt":"a","temperature":7}')"
+expect 404 'model_not_found' "unknown model" "$(post /v1/completions '{"model":"gpt-9","prompt":"a"}')"
+expect 400 "'prompt' is required" "no prompt" "$(post /v1/completions '{"model":"stories260K"}')"
+expect 400 "'messages'" "no messages" "$(post /v1/chat/completions '{"model":"stories260K","messages":[]}')"
+expect 400 'UTF-8' "invalid UTF-8" "$(post /v1/completions "$(printf '{"model":"stories260K","prompt":"a\xff\xfeb"}')")"
+head -c 10485760 /dev/zero | tr '\0' 'a' >"$work/big"
+code=$(curl -s -o "$work/body" -w '%{http_code}' "${auth[@]}" "$base/v1/completions" --data-binary @"$work/big")
+expect 413 'too large' "10 MB body" "$code"
+expect 404 'no such route' "unknown route" "$(post /v1/nothing '{}')"
+
+# A client that disconnects mid-stream: its request is cancelled, the server goes on.
+curl -sN --max-time 0.3 "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":500,"temperature":1,"stream":true}' >/dev/null || true
+sleep 0.5
+
+# At capacity (4 in flight here), the surplus gets 429 with Retry-After at once.
+pids=()
+for i in $(seq 1 12); do
+  curl -s -o /dev/null -w '%{http_code} %{time_total}\n' -D "$work/h.$i" "${auth[@]}" "$base/v1/completions" \
+    -d '{"model":"stories260K","prompt":"Once","max_tokens":400,"temperature":1}' >"$work/c.$i" &
+  pids+=($!)
+done
+wait "${pids[@]}"
+rejected=$(cat "$work"/c.* | grep -c '^429' || true)
+[[ $rejected -ge 1 ]] || fail "no 429 under overload: $(cat "$work"/c.*)"
+for f in "$work"/c.*; do
+  read -r code secs <"$f"
+  if [[ $code == 429 ]]; then
+    awk -v s="$secs" 'BEGIN { exit !(s < 0.05) }' || fail "429 took ${secs}s"
+  fi
+done
+grep -qi '^Retry-After: 1' "$work"/h.* || fail "no Retry-After"
+
+# Still serving; metrics count what happened.
+expect 200 '"text_completion"' "after abuse" "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":5,"temperature":0}')"
+curl -s "${auth[@]}" "$base/metrics" >"$work/metrics"
+grep -q '^troupe_requests_total{outcome="rejected"} [1-9]' "$work/metrics" || fail "rejections not counted"
+grep -q '^troupe_requests_total{outcome="invalid"} [1-9]' "$work/metrics" || fail "invalid requests not counted"
+grep -q '^troupe_time_to_first_token_seconds_count [1-9]' "$work/metrics" || fail "no TTFT histogram"
+stop_node
+echo "http: completions, chat, streams, bad input, disconnects, 429, keys and metrics behave"
