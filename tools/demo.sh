@@ -50,15 +50,19 @@ else
 fi
 
 echo "demo: starting a troupe node for $model ($topology)" >&2
-build/tools/troupe-node "$topology" --capnp "127.0.0.1:$port" >"$work/node.out" 2> >(tee "$work/node.err" >&2) &
+build/tools/troupe-node "$topology" --capnp "127.0.0.1:$port" --http "127.0.0.1:$((port + 1))" \
+  >"$work/node.out" 2> >(tee "$work/node.err" >&2) &
 node_pid=$!
 for _ in $(seq 1 600); do
-  grep -q '^endpoint:' "$work/node.out" 2>/dev/null && break
+  grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break
   kill -0 "$node_pid" 2>/dev/null || { echo "demo: the node did not start" >&2; exit 1; }
   sleep 0.1
 done
 endpoint=$(sed -n 's|^endpoint: capnp://||p' "$work/node.out")
+http=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
 echo "endpoint: capnp://$endpoint"
+echo "endpoint: $http"
+model_id=$(curl -s "$http/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
 
 ask() {
   echo
@@ -69,12 +73,17 @@ ask "Once upon a time" -t 0 -n 120
 ask "Lily and Tom went to the" -t 0.8 --top-p 0.95 --seed 7 -n 120
 ask "The little dog" -t 1.0 --seed 3 -n 120 --stop "."
 echo
+echo "\$ curl $http/v1/completions -d '{\"model\": \"$model_id\", \"prompt\": \"Tim and his dog\", \"max_tokens\": 60}'"
+curl -s "$http/v1/completions" -d "{\"model\": \"$model_id\", \"prompt\": \"Tim and his dog\", \"max_tokens\": 60, \"temperature\": 0.7, \"seed\": 1}"
+echo
+echo
 build/tools/troupe-client --connect "$endpoint" --stats
 
 if [[ -t 0 ]]; then
   echo
   echo "demo: the node keeps serving at capnp://$endpoint; in another terminal try"
   echo "  build/tools/troupe-client --connect $endpoint -p \"Once upon a time\" -n 100 -t 0.8"
+  echo "  curl $http/v1/chat/completions -d '{\"model\": \"$model_id\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
   echo "demo: Ctrl-C stops it."
   wait "$node_pid"
 fi

@@ -63,16 +63,18 @@ std::string state_of(pid_t pid) {
 
 // Starts a node in its own session, stdout/stderr to log files; returns its pid.
 pid_t start_node(const std::string& node_bin, const std::string& topology, const tools::node_spec& n,
-                 const std::string& capnp, const std::string& dir) {
+                 const std::string& capnp, const std::string& http, const std::string& dir) {
   const std::string out = (fs::path(dir) / (n.name + ".out")).string();
   const std::string err = (fs::path(dir) / (n.name + ".log")).string();
   std::vector<std::string> args;
   if (is_local(n.host)) {
     args = {node_bin, topology, "--node", n.name};
     if (!capnp.empty()) args.insert(args.end(), {"--capnp", capnp});
+    if (!http.empty()) args.insert(args.end(), {"--http", http});
   } else {
     std::string remote = "troupe-node '" + topology + "' --node '" + n.name + "'";
     if (!capnp.empty()) remote += " --capnp '" + capnp + "'";
+    if (!http.empty()) remote += " --http '" + http + "'";
     args = {"ssh", "-o", "BatchMode=yes", n.host, remote};
   }
   const pid_t pid = fork();
@@ -120,7 +122,7 @@ int main(int argc, char** argv) {
       "  troupe-launch down deploy/pp2.toml     drain the gateway, stop every node\n",
       "troupe-launch"};
   app.require_subcommand(1);
-  std::string topology, state_dir = "/tmp/troupe-launch-" + std::to_string(getuid()), capnp, node_bin;
+  std::string topology, state_dir = "/tmp/troupe-launch-" + std::to_string(getuid()), capnp, http, node_bin;
   int timeout_s = 60;
   auto* up = app.add_subcommand("up", "start every node of a topology");
   auto* status = app.add_subcommand("status", "print the node processes");
@@ -130,6 +132,7 @@ int main(int argc, char** argv) {
     sub->add_option("--state-dir", state_dir, "where node logs and the process table live")->capture_default_str();
   }
   up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)");
+  up->add_option("--http", http, "serve the OpenAI-compatible HTTP API here (port 0: any)");
   up->add_option("--timeout", timeout_s, "seconds to wait for the cluster to answer")->check(CLI::Range(1, 3600))->capture_default_str();
   up->add_option("--node-binary", node_bin, "troupe-node to run (default: beside this tool)");
   CLI11_PARSE(app, argc, argv);
@@ -189,10 +192,10 @@ int main(int argc, char** argv) {
       gateway = &n;
       continue;
     }
-    procs.push_back({n.name, start_node(node_bin, topo_abs, n, "", state_dir)});
+    procs.push_back({n.name, start_node(node_bin, topo_abs, n, "", "", state_dir)});
     std::fprintf(stderr, "troupe-launch: started node %s (pid %d) on %s\n", n.name.c_str(), procs.back().pid, n.host.c_str());
   }
-  procs.push_back({gateway->name, start_node(node_bin, topo_abs, *gateway, capnp, state_dir)});
+  procs.push_back({gateway->name, start_node(node_bin, topo_abs, *gateway, capnp, http, state_dir)});
   std::fprintf(stderr, "troupe-launch: started node %s (pid %d), the gateway\n", gateway->name.c_str(), procs.back().pid);
   {
     std::ofstream f(table);
@@ -203,13 +206,15 @@ int main(int argc, char** argv) {
   const std::string out = (fs::path(state_dir) / (gateway->name + ".out")).string();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   const bool tty = isatty(STDERR_FILENO);
-  std::string endpoint;
+  std::string endpoint, http_endpoint;
   int dots = 0;
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream f(out);
     std::string line;
-    while (std::getline(f, line))
+    while (std::getline(f, line)) {
       if (line.rfind("endpoint: capnp://", 0) == 0) endpoint = line.substr(18);
+      if (line.rfind("endpoint: http://", 0) == 0) http_endpoint = line.substr(10);
+    }
     if (!endpoint.empty()) {
       auto h = troupe_client::connect(endpoint)->health();
       if (h && h->ready) break;
@@ -240,5 +245,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("endpoint: capnp://%s\n", endpoint.c_str());
+  if (!http_endpoint.empty()) std::printf("endpoint: %s\n", http_endpoint.c_str());
   return 0;
 }
