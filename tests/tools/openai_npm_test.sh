@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The official `openai` npm package (installed from the npm registry into a scratch
+# directory) against a real troupe-node: completion, chat and a streamed chat; the
+# completion's text equals troupe-client's for the same greedy request.
+# Usage: openai_npm_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+set -euo pipefail
+build=$1 src=$2 models=$3
+work=$(mktemp -d)
+node_pid=
+cleanup() {
+  [[ -n $node_pid ]] && kill -9 "$node_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+(cd "$work" && timeout 300 npm install --no-audit --no-fund --loglevel=error openai@4 >/dev/null) || fail "npm install openai"
+cp "$src/tests/tools/openai_client.mjs" "$work/"
+
+echo "key-for-npm" >"$work/keys"
+sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" -e 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' \
+  "$src/deploy/single.toml" >"$work/t.toml"
+timeout 180 "$build/tools/troupe-node" "$work/t.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
+node_pid=$!
+for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
+base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
+capnp=$(sed -n 's|^endpoint: capnp://||p' "$work/node.out")
+[[ -n $base && -n $capnp ]] || fail "the node did not start"
+
+timeout 120 node "$work/openai_client.mjs" "$base" key-for-npm stories260K >"$work/got.json" || fail "the openai client failed"
+py() { python3 -c "import json,sys; d=json.load(open('$work/got.json')); print($1, end='')"; }
+want=$(timeout 60 "$build/tools/troupe-client" --connect "$capnp" -p "Once upon a time" -n 44 -t 0)
+[[ "Once upon a time$(py 'd["completion"]')" == "$want" ]] || fail "completion differs from troupe-client: $(py 'd["completion"]')"
+[[ $(py 'd["completion_tokens"]') == 40 ]] || fail "usage"
+[[ -n $(py 'd["chat"]') ]] || fail "empty chat"
+[[ $(py 'd["streamed"]') == "$(py 'd["chat"]')" ]] || fail "streamed chat differs from the whole one"
+[[ $(py 'd["stream_usage"]["completion_tokens"]') == 24 ]] || fail "stream usage"
+[[ $(py '",".join(d["models"])') == stories260K ]] || fail "models"
+kill -TERM "$node_pid"; wait "$node_pid" || true; node_pid=
+echo "openai npm client: completion equals troupe-client's, chat and stream agree"
