@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# A real Prometheus server (Debian's) scrapes a troupe-node's /metrics; after a known
+# number of requests, the scraped counters equal what the test did.
+# Usage: prometheus_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+command -v prometheus >/dev/null || fail "prometheus is not installed (tools/setup.sh installs it)"
+
+sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/single.toml" >"$work/t.toml"
+timeout 180 "$build/tools/troupe-node" "$work/t.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
+pids+=($!)
+for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
+base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
+[[ -n $base ]] || fail "the node did not start"
+
+# Known traffic: 5 finished completions of 12 tokens, 2 invalid requests.
+for i in 1 2 3 4 5; do
+  curl -sf "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":12,"temperature":0}' >/dev/null
+done
+for i in 1 2; do curl -s "$base/v1/completions" -d '{"model":"nope","prompt":"x"}' >/dev/null; done
+
+cat >"$work/prometheus.yml" <<YML
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: troupe
+    static_configs:
+      - targets: ["${base#http://}"]
+YML
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+timeout 120 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+  --web.listen-address=127.0.0.1:$port --log.level=warn >"$work/prom.log" 2>&1 &
+pids+=($!)
+
+query() { curl -s "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$1" |
+  python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")'; }
+for _ in $(seq 1 100); do
+  [[ $(query 'troupe_generated_tokens_total' 2>/dev/null || echo none) != none ]] && break
+  sleep 0.3
+done
+[[ $(query 'troupe_requests_total{outcome="length"}') == 5 ]] || fail "length requests: $(query 'troupe_requests_total{outcome="length"}')"
+[[ $(query 'troupe_requests_total{outcome="invalid"}') == 2 ]] || fail "invalid requests"
+[[ $(query 'troupe_generated_tokens_total') == 60 ]] || fail "generated tokens: $(query 'troupe_generated_tokens_total')"
+[[ $(query 'troupe_time_to_first_token_seconds_count') == 5 ]] || fail "TTFT count"
+[[ $(query 'troupe_kv_blocks{state="used"}') == 0 ]] || fail "KV blocks in use"
+echo "prometheus scraped the counters the test produced"
