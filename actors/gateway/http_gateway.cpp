@@ -190,7 +190,11 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     return -1;
   };
   // Applies one event; returns the SSE payloads it produces (streaming).
-  auto apply = [this, st, index_of, chat, cid, created, model = r.model](const stream_event& e, std::vector<std::string>* sse) {
+  const openai::token_text text_of = [tok = cfg.tok](int32_t t) {
+    return tok ? std::string(tok->decode(-1, t)) : std::to_string(t);
+  };
+  auto apply = [this, st, index_of, chat, cid, created, model = r.model, text_of](const stream_event& e,
+                                                                                 std::vector<std::string>* sse) {
     if (e.done) {
       auto v = wire::decode_generate_result(*e.frame.bytes);
       if (!v) return;
@@ -217,8 +221,10 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       st->last = now;
       st->choices[i].text += c->text;
       st->choices[i].tokens.insert(st->choices[i].tokens.end(), c->tokens.begin(), c->tokens.end());
-      if (sse && !c->text.empty()) {
-        sse->push_back(openai::chunk_body(cid, chat, model, created, i, c->text, std::nullopt, !st->started[i]));
+      st->choices[i].logprobs.insert(st->choices[i].logprobs.end(), c->logprobs.begin(), c->logprobs.end());
+      if (sse && (!c->text.empty() || !c->logprobs.empty())) {
+        sse->push_back(openai::chunk_body(cid, chat, model, created, i, c->text, std::nullopt, !st->started[i],
+                                          &c->logprobs, text_of));
         st->started[i] = true;
       }
     }
@@ -259,7 +265,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     finish_metrics();
     in_flight.fetch_sub(1);
     if (!st->error.empty()) return send_error(res, {400, st->error, "invalid_request_error", "", ""});
-    res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens, st->output_tokens),
+    res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens, st->output_tokens,
+                                            r.logprobs, text_of),
                     "application/json");
     return;
   }

@@ -17,6 +17,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/gateway/openai.hpp"
+#include "engine/tokenizer/tokenizer.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe {
@@ -31,6 +32,7 @@ struct http_config {
   int32_t max_requests = 64;             // in flight; more get 429
   int32_t request_timeout_s = 600;       // a request that takes longer ends with an error
   std::vector<std::string> api_keys;     // empty: no authentication
+  const tokenizer* tok = nullptr;        // token texts in log-probability listings
 };
 
 class http_gateway {

@@ -38,6 +38,31 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// OpenAI's log-probability objects for a run of tokens.
+json logprobs_json(bool chat, const std::vector<sample_result>& lps, const token_text& text_of, size_t text_offset) {
+  if (chat) {
+    json content = json::array();
+    for (const auto& lp : lps) {
+      json top = json::array();
+      for (const auto& t : lp.top) top.push_back({{"token", text_of(t.token)}, {"logprob", t.logprob}});
+      content.push_back({{"token", text_of(lp.token)}, {"logprob", lp.logprob}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& lp : lps) {
+    const std::string t = text_of(lp.token);
+    tokens.push_back(t);
+    token_lps.push_back(lp.logprob);
+    json top = json::object();
+    for (const auto& x : lp.top) top[text_of(x.token)] = x.logprob;
+    tops.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += t.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 }  // namespace
 
 std::optional<chat_template> template_named(const std::string& name) {
@@ -155,6 +180,25 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   if (auto e = integer("seed", INT64_MIN, INT64_MAX, seed)) return *e;
   if (auto e = integer("n", 1, lim.max_n, n)) return *e;
   r.n = static_cast<int32_t>(n);
+  // Log-probabilities: an integer (how many alternatives) for completions; a boolean plus
+  // top_logprobs for chat.
+  if (chat) {
+    if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+      if (!j["logprobs"].is_boolean()) return bad("'logprobs' must be a boolean", "logprobs");
+      r.logprobs = j["logprobs"].get<bool>();
+    }
+    int64_t top = 0;
+    if (auto e = integer("top_logprobs", 0, 20, top)) return *e;
+    if (top > 0 && !r.logprobs) return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    if (r.logprobs) r.params.sampling.logprobs = static_cast<int32_t>(top);
+  } else {
+    int64_t lp = -1;
+    if (auto e = integer("logprobs", 0, 5, lp)) return *e;
+    if (lp >= 0) {
+      r.logprobs = true;
+      r.params.sampling.logprobs = static_cast<int32_t>(lp);
+    }
+  }
   if (j.contains("stream") && !j["stream"].is_null()) {
     if (!j["stream"].is_boolean()) return bad("'stream' must be a boolean", "stream");
     r.stream = j["stream"].get<bool>();
@@ -192,10 +236,12 @@ std::string error_body(const api_error& e) {
 }
 
 std::string completion_body(const std::string& id, bool chat, const std::string& model, int64_t created,
-                            const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens) {
+                            const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens,
+                            bool logprobs, const token_text& text_of) {
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
-    json c = {{"index", i}, {"finish_reason", reason_name(choices[i].reason)}, {"logprobs", nullptr}};
+    json c = {{"index", i}, {"finish_reason", reason_name(choices[i].reason)},
+              {"logprobs", logprobs ? logprobs_json(chat, choices[i].logprobs, text_of, 0) : json(nullptr)}};
     if (chat)
       c["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
     else
@@ -213,8 +259,10 @@ std::string completion_body(const std::string& id, bool chat, const std::string&
 }
 
 std::string chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created, int index,
-                       const std::string& text, const std::optional<finish_reason>& reason, bool first) {
-  json c = {{"index", index}, {"finish_reason", reason ? json(reason_name(*reason)) : json(nullptr)}, {"logprobs", nullptr}};
+                       const std::string& text, const std::optional<finish_reason>& reason, bool first,
+                       const std::vector<sample_result>* logprobs, const token_text& text_of) {
+  json c = {{"index", index}, {"finish_reason", reason ? json(reason_name(*reason)) : json(nullptr)},
+            {"logprobs", logprobs && !logprobs->empty() ? logprobs_json(chat, *logprobs, text_of, 0) : json(nullptr)}};
   if (chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <variant>
 #include <string>
@@ -55,13 +56,19 @@ struct choice_result {
   std::string text;
   finish_reason reason = finish_reason::none;
   std::vector<int32_t> tokens;
+  std::vector<sample_result> logprobs;  // per token, when asked
 };
 
+// The text of one token, for log-probability listings.
+using token_text = std::function<std::string(int32_t)>;
+
 std::string completion_body(const std::string& id, bool chat, const std::string& model, int64_t created,
-                             const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens);
+                             const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens,
+                             bool logprobs, const token_text& text_of);
 // One server-sent event's JSON for a streamed delta (chat: {"delta": {"content": ...}}).
 std::string chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created, int index,
-                       const std::string& text, const std::optional<finish_reason>& reason, bool first);
+                       const std::string& text, const std::optional<finish_reason>& reason, bool first,
+                       const std::vector<sample_result>* logprobs = nullptr, const token_text& text_of = {});
 std::string usage_chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created,
                              uint32_t prompt_tokens, uint32_t output_tokens);
 std::string models_body(const std::string& model, int64_t created);

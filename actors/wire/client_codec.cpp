@@ -160,6 +160,16 @@ expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) {
     v.seq = c.getSeq();
     for (int32_t t : c.getTokens()) v.tokens.push_back(t);
     v.text.assign(c.getText().cStr(), c.getText().size());
+    const auto lps = c.getLogprobs();
+    const auto tops = c.getTopLogprobs();
+    for (unsigned i = 0; i < lps.size(); ++i) {
+      sample_result r;
+      r.token = lps[i].getToken();
+      r.logprob = lps[i].getLogprob();
+      if (i < tops.size())
+        for (auto t : tops[i]) r.top.push_back({t.getToken(), t.getLogprob()});
+      v.logprobs.push_back(std::move(r));
+    }
     return v;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed token chunk: ") + e.getDescription().cStr()};

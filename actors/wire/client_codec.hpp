@@ -38,6 +38,7 @@ struct chunk_view {
   uint32_t seq = 0;
   std::vector<int32_t> tokens;
   std::string text;
+  std::vector<sample_result> logprobs;  // per token, when the request asked for them
 };
 expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes);
 

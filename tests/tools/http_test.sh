@@ -71,6 +71,23 @@ print(out, end="")' "$work/sse")
 [[ $streamed == "$text" ]] || fail "streamed text differs: '$streamed'"
 grep -q '"usage"' "$work/sse" || fail "no usage chunk"
 
+# Log-probabilities: per token, the chosen one and the top alternatives, each <= 0, and
+# the greedy choice is the most likely.
+expect 200 '"token_logprobs"' "completion logprobs" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":6,"temperature":0,"logprobs":3}')"
+python3 - "$work/body" <<'PY' || fail "completion logprobs are wrong"
+import json, sys
+lp = json.load(open(sys.argv[1]))["choices"][0]["logprobs"]
+assert len(lp["tokens"]) == 6 and len(lp["token_logprobs"]) == 6
+for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+    assert len(top) == 3 and chosen <= 0 and all(v <= 0 for v in top.values())
+    assert abs(max(top.values()) - chosen) < 1e-6
+PY
+expect 200 '"top_logprobs"' "chat logprobs" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"logprobs":true,"top_logprobs":2}')"
+expect 400 "'top_logprobs' needs" "top_logprobs without logprobs" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"top_logprobs":2}')"
+
 # Chat, whole and streamed.
 expect 200 '"chat.completion"' "chat" \
   "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')"

@@ -256,6 +256,7 @@ int main(int argc, char** argv) {
     hc.limits.max_tokens = m.config.max_seq_len;
     hc.max_requests = std::max(1, topo->max_running * 4);
     hc.api_keys = api_keys;
+    hc.tok = &*loaded->tok;
     http_gateway http(sys, sched, hc);
     if (serve_http) {
       auto hp = http.start();
