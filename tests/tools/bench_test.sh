@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# troupe-bench against a real troupe-node, over HTTP and Cap'n Proto: every request
+# completes, and the request and token counts it reports equal the server's /metrics.
+# Usage: bench_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+work=$(mktemp -d)
+node_pid=
+cleanup() {
+  [[ -n $node_pid ]] && { kill -9 "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; }
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/single.toml" >"$work/t.toml"
+timeout 180 "$build/tools/troupe-node" "$work/t.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
+node_pid=$!
+for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
+http=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
+capnp=$(sed -n 's|^endpoint: \(capnp://.*\)|\1|p' "$work/node.out")
+[[ -n $http && -n $capnp ]] || fail "the node did not start"
+
+timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --model stories260K --requests 20 --concurrency 4 \
+  --output-tokens 24 --shared-prefix 30 --prompt-words 40 --json "$work/http.json" >/dev/null || fail "http run"
+timeout 120 "$build/tools/troupe-bench" --endpoint "$capnp" --requests 12 --rate 50 --output-tokens 16 \
+  --json "$work/capnp.json" >/dev/null || fail "capnp run"
+curl -s "$http/metrics" >"$work/metrics"
+python3 - "$work" <<'PY' || fail "counts disagree"
+import json, re, sys
+w = sys.argv[1]
+h = json.load(open(f"{w}/http.json"))
+c = json.load(open(f"{w}/capnp.json"))
+m = open(f"{w}/metrics").read()
+def metric(name):
+    return int(float(re.search(rf"^{re.escape(name)} (\S+)$", m, re.M).group(1)))
+finished = metric('troupe_requests_total{outcome="stop"}') + metric('troupe_requests_total{outcome="length"}')
+assert h["completed"] == 20 and h["errors"] == 0, h
+assert finished == h["completed"], (finished, h["completed"])
+assert metric("troupe_generated_tokens_total") == h["output_tokens"], (metric("troupe_generated_tokens_total"), h["output_tokens"])
+assert metric("troupe_prompt_tokens_total") == h["prompt_tokens"]
+assert c["completed"] == 12 and c["output_tokens"] == 12 * 16, c
+for d in (h, c):
+    for k in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert 0 < d[k]["p50"] <= d[k]["p90"] <= d[k]["p99"] <= d[k]["max"], (k, d[k])
+PY
+echo "troupe-bench: counts match /metrics; percentiles ordered"

@@ -1,0 +1,295 @@
+// troupe-bench: a serving benchmark for troupe (capnp://HOST:PORT) and any
+// OpenAI-compatible server (http://HOST:PORT): seeded workloads at a fixed concurrency
+// or Poisson arrivals, timing every token as a client sees it; prints a Markdown table
+// and writes JSON.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <httplib.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/client/troupe_client.hpp"
+
+using namespace troupe;
+using clock_type = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+struct workload {
+  int requests = 32;
+  int concurrency = 8;
+  double rate = 0;            // requests/s (Poisson); 0: closed loop at `concurrency`
+  int prompt_words = 100;     // words of the prompt (roughly tokens)
+  int output_tokens = 64;
+  int shared_prefix_words = 0;  // words every prompt starts with
+  uint64_t seed = 1;
+  std::string model;
+  std::string api_key;
+  bool chat = false;
+};
+
+struct sample {
+  bool ok = false;
+  std::string error;
+  double ttft_ms = 0, e2e_ms = 0, tpot_ms = 0;
+  std::vector<double> itl_ms;
+  int64_t output_tokens = 0, prompt_tokens = 0;
+};
+
+const char* words[] = {"the", "little", "dog", "ran", "to", "park", "and", "saw", "a", "big", "red", "ball", "she",
+                       "was", "happy", "they", "played", "in", "sun", "with", "friends", "one", "day", "tom",
+                       "lily", "went", "home", "mom", "said", "yes"};
+
+std::string prompt_for(const workload& w, int i) {
+  std::mt19937_64 shared(w.seed), own(w.seed * 1000003 + static_cast<uint64_t>(i));
+  std::string p;
+  for (int k = 0; k < w.shared_prefix_words; ++k) p += std::string(k ? " " : "") + words[shared() % 30];
+  for (int k = 0; k < w.prompt_words - w.shared_prefix_words; ++k) p += std::string(p.empty() ? "" : " ") + words[own() % 30];
+  return p;
+}
+
+sample run_http(const std::string& host, int port, const workload& w, int i) {
+  sample s;
+  httplib::Client cli(host, port);
+  cli.set_read_timeout(600, 0);
+  cli.set_connection_timeout(10, 0);
+  json body = {{"model", w.model}, {"max_tokens", w.output_tokens}, {"temperature", 0}, {"stream", true},
+               {"stream_options", {{"include_usage", true}}}, {"seed", w.seed + i}};
+  const std::string prompt = prompt_for(w, i);
+  if (w.chat)
+    body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
+  else
+    body["prompt"] = prompt;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = w.chat ? "/v1/chat/completions" : "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (!w.api_key.empty()) req.set_header("Authorization", "Bearer " + w.api_key);
+  const auto t0 = clock_type::now();
+  auto last = t0;
+  std::string buffer;
+  int64_t chunks_with_text = 0;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    buffer.append(data, len);
+    for (size_t nl; (nl = buffer.find("\n\n")) != std::string::npos; buffer.erase(0, nl + 2)) {
+      const std::string ev = buffer.substr(0, nl);
+      if (ev.rfind("data: ", 0) != 0 || ev == "data: [DONE]") continue;
+      json j = json::parse(ev.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("error")) s.error = "server error";
+      if (j.contains("usage") && j["usage"].is_object()) {
+        s.output_tokens = j["usage"].value("completion_tokens", 0);
+        s.prompt_tokens = j["usage"].value("prompt_tokens", 0);
+      }
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const auto& c = j["choices"][0];
+      const std::string text = w.chat ? c.value("delta", json::object()).value("content", "") : c.value("text", "");
+      if (text.empty()) continue;
+      const auto now = clock_type::now();
+      if (chunks_with_text++ == 0)
+        s.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
+      else
+        s.itl_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+      last = now;
+    }
+    return true;
+  };
+  auto res = cli.send(req);
+  const auto t1 = clock_type::now();
+  if (!res) {
+    s.error = "connection: " + httplib::to_string(res.error());
+    return s;
+  }
+  if (res->status != 200) {
+    s.error = "http " + std::to_string(res->status);
+    return s;
+  }
+  if (!s.error.empty()) return s;
+  s.e2e_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  if (s.output_tokens == 0) s.output_tokens = chunks_with_text;  // no usage: count chunks
+  if (s.output_tokens > 1) s.tpot_ms = (s.e2e_ms - s.ttft_ms) / static_cast<double>(s.output_tokens - 1);
+  s.ok = chunks_with_text > 0;
+  if (!s.ok) s.error = "no tokens";
+  return s;
+}
+
+sample run_capnp(const std::string& address, const workload& w, int i) {
+  sample s;
+  auto client = troupe_client::connect(address);
+  request_params p;
+  p.sampling.temperature = 0.0f;
+  p.sampling.seed = w.seed + static_cast<uint64_t>(i);
+  p.max_tokens = w.output_tokens;
+  p.ignore_eos = true;
+  const auto t0 = clock_type::now();
+  auto last = t0;
+  bool first = true;
+  auto r = client->generate(prompt_for(w, i), p, false, [&](const client_chunk& c) {
+    if (c.tokens.empty()) return;
+    const auto now = clock_type::now();
+    if (first)
+      s.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
+    else
+      s.itl_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+    first = false;
+    last = now;
+  });
+  const auto t1 = clock_type::now();
+  if (!r) {
+    s.error = r.err().message.substr(0, 60);
+    return s;
+  }
+  s.e2e_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  s.output_tokens = r->output_tokens;
+  s.prompt_tokens = r->prompt_tokens;
+  if (s.output_tokens > 1) s.tpot_ms = (s.e2e_ms - s.ttft_ms) / static_cast<double>(s.output_tokens - 1);
+  s.ok = !first;
+  return s;
+}
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = p / 100.0 * (v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+}
+
+json dist(const std::vector<double>& v) {
+  return {{"p50", pct(v, 50)}, {"p90", pct(v, 90)}, {"p99", pct(v, 99)},
+          {"max", v.empty() ? 0.0 : *std::max_element(v.begin(), v.end())}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "troupe-bench: measure a serving endpoint as its clients see it.\n\n"
+      "Targets: http://HOST:PORT (any OpenAI-compatible server: streamed completions, tokens\n"
+      "counted from its `usage`) or capnp://HOST:PORT (troupe's own API). Workloads are seeded;\n"
+      "--shared-prefix N starts every prompt with the same N words. Prints a Markdown table\n"
+      "and, with --json, writes completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms /\n"
+      "e2e_ms objects with p50, p90, p99 and max.\n\n"
+      "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --model m --requests 64 --concurrency 8 --json out.json\n",
+      "troupe-bench"};
+  std::string endpoint, json_path;
+  workload w;
+  double slo_ttft = 0, slo_tpot = 0;
+  app.add_option("--endpoint", endpoint, "http://HOST:PORT or capnp://HOST:PORT")->required();
+  app.add_option("--model", w.model, "model name for HTTP servers")->capture_default_str();
+  app.add_option("--api-key", w.api_key, "bearer key for HTTP servers");
+  app.add_option("--requests", w.requests)->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--concurrency", w.concurrency, "requests in flight (closed loop)")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--rate", w.rate, "Poisson arrivals per second instead of a closed loop")->check(CLI::NonNegativeNumber);
+  app.add_option("--prompt-words", w.prompt_words)->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--output-tokens", w.output_tokens)->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", w.seed)->capture_default_str();
+  app.add_flag("--chat", w.chat, "use /v1/chat/completions");
+  app.add_option("--slo-ttft-ms", slo_ttft, "goodput counts requests within this TTFT (0: no limit)");
+  app.add_option("--slo-tpot-ms", slo_tpot, "goodput counts requests within this TPOT (0: no limit)");
+  app.add_option("--json", json_path, "write the results here");
+  CLI11_PARSE(app, argc, argv);
+  if (w.shared_prefix_words > w.prompt_words) w.prompt_words = w.shared_prefix_words + 1;
+
+  const bool http = endpoint.rfind("http://", 0) == 0, capnp = endpoint.rfind("capnp://", 0) == 0;
+  if (!http && !capnp) {
+    std::fprintf(stderr, "troupe-bench: --endpoint must start with http:// or capnp://\n");
+    return 2;
+  }
+  std::string hostport = endpoint.substr(http ? 7 : 8);
+  while (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
+  const size_t colon = hostport.rfind(':');
+  if (colon == std::string::npos) {
+    std::fprintf(stderr, "troupe-bench: --endpoint needs a port\n");
+    return 2;
+  }
+  const std::string host = hostport.substr(0, colon);
+  const int port = std::atoi(hostport.c_str() + colon + 1);
+
+  std::vector<sample> results(w.requests);
+  std::atomic<int> next{0}, done{0};
+  const bool tty = isatty(STDERR_FILENO);
+  const auto t0 = clock_type::now();
+  auto one = [&](int i) {
+    results[i] = http ? run_http(host, port, w, i) : run_capnp(hostport, w, i);
+    const int d = ++done;
+    if (tty) std::fprintf(stderr, "\rtroupe-bench: %d/%d requests", d, w.requests);
+  };
+  std::vector<std::thread> threads;
+  if (w.rate > 0) {
+    std::mt19937_64 rng(w.seed);
+    std::exponential_distribution<double> gap(w.rate);
+    auto at = clock_type::now();
+    for (int i = 0; i < w.requests; ++i) {
+      std::this_thread::sleep_until(at);
+      threads.emplace_back(one, i);
+      at += std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(gap(rng)));
+    }
+  } else {
+    for (int c = 0; c < w.concurrency; ++c)
+      threads.emplace_back([&] {
+        for (int i = next++; i < w.requests; i = next++) one(i);
+      });
+  }
+  for (auto& t : threads) t.join();
+  if (tty) std::fprintf(stderr, "\n");
+  const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+
+  std::vector<double> ttft, tpot, itl, e2e;
+  int64_t out_tokens = 0, in_tokens = 0, completed = 0, good = 0;
+  std::map<std::string, int> errors;
+  for (const auto& s : results) {
+    if (!s.ok) {
+      ++errors[s.error.empty() ? "unknown" : s.error];
+      continue;
+    }
+    ++completed;
+    out_tokens += s.output_tokens;
+    in_tokens += s.prompt_tokens;
+    ttft.push_back(s.ttft_ms);
+    e2e.push_back(s.e2e_ms);
+    if (s.output_tokens > 1) tpot.push_back(s.tpot_ms);
+    itl.insert(itl.end(), s.itl_ms.begin(), s.itl_ms.end());
+    if ((slo_ttft <= 0 || s.ttft_ms <= slo_ttft) && (slo_tpot <= 0 || s.tpot_ms <= slo_tpot)) ++good;
+  }
+  json j = {{"endpoint", endpoint},     {"requests", w.requests},
+            {"concurrency", w.rate > 0 ? json(nullptr) : json(w.concurrency)},
+            {"rate", w.rate > 0 ? json(w.rate) : json(nullptr)},
+            {"completed", completed},   {"errors", static_cast<int64_t>(w.requests) - completed},
+            {"errors_by_kind", errors}, {"output_tokens", out_tokens},
+            {"prompt_tokens", in_tokens}, {"duration_s", secs},
+            {"requests_per_s", completed / secs}, {"output_tokens_per_s", out_tokens / secs},
+            {"goodput_requests_per_s", good / secs},
+            {"ttft_ms", dist(ttft)},    {"tpot_ms", dist(tpot)},
+            {"itl_ms", dist(itl)},      {"e2e_ms", dist(e2e)}};
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << j.dump(2) << "\n";
+  }
+  std::printf("| endpoint | load | done | errors | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms |\n");
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  char rate_text[32];
+  std::snprintf(rate_text, sizeof rate_text, "%g req/s", w.rate);
+  const std::string load = w.rate > 0 ? std::string(rate_text) : "c=" + std::to_string(w.concurrency);
+  std::printf("| %s | %s | %lld | %lld | %.1f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.0f / %.0f |\n", endpoint.c_str(),
+              load.c_str(), static_cast<long long>(completed), static_cast<long long>(w.requests - completed),
+              out_tokens / secs, pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), pct(itl, 50), pct(itl, 99),
+              pct(e2e, 50), pct(e2e, 99));
+  for (const auto& [kind, n] : errors) std::fprintf(stderr, "troupe-bench: %d x %s\n", n, kind.c_str());
+  return completed == w.requests ? 0 : 1;
+}
