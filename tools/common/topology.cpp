@@ -148,6 +148,10 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (const toml::table* kv = root["kv"].as_table()) {
     rd.get(*kv, "[kv]", "block_size", t.block_size, false);
     rd.get(*kv, "[kv]", "num_blocks", t.num_blocks, false);
+    if (const toml::node* pc = kv->get("prefix_caching")) {
+      if (auto b = pc->value<bool>()) t.prefix_caching = *b;
+      else rd.fail("[kv]: 'prefix_caching' must be true or false");
+    }
     if (rd.ok() && (t.block_size < 1 || t.block_size > 1024)) rd.fail("[kv]: block_size must be in 1..1024");
     if (rd.ok() && t.num_blocks < 1) rd.fail("[kv]: num_blocks must be at least 1");
   }

@@ -6,7 +6,7 @@
 //               "model"; default: the file's stem), chat_template = raw | llama2 | chatml
 //   [gateway]   node, capnp = "HOST:PORT", http = "HOST:PORT", api_keys_file (one key a
 //               line; required when an endpoint is not on loopback)
-//   [kv]        block_size, num_blocks        (optional)
+//   [kv]        block_size, num_blocks, prefix_caching (true)   (optional)
 //   [scheduler] max_step_tokens, max_running  (optional)
 //   [[node]]    name, host, port, threads (optional)
 //   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ]
@@ -63,6 +63,7 @@ struct topology {
   endpoint http;
   int32_t block_size = 16;
   int32_t num_blocks = 1024;
+  bool prefix_caching = true;
   int32_t max_step_tokens = 512;
   int32_t max_running = 64;
   std::vector<node_spec> nodes;

@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
   setup.tok = &*loaded->tok;
   setup.config.num_blocks = static_cast<uint32_t>(topo->num_blocks);
   setup.config.block_size = topo->block_size;
+  setup.config.prefix_caching = topo->prefix_caching;
   setup.config.max_step_tokens = topo->max_step_tokens;
   setup.config.max_running = topo->max_running;
   setup.config.context = m.config.max_seq_len;
