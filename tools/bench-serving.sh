@@ -40,10 +40,10 @@ stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
 TOML
 }
 wait_http() { for _ in $(seq 1 600); do curl -sf "$1/health" >/dev/null 2>&1 && return 0; sleep 0.2; done; return 1; }
-bench() {  # name endpoint model concurrency requests extra...
-  local out
-  out=$(build/tools/troupe-bench --endpoint "$2" --model "$3" --concurrency "$4" --requests "$5" --output-tokens 64 \
-        --prompt-words 100 "${@:6}" --json "$work/r.json" 2>/dev/null | tail -1)
+bench() {  # name endpoint model concurrency requests prompt-words shared-prefix-words
+  build/tools/troupe-bench --endpoint "$2" --model "$3" --concurrency "$4" --requests "$5" --output-tokens 64 \
+    --prompt-words "$6" --shared-prefix "$7" --json "$work/r.json" >/dev/null 2>"$work/bench.err" ||
+    { echo "| $1 | $4 | failed: $(tail -1 "$work/bench.err") | | | |"; return 0; }
   python3 - "$work/r.json" "$1" "$4" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -60,11 +60,11 @@ for caching in true false; do
   pids+=($!)
   wait_http http://127.0.0.1:7601
   if [[ $caching == true ]]; then
-    for c in 1 8 32; do bench "troupe, plain" http://127.0.0.1:7601 syn110m $c $((c < 8 ? 8 : 2 * c)); done
+    for c in 1 8 32; do bench "troupe, plain" http://127.0.0.1:7601 syn110m $c $((c < 8 ? 8 : 2 * c)) 100 0; done
   fi
   for c in 1 8 32; do
     bench "troupe, shared prefix (cache $([[ $caching == true ]] && echo on || echo off))" http://127.0.0.1:7601 syn110m $c \
-      $((c < 8 ? 8 : 2 * c)) --shared-prefix 400 --prompt-words 416
+      $((c < 8 ? 8 : 2 * c)) 416 400
   done
   kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 done
@@ -72,8 +72,8 @@ if [[ -n ${LLAMA_CPP:-} ]]; then
   "$LLAMA_CPP/llama-server" -m "$model" -t 2 -c 32768 -np 32 -fa --port 7602 >"$work/llama.log" 2>&1 &
   pids+=($!)
   wait_http http://127.0.0.1:7602
-  for c in 1 8 32; do bench "llama-server, plain" http://127.0.0.1:7602 syn110m $c $((c < 8 ? 8 : 2 * c)); done
+  for c in 1 8 32; do bench "llama-server, plain" http://127.0.0.1:7602 syn110m $c $((c < 8 ? 8 : 2 * c)) 100 0; done
   for c in 1 8 32; do
-    bench "llama-server, shared prefix" http://127.0.0.1:7602 syn110m $c $((c < 8 ? 8 : 2 * c)) --shared-prefix 400 --prompt-words 416
+    bench "llama-server, shared prefix" http://127.0.0.1:7602 syn110m $c $((c < 8 ? 8 : 2 * c)) 416 400
   done
 fi
