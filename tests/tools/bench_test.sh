@@ -25,6 +25,10 @@ timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --model stories260K -
   --output-tokens 24 --shared-prefix 30 --prompt-words 40 --json "$work/http.json" >/dev/null || fail "http run"
 timeout 120 "$build/tools/troupe-bench" --endpoint "$capnp" --requests 12 --rate 50 --output-tokens 16 \
   --json "$work/capnp.json" >/dev/null || fail "capnp run"
+timeout 120 "$build/tools/troupe-bench" --endpoint "$capnp" --requests 4 --sweep-concurrency 1,2 --output-tokens 8 \
+  --json "$work/sweep.json" --svg "$work/sweep.svg" >/dev/null || fail "sweep run"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert [x["concurrency"] for x in d] == [1, 2]' "$work/sweep.json" || fail "sweep json"
+grep -q '<polyline' "$work/sweep.svg" || fail "sweep chart"
 curl -s "$http/metrics" >"$work/metrics"
 python3 - "$work" <<'PY' || fail "counts disagree"
 import json, re, sys

@@ -174,53 +174,8 @@ json dist(const std::vector<double>& v) {
           {"max", v.empty() ? 0.0 : *std::max_element(v.begin(), v.end())}};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "troupe-bench: measure a serving endpoint as its clients see it.\n\n"
-      "Targets: http://HOST:PORT (any OpenAI-compatible server: streamed completions, tokens\n"
-      "counted from its `usage`) or capnp://HOST:PORT (troupe's own API). Workloads are seeded;\n"
-      "--shared-prefix N starts every prompt with the same N words. Prints a Markdown table\n"
-      "and, with --json, writes completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms /\n"
-      "e2e_ms objects with p50, p90, p99 and max.\n\n"
-      "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --model m --requests 64 --concurrency 8 --json out.json\n",
-      "troupe-bench"};
-  std::string endpoint, json_path;
-  workload w;
-  double slo_ttft = 0, slo_tpot = 0;
-  app.add_option("--endpoint", endpoint, "http://HOST:PORT or capnp://HOST:PORT")->required();
-  app.add_option("--model", w.model, "model name for HTTP servers")->capture_default_str();
-  app.add_option("--api-key", w.api_key, "bearer key for HTTP servers");
-  app.add_option("--requests", w.requests)->check(CLI::Range(1, 1000000))->capture_default_str();
-  app.add_option("--concurrency", w.concurrency, "requests in flight (closed loop)")->check(CLI::Range(1, 4096))->capture_default_str();
-  app.add_option("--rate", w.rate, "Poisson arrivals per second instead of a closed loop")->check(CLI::NonNegativeNumber);
-  app.add_option("--prompt-words", w.prompt_words)->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--output-tokens", w.output_tokens)->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", w.seed)->capture_default_str();
-  app.add_flag("--chat", w.chat, "use /v1/chat/completions");
-  app.add_option("--slo-ttft-ms", slo_ttft, "goodput counts requests within this TTFT (0: no limit)");
-  app.add_option("--slo-tpot-ms", slo_tpot, "goodput counts requests within this TPOT (0: no limit)");
-  app.add_option("--json", json_path, "write the results here");
-  CLI11_PARSE(app, argc, argv);
-  if (w.shared_prefix_words > w.prompt_words) w.prompt_words = w.shared_prefix_words + 1;
-
-  const bool http = endpoint.rfind("http://", 0) == 0, capnp = endpoint.rfind("capnp://", 0) == 0;
-  if (!http && !capnp) {
-    std::fprintf(stderr, "troupe-bench: --endpoint must start with http:// or capnp://\n");
-    return 2;
-  }
-  std::string hostport = endpoint.substr(http ? 7 : 8);
-  while (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
-  const size_t colon = hostport.rfind(':');
-  if (colon == std::string::npos) {
-    std::fprintf(stderr, "troupe-bench: --endpoint needs a port\n");
-    return 2;
-  }
-  const std::string host = hostport.substr(0, colon);
-  const int port = std::atoi(hostport.c_str() + colon + 1);
-
+json run_level(const workload& w, const std::string& endpoint, bool http, const std::string& host, int port,
+               const std::string& hostport, double slo_ttft, double slo_tpot, bool header) {
   std::vector<sample> results(w.requests);
   std::atomic<int> next{0}, done{0};
   const bool tty = isatty(STDERR_FILENO);
@@ -277,12 +232,10 @@ int main(int argc, char** argv) {
             {"goodput_requests_per_s", good / secs},
             {"ttft_ms", dist(ttft)},    {"tpot_ms", dist(tpot)},
             {"itl_ms", dist(itl)},      {"e2e_ms", dist(e2e)}};
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << j.dump(2) << "\n";
+  if (header) {
+    std::printf("| endpoint | load | done | errors | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms |\n");
+    std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   }
-  std::printf("| endpoint | load | done | errors | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms |\n");
-  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   char rate_text[32];
   std::snprintf(rate_text, sizeof rate_text, "%g req/s", w.rate);
   const std::string load = w.rate > 0 ? std::string(rate_text) : "c=" + std::to_string(w.concurrency);
@@ -291,5 +244,140 @@ int main(int argc, char** argv) {
               out_tokens / secs, pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), pct(itl, 50), pct(itl, 99),
               pct(e2e, 50), pct(e2e, 99));
   for (const auto& [kind, n] : errors) std::fprintf(stderr, "troupe-bench: %d x %s\n", n, kind.c_str());
-  return completed == w.requests ? 0 : 1;
+  std::fflush(stdout);
+  return j;
+}
+
+// A chart of latency percentiles and throughput against load, as SVG.
+void write_svg(const std::string& path, const std::vector<json>& levels, const std::string& xlabel,
+               const std::string& title) {
+  const double W = 720, H = 420, L = 70, R = 70, T = 40, B = 60;
+  std::vector<double> xs, tput, ttft50, ttft99, tpot50;
+  for (const auto& j : levels) {
+    xs.push_back(j["rate"].is_null() ? j["concurrency"].get<double>() : j["rate"].get<double>());
+    tput.push_back(j["output_tokens_per_s"].get<double>());
+    ttft50.push_back(j["ttft_ms"]["p50"].get<double>());
+    ttft99.push_back(j["ttft_ms"]["p99"].get<double>());
+    tpot50.push_back(j["tpot_ms"]["p50"].get<double>());
+  }
+  auto maxof = [](const std::vector<double>& v) { return std::max(1e-9, *std::max_element(v.begin(), v.end())); };
+  const double xmax = maxof(xs), lmax = std::max({maxof(ttft50), maxof(ttft99), maxof(tpot50)}), tmax = maxof(tput);
+  auto X = [&](double x) { return L + (W - L - R) * x / xmax; };
+  auto Y = [&](double v, double vmax) { return H - B - (H - T - B) * v / vmax; };
+  std::ofstream f(path);
+  f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
+  f << "<rect width='100%' height='100%' fill='white'/>\n";
+  f << "<text x='" << W / 2 << "' y='20' text-anchor='middle' font-size='14'>" << title << "</text>\n";
+  f << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B << "' stroke='black'/>\n";
+  f << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='black'/>\n";
+  f << "<line x1='" << W - R << "' y1='" << T << "' x2='" << W - R << "' y2='" << H - B << "' stroke='black'/>\n";
+  f << "<text x='" << W / 2 << "' y='" << H - 20 << "' text-anchor='middle'>" << xlabel << "</text>\n";
+  f << "<text x='15' y='" << H / 2 << "' transform='rotate(-90 15 " << H / 2 << ")' text-anchor='middle'>latency (ms)</text>\n";
+  f << "<text x='" << W - 15 << "' y='" << H / 2 << "' transform='rotate(90 " << W - 15 << " " << H / 2
+    << ")' text-anchor='middle'>output tokens/s</text>\n";
+  for (int t = 0; t <= 4; ++t) {
+    const double y = T + (H - T - B) * t / 4.0;
+    f << "<line x1='" << L << "' y1='" << y << "' x2='" << W - R << "' y2='" << y << "' stroke='#ddd'/>\n";
+    f << "<text x='" << L - 5 << "' y='" << y + 4 << "' text-anchor='end'>" << static_cast<int>(lmax * (4 - t) / 4) << "</text>\n";
+    f << "<text x='" << W - R + 5 << "' y='" << y + 4 << "'>" << static_cast<int>(tmax * (4 - t) / 4) << "</text>\n";
+  }
+  for (double x : xs)
+    f << "<text x='" << X(x) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << x << "</text>\n";
+  auto line = [&](const std::vector<double>& v, double vmax, const char* color, const char* name, int idx) {
+    f << "<polyline fill='none' stroke='" << color << "' stroke-width='2' points='";
+    for (size_t i = 0; i < v.size(); ++i) f << X(xs[i]) << "," << Y(v[i], vmax) << " ";
+    f << "'/>\n";
+    for (size_t i = 0; i < v.size(); ++i) f << "<circle cx='" << X(xs[i]) << "' cy='" << Y(v[i], vmax) << "' r='3' fill='" << color << "'/>\n";
+    f << "<rect x='" << L + 10 + idx * 150 << "' y='" << T - 14 << "' width='10' height='10' fill='" << color << "'/>";
+    f << "<text x='" << L + 24 + idx * 150 << "' y='" << T - 5 << "'>" << name << "</text>\n";
+  };
+  line(ttft50, lmax, "#1f77b4", "TTFT p50", 0);
+  line(ttft99, lmax, "#aec7e8", "TTFT p99", 1);
+  line(tpot50, lmax, "#2ca02c", "TPOT p50", 2);
+  line(tput, tmax, "#d62728", "output tok/s", 3);
+  f << "</svg>\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "troupe-bench: measure a serving endpoint as its clients see it.\n\n"
+      "Targets: http://HOST:PORT (any OpenAI-compatible server: streamed completions, tokens\n"
+      "counted from its `usage`) or capnp://HOST:PORT (troupe's own API). Workloads are seeded;\n"
+      "--shared-prefix N starts every prompt with the same N words. Prints a Markdown table\n"
+      "and, with --json, writes completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms /\n"
+      "e2e_ms objects with p50, p90, p99 and max.\n\n"
+      "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --model m --requests 64 --concurrency 8 --json out.json\n",
+      "troupe-bench"};
+  std::string endpoint, json_path;
+  workload w;
+  double slo_ttft = 0, slo_tpot = 0;
+  app.add_option("--endpoint", endpoint, "http://HOST:PORT or capnp://HOST:PORT")->required();
+  app.add_option("--model", w.model, "model name for HTTP servers")->capture_default_str();
+  app.add_option("--api-key", w.api_key, "bearer key for HTTP servers");
+  app.add_option("--requests", w.requests)->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--concurrency", w.concurrency, "requests in flight (closed loop)")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--rate", w.rate, "Poisson arrivals per second instead of a closed loop")->check(CLI::NonNegativeNumber);
+  app.add_option("--prompt-words", w.prompt_words)->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--output-tokens", w.output_tokens)->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", w.seed)->capture_default_str();
+  app.add_flag("--chat", w.chat, "use /v1/chat/completions");
+  app.add_option("--slo-ttft-ms", slo_ttft, "goodput counts requests within this TTFT (0: no limit)");
+  app.add_option("--slo-tpot-ms", slo_tpot, "goodput counts requests within this TPOT (0: no limit)");
+  app.add_option("--json", json_path, "write the results here (an array with --sweep-*)");
+  std::vector<double> sweep;
+  bool sweep_rate = false, requests_per_level = false;
+  std::string svg_path;
+  auto* sc = app.add_option("--sweep-concurrency", sweep, "run at each of these concurrencies")->delimiter(',');
+  auto* sr = app.add_option("--sweep-rate", sweep, "run at each of these arrival rates")->delimiter(',');
+  sc->excludes(sr);
+  app.add_flag("--scale-requests", requests_per_level, "in a sweep, at least 2 x the level requests per level");
+  app.add_option("--svg", svg_path, "with a sweep: a chart of latency percentiles and throughput against load");
+  CLI11_PARSE(app, argc, argv);
+  if (w.shared_prefix_words > w.prompt_words) w.prompt_words = w.shared_prefix_words + 1;
+  sweep_rate = sr->count() > 0;
+
+  const bool http = endpoint.rfind("http://", 0) == 0, capnp = endpoint.rfind("capnp://", 0) == 0;
+  if (!http && !capnp) {
+    std::fprintf(stderr, "troupe-bench: --endpoint must start with http:// or capnp://\n");
+    return 2;
+  }
+  std::string hostport = endpoint.substr(http ? 7 : 8);
+  while (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
+  const size_t colon = hostport.rfind(':');
+  if (colon == std::string::npos) {
+    std::fprintf(stderr, "troupe-bench: --endpoint needs a port\n");
+    return 2;
+  }
+  const std::string host = hostport.substr(0, colon);
+  const int port = std::atoi(hostport.c_str() + colon + 1);
+
+  std::vector<json> levels;
+  bool all_ok = true;
+  std::vector<double> loads;
+  if (!sweep.empty()) {
+    for (double level : sweep) loads.push_back(level);
+  } else {
+    loads.push_back(w.rate > 0 ? w.rate : w.concurrency);
+  }
+  bool header = true;
+  for (double level : loads) {
+    workload lw = w;
+    if (!sweep.empty()) {
+      if (sweep_rate) lw.rate = level; else lw.concurrency = static_cast<int>(level);
+      if (requests_per_level) lw.requests = std::max(w.requests, static_cast<int>(2 * level));
+    }
+    json j = run_level(lw, endpoint, http, host, port, hostport, slo_ttft, slo_tpot, header);
+    header = false;
+    all_ok = all_ok && j["errors"].get<int64_t>() == 0;
+    levels.push_back(j);
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << (levels.size() == 1 ? levels[0] : json(levels)).dump(2) << "\n";
+  }
+  if (!svg_path.empty()) write_svg(svg_path, levels, sweep_rate ? "arrival rate (requests/s)" : "concurrent requests", endpoint);
+  return all_ok ? 0 : 1;
 }
