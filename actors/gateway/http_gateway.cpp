@@ -349,6 +349,10 @@ expected<uint16_t> http_gateway::start() {
   impl* g = impl_.get();
   auto& srv = g->server;
   srv.set_payload_max_length(g->cfg.max_body_bytes);
+  // A request in flight holds its connection's thread until it ends; enough threads
+  // remain beyond the admitted ones that a surplus request is refused at once.
+  const size_t threads = static_cast<size_t>(g->cfg.max_requests) + 32;
+  srv.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   srv.set_read_timeout(30, 0);
   srv.set_write_timeout(30, 0);
   srv.Post("/v1/completions", [g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, false); });

@@ -112,9 +112,12 @@ expect 404 'no such route' "unknown route" "$(post /v1/nothing '{}')"
 curl -sN --max-time 0.3 "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":500,"temperature":1,"stream":true}' >/dev/null || true
 sleep 0.5
 
-# At capacity (4 in flight here), the surplus gets 429 with Retry-After at once.
+# At capacity (4 in flight here), 10x that many at once: the surplus gets 429 with
+# Retry-After at once, and the node's memory stays bounded.
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$node_pid/status"; }
+rss_before=$(rss)
 pids=()
-for i in $(seq 1 12); do
+for i in $(seq 1 40); do
   curl -s -o /dev/null -w '%{http_code} %{time_total}\n' -D "$work/h.$i" "${auth[@]}" "$base/v1/completions" \
     -d '{"model":"stories260K","prompt":"Once","max_tokens":400,"temperature":1}' >"$work/c.$i" &
   pids+=($!)
@@ -122,13 +125,13 @@ done
 wait "${pids[@]}"
 rejected=$(cat "$work"/c.* | grep -c '^429' || true)
 [[ $rejected -ge 1 ]] || fail "no 429 under overload: $(cat "$work"/c.*)"
-for f in "$work"/c.*; do
-  read -r code secs <"$f"
-  if [[ $code == 429 ]]; then
-    awk -v s="$secs" 'BEGIN { exit !(s < 0.05) }' || fail "429 took ${secs}s"
-  fi
-done
+# The median refusal, as curl measures it (connection set-up of 40 clients at once on
+# this small machine included), is well under 50 ms.
+median=$(cat "$work"/c.* | awk '$1 == 429 {print $2}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+awk -v s="$median" 'BEGIN { exit !(s < 0.05) }' || fail "429s took ${median}s (median)"
 grep -qi '^Retry-After: 1' "$work"/h.* || fail "no Retry-After"
+rss_after=$(rss)
+(( rss_after - rss_before < 65536 )) || fail "memory grew by $(( (rss_after - rss_before) / 1024 )) MiB under overload"
 
 # Still serving; metrics count what happened.
 expect 200 '"text_completion"' "after abuse" "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":5,"temperature":0}')"
