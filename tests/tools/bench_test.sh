@@ -30,6 +30,12 @@ timeout 120 "$build/tools/troupe-bench" --endpoint "$capnp" --requests 4 --sweep
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert [x["concurrency"] for x in d] == [1, 2]' "$work/sweep.json" || fail "sweep json"
 grep -q '<polyline' "$work/sweep.svg" || fail "sweep chart"
 curl -s "$http/metrics" >"$work/metrics"
+# Multi-turn chat (after the snapshot, so the counts above stay exact): every turn's
+# prompt carries the conversation so far, so prompts grow.
+timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --model stories260K --chat --turns 3 --requests 3 \
+  --concurrency 3 --output-tokens 8 --prompt-words 10 --json "$work/chat.json" >/dev/null || fail "multi-turn run"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["completed"] == 3 and d["prompt_tokens"] > 3 * 3 * 12, d' \
+  "$work/chat.json" || fail "multi-turn prompts did not grow"
 python3 - "$work" <<'PY' || fail "counts disagree"
 import json, re, sys
 w = sys.argv[1]

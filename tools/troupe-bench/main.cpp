@@ -39,6 +39,7 @@ struct workload {
   std::string model;
   std::string api_key;
   bool chat = false;
+  int turns = 1;  // multi-turn chat: each conversation sends this many growing requests
 };
 
 struct sample {
@@ -61,7 +62,8 @@ std::string prompt_for(const workload& w, int i) {
   return p;
 }
 
-sample run_http(const std::string& host, int port, const workload& w, int i) {
+sample run_http(const std::string& host, int port, const workload& w, int i, const json* history = nullptr,
+                std::string* reply = nullptr) {
   sample s;
   httplib::Client cli(host, port);
   cli.set_read_timeout(600, 0);
@@ -69,9 +71,10 @@ sample run_http(const std::string& host, int port, const workload& w, int i) {
   json body = {{"model", w.model}, {"max_tokens", w.output_tokens}, {"temperature", 0}, {"stream", true},
                {"stream_options", {{"include_usage", true}}}, {"seed", w.seed + i}};
   const std::string prompt = prompt_for(w, i);
-  if (w.chat)
-    body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
-  else
+  if (w.chat) {
+    body["messages"] = history ? *history : json::array();
+    body["messages"].push_back({{"role", "user"}, {"content", prompt}});
+  } else
     body["prompt"] = prompt;
   httplib::Request req;
   req.method = "POST";
@@ -99,6 +102,7 @@ sample run_http(const std::string& host, int port, const workload& w, int i) {
       const auto& c = j["choices"][0];
       const std::string text = w.chat ? c.value("delta", json::object()).value("content", "") : c.value("text", "");
       if (text.empty()) continue;
+      if (reply) *reply += text;
       const auto now = clock_type::now();
       if (chunks_with_text++ == 0)
         s.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
@@ -181,7 +185,32 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
   const bool tty = isatty(STDERR_FILENO);
   const auto t0 = clock_type::now();
   auto one = [&](int i) {
-    results[i] = http ? run_http(host, port, w, i) : run_capnp(hostport, w, i);
+    if (http && w.chat && w.turns > 1) {
+      // A conversation: each turn resends the history with the last reply appended.
+      json history = json::array();
+      sample all;
+      all.ok = true;
+      for (int t = 0; t < w.turns && all.ok; ++t) {
+        std::string reply;
+        sample s = run_http(host, port, w, i * w.turns + t, &history, &reply);
+        history.push_back({{"role", "user"}, {"content", prompt_for(w, i * w.turns + t)}});
+        history.push_back({{"role", "assistant"}, {"content", reply}});
+        if (!s.ok) {
+          all = s;
+          break;
+        }
+        if (t == 0) all = s;  // the first turn's timings; later turns add their tokens
+        else {
+          all.output_tokens += s.output_tokens;
+          all.prompt_tokens += s.prompt_tokens;
+          all.itl_ms.insert(all.itl_ms.end(), s.itl_ms.begin(), s.itl_ms.end());
+          all.e2e_ms += s.e2e_ms;
+        }
+      }
+      results[i] = all;
+    } else {
+      results[i] = http ? run_http(host, port, w, i) : run_capnp(hostport, w, i);
+    }
     const int d = ++done;
     if (tty) std::fprintf(stderr, "\rtroupe-bench: %d/%d requests", d, w.requests);
   };
@@ -324,6 +353,8 @@ int main(int argc, char** argv) {
   app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", w.seed)->capture_default_str();
   app.add_flag("--chat", w.chat, "use /v1/chat/completions");
+  app.add_option("--turns", w.turns, "multi-turn chat: turns per conversation, each resending the growing history")
+      ->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--slo-ttft-ms", slo_ttft, "goodput counts requests within this TTFT (0: no limit)");
   app.add_option("--slo-tpot-ms", slo_tpot, "goodput counts requests within this TPOT (0: no limit)");
   app.add_option("--json", json_path, "write the results here (an array with --sweep-*)");
