@@ -3,11 +3,12 @@
 # completes, and the request and token counts it reports equal the server's /metrics.
 # Usage: bench_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 src=$2
 work=$(mktemp -d)
 node_pid=
 cleanup() {
-  [[ -n $node_pid ]] && { kill -9 "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; }
+  stop_tree "$node_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT

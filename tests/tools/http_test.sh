@@ -5,11 +5,12 @@
 # capacity, API keys, health and metrics. Bounded in time; the node is always killed.
 # Usage: http_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 work=$(mktemp -d)
 node_pid=
 cleanup() {
-  [[ -n $node_pid ]] && kill -9 "$node_pid" 2>/dev/null || true
+  stop_tree "$node_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT

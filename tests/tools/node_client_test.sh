@@ -4,13 +4,14 @@
 # port, and a clean stop on SIGTERM. Bounded in time; the node is always killed.
 # Usage: node_client_test.sh BUILD_DIR TOPOLOGY MODELS_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 topology=$2 models=$3
 work=$(mktemp -d)
 node_pid=
 others=()
 cleanup() {
-  [[ -n $node_pid ]] && kill -9 "$node_pid" 2>/dev/null || true
-  for p in "${others[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  stop_tree "$node_pid"
+  for p in "${others[@]}"; do stop_tree "$p"; done
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -4,11 +4,12 @@
 # completion's text equals troupe-client's for the same greedy request.
 # Usage: openai_npm_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 work=$(mktemp -d)
 node_pid=
 cleanup() {
-  [[ -n $node_pid ]] && kill -9 "$node_pid" 2>/dev/null || true
+  stop_tree "$node_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT

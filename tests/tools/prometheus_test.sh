@@ -3,11 +3,12 @@
 # number of requests, the scraped counters equal what the test did.
 # Usage: prometheus_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 src=$2
 work=$(mktemp -d)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do stop_tree "$p"; done
   rm -rf "$work"
 }
 trap cleanup EXIT
