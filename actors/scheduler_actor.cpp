@@ -97,10 +97,10 @@ void send_step(self_ptr self) {
             int32_t row = 0;
             for (const auto& c : plan->chunks) {
               if (!c.sample) continue;
-              const float* l = lg->data.data() + static_cast<size_t>(row++) * vocab;
+              float* l = lg->data.data() + static_cast<size_t>(row++) * vocab;
               request* r = st.sched->find(c.id);
               // A request cancelled while the step ran still takes its row.
-              samples.push_back(r ? r->smp.sample(const_cast<float*>(l), vocab) : sample_result{});
+              samples.push_back(r ? r->smp.sample(l, vocab) : sample_result{});
             }
             dispatch(self, st.sched->update_from_output(*plan, samples));
             maybe_step(self);

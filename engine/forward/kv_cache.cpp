@@ -12,10 +12,10 @@ kv_cache::kv_cache(const kv_cache_shape& s)
                 s.num_layers, s.num_blocks, s.block_size, s.head_dim);
 }
 
-paged_kv_layer kv_cache::layer(int32_t idx) const {
+paged_kv_layer kv_cache::layer(int32_t idx) {
   TROUPE_ASSERT(idx >= 0 && idx < shape_.num_layers, idx, shape_.num_layers);
   paged_kv_layer l;
-  l.k = const_cast<float*>(data_.data()) + 2 * layer_floats_ * idx;
+  l.k = data_.data() + 2 * layer_floats_ * idx;
   l.v = l.k + layer_floats_;
   l.num_blocks = shape_.num_blocks;
   l.num_kv_heads = shape_.num_kv_heads;

@@ -27,7 +27,7 @@ class kv_cache {
  public:
   explicit kv_cache(const kv_cache_shape& s);
 
-  paged_kv_layer layer(int32_t idx) const;
+  paged_kv_layer layer(int32_t idx);
   const kv_cache_shape& shape() const { return shape_; }
   int64_t bytes() const { return 2 * layer_floats_ * shape_.num_layers * int64_t{sizeof(float)}; }
 

@@ -114,10 +114,10 @@ sample_result sampler::sample(float* logits, int32_t vocab) {
   sample_result r;
 
   // Log-probabilities of the penalised logits.
-  float max = logits[0];
-  for (int32_t i = 1; i < vocab; ++i) max = std::max(max, logits[i]);
   float log_z = 0.0f;
   if (p_.logprobs >= 0) {
+    float max = logits[0];
+    for (int32_t i = 1; i < vocab; ++i) max = std::max(max, logits[i]);
     double z = 0.0;
     for (int32_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i] - max));
     log_z = max + static_cast<float>(std::log(z));

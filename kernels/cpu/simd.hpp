@@ -19,9 +19,6 @@ constexpr int width = 16;
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef int8_t v16b __attribute__((vector_size(16)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 

@@ -14,13 +14,9 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/single.toml" >"$work/t.toml"
-timeout 180 "$build/tools/troupe-node" "$work/t.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
-node_pid=$!
-for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
-http=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
-capnp=$(sed -n 's|^endpoint: \(capnp://.*\)|\1|p' "$work/node.out")
-[[ -n $http && -n $capnp ]] || fail "the node did not start"
+single_topology "$src" "$work"
+start_node "$work/t.toml" "$work"
+http=$http_url capnp=$capnp_url
 
 timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --model stories260K --requests 20 --concurrency 4 \
   --output-tokens 24 --shared-prefix 30 --prompt-words 40 --json "$work/http.json" >/dev/null || fail "http run"

@@ -16,13 +16,6 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; tail -5 "$work/node.err"; exit 1; }
 
-start_node() {  # topology; sets base
-  timeout 120 "$build/tools/troupe-node" "$1" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
-  node_pid=$!
-  for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
-  base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
-  [[ -n $base ]] || { cat "$work/node.err"; fail "no http endpoint"; }
-}
 stop_node() { kill -TERM "$node_pid"; wait "$node_pid" || true; node_pid=; }
 status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
 post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
@@ -36,10 +29,11 @@ cat >"$work/keys" <<KEYS
 # one key a line
 test-key-1
 KEYS
-sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" -e 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' \
-  "$src/deploy/single.toml" >"$work/t.toml"
+single_topology "$src" "$work"
+sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' "$work/t.toml"
 printf '[scheduler]\nmax_running = 1\n' >>"$work/t.toml"
-start_node "$work/t.toml"
+start_node "$work/t.toml" "$work"
+base=$http_url
 auth=(-H 'Authorization: Bearer test-key-1')
 
 # Health needs no key; everything else does.

@@ -14,3 +14,22 @@ stop_tree() {
   kill -9 $kids "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
+
+# Starts troupe-node on TOPOLOGY with both APIs on free loopback ports, logs in DIR, and
+# sets node_pid, http_url (http://...) and capnp_url (capnp://...). Needs $build.
+start_node() {
+  local topology=$1 dir=$2
+  timeout 180 "$build/tools/troupe-node" "$topology" --capnp 127.0.0.1:0 --http 127.0.0.1:0 \
+    >"$dir/node.out" 2>"$dir/node.err" &
+  node_pid=$!
+  for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$dir/node.out" 2>/dev/null && break; sleep 0.1; done
+  http_url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$dir/node.out")
+  capnp_url=$(sed -n 's|^endpoint: \(capnp://.*\)|\1|p' "$dir/node.out")
+  [[ -n $http_url && -n $capnp_url ]] || { cat "$dir/node.err"; echo "FAIL: the node did not start"; exit 1; }
+}
+
+# A copy of deploy/single.toml with the shared models' path made absolute, at DIR/t.toml.
+single_topology() {
+  local src=$1 dir=$2
+  sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/single.toml" >"$dir/t.toml"
+}

@@ -19,14 +19,10 @@ fail() { echo "FAIL: $*"; exit 1; }
 cp "$src/tests/tools/openai_client.mjs" "$work/"
 
 echo "key-for-npm" >"$work/keys"
-sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" -e 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' \
-  "$src/deploy/single.toml" >"$work/t.toml"
-timeout 180 "$build/tools/troupe-node" "$work/t.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
-node_pid=$!
-for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
-base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
-capnp=$(sed -n 's|^endpoint: capnp://||p' "$work/node.out")
-[[ -n $base && -n $capnp ]] || fail "the node did not start"
+single_topology "$src" "$work"
+sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' "$work/t.toml"
+start_node "$work/t.toml" "$work"
+base=$http_url capnp=${capnp_url#capnp://}
 
 timeout 120 node "$work/openai_client.mjs" "$base" key-for-npm stories260K >"$work/got.json" || fail "the openai client failed"
 py() { python3 -c "import json,sys; d=json.load(open('$work/got.json')); print($1, end='')"; }

@@ -15,12 +15,10 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v prometheus >/dev/null || fail "prometheus is not installed (tools/setup.sh installs it)"
 
-sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/single.toml" >"$work/t.toml"
-timeout 180 "$build/tools/troupe-node" "$work/t.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0 >"$work/node.out" 2>"$work/node.err" &
-pids+=($!)
-for _ in $(seq 1 300); do grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break; sleep 0.1; done
-base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$work/node.out")
-[[ -n $base ]] || fail "the node did not start"
+single_topology "$src" "$work"
+start_node "$work/t.toml" "$work"
+pids+=("$node_pid")
+base=$http_url
 
 # Known traffic: 5 finished completions of 12 tokens, 2 invalid requests.
 for i in 1 2 3 4 5; do
