@@ -28,6 +28,12 @@ sampler::sampler(const sampling_params& p, std::span<const int32_t> prompt)
   for (int32_t t : prompt) ++seen_[t];
 }
 
+void sampler::replay(int32_t token) {
+  if (p_.temperature != 0.0f) (void)rng_.uniform();  // draw() takes exactly one
+  ++seen_[token];
+  ++output_[token];
+}
+
 int32_t sampler::draw(const float* logits, int32_t vocab) {
   // Unnormalised probabilities of logits / temperature; the most likely token gets 1.
   const float inv_t = 1.0f / p_.temperature;

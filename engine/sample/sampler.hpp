@@ -39,6 +39,10 @@ class sampler {
   // Chooses the next token from logits [vocab] (penalties are applied in place) and
   // records it.
   sample_result sample(float* logits, int32_t vocab);
+  // Records `token` as if sample() had chosen it: the counts its penalties need, and one
+  // draw from the random stream when sampling is random. A request resumed elsewhere with
+  // its output so far replays it and then samples as it would have.
+  void replay(int32_t token);
 
   const sampling_params& params() const { return p_; }
 

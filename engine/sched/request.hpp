@@ -37,6 +37,10 @@ struct request_params {
   bool ignore_eos = false;                // run to max_tokens (benchmarks)
   int32_t priority = 0;                   // lower runs first under the priority policy
   uint64_t cache_namespace = 0;           // prefix-cache isolation key (per tenant)
+  std::vector<int32_t> delivered;         // output an earlier attempt already streamed (a
+                                          // request moved off a failed replica): replayed
+                                          // through sampler, detokenizer and stop strings,
+                                          // counted as output, never streamed again
 };
 
 struct request {

@@ -51,10 +51,38 @@ status scheduler::add(request_id id, request_params p) {
   if (blocks > cfg_.num_blocks)
     return error{who + "the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
                  std::to_string(cfg_.num_blocks)};
+  if (static_cast<int64_t>(p.delivered.size()) >= p.max_tokens ||
+      static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context)
+    return error{who + "the output already delivered leaves nothing to generate"};
+  for (int32_t t : p.delivered)
+    if (t < 0 || t >= cfg_.vocab) return error{who + "delivered token id " + std::to_string(t) + " is outside the vocabulary"};
   auto r = std::make_unique<request>(id, std::move(p), next_arrival_++);
+  // Replay what was delivered: the same sampler, detokenizer and stop-string state as the
+  // attempt that streamed it, and no text from it again.
+  for (int32_t t : r->params.delivered) {
+    const int32_t prev = r->tokens.back();
+    r->tokens.push_back(t);
+    r->smp.replay(t);
+    (void)r->stops.push(r->utf8.push(tok_.decode(prev, t)));
+  }
+  if (r->stops.stopped()) return error{who + "the output already delivered ends at a stop string"};
   insert_waiting(r.get());
   requests_.emplace(id, std::move(r));
   return ok();
+}
+
+size_t scheduler::reset_kv() {
+  const size_t n = running_.size();
+  for (request* r : running_) {
+    r->num_computed_tokens = 0;
+    r->state = request_state::waiting;
+    r->in_flight = false;
+    ++r->num_preemptions;
+    insert_waiting(r);
+  }
+  running_.clear();
+  kv_ = kv_block_manager(cfg_.num_blocks, cfg_.block_size, cfg_.prefix_caching);
+  return n;
 }
 
 request* scheduler::find(request_id id) {

@@ -57,6 +57,12 @@ class scheduler {
   // Ends a request at once, releasing its blocks; its final output, or nullopt if unknown.
   std::optional<step_output> abort(request_id id);
 
+  // Forgets every computed KV block (a stage lost its cache): running requests go back to
+  // waiting with their tokens kept, the prefix cache empties, nothing is in flight. The
+  // plans in flight must be dropped, never applied. Returns how many requests were sent
+  // back.
+  size_t reset_kv();
+
   step_plan schedule();
   std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples);
 

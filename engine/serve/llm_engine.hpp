@@ -37,6 +37,8 @@ class llm_engine {
   status add_request(request_id id, request_params params);
   std::optional<step_output> abort(request_id id);
   std::vector<step_output> step();
+  // Forgets the KV cache (as after losing a shard): running requests recompute.
+  size_t reset_kv() { return sched_.reset_kv(); }
 
   bool has_unfinished() const { return sched_.has_unfinished(); }
   size_t num_waiting() const { return sched_.num_waiting(); }

@@ -2,6 +2,7 @@
 // and a shared prefix computed once.
 #include "engine/serve/llm_engine.hpp"
 
+#include <functional>
 #include <map>
 
 #include <doctest/doctest.h>
@@ -128,6 +129,95 @@ TEST_CASE("a 400-token shared prefix is computed once for 32 requests with disti
   REQUIRE(b.has_value());
   CHECK(uncached.last_stats().prompt_tokens_computed == 32u * 417u);
   for (size_t i = 0; i < reqs.size(); ++i) CHECK((*a)[i].tokens == (*b)[i].tokens);
+}
+
+namespace {
+
+struct streamed {
+  std::vector<int32_t> tokens;
+  std::vector<std::string> text_after;  // the text streamed once tokens[0..i] were out
+  std::string text;                     // everything, the finishing text included
+};
+
+// Runs one request to its end, calling `between` after every step.
+streamed run_one(llm_engine& engine, const request_params& p, const std::function<void(int)>& between = {}) {
+  streamed out;
+  REQUIRE(engine.add_request(request_id{1}, p).has_value());
+  for (int step = 0; engine.has_unfinished(); ++step) {
+    REQUIRE(step < 2000);
+    for (const step_output& o : engine.step()) {
+      out.text += o.text;
+      for (int32_t t : o.new_tokens) out.tokens.push_back(t);
+      if (!o.new_tokens.empty()) out.text_after.push_back(out.text);
+    }
+    if (between) between(step);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a request resumed with the output already delivered continues with the same tokens and text") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  request_params base;
+  base.prompt = l.tok.encode("Once upon a time, there was a", true);
+  base.max_tokens = 60;
+  base.stop_strings = {"zzz"};  // held-back text must replay too
+  engine_config cfg;
+  for (float temperature : {0.0f, 1.0f}) {
+    CAPTURE(temperature);
+    request_params p = base;
+    p.sampling.temperature = temperature;
+    p.sampling.seed = 7;
+    p.sampling.repetition_penalty = 1.1f;
+    p.sampling.frequency_penalty = 0.5f;
+    llm_engine whole(l.m, l.tok, cfg);
+    const streamed all = run_one(whole, p);
+    REQUIRE(all.tokens.size() > 20);
+    for (size_t k : {size_t{1}, size_t{9}, all.tokens.size() - 1}) {
+      CAPTURE(k);
+      request_params resumed = p;
+      resumed.delivered.assign(all.tokens.begin(), all.tokens.begin() + static_cast<ptrdiff_t>(k));
+      llm_engine again(l.m, l.tok, cfg);
+      const streamed rest = run_one(again, resumed);
+      std::vector<int32_t> joined(resumed.delivered);
+      joined.insert(joined.end(), rest.tokens.begin(), rest.tokens.end());
+      CHECK(joined == all.tokens);
+      CHECK(all.text_after[k - 1] + rest.text == all.text);
+    }
+  }
+  // Delivered output that leaves nothing to do, or is not in the vocabulary, is refused.
+  llm_engine e(l.m, l.tok, cfg);
+  request_params done = base;
+  done.delivered.assign(static_cast<size_t>(base.max_tokens), 5);
+  CHECK_FALSE(e.add_request(request_id{2}, done).has_value());
+  request_params bad = base;
+  bad.delivered = {l.m.config.vocab_size};
+  CHECK_FALSE(e.add_request(request_id{3}, bad).has_value());
+}
+
+TEST_CASE("reset_kv mid-generation: every running request recomputes and yields the same tokens") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  request_params p;
+  p.prompt = l.tok.encode("The little dog", true);
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = 50;
+  engine_config cfg;
+  llm_engine plain(l.m, l.tok, cfg);
+  const streamed ref = run_one(plain, p);
+  llm_engine reset(l.m, l.tok, cfg);
+  size_t sent_back = 0;
+  const streamed got = run_one(reset, p, [&](int step) {
+    if (step == 5 || step == 20) {
+      sent_back += reset.reset_kv();
+      CHECK(reset.kv().used == 0);
+      CHECK(reset.kv().cached == 0);
+      CHECK(reset.num_running() == 0);
+    }
+  });
+  CHECK(sent_back == 2);
+  CHECK(got.tokens == ref.tokens);
+  CHECK(got.text == ref.text);
 }
 
 }  // namespace troupe
