@@ -2,46 +2,45 @@
 
 #include <caf/all.hpp>
 
-#include "actors/shard_actor.hpp"
-#include "actors/stage_actor.hpp"
-
 namespace troupe {
 
-replica_handles spawn_replica_stage(caf::actor_system& sys, const model& m, const stage_layout& stage,
-                                    caf::actor next, uint32_t num_blocks, int32_t block_size,
-                                    int32_t max_step_tokens) {
-  replica_handles out;
-  std::shared_ptr<local_collective_group> group;
-  if (stage.tp > 1) group = std::make_shared<local_collective_group>(stage.tp);
-  std::vector<caf::actor> shards;
-  for (int32_t r = 0; r < stage.tp; ++r) {
-    shard_setup s;
-    s.m = &m;
-    s.spec = shard_spec{stage.first_layer, stage.end_layer, tp_slice{r, stage.tp}};
-    s.group = group;
-    s.num_blocks = num_blocks;
-    s.block_size = block_size;
-    s.threads = stage.threads_per_shard;
-    s.max_step_tokens = max_step_tokens;
-    if (stage.tp == 1) s.next = next;
-    shards.push_back(spawn_shard(sys, s));
-    out.actors.push_back(shards.back());
-  }
-  out.entry = spawn_stage(sys, shards, std::move(next));
-  out.actors.push_back(out.entry);
-  return out;
+std::string stage_name(const std::string& replica, size_t index) { return replica + "/stage" + std::to_string(index); }
+std::string scheduler_name(const std::string& replica) { return replica + "/scheduler"; }
+
+unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout,
+                     uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens) {
+  const std::string name = stage_name(replica, index);
+  return unit_spec{name, [&m, name, layout, num_blocks, block_size, max_step_tokens](caf::actor agent) {
+                     auto g = spawn_stage_group(agent.home_system(), m, layout, num_blocks, block_size, max_step_tokens);
+                     unit_instance u;
+                     u.members.push_back({name, wire::actor_kind::stage, g.stage});
+                     for (size_t r = 0; r < g.shards.size(); ++r)
+                       u.members.push_back({name + "/shard" + std::to_string(r), wire::actor_kind::shard, g.shards[r]});
+                     if (g.group) u.abort = [group = g.group] { group->abort(); };
+                     return u;
+                   }};
 }
 
-replica_handles spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
-                              uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens) {
-  replica_handles out;
-  caf::actor next;
-  for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
-    auto one = spawn_replica_stage(sys, m, *it, next, num_blocks, block_size, max_step_tokens);
-    out.actors.insert(out.actors.end(), one.actors.begin(), one.actors.end());
-    next = one.entry;
+unit_spec scheduler_unit(const std::string& replica, scheduler_setup setup) {
+  const std::string name = scheduler_name(replica);
+  return unit_spec{name, [name, setup](caf::actor agent) {
+                     scheduler_setup s = setup;
+                     s.agent = agent;
+                     unit_instance u;
+                     u.members.push_back({name, wire::actor_kind::scheduler, spawn_scheduler(agent.home_system(), s)});
+                     return u;
+                   }};
+}
+
+local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
+                            uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens, const std::string& name) {
+  local_replica out;
+  std::vector<unit_spec> units;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    units.push_back(stage_unit(m, name, i, stages[i], num_blocks, block_size, max_step_tokens));
+    out.stages.push_back(stage_address{stage_name(name, i), "", 0});
   }
-  out.entry = next;
+  out.agent = spawn_node_agent(sys, "local", std::move(units));
   return out;
 }
 

@@ -1,35 +1,37 @@
-// replica: one copy of the model as actors in this process: a chain of stage actors, each
-// with its shard actors, built from a layout (layer ranges and tensor-parallel sizes).
-// Steps enter at the first stage; the reply is the last stage's logits.
+// replica: the supervised units that make up one copy of the model, and an in-process
+// replica (every stage in this process, under one node agent) for tests and one-process
+// topologies. Names: "<replica>/stage<i>" for a stage (its shards are
+// "<replica>/stage<i>/shard<r>"), "<replica>/scheduler" for its scheduler.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
-#include "engine/model/model.hpp"
+#include "actors/node_agent.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/stage_actor.hpp"
 
 namespace troupe {
 
-struct stage_layout {
-  int32_t first_layer = 0;
-  int32_t end_layer = 0;  // exclusive
-  int32_t tp = 1;
-  int32_t threads_per_shard = 1;
+std::string stage_name(const std::string& replica, size_t index);
+std::string scheduler_name(const std::string& replica);
+
+unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout,
+                     uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens);
+// The scheduler's setup names its stages; a local stage address is filled in with the
+// spawning agent.
+unit_spec scheduler_unit(const std::string& replica, scheduler_setup setup);
+
+struct local_replica {
+  caf::actor agent;                  // supervises every stage (and the scheduler, if asked)
+  std::vector<stage_address> stages; // for a scheduler_setup
 };
 
-struct replica_handles {
-  caf::actor entry;                 // the first stage
-  std::vector<caf::actor> actors;   // every stage and shard, for shutdown
-};
-
-replica_handles spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
-                              uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens);
-
-// One stage and its shards, handing steps on to `next` (invalid for the last stage).
-replica_handles spawn_replica_stage(caf::actor_system& sys, const model& m, const stage_layout& stage,
-                                    caf::actor next, uint32_t num_blocks, int32_t block_size,
-                                    int32_t max_step_tokens);
+local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
+                            uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens,
+                            const std::string& name = "r0");
 
 }  // namespace troupe

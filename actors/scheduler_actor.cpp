@@ -1,8 +1,12 @@
 #include "actors/scheduler_actor.hpp"
 
+#include <cmath>
+#include <random>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <caf/all.hpp>
+#include <caf/io/middleman.hpp>
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/wire/activations_codec.hpp"
@@ -12,6 +16,11 @@
 namespace troupe {
 
 namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// The canary's request id: clients' ids never come near it.
+constexpr uint64_t canary_id = ~uint64_t{0} - 1;
 
 struct sink_entry {
   caf::actor sink;
@@ -26,11 +35,32 @@ struct scheduler_state {
   wire::step_encoder encoder;
   std::vector<request_id> released;
   std::unordered_map<uint64_t, sink_entry> sinks;
+  std::unordered_set<caf::actor_addr> monitored_sinks;
   uint64_t next_id = 1;
   int32_t in_flight = 0;
+
+  // The pipeline, and recovery.
+  std::vector<caf::actor> stages;                    // invalid while lost
+  std::unordered_map<std::string, caf::actor> peers; // other nodes' agents, by host:port
+  uint64_t epoch = 0;          // bumped on every loss: replies of older epochs are dropped
+  uint64_t session_base = 0;
+  bool ready = false;
+  int32_t resolve_round = 0;   // for the backoff
+  clock_type::time_point degraded_since = clock_type::now();
+  std::string why = "starting";
 };
 
 using self_ptr = caf::stateful_actor<scheduler_state>*;
+
+void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text) {
+  auto& st = self->state;
+  auto it = st.sinks.find(id);
+  if (it == st.sinks.end()) return;
+  self->send(it->second.sink, done_atom_v,
+             wire_message(wire_kind::none, error_text.empty() ? wire::encode_final_result(id, it->second.seq, out)
+                                                              : wire::encode_generate_result(id, out, it->second.seq, error_text)));
+  st.sinks.erase(it);
+}
 
 void dispatch(self_ptr self, std::vector<step_output> outs) {
   auto& st = self->state;
@@ -38,25 +68,45 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
     auto it = st.sinks.find(o.id.value);
     if (it == st.sinks.end()) continue;
     sink_entry& s = it->second;
-    if (!o.new_tokens.empty() || !o.text.empty())
-      self->send(s.sink, chunk_atom_v, wire_message(wire_kind::none, wire::encode_token_chunk(o.id.value, s.seq++, o)));
     if (o.finished) {
-      self->send(s.sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(o.id.value, o, s.seq)));
-      st.sinks.erase(it);
+      send_result(self, o.id.value, o, "");
       st.released.push_back(o.id);
+    } else if (!o.new_tokens.empty() || !o.text.empty()) {
+      self->send(s.sink, chunk_atom_v, wire_message(wire_kind::none, wire::encode_token_chunk(o.id.value, s.seq++, o)));
     }
   }
 }
 
-void send_step(self_ptr self);
-
-void maybe_step(self_ptr self) {
+void fail_request(self_ptr self, request_id id, const std::string& why) {
   auto& st = self->state;
-  while (st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
-    const int32_t before = st.in_flight;
-    send_step(self);
-    if (st.in_flight == before) break;  // nothing could be scheduled
+  if (auto out = st.sched->abort(id)) {
+    send_result(self, id.value, *out, why);
+    st.released.push_back(id);
   }
+}
+
+void maybe_step(self_ptr self);
+void lose(self_ptr self, size_t stage, const std::string& why);
+void resolve(self_ptr self);
+
+// Runs `plan` through stages i.. and calls `done` with the last stage's output.
+void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_message act,
+              std::function<void(const wire_message&)> done) {
+  auto& st = self->state;
+  if (epoch != st.epoch) return;
+  if (!st.stages[i]) return lose(self, i, "stage " + std::to_string(i) + " is gone");
+  self->request(st.stages[i], st.setup.step_timeout, step_atom_v, plan, act)
+      .then(
+          [self, epoch, i, plan, done](const wire_message& out) {
+            auto& st = self->state;
+            if (epoch != st.epoch) return;
+            if (i + 1 < st.stages.size()) return run_from(self, epoch, i + 1, plan, out, done);
+            done(out);
+          },
+          [self, epoch, i](caf::error& e) {
+            if (epoch != self->state.epoch) return;
+            lose(self, i, "stage " + std::to_string(i) + ": " + self->system().render(e));
+          });
 }
 
 void send_step(self_ptr self) {
@@ -70,94 +120,227 @@ void send_step(self_ptr self) {
   const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released));
   st.released.clear();
   ++st.in_flight;
-  self->request(st.setup.entry, caf::infinite, step_atom_v, msg, wire_message{})
-      .then(
-          [self, plan](const wire_message& logits) {
-            auto& st = self->state;
-            --st.in_flight;
-            const int32_t vocab = st.setup.m->config.vocab_size;
-            std::vector<sample_result> samples;
-            auto lg = logits.bytes ? wire::decode_activations(*logits.bytes, vocab, st.setup.config.max_step_tokens)
-                                   : expected<wire::decoded_activations>(error{"no logits"});
-            if (!lg || lg->num_tokens != plan->num_samples()) {
-              // The replica returned something unusable: every request of the step ends with an error.
-              for (const auto& c : plan->chunks)
-                if (auto out = st.sched->abort(c.id)) {
-                  auto it = st.sinks.find(c.id.value);
-                  if (it == st.sinks.end()) continue;
-                  self->send(it->second.sink, done_atom_v,
-                             wire_message(wire_kind::none, wire::encode_generate_result(c.id.value, *out, it->second.seq,
-                                                                                        lg ? "logits do not match the step" : lg.err().message)));
-                  st.sinks.erase(it);
-                  st.released.push_back(c.id);
+  run_from(self, st.epoch, 0, msg, wire_message{}, [self, plan](const wire_message& logits) {
+    auto& st = self->state;
+    --st.in_flight;
+    const int32_t vocab = st.setup.m->config.vocab_size;
+    auto lg = logits.bytes ? wire::decode_activations(*logits.bytes, vocab, st.setup.config.max_step_tokens)
+                           : expected<wire::decoded_activations>(error{"no logits"});
+    if (!lg || lg->num_tokens != plan->num_samples())
+      return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
+    std::vector<sample_result> samples;
+    int32_t row = 0;
+    for (const auto& c : plan->chunks) {
+      if (!c.sample) continue;
+      float* l = lg->data.data() + static_cast<size_t>(row++) * vocab;
+      request* r = st.sched->find(c.id);
+      // A request cancelled while the step ran still takes its row.
+      samples.push_back(r ? r->smp.sample(l, vocab) : sample_result{});
+    }
+    dispatch(self, st.sched->update_from_output(*plan, samples));
+    maybe_step(self);
+  });
+}
+
+void maybe_step(self_ptr self) {
+  auto& st = self->state;
+  if (!st.ready) return;
+  while (st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
+    const int32_t before = st.in_flight;
+    send_step(self);
+    if (!st.ready || st.in_flight == before) break;  // lost a stage, or nothing could be scheduled
+  }
+}
+
+// One token through every stage, into block 0 (free: nothing runs while not ready).
+void canary(self_ptr self) {
+  auto& st = self->state;
+  st.encoder.restart(st.session_base + st.epoch);
+  st.released.clear();
+  step_plan plan;
+  const std::vector<int32_t> token{st.setup.tok->bos_id() >= 0 ? st.setup.tok->bos_id() : 0};
+  static const std::vector<uint32_t> table{0};
+  scheduled_chunk c;
+  c.id = request_id{canary_id};
+  c.first = 0;
+  c.count = 1;
+  c.tokens = token;
+  c.block_table = table;
+  c.sample = true;
+  plan.chunks.push_back(c);
+  plan.num_tokens = 1;
+  const wire_message msg(wire_kind::step_plan, st.encoder.encode(plan, {}));
+  st.released.push_back(request_id{canary_id});
+  const uint64_t epoch = st.epoch;
+  run_from(self, epoch, 0, msg, wire_message{}, [self](const wire_message& logits) {
+    auto& st = self->state;
+    const int32_t vocab = st.setup.m->config.vocab_size;
+    auto lg = logits.bytes ? wire::decode_activations(*logits.bytes, vocab, 1) : expected<wire::decoded_activations>(error{"no logits"});
+    bool finite = lg && lg->num_tokens == 1;
+    if (finite)
+      for (float x : lg->data) finite = finite && std::isfinite(x);
+    if (!finite) return lose(self, st.stages.size() - 1, "the canary step gave no usable logits");
+    const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - st.degraded_since).count();
+    std::fprintf(stderr, "troupe: replica %s ready (canary step passed; %.0f ms after %s)\n", st.setup.replica.c_str(), ms,
+                 st.why.c_str());
+    st.ready = true;
+    st.resolve_round = 0;
+    maybe_step(self);
+  });
+}
+
+void lose(self_ptr self, size_t stage, const std::string& why) {
+  auto& st = self->state;
+  if (stage < st.stages.size() && st.stages[stage]) {
+    self->demonitor(st.stages[stage]);
+    st.stages[stage] = caf::actor{};
+  }
+  ++st.epoch;
+  st.in_flight = 0;
+  st.released.clear();
+  const size_t requeued = st.sched->reset_kv();
+  if (st.ready) {
+    st.ready = false;
+    st.degraded_since = clock_type::now();
+    st.why = why;
+    std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
+                 st.setup.replica.c_str(), why.c_str(), requeued);
+  }
+  self->send(self, resolve_atom_v, st.epoch);
+}
+
+// Looks up every missing stage; when all are there, runs the canary.
+void resolve(self_ptr self) {
+  auto& st = self->state;
+  const uint64_t epoch = st.epoch;
+  auto pending = std::make_shared<size_t>(0);
+  auto finish_one = [self, epoch, pending] {
+    auto& st = self->state;
+    if (--*pending != 0 || epoch != st.epoch) return;
+    bool all = true;
+    for (auto& s : st.stages) all = all && static_cast<bool>(s);
+    if (all) return canary(self);
+    const auto backoff = std::chrono::milliseconds(std::min(1000, 25 << std::min(st.resolve_round++, 5)));
+    self->delayed_send(self, backoff, resolve_atom_v, epoch);
+  };
+  for (size_t i = 0; i < st.stages.size(); ++i)
+    if (!st.stages[i]) ++*pending;
+  if (*pending == 0) {
+    ++*pending;
+    return finish_one();
+  }
+  for (size_t i = 0; i < st.stages.size(); ++i) {
+    if (st.stages[i]) continue;
+    const stage_address& a = st.setup.stages[i];
+    auto lookup = [self, epoch, i, finish_one, name = a.name](caf::actor agent, std::string peer_key) {
+      self->request(agent, std::chrono::seconds(2), lookup_atom_v, name)
+          .then(
+              [self, epoch, i, finish_one](const caf::actor& stage) {
+                auto& st = self->state;
+                if (epoch == st.epoch && stage) {
+                  st.stages[i] = stage;
+                  self->monitor(stage);
                 }
-              maybe_step(self);
-              return;
-            }
-            int32_t row = 0;
-            for (const auto& c : plan->chunks) {
-              if (!c.sample) continue;
-              float* l = lg->data.data() + static_cast<size_t>(row++) * vocab;
-              request* r = st.sched->find(c.id);
-              // A request cancelled while the step ran still takes its row.
-              samples.push_back(r ? r->smp.sample(l, vocab) : sample_result{});
-            }
-            dispatch(self, st.sched->update_from_output(*plan, samples));
-            maybe_step(self);
-          },
-          [self, plan](caf::error& e) {
-            auto& st = self->state;
-            --st.in_flight;
-            for (const auto& c : plan->chunks)
-              if (auto out = st.sched->abort(c.id)) {
-                auto it = st.sinks.find(c.id.value);
-                if (it == st.sinks.end()) continue;
-                self->send(it->second.sink, done_atom_v,
-                           wire_message(wire_kind::none, wire::encode_generate_result(c.id.value, *out, it->second.seq,
-                                                                                      "step failed: " + self->system().render(e))));
-                st.sinks.erase(it);
-                st.released.push_back(c.id);
-              }
-            maybe_step(self);
-          });
+                finish_one();
+              },
+              [self, finish_one, peer_key](caf::error&) {
+                if (!peer_key.empty()) self->state.peers.erase(peer_key);  // look the agent up again next time
+                finish_one();
+              });
+    };
+    if (a.port == 0) {
+      lookup(st.setup.agent, "");
+      continue;
+    }
+    const std::string key = a.host + ":" + std::to_string(a.port);
+    if (auto it = st.peers.find(key); it != st.peers.end()) {
+      lookup(it->second, key);
+      continue;
+    }
+    auto mm = self->system().middleman().actor_handle();
+    self->request(mm, std::chrono::seconds(2), caf::connect_atom_v, a.host, a.port)
+        .then(
+            [self, key, lookup](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+              auto agent = caf::actor_cast<caf::actor>(ptr);
+              self->state.peers[key] = agent;
+              self->monitor(agent);
+              lookup(agent, key);
+            },
+            [finish_one](caf::error&) { finish_one(); });
+  }
+}
+
+// Requests that waited past the recovery timeout end with an error.
+void check_deadline(self_ptr self) {
+  auto& st = self->state;
+  if (st.ready || clock_type::now() - st.degraded_since < st.setup.recovery_timeout) return;
+  std::vector<uint64_t> ids;
+  for (auto& [id, s] : st.sinks) ids.push_back(id);
+  const std::string why = "replica " + st.setup.replica + " did not recover within " +
+                          std::to_string(st.setup.recovery_timeout.count() / 1000) + " s (" + st.why + ")";
+  for (uint64_t id : ids) fail_request(self, request_id{id}, why);
+}
+
+void watch_sink(self_ptr self, const caf::actor& sink) {
+  if (sink && self->state.monitored_sinks.insert(sink.address()).second) self->monitor(sink);
 }
 
 caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   auto& st = self->state;
   st.setup = setup;
   st.sched = std::make_unique<scheduler>(setup.config, *setup.tok);
+  st.stages.resize(setup.stages.size());
+  st.session_base = std::random_device{}() * (uint64_t{1} << 32);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t i = 0; i < st.stages.size(); ++i)
+      if (st.stages[i] && st.stages[i].address() == dm.source)
+        return lose(self, i, "stage " + std::to_string(i) + " went down (" + self->system().render(dm.reason) + ")");
+    for (auto it = st.peers.begin(); it != st.peers.end(); ++it)
+      if (it->second.address() == dm.source) {
+        st.peers.erase(it);
+        return;
+      }
+    if (st.monitored_sinks.erase(dm.source) == 0) return;
+    std::vector<uint64_t> gone;
+    for (auto& [id, s] : st.sinks)
+      if (s.sink.address() == dm.source) gone.push_back(id);
+    for (uint64_t id : gone)
+      if (auto out = st.sched->abort(request_id{id})) {
+        st.sinks.erase(id);
+        st.released.push_back(request_id{id});
+      }
+    maybe_step(self);
+  });
+  self->send(self, resolve_atom_v, st.epoch);
+  self->send(self, tick_atom_v);
+  auto add = [self](uint64_t id, const wire_message& req, const caf::actor& sink) -> status {
+    auto& st = self->state;
+    if (!req.bytes) return error{"empty request"};
+    if (st.sinks.count(id)) return error{"request id " + std::to_string(id) + " is in use"};
+    wire::request_limits lim;
+    lim.context = st.setup.config.context;
+    auto params = wire::decode_generate_request(*req.bytes, *st.setup.tok, lim);
+    if (!params) return params.err();
+    if (auto added = st.sched->add(request_id{id}, std::move(params).value()); !added) return added.err();
+    st.sinks[id] = sink_entry{sink, 0};
+    watch_sink(self, sink);
+    maybe_step(self);
+    return ok();
+  };
   return {
-      [self](generate_atom, const wire_message& req, const caf::actor& sink) -> caf::result<uint64_t> {
-        auto& st = self->state;
-        if (!req.bytes) return caf::make_error(caf::sec::invalid_argument, "empty request");
-        wire::request_limits lim;
-        lim.context = st.setup.config.context;
-        auto params = wire::decode_generate_request(*req.bytes, *st.setup.tok, lim);
-        if (!params) return caf::make_error(caf::sec::invalid_argument, params.err().message);
-        const request_id id{st.next_id++};
-        if (auto added = st.sched->add(id, std::move(params).value()); !added)
-          return caf::make_error(caf::sec::invalid_argument, added.err().message);
-        st.sinks[id.value] = sink_entry{sink, 0};
-        maybe_step(self);
-        return id.value;
+      [self, add](generate_atom, const wire_message& req, const caf::actor& sink) -> caf::result<uint64_t> {
+        const uint64_t id = self->state.next_id++;
+        if (auto s = add(id, req, sink); !s) return caf::make_error(caf::sec::invalid_argument, s.err().message);
+        return id;
       },
-      [self](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) {
-        auto& st = self->state;
-        auto refuse = [&](const std::string& why) {
+      [self, add](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) {
+        if (auto s = add(id, req, sink); !s) {
           step_output out;
           out.id = request_id{id};
           out.finished = true;
-          self->send(sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, 0, why)));
-        };
-        if (!req.bytes) return refuse("empty request");
-        if (st.sinks.count(id)) return refuse("request id " + std::to_string(id) + " is in use");
-        wire::request_limits lim;
-        lim.context = st.setup.config.context;
-        auto params = wire::decode_generate_request(*req.bytes, *st.setup.tok, lim);
-        if (!params) return refuse(params.err().message);
-        if (auto added = st.sched->add(request_id{id}, std::move(params).value()); !added) return refuse(added.err().message);
-        st.sinks[id] = sink_entry{sink, 0};
-        maybe_step(self);
+          self->send(sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, 0, s.err().message)));
+        }
       },
       [self](cancel_atom, uint64_t id) -> bool {
         auto& st = self->state;
@@ -172,6 +355,19 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         const kv_usage u = st.sched->usage();
         return caf::make_message(u.used, u.free, static_cast<uint32_t>(st.sched->num_running()),
                                  static_cast<uint32_t>(st.sched->num_waiting()));
+      },
+      [self](health_atom) {
+        auto& st = self->state;
+        const kv_usage u = st.sched->usage();
+        return caf::make_message(st.ready, u.used, u.free, static_cast<uint32_t>(st.sched->num_running()),
+                                 static_cast<uint32_t>(st.sched->num_waiting()), st.ready ? std::string{} : st.why);
+      },
+      [self](resolve_atom, uint64_t epoch) {
+        if (epoch == self->state.epoch && !self->state.ready) resolve(self);
+      },
+      [self](tick_atom) {
+        check_deadline(self);
+        self->delayed_send(self, std::chrono::milliseconds(250), tick_atom_v);
       },
   };
 }

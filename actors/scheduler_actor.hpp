@@ -1,7 +1,7 @@
 // scheduler_actor: the step loop of one replica as an actor. Its state owns the engine's
-// scheduler and the requests' samplers; each step's plan goes to the replica's first
-// stage, the logits that come back are sampled here, and each request's news is sent to
-// the sink that asked for it.
+// scheduler and the requests' samplers. Each step's plan goes to stage 0, whose output the
+// scheduler hands to stage 1, and so on; the last stage's logits are sampled here, and
+// each request's news goes to the sink that asked for it.
 //
 //   (generate_atom, GenerateRequest frame, sink) -> request id (uint64)
 //   (generate_atom, id, GenerateRequest frame, sink) -> ()   the caller chose the id; a
@@ -9,13 +9,28 @@
 //                                                 error result sent to the sink
 //   (cancel_atom, id)                            -> found (bool)
 //   (stats_atom)                                 -> (kv used, kv free, running, waiting)
+//   (health_atom)                                -> (ready, kv used, kv free, running,
+//                                                    waiting, detail)
 //
 // A sink receives (chunk_atom, TokenChunk frame) for every step that gave its request
-// tokens or text, chunks numbered from 0 without gaps, then (done_atom, GenerateResult
-// frame) once. Up to max_in_flight steps are in flight at once (one per pipeline stage
-// keeps every stage busy), each over different requests; a single step in flight is also
-// the flow control of the activations between stages.
+// tokens or text, chunks numbered from 0 without gaps, and at the end one
+// (done_atom, GenerateResult frame) that carries the final chunk inside it (hasLast), so
+// a request's end is a single message. Up to max_in_flight steps are in flight at once
+// (one per pipeline stage keeps every stage busy), each over different requests.
+//
+// Failures: the scheduler finds its stages by name through node agents (its own, or one
+// published at another node's port) and monitors them. When a stage dies, or a step fails
+// or times out, the plans in flight are dropped, every running request goes back to
+// waiting with its tokens (its KV recomputed later: the stages' caches are forgotten),
+// and the stages are looked up again with a backoff. The replica is ready again only
+// after a canary step through every stage succeeds. Requests that wait longer than
+// recovery_timeout for that end with an error. A sink that dies (its node gone) has its
+// requests aborted.
 #pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -25,12 +40,24 @@
 
 namespace troupe {
 
+// Where a stage is found: through the local agent when port is 0, else through the agent
+// published at host:port.
+struct stage_address {
+  std::string name;
+  std::string host;
+  uint16_t port = 0;
+};
+
 struct scheduler_setup {
   const model* m = nullptr;
   const tokenizer* tok = nullptr;
   scheduler_config config;
-  caf::actor entry;  // the replica's first stage
+  std::string replica = "r0";
+  std::vector<stage_address> stages;
+  caf::actor agent;           // this node's agent (local stage lookups)
   int32_t max_in_flight = 1;  // the number of pipeline stages is a good value
+  std::chrono::milliseconds step_timeout{60000};
+  std::chrono::milliseconds recovery_timeout{30000};
 };
 
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);

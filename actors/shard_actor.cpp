@@ -60,12 +60,7 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
         st.shard->forward(step->batch, st.hidden.data(), head ? st.logits.data() : nullptr);
         if (head) return wire_message(wire_kind::activations, wire::encode_activations(step->step_id, rows, c.vocab_size, st.logits.data()));
         if (st.shard->is_last_stage()) return wire_message{};
-        wire_message out(wire_kind::activations, wire::encode_activations(step->step_id, n, c.dim, st.hidden.data()));
-        if (st.setup.next) {
-          auto rp = self->make_response_promise<wire_message>();
-          return rp.delegate(st.setup.next, step_atom_v, plan, std::move(out));
-        }
-        return out;
+        return wire_message(wire_kind::activations, wire::encode_activations(step->step_id, n, c.dim, st.hidden.data()));
       },
   };
 }

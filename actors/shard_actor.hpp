@@ -29,7 +29,6 @@ struct shard_setup {
   int32_t block_size = 16;
   int32_t threads = 1;
   int32_t max_step_tokens = 512;
-  caf::actor next;  // a stage's only shard hands its output straight to the next stage
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/caf/type_ids.hpp"
+#include "actors/shard_actor.hpp"
 
 namespace troupe {
 
@@ -11,21 +12,25 @@ namespace {
 struct stage_state {
   static inline const char* name = "troupe.stage";
   std::vector<caf::actor> shards;
-  caf::actor next;  // invalid for the last stage
+  std::shared_ptr<local_collective_group> group;
 };
 
-caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector<caf::actor> shards, caf::actor next) {
+caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector<caf::actor> shards,
+                             std::shared_ptr<local_collective_group> group) {
   self->state.shards = std::move(shards);
-  self->state.next = std::move(next);
+  self->state.group = std::move(group);
+  for (auto& s : self->state.shards) self->link_to(s);
+  self->set_exit_handler([self](const caf::exit_msg& em) {
+    if (em.reason == caf::exit_reason::normal) return;
+    // Peers of a dead shard may wait inside the all-reduce for it: release them.
+    if (self->state.group) self->state.group->abort();
+    self->quit(em.reason);
+  });
   return {
       [self](step_atom, const wire_message& plan, const wire_message& act) -> caf::result<wire_message> {
         const auto& shards = self->state.shards;
-        // A lone shard was spawned knowing the next stage: it answers, or passes the step on.
-        if (shards.size() == 1) {
-          auto rp = self->make_response_promise<wire_message>();
-          return rp.delegate(shards[0], step_atom_v, plan, act);
-        }
         auto rp = self->make_response_promise<wire_message>();
+        if (shards.size() == 1) return rp.delegate(shards[0], step_atom_v, plan, act);
         auto pending = std::make_shared<size_t>(shards.size());
         auto first = std::make_shared<wire_message>();
         auto failed = std::make_shared<bool>(false);
@@ -34,11 +39,7 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
               .then(
                   [=](const wire_message& out) mutable {
                     if (i == 0) *first = out;
-                    if (--*pending != 0 || *failed) return;
-                    if (self->state.next)
-                      rp.delegate(self->state.next, step_atom_v, plan, *first);
-                    else
-                      rp.deliver(*first);
+                    if (--*pending == 0 && !*failed) rp.deliver(*first);
                   },
                   [=](caf::error& e) mutable {
                     if (!*failed) rp.deliver(std::move(e));
@@ -52,8 +53,23 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
 
 }  // namespace
 
-caf::actor spawn_stage(caf::actor_system& sys, std::vector<caf::actor> shards, caf::actor next) {
-  return sys.spawn(stage_behavior, std::move(shards), std::move(next));
+stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,
+                              int32_t block_size, int32_t max_step_tokens) {
+  stage_group out;
+  if (layout.tp > 1) out.group = std::make_shared<local_collective_group>(layout.tp);
+  for (int32_t r = 0; r < layout.tp; ++r) {
+    shard_setup s;
+    s.m = &m;
+    s.spec = shard_spec{layout.first_layer, layout.end_layer, tp_slice{r, layout.tp}};
+    s.group = out.group;
+    s.num_blocks = num_blocks;
+    s.block_size = block_size;
+    s.threads = layout.threads_per_shard;
+    s.max_step_tokens = max_step_tokens;
+    out.shards.push_back(spawn_shard(sys, s));
+  }
+  out.stage = sys.spawn(stage_behavior, out.shards, out.group);
+  return out;
 }
 
 }  // namespace troupe

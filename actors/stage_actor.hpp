@@ -1,18 +1,41 @@
 // stage_actor: one pipeline stage: a layer range run by its tensor-parallel shards. It
-// fans each step out to its shards, gathers their replies (rank 0's output stands for
-// the stage: after the all-reduce every rank holds the same hidden states), and hands the
-// step to the next stage, whose reply (in the end, the last stage's logits) answers the
-// original request.
+// fans each step out to its shards and answers with rank 0's output (after the all-reduce
+// every rank holds the same hidden states; from the last stage, the logits of the sampled
+// rows). The scheduler carries each step from stage to stage, so a restarted stage only
+// has to be found again, never re-linked to its neighbours.
 //
-//   (step_atom, plan, activations) -> logits of the sampled rows
+//   (step_atom, plan, activations) -> this stage's output
+//
+// A stage and its shards are one failure unit: they are linked, and a shard that dies
+// takes the stage with it (after releasing its peers from the all-reduce).
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
+
+#include "engine/forward/collective.hpp"
+#include "engine/model/model.hpp"
 
 namespace troupe {
 
-caf::actor spawn_stage(caf::actor_system& sys, std::vector<caf::actor> shards, caf::actor next);
+struct stage_layout {
+  int32_t first_layer = 0;
+  int32_t end_layer = 0;  // exclusive
+  int32_t tp = 1;
+  int32_t threads_per_shard = 1;
+};
+
+struct stage_group {
+  caf::actor stage;
+  std::vector<caf::actor> shards;
+  std::shared_ptr<local_collective_group> group;  // when tp > 1
+};
+
+stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,
+                              int32_t block_size, int32_t max_step_tokens);
 
 }  // namespace troupe

@@ -32,6 +32,10 @@ struct GenerateRequest {
   ignoreEos @7 :Bool = false;           # run to maxTokens (benchmarks)
   stepsIncludePrompt @8 :Bool = false;  # maxTokens counts the prompt's tokens after BOS too
                                         # (llama2.c's and troupe-run's -n)
+  delivered @9 :List(Int32);            # output an earlier attempt already streamed: the
+                                        # router resubmits a request from a failed replica
+                                        # with it; replayed, never streamed again (the
+                                        # gateway clears it in client requests)
 }
 
 struct TokenLogprob {
@@ -65,6 +69,10 @@ struct GenerateResult {
   cachedPromptTokens @4 :UInt32;        # served by the prefix cache
   error @5 :Text;                       # why, when reason is error
   chunks @6 :UInt32;                    # chunks sent, so the last seq is chunks - 1
+  last @7 :TokenChunk;                  # scheduler -> router only: the final chunk travels
+                                        # inside the result, so a request's end is one
+                                        # message (the router forwards it as a chunk)
+  hasLast @8 :Bool;                     # last is set
 }
 
 struct Health {

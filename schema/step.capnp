@@ -21,6 +21,10 @@ struct StepPlan {
   stepId @0 :UInt64;               # increases by one per plan of a scheduler
   chunks @1 :List(Chunk);          # in batch order
   released @2 :List(UInt64);       # requests whose tables the stages can forget
+  resetAll @3 :Bool;               # forget every table first: a scheduler (re)starts or
+                                   # recovers from a lost stage; stepId may start anew
+  session @4 :UInt64;              # the scheduler incarnation that sent the plan; after a
+                                   # resetAll, plans from any other session are refused
 }
 
 # Hidden states handed from one stage to the next: [numTokens][dim] float32,

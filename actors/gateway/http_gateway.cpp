@@ -375,12 +375,24 @@ expected<uint16_t> http_gateway::start() {
   });
   srv.Get("/health", [g](const httplib::Request&, httplib::Response& r) {
     bool ready = false;
+    uint32_t replicas = 0, replicas_ready = 0;
+    std::string detail = "the router does not answer";
     caf::scoped_actor self{g->sys};
-    self->request(g->scheduler, std::chrono::seconds(1), stats_atom_v)
-        .receive([&](uint32_t, uint32_t, uint32_t, uint32_t) { ready = true; }, [&](caf::error&) {});
-    ready = ready && !g->draining;
+    self->request(g->scheduler, std::chrono::seconds(1), health_atom_v)
+        .receive(
+            [&](bool ok, uint32_t n, uint32_t n_ready, const std::string& d) {
+              ready = ok;
+              replicas = n;
+              replicas_ready = n_ready;
+              detail = d;
+            },
+            [&](caf::error&) {});
+    if (g->draining) {
+      ready = false;
+      detail = "the gateway is draining";
+    }
     r.status = ready ? 200 : 503;
-    r.set_content(ready ? R"({"status":"ok"})" : R"({"status":"unavailable"})", "application/json");
+    r.set_content(openai::health_body(ready, replicas, replicas_ready, detail), "application/json");
   });
   srv.Get("/metrics", [g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});

@@ -235,6 +235,14 @@ std::string error_body(const api_error& e) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail) {
+  json j = {{"status", ready ? (replicas_ready < replicas ? "degraded" : "ok") : "unavailable"},
+            {"replicas", replicas},
+            {"replicas_ready", replicas_ready}};
+  if (!detail.empty()) j["detail"] = detail;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string completion_body(const std::string& id, bool chat, const std::string& model, int64_t created,
                             const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens,
                             bool logprobs, const token_text& text_of) {

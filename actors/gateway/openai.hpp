@@ -51,6 +51,8 @@ std::string apply_template(chat_template t, const std::vector<std::pair<std::str
 std::optional<chat_template> template_named(const std::string& name);
 
 std::string error_body(const api_error& e);
+// GET /health: "ok" (every replica ready), "degraded" (some), "unavailable" (none; 503).
+std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail);
 
 struct choice_result {
   std::string text;

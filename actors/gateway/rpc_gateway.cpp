@@ -115,6 +115,7 @@ class gateway_server final : public schema::Gateway::Server {
     const uint64_t id = next_id_++;
     capnp::MallocMessageBuilder copy;
     copy.setRoot(params.getRequest());
+    copy.getRoot<schema::GenerateRequest>().disownDelivered();  // only the router resubmits
     sinks_.emplace(id, params.getSink());
     caf::anon_send(g_.scheduler, generate_atom_v, id, wire_message(wire_kind::none, wire::to_bytes(copy)), g_.sink_actor);
     context.getResults().setRequestId(id);
@@ -132,13 +133,26 @@ class gateway_server final : public schema::Gateway::Server {
   kj::Promise<void> health(HealthContext context) override {
     auto h = context.getResults().initHealth();
     bool ready = false;
+    uint32_t replicas = 0, replicas_ready = 0;
+    std::string detail = "the router does not answer";
     caf::scoped_actor self{g_.sys};
-    self->request(g_.scheduler, std::chrono::seconds(1), stats_atom_v)
-        .receive([&](uint32_t, uint32_t, uint32_t, uint32_t) { ready = true; }, [&](caf::error&) {});
+    self->request(g_.scheduler, std::chrono::seconds(1), health_atom_v)
+        .receive(
+            [&](bool r, uint32_t n, uint32_t n_ready, const std::string& d) {
+              ready = r;
+              replicas = n;
+              replicas_ready = n_ready;
+              detail = d;
+            },
+            [&](caf::error&) {});
+    if (g_.draining) {
+      ready = false;
+      detail = "the gateway is draining";
+    }
     h.setReady(ready);
-    h.setReplicas(1);
-    h.setReplicasReady(ready ? 1 : 0);
-    if (!ready) h.setDetail("the scheduler does not answer");
+    h.setReplicas(replicas);
+    h.setReplicasReady(replicas_ready);
+    h.setDetail(detail);
     return kj::READY_NOW;
   }
 

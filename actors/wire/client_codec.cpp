@@ -70,6 +70,12 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     }
     p.priority = r.getPriority();
     p.ignore_eos = r.getIgnoreEos();
+    const auto delivered = r.getDelivered();
+    if (delivered.size() >= static_cast<unsigned>(lim.context)) return error{"more delivered tokens than the context"};
+    for (int32_t t : delivered) {
+      if (t < 0 || t >= tok.size()) return error{"delivered token id " + std::to_string(t) + " is outside the vocabulary"};
+      p.delivered.push_back(t);
+    }
     return p;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed request: ") + e.getDescription().cStr()};
@@ -106,9 +112,9 @@ void fill_generate_request(schema::GenerateRequest::Builder r, const std::string
   r.setStepsIncludePrompt(steps_include_prompt);
 }
 
-std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const step_output& out) {
-  capnp::MallocMessageBuilder msg;
-  auto c = msg.initRoot<schema::TokenChunk>();
+namespace {
+
+void fill_token_chunk(schema::TokenChunk::Builder c, uint64_t request, uint32_t seq, const step_output& out) {
   c.setRequestId(request);
   c.setSeq(seq);
   auto toks = c.initTokens(static_cast<unsigned>(out.new_tokens.size()));
@@ -126,6 +132,35 @@ std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const st
         t[static_cast<unsigned>(k)].setLogprob(out.logprobs[i].top[k].logprob);
       }
     }
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const step_output& out) {
+  capnp::MallocMessageBuilder msg;
+  fill_token_chunk(msg.initRoot<schema::TokenChunk>(), request, seq, out);
+  return to_bytes(msg);
+}
+
+std::vector<uint8_t> encode_final_result(uint64_t request, uint32_t seq, const step_output& out) {
+  const bool chunk = !out.new_tokens.empty() || !out.text.empty();
+  capnp::MallocMessageBuilder msg;
+  auto r = msg.initRoot<schema::GenerateResult>();
+  r.setRequestId(request);
+  switch (out.reason) {
+    case finish_reason::stop: r.setReason(schema::FinishReason::STOP); break;
+    case finish_reason::length: r.setReason(schema::FinishReason::LENGTH); break;
+    case finish_reason::aborted: r.setReason(schema::FinishReason::ABORTED); break;
+    case finish_reason::none: r.setReason(schema::FinishReason::ERROR); break;
+  }
+  r.setPromptTokens(static_cast<uint32_t>(out.num_prompt_tokens));
+  r.setOutputTokens(static_cast<uint32_t>(out.num_output_tokens));
+  r.setCachedPromptTokens(static_cast<uint32_t>(out.num_cached_prompt_tokens));
+  r.setChunks(seq + (chunk ? 1 : 0));
+  if (chunk) {
+    fill_token_chunk(r.initLast(), request, seq, out);
+    r.setHasLast(true);
   }
   return to_bytes(msg);
 }
@@ -177,7 +212,7 @@ expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) {
 }
 
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes) {
-  auto frame = frame_reader::parse(bytes, client_limits(size_t{1} << 16));
+  auto frame = frame_reader::parse(bytes, client_limits(size_t{1} << 22));
   if (!frame) return frame.err();
   try {
     auto r = (*frame)->root<schema::GenerateResult>();
@@ -193,7 +228,77 @@ expected<result_view> decode_generate_result(std::span<const uint8_t> bytes) {
     v.output_tokens = r.getOutputTokens();
     v.chunks = r.getChunks();
     v.error.assign(r.getError().cStr(), r.getError().size());
+    v.cached_prompt_tokens = r.getCachedPromptTokens();
+    if (r.getHasLast()) {
+      const auto c = r.getLast();
+      chunk_view last;
+      last.request = c.getRequestId();
+      last.seq = c.getSeq();
+      for (int32_t t : c.getTokens()) last.tokens.push_back(t);
+      last.text.assign(c.getText().cStr(), c.getText().size());
+      v.last = std::move(last);
+    }
     return v;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed result: ") + e.getDescription().cStr()};
+  }
+}
+
+expected<std::vector<uint8_t>> with_delivered(std::span<const uint8_t> request, std::span<const int32_t> delivered) {
+  auto frame = frame_reader::parse(request, client_limits(size_t{1} << 24));
+  if (!frame) return frame.err();
+  try {
+    capnp::MallocMessageBuilder msg;
+    msg.setRoot((*frame)->root<schema::GenerateRequest>());
+    auto r = msg.getRoot<schema::GenerateRequest>();
+    auto d = r.initDelivered(static_cast<unsigned>(delivered.size()));
+    for (size_t i = 0; i < delivered.size(); ++i) d.set(static_cast<unsigned>(i), delivered[i]);
+    return to_bytes(msg);
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed request: ") + e.getDescription().cStr()};
+  }
+}
+
+expected<std::vector<uint8_t>> renumber_chunk(std::span<const uint8_t> chunk, uint64_t request, uint32_t seq) {
+  auto frame = frame_reader::parse(chunk, client_limits(size_t{1} << 22));
+  if (!frame) return frame.err();
+  try {
+    capnp::MallocMessageBuilder msg;
+    msg.setRoot((*frame)->root<schema::TokenChunk>());
+    auto c = msg.getRoot<schema::TokenChunk>();
+    c.setRequestId(request);
+    c.setSeq(seq);
+    return to_bytes(msg);
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed token chunk: ") + e.getDescription().cStr()};
+  }
+}
+
+expected<split_result> split_final_result(std::span<const uint8_t> result, uint64_t request, uint32_t seq) {
+  auto frame = frame_reader::parse(result, client_limits(size_t{1} << 22));
+  if (!frame) return frame.err();
+  try {
+    const auto in = (*frame)->root<schema::GenerateResult>();
+    split_result out;
+    if (in.getHasLast()) {
+      capnp::MallocMessageBuilder c;
+      c.setRoot(in.getLast());
+      auto b = c.getRoot<schema::TokenChunk>();
+      b.setRequestId(request);
+      b.setSeq(seq);
+      for (int32_t t : b.getTokens()) out.last_tokens.push_back(t);
+      out.last = to_bytes(c);
+      ++seq;
+    }
+    capnp::MallocMessageBuilder r;
+    r.setRoot(in);
+    auto b = r.getRoot<schema::GenerateResult>();
+    b.disownLast();
+    b.setHasLast(false);
+    b.setRequestId(request);
+    b.setChunks(seq);
+    out.result = to_bytes(r);
+    return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed result: ") + e.getDescription().cStr()};
   }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,6 +33,9 @@ void fill_generate_request(schema::GenerateRequest::Builder r, const std::string
 std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const step_output& out);
 std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output& last, uint32_t chunks,
                                             const std::string& error_text = "");
+// A finished request's end as one message: its final output (tokens and text, if any)
+// rides inside the result as chunk `seq`, so the end cannot be half-delivered.
+std::vector<uint8_t> encode_final_result(uint64_t request, uint32_t seq, const step_output& out);
 
 struct chunk_view {
   uint64_t request = 0;
@@ -45,9 +49,22 @@ expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes);
 struct result_view {
   uint64_t request = 0;
   finish_reason reason = finish_reason::none;
-  uint32_t prompt_tokens = 0, output_tokens = 0, chunks = 0;
+  uint32_t prompt_tokens = 0, output_tokens = 0, chunks = 0, cached_prompt_tokens = 0;
   std::string error;
+  std::optional<chunk_view> last;  // the final chunk, inside a scheduler's result
 };
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes);
+
+// The router's rewrites. A request frame with the output already delivered set; a chunk
+// renumbered for the client (request id and seq); a scheduler's final result split into
+// its final chunk (seq, if any) and the result proper (chunks counted to match).
+expected<std::vector<uint8_t>> with_delivered(std::span<const uint8_t> request, std::span<const int32_t> delivered);
+expected<std::vector<uint8_t>> renumber_chunk(std::span<const uint8_t> chunk, uint64_t request, uint32_t seq);
+struct split_result {
+  std::optional<std::vector<uint8_t>> last;  // a TokenChunk frame
+  std::vector<int32_t> last_tokens;
+  std::vector<uint8_t> result;               // a GenerateResult frame
+};
+expected<split_result> split_final_result(std::span<const uint8_t> result, uint64_t request, uint32_t seq);
 
 }  // namespace troupe::wire

@@ -10,11 +10,21 @@
 
 namespace troupe::wire {
 
+void step_encoder::restart(uint64_t session) {
+  sent_.clear();
+  session_ = session;
+  next_step_ = 0;
+  reset_pending_ = true;
+}
+
 std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const request_id> released) {
   for (request_id id : plan.preempted) sent_.erase(id);  // their tables start anew
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::StepPlan>();
   root.setStepId(next_step_++);
+  root.setSession(session_);
+  root.setResetAll(reset_pending_);
+  reset_pending_ = false;
   auto chunks = root.initChunks(static_cast<unsigned>(plan.chunks.size()));
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const scheduled_chunk& c = plan.chunks[i];
@@ -52,7 +62,11 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     const auto chunks = root.getChunks();
     if (chunks.size() > static_cast<unsigned>(lim_.max_chunks))
       return error{"step plan has " + std::to_string(chunks.size()) + " chunks; at most " + std::to_string(lim_.max_chunks)};
-    if (any_ && root.getStepId() <= last_step_)
+    const bool reset_all = root.getResetAll();
+    if (!reset_all && any_ && root.getSession() != session_)
+      return error{"step plan of scheduler session " + std::to_string(root.getSession()) + " is stale (now " +
+                   std::to_string(session_) + ")"};
+    if (!reset_all && any_ && root.getStepId() <= last_step_)
       return error{"step plan " + std::to_string(root.getStepId()) + " does not follow " + std::to_string(last_step_)};
     const size_t max_table = static_cast<size_t>((lim_.context + lim_.block_size - 1) / lim_.block_size);
 
@@ -76,6 +90,7 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
         if (t < 0 || t >= lim_.vocab) return error{who + "token id " + std::to_string(t) + " is outside the vocabulary"};
       size_t known = 0;
       if (!c.getResetTable()) {
+        if (reset_all) return error{who + "a plan that resets every table must send each table whole"};
         auto it = tables_.find(c.getRequestId());
         if (it == tables_.end()) return error{who + "unknown request (its table was never sent)"};
         known = it->second.size();
@@ -89,6 +104,8 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
 
     decoded_step out;
     out.step_id = root.getStepId();
+    if (reset_all) tables_.clear();
+    session_ = root.getSession();
     for (uint64_t id : root.getReleased()) tables_.erase(id);
     for (const auto c : chunks) {
       auto& table = tables_[c.getRequestId()];

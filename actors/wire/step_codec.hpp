@@ -4,7 +4,9 @@
 // not know it (a new request, or one resumed after preemption) and only the blocks added
 // since otherwise; released requests are named once. step_decoder (stage side) checks
 // every id, position, token and block against the limits it was given, keeps the tables,
-// and rebuilds the engine's step_batch. A plan that fails a check changes nothing.
+// and rebuilds the engine's step_batch. A plan that fails a check changes nothing. The
+// first plan of a scheduler session resets the stages' tables; a stale plan of an older
+// session (a scheduler that died with plans on the wire) is refused.
 //
 // One encoder per scheduler, one decoder per stage; each used by one thread.
 #pragma once
@@ -24,10 +26,15 @@ class step_encoder {
  public:
   // released: requests that finished or were aborted since the last plan.
   std::vector<uint8_t> encode(const step_plan& plan, std::span<const request_id> released);
+  // The next plan tells the stages to forget every table and to accept only plans of
+  // `session` from then on (a scheduler starts, or recovers from a lost stage).
+  void restart(uint64_t session);
 
  private:
   std::unordered_map<request_id, size_t> sent_;  // table length the stages know, per request
   uint64_t next_step_ = 0;
+  uint64_t session_ = 0;
+  bool reset_pending_ = true;
 };
 
 struct step_limits {
@@ -57,6 +64,7 @@ class step_decoder {
   step_limits lim_;
   std::unordered_map<uint64_t, std::vector<uint32_t>> tables_;
   uint64_t last_step_ = 0;
+  uint64_t session_ = 0;
   bool any_ = false;
 };
 

@@ -34,13 +34,23 @@ std::vector<std::vector<int32_t>> run_on_actors(caf::actor_system& sys, const te
   std::vector<request_id> released;
   std::vector<std::vector<int32_t>> out(reqs.size());
   caf::scoped_actor self{sys};
+  std::vector<caf::actor> stages;
+  for (const auto& a : rep.stages)
+    self->request(rep.agent, std::chrono::seconds(5), lookup_atom_v, a.name)
+        .receive([&](const caf::actor& s) { stages.push_back(s); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(stages.size() == layout.size());
   for (int step = 0; sched.has_unfinished(); ++step) {
     REQUIRE(step < 2000);
     const step_plan plan = sched.schedule();
     const wire_message msg(wire_kind::step_plan, enc.encode(plan, released));
     released.clear();
     std::vector<sample_result> samples;
-    self->request(rep.entry, std::chrono::seconds(30), step_atom_v, msg, wire_message{})
+    // The scheduler's part: carry the step from stage to stage.
+    wire_message act;
+    for (size_t s = 0; s + 1 < stages.size(); ++s)
+      self->request(stages[s], std::chrono::seconds(30), step_atom_v, msg, act)
+          .receive([&](const wire_message& out) { act = out; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+    self->request(stages.back(), std::chrono::seconds(30), step_atom_v, msg, act)
         .receive(
             [&](const wire_message& logits) {
               REQUIRE(logits.bytes);
@@ -61,7 +71,7 @@ std::vector<std::vector<int32_t>> run_on_actors(caf::actor_system& sys, const te
       if (o.finished) released.push_back(o.id);
     }
   }
-  for (auto& a : rep.actors) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
   return out;
 }
 

@@ -51,7 +51,8 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   setup.config.vocab = l.m.config.vocab_size;
   auto rep = spawn_replica(sys, l.m, layout, setup.config.num_blocks, setup.config.block_size,
                            setup.config.max_step_tokens);
-  setup.entry = rep.entry;
+  setup.agent = rep.agent;
+  setup.stages = rep.stages;
   auto sched = spawn_scheduler(sys, setup);
   caf::scoped_actor self{sys};
 
@@ -88,6 +89,10 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
         [&](done_atom, const wire_message& m) {
           auto r = wire::decode_generate_result(*m.bytes);
           REQUIRE(r.has_value());
+          if (r->last) {  // the final chunk rides inside the result
+            CHECK(r->last->seq == next_seq[r->request]++);
+            tokens[r->request].insert(tokens[r->request].end(), r->last->tokens.begin(), r->last->tokens.end());
+          }
           CHECK(r->chunks == next_seq[r->request]);
           CHECK(results.count(r->request) == 0);
           results[r->request] = *r;
@@ -112,7 +117,7 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   self->request(sched, std::chrono::seconds(10), generate_atom_v, wire_message(wire_kind::none, {1, 2, 3}), caf::actor{self})
       .receive([&](uint64_t) {}, [&](caf::error&) { refused = true; });
   CHECK(refused);
-  for (auto& a : rep.actors) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
   self->send_exit(sched, caf::exit_reason::user_shutdown);
   }
 }

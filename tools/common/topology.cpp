@@ -161,6 +161,22 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     if (rd.ok() && (t.max_step_tokens < 1 || t.max_running < 1)) rd.fail("[scheduler]: limits must be at least 1");
   }
 
+  if (const toml::table* f = root["failure"].as_table()) {
+    rd.get(*f, "[failure]", "heartbeat_ms", t.failure.heartbeat_ms, false);
+    rd.get(*f, "[failure]", "timeout_ms", t.failure.timeout_ms, false);
+    rd.get(*f, "[failure]", "recovery_timeout_s", t.failure.recovery_timeout_s, false);
+    std::string restart = "always";
+    rd.get(*f, "[failure]", "restart", restart, false);
+    if (rd.ok() && restart != "always" && restart != "never") rd.fail("[failure]: restart must be \"always\" or \"never\"");
+    t.failure.restart = restart == "always";
+    if (rd.ok() && (t.failure.heartbeat_ms < 10 || t.failure.heartbeat_ms > 60000))
+      rd.fail("[failure]: heartbeat_ms must be in 10..60000");
+    if (rd.ok() && (t.failure.timeout_ms <= t.failure.heartbeat_ms || t.failure.timeout_ms > 600000))
+      rd.fail("[failure]: timeout_ms must exceed heartbeat_ms (and be at most 600000)");
+    if (rd.ok() && (t.failure.recovery_timeout_s < 1 || t.failure.recovery_timeout_s > 86400))
+      rd.fail("[failure]: recovery_timeout_s must be in 1..86400");
+  }
+
   const toml::array* nodes = root["node"].as_array();
   if (!nodes || nodes->empty()) return error{name + ": no [[node]] is declared"};
   for (size_t i = 0; i < nodes->size() && rd.ok(); ++i) {
@@ -192,6 +208,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     }
     replica_spec rs;
     rd.get(*r, where, "name", rs.name, true);
+    rd.get(*r, where, "scheduler", rs.scheduler_node, false);
     const toml::array* stages = (*r)["stages"].as_array();
     if (rd.ok() && (!stages || stages->empty())) rd.fail("replica '" + rs.name + "': 'stages' must be a non-empty array");
     for (size_t s = 0; rd.ok() && s < stages->size(); ++s) {
@@ -215,6 +232,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
       }
       rs.stages.push_back(ss);
     }
+    if (rd.ok() && rs.scheduler_node.empty()) rs.scheduler_node = rs.stages[0].node;
     t.replicas.push_back(rs);
   }
   if (!rd.ok()) return error{rd.error_message()};
@@ -240,6 +258,8 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     for (size_t s = 0; s < r.stages.size(); ++s)
       if (!names.count(r.stages[s].node))
         return error{name + ": replica '" + r.name + "', stage " + std::to_string(s) + ": unknown node '" + r.stages[s].node + "'"};
+    if (!names.count(r.scheduler_node))
+      return error{name + ": replica '" + r.name + "': scheduler on unknown node '" + r.scheduler_node + "'"};
   }
   return t;
 }

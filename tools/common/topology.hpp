@@ -9,8 +9,13 @@
 //   [kv]        block_size, num_blocks, prefix_caching (true)   (optional)
 //   [scheduler] max_step_tokens, max_running  (optional)
 //   [[node]]    name, host, port, threads (optional)
-//   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ]
+//   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ],
+//               scheduler = NODE (optional; default: the first stage's node)
 //               (layers may also be "FIRST-end", or "all" for the whole model)
+//   [failure]   heartbeat_ms (200), timeout_ms (400: a silent peer is dropped after this,
+//               so a hung node is noticed within timeout + heartbeat), recovery_timeout_s
+//               (30: requests wait this long for a replica to recover), restart =
+//               "always" | "never" (whether troupe-launch restarts a node that dies)
 //
 // Parsed and validated once, before anything starts: every mistake is reported with the
 // file and the place it is in.
@@ -49,6 +54,13 @@ struct stage_spec {
 struct replica_spec {
   std::string name;
   std::vector<stage_spec> stages;
+  std::string scheduler_node;  // where the replica's scheduler runs
+};
+struct failure_spec {
+  int32_t heartbeat_ms = 200;
+  int32_t timeout_ms = 400;
+  int32_t recovery_timeout_s = 30;
+  bool restart = true;
 };
 
 struct topology {
@@ -68,6 +80,7 @@ struct topology {
   int32_t max_running = 64;
   std::vector<node_spec> nodes;
   std::vector<replica_spec> replicas;
+  failure_spec failure;
 };
 
 // Reads and checks a topology file's structure (types, required fields, names, hosts,

@@ -1,10 +1,11 @@
-// troupe-node: one process of a topology: the stages (and their shards) of the replica
-// placed on this node, and, on the gateway's node, the scheduler and the client API. Nodes
-// find each other's stages through a directory actor published at each node's port
-// (CAF's middleman, heartbeats on). The gateway's node prints
-// `endpoint: capnp://HOST:PORT` once it answers; others print `node: NAME`. SIGINT or
-// SIGTERM stops a node cleanly.
+// troupe-node: one process of a topology. Its node agent spawns and supervises the stages
+// (with their shards) and the schedulers placed on this node, and is published at the
+// node's port, where schedulers, the router and troupe-launch chaos find actors by name
+// (CAF's middleman, heartbeats with the topology's timeouts). The gateway's node also runs
+// the router and the client APIs, and prints `endpoint: capnp://HOST:PORT`; others print
+// `node: NAME`. SIGINT or SIGTERM stops a node cleanly (the gateway drains first).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "actors/gateway/http_gateway.hpp"
 #include "actors/gateway/rpc_gateway.hpp"
 #include "actors/replica.hpp"
+#include "actors/router.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
@@ -63,10 +65,6 @@ int main(int argc, char** argv) {
   const int32_t gs = m.weight_type == dtype::q8_0 ? m.weights.layers[0].wq.group_size : 0;
   if (auto v = tools::validate_topology(*topo, m.config, gs); !v) {
     std::fprintf(stderr, "troupe-node: %s\n", v.err().message.c_str());
-    return 1;
-  }
-  if (topo->replicas.size() != 1) {
-    std::fprintf(stderr, "troupe-node: %s: this build serves one replica\n", topo_path.c_str());
     return 1;
   }
   auto override_endpoint = [](const std::string& text, const char* flag, tools::endpoint& ep) {
@@ -116,138 +114,120 @@ int main(int argc, char** argv) {
   const tools::node_spec* me = nullptr;
   for (const auto& n : topo->nodes)
     if (n.name == node_name) me = &n;
-  system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
-  const auto& rs = topo->replicas[0];
-
-  // This node's stages, built last to first: each needs the next stage's handle, local or
-  // (from another node's directory) remote.
-  std::vector<caf::actor> mine;      // every stage and shard spawned here
-  std::vector<caf::actor> stage_of(rs.stages.size());
   auto node_of = [&](const std::string& name) -> const tools::node_spec& {
     for (const auto& n : topo->nodes)
       if (n.name == name) return n;
     return *me;
   };
-  auto remote_stage = [&](size_t idx) -> expected<caf::actor> {
-    const tools::node_spec& peer = node_of(rs.stages[idx].node);
-    std::string last_error;
-    for (int attempt = 0; attempt < 300; ++attempt) {  // the peer may still be starting: 30 s
-      auto dir = sys.middleman().remote_actor(peer.host, peer.port);
-      if (dir) {
-        caf::actor found;
-        self->request(*dir, std::chrono::seconds(5), lookup_atom_v, rs.name, static_cast<int32_t>(idx))
-            .receive([&](const caf::actor& a) { found = a; }, [&](caf::error& e) { last_error = sys.render(e); });
-        if (found) return found;
-      } else {
-        last_error = sys.render(dir.error());
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  failure_detection fd;
+  fd.heartbeat_interval = std::chrono::milliseconds(topo->failure.heartbeat_ms);
+  fd.connection_timeout = std::chrono::milliseconds(topo->failure.timeout_ms);
+  system_config cfg(fd);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+
+  // This node's supervised units: its stages, and the schedulers placed here. Stages on
+  // other nodes are found by name through those nodes' agents.
+  std::vector<unit_spec> units;
+  size_t num_stages_here = 0;
+  for (const auto& rs : topo->replicas) {
+    for (size_t i = 0; i < rs.stages.size(); ++i) {
+      const auto& s = rs.stages[i];
+      if (s.node != node_name) continue;
+      const int32_t tp = static_cast<int32_t>(s.devices.size());
+      const stage_layout one{s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, me->threads / tp)};
+      units.push_back(stage_unit(m, rs.name, i, one, static_cast<uint32_t>(topo->num_blocks), topo->block_size,
+                                 topo->max_step_tokens));
+      ++num_stages_here;
     }
-    return error{"stage " + std::to_string(idx) + " on node '" + peer.name + "' (" + peer.host + ":" +
-                 std::to_string(peer.port) + ") cannot be reached: " + last_error};
-  };
-  // The round trip to another node's directory, measured once so operators see the cost
-  // of a pipeline hop (printed; BENCHMARKS.md quotes it).
-  auto report_hop = [&](const tools::node_spec& peer) {
-    auto dir = sys.middleman().remote_actor(peer.host, peer.port);
-    if (!dir) return;
-    std::vector<double> us;
-    for (uint64_t k = 0; k < 200; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      self->request(*dir, std::chrono::seconds(5), ping_atom_v, k).receive([](uint64_t) {}, [](caf::error&) {});
-      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    if (rs.scheduler_node != node_name) continue;
+    scheduler_setup setup;
+    setup.m = &m;
+    setup.tok = &*loaded->tok;
+    setup.replica = rs.name;
+    setup.config.num_blocks = static_cast<uint32_t>(topo->num_blocks);
+    setup.config.block_size = topo->block_size;
+    setup.config.prefix_caching = topo->prefix_caching;
+    setup.config.max_step_tokens = topo->max_step_tokens;
+    setup.config.max_running = topo->max_running;
+    setup.config.context = m.config.max_seq_len;
+    setup.config.vocab = m.config.vocab_size;
+    setup.max_in_flight = static_cast<int32_t>(rs.stages.size());
+    setup.config.micro_batches = setup.max_in_flight;
+    setup.recovery_timeout = std::chrono::seconds(topo->failure.recovery_timeout_s);
+    for (size_t i = 0; i < rs.stages.size(); ++i) {
+      const auto& peer = node_of(rs.stages[i].node);
+      if (peer.name == node_name) setup.stages.push_back({stage_name(rs.name, i), "", 0});
+      else setup.stages.push_back({stage_name(rs.name, i), peer.host, peer.port});
     }
-    std::sort(us.begin(), us.end());
-    std::fprintf(stderr, "troupe-node %s: round trip to node %s: median %.0f us, p90 %.0f us (200 pings)\n",
-                 node_name.c_str(), peer.name.c_str(), us[us.size() / 2], us[us.size() * 9 / 10]);
-  };
-  for (size_t i = rs.stages.size(); i-- > 0;) {
-    const auto& s = rs.stages[i];
-    if (s.node != node_name) continue;
-    caf::actor next;
-    if (i + 1 < rs.stages.size()) {
-      if (rs.stages[i + 1].node == node_name) {
-        next = stage_of[i + 1];
-      } else {
-        auto r = remote_stage(i + 1);
-        if (!r) {
-          std::fprintf(stderr, "troupe-node %s: %s\n", node_name.c_str(), r.err().message.c_str());
-          return 1;
-        }
-        next = *r;
-        report_hop(node_of(rs.stages[i + 1].node));
-      }
-    }
-    const int32_t tp = static_cast<int32_t>(s.devices.size());
-    const stage_layout one{s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, me->threads / tp)};
-    auto rep = spawn_replica_stage(sys, m, one, next, static_cast<uint32_t>(topo->num_blocks), topo->block_size,
-                                   topo->max_step_tokens);
-    stage_of[i] = rep.entry;
-    mine.insert(mine.end(), rep.actors.begin(), rep.actors.end());
+    units.push_back(scheduler_unit(rs.name, setup));
   }
-  // Other nodes find this node's stages through a directory published at its port.
-  caf::actor directory;
-  if (topo->nodes.size() > 1) {
-    directory = sys.spawn([stages = stage_of, name = rs.name](caf::event_based_actor*) -> caf::behavior {
-      return {
-          [stages, name](lookup_atom, const std::string& replica, int32_t idx) -> caf::result<caf::actor> {
-            if (replica != name || idx < 0 || static_cast<size_t>(idx) >= stages.size() || !stages[idx])
-              return caf::make_error(caf::sec::invalid_argument, "no such stage here");
-            return stages[idx];
-          },
-          [](ping_atom, uint64_t x) { return x; },
-      };
-    });
-    auto bound = sys.middleman().publish(directory, me->port, me->host.c_str(), true);
-    if (!bound) {
-      std::fprintf(stderr, "troupe-node %s: cannot listen on %s:%u: %s\n", node_name.c_str(), me->host.c_str(),
-                   static_cast<unsigned>(me->port), sys.render(bound.error()).c_str());
-      return 1;
+  caf::actor agent = spawn_node_agent(sys, node_name, std::move(units));
+  // Other nodes (and troupe-launch chaos) reach this node's agent at its port.
+  auto bound = sys.middleman().publish(agent, me->port, me->host.c_str(), true);
+  if (!bound) {
+    std::fprintf(stderr, "troupe-node %s: cannot listen on %s:%u: %s\n", node_name.c_str(), me->host.c_str(),
+                 static_cast<unsigned>(me->port), sys.render(bound.error()).c_str());
+    self->send_exit(agent, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+
+  // The round trip to the next node of a pipeline, measured once it answers, so operators
+  // see the cost of a hop (printed; BENCHMARKS.md quotes it).
+  std::atomic<bool> stopping{false};
+  std::thread hop_report;
+  for (const auto& rs : topo->replicas) {
+    for (size_t i = 0; i + 1 < rs.stages.size() && !hop_report.joinable(); ++i) {
+      if (rs.stages[i].node != node_name || rs.stages[i + 1].node == node_name) continue;
+      const tools::node_spec peer = node_of(rs.stages[i + 1].node);
+      hop_report = std::thread([&sys, &stopping, peer, node_name] {
+        for (int attempt = 0; attempt < 300 && !stopping; ++attempt) {
+          auto dir = sys.middleman().remote_actor(peer.host, peer.port);
+          if (!dir) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            continue;
+          }
+          caf::scoped_actor ping{sys};
+          std::vector<double> us;
+          for (uint64_t k = 0; k < 200 && !stopping; ++k) {
+            const auto t0 = std::chrono::steady_clock::now();
+            ping->request(*dir, std::chrono::seconds(5), ping_atom_v, k).receive([](uint64_t) {}, [](caf::error&) {});
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+          }
+          if (us.size() < 200) return;
+          std::sort(us.begin(), us.end());
+          std::fprintf(stderr, "troupe-node %s: round trip to node %s: median %.0f us, p90 %.0f us (200 pings)\n",
+                       node_name.c_str(), peer.name.c_str(), us[us.size() / 2], us[us.size() * 9 / 10]);
+          return;
+        }
+      });
     }
   }
 
-  scheduler_setup setup;
-  setup.m = &m;
-  setup.tok = &*loaded->tok;
-  setup.config.num_blocks = static_cast<uint32_t>(topo->num_blocks);
-  setup.config.block_size = topo->block_size;
-  setup.config.prefix_caching = topo->prefix_caching;
-  setup.config.max_step_tokens = topo->max_step_tokens;
-  setup.config.max_running = topo->max_running;
-  setup.config.context = m.config.max_seq_len;
-  setup.config.vocab = m.config.vocab_size;
-  setup.max_in_flight = static_cast<int32_t>(rs.stages.size());
-  setup.config.micro_batches = setup.max_in_flight;
   const bool is_gateway = topo->gateway_node == node_name;
-  caf::actor sched;
+  caf::actor router;
   if (is_gateway) {
-    if (rs.stages[0].node == node_name) {
-      setup.entry = stage_of[0];
-    } else {
-      auto r = remote_stage(0);
-      if (!r) {
-        std::fprintf(stderr, "troupe-node %s: %s\n", node_name.c_str(), r.err().message.c_str());
-        return 1;
-      }
-      setup.entry = *r;
+    router_setup rs;
+    rs.agent = agent;
+    rs.wait_timeout = std::chrono::seconds(topo->failure.recovery_timeout_s);
+    for (const auto& r : topo->replicas) {
+      const auto& n = node_of(r.scheduler_node);
+      rs.replicas.push_back({r.name, scheduler_name(r.name), n.name == node_name ? "" : n.host, n.name == node_name ? uint16_t{0} : n.port});
     }
-    sched = spawn_scheduler(sys, setup);
+    router = spawn_router(sys, rs);
   }
 
   int rc = 0;
   if (!is_gateway) {
-    std::fprintf(stderr, "troupe-node %s: serving %zu stage(s) of replica '%s' at %s:%u\n", node_name.c_str(),
-                 static_cast<size_t>(std::count_if(rs.stages.begin(), rs.stages.end(), [&](const auto& s) { return s.node == node_name; })),
-                 rs.name.c_str(), me->host.c_str(), static_cast<unsigned>(me->port));
+    std::fprintf(stderr, "troupe-node %s: serving %zu stage(s) at %s:%u\n", node_name.c_str(), num_stages_here,
+                 me->host.c_str(), static_cast<unsigned>(me->port));
     std::printf("node: %s\n", node_name.c_str());
     std::fflush(stdout);
     int sig = 0;
     sigwait(&stop_signals, &sig);
     std::fprintf(stderr, "troupe-node %s: stopping (signal %d)\n", node_name.c_str(), sig);
   } else {
-    rpc_gateway gateway(sys, sched);
+    rpc_gateway gateway(sys, router);
     http_config hc;
     hc.host = http_ep.host;
     hc.port = http_ep.port;
@@ -258,7 +238,7 @@ int main(int argc, char** argv) {
     hc.max_requests = std::max(1, topo->max_running * 4);
     hc.api_keys = api_keys;
     hc.tok = &*loaded->tok;
-    http_gateway http(sys, sched, hc);
+    http_gateway http(sys, router, hc);
     if (serve_http) {
       auto hp = http.start();
       if (!hp) {
@@ -267,13 +247,26 @@ int main(int argc, char** argv) {
       }
       std::printf("endpoint: http://%s:%u\n", http_ep.host.c_str(), static_cast<unsigned>(*hp));
     }
+    // The endpoint is announced once a replica can serve (a canary step passed), or after
+    // the recovery timeout with a warning.
+    const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(topo->failure.recovery_timeout_s);
+    for (bool ready = false; !ready;) {
+      self->request(router, std::chrono::seconds(1), health_atom_v)
+          .receive([&](bool r, uint32_t, uint32_t, const std::string&) { ready = r; }, [&](caf::error&) {});
+      if (ready) break;
+      if (std::chrono::steady_clock::now() > ready_by) {
+        std::fprintf(stderr, "troupe-node %s: no replica is ready yet; serving anyway (health says why)\n", node_name.c_str());
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     auto port = gateway.start(ep.host, ep.port);
     if (!port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
     } else {
-      std::fprintf(stderr, "troupe-node %s: serving %s (%s; %s), replica '%s' with %zu stage(s)\n", node_name.c_str(),
-                   m.path.c_str(), m.format.c_str(), describe(m.config).c_str(), rs.name.c_str(), rs.stages.size());
+      std::fprintf(stderr, "troupe-node %s: serving %s (%s; %s), %zu replica(s)\n", node_name.c_str(), m.path.c_str(),
+                   m.format.c_str(), describe(m.config).c_str(), topo->replicas.size());
       std::printf("endpoint: capnp://%s:%u\n", ep.host.c_str(), static_cast<unsigned>(*port));
       std::fflush(stdout);
       int sig = 0;
@@ -284,7 +277,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-node %s: draining (signal %d)\n", node_name.c_str(), sig);
       for (int i = 0; i < 300; ++i) {
         uint32_t busy = 0;
-        self->request(sched, std::chrono::seconds(1), stats_atom_v)
+        self->request(router, std::chrono::seconds(1), stats_atom_v)
             .receive([&](uint32_t, uint32_t, uint32_t running, uint32_t waiting) { busy = running + waiting; },
                      [&](caf::error&) {});
         if (busy == 0) break;
@@ -295,8 +288,9 @@ int main(int argc, char** argv) {
     gateway.stop();
     http.stop();
   }
-  if (sched) self->send_exit(sched, caf::exit_reason::user_shutdown);
-  if (directory) self->send_exit(directory, caf::exit_reason::user_shutdown);
-  for (auto& a : mine) self->send_exit(a, caf::exit_reason::user_shutdown);
+  stopping = true;
+  if (hop_report.joinable()) hop_report.join();
+  if (router) self->send_exit(router, caf::exit_reason::user_shutdown);
+  self->send_exit(agent, caf::exit_reason::user_shutdown);
   return rc;
 }

@@ -1,6 +1,8 @@
 // TP=2 shards of one model, summed through the collective, against TP=1.
 #include <cmath>
 #include <cstring>
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -157,6 +159,26 @@ TEST_CASE("two pipeline stages (layers 0-1 and 2-4) hand over activations and ma
   const auto a = run({whole});
   const auto b = run({first, second});
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("an aborted collective releases a rank waiting for a peer that died, and stays aborted") {
+  local_collective_group group(3);
+  std::vector<float> a(8, 1.0f), b(8, 2.0f);
+  std::atomic<int> thrown{0};
+  auto rank = [&](int32_t r, std::vector<float>& data) {
+    try {
+      group.member(r).all_reduce_sum(data.data(), 8);
+    } catch (const collective_aborted&) {
+      ++thrown;
+    }
+  };
+  std::thread t0(rank, 0, std::ref(a)), t1(rank, 1, std::ref(b));  // rank 2 never comes
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  group.abort();
+  t0.join();
+  t1.join();
+  CHECK(thrown == 2);
+  CHECK_THROWS_AS(group.member(2).all_reduce_sum(a.data(), 8), collective_aborted);
 }
 
 }  // namespace troupe

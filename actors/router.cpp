@@ -1,0 +1,355 @@
+#include "actors/router.hpp"
+
+#include <deque>
+#include <unordered_map>
+
+#include <caf/all.hpp>
+#include <caf/io/middleman.hpp>
+
+#include "actors/caf/type_ids.hpp"
+#include "actors/wire/client_codec.hpp"
+
+namespace troupe {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct replica_slot {
+  replica_address addr;
+  caf::actor sched;   // invalid while unknown or down
+  caf::actor agent;   // the agent that names it (remote ones are looked up once)
+  bool resolving = false;
+  bool ready = false;
+  std::string detail = "not found yet";
+  uint32_t used = 0, free = 0, running = 0, waiting = 0;
+  size_t active = 0;  // requests routed here and not finished
+};
+
+struct routed {
+  caf::actor sink;
+  wire_message request;
+  std::vector<int32_t> delivered;
+  uint32_t seq = 0;           // next chunk number for the client
+  uint64_t attempt = 0;       // 0: waiting for a replica
+  int32_t replica = -1;
+  clock_type::time_point waiting_since = clock_type::now();
+};
+
+struct router_state {
+  static inline const char* name = "troupe.router";
+  router_setup setup;
+  std::vector<replica_slot> replicas;
+  std::unordered_map<uint64_t, routed> requests;   // by client id
+  std::unordered_map<uint64_t, uint64_t> attempts; // attempt id -> client id
+  std::deque<uint64_t> parked;                     // client ids waiting for a replica
+  uint64_t next_attempt = 1;
+  uint64_t next_client = uint64_t{1} << 62;        // ids for callers that let the router choose
+  uint64_t resubmitted = 0;
+};
+
+using self_ptr = caf::stateful_actor<router_state>*;
+
+void finish_with_error(self_ptr self, uint64_t id, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  step_output out;
+  out.id = request_id{id};
+  out.finished = true;
+  out.num_output_tokens = static_cast<int32_t>(it->second.delivered.size());
+  self->send(it->second.sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, it->second.seq, why)));
+  if (it->second.attempt) st.attempts.erase(it->second.attempt);
+  if (it->second.replica >= 0) --st.replicas[it->second.replica].active;
+  st.requests.erase(it);
+}
+
+// Sends a request to the least busy ready replica, or parks it.
+void submit(self_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  routed& r = it->second;
+  int32_t best = -1;
+  for (size_t k = 0; k < st.replicas.size(); ++k)
+    if (st.replicas[k].ready && st.replicas[k].sched && (best < 0 || st.replicas[k].active < st.replicas[best].active))
+      best = static_cast<int32_t>(k);
+  if (best < 0) {
+    r.attempt = 0;
+    r.replica = -1;
+    st.parked.push_back(id);
+    return;
+  }
+  wire_message frame = r.request;
+  if (!r.delivered.empty()) {
+    auto with = wire::with_delivered(*r.request.bytes, r.delivered);
+    if (!with) return finish_with_error(self, id, with.err().message);
+    frame = wire_message(wire_kind::none, std::move(with).value());
+  }
+  r.attempt = st.next_attempt++;
+  r.replica = best;
+  st.attempts[r.attempt] = id;
+  ++st.replicas[best].active;
+  self->send(st.replicas[best].sched, generate_atom_v, r.attempt, frame, caf::actor_cast<caf::actor>(self));
+}
+
+void unpark(self_ptr self) {
+  auto& st = self->state;
+  std::deque<uint64_t> parked;
+  parked.swap(st.parked);
+  for (uint64_t id : parked) {
+    auto it = st.requests.find(id);
+    if (it == st.requests.end() || it->second.attempt != 0) continue;
+    if (clock_type::now() - it->second.waiting_since > st.setup.wait_timeout) {
+      finish_with_error(self, id, "no replica could serve the request within " +
+                                      std::to_string(st.setup.wait_timeout.count() / 1000) + " s");
+      continue;
+    }
+    submit(self, id);
+  }
+}
+
+// The replica's scheduler is gone: its requests go elsewhere with what they delivered.
+void replica_lost(self_ptr self, size_t k, const std::string& why) {
+  auto& st = self->state;
+  replica_slot& rep = st.replicas[k];
+  if (rep.sched) self->demonitor(rep.sched);
+  rep.sched = caf::actor{};
+  rep.ready = false;
+  rep.detail = why;
+  rep.active = 0;
+  std::vector<uint64_t> moved;
+  for (auto& [id, r] : st.requests)
+    if (r.replica == static_cast<int32_t>(k)) {
+      st.attempts.erase(r.attempt);
+      r.attempt = 0;
+      r.replica = -1;
+      r.waiting_since = clock_type::now();
+      moved.push_back(id);
+    }
+  if (!moved.empty())
+    std::fprintf(stderr, "troupe: replica %s lost (%s): %zu request(s) resubmitted\n", rep.addr.name.c_str(), why.c_str(),
+                 moved.size());
+  st.resubmitted += moved.size();
+  for (uint64_t id : moved) submit(self, id);
+}
+
+void poll_one(self_ptr self, size_t k);
+
+void find_scheduler(self_ptr self, size_t k) {
+  auto& st = self->state;
+  replica_slot& rep = st.replicas[k];
+  if (rep.resolving) return;
+  rep.resolving = true;
+  auto lookup = [self, k](caf::actor agent) {
+    self->request(agent, std::chrono::seconds(2), lookup_atom_v, self->state.replicas[k].addr.scheduler)
+        .then(
+            [self, k](const caf::actor& sched) {
+              replica_slot& rep = self->state.replicas[k];
+              rep.resolving = false;
+              if (!sched) return;
+              rep.sched = sched;
+              self->monitor(sched);
+              poll_one(self, k);
+            },
+            [self, k](caf::error& e) {
+              replica_slot& rep = self->state.replicas[k];
+              rep.resolving = false;
+              rep.detail = "scheduler not found: " + self->system().render(e);
+              if (!rep.addr.host.empty()) rep.agent = caf::actor{};
+            });
+  };
+  if (rep.addr.host.empty()) return lookup(st.setup.agent);
+  if (rep.agent) return lookup(rep.agent);
+  auto mm = self->system().middleman().actor_handle();
+  self->request(mm, std::chrono::seconds(2), caf::connect_atom_v, rep.addr.host, rep.addr.port)
+      .then(
+          [self, k, lookup](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            auto agent = caf::actor_cast<caf::actor>(ptr);
+            self->state.replicas[k].agent = agent;
+            self->monitor(agent);
+            lookup(agent);
+          },
+          [self, k](caf::error& e) {
+            replica_slot& rep = self->state.replicas[k];
+            rep.resolving = false;
+            rep.detail = "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + self->system().render(e);
+          });
+}
+
+void poll_one(self_ptr self, size_t k) {
+  replica_slot& rep = self->state.replicas[k];
+  if (!rep.sched) return find_scheduler(self, k);
+  self->request(rep.sched, std::chrono::seconds(1), health_atom_v)
+      .then(
+          [self, k](bool ready, uint32_t used, uint32_t free, uint32_t running, uint32_t waiting, const std::string& detail) {
+            replica_slot& rep = self->state.replicas[k];
+            if (!rep.sched) return;
+            const bool was = rep.ready;
+            rep.ready = ready;
+            rep.detail = detail;
+            rep.used = used;
+            rep.free = free;
+            rep.running = running;
+            rep.waiting = waiting;
+            if (ready && !was) unpark(self);
+          },
+          [self, k](caf::error&) {
+            replica_slot& rep = self->state.replicas[k];
+            rep.ready = false;
+            rep.detail = "the scheduler does not answer";
+          });
+}
+
+void poll(self_ptr self) {
+  for (size_t k = 0; k < self->state.replicas.size(); ++k) poll_one(self, k);
+}
+
+caf::behavior router_behavior(self_ptr self, router_setup setup) {
+  auto& st = self->state;
+  st.setup = setup;
+  for (auto& a : setup.replicas) st.replicas.push_back(replica_slot{a});
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t k = 0; k < st.replicas.size(); ++k) {
+      if (st.replicas[k].sched && st.replicas[k].sched.address() == dm.source)
+        return replica_lost(self, k, "scheduler down: " + self->system().render(dm.reason));
+      if (st.replicas[k].agent && st.replicas[k].agent.address() == dm.source) st.replicas[k].agent = caf::actor{};
+    }
+  });
+  self->send(self, tick_atom_v);
+  auto accept = [self](uint64_t id, const wire_message& req, const caf::actor& sink) {
+    auto& st = self->state;
+    if (st.requests.count(id)) {
+      step_output out;
+      out.finished = true;
+      self->send(sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, 0, "request id in use")));
+      return;
+    }
+    if (!req.bytes) {
+      step_output out;
+      out.finished = true;
+      self->send(sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, 0, "empty request")));
+      return;
+    }
+    routed r;
+    r.sink = sink;
+    r.request = req;
+    st.requests.emplace(id, std::move(r));
+    submit(self, id);
+  };
+  return {
+      [accept](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) { accept(id, req, sink); },
+      [self, accept](generate_atom, const wire_message& req, const caf::actor& sink) -> uint64_t {
+        const uint64_t id = self->state.next_client++;
+        accept(id, req, sink);
+        return id;
+      },
+      [self](cancel_atom, uint64_t id) -> bool {
+        auto& st = self->state;
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) return false;
+        if (it->second.attempt == 0) {
+          step_output out;
+          out.id = request_id{id};
+          out.finished = true;
+          out.reason = finish_reason::aborted;
+          out.num_output_tokens = static_cast<int32_t>(it->second.delivered.size());
+          self->send(it->second.sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, it->second.seq)));
+          st.requests.erase(it);
+          return true;
+        }
+        self->send(st.replicas[it->second.replica].sched, cancel_atom_v, it->second.attempt);
+        return true;
+      },
+      [self](chunk_atom, const wire_message& m) {
+        auto& st = self->state;
+        if (!m.bytes) return;
+        auto c = wire::decode_token_chunk(*m.bytes);
+        if (!c) return;
+        auto a = st.attempts.find(c->request);
+        if (a == st.attempts.end()) return;  // an attempt the router gave up on
+        routed& r = st.requests.at(a->second);
+        auto out = wire::renumber_chunk(*m.bytes, a->second, r.seq);
+        if (!out) return;
+        ++r.seq;
+        r.delivered.insert(r.delivered.end(), c->tokens.begin(), c->tokens.end());
+        self->send(r.sink, chunk_atom_v, wire_message(wire_kind::none, std::move(out).value()));
+      },
+      [self](done_atom, const wire_message& m) {
+        auto& st = self->state;
+        if (!m.bytes) return;
+        auto res = wire::decode_generate_result(*m.bytes);
+        if (!res) return;
+        auto a = st.attempts.find(res->request);
+        if (a == st.attempts.end()) return;
+        const uint64_t id = a->second;
+        routed& r = st.requests.at(id);
+        auto parts = wire::split_final_result(*m.bytes, id, r.seq);
+        if (!parts) return finish_with_error(self, id, parts.err().message);
+        if (parts->last) self->send(r.sink, chunk_atom_v, wire_message(wire_kind::none, std::move(*parts->last)));
+        self->send(r.sink, done_atom_v, wire_message(wire_kind::none, std::move(parts->result)));
+        --st.replicas[r.replica].active;
+        st.attempts.erase(a);
+        st.requests.erase(id);
+      },
+      [self](stats_atom) -> caf::result<uint32_t, uint32_t, uint32_t, uint32_t> {
+        // Asked afresh of every scheduler that is there (the polls lag by up to 100 ms).
+        auto& st = self->state;
+        auto rp = self->make_response_promise<uint32_t, uint32_t, uint32_t, uint32_t>();
+        struct sum {
+          uint32_t used = 0, free = 0, running = 0;
+          size_t pending = 0;
+        };
+        auto total = std::make_shared<sum>();
+        auto finish = [self, rp, total]() mutable {
+          if (--total->pending != 0) return;
+          // Waiting: everything admitted here and not running (exact).
+          const uint32_t all = static_cast<uint32_t>(self->state.requests.size());
+          const uint32_t running = std::min(total->running, all);
+          rp.deliver(total->used, total->free, running, all - running);
+        };
+        total->pending = 1;
+        for (auto& rep : st.replicas) {
+          if (!rep.sched) continue;
+          ++total->pending;
+          self->request(rep.sched, std::chrono::seconds(1), stats_atom_v)
+              .then(
+                  [total, finish](uint32_t used, uint32_t free, uint32_t running, uint32_t) mutable {
+                    total->used += used;
+                    total->free += free;
+                    total->running += running;
+                    finish();
+                  },
+                  [finish](caf::error&) mutable { finish(); });
+        }
+        finish();
+        return rp;
+      },
+      [self](health_atom) {
+        auto& st = self->state;
+        uint32_t ready = 0;
+        std::string detail;
+        for (auto& rep : st.replicas) {
+          if (rep.ready && rep.sched) {
+            ++ready;
+          } else {
+            if (!detail.empty()) detail += "; ";
+            detail += "replica " + rep.addr.name + ": " + (rep.detail.empty() ? "not ready" : rep.detail);
+          }
+        }
+        return caf::make_message(ready > 0, static_cast<uint32_t>(st.replicas.size()), ready, detail);
+      },
+      [self](tick_atom) {
+        poll(self);
+        unpark(self);
+        self->delayed_send(self, std::chrono::milliseconds(100), tick_atom_v);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_router(caf::actor_system& sys, const router_setup& setup) { return sys.spawn(router_behavior, setup); }
+
+}  // namespace troupe

@@ -1,0 +1,44 @@
+// router: the gateway's way to the replicas. It hands each request to the ready replica
+// with the fewest requests, relays the scheduler's chunks to the request's sink with its
+// own sequence numbers, and keeps the token ids it delivered. When a replica's scheduler
+// dies (its actor killed, its node gone or hung past the heartbeat timeout), the router
+// resubmits that replica's requests to another ready replica (or the same one, once it is
+// back) with the output already delivered, so each stream continues where it stopped: the
+// client sees every token once, in order. Requests wait for a ready replica for at most
+// `wait_timeout`, then end with an error.
+//
+//   (generate_atom, id, GenerateRequest frame, sink) -> ()   the caller's id
+//   (generate_atom, GenerateRequest frame, sink)     -> id
+//   (cancel_atom, id)                                -> found (bool)
+//   (stats_atom)   -> (kv used, kv free, running, waiting), summed over the replicas
+//   (health_atom)  -> (ready, replicas, replicas ready, detail)
+//
+// Replicas are polled for health every 100 ms; a scheduler is found by name through the
+// node agent of its node, local or at HOST:PORT.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+namespace troupe {
+
+struct replica_address {
+  std::string name;        // the replica
+  std::string scheduler;   // the scheduler's name at its node's agent
+  std::string host;        // empty: the local agent
+  uint16_t port = 0;
+};
+
+struct router_setup {
+  std::vector<replica_address> replicas;
+  caf::actor agent;  // this node's agent, for local schedulers
+  std::chrono::milliseconds wait_timeout{30000};
+};
+
+caf::actor spawn_router(caf::actor_system& sys, const router_setup& setup);
+
+}  // namespace troupe

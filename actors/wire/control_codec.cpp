@@ -1,0 +1,64 @@
+#include "actors/wire/control_codec.hpp"
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include "actors/wire/frame.hpp"
+#include "schema/control.capnp.h"
+
+namespace troupe::wire {
+
+const char* actor_kind_name(actor_kind k) {
+  switch (k) {
+    case actor_kind::gateway: return "gateway";
+    case actor_kind::scheduler: return "scheduler";
+    case actor_kind::kv_manager: return "kv-manager";
+    case actor_kind::stage: return "stage";
+    case actor_kind::shard: return "shard";
+    case actor_kind::node_agent: return "node-agent";
+  }
+  return "?";
+}
+
+std::vector<uint8_t> encode_node_health(const node_health& h) {
+  capnp::MallocMessageBuilder msg;
+  auto r = msg.initRoot<schema::NodeHealth>();
+  r.setNode(h.node);
+  r.setPid(h.pid);
+  r.setReady(h.ready);
+  auto list = r.initActors(static_cast<unsigned>(h.actors.size()));
+  for (size_t i = 0; i < h.actors.size(); ++i) {
+    auto a = list[static_cast<unsigned>(i)];
+    a.setName(h.actors[i].name);
+    a.setKind(static_cast<schema::ActorKind>(h.actors[i].kind));
+    a.setAlive(h.actors[i].alive);
+    a.setRestarts(h.actors[i].restarts);
+  }
+  return to_bytes(msg);
+}
+
+expected<node_health> decode_node_health(std::span<const uint8_t> bytes) {
+  frame_limits lim;
+  lim.max_bytes = size_t{1} << 20;
+  lim.traversal_words = size_t{1} << 18;
+  lim.nesting = 8;
+  auto frame = frame_reader::parse(bytes, lim);
+  if (!frame) return frame.err();
+  try {
+    auto r = (*frame)->root<schema::NodeHealth>();
+    node_health h;
+    h.node = r.getNode().cStr();
+    h.pid = r.getPid();
+    h.ready = r.getReady();
+    for (auto a : r.getActors()) {
+      const auto kind = static_cast<uint16_t>(a.getKind());
+      if (kind > static_cast<uint16_t>(actor_kind::node_agent)) return error{"node health: unknown actor kind " + std::to_string(kind)};
+      h.actors.push_back({a.getName().cStr(), static_cast<actor_kind>(kind), a.getAlive(), a.getRestarts()});
+    }
+    return h;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed node health: ") + e.getDescription().cStr()};
+  }
+}
+
+}  // namespace troupe::wire
