@@ -340,6 +340,17 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         }
         return caf::make_message(ready > 0, static_cast<uint32_t>(st.replicas.size()), ready, detail);
       },
+      [self](health_atom, bool ready) {
+        // A scheduler says it stopped or started being ready.
+        auto& st = self->state;
+        for (auto& rep : st.replicas)
+          if (rep.sched && rep.sched.address() == self->current_sender()) {
+            const bool was = rep.ready;
+            rep.ready = ready;
+            if (!ready) rep.detail = "recovering";
+            if (ready && !was) unpark(self);
+          }
+      },
       [self](tick_atom) {
         poll(self);
         unpark(self);

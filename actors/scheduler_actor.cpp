@@ -85,6 +85,13 @@ void fail_request(self_ptr self, request_id id, const std::string& why) {
   }
 }
 
+// Sinks (the router) hear at once when the replica stops or starts being ready.
+void announce(self_ptr self) {
+  auto& st = self->state;
+  for (const auto& addr : st.monitored_sinks)
+    if (auto sink = caf::actor_cast<caf::actor>(addr)) self->send(sink, health_atom_v, st.ready);
+}
+
 void maybe_step(self_ptr self);
 void lose(self_ptr self, size_t stage, const std::string& why);
 void resolve(self_ptr self);
@@ -185,6 +192,7 @@ void canary(self_ptr self) {
                  st.why.c_str());
     st.ready = true;
     st.resolve_round = 0;
+    announce(self);
     maybe_step(self);
   });
 }
@@ -205,6 +213,7 @@ void lose(self_ptr self, size_t stage, const std::string& why) {
     st.why = why;
     std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
                  st.setup.replica.c_str(), why.c_str(), requeued);
+    announce(self);
   }
   self->send(self, resolve_atom_v, st.epoch);
 }

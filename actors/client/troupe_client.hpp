@@ -36,6 +36,7 @@ struct client_result {
 struct client_health {
   bool ready = false;
   std::string detail;
+  uint32_t replicas = 0, replicas_ready = 0;
 };
 
 struct client_stats {

@@ -8,6 +8,7 @@ build=$1 src=$2 models=$3
 state=$(mktemp -d)
 launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
 cleanup() {
+  [[ -f $state/pp2-tp2.supervisor ]] && kill -9 "$(cat "$state/pp2-tp2.supervisor")" 2>/dev/null || true
   if [[ -f $state/pp2-tp2.procs ]]; then
     while read -r _ pid; do kill -9 "$pid" 2>/dev/null || true; done <"$state/pp2-tp2.procs"
   fi

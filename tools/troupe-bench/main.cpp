@@ -48,6 +48,7 @@ struct sample {
   double ttft_ms = 0, e2e_ms = 0, tpot_ms = 0;
   std::vector<double> itl_ms;
   int64_t output_tokens = 0, prompt_tokens = 0;
+  std::string text;  // the output, for --outputs
 };
 
 const char* words[] = {"the", "little", "dog", "ran", "to", "park", "and", "saw", "a", "big", "red", "ball", "she",
@@ -160,8 +161,21 @@ sample run_capnp(const std::string& address, const workload& w, int i) {
   s.e2e_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   s.output_tokens = r->output_tokens;
   s.prompt_tokens = r->prompt_tokens;
+  s.text = r->text;
   if (s.output_tokens > 1) s.tpot_ms = (s.e2e_ms - s.ttft_ms) / static_cast<double>(s.output_tokens - 1);
   s.ok = !first;
+  // Every token exactly once, in order: chunks numbered without gaps, and as many tokens
+  // streamed as the result counts.
+  if (!r->sequence_ok) {
+    s.ok = false;
+    s.error = "stream out of sequence";
+  } else if (r->tokens.size() != r->output_tokens) {
+    s.ok = false;
+    s.error = "streamed tokens differ from the count";
+  } else if (r->reason == finish_reason::none) {
+    s.ok = false;
+    s.error = r->error.substr(0, 60);
+  }
   return s;
 }
 
@@ -179,7 +193,8 @@ json dist(const std::vector<double>& v) {
 }
 
 json run_level(const workload& w, const std::string& endpoint, bool http, const std::string& host, int port,
-               const std::string& hostport, double slo_ttft, double slo_tpot, bool header) {
+               const std::string& hostport, double slo_ttft, double slo_tpot, bool header,
+               const std::string& outputs_path) {
   std::vector<sample> results(w.requests);
   std::atomic<int> next{0}, done{0};
   const bool tty = isatty(STDERR_FILENO);
@@ -237,6 +252,13 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
   std::vector<double> ttft, tpot, itl, e2e;
   int64_t out_tokens = 0, in_tokens = 0, completed = 0, good = 0;
   std::map<std::string, int> errors;
+  if (!outputs_path.empty()) {
+    std::ofstream f(outputs_path);
+    for (size_t i = 0; i < results.size(); ++i)
+      f << json{{"index", i}, {"ok", results[i].ok}, {"error", results[i].error}, {"text", results[i].text}}.dump(
+               -1, ' ', false, json::error_handler_t::replace)
+        << "\n";
+  }
   for (const auto& s : results) {
     if (!s.ok) {
       ++errors[s.error.empty() ? "unknown" : s.error];
@@ -339,7 +361,7 @@ int main(int argc, char** argv) {
       "e2e_ms objects with p50, p90, p99 and max.\n\n"
       "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --model m --requests 64 --concurrency 8 --json out.json\n",
       "troupe-bench"};
-  std::string endpoint, json_path;
+  std::string endpoint, json_path, outputs_path;
   workload w;
   double slo_ttft = 0, slo_tpot = 0;
   app.add_option("--endpoint", endpoint, "http://HOST:PORT or capnp://HOST:PORT")->required();
@@ -357,6 +379,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--slo-ttft-ms", slo_ttft, "goodput counts requests within this TTFT (0: no limit)");
   app.add_option("--slo-tpot-ms", slo_tpot, "goodput counts requests within this TPOT (0: no limit)");
+  app.add_option("--outputs", outputs_path,
+                 "write each request's output text here, one JSON line per request (capnp: streams are checked "
+                 "for every token exactly once, in order)");
   app.add_option("--json", json_path, "write the results here (an array with --sweep-*)");
   std::vector<double> sweep;
   bool sweep_rate = false, requests_per_level = false;
@@ -400,7 +425,7 @@ int main(int argc, char** argv) {
       if (sweep_rate) lw.rate = level; else lw.concurrency = static_cast<int>(level);
       if (requests_per_level) lw.requests = std::max(w.requests, static_cast<int>(2 * level));
     }
-    json j = run_level(lw, endpoint, http, host, port, hostport, slo_ttft, slo_tpot, header);
+    json j = run_level(lw, endpoint, http, host, port, hostport, slo_ttft, slo_tpot, header, outputs_path);
     header = false;
     all_ok = all_ok && j["errors"].get<int64_t>() == 0;
     levels.push_back(j);

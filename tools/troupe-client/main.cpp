@@ -48,7 +48,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-client: %s\n", h.err().message.c_str());
       return 1;
     }
-    std::printf("%s%s%s\n", h->ready ? "ready" : "not ready", h->detail.empty() ? "" : ": ", h->detail.c_str());
+    if (h->ready && h->replicas_ready == h->replicas)
+      std::printf("ready\n");
+    else if (h->ready)
+      std::printf("degraded: %u of %u replicas ready: %s\n", h->replicas_ready, h->replicas, h->detail.c_str());
+    else
+      std::printf("not ready%s%s\n", h->detail.empty() ? "" : ": ", h->detail.c_str());
     return h->ready ? 0 : 3;
   }
   if (stats) {

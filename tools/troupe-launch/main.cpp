@@ -4,7 +4,15 @@
 // `endpoint: capnp://HOST:PORT`. `status` prints one line per node process,
 // `node NAME pid PID STATE`. `down` stops the gateway's node first (it drains requests in
 // flight), then the others. Node logs and the process table live in --state-dir.
+//
+// With `restart = "always"` in [failure] (the default), `up` leaves a supervisor process
+// behind that restarts any node process that exits (with a backoff), keeping the process
+// table current. `chaos` injects failures into a running cluster: kills named actors
+// through node agents, SIGKILLs or SIGSTOPs node processes, at seeded random times, and
+// measures how long the gateway takes to see each failure and to be whole again.
 #include <signal.h>
+
+#include <csignal>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -21,6 +30,7 @@
 #include "actors/client/troupe_client.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
+#include "tools/troupe-launch/chaos.hpp"
 
 using namespace troupe;
 namespace fs = std::filesystem;
@@ -81,7 +91,7 @@ pid_t start_node(const std::string& node_bin, const std::string& topology, const
   if (pid == 0) {
     setsid();
     FILE* o = std::freopen(out.c_str(), "w", stdout);
-    FILE* e = std::freopen(err.c_str(), "w", stderr);
+    FILE* e = std::freopen(err.c_str(), "a", stderr);  // a restarted node's log follows its predecessor's
     (void)o;
     (void)e;
     std::vector<char*> argv;
@@ -92,6 +102,79 @@ pid_t start_node(const std::string& node_bin, const std::string& topology, const
     _exit(127);
   }
   return pid;
+}
+
+std::string supervisor_file(const std::string& dir, const std::string& topology) {
+  return (fs::path(dir) / (fs::path(topology).stem().string() + ".supervisor")).string();
+}
+
+void write_state(const std::string& file, const std::vector<proc>& procs) {
+  const std::string tmp = file + ".tmp";
+  {
+    std::ofstream f(tmp);
+    for (const proc& p : procs) f << p.node << ' ' << p.pid << '\n';
+  }
+  fs::rename(tmp, file);
+}
+
+// Stops the supervisor (so nothing is restarted while the nodes stop).
+void stop_supervisor(const std::string& file) {
+  std::ifstream f(file);
+  pid_t pid = 0;
+  if (!(f >> pid) || pid <= 0) return;
+  if (kill(pid, SIGTERM) != 0) return;
+  for (int i = 0; i < 50 && kill(pid, 0) == 0 && state_of(pid) == "running"; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::error_code ec;
+  fs::remove(file, ec);
+}
+
+volatile sig_atomic_t supervisor_stop = 0;
+
+// The supervisor: restarts node processes that exit (not ones that are stopped), with a
+// backoff per node (100 ms, doubling to 5 s while it keeps dying within 30 s), until
+// SIGTERM or until its process table disappears (the cluster was taken down).
+void supervise(std::vector<proc> procs, const std::string& table, const std::string& node_bin,
+               const std::string& topo_abs, const tools::topology& topo, const std::string& capnp,
+               const std::string& http, const std::string& dir) {
+  std::signal(SIGTERM, [](int) { supervisor_stop = 1; });
+  std::signal(SIGINT, [](int) { supervisor_stop = 1; });
+  using clock = std::chrono::steady_clock;
+  struct backoff {
+    int streak = 0;
+    clock::time_point last_exit{}, restart_at{};
+    bool waiting = false;
+  };
+  std::map<std::string, backoff> b;
+  std::error_code ec;
+  while (!supervisor_stop && fs::exists(table, ec)) {
+    bool changed = false;
+    for (proc& p : procs) {
+      waitpid(p.pid, nullptr, WNOHANG);
+      const std::string st = state_of(p.pid);
+      if (st != "gone" && st != "zombie") continue;
+      backoff& k = b[p.node];
+      const auto now = clock::now();
+      if (!k.waiting) {
+        k.streak = now - k.last_exit < std::chrono::seconds(30) ? std::min(k.streak + 1, 6) : 0;
+        k.last_exit = now;
+        k.restart_at = now + std::min<clock::duration>(std::chrono::milliseconds(100) * (1 << k.streak), std::chrono::seconds(5));
+        k.waiting = true;
+        std::fprintf(stderr, "troupe-launch supervisor: node %s (pid %d) exited; restarting\n", p.node.c_str(), p.pid);
+      }
+      if (now < k.restart_at) continue;
+      k.waiting = false;
+      for (const auto& n : topo.nodes)
+        if (n.name == p.node) {
+          const bool gw = n.name == topo.gateway_node;
+          p.pid = start_node(node_bin, topo_abs, n, gw ? capnp : "", gw ? http : "", dir);
+          std::fprintf(stderr, "troupe-launch supervisor: node %s restarted (pid %d)\n", p.node.c_str(), p.pid);
+        }
+      changed = true;
+    }
+    if (changed && fs::exists(table, ec)) write_state(table, procs);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 void stop_all(std::vector<proc> procs, const std::string& gateway_node, bool verbose) {
@@ -119,7 +202,10 @@ int main(int argc, char** argv) {
       "  troupe-launch up deploy/pp2.toml       check, start every node, wait for health,\n"
       "                                         print `endpoint: capnp://HOST:PORT`\n"
       "  troupe-launch status deploy/pp2.toml   one line per node: node NAME pid PID STATE\n"
-      "  troupe-launch down deploy/pp2.toml     drain the gateway, stop every node\n",
+      "  troupe-launch down deploy/pp2.toml     drain the gateway, stop every node\n"
+      "  troupe-launch chaos deploy/pp2x2.toml --events 20 --seed 7\n"
+      "                                         kill actors, SIGKILL and SIGSTOP nodes at random;\n"
+      "                                         print how fast each failure is noticed and repaired\n",
       "troupe-launch"};
   app.require_subcommand(1);
   std::string topology, state_dir = "/tmp/troupe-launch-" + std::to_string(getuid()), capnp, http, node_bin;
@@ -127,10 +213,24 @@ int main(int argc, char** argv) {
   auto* up = app.add_subcommand("up", "start every node of a topology");
   auto* status = app.add_subcommand("status", "print the node processes");
   auto* down = app.add_subcommand("down", "stop every node");
-  for (auto* sub : {up, status, down}) {
+  auto* chaos = app.add_subcommand("chaos", "inject failures into a running cluster and time the recovery");
+  tools::chaos_options copt;
+  std::string kinds = "actor,sigkill,sigstop", gap = "200-1000";
+  chaos->add_option("--seed", copt.seed, "random seed: the same seed, the same events")->capture_default_str();
+  chaos->add_option("--events", copt.events, "how many failures")->check(CLI::Range(1, 100000))->capture_default_str();
+  chaos->add_option("--kinds", kinds, "which failures: actor (kill a stage, shard or scheduler), sigkill, sigstop")
+      ->capture_default_str();
+  chaos->add_option("--gap-ms", gap, "pause between recovery and the next event, MIN-MAX ms")->capture_default_str();
+  chaos->add_option("--stop-ms", copt.stop_ms, "how long a SIGSTOPped node stays stopped")->check(CLI::Range(1, 600000))->capture_default_str();
+  chaos->add_option("--recover-timeout", copt.recover_timeout_s, "seconds an event may take to recover")
+      ->check(CLI::Range(1, 3600))->capture_default_str();
+  chaos->add_option("--json", copt.json_path, "write each event's figures here");
+  for (auto* sub : {up, status, down, chaos}) {
     sub->add_option("topology", topology, "topology file (deploy/*.toml)")->required();
     sub->add_option("--state-dir", state_dir, "where node logs and the process table live")->capture_default_str();
   }
+  bool with_actors = false;
+  status->add_flag("--actors", with_actors, "also list every node's supervised actors (alive, restarts)");
   up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)");
   up->add_option("--http", http, "serve the OpenAI-compatible HTTP API here (port 0: any)");
   up->add_option("--timeout", timeout_s, "seconds to wait for the cluster to answer")->check(CLI::Range(1, 3600))->capture_default_str();
@@ -153,9 +253,38 @@ int main(int argc, char** argv) {
       return 3;
     }
     for (const proc& p : procs) std::printf("node %s pid %d %s\n", p.node.c_str(), p.pid, state_of(p.pid).c_str());
+    if (with_actors) return tools::print_actors(*topo);
     return 0;
   }
+  if (chaos->parsed()) {
+    copt.kinds.clear();
+    for (size_t at = 0; at <= kinds.size();) {
+      const size_t comma = std::min(kinds.find(',', at), kinds.size());
+      const std::string k = kinds.substr(at, comma - at);
+      if (k != "actor" && k != "sigkill" && k != "sigstop") {
+        std::fprintf(stderr, "troupe-launch chaos: unknown kind '%s' (actor, sigkill, sigstop)\n", k.c_str());
+        return 2;
+      }
+      copt.kinds.push_back(k);
+      at = comma + 1;
+    }
+    if (std::sscanf(gap.c_str(), "%d-%d", &copt.min_gap_ms, &copt.max_gap_ms) != 2 || copt.min_gap_ms < 0 ||
+        copt.max_gap_ms < copt.min_gap_ms) {
+      std::fprintf(stderr, "troupe-launch chaos: --gap-ms '%s' is not MIN-MAX\n", gap.c_str());
+      return 2;
+    }
+    std::string endpoint;
+    std::ifstream out(fs::path(state_dir) / (topo->gateway_node + ".out"));
+    for (std::string line; std::getline(out, line);)
+      if (line.rfind("endpoint: capnp://", 0) == 0) endpoint = line.substr(18);
+    if (endpoint.empty() || read_state(table).empty()) {
+      std::fprintf(stderr, "troupe-launch chaos: %s is not up (start it with troupe-launch up)\n", topology.c_str());
+      return 1;
+    }
+    return tools::run_chaos(*topo, endpoint, table, copt);
+  }
   if (down->parsed()) {
+    stop_supervisor(supervisor_file(state_dir, topology));
     stop_all(read_state(table), topo->gateway_node, true);
     fs::remove(table, ec);
     return 0;
@@ -197,10 +326,7 @@ int main(int argc, char** argv) {
   }
   procs.push_back({gateway->name, start_node(node_bin, topo_abs, *gateway, capnp, http, state_dir)});
   std::fprintf(stderr, "troupe-launch: started node %s (pid %d), the gateway\n", gateway->name.c_str(), procs.back().pid);
-  {
-    std::ofstream f(table);
-    for (const proc& p : procs) f << p.node << ' ' << p.pid << '\n';
-  }
+  write_state(table, procs);
 
   // Wait for the endpoint line, then for health.
   const std::string out = (fs::path(state_dir) / (gateway->name + ".out")).string();
@@ -243,6 +369,24 @@ int main(int argc, char** argv) {
     stop_all(procs, topo->gateway_node, false);
     fs::remove(table, ec);
     return 1;
+  }
+  if (topo->failure.restart) {
+    std::fflush(nullptr);
+    const pid_t sup = fork();
+    if (sup == 0) {
+      setsid();
+      const std::string log = (fs::path(state_dir) / "supervisor.log").string();
+      FILE* o = std::freopen("/dev/null", "w", stdout);
+      FILE* e = std::freopen(log.c_str(), "a", stderr);
+      (void)o;
+      (void)e;
+      std::setvbuf(stderr, nullptr, _IONBF, 0);  // nothing buffered to be copied into forked nodes
+      supervise(procs, table, node_bin, topo_abs, *topo, capnp, http, state_dir);
+      _exit(0);
+    }
+    std::ofstream(supervisor_file(state_dir, topology)) << sup << '\n';
+    std::fprintf(stderr, "troupe-launch: supervisor (pid %d) restarts nodes that exit; log in %s/supervisor.log\n", sup,
+                 state_dir.c_str());
   }
   std::printf("endpoint: capnp://%s\n", endpoint.c_str());
   if (!http_endpoint.empty()) std::printf("endpoint: %s\n", http_endpoint.c_str());

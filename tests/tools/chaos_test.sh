@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The kill ledger: deploy/pp2x2.toml (two replicas, each PP=2 over two processes, and a
+# gateway process) serves rounds of 64 concurrent greedy requests while troupe-launch chaos
+# kills shard, stage and scheduler actors and SIGKILLs and SIGSTOPs node processes. Every
+# request of every round must complete exactly once with the failure-free output, every
+# stream numbered without gap or repeat; afterwards KV blocks, queues and live actors are
+# back to where they started, and every SIGSTOPped node was noticed within three
+# heartbeat intervals. Bounded in time; every process is stopped at the end.
+# Usage: chaos_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+state=$(mktemp -d)
+topo=$src/deploy/pp2x2.toml
+launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
+client() { timeout 30 "$build/tools/troupe-client" --connect 127.0.0.1:7400 "$@"; }
+bench() {
+  timeout 120 "$build/tools/troupe-bench" --endpoint capnp://127.0.0.1:7400 --requests 64 --concurrency 64 \
+    --prompt-words 12 --output-tokens 200 --outputs "$1" >/dev/null 2>"$1.err"
+}
+cleanup() {
+  [[ -n ${chaos_pid:-} ]] && kill "$chaos_pid" 2>/dev/null || true
+  [[ -f $state/pp2x2.supervisor ]] && kill -9 "$(cat "$state/pp2x2.supervisor")" 2>/dev/null || true
+  if [[ -f $state/pp2x2.procs ]]; then
+    while read -r _ pid; do kill -CONT "$pid" 2>/dev/null || true; kill -9 "$pid" 2>/dev/null || true; done <"$state/pp2x2.procs"
+  fi
+  rm -rf "$state"
+}
+trap cleanup EXIT
+
+launch up "$topo" >"$state/up.out"
+for _ in $(seq 1 100); do [[ $(client --health || true) == ready ]] && break; sleep 0.1; done
+[[ $(client --health) == ready ]] || { echo "both replicas never became ready"; exit 1; }
+actors_before=$(launch status "$topo" --actors | grep -c ' alive ')
+
+# The failure-free run, the reference for every later round.
+bench "$state/clean.jsonl"
+[[ $(grep -c '"ok":true' "$state/clean.jsonl") == 64 ]] || { echo "the failure-free run failed"; cat "$state/clean.jsonl.err"; exit 1; }
+
+launch chaos "$topo" --events 24 --seed 11 --gap-ms 100-400 --stop-ms 1200 --json "$state/chaos.json" \
+  >"$state/chaos.out" 2>&1 &
+chaos_pid=$!
+rounds=0 bad=0
+while kill -0 "$chaos_pid" 2>/dev/null && ((rounds < 60)); do
+  rounds=$((rounds + 1))
+  bench "$state/round.jsonl" || true
+  if ! cmp -s "$state/round.jsonl" "$state/clean.jsonl"; then
+    bad=$((bad + 1))
+    echo "round $rounds differs from the failure-free run:"
+    diff <(cut -c1-120 "$state/clean.jsonl") <(cut -c1-120 "$state/round.jsonl") | head -6 || true
+    cat "$state/round.jsonl.err"
+  fi
+done
+chaos_rc=0
+wait "$chaos_pid" || chaos_rc=$?
+chaos_pid=
+cat "$state/chaos.out"
+[[ $chaos_rc == 0 ]] || { echo "the cluster did not recover from every event"; exit 1; }
+((bad == 0)) || { echo "$bad of $rounds rounds lost, repeated or changed output"; exit 1; }
+((rounds >= 3)) || { echo "only $rounds rounds ran under chaos"; exit 1; }
+for kind in 'shard' 'stage[0-9] ' 'scheduler' 'sigkill' 'sigstop'; do
+  grep -q "$kind" "$state/chaos.out" || { echo "no '$kind' event among the kills"; exit 1; }
+done
+events=$(grep -c '^chaos [0-9]*:' "$state/chaos.out")
+((events >= 20)) || { echo "only $events kill events"; exit 1; }
+
+# Every SIGSTOPped node noticed within three heartbeat intervals.
+heartbeat=$(sed -n 's/^heartbeat_ms *= *\([0-9]*\).*/\1/p' "$topo")
+worst=$(grep -o '"kind":"sigstop","detect_ms":[0-9.]*' "$state/chaos.json" | sed 's/.*://' | sort -g | tail -1)
+echo "SIGSTOP noticed after at most ${worst} ms (heartbeat ${heartbeat} ms)"
+awk -v w="$worst" -v h="$heartbeat" 'BEGIN { exit !(w <= 3 * h) }' || { echo "a SIGSTOPped node took longer than 3 heartbeats"; exit 1; }
+
+# Back to the starting state: no blocks held, nothing queued, every actor alive again.
+for _ in $(seq 1 100); do [[ $(client --health || true) == ready ]] && break; sleep 0.1; done
+stats=$(client --stats)
+[[ $(sed -n 's/^kv_blocks_used //p' <<<"$stats") == 0 ]] || { echo "KV blocks still used: $stats"; exit 1; }
+[[ $(sed -n 's/^running //p' <<<"$stats") == 0 && $(sed -n 's/^waiting //p' <<<"$stats") == 0 ]] || { echo "requests left: $stats"; exit 1; }
+actors_after=$(launch status "$topo" --actors | grep -c ' alive ')
+[[ $actors_after == "$actors_before" ]] || { echo "$actors_before actors alive before, $actors_after after"; exit 1; }
+launch down "$topo" >/dev/null 2>&1
+echo "kill ledger: $events events, $rounds rounds of 64 requests, every output identical, $actors_after actors alive"

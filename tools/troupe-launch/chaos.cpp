@@ -1,0 +1,224 @@
+#include "tools/troupe-launch/chaos.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "actors/caf/system_config.hpp"
+#include "actors/caf/type_ids.hpp"
+#include "actors/client/troupe_client.hpp"
+#include "actors/wire/control_codec.hpp"
+
+namespace troupe::tools {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+std::map<std::string, int> read_pids(const std::string& table) {
+  std::map<std::string, int> out;
+  std::ifstream f(table);
+  std::string node;
+  int pid;
+  while (f >> node >> pid) out[node] = pid;
+  return out;
+}
+
+struct event_result {
+  std::string kind, target;
+  double detect_ms = -1, recover_ms = -1;
+};
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+}  // namespace
+
+int print_actors(const topology& topo) {
+  failure_detection fd;
+  fd.heartbeat_interval = std::chrono::milliseconds(topo.failure.heartbeat_ms);
+  fd.connection_timeout = std::chrono::milliseconds(topo.failure.timeout_ms);
+  system_config cfg(fd);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  int rc = 0;
+  for (const auto& n : topo.nodes) {
+    auto agent = sys.middleman().remote_actor(n.host, n.port);
+    bool answered = false;
+    if (agent)
+      self->request(*agent, std::chrono::seconds(2), health_atom_v)
+          .receive(
+              [&](const wire_message& m) {
+                if (!m.bytes) return;
+                auto h = wire::decode_node_health(*m.bytes);
+                if (!h) return;
+                answered = true;
+                for (auto& a : h->actors)
+                  std::printf("actor %s node %s kind %s %s restarts %u\n", a.name.c_str(), n.name.c_str(),
+                              wire::actor_kind_name(a.kind), a.alive ? "alive" : "dead", a.restarts);
+              },
+              [&](caf::error&) {});
+    if (!answered) {
+      std::printf("node %s does not answer at %s:%u\n", n.name.c_str(), n.host.c_str(), static_cast<unsigned>(n.port));
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+int run_chaos(const topology& topo, const std::string& endpoint, const std::string& table_file, const chaos_options& opt) {
+  failure_detection fd;
+  fd.heartbeat_interval = std::chrono::milliseconds(topo.failure.heartbeat_ms);
+  fd.connection_timeout = std::chrono::milliseconds(topo.failure.timeout_ms);
+  system_config cfg(fd);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto client = troupe_client::connect(endpoint);
+  auto whole = [&](uint32_t* ready = nullptr) {
+    auto h = client->health();
+    if (!h) return false;
+    if (ready) *ready = h->replicas_ready;
+    return h->replicas > 0 && h->replicas_ready == h->replicas;
+  };
+  // Waits until every replica is ready; false after the timeout.
+  auto wait_whole = [&](int timeout_s) {
+    const auto until = clock_type::now() + std::chrono::seconds(timeout_s);
+    while (clock_type::now() < until) {
+      if (whole()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  std::vector<const node_spec*> targets;
+  for (const auto& n : topo.nodes)
+    if (n.name != topo.gateway_node) targets.push_back(&n);
+  if (targets.empty()) {
+    std::fprintf(stderr, "troupe-launch chaos: every actor runs on the gateway's node; nothing to inject into\n");
+    return 2;
+  }
+  if (!wait_whole(opt.recover_timeout_s)) {
+    std::fprintf(stderr, "troupe-launch chaos: the cluster is not whole to begin with\n");
+    return 1;
+  }
+  std::mt19937_64 rng(opt.seed);
+  std::vector<event_result> results;
+  int failures = 0, unseen = 0;
+  for (int e = 0; e < opt.events; ++e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        opt.min_gap_ms + static_cast<int>(rng() % static_cast<uint64_t>(std::max(1, opt.max_gap_ms - opt.min_gap_ms + 1)))));
+    event_result r;
+    // Half the events kill actors (when enabled): they come in more kinds than processes.
+    const bool has_actor = std::find(opt.kinds.begin(), opt.kinds.end(), "actor") != opt.kinds.end();
+    std::vector<std::string> others;
+    for (const auto& k : opt.kinds)
+      if (k != "actor") others.push_back(k);
+    r.kind = has_actor && (others.empty() || rng() % 2 == 0) ? "actor" : others[rng() % others.size()];
+    const node_spec& node = *targets[rng() % targets.size()];
+    const auto pids = read_pids(table_file);
+    const int pid = pids.count(node.name) ? pids.at(node.name) : 0;
+    clock_type::time_point t0;
+    if (r.kind == "actor") {
+      // Ask the node's agent what runs there, and kill one of its actors.
+      auto agent = sys.middleman().remote_actor(node.host, node.port);
+      // A kind of actor first (so shards, stages and schedulers all get their turn), then one of it.
+      std::map<wire::actor_kind, std::vector<std::string>> by_kind;
+      if (agent)
+        self->request(*agent, std::chrono::seconds(2), health_atom_v)
+            .receive(
+                [&](const wire_message& m) {
+                  if (!m.bytes) return;
+                  auto h = wire::decode_node_health(*m.bytes);
+                  if (h)
+                    for (auto& a : h->actors)
+                      if (a.alive) by_kind[a.kind].push_back(a.name);
+                },
+                [&](caf::error&) {});
+      std::vector<std::string> names;
+      if (!by_kind.empty()) names = std::next(by_kind.begin(), static_cast<ptrdiff_t>(rng() % by_kind.size()))->second;
+      if (names.empty()) {
+        std::fprintf(stderr, "chaos %d: node %s has no live actor to kill\n", e + 1, node.name.c_str());
+        ++failures;
+        continue;
+      }
+      const std::string victim = names[rng() % names.size()];
+      r.target = victim + " on node " + node.name;
+      t0 = clock_type::now();
+      self->request(*agent, std::chrono::seconds(2), kill_atom_v, victim).receive([](bool) {}, [](caf::error&) {});
+    } else {
+      if (pid <= 0) {
+        std::fprintf(stderr, "chaos %d: node %s has no known pid\n", e + 1, node.name.c_str());
+        ++failures;
+        continue;
+      }
+      r.target = "node " + node.name + " (pid " + std::to_string(pid) + ")";
+      t0 = clock_type::now();
+      kill(pid, r.kind == "sigkill" ? SIGKILL : SIGSTOP);
+    }
+    // Noticed: the gateway reports a replica not ready.
+    const auto notice_by = t0 + std::chrono::seconds(10);
+    while (clock_type::now() < notice_by) {
+      if (!whole()) {
+        r.detect_ms = ms_since(t0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (r.kind == "sigstop") {
+      std::this_thread::sleep_until(t0 + std::chrono::milliseconds(opt.stop_ms));
+      kill(pid, SIGCONT);
+    }
+    if (wait_whole(opt.recover_timeout_s)) r.recover_ms = ms_since(t0);
+    if (r.recover_ms < 0) ++failures;
+    if (r.detect_ms < 0) ++unseen;
+    char line[512];
+    std::snprintf(line, sizeof line, "chaos %d: %-7s %-40s noticed %s, whole again after %s", e + 1, r.kind.c_str(),
+                  r.target.c_str(), r.detect_ms < 0 ? "never" : (std::to_string(static_cast<int>(r.detect_ms)) + " ms").c_str(),
+                  r.recover_ms < 0 ? "never" : (std::to_string(static_cast<int>(r.recover_ms)) + " ms").c_str());
+    std::printf("%s\n", line);
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+  // Per kind: how fast failures are noticed and repaired.
+  std::printf("\n| failure | events | noticed p50 (ms) | noticed max (ms) | whole again p50 (ms) | whole again max (ms) |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const auto& kind : opt.kinds) {
+    std::vector<double> d, rc;
+    for (const auto& r : results)
+      if (r.kind == kind && r.detect_ms >= 0 && r.recover_ms >= 0) {
+        d.push_back(r.detect_ms);
+        rc.push_back(r.recover_ms);
+      }
+    if (d.empty()) continue;
+    std::printf("| %s | %zu | %.0f | %.0f | %.0f | %.0f |\n", kind.c_str(), d.size(), pct(d, 50), pct(d, 100), pct(rc, 50), pct(rc, 100));
+  }
+  if (!opt.json_path.empty()) {
+    std::ofstream j(opt.json_path);
+    j << "[";
+    for (size_t i = 0; i < results.size(); ++i)
+      j << (i ? ",\n " : "") << "{\"kind\":\"" << results[i].kind << "\",\"detect_ms\":" << results[i].detect_ms
+        << ",\"recover_ms\":" << results[i].recover_ms << "}";
+    j << "]\n";
+  }
+  std::printf("\nchaos: %d event(s), %d not recovered, %d repaired before the gateway's health showed it; heartbeat %d ms, "
+              "timeout %d ms\n",
+              opt.events, failures, unseen, topo.failure.heartbeat_ms, topo.failure.timeout_ms);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace troupe::tools
