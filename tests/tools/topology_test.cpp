@@ -61,7 +61,14 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(validate_topology(*t, stories(), 0).has_value());
     ++n;
   }
-  CHECK(n == 4);
+  CHECK(n == 5);
+  auto two = parse_topology(dir + "/pp2x2.toml");
+  REQUIRE(two.has_value());
+  CHECK(two->replicas.size() == 2);
+  CHECK(two->replicas[1].scheduler_node == "b0");  // the first stage's node by default
+  CHECK(two->failure.heartbeat_ms == 200);
+  CHECK(two->failure.timeout_ms == 300);
+  CHECK(two->failure.restart);
   auto pp = parse_topology(dir + "/pp2-tp2.toml");
   REQUIRE(pp.has_value());
   REQUIRE(pp->replicas.size() == 1);
