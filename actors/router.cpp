@@ -5,9 +5,11 @@
 
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/wire/client_codec.hpp"
+#include "actors/wire/control_codec.hpp"
 
 namespace troupe {
 
@@ -34,6 +36,17 @@ struct routed {
   uint64_t attempt = 0;       // 0: waiting for a replica
   int32_t replica = -1;
   clock_type::time_point waiting_since = clock_type::now();
+  clock_type::time_point arrived = clock_type::now();
+  double ttft_ms = -1;
+  uint32_t resubmits = 0;
+};
+
+struct node_slot {
+  node_address addr;
+  caf::actor agent;
+  bool asking = false;
+  uint32_t restarts = 0;  // over the node's supervised actors, as its agent last said
+  bool answered = false;
 };
 
 struct router_state {
@@ -46,9 +59,21 @@ struct router_state {
   uint64_t next_attempt = 1;
   uint64_t next_client = uint64_t{1} << 62;        // ids for callers that let the router choose
   uint64_t resubmitted = 0;
+  uint64_t failovers = 0;  // replicas lost (scheduler or its node) with requests moved
+  std::vector<node_slot> nodes;
+  uint64_t ticks = 0;
 };
 
 using self_ptr = caf::stateful_actor<router_state>*;
+
+// One structured line per finished request; never the prompt or the output.
+void log_finished(const router_state& st, uint64_t id, const routed& r, const char* outcome, uint32_t tokens_in,
+                  uint32_t tokens_out) {
+  const double e2e = std::chrono::duration<double, std::milli>(clock_type::now() - r.arrived).count();
+  spdlog::info("request id={} outcome={} replica={} tokens_in={} tokens_out={} ttft_ms={:.1f} e2e_ms={:.1f} resubmits={}", id,
+               outcome, r.replica >= 0 ? st.replicas[r.replica].addr.name : "-", tokens_in, tokens_out,
+               r.ttft_ms < 0 ? 0.0 : r.ttft_ms, e2e, r.resubmits);
+}
 
 void finish_with_error(self_ptr self, uint64_t id, const std::string& why) {
   auto& st = self->state;
@@ -59,6 +84,7 @@ void finish_with_error(self_ptr self, uint64_t id, const std::string& why) {
   out.finished = true;
   out.num_output_tokens = static_cast<int32_t>(it->second.delivered.size());
   self->send(it->second.sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, it->second.seq, why)));
+  log_finished(st, id, it->second, "error", 0, static_cast<uint32_t>(it->second.delivered.size()));
   if (it->second.attempt) st.attempts.erase(it->second.attempt);
   if (it->second.replica >= 0) --st.replicas[it->second.replica].active;
   st.requests.erase(it);
@@ -125,12 +151,14 @@ void replica_lost(self_ptr self, size_t k, const std::string& why) {
       r.attempt = 0;
       r.replica = -1;
       r.waiting_since = clock_type::now();
+      ++r.resubmits;
       moved.push_back(id);
     }
   if (!moved.empty())
     std::fprintf(stderr, "troupe: replica %s lost (%s): %zu request(s) resubmitted\n", rep.addr.name.c_str(), why.c_str(),
                  moved.size());
   st.resubmitted += moved.size();
+  ++st.failovers;
   for (uint64_t id : moved) submit(self, id);
 }
 
@@ -205,10 +233,79 @@ void poll(self_ptr self) {
   for (size_t k = 0; k < self->state.replicas.size(); ++k) poll_one(self, k);
 }
 
+// Every node agent's restart count, for /metrics.
+void poll_nodes(self_ptr self) {
+  auto& st = self->state;
+  for (size_t k = 0; k < st.nodes.size(); ++k) {
+    node_slot& n = st.nodes[k];
+    if (n.asking) continue;
+    auto ask = [self, k](caf::actor agent) {
+      self->state.nodes[k].asking = true;
+      self->request(agent, std::chrono::seconds(1), health_atom_v)
+          .then(
+              [self, k](const wire_message& m) {
+                node_slot& n = self->state.nodes[k];
+                n.asking = false;
+                auto h = m.bytes ? wire::decode_node_health(*m.bytes) : expected<wire::node_health>(error{"empty"});
+                if (!h) return;
+                n.restarts = 0;
+                for (auto& a : h->actors) n.restarts = std::max(n.restarts, a.restarts);
+                n.answered = true;
+              },
+              [self, k](caf::error&) {
+                node_slot& n = self->state.nodes[k];
+                n.asking = false;
+                n.answered = false;
+                if (!n.addr.host.empty()) n.agent = caf::actor{};
+              });
+    };
+    if (n.addr.host.empty()) {
+      ask(st.setup.agent);
+    } else if (n.agent) {
+      ask(n.agent);
+    } else {
+      n.asking = true;
+      auto mm = self->system().middleman().actor_handle();
+      self->request(mm, std::chrono::seconds(1), caf::connect_atom_v, n.addr.host, n.addr.port)
+          .then(
+              [self, k, ask](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+                self->state.nodes[k].agent = caf::actor_cast<caf::actor>(ptr);
+                ask(self->state.nodes[k].agent);
+              },
+              [self, k](caf::error&) {
+                self->state.nodes[k].asking = false;
+                self->state.nodes[k].answered = false;
+              });
+    }
+  }
+}
+
+std::string render_metrics(const router_state& st) {
+  std::string out;
+  uint32_t ready = 0;
+  for (auto& rep : st.replicas) ready += rep.ready && rep.sched ? 1 : 0;
+  out += "# HELP troupe_replicas Replicas behind the router.\n# TYPE troupe_replicas gauge\n";
+  out += "troupe_replicas " + std::to_string(st.replicas.size()) + "\n";
+  out += "# HELP troupe_replicas_ready Replicas that can serve now.\n# TYPE troupe_replicas_ready gauge\n";
+  out += "troupe_replicas_ready " + std::to_string(ready) + "\n";
+  out += "# HELP troupe_replica_failovers_total Replicas lost with requests moved elsewhere.\n"
+         "# TYPE troupe_replica_failovers_total counter\n";
+  out += "troupe_replica_failovers_total " + std::to_string(st.failovers) + "\n";
+  out += "# HELP troupe_requests_resubmitted_total Requests resubmitted to another replica.\n"
+         "# TYPE troupe_requests_resubmitted_total counter\n";
+  out += "troupe_requests_resubmitted_total " + std::to_string(st.resubmitted) + "\n";
+  out += "# HELP troupe_actor_restarts_total Restarts of a node's supervised actors (the most of any unit), since "
+         "the node process started.\n# TYPE troupe_actor_restarts_total counter\n";
+  for (auto& n : st.nodes)
+    if (n.answered) out += "troupe_actor_restarts_total{node=\"" + n.addr.name + "\"} " + std::to_string(n.restarts) + "\n";
+  return out;
+}
+
 caf::behavior router_behavior(self_ptr self, router_setup setup) {
   auto& st = self->state;
   st.setup = setup;
   for (auto& a : setup.replicas) st.replicas.push_back(replica_slot{a});
+  for (auto& n : setup.nodes) st.nodes.push_back(node_slot{n});
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     for (size_t k = 0; k < st.replicas.size(); ++k) {
@@ -256,6 +353,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
           out.reason = finish_reason::aborted;
           out.num_output_tokens = static_cast<int32_t>(it->second.delivered.size());
           self->send(it->second.sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, it->second.seq)));
+          log_finished(st, id, it->second, "cancelled", 0, static_cast<uint32_t>(it->second.delivered.size()));
           st.requests.erase(it);
           return true;
         }
@@ -273,6 +371,8 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         auto out = wire::renumber_chunk(*m.bytes, a->second, r.seq);
         if (!out) return;
         ++r.seq;
+        if (r.ttft_ms < 0 && !c->tokens.empty())
+          r.ttft_ms = std::chrono::duration<double, std::milli>(clock_type::now() - r.arrived).count();
         r.delivered.insert(r.delivered.end(), c->tokens.begin(), c->tokens.end());
         self->send(r.sink, chunk_atom_v, wire_message(wire_kind::none, std::move(out).value()));
       },
@@ -289,6 +389,13 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         if (!parts) return finish_with_error(self, id, parts.err().message);
         if (parts->last) self->send(r.sink, chunk_atom_v, wire_message(wire_kind::none, std::move(*parts->last)));
         self->send(r.sink, done_atom_v, wire_message(wire_kind::none, std::move(parts->result)));
+        if (r.ttft_ms < 0 && !parts->last_tokens.empty())
+          r.ttft_ms = std::chrono::duration<double, std::milli>(clock_type::now() - r.arrived).count();
+        const char* outcome = !res->error.empty() ? "error"
+                              : res->reason == finish_reason::aborted ? "cancelled"
+                              : res->reason == finish_reason::length  ? "length"
+                                                                      : "stop";
+        log_finished(st, id, r, outcome, res->prompt_tokens, res->output_tokens);
         --st.replicas[r.replica].active;
         st.attempts.erase(a);
         st.requests.erase(id);
@@ -351,9 +458,11 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
             if (ready && !was) unpark(self);
           }
       },
+      [self](metrics_atom) { return render_metrics(self->state); },
       [self](tick_atom) {
         poll(self);
         unpark(self);
+        if (self->state.ticks++ % 10 == 0) poll_nodes(self);
         self->delayed_send(self, std::chrono::milliseconds(100), tick_atom_v);
       },
   };

@@ -12,7 +12,11 @@
 //   (cancel_atom, id)                                -> found (bool)
 //   (stats_atom)   -> (kv used, kv free, running, waiting), summed over the replicas
 //   (health_atom)  -> (ready, replicas, replicas ready, detail)
+//   (metrics_atom) -> Prometheus text: replicas ready, failovers, resubmitted requests,
+//                     actor restarts per node (every node agent asked once a second)
 //
+// Each finished request is logged (spdlog, one line: id, outcome, replica, tokens in and
+// out, time to first token, end-to-end time, resubmissions; never prompt or output text).
 // Replicas are polled for health every 100 ms; a scheduler is found by name through the
 // node agent of its node, local or at HOST:PORT.
 #pragma once
@@ -33,8 +37,16 @@ struct replica_address {
   uint16_t port = 0;
 };
 
+// A node whose agent the router asks for restart counts (empty host: this node).
+struct node_address {
+  std::string name;
+  std::string host;
+  uint16_t port = 0;
+};
+
 struct router_setup {
   std::vector<replica_address> replicas;
+  std::vector<node_address> nodes;
   caf::actor agent;  // this node's agent, for local schedulers
   std::chrono::milliseconds wait_timeout{30000};
 };

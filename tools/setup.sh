@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 
-packages=(g++ cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusplus-dev capnproto libcapnp-dev libcaf-dev
+packages=(g++ cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusplus-dev capnproto libcapnp-dev libcaf-dev libspdlog-dev
           libcpp-httplib-dev nlohmann-json3-dev curl python3 prometheus)
 # The HTTP API's test drives it with the official openai npm package.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)

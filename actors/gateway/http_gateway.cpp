@@ -317,6 +317,9 @@ std::string http_gateway::impl::render_metrics() {
   self->request(scheduler, std::chrono::seconds(1), stats_atom_v)
       .receive([&](uint32_t u, uint32_t f, uint32_t r, uint32_t w) { used = u; free = f; running = r; waiting = w; },
                [&](caf::error&) {});
+  std::string router_metrics;
+  self->request(scheduler, std::chrono::seconds(1), metrics_atom_v)
+      .receive([&](const std::string& text) { router_metrics = text; }, [&](caf::error&) {});
   std::lock_guard<std::mutex> lock(m.mu);
   std::string out;
   out += "# HELP troupe_requests_total HTTP completion requests by outcome.\n# TYPE troupe_requests_total counter\n";
@@ -337,7 +340,7 @@ std::string http_gateway::impl::render_metrics() {
   m.tpot.write(out, "troupe_time_per_output_token_seconds", "Mean time per token after the first, per request.");
   m.itl.write(out, "troupe_inter_token_latency_seconds", "Gaps between streamed chunks.");
   m.e2e.write(out, "troupe_request_latency_seconds", "Time from request to its last token.");
-  return out;
+  return out + router_metrics;
 }
 
 http_gateway::http_gateway(caf::actor_system& sys, caf::actor scheduler, http_config cfg)

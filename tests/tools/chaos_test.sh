@@ -76,5 +76,17 @@ stats=$(client --stats)
 [[ $(sed -n 's/^running //p' <<<"$stats") == 0 && $(sed -n 's/^waiting //p' <<<"$stats") == 0 ]] || { echo "requests left: $stats"; exit 1; }
 actors_after=$(launch status "$topo" --actors | grep -c ' alive ')
 [[ $actors_after == "$actors_before" ]] || { echo "$actors_before actors alive before, $actors_after after"; exit 1; }
+
+# The failures show in /metrics; the gateway logged one line per finished request, and no text.
+metrics=$(curl -sf --max-time 10 http://127.0.0.1:7401/metrics)
+restarts=$(grep '^troupe_actor_restarts_total{' <<<"$metrics" | awk '{ s += $2 } END { print s + 0 }')
+resubmitted=$(sed -n 's/^troupe_requests_resubmitted_total //p' <<<"$metrics")
+echo "metrics: actor restarts $restarts (nodes alive now), requests resubmitted $resubmitted"
+((resubmitted > 0)) || { echo "no resubmission counted"; exit 1; }
+grep -q '^troupe_replicas_ready 2$' <<<"$metrics" || { echo "replicas_ready is not 2"; exit 1; }
+logged=$(grep -c 'request id=.* outcome=length ' "$state/g.log" || true)
+((logged == 64 * (rounds + 1))) || { echo "$logged request lines logged for $((64 * (rounds + 1))) requests"; exit 1; }
+first_text=$(head -1 "$state/clean.jsonl" | sed 's/.*"text":"\([^"]\{20\}\).*/\1/')
+! grep -qF "$first_text" "$state/g.log" || { echo "the log holds output text"; exit 1; }
 launch down "$topo" >/dev/null 2>&1
 echo "kill ledger: $events events, $rounds rounds of 64 requests, every output identical, $actors_after actors alive"

@@ -159,7 +159,14 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       const std::string victim = names[rng() % names.size()];
       r.target = victim + " on node " + node.name;
       t0 = clock_type::now();
-      self->request(*agent, std::chrono::seconds(2), kill_atom_v, victim).receive([](bool) {}, [](caf::error&) {});
+      std::string refused;
+      self->request(*agent, std::chrono::seconds(2), kill_atom_v, victim)
+          .receive([&](bool killed) { refused = killed ? "" : "no live actor of that name"; },
+                   [&](caf::error& err) { refused = sys.render(err); });
+      if (!refused.empty()) {
+        std::printf("chaos %d: actor   %-40s not killed: %s\n", e + 1, r.target.c_str(), refused.c_str());
+        continue;
+      }
     } else {
       if (pid <= 0) {
         std::fprintf(stderr, "chaos %d: node %s has no known pid\n", e + 1, node.name.c_str());

@@ -15,6 +15,8 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "actors/caf/system_config.hpp"
 #include "actors/caf/type_ids.hpp"
@@ -43,6 +45,9 @@ int main(int argc, char** argv) {
   app.add_option("--http", http_override, "serve the OpenAI-compatible HTTP API here (HOST:PORT; port 0 picks a free one)");
   CLI11_PARSE(app, argc, argv);
 
+  // Logs go to stderr (stdout carries the endpoint lines), one line each, timestamped.
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("troupe"));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   auto topo = tools::parse_topology(topo_path);
   if (!topo) {
     std::fprintf(stderr, "troupe-node: %s\n", topo.err().message.c_str());
@@ -210,6 +215,8 @@ int main(int argc, char** argv) {
     router_setup rs;
     rs.agent = agent;
     rs.wait_timeout = std::chrono::seconds(topo->failure.recovery_timeout_s);
+    for (const auto& n : topo->nodes)
+      rs.nodes.push_back({n.name, n.name == node_name ? "" : n.host, n.name == node_name ? uint16_t{0} : n.port});
     for (const auto& r : topo->replicas) {
       const auto& n = node_of(r.scheduler_node);
       rs.replicas.push_back({r.name, scheduler_name(r.name), n.name == node_name ? "" : n.host, n.name == node_name ? uint16_t{0} : n.port});
