@@ -100,9 +100,11 @@ interface TokenSink {
   done @1 (result :GenerateResult) -> ();
 }
 
+# When the topology names an api_keys_file, every call but health must carry one of its
+# keys (the same keys as the HTTP API's bearer keys); a call without fails.
 interface Gateway {
-  generate @0 (request :GenerateRequest, sink :TokenSink) -> (requestId :UInt64);
-  cancel @1 (requestId :UInt64) -> (found :Bool);
+  generate @0 (request :GenerateRequest, sink :TokenSink, apiKey :Text) -> (requestId :UInt64);
+  cancel @1 (requestId :UInt64, apiKey :Text) -> (found :Bool);
   health @2 () -> (health :Health);
-  stats @3 () -> (stats :Stats);
+  stats @3 (apiKey :Text) -> (stats :Stats);
 }

@@ -1,5 +1,7 @@
 #include "actors/client/troupe_client.hpp"
 
+#include <cstdlib>
+
 #include <capnp/ez-rpc.h>
 #include <kj/async.h>
 
@@ -9,9 +11,11 @@
 namespace troupe {
 
 struct troupe_client::impl {
-  explicit impl(const std::string& address) : rpc(address), gateway(rpc.getMain<schema::Gateway>()) {}
+  impl(const std::string& address, std::string key)
+      : rpc(address), gateway(rpc.getMain<schema::Gateway>()), api_key(std::move(key)) {}
   capnp::EzRpcClient rpc;
   schema::Gateway::Client gateway;
+  std::string api_key;
 };
 
 namespace {
@@ -67,8 +71,11 @@ std::string describe(const kj::Exception& e) { return std::string(e.getDescripti
 troupe_client::troupe_client(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
 troupe_client::~troupe_client() = default;
 
-std::unique_ptr<troupe_client> troupe_client::connect(const std::string& address) {
-  return std::unique_ptr<troupe_client>(new troupe_client(std::make_unique<impl>(address)));
+std::unique_ptr<troupe_client> troupe_client::connect(const std::string& address, const std::string& api_key) {
+  std::string key = api_key;
+  if (key.empty())
+    if (const char* env = std::getenv("TROUPE_API_KEY")) key = env;
+  return std::unique_ptr<troupe_client>(new troupe_client(std::make_unique<impl>(address, key)));
 }
 
 expected<client_result> troupe_client::generate(const std::string& prompt, const request_params& params,
@@ -80,6 +87,7 @@ expected<client_result> troupe_client::generate(const std::string& prompt, const
     auto paf = kj::newPromiseAndFulfiller<void>();
     auto req = impl_->gateway.generateRequest();
     wire::fill_generate_request(req.initRequest(), prompt, params, steps_include_prompt);
+    req.setApiKey(impl_->api_key);
     req.setSink(kj::heap<sink_server>(result, on_chunk, kj::mv(paf.fulfiller)));
     auto reply = req.send().wait(ws);
     result.request = reply.getRequestId();
@@ -95,6 +103,7 @@ expected<bool> troupe_client::cancel(uint64_t request) {
   try {
     auto req = impl_->gateway.cancelRequest();
     req.setRequestId(request);
+    req.setApiKey(impl_->api_key);
     return req.send().wait(impl_->rpc.getWaitScope()).getFound();
   } catch (const kj::Exception& e) {
     return error{"troupe gateway: " + describe(e)};
@@ -112,7 +121,9 @@ expected<client_health> troupe_client::health() {
 
 expected<client_stats> troupe_client::stats() {
   try {
-    auto s = impl_->gateway.statsRequest().send().wait(impl_->rpc.getWaitScope()).getStats();
+    auto req = impl_->gateway.statsRequest();
+    req.setApiKey(impl_->api_key);
+    auto s = req.send().wait(impl_->rpc.getWaitScope()).getStats();
     return client_stats{s.getRequestsRunning(), s.getRequestsWaiting(), s.getKvBlocksUsed(), s.getKvBlocksFree()};
   } catch (const kj::Exception& e) {
     return error{"troupe gateway: " + describe(e)};

@@ -46,7 +46,8 @@ struct client_stats {
 class troupe_client {
  public:
   // host:port; the connection is made lazily and errors surface from the first call.
-  static std::unique_ptr<troupe_client> connect(const std::string& address);
+  // api_key: sent with every call but health; empty takes $TROUPE_API_KEY (if set).
+  static std::unique_ptr<troupe_client> connect(const std::string& address, const std::string& api_key = "");
   ~troupe_client();
 
   // steps_include_prompt: max_tokens counts the prompt's tokens after BOS (troupe-run's -n).

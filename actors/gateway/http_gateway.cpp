@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 
 #include "actors/caf/type_ids.hpp"
+#include "actors/gateway/api_keys.hpp"
 #include "actors/wire/client_codec.hpp"
 
 namespace troupe {
@@ -122,10 +123,7 @@ struct http_gateway::impl {
     if (cfg.api_keys.empty()) return true;
     const std::string h = req.get_header_value("Authorization");
     if (h.rfind("Bearer ", 0) != 0) return false;
-    const std::string key = h.substr(7);
-    for (const auto& k : cfg.api_keys)
-      if (k == key) return true;
-    return false;
+    return key_allowed(cfg.api_keys, std::string_view(h).substr(7));
   }
 
   static void send_error(httplib::Response& res, const openai::api_error& e) {

@@ -14,6 +14,7 @@
 #include <kj/async.h>
 
 #include "actors/caf/type_ids.hpp"
+#include "actors/gateway/api_keys.hpp"
 #include "actors/wire/frame.hpp"
 #include "schema/client.capnp.h"
 
@@ -100,7 +101,10 @@ struct rpc_gateway::impl {
   bool stopped = false;
   std::atomic<bool> draining{false};
 
-  impl(caf::actor_system& s, caf::actor sched) : sys(s), scheduler(std::move(sched)) {}
+  std::vector<std::string> api_keys;
+
+  impl(caf::actor_system& s, caf::actor sched, std::vector<std::string> keys)
+      : sys(s), scheduler(std::move(sched)), api_keys(std::move(keys)) {}
 };
 
 namespace {
@@ -112,6 +116,7 @@ class gateway_server final : public schema::Gateway::Server {
   kj::Promise<void> generate(GenerateContext context) override {
     if (g_.draining) return KJ_EXCEPTION(OVERLOADED, "the gateway is draining: it takes no new requests");
     auto params = context.getParams();
+    if (!key_allowed(g_.api_keys, params.getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
     const uint64_t id = next_id_++;
     capnp::MallocMessageBuilder copy;
     copy.setRoot(params.getRequest());
@@ -123,6 +128,7 @@ class gateway_server final : public schema::Gateway::Server {
   }
 
   kj::Promise<void> cancel(CancelContext context) override {
+    if (!key_allowed(g_.api_keys, context.getParams().getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
     const uint64_t id = context.getParams().getRequestId();
     const bool known = sinks_.count(id) > 0;
     if (known) caf::anon_send(g_.scheduler, cancel_atom_v, id);
@@ -157,6 +163,7 @@ class gateway_server final : public schema::Gateway::Server {
   }
 
   kj::Promise<void> stats(StatsContext context) override {
+    if (!key_allowed(g_.api_keys, context.getParams().getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
     auto s = context.getResults().initStats();
     caf::scoped_actor self{g_.sys};
     self->request(g_.scheduler, std::chrono::seconds(1), stats_atom_v)
@@ -218,8 +225,8 @@ class gateway_server final : public schema::Gateway::Server {
 
 }  // namespace
 
-rpc_gateway::rpc_gateway(caf::actor_system& sys, caf::actor scheduler)
-    : impl_(std::make_unique<impl>(sys, std::move(scheduler))) {
+rpc_gateway::rpc_gateway(caf::actor_system& sys, caf::actor scheduler, std::vector<std::string> api_keys)
+    : impl_(std::make_unique<impl>(sys, std::move(scheduler), std::move(api_keys))) {
   impl_->sink_actor = sys.spawn(sink_behavior, impl_->events);
 }
 

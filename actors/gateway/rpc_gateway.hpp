@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -21,7 +22,8 @@ namespace troupe {
 
 class rpc_gateway {
  public:
-  rpc_gateway(caf::actor_system& sys, caf::actor scheduler);
+  // api_keys: when not empty, every call but health must carry one of them.
+  rpc_gateway(caf::actor_system& sys, caf::actor scheduler, std::vector<std::string> api_keys = {});
   ~rpc_gateway();
   rpc_gateway(const rpc_gateway&) = delete;
   rpc_gateway& operator=(const rpc_gateway&) = delete;

@@ -42,6 +42,14 @@ expect 401 'invalid_api_key' "no key" "$(post /v1/completions '{"model":"stories
 expect 401 'invalid_api_key' "wrong key" "$(status -H 'Authorization: Bearer nope' "$base/v1/models")"
 expect 200 '"stories260K"' "models" "$(status "${auth[@]}" "$base/v1/models")"
 
+# The same keys guard the Cap'n Proto API (health excepted).
+capnp_ep=${capnp_url#capnp://}
+timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" --health >/dev/null || fail "capnp health needs no key"
+if out=$(timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 2>&1); then fail "capnp without a key served: $out"; fi
+grep -q "API key" <<<"$out" || fail "capnp without a key: no reason given: $out"
+if TROUPE_API_KEY=nope timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" --stats >/dev/null 2>&1; then fail "capnp stats with a wrong key"; fi
+TROUPE_API_KEY=test-key-1 timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 >/dev/null || fail "capnp with the key failed"
+
 post() { status "${auth[@]}" -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
 
 # A greedy completion continues the prompt exactly as troupe-run does.

@@ -26,7 +26,7 @@ base=$http_url capnp=${capnp_url#capnp://}
 
 timeout 120 node "$work/openai_client.mjs" "$base" key-for-npm stories260K >"$work/got.json" || fail "the openai client failed"
 py() { python3 -c "import json,sys; d=json.load(open('$work/got.json')); print($1, end='')"; }
-want=$(timeout 60 "$build/tools/troupe-client" --connect "$capnp" -p "Once upon a time" -n 44 -t 0)
+want=$(TROUPE_API_KEY=key-for-npm timeout 60 "$build/tools/troupe-client" --connect "$capnp" -p "Once upon a time" -n 44 -t 0)
 [[ "Once upon a time$(py 'd["completion"]')" == "$want" ]] || fail "completion differs from troupe-client: $(py 'd["completion"]')"
 [[ $(py 'd["completion_tokens"]') == 40 ]] || fail "usage"
 [[ -n $(py 'd["chat"]') ]] || fail "empty chat"

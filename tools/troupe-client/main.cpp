@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
       "troupe-client: generate through a troupe gateway over Cap'n Proto RPC.\n\n"
       "Prints the prompt, then the continuation as it streams, as troupe-run does; -n counts\n"
       "tokens after BOS with the prompt included, as troupe-run's -n does. --health, --stats\n"
-      "and --cancel ID ask the gateway instead of generating.\n\n"
+      "and --cancel ID ask the gateway instead of generating. A gateway with API keys wants one\n"
+      "in the environment: TROUPE_API_KEY (never on the command line).\n\n"
       "Example:\n  troupe-client --connect 127.0.0.1:7400 -p \"Once upon a time\" -n 64 -t 0\n",
       "troupe-client"};
   std::string address = "127.0.0.1:7400", prompt;

@@ -98,8 +98,8 @@ int main(int argc, char** argv) {
     for (std::string line; std::getline(f, line);)
       if (!line.empty() && line[0] != '#') api_keys.push_back(line);
   }
-  if (!loopback(ep.host)) {
-    std::fprintf(stderr, "troupe-node: the Cap'n Proto endpoint %s is not on loopback; it does not check API keys yet\n",
+  if (!loopback(ep.host) && api_keys.empty()) {
+    std::fprintf(stderr, "troupe-node: the Cap'n Proto endpoint %s is not on loopback: name an api_keys_file in [gateway]\n",
                  ep.str().c_str());
     return 1;
   }
@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
     sigwait(&stop_signals, &sig);
     std::fprintf(stderr, "troupe-node %s: stopping (signal %d)\n", node_name.c_str(), sig);
   } else {
-    rpc_gateway gateway(sys, router);
+    rpc_gateway gateway(sys, router, api_keys);
     http_config hc;
     hc.host = http_ep.host;
     hc.port = http_ep.port;
