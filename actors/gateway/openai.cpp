@@ -72,6 +72,22 @@ std::optional<chat_template> template_named(const std::string& name) {
   return std::nullopt;
 }
 
+chat_template template_for_model(const std::string& jinja) {
+  // The families' markers: ChatML's turn tokens, Llama 2's instruction brackets.
+  if (jinja.find("<|im_start|>") != std::string::npos) return chat_template::chatml;
+  if (jinja.find("[INST]") != std::string::npos) return chat_template::llama2;
+  return chat_template::raw;
+}
+
+const char* template_name(chat_template t) {
+  switch (t) {
+    case chat_template::raw: return "raw";
+    case chat_template::llama2: return "llama2";
+    case chat_template::chatml: return "chatml";
+  }
+  return "raw";
+}
+
 std::string apply_template(chat_template t, const std::vector<std::pair<std::string, std::string>>& messages) {
   std::string out;
   switch (t) {

@@ -49,6 +49,10 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
 
 std::string apply_template(chat_template t, const std::vector<std::pair<std::string, std::string>>& messages);
 std::optional<chat_template> template_named(const std::string& name);
+// The family a model's own template (GGUF tokenizer.chat_template, Jinja) belongs to:
+// ChatML, Llama 2, or raw when it is neither (or there is none).
+chat_template template_for_model(const std::string& jinja);
+const char* template_name(chat_template t);
 
 std::string error_body(const api_error& e);
 // GET /health: "ok" (every replica ready), "degraded" (some), "unavailable" (none; 503).

@@ -34,6 +34,7 @@ struct checkpoint_spec {
   dtype type = dtype::f32;        // f32 or q8_0 for llama2.c; f32, f16, bf16, q8_0 for GGUF
   int32_t group_size = 64;        // llama2.c version 2 (Q8_0) only
   bool shared_classifier = true;  // the classifier is the embedding
+  std::string chat_template;      // GGUF only: written as tokenizer.chat_template when set
 };
 
 // llama2.c: type f32 writes the legacy (v0) format, q8_0 the version-2 format.

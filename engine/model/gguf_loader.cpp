@@ -195,6 +195,7 @@ expected<model> load_gguf(mapped_file file) {
     return error{m.path + ": the vocabulary has " + std::to_string(vocab->size()) +
                  " tokens, the embedding " + std::to_string(c.vocab_size)};
   m.vocab = std::move(vocab).value();
+  if (auto t = g.get_string("tokenizer.chat_template")) m.chat_template = std::move(*t);
 
   auto& w = m.weights;
   tensor_binder b(g, w);

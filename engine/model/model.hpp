@@ -20,6 +20,7 @@ struct model {
   model_config config;
   model_weights weights;
   std::optional<vocabulary> vocab;  // GGUF files carry their vocabulary
+  std::string chat_template;        // GGUF tokenizer.chat_template (Jinja text), if present
 };
 
 // Loads a llama2.c checkpoint (legacy v0 or version 2 "ak42" Q8_0) or a GGUF file,

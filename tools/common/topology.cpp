@@ -127,8 +127,9 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   rd.get(*model, "[model]", "tokenizer", t.tokenizer_path, false);
   rd.get(*model, "[model]", "name", t.model_name, false);
   rd.get(*model, "[model]", "chat_template", t.chat_template, false);
-  if (rd.ok() && t.chat_template != "raw" && t.chat_template != "llama2" && t.chat_template != "chatml")
-    rd.fail("[model]: chat_template must be raw, llama2 or chatml");
+  if (rd.ok() && t.chat_template != "auto" && t.chat_template != "raw" && t.chat_template != "llama2" &&
+      t.chat_template != "chatml")
+    rd.fail("[model]: chat_template must be auto, raw, llama2 or chatml");
   auto resolve = [&](std::string& p) {
     if (!p.empty() && std::filesystem::path(p).is_relative()) p = (std::filesystem::path(base_dir) / p).lexically_normal().string();
   };

@@ -3,7 +3,8 @@
 // pipeline stages whose devices are its tensor-parallel shards.
 //
 //   [model]     path, tokenizer (for llama2.c files), name (what HTTP clients pass as
-//               "model"; default: the file's stem), chat_template = raw | llama2 | chatml
+//               "model"; default: the file's stem), chat_template = auto (the
+//               model's own, from GGUF metadata; raw without one) | raw | llama2 | chatml
 //   [gateway]   node, capnp = "HOST:PORT", http = "HOST:PORT", api_keys_file (one key a
 //               line; required when an endpoint is not on loopback)
 //   [kv]        block_size, num_blocks, prefix_caching (true)   (optional)
@@ -68,7 +69,7 @@ struct topology {
   std::string model_path;
   std::string tokenizer_path;
   std::string model_name;
-  std::string chat_template = "raw";
+  std::string chat_template = "auto";
   std::string api_keys_file;
   std::string gateway_node;
   endpoint capnp;

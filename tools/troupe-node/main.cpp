@@ -239,7 +239,12 @@ int main(int argc, char** argv) {
     hc.host = http_ep.host;
     hc.port = http_ep.port;
     hc.model_id = topo->model_name;
-    hc.chat = *openai::template_named(topo->chat_template);
+    hc.chat = topo->chat_template == "auto" ? openai::template_for_model(m.chat_template)
+                                            : *openai::template_named(topo->chat_template);
+    if (serve_http)
+      std::fprintf(stderr, "troupe-node %s: chat template %s (%s)\n", node_name.c_str(), openai::template_name(hc.chat),
+                   topo->chat_template == "auto" ? (m.chat_template.empty() ? "the model has none" : "from the model")
+                                                 : "from the topology");
     hc.limits.context = m.config.max_seq_len;
     hc.limits.max_tokens = m.config.max_seq_len;
     hc.max_requests = std::max(1, topo->max_running * 4);

@@ -26,10 +26,12 @@ step_limits limits() {
 
 // A plan message built by hand, one chunk.
 std::vector<uint8_t> one_chunk(uint64_t step, uint64_t id, int32_t first, std::vector<int32_t> toks,
-                               std::vector<uint32_t> blocks, bool reset) {
+                               std::vector<uint32_t> blocks, bool reset, uint64_t session = 0, bool reset_all = false) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::StepPlan>();
   root.setStepId(step);
+  root.setSession(session);
+  root.setResetAll(reset_all);
   auto c = root.initChunks(1)[0];
   c.setRequestId(id);
   c.setFirst(first);
@@ -157,6 +159,56 @@ TEST_CASE("truncated, oversized and corrupted frames are errors, never crashes")
     for (int32_t t : d->batch.tokens) CHECK((t >= 0 && t < 512));
   }
   CHECK(rejected > 0);
+}
+
+TEST_CASE("a plan that resets every table starts a session; plans of an older session are refused") {
+  step_decoder d(limits());
+  REQUIRE(d.decode(one_chunk(0, 7, 0, {1, 2, 3}, {0}, true, 100, true)).has_value());
+  REQUIRE(d.decode(one_chunk(1, 7, 3, {4}, {1}, false, 100)).has_value());
+  CHECK(d.num_known_requests() == 1);
+  // A recovering scheduler: new session, step ids from 0 again, every table forgotten.
+  REQUIRE(d.decode(one_chunk(0, 9, 0, {5, 6}, {2}, true, 101, true)).has_value());
+  CHECK(d.num_known_requests() == 1);
+  auto stale = d.decode(one_chunk(2, 7, 4, {8}, {}, false, 100));
+  REQUIRE_FALSE(stale.has_value());
+  CHECK(stale.err().message.find("stale") != std::string::npos);
+  // A reset plan must send each table whole.
+  auto partial = d.decode(one_chunk(1, 9, 2, {7}, {}, false, 102, true));
+  CHECK_FALSE(partial.has_value());
+  CHECK(d.decode(one_chunk(1, 9, 2, {7}, {}, false, 101)).has_value());
+}
+
+TEST_CASE("the encoder's restart makes its next plan reset the stages under the new session") {
+  scheduler_config cfg;
+  cfg.num_blocks = 12;
+  cfg.block_size = 4;
+  cfg.context = 512;
+  cfg.vocab = 512;
+  scheduler s(cfg, test::tok512());
+  request_params p;
+  p.prompt = {1, 5, 6, 7, 8};
+  p.max_tokens = 8;
+  REQUIRE(s.add(request_id{1}, p).has_value());
+  step_encoder enc;
+  step_decoder d(limits());
+  enc.restart(42);
+  const step_plan first = s.schedule();
+  REQUIRE(d.decode(enc.encode(first, {})).has_value());
+  std::vector<sample_result> one(1);
+  one[0].token = 9;
+  (void)s.update_from_output(first, one);
+  // Lost a stage: the scheduler forgets its KV, the encoder restarts; the plan resends the table.
+  s.reset_kv();
+  enc.restart(43);
+  const step_plan again = s.schedule();
+  REQUIRE(again.chunks.size() == 1);
+  CHECK(again.chunks[0].first == 0);
+  step_decoder fresh(limits());  // a restarted stage knows nothing
+  auto out = fresh.decode(enc.encode(again, {}));
+  REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.err().message));
+  CHECK(out->batch.num_tokens() == 6);
+  // A stage that missed the reset (still in session 42) refuses the session's later plans.
+  CHECK_FALSE(d.decode(enc.encode(again, {})).has_value());
 }
 
 }  // namespace troupe::wire
