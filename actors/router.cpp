@@ -59,7 +59,7 @@ struct router_state {
   uint64_t next_attempt = 1;
   uint64_t next_client = uint64_t{1} << 62;        // ids for callers that let the router choose
   uint64_t resubmitted = 0;
-  uint64_t failovers = 0;  // replicas lost (scheduler or its node) with requests moved
+  uint64_t failovers = 0;  // replica schedulers lost (the actor or its node)
   std::vector<node_slot> nodes;
   uint64_t ticks = 0;
 };
@@ -288,7 +288,7 @@ std::string render_metrics(const router_state& st) {
   out += "troupe_replicas " + std::to_string(st.replicas.size()) + "\n";
   out += "# HELP troupe_replicas_ready Replicas that can serve now.\n# TYPE troupe_replicas_ready gauge\n";
   out += "troupe_replicas_ready " + std::to_string(ready) + "\n";
-  out += "# HELP troupe_replica_failovers_total Replicas lost with requests moved elsewhere.\n"
+  out += "# HELP troupe_replica_failovers_total Replica schedulers lost (their requests moved to a ready replica).\n"
          "# TYPE troupe_replica_failovers_total counter\n";
   out += "troupe_replica_failovers_total " + std::to_string(st.failovers) + "\n";
   out += "# HELP troupe_requests_resubmitted_total Requests resubmitted to another replica.\n"

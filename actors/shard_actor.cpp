@@ -57,7 +57,13 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
         const bool head = st.shard->is_last_stage() && st.shard->spec().tp.rank == 0;
         const int32_t rows = step->batch.num_logits();
         st.logits.resize(static_cast<size_t>(rows) * c.vocab_size);
-        st.shard->forward(step->batch, st.hidden.data(), head ? st.logits.data() : nullptr);
+        try {
+          st.shard->forward(step->batch, st.hidden.data(), head ? st.logits.data() : nullptr);
+        } catch (const collective_aborted& e) {
+          // A peer died mid-step: this shard's stage is gone too; end quietly.
+          self->quit(caf::exit_reason::user_shutdown);
+          return caf::make_error(caf::sec::runtime_error, e.what());
+        }
         if (head) return wire_message(wire_kind::activations, wire::encode_activations(step->step_id, rows, c.vocab_size, st.logits.data()));
         if (st.shard->is_last_stage()) return wire_message{};
         return wire_message(wire_kind::activations, wire::encode_activations(step->step_id, n, c.dim, st.hidden.data()));

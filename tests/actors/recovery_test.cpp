@@ -1,0 +1,196 @@
+// Failures inside one process: a stage or shard killed under a scheduler mid-generation,
+// and a scheduler killed under the router while its replica streams. Every request ends
+// once, its chunks numbered without gaps, with the tokens the engine gives alone.
+#include <map>
+
+#include <caf/all.hpp>
+#include <doctest/doctest.h>
+
+#include "actors/caf/system_config.hpp"
+#include "actors/caf/type_ids.hpp"
+#include "actors/replica.hpp"
+#include "actors/router.hpp"
+#include "actors/wire/client_codec.hpp"
+#include "engine/generate/generator.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+namespace {
+
+const char* texts[] = {"Once upon a time", "The cat", "Lily and Tom went to the", "One day", "He was", "She saw a big",
+                       "The sun was", "Tim had a red"};
+
+std::vector<request_params> requests(const test::loaded& l) {
+  std::vector<request_params> out;
+  for (const char* t : texts) {
+    request_params p;
+    p.prompt = l.tok.encode(t, true);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 60;
+    p.ignore_eos = true;
+    out.push_back(p);
+  }
+  return out;
+}
+
+scheduler_setup setup_for(const test::loaded& l, const std::string& replica, size_t stages) {
+  scheduler_setup s;
+  s.m = &l.m;
+  s.tok = &l.tok;
+  s.replica = replica;
+  s.config.num_blocks = 128;
+  s.config.block_size = 16;
+  s.config.max_step_tokens = 128;
+  s.config.context = l.m.config.max_seq_len;
+  s.config.vocab = l.m.config.vocab_size;
+  s.max_in_flight = static_cast<int32_t>(stages);
+  s.config.micro_batches = s.max_in_flight;
+  for (size_t i = 0; i < stages; ++i) s.stages.push_back({stage_name(replica, i), "", 0});
+  return s;
+}
+
+struct ledger {
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, uint32_t> next_seq;
+  std::map<uint64_t, int> ends;
+  std::map<uint64_t, std::string> errors;
+  int chunks = 0;
+};
+
+// Receives until every id has ended; calls `at_chunk(n)` after the n-th chunk.
+void collect(caf::scoped_actor& self, ledger& lg, size_t count, const std::function<void(int)>& at_chunk) {
+  while (lg.ends.size() < count) {
+    bool got = false;
+    self->receive(
+        [&](chunk_atom, const wire_message& m) {
+          auto c = wire::decode_token_chunk(*m.bytes);
+          REQUIRE(c.has_value());
+          CHECK(c->seq == lg.next_seq[c->request]++);
+          lg.tokens[c->request].insert(lg.tokens[c->request].end(), c->tokens.begin(), c->tokens.end());
+          at_chunk(++lg.chunks);
+          got = true;
+        },
+        [&](done_atom, const wire_message& m) {
+          auto r = wire::decode_generate_result(*m.bytes);
+          REQUIRE(r.has_value());
+          if (r->last) {
+            CHECK(r->last->seq == lg.next_seq[r->request]++);
+            lg.tokens[r->request].insert(lg.tokens[r->request].end(), r->last->tokens.begin(), r->last->tokens.end());
+          }
+          CHECK(r->chunks == lg.next_seq[r->request]);
+          ++lg.ends[r->request];
+          if (!r->error.empty()) lg.errors[r->request] = r->error;
+          got = true;
+        },
+        caf::after(std::chrono::seconds(60)) >> [] {});
+    REQUIRE(got);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests recompute and finish as alone") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const auto reqs = requests(l);
+  generator gen(l.m, l.tok, generator_options{});
+  auto alone = gen.generate(reqs);
+  REQUIRE(alone.has_value());
+
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto rep = spawn_replica(sys, l.m, {{0, 2, 1}, {2, 5, 2}}, 128, 16, 128);
+  scheduler_setup s = setup_for(l, "r0", 2);
+  s.agent = rep.agent;
+  auto sched = spawn_scheduler(sys, s);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    self->send(sched, generate_atom_v, uint64_t{i + 1},
+               wire_message(wire_kind::none, wire::encode_generate_request_text(texts[i], reqs[i])), caf::actor{self});
+  ledger lg;
+  auto kill = [&](const char* name) {
+    bool killed = false;
+    self->request(rep.agent, std::chrono::seconds(5), kill_atom_v, std::string(name))
+        .receive([&](bool k) { killed = k; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+    CHECK(killed);
+  };
+  collect(self, lg, reqs.size(), [&](int n) {
+    if (n == 40) kill("r0/stage1");
+    if (n == 200) kill("r0/stage1/shard1");  // TP=2: its peer is released from the all-reduce
+  });
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    CAPTURE(texts[i]);
+    CHECK(lg.ends[i + 1] == 1);
+    CHECK(lg.errors.count(i + 1) == 0);
+    CHECK(lg.tokens[i + 1] == (*alone)[i].tokens);
+  }
+  // The agent restarted the stage twice; every block is free again.
+  uint32_t used = 99;
+  self->request(sched, std::chrono::seconds(5), stats_atom_v)
+      .receive([&](uint32_t u, uint32_t, uint32_t, uint32_t) { used = u; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(used == 0);
+  self->request(rep.agent, std::chrono::seconds(5), health_atom_v)
+      .receive(
+          [&](const wire_message& m) {
+            auto h = wire::decode_node_health(*m.bytes);
+            REQUIRE(h.has_value());
+            CHECK(h->ready);
+            for (const auto& a : h->actors)
+              if (a.name == "r0/stage1") CHECK(a.restarts == 2);
+          },
+          [&](caf::error& e) { FAIL(sys.render(e)); });
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a scheduler killed under the router: its requests continue on the other replica, each token once") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const auto reqs = requests(l);
+  generator gen(l.m, l.tok, generator_options{});
+  auto alone = gen.generate(reqs);
+  REQUIRE(alone.has_value());
+
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  std::vector<unit_spec> units;
+  for (const char* r : {"r0", "r1"}) {
+    units.push_back(stage_unit(l.m, r, 0, {0, 3, 1}, 128, 16, 128));
+    units.push_back(stage_unit(l.m, r, 1, {3, 5, 1}, 128, 16, 128));
+    units.push_back(scheduler_unit(r, setup_for(l, r, 2)));
+  }
+  auto agent = spawn_node_agent(sys, "local", units);
+  router_setup rs;
+  rs.agent = agent;
+  rs.replicas = {{"r0", scheduler_name("r0"), "", 0}, {"r1", scheduler_name("r1"), "", 0}};
+  auto router = spawn_router(sys, rs);
+  for (int i = 0; i < 200; ++i) {  // both replicas ready
+    uint32_t ready = 0;
+    self->request(router, std::chrono::seconds(5), health_atom_v)
+        .receive([&](bool, uint32_t, uint32_t r, const std::string&) { ready = r; }, [&](caf::error&) {});
+    if (ready == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i)
+    self->send(router, generate_atom_v, uint64_t{i + 1},
+               wire_message(wire_kind::none, wire::encode_generate_request_text(texts[i], reqs[i])), caf::actor{self});
+  ledger lg;
+  collect(self, lg, reqs.size(), [&](int n) {
+    if (n == 60) self->send(agent, kill_atom_v, std::string("r0/scheduler"));
+    if (n == 250) self->send(agent, kill_atom_v, std::string("r1/scheduler"));
+  });
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    CAPTURE(texts[i]);
+    CHECK(lg.ends[i + 1] == 1);
+    CHECK(lg.errors.count(i + 1) == 0);
+    CHECK(lg.tokens[i + 1] == (*alone)[i].tokens);
+  }
+  std::string metrics;
+  self->request(router, std::chrono::seconds(5), metrics_atom_v)
+      .receive([&](const std::string& m) { metrics = m; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(metrics.find("troupe_replica_failovers_total 2") != std::string::npos);
+  self->send_exit(router, caf::exit_reason::user_shutdown);
+  self->send_exit(agent, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace troupe
