@@ -1,0 +1,49 @@
+// Paged attention on the device, over the same cache layout as the CPU's
+// (kernels/cpu/paged_attention.hpp: per block and KV head, K dimension-major and V
+// slot-major), so a KV block holds the same bytes on either side and can move between
+// them as it is.
+//
+// The tokens of a step, each with its position and its sequence's block table:
+//   positions[t], token_seq[t] (the row of tables that is t's), tables[seq][table_stride].
+// All device pointers.
+//
+// paged_attention splits every (token, head) over the sequence in chunks of `split`
+// positions, computes each chunk's softmax partials (max, sum, weighted V) in parallel,
+// and merges them exactly (log-sum-exp), so a long context keeps the whole device busy
+// even for one token. It serves decode tokens and prefill chunks alike (each query attends
+// to positions 0..its own).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/paged_attention.hpp"
+
+namespace troupe::cuda {
+
+struct token_batch {
+  const int32_t* positions = nullptr;  // [num_tokens]
+  const int32_t* token_seq = nullptr;  // [num_tokens]
+  const uint32_t* tables = nullptr;    // [num_seqs][table_stride]
+  int32_t table_stride = 0;
+  int32_t num_tokens = 0;
+};
+
+// Writes each token's K and V rows (k, v: [num_tokens][stride], num_kv_heads * head_dim
+// used) at its position. kv's k and v are device pointers.
+void paged_kv_write(const paged_kv_layer& kv, const float* k, const float* v, int64_t stride, const token_batch& b,
+                    cudaStream_t stream);
+
+// Floats of workspace paged_attention needs; max_position bounds every positions[t].
+size_t paged_attention_workspace(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t max_position,
+                                 int32_t split);
+
+// out[t][h] = softmax(q[t][h] . K / sqrt(head_dim)) V over positions 0..positions[t].
+// split: positions per partial (a multiple of 32, at most 1024).
+void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_stride, const token_batch& b,
+                     int32_t num_heads, int32_t max_position, const paged_kv_layer& kv, float* workspace, int32_t split,
+                     cudaStream_t stream);
+
+}  // namespace troupe::cuda

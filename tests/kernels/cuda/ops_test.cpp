@@ -1,0 +1,303 @@
+// Every CUDA kernel against its CPU reference on random inputs: odd sizes, strides that are
+// not the row length, outputs poisoned with NaN before the kernel runs, and error bounds
+// per dtype. Runs only where a CUDA device exists (see gpu_main.cpp).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "kernels/common/dtype.hpp"
+#include "kernels/cpu/argmax.hpp"
+#include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/paged_attention.hpp"
+#include "kernels/cpu/rmsnorm.hpp"
+#include "kernels/cpu/rope.hpp"
+#include "kernels/cpu/silu_mul.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+#include "kernels/cuda/argmax.hpp"
+#include "kernels/cuda/convert.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/embedding.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/paged_attention.hpp"
+#include "kernels/cuda/rmsnorm.hpp"
+#include "kernels/cuda/rope.hpp"
+#include "kernels/cuda/silu_mul.hpp"
+
+namespace troupe {
+
+namespace {
+
+std::vector<float> randoms(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+template <typename T>
+cuda::buffer<T> on_device(const std::vector<T>& host) {
+  cuda::buffer<T> b(host.size());
+  b.upload(host);
+  return b;
+}
+
+template <typename T>
+cuda::buffer<T> poisoned(size_t n) {
+  cuda::buffer<T> b(n);
+  b.fill_bytes(0xFF);
+  return b;
+}
+
+void sync() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+// |a - b| <= rel * max(1, |b|)
+void close(float a, float b, float rel) { CHECK(std::fabs(a - b) <= rel * std::max(1.0f, std::fabs(b))); }
+
+}  // namespace
+
+TEST_CASE("embedding: f32, f16 and bf16 tables gather the rows the CPU gathers") {
+  const int32_t vocab = 37, dim = 67, n = 13, stride = 70;
+  const auto table = randoms(size_t(vocab) * dim, 1);
+  std::vector<int32_t> tokens(n);
+  std::mt19937 g(2);
+  for (auto& t : tokens) t = static_cast<int32_t>(g() % vocab);
+  auto dtok = on_device(tokens);
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    CAPTURE(dtype_name(t));
+    std::vector<uint16_t> half(table.size());
+    for (size_t i = 0; i < table.size(); ++i) half[i] = t == dtype::bf16 ? f32_to_bf16(table[i]) : f32_to_f16(table[i]);
+    const void* host = t == dtype::f32 ? static_cast<const void*>(table.data()) : half.data();
+    std::vector<float> want(size_t(n) * stride, 0.0f);
+    embedding(matrix_view::dense(t, host, vocab, dim), tokens.data(), n, want.data(), stride);
+    cuda::buffer<float> dtable32;
+    cuda::buffer<uint16_t> dtable16;
+    const void* dev = nullptr;
+    if (t == dtype::f32) {
+      dtable32 = on_device(table);
+      dev = dtable32.get();
+    } else {
+      dtable16 = on_device(half);
+      dev = dtable16.get();
+    }
+    auto out = poisoned<float>(size_t(n) * stride);
+    cuda::embedding(t, dev, dim, dim, dtok.get(), n, out.get(), stride, nullptr);
+    sync();
+    const auto got = out.download();
+    for (int32_t r = 0; r < n; ++r)
+      for (int32_t c = 0; c < dim; ++c) CHECK(got[size_t(r) * stride + c] == want[size_t(r) * stride + c]);
+  }
+}
+
+TEST_CASE("rmsnorm over rows of odd length matches the CPU") {
+  for (int32_t n : {67, 4099}) {
+    CAPTURE(n);
+    const int32_t rows = 5, stride = n + 3;
+    const auto x = randoms(size_t(rows) * stride, 3, 4.0f);
+    const auto w = randoms(n, 4);
+    auto dx = on_device(x);
+    auto dw = on_device(w);
+    auto out = poisoned<float>(x.size());
+    cuda::rmsnorm(out.get(), dx.get(), stride, dw.get(), rows, n, 1e-5f, nullptr);
+    sync();
+    const auto got = out.download();
+    std::vector<float> want(n);
+    for (int32_t r = 0; r < rows; ++r) {
+      rmsnorm(want.data(), x.data() + size_t(r) * stride, w.data(), n, 1e-5f);
+      for (int32_t i = 0; i < n; ++i) close(got[size_t(r) * stride + i], want[i], 2e-5f);
+    }
+  }
+}
+
+TEST_CASE("rope, pairs and halves, partial rotary dims, per-token positions") {
+  const int32_t tokens = 7, heads = 3, head_dim = 10, rot = 8, stride = heads * head_dim + 2, positions_n = 64;
+  std::vector<float> cos(size_t(positions_n) * rot / 2), sin(cos.size());
+  rope_table(cos.data(), sin.data(), positions_n, rot, 10000.0f);
+  std::vector<int32_t> pos(tokens);
+  std::mt19937 g(5);
+  for (auto& p : pos) p = static_cast<int32_t>(g() % positions_n);
+  auto dcos = on_device(cos), dsin = on_device(sin);
+  auto dpos = on_device(pos);
+  for (rope_layout layout : {rope_layout::pairs, rope_layout::halves}) {
+    auto v = randoms(size_t(tokens) * stride, 6);
+    auto dv = on_device(v);
+    cuda::rope(dv.get(), stride, tokens, heads, head_dim, rot, dcos.get(), dsin.get(), dpos.get(), layout, nullptr);
+    sync();
+    const auto got = dv.download();
+    for (int32_t t = 0; t < tokens; ++t) {
+      float* row = v.data() + size_t(t) * stride;
+      rope(row, heads, head_dim, rot, cos.data() + size_t(pos[t]) * rot / 2, sin.data() + size_t(pos[t]) * rot / 2, layout);
+      for (int32_t i = 0; i < stride; ++i) close(got[size_t(t) * stride + i], row[i], 1e-5f);
+    }
+  }
+}
+
+TEST_CASE("silu_mul matches the CPU") {
+  const int64_t n = 1007;
+  auto gate = randoms(n, 7, 8.0f);
+  const auto up = randoms(n, 8);
+  auto dg = on_device(gate);
+  auto du = on_device(up);
+  cuda::silu_mul(dg.get(), du.get(), n, nullptr);
+  sync();
+  const auto got = dg.download();
+  silu_mul(gate.data(), up.data(), static_cast<int32_t>(n));
+  for (int64_t i = 0; i < n; ++i) close(got[i], gate[i], 2e-5f);
+}
+
+TEST_CASE("argmax takes the first of equal maxima, as the CPU does") {
+  const int32_t rows = 9, n = 1001, stride = 1003;
+  auto x = randoms(size_t(rows) * stride, 9);
+  x[size_t(2) * stride + 500] = 50.0f;  // a tie: the first wins
+  x[size_t(2) * stride + 7] = 50.0f;
+  x[size_t(4) * stride + n - 1] = 60.0f;  // the last column
+  auto dx = on_device(x);
+  auto out = poisoned<int32_t>(rows);
+  cuda::argmax(dx.get(), stride, rows, n, out.get(), nullptr);
+  sync();
+  const auto got = out.download();
+  for (int32_t r = 0; r < rows; ++r) CHECK(got[r] == argmax(x.data() + size_t(r) * stride, n));
+}
+
+TEST_CASE("conversions round to nearest even, bit for bit as the CPU's") {
+  auto x = randoms(4099, 10, 70000.0f);
+  x.push_back(1e-7f);   // an f16 subnormal
+  x.push_back(-3e-39f);  // an f32 subnormal
+  x.push_back(65519.0f);
+  x.push_back(1e9f);    // f16 overflow
+  const int64_t n = static_cast<int64_t>(x.size());
+  auto dx = on_device(x);
+  auto h = poisoned<uint16_t>(x.size());
+  auto back = poisoned<float>(x.size());
+  cuda::f32_to_bf16(dx.get(), h.get(), n, nullptr);
+  cuda::bf16_to_f32(h.get(), back.get(), n, nullptr);
+  sync();
+  auto bits = h.download();
+  auto vals = back.download();
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(bits[i] == f32_to_bf16(x[i]));
+    CHECK(vals[i] == bf16_to_f32(bits[i]));
+  }
+  cuda::f32_to_f16(dx.get(), h.get(), n, nullptr);
+  cuda::f16_to_f32(h.get(), back.get(), n, nullptr);
+  sync();
+  bits = h.download();
+  vals = back.download();
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(bits[i] == f32_to_f16(x[i]));
+    CHECK(vals[i] == f16_to_f32(bits[i]));
+  }
+}
+
+TEST_CASE("paged KV write and split attention (GQA, scrambled blocks, decode and prefill tokens) match the CPU") {
+  const int32_t heads = 6, kv_heads = 2, head_dim = 16, block = 16, blocks = 64;
+  const std::vector<int32_t> lengths{1, 37, 300};
+  // Each sequence's blocks, scrambled across the pool.
+  std::vector<uint32_t> pool_order(blocks);
+  std::iota(pool_order.begin(), pool_order.end(), 0u);
+  std::shuffle(pool_order.begin(), pool_order.end(), std::mt19937(11));
+  const int32_t table_stride = 20;
+  std::vector<uint32_t> tables(lengths.size() * table_stride, 0);
+  size_t next = 0;
+  for (size_t s = 0; s < lengths.size(); ++s)
+    for (int32_t b = 0; b < (lengths[s] + block - 1) / block; ++b) tables[s * table_stride + b] = pool_order[next++];
+  // Every position's K and V, written by the CPU into its cache and by the GPU into its own.
+  const size_t cache = size_t(blocks) * kv_heads * block * head_dim;
+  std::vector<float> k(cache, 0.0f), v(cache, 0.0f);
+  paged_kv_layer host{k.data(), v.data(), blocks, kv_heads, block, head_dim};
+  std::vector<int32_t> all_pos, all_seq;
+  for (size_t s = 0; s < lengths.size(); ++s)
+    for (int32_t p = 0; p < lengths[s]; ++p) {
+      all_pos.push_back(p);
+      all_seq.push_back(static_cast<int32_t>(s));
+    }
+  const int32_t row = kv_heads * head_dim;
+  const auto keys = randoms(all_pos.size() * row, 12), vals = randoms(all_pos.size() * row, 13);
+  for (size_t i = 0; i < all_pos.size(); ++i)
+    paged_kv_write(host, tables.data() + size_t(all_seq[i]) * table_stride, all_pos[i], keys.data() + i * row,
+                   vals.data() + i * row);
+  auto dk = on_device(std::vector<float>(cache, 0.0f)), dv = on_device(std::vector<float>(cache, 0.0f));
+  auto dkeys = on_device(keys), dvals = on_device(vals);
+  auto dtables = on_device(tables);
+  auto dall_pos = on_device(all_pos), dall_seq = on_device(all_seq);
+  paged_kv_layer dev{dk.get(), dv.get(), blocks, kv_heads, block, head_dim};
+  cuda::token_batch wb{dall_pos.get(), dall_seq.get(), dtables.get(), table_stride, static_cast<int32_t>(all_pos.size())};
+  cuda::paged_kv_write(dev, dkeys.get(), dvals.get(), row, wb, nullptr);
+  sync();
+  CHECK(dk.download() == k);
+  CHECK(dv.download() == v);
+
+  // A step: the three sequences' last tokens (decode) and ten tokens of a prefill chunk.
+  std::vector<int32_t> pos{0, 36, 299}, seq{0, 1, 2};
+  for (int32_t p = 120; p < 130; ++p) {
+    pos.push_back(p);
+    seq.push_back(2);
+  }
+  const int32_t n = static_cast<int32_t>(pos.size()), q_stride = heads * head_dim + 5;
+  const auto q = randoms(size_t(n) * q_stride, 14);
+  std::vector<attention_token> toks;
+  for (int32_t t = 0; t < n; ++t) toks.push_back({pos[t], tables.data() + size_t(seq[t]) * table_stride});
+  std::vector<float> want(size_t(n) * heads * head_dim, NAN);
+  thread_pool cpu(1);
+  paged_attention(q.data(), q_stride, want.data(), heads * head_dim, toks.data(), n, heads, host, cpu);
+  auto dq = on_device(q);
+  auto dpos = on_device(pos), dseq = on_device(seq);
+  const cuda::token_batch b{dpos.get(), dseq.get(), dtables.get(), table_stride, n};
+  for (int32_t split : {32, 256}) {  // many partials to merge, and one or two
+    CAPTURE(split);
+    cuda::buffer<float> ws(cuda::paged_attention_workspace(n, heads, head_dim, 299, split));
+    ws.fill_bytes(0xFF);
+    auto out = poisoned<float>(want.size());
+    cuda::paged_attention(dq.get(), q_stride, out.get(), heads * head_dim, b, heads, 299, dev, ws.get(), split, nullptr);
+    sync();
+    const auto got = out.download();
+    for (size_t i = 0; i < want.size(); ++i) close(got[i], want[i], 1e-5f);
+  }
+}
+
+TEST_CASE("cuBLAS GEMMs: FP32 exact to rounding, BF16 and FP16 within their precision") {
+  const int32_t m = 5, n = 67, k = 129;
+  const auto x = randoms(size_t(m) * k, 15), w = randoms(size_t(n) * k, 16);
+  cudaStream_t stream = nullptr;
+  cuda::gemm_engine gemm(stream);
+  auto dx = on_device(x);
+  auto y = poisoned<float>(size_t(m) * n);
+  auto dw = on_device(w);
+  gemm.f32(dx.get(), dw.get(), y.get(), m, n, k);
+  sync();
+  auto got = y.download();
+  for (int32_t i = 0; i < m; ++i)
+    for (int32_t j = 0; j < n; ++j) {
+      double ref = 0;
+      for (int32_t c = 0; c < k; ++c) ref += double(x[size_t(i) * k + c]) * w[size_t(j) * k + c];
+      close(got[size_t(i) * n + j], static_cast<float>(ref), 1e-5f);
+    }
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    CAPTURE(dtype_name(t));
+    std::vector<uint16_t> w16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) w16[i] = t == dtype::bf16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+    auto dw16 = on_device(w16);
+    cuda::buffer<uint16_t> scratch(x.size());
+    y.fill_bytes(0xFF);
+    gemm.half(t, dx.get(), scratch.get(), dw16.get(), y.get(), m, n, k);
+    sync();
+    got = y.download();
+    for (int32_t i = 0; i < m; ++i)
+      for (int32_t j = 0; j < n; ++j) {
+        // The reference rounds x and w as the device does, then sums exactly.
+        double ref = 0;
+        for (int32_t c = 0; c < k; ++c) {
+          const float xr = t == dtype::bf16 ? bf16_to_f32(f32_to_bf16(x[size_t(i) * k + c])) : f16_to_f32(f32_to_f16(x[size_t(i) * k + c]));
+          const float wr = t == dtype::bf16 ? bf16_to_f32(w16[size_t(j) * k + c]) : f16_to_f32(w16[size_t(j) * k + c]);
+          ref += double(xr) * wr;
+        }
+        close(got[size_t(i) * n + j], static_cast<float>(ref), 1e-4f);
+      }
+  }
+}
+
+}  // namespace troupe
