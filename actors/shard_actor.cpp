@@ -1,5 +1,7 @@
 #include "actors/shard_actor.hpp"
 
+#include <cstdio>
+
 #include <caf/all.hpp>
 
 #include "actors/caf/type_ids.hpp"
@@ -16,7 +18,7 @@ struct shard_state {
   std::unique_ptr<thread_pool> pool;
   std::unique_ptr<kv_cache> cache;
   no_collective solo;
-  std::unique_ptr<transformer_shard> shard;
+  std::unique_ptr<forward_shard> shard;
   std::unique_ptr<wire::step_decoder> decoder;
   aligned_vector<float> hidden, logits;
 };
@@ -25,10 +27,29 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
   auto& st = self->state;
   st.setup = setup;
   const model_config& c = setup.m->config;
-  st.pool = std::make_unique<thread_pool>(setup.threads);
-  st.cache = std::make_unique<kv_cache>(transformer_shard::cache_shape(c, setup.spec, static_cast<int32_t>(setup.num_blocks), setup.block_size));
-  collective& comm = setup.group ? setup.group->member(setup.spec.tp.rank) : static_cast<collective&>(st.solo);
-  st.shard = std::make_unique<transformer_shard>(*setup.m, setup.spec, *st.cache, *st.pool, comm);
+  if (setup.device == "cpu") {
+    st.pool = std::make_unique<thread_pool>(setup.threads);
+    st.cache = std::make_unique<kv_cache>(transformer_shard::cache_shape(c, setup.spec, static_cast<int32_t>(setup.num_blocks), setup.block_size));
+    collective& comm = setup.group ? setup.group->member(setup.spec.tp.rank) : static_cast<collective&>(st.solo);
+    st.shard = std::make_unique<transformer_shard>(*setup.m, setup.spec, *st.cache, *st.pool, comm);
+  } else {
+    // The node checked the device before spawning; a failure here ends the actor (and its
+    // stage), and the node agent tries again later.
+    cuda_shard_options o;
+    auto index = cuda_device_index(setup.device);
+    o.device = index ? *index : -1;
+    o.weights = setup.gpu_weights;
+    o.num_blocks = static_cast<int32_t>(setup.num_blocks);
+    o.block_size = setup.block_size;
+    o.max_step_tokens = setup.max_step_tokens;
+    auto made = make_cuda_shard(*setup.m, setup.spec, o);
+    if (!made) {
+      std::fprintf(stderr, "troupe: shard on %s: %s\n", setup.device.c_str(), made.err().message.c_str());
+      self->quit(caf::exit_reason::user_shutdown);
+      return {};
+    }
+    st.shard = std::move(made).value();
+  }
   wire::step_limits lim;
   lim.vocab = c.vocab_size;
   lim.context = c.max_seq_len;
@@ -74,9 +95,10 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
 }  // namespace
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup) {
-  // Shards of a TP group wait for each other inside all_reduce: each needs a thread of its
-  // own. A lone shard runs on CAF's workers (no thread wake-up per step).
-  if (setup.group) return sys.spawn<caf::detached>(shard_behavior, setup);
+  // Shards of a TP group wait for each other inside all_reduce, and a GPU shard waits for
+  // its device: each needs a thread of its own. A lone CPU shard runs on CAF's workers (no
+  // thread wake-up per step).
+  if (setup.group || setup.device != "cpu") return sys.spawn<caf::detached>(shard_behavior, setup);
   return sys.spawn(shard_behavior, setup);
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -29,6 +30,8 @@ struct shard_setup {
   int32_t block_size = 16;
   int32_t threads = 1;
   int32_t max_step_tokens = 512;
+  std::string device = "cpu";       // or "cuda:N"
+  dtype gpu_weights = dtype::bf16;  // what a GPU shard keeps its weights as
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

@@ -66,6 +66,8 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     s.block_size = block_size;
     s.threads = layout.threads_per_shard;
     s.max_step_tokens = max_step_tokens;
+    if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];
+    s.gpu_weights = layout.gpu_weights;
     out.shards.push_back(spawn_shard(sys, s));
   }
   out.stage = sys.spawn(stage_behavior, out.shards, out.group);

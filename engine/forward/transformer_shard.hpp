@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/forward/collective.hpp"
+#include "engine/forward/forward_shard.hpp"
 #include "engine/forward/kv_cache.hpp"
 #include "engine/forward/step_batch.hpp"
 #include "engine/forward/tp_slice.hpp"
@@ -25,22 +26,16 @@
 
 namespace troupe {
 
-struct shard_spec {
-  int32_t first_layer = 0;
-  int32_t end_layer = 0;  // exclusive; 0 means every layer
-  tp_slice tp;
-};
-
-class transformer_shard {
+class transformer_shard final : public forward_shard {
  public:
   transformer_shard(const model& m, const shard_spec& spec, kv_cache& kv, thread_pool& pool,
                     collective& comm);
 
-  void forward(const step_batch& batch, float* hidden, float* logits);
+  void forward(const step_batch& batch, float* hidden, float* logits) override;
 
-  bool is_first_stage() const { return spec_.first_layer == 0; }
-  bool is_last_stage() const { return spec_.end_layer == cfg_.num_layers; }
-  const shard_spec& spec() const { return spec_; }
+  bool is_first_stage() const override { return spec_.first_layer == 0; }
+  bool is_last_stage() const override { return spec_.end_layer == cfg_.num_layers; }
+  const shard_spec& spec() const override { return spec_; }
 
   // The cache shape this shard needs for num_blocks blocks of block_size tokens.
   static kv_cache_shape cache_shape(const model_config& c, const shard_spec& spec,

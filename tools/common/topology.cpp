@@ -162,6 +162,11 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     if (rd.ok() && (t.max_step_tokens < 1 || t.max_running < 1)) rd.fail("[scheduler]: limits must be at least 1");
   }
 
+  if (const toml::table* g = root["gpu"].as_table()) {
+    rd.get(*g, "[gpu]", "weights", t.gpu_weights, false);
+    if (rd.ok() && t.gpu_weights != "bf16" && t.gpu_weights != "f16" && t.gpu_weights != "f32")
+      rd.fail("[gpu]: weights must be bf16, f16 or f32");
+  }
   if (const toml::table* f = root["failure"].as_table()) {
     rd.get(*f, "[failure]", "heartbeat_ms", t.failure.heartbeat_ms, false);
     rd.get(*f, "[failure]", "timeout_ms", t.failure.timeout_ms, false);

@@ -13,6 +13,8 @@
 //   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ],
 //               scheduler = NODE (optional; default: the first stage's node)
 //               (layers may also be "FIRST-end", or "all" for the whole model)
+//   [gpu]       weights = "bf16" | "f16" | "f32": what shards on cuda:N devices keep
+//               their weights as (bf16 by default; f32 for exact GEMMs)
 //   [failure]   heartbeat_ms (200), timeout_ms (400: a silent peer is dropped after this,
 //               so a hung node is noticed within timeout + heartbeat), recovery_timeout_s
 //               (30: requests wait this long for a replica to recover), restart =
@@ -82,6 +84,7 @@ struct topology {
   std::vector<node_spec> nodes;
   std::vector<replica_spec> replicas;
   failure_spec failure;
+  std::string gpu_weights = "bf16";
 };
 
 // Reads and checks a topology file's structure (types, required fields, names, hosts,

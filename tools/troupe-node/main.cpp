@@ -24,6 +24,7 @@
 #include "actors/gateway/rpc_gateway.hpp"
 #include "actors/replica.hpp"
 #include "actors/router.hpp"
+#include "engine/forward/forward_shard.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
@@ -140,7 +141,19 @@ int main(int argc, char** argv) {
       const auto& s = rs.stages[i];
       if (s.node != node_name) continue;
       const int32_t tp = static_cast<int32_t>(s.devices.size());
-      const stage_layout one{s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, me->threads / tp)};
+      stage_layout one{s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, me->threads / tp)};
+      one.devices = s.devices;
+      one.gpu_weights = topo->gpu_weights == "f32" ? dtype::f32 : topo->gpu_weights == "f16" ? dtype::f16 : dtype::bf16;
+      for (const auto& d : s.devices) {
+        if (d == "cpu") continue;
+        auto index = cuda_device_index(d);
+        status usable = index ? cuda_device_usable(*index) : status(index.err());
+        if (!usable) {
+          std::fprintf(stderr, "troupe-node %s: replica '%s', stage %zu: %s\n", node_name.c_str(), rs.name.c_str(), i,
+                       usable.err().message.c_str());
+          return 1;
+        }
+      }
       units.push_back(stage_unit(m, rs.name, i, one, static_cast<uint32_t>(topo->num_blocks), topo->block_size,
                                  topo->max_step_tokens));
       ++num_stages_here;

@@ -14,6 +14,7 @@
 #include "engine/generate/generator.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "tools/common/model_loading.hpp"
+#include "tools/troupe-perf/gpu_bench.hpp"
 #include "tools/troupe-perf/serve_bench.hpp"
 #include "tools/troupe-perf/triad.hpp"
 
@@ -110,7 +111,9 @@ int main(int argc, char** argv) {
       "  troupe-perf batch MODEL -b 1,4,16,32     aggregate decode tokens/s per batch size\n"
       "  troupe-perf gemm --type q8_0             one weight matrix, tokens per step\n"
       "  troupe-perf serve MODEL -c 1,4,16,64     the serving loop: throughput, TTFT, TPOT\n"
-      "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n\n"
+      "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n"
+      "  troupe-perf gpu MODEL -b 1,8,64          GPU decode tokens/s and weight bandwidth per batch\n"
+      "                                           size, against the device's copy bandwidth\n\n"
       "Every figure is the median of --runs runs after one warm-up run.",
       "troupe-perf"};
   app.require_subcommand(1);
@@ -152,6 +155,16 @@ int main(int argc, char** argv) {
   srv->add_option("--shared-prefix", shared_prefix, "leading prompt tokens all requests share; runs with the prefix cache on and off")
       ->check(CLI::Range(0, 1 << 20));
   srv->add_option("--max-step-tokens", max_step, "token budget per engine step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+
+  auto* gpu = app.add_subcommand("gpu", "decode on a GPU shard (builds with CUDA)");
+  add_model(gpu);
+  int gpu_device = 0;
+  std::string gpu_weights = "bf16";
+  std::vector<int> gpu_batches{1, 8, 64};
+  gpu->add_option("--device", gpu_device, "CUDA device index")->check(CLI::Range(0, 64))->capture_default_str();
+  gpu->add_option("--weights", gpu_weights, "weights on the device")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
+  gpu->add_option("-b,--batch", gpu_batches, "sequences per batch")->delimiter(',')->check(CLI::Range(1, 4096));
+  gpu->add_option("-n,--tokens", tokens, "decode steps per run")->check(CLI::Range(2, 100000))->capture_default_str();
 
   auto* gm = app.add_subcommand("gemm", "one GEMM");
   std::string type_name = "q8_0";
@@ -215,6 +228,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads\n", m.path.c_str(), m.format.c_str(),
                  describe(m.config).c_str(), threads);
     const double bytes = static_cast<double>(m.weights.streamed_bytes());
+    if (gpu->parsed()) {
+      auto rep = tools::measure_gpu(m, gpu_device, gpu_weights, gpu_batches, tokens, runs);
+      if (!rep) {
+        std::fprintf(stderr, "troupe-perf: %s\n", rep.err().message.c_str());
+        return 1;
+      }
+      report("device-to-device copy, " + rep->device, rep->copy_gbs, "GB/s");
+      for (const auto& d : rep->decode)
+        report("GPU decode, batch " + std::to_string(d.batch) + ", " + gpu_weights + " weights", d.tokens_per_s, "tok/s",
+               std::to_string(d.weight_gbs).substr(0, 6) + " GB/s of weights (" +
+                   std::to_string(100.0 * d.weight_gbs / rep->copy_gbs).substr(0, 4) + "% of the copy)");
+      return 0;
+    }
     if (dec->parsed()) {
       const double r = decode_rate(m, tok, threads, 1, tokens, runs);
       report("decode, 1 sequence, " + std::to_string(threads) + " threads", r, "tok/s",

@@ -1,0 +1,58 @@
+// forward_shard: what a pipeline stage's shard does each step, whatever device runs it:
+// a layer range of one tensor-parallel slice over a step_batch.
+//
+//   hidden: [num_tokens][dim] in host memory, in place: filled from the embedding by the
+//           first stage, handed from stage to stage.
+//   logits: [num_logits][vocab] in host memory, from the last stage's rank 0.
+//
+// transformer_shard runs on the CPU; cuda_transformer_shard (built with CUDA) on a GPU.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/forward/step_batch.hpp"
+#include "engine/forward/tp_slice.hpp"
+#include "engine/model/model.hpp"
+#include "engine/util/expected.hpp"
+
+namespace troupe {
+
+struct shard_spec {
+  int32_t first_layer = 0;
+  int32_t end_layer = 0;  // exclusive; 0 means every layer
+  tp_slice tp;
+};
+
+class forward_shard {
+ public:
+  virtual ~forward_shard() = default;
+  virtual void forward(const step_batch& batch, float* hidden, float* logits) = 0;
+  virtual bool is_first_stage() const = 0;
+  virtual bool is_last_stage() const = 0;
+  virtual const shard_spec& spec() const = 0;
+};
+
+// A GPU shard's settings.
+struct cuda_shard_options {
+  int device = 0;
+  dtype weights = dtype::bf16;   // f32 (exact GEMMs), bf16 or f16 (tensor cores)
+  int32_t num_blocks = 1024;     // KV blocks in device memory
+  int32_t block_size = 16;
+  int32_t max_step_tokens = 512;
+  int32_t attention_split = 256; // positions per attention partial
+};
+
+// "cuda:N" -> N; anything else an error.
+expected<int> cuda_device_index(const std::string& device);
+// Whether device N can run a shard here: an error saying why not (no CUDA in this build,
+// no such device).
+status cuda_device_usable(int device);
+
+// A shard on a GPU; an error (naming the device) when this build has no CUDA, there is no
+// such device, or the shape is not supported there (tensor parallelism needs NCCL, not
+// built yet).
+expected<std::unique_ptr<forward_shard>> make_cuda_shard(const model& m, const shard_spec& spec,
+                                                         const cuda_shard_options& o);
+
+}  // namespace troupe
