@@ -39,6 +39,7 @@ struct routed {
   clock_type::time_point arrived = clock_type::now();
   double ttft_ms = -1;
   uint32_t resubmits = 0;
+  bool cancelled = false;     // the client cancelled: never resubmitted
 };
 
 struct node_slot {
@@ -144,9 +145,11 @@ void replica_lost(self_ptr self, size_t k, const std::string& why) {
   rep.ready = false;
   rep.detail = why;
   rep.active = 0;
-  std::vector<uint64_t> moved;
+  std::vector<uint64_t> moved, cancelled;
   for (auto& [id, r] : st.requests)
-    if (r.replica == static_cast<int32_t>(k)) {
+    if (r.replica == static_cast<int32_t>(k) && r.cancelled) {
+      cancelled.push_back(id);
+    } else if (r.replica == static_cast<int32_t>(k)) {
       st.attempts.erase(r.attempt);
       r.attempt = 0;
       r.replica = -1;
@@ -159,6 +162,19 @@ void replica_lost(self_ptr self, size_t k, const std::string& why) {
                  moved.size());
   st.resubmitted += moved.size();
   ++st.failovers;
+  // A request the client cancelled ends now, as cancelled, wherever its replica went.
+  for (uint64_t id : cancelled) {
+    routed& r = st.requests.at(id);
+    st.attempts.erase(r.attempt);
+    step_output out;
+    out.id = request_id{id};
+    out.finished = true;
+    out.reason = finish_reason::aborted;
+    out.num_output_tokens = static_cast<int32_t>(r.delivered.size());
+    self->send(r.sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, r.seq)));
+    log_finished(st, id, r, "cancelled", 0, static_cast<uint32_t>(r.delivered.size()));
+    st.requests.erase(id);
+  }
   for (uint64_t id : moved) submit(self, id);
 }
 
@@ -357,6 +373,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
           st.requests.erase(it);
           return true;
         }
+        it->second.cancelled = true;
         self->send(st.replicas[it->second.replica].sched, cancel_atom_v, it->second.attempt);
         return true;
       },
