@@ -239,8 +239,10 @@ void rows_direct(const matrix_view& w, int32_t row_begin, int32_t row_end, const
     const int num_valid = std::min<int32_t>(tile_rows, row_end - r0);
     int32_t rows[tile_rows];
     for (int j = 0; j < tile_rows; ++j) rows[j] = r0 + std::min(j, num_valid - 1);
-    tokens_loop<tile_tokens, Reader, false>(rd, w, rows, num_valid, x, x_stride, num_tokens,
-                                            y + r0, y_stride);
+    // A reader of one vector per step leaves registers for six tokens' accumulators (24 +
+    // 4 weights + 1 input); a whole Q8_0 group per step, for four.
+    constexpr int mt = Reader::step == lanes ? 6 : tile_tokens;
+    tokens_loop<mt, Reader, false>(rd, w, rows, num_valid, x, x_stride, num_tokens, y + r0, y_stride);
   }
 }
 
@@ -308,7 +310,12 @@ void rows_of(const matrix_view& w, int32_t rb, int32_t re, const float* x, int64
              int32_t num_tokens, float* y, int64_t y_stride) {
   switch (w.type) {
     case dtype::f32:
-      rows_direct<f32_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      // F32 rows need no dequantizing: straight from memory, unless the step is long
+      // enough that a panel in L2 pays for its copy.
+      if (num_tokens < 48)
+        rows_direct<f32_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
+      else
+        rows_paneled<f32_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
       break;
     case dtype::f16:
       rows_any<f16_reader>(w, rb, re, x, x_stride, num_tokens, y, y_stride);
