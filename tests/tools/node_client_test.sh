@@ -36,6 +36,8 @@ ep=$(sed -n 's|^endpoint: capnp://||p' "$work/node.out")
 run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -q -t 0 "$@"; }
 client() { timeout 60 "$build/tools/troupe-client" --connect "$ep" -t 0 "$@"; }
 
+# The endpoint is up once a replica is ready; every replica, soon after.
+for _ in $(seq 1 100); do [[ $(client --health || true) == ready ]] && break; sleep 0.1; done
 [[ $(client --health) == ready ]] || { echo "health is not ready"; exit 1; }
 
 prompts=("" "Once upon a time" "The cat" "Lily and Tom went to the" "One day" "He was" "She saw a big" "The sun was"
