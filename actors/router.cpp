@@ -58,7 +58,8 @@ struct router_state {
   std::unordered_map<uint64_t, uint64_t> attempts; // attempt id -> client id
   std::deque<uint64_t> parked;                     // client ids waiting for a replica
   uint64_t next_attempt = 1;
-  uint64_t next_client = uint64_t{1} << 62;        // ids for callers that let the router choose
+  uint64_t next_client = uint64_t{3} << 62;        // ids for callers that let the router choose (above
+                                                   // the gateways' ranges)
   uint64_t resubmitted = 0;
   uint64_t failovers = 0;  // replica schedulers lost (the actor or its node)
   std::vector<node_slot> nodes;

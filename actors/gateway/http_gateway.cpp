@@ -22,7 +22,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// HTTP request ids live far above the Cap'n Proto gateway's, in the same scheduler.
+// HTTP request ids live far above the Cap'n Proto gateway's, through the same router.
 std::atomic<uint64_t> next_http_id{uint64_t{1} << 62};
 
 struct stream_event {
@@ -108,7 +108,7 @@ std::string outcome_of(finish_reason r, const std::string& error) {
 
 struct http_gateway::impl {
   caf::actor_system& sys;
-  caf::actor scheduler;
+  caf::actor router;
   http_config cfg;
   httplib::Server server;
   std::thread thread;
@@ -117,7 +117,7 @@ struct http_gateway::impl {
   metrics m;
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
-  impl(caf::actor_system& s, caf::actor sched, http_config c) : sys(s), scheduler(std::move(sched)), cfg(std::move(c)) {}
+  impl(caf::actor_system& s, caf::actor rtr, http_config c) : sys(s), router(std::move(rtr)), cfg(std::move(c)) {}
 
   bool authorized(const httplib::Request& req) const {
     if (cfg.api_keys.empty()) return true;
@@ -164,7 +164,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     p.sampling.seed += static_cast<uint64_t>(i);  // n different samples
     const uint64_t id = next_http_id++;
     ids.push_back(id);
-    caf::anon_send(scheduler, generate_atom_v, id, wire_message(wire_kind::none, wire::encode_generate_request_text(r.prompt, p)), sink);
+    caf::anon_send(router, generate_atom_v, id, wire_message(wire_kind::none, wire::encode_generate_request_text(r.prompt, p)), sink);
   }
   const std::string cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(ids[0]);
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -246,7 +246,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   };
   auto cancel_all = [this, ids, st]() {
     for (size_t i = 0; i < ids.size(); ++i)
-      if (!st->finished[i]) caf::anon_send(scheduler, cancel_atom_v, ids[i]);
+      if (!st->finished[i]) caf::anon_send(router, cancel_atom_v, ids[i]);
   };
 
   if (!r.stream) {
@@ -312,11 +312,11 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
 std::string http_gateway::impl::render_metrics() {
   uint32_t used = 0, free = 0, running = 0, waiting = 0;
   caf::scoped_actor self{sys};
-  self->request(scheduler, std::chrono::seconds(1), stats_atom_v)
+  self->request(router, std::chrono::seconds(1), stats_atom_v)
       .receive([&](uint32_t u, uint32_t f, uint32_t r, uint32_t w) { used = u; free = f; running = r; waiting = w; },
                [&](caf::error&) {});
   std::string router_metrics;
-  self->request(scheduler, std::chrono::seconds(1), metrics_atom_v)
+  self->request(router, std::chrono::seconds(1), metrics_atom_v)
       .receive([&](const std::string& text) { router_metrics = text; }, [&](caf::error&) {});
   std::lock_guard<std::mutex> lock(m.mu);
   std::string out;
@@ -341,8 +341,8 @@ std::string http_gateway::impl::render_metrics() {
   return out + router_metrics;
 }
 
-http_gateway::http_gateway(caf::actor_system& sys, caf::actor scheduler, http_config cfg)
-    : impl_(std::make_unique<impl>(sys, std::move(scheduler), std::move(cfg))) {}
+http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg)
+    : impl_(std::make_unique<impl>(sys, std::move(router), std::move(cfg))) {}
 
 http_gateway::~http_gateway() { stop(); }
 
@@ -379,7 +379,7 @@ expected<uint16_t> http_gateway::start() {
     uint32_t replicas = 0, replicas_ready = 0;
     std::string detail = "the router does not answer";
     caf::scoped_actor self{g->sys};
-    self->request(g->scheduler, std::chrono::seconds(1), health_atom_v)
+    self->request(g->router, std::chrono::seconds(1), health_atom_v)
         .receive(
             [&](bool ok, uint32_t n, uint32_t n_ready, const std::string& d) {
               ready = ok;

@@ -1,11 +1,11 @@
 // http_gateway: the OpenAI-compatible HTTP API beside the Cap'n Proto one:
 // POST /v1/completions and /v1/chat/completions (whole responses, or server-sent events
-// ending with `data: [DONE]`), GET /v1/models, GET /health (200 only when the scheduler
-// answers), GET /metrics (Prometheus text). Bearer keys guard every route but /health
+// ending with `data: [DONE]`), GET /v1/models, GET /health (200 only while a replica can
+// serve: "ok", or "degraded" when some replica cannot), GET /metrics (Prometheus text). Bearer keys guard every route but /health
 // when keys are configured; over capacity a request gets 429 with Retry-After at once.
 //
 // The HTTP server (cpp-httplib, from Debian: small, threaded, chunked responses for
-// SSE) runs its own threads; each request submits to the scheduler actor with a sink
+// SSE) runs its own threads; each request submits to the router actor with a sink
 // actor of its own that queues the chunks for the request's thread.
 #pragma once
 
@@ -37,7 +37,7 @@ struct http_config {
 
 class http_gateway {
  public:
-  http_gateway(caf::actor_system& sys, caf::actor scheduler, http_config cfg);
+  http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg);
   ~http_gateway();
   http_gateway(const http_gateway&) = delete;
   http_gateway& operator=(const http_gateway&) = delete;

@@ -92,7 +92,7 @@ capnp::ReaderOptions rpc_reader_options() {
 
 struct rpc_gateway::impl {
   caf::actor_system& sys;
-  caf::actor scheduler;
+  caf::actor router;
   caf::actor sink_actor;
   std::shared_ptr<bridge> events = std::make_shared<bridge>();
   std::thread thread;
@@ -103,8 +103,8 @@ struct rpc_gateway::impl {
 
   std::vector<std::string> api_keys;
 
-  impl(caf::actor_system& s, caf::actor sched, std::vector<std::string> keys)
-      : sys(s), scheduler(std::move(sched)), api_keys(std::move(keys)) {}
+  impl(caf::actor_system& s, caf::actor rtr, std::vector<std::string> keys)
+      : sys(s), router(std::move(rtr)), api_keys(std::move(keys)) {}
 };
 
 namespace {
@@ -122,7 +122,7 @@ class gateway_server final : public schema::Gateway::Server {
     copy.setRoot(params.getRequest());
     copy.getRoot<schema::GenerateRequest>().disownDelivered();  // only the router resubmits
     sinks_.emplace(id, params.getSink());
-    caf::anon_send(g_.scheduler, generate_atom_v, id, wire_message(wire_kind::none, wire::to_bytes(copy)), g_.sink_actor);
+    caf::anon_send(g_.router, generate_atom_v, id, wire_message(wire_kind::none, wire::to_bytes(copy)), g_.sink_actor);
     context.getResults().setRequestId(id);
     return kj::READY_NOW;
   }
@@ -131,7 +131,7 @@ class gateway_server final : public schema::Gateway::Server {
     if (!key_allowed(g_.api_keys, context.getParams().getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
     const uint64_t id = context.getParams().getRequestId();
     const bool known = sinks_.count(id) > 0;
-    if (known) caf::anon_send(g_.scheduler, cancel_atom_v, id);
+    if (known) caf::anon_send(g_.router, cancel_atom_v, id);
     context.getResults().setFound(known);
     return kj::READY_NOW;
   }
@@ -142,7 +142,7 @@ class gateway_server final : public schema::Gateway::Server {
     uint32_t replicas = 0, replicas_ready = 0;
     std::string detail = "the router does not answer";
     caf::scoped_actor self{g_.sys};
-    self->request(g_.scheduler, std::chrono::seconds(1), health_atom_v)
+    self->request(g_.router, std::chrono::seconds(1), health_atom_v)
         .receive(
             [&](bool r, uint32_t n, uint32_t n_ready, const std::string& d) {
               ready = r;
@@ -166,7 +166,7 @@ class gateway_server final : public schema::Gateway::Server {
     if (!key_allowed(g_.api_keys, context.getParams().getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
     auto s = context.getResults().initStats();
     caf::scoped_actor self{g_.sys};
-    self->request(g_.scheduler, std::chrono::seconds(1), stats_atom_v)
+    self->request(g_.router, std::chrono::seconds(1), stats_atom_v)
         .receive(
             [&](uint32_t used, uint32_t free, uint32_t running, uint32_t waiting) {
               s.setKvBlocksUsed(used);
@@ -225,8 +225,8 @@ class gateway_server final : public schema::Gateway::Server {
 
 }  // namespace
 
-rpc_gateway::rpc_gateway(caf::actor_system& sys, caf::actor scheduler, std::vector<std::string> api_keys)
-    : impl_(std::make_unique<impl>(sys, std::move(scheduler), std::move(api_keys))) {
+rpc_gateway::rpc_gateway(caf::actor_system& sys, caf::actor router, std::vector<std::string> api_keys)
+    : impl_(std::make_unique<impl>(sys, std::move(router), std::move(api_keys))) {
   impl_->sink_actor = sys.spawn(sink_behavior, impl_->events);
 }
 

@@ -1,6 +1,6 @@
 // rpc_gateway: the client API (schema/client.capnp Gateway) over Cap'n Proto RPC, beside
 // the CAF actors. The RPC system runs on a thread of its own (KJ's event loop); a call
-// becomes a message to the scheduler actor, and the scheduler's chunks come back through
+// becomes a message to the router actor, and the chunks it relays come back through
 // a bridge actor that queues them and wakes the KJ thread, which forwards them to the
 // client's TokenSink in order (streaming calls, so a slow client slows only itself).
 //
@@ -23,7 +23,7 @@ namespace troupe {
 class rpc_gateway {
  public:
   // api_keys: when not empty, every call but health must carry one of them.
-  rpc_gateway(caf::actor_system& sys, caf::actor scheduler, std::vector<std::string> api_keys = {});
+  rpc_gateway(caf::actor_system& sys, caf::actor router, std::vector<std::string> api_keys = {});
   ~rpc_gateway();
   rpc_gateway(const rpc_gateway&) = delete;
   rpc_gateway& operator=(const rpc_gateway&) = delete;
