@@ -5,6 +5,8 @@
 //   sigstop  SIGSTOP a node process for stop_ms, then SIGCONT (a hung node)
 // on a node other than the gateway's, then measures from the gateway's health how long
 // it took to notice (a replica not ready) and to be whole again (every replica ready).
+// With overlap, events fire on their schedule whatever state the cluster is in, and only
+// the recovery after the last one is checked.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,8 @@ struct chaos_options {
   int recover_timeout_s = 60;               // an event not recovered by then fails the run
   std::vector<std::string> kinds{"actor", "sigkill", "sigstop"};
   std::string json_path;                    // per-event figures, if set
+  bool overlap = false;                     // fire on schedule without waiting for recovery
+                                            // (failures pile up; only the end is checked)
 };
 
 struct chaos_node {

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   chaos->add_option("--recover-timeout", copt.recover_timeout_s, "seconds an event may take to recover")
       ->check(CLI::Range(1, 3600))->capture_default_str();
   chaos->add_option("--json", copt.json_path, "write each event's figures here");
+  chaos->add_flag("--overlap", copt.overlap, "fire events on schedule without waiting for recovery (failures pile up)");
   for (auto* sub : {up, status, down, chaos}) {
     sub->add_option("topology", topology, "topology file (deploy/*.toml)")->required();
     sub->add_option("--state-dir", state_dir, "where node logs and the process table live")->capture_default_str();
