@@ -144,8 +144,13 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       if (k != "actor") others.push_back(k);
     r.kind = has_actor && (others.empty() || rng() % 2 == 0) ? "actor" : others[rng() % others.size()];
     const node_spec& node = *targets[rng() % targets.size()];
-    const auto pids = read_pids(table_file);
-    const int pid = pids.count(node.name) ? pids.at(node.name) : 0;
+    // The supervisor may be rewriting the table for a restarted node: look again briefly.
+    int pid = 0;
+    for (int tries = 0; tries < 100 && pid <= 0; ++tries) {
+      const auto pids = read_pids(table_file);
+      pid = pids.count(node.name) ? pids.at(node.name) : 0;
+      if (pid <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     clock_type::time_point t0;
     if (r.kind == "actor") {
       // Ask the node's agent what runs there, and kill one of its actors.
@@ -183,7 +188,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       }
     } else {
       if (pid <= 0) {
-        std::fprintf(stderr, "chaos %d: node %s has no known pid\n", e + 1, node.name.c_str());
+        std::printf("chaos %d: node %s has no known pid in %s\n", e + 1, node.name.c_str(), table_file.c_str());
         ++failures;
         continue;
       }
