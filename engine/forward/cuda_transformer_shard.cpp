@@ -116,10 +116,15 @@ class cuda_transformer_shard final : public forward_shard {
     tables_ = cuda::buffer<uint32_t>(size_t(n) * max_table_);
     workspace_ = cuda::buffer<float>(cuda::paged_attention_workspace(static_cast<int32_t>(n), cfg_.num_heads, hd,
                                                                      cfg_.max_seq_len - 1, o.attention_split));
-    cuda::check(cudaStreamSynchronize(stream_), "shard set-up");
+    // The uploads and memsets ran on the default stream, which a non-blocking stream does
+    // not wait for: finish them all before the first step.
+    cuda::check(cudaDeviceSynchronize(), "shard set-up");
   }
 
   ~cuda_transformer_shard() override {
+    cudaSetDevice(opt_.device);
+    if (stream_) cudaStreamSynchronize(stream_);
+    gemm_.reset();  // its cuBLAS handle uses the stream
     if (stream_) cudaStreamDestroy(stream_);
   }
 
