@@ -24,7 +24,11 @@ struct replica_slot {
   bool resolving = false;
   bool ready = false;
   std::string detail = "not found yet";
-  uint32_t used = 0, free = 0, running = 0, waiting = 0;
+  uint32_t used = 0, free = 0, running = 0, waiting = 0, cached = 0;
+  // Prefix-cache counts: of the schedulers this replica had before (base), and of its
+  // scheduler now, which counts from zero when it restarts.
+  uint64_t hit_base = 0, queried_base = 0, hit_now = 0, queried_now = 0;
+  caf::actor_addr counted;  // the scheduler hit_now and queried_now are of
   size_t active = 0;  // requests routed here and not finished
 };
 
@@ -195,6 +199,12 @@ void find_scheduler(self_ptr self, size_t k) {
               if (!sched) return;
               rep.sched = sched;
               self->monitor(sched);
+              if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
+                rep.hit_base += rep.hit_now;
+                rep.queried_base += rep.queried_now;
+                rep.hit_now = rep.queried_now = 0;
+                rep.counted = sched.address();
+              }
               poll_one(self, k);
             },
             [self, k](caf::error& e) {
@@ -244,6 +254,15 @@ void poll_one(self_ptr self, size_t k) {
             rep.ready = false;
             rep.detail = "the scheduler does not answer";
           });
+  self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
+      .then(
+          [self, k](uint32_t cached, uint64_t hits, uint64_t queried) {
+            replica_slot& rep = self->state.replicas[k];
+            rep.cached = cached;
+            rep.hit_now = hits;
+            rep.queried_now = queried;
+          },
+          [](caf::error&) {});
 }
 
 void poll(self_ptr self) {
@@ -311,6 +330,22 @@ std::string render_metrics(const router_state& st) {
   out += "# HELP troupe_requests_resubmitted_total Requests resubmitted to another replica.\n"
          "# TYPE troupe_requests_resubmitted_total counter\n";
   out += "troupe_requests_resubmitted_total " + std::to_string(st.resubmitted) + "\n";
+  uint32_t cached = 0;
+  uint64_t hits = 0, queried = 0;
+  for (auto& rep : st.replicas) {
+    cached += rep.cached;
+    hits += rep.hit_base + rep.hit_now;
+    queried += rep.queried_base + rep.queried_now;
+  }
+  out += "# HELP troupe_kv_blocks_cached KV blocks holding a cached prefix, in use or free.\n"
+         "# TYPE troupe_kv_blocks_cached gauge\n";
+  out += "troupe_kv_blocks_cached " + std::to_string(cached) + "\n";
+  out += "# HELP troupe_prefix_cache_hit_tokens_total Prompt tokens served by the prefix cache.\n"
+         "# TYPE troupe_prefix_cache_hit_tokens_total counter\n";
+  out += "troupe_prefix_cache_hit_tokens_total " + std::to_string(hits) + "\n";
+  out += "# HELP troupe_prefix_cache_queried_tokens_total Prompt tokens looked up in the prefix cache.\n"
+         "# TYPE troupe_prefix_cache_queried_tokens_total counter\n";
+  out += "troupe_prefix_cache_queried_tokens_total " + std::to_string(queried) + "\n";
   out += "# HELP troupe_actor_restarts_total Restarts of a node's supervised actors (the most of any unit), since "
          "the node process started.\n# TYPE troupe_actor_restarts_total counter\n";
   for (auto& n : st.nodes)

@@ -371,6 +371,10 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         return caf::make_message(st.ready, u.used, u.free, static_cast<uint32_t>(st.sched->num_running()),
                                  static_cast<uint32_t>(st.sched->num_waiting()), st.ready ? std::string{} : st.why);
       },
+      [self](metrics_atom) {
+        const kv_usage u = self->state.sched->usage();
+        return caf::make_message(u.cached, u.hit_tokens, u.queried_tokens);
+      },
       [self](resolve_atom, uint64_t epoch) {
         if (epoch == self->state.epoch && !self->state.ready) resolve(self);
       },

@@ -11,6 +11,8 @@
 //   (stats_atom)                                 -> (kv used, kv free, running, waiting)
 //   (health_atom)                                -> (ready, kv used, kv free, running,
 //                                                    waiting, detail)
+//   (metrics_atom)                               -> (kv blocks cached, prefix-cache hit
+//                                                    tokens, prompt tokens looked up)
 //
 // A sink receives (chunk_atom, TokenChunk frame) for every step that gave its request
 // tokens or text, chunks numbered from 0 without gaps, and at the end one

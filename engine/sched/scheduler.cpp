@@ -81,6 +81,9 @@ size_t scheduler::reset_kv() {
     insert_waiting(r);
   }
   running_.clear();
+  const kv_usage before = kv_.usage();
+  queried_before_reset_ += before.queried_tokens;
+  hits_before_reset_ += before.hit_tokens;
   kv_ = kv_block_manager(cfg_.num_blocks, cfg_.block_size, cfg_.prefix_caching);
   return n;
 }

@@ -70,7 +70,13 @@ class scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
-  kv_usage usage() const { return kv_.usage(); }
+  // Block figures now; prefix-cache token counts since construction (reset_kv included).
+  kv_usage usage() const {
+    kv_usage u = kv_.usage();
+    u.queried_tokens += queried_before_reset_;
+    u.hit_tokens += hits_before_reset_;
+    return u;
+  }
   const kv_block_manager& kv() const { return kv_; }
   const scheduler_config& config() const { return cfg_; }
 
@@ -88,6 +94,7 @@ class scheduler {
   std::vector<request*> running_;  // in scheduling order
   uint64_t next_arrival_ = 0;
   std::vector<step_output> pending_;  // outputs decided in schedule() (out of memory)
+  uint64_t queried_before_reset_ = 0, hits_before_reset_ = 0;
 };
 
 }  // namespace troupe

@@ -50,4 +50,8 @@ done
 [[ $(query 'troupe_generated_tokens_total') == 60 ]] || fail "generated tokens: $(query 'troupe_generated_tokens_total')"
 [[ $(query 'troupe_time_to_first_token_seconds_count') == 5 ]] || fail "TTFT count"
 [[ $(query 'troupe_kv_blocks{state="used"}') == 0 ]] || fail "KV blocks in use"
+# Every prompt was looked up in the prefix cache once (no request was preempted).
+[[ $(query 'troupe_prefix_cache_queried_tokens_total') == $(query 'troupe_prompt_tokens_total') ]] ||
+  fail "prefix-cache lookups $(query 'troupe_prefix_cache_queried_tokens_total') for $(query 'troupe_prompt_tokens_total') prompt tokens"
+[[ $(query 'troupe_replicas_ready') == 1 ]] || fail "replicas ready: $(query 'troupe_replicas_ready')"
 echo "prometheus scraped the counters the test produced"
