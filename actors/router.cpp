@@ -61,7 +61,8 @@ struct router_state {
   std::unordered_map<uint64_t, routed> requests;   // by client id
   std::unordered_map<uint64_t, uint64_t> attempts; // attempt id -> client id
   std::deque<uint64_t> parked;                     // client ids waiting for a replica
-  uint64_t next_attempt = 1;
+  uint64_t next_attempt = uint64_t{2} << 62;  // ids of resubmissions (a first attempt
+                                              // uses the client's id)
   uint64_t next_client = uint64_t{3} << 62;        // ids for callers that let the router choose (above
                                                    // the gateways' ranges)
   uint64_t resubmitted = 0;
@@ -118,7 +119,8 @@ void submit(self_ptr self, uint64_t id) {
     if (!with) return finish_with_error(self, id, with.err().message);
     frame = wire_message(wire_kind::none, std::move(with).value());
   }
-  r.attempt = st.next_attempt++;
+  // A first attempt carries the client's id, so its chunks pass through unchanged.
+  r.attempt = r.resubmits == 0 && !st.attempts.count(id) ? id : st.next_attempt++;
   r.replica = best;
   st.attempts[r.attempt] = id;
   ++st.replicas[best].active;
@@ -421,13 +423,17 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         auto a = st.attempts.find(c->request);
         if (a == st.attempts.end()) return;  // an attempt the router gave up on
         routed& r = st.requests.at(a->second);
-        auto out = wire::renumber_chunk(*m.bytes, a->second, r.seq);
-        if (!out) return;
+        wire_message forward = m;
+        if (c->request != a->second || c->seq != r.seq) {
+          auto out = wire::renumber_chunk(*m.bytes, a->second, r.seq);
+          if (!out) return;
+          forward = wire_message(wire_kind::none, std::move(out).value());
+        }
         ++r.seq;
         if (r.ttft_ms < 0 && !c->tokens.empty())
           r.ttft_ms = std::chrono::duration<double, std::milli>(clock_type::now() - r.arrived).count();
         r.delivered.insert(r.delivered.end(), c->tokens.begin(), c->tokens.end());
-        self->send(r.sink, chunk_atom_v, wire_message(wire_kind::none, std::move(out).value()));
+        self->send(r.sink, chunk_atom_v, std::move(forward));
       },
       [self](done_atom, const wire_message& m) {
         auto& st = self->state;
