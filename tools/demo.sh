@@ -50,8 +50,10 @@ else
 fi
 
 echo "demo: starting a troupe node for $model ($topology)" >&2
+# The node's log goes to the terminal, but for its one line per request (kept in the file,
+# counted at the end), which would interleave with the streamed output.
 build/tools/troupe-node "$topology" --capnp "127.0.0.1:$port" --http "127.0.0.1:$((port + 1))" \
-  >"$work/node.out" 2> >(tee "$work/node.err" >&2) &
+  >"$work/node.out" 2> >(tee "$work/node.err" | grep --line-buffered -v ' info request id=' >&2) &
 node_pid=$!
 for _ in $(seq 1 600); do
   grep -q '^endpoint: capnp' "$work/node.out" 2>/dev/null && break
@@ -78,6 +80,9 @@ curl -s "$http/v1/completions" -d "{\"model\": \"$model_id\", \"prompt\": \"Tim 
 echo
 echo
 build/tools/troupe-client --connect "$endpoint" --stats
+sleep 0.2
+echo "demo: the node logged $(grep -c ' info request id=' "$work/node.err") request lines (id, outcome, tokens, TTFT; no text), e.g."
+grep ' info request id=' "$work/node.err" | tail -1 | sed 's/^/  /'
 
 if [[ -t 0 ]]; then
   echo

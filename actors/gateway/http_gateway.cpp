@@ -239,10 +239,6 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
         m.tpot.add(std::chrono::duration<double>(st->last - st->first).count() / (st->output_tokens - 1));
     }
     m.e2e.add(std::chrono::duration<double>(now - t0).count());
-    std::fprintf(stderr, "troupe-http: request %llu tokens_in=%u tokens_out=%u ttft_ms=%.1f outcome=%s\n",
-                 static_cast<unsigned long long>(first_id), st->prompt_tokens, st->output_tokens,
-                 st->first == clock_type::time_point{} ? -1.0 : std::chrono::duration<double, std::milli>(st->first - t0).count(),
-                 outcome_of(st->choices[0].reason, st->error).c_str());
   };
   auto cancel_all = [this, ids, st]() {
     for (size_t i = 0; i < ids.size(); ++i)
