@@ -19,8 +19,8 @@ using clock_type = std::chrono::steady_clock;
 
 struct replica_slot {
   replica_address addr;
-  caf::actor sched;   // invalid while unknown or down
-  caf::actor agent;   // the agent that names it (remote ones are looked up once)
+  caf::actor sched = {};  // invalid while unknown or down
+  caf::actor agent = {};  // the agent that names it (remote ones are looked up once)
   bool resolving = false;
   bool ready = false;
   std::string detail = "not found yet";
@@ -28,7 +28,7 @@ struct replica_slot {
   // Prefix-cache counts: of the schedulers this replica had before (base), and of its
   // scheduler now, which counts from zero when it restarts.
   uint64_t hit_base = 0, queried_base = 0, hit_now = 0, queried_now = 0;
-  caf::actor_addr counted;  // the scheduler hit_now and queried_now are of
+  caf::actor_addr counted = {};  // the scheduler hit_now and queried_now are of
   size_t active = 0;  // requests routed here and not finished
 };
 
@@ -48,7 +48,7 @@ struct routed {
 
 struct node_slot {
   node_address addr;
-  caf::actor agent;
+  caf::actor agent = {};
   bool asking = false;
   uint32_t restarts = 0;  // over the node's supervised actors, as its agent last said
   bool answered = false;

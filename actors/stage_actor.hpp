@@ -27,7 +27,7 @@ struct stage_layout {
   int32_t end_layer = 0;  // exclusive
   int32_t tp = 1;
   int32_t threads_per_shard = 1;
-  std::vector<std::string> devices;  // per shard: "cpu" (the default) or "cuda:N"
+  std::vector<std::string> devices = {};  // per shard: "cpu" (the default) or "cuda:N"
   dtype gpu_weights = dtype::bf16;
 };
 

@@ -279,7 +279,8 @@ status write_llama2c(const std::string& path, const checkpoint_spec& spec, const
 }
 
 status write_gguf(const std::string& path, const checkpoint_spec& spec, const vocabulary& vocab,
-                  const weight_source& src, const std::function<void(double)>& progress) {
+                  const weight_source& src, const std::function<void(double)>& progress,
+                  const std::string& chat_template) {
   model_config c = spec.config;
   if (auto e = validate(c)) return error{"invalid model shape: " + *e};
   if (vocab.size() != c.vocab_size)
@@ -310,7 +311,7 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
   add([&] { kv_f32(f, "llama.rope.freq_base", c.rope_base); });
   add([&] { kv_f32(f, "llama.attention.layer_norm_rms_epsilon", c.rms_eps); });
   add([&] { kv_string(f, "tokenizer.ggml.model", "llama"); });
-  if (!spec.chat_template.empty()) add([&] { kv_string(f, "tokenizer.chat_template", spec.chat_template); });
+  if (!chat_template.empty()) add([&] { kv_string(f, "tokenizer.chat_template", chat_template); });
   add([&] {  // tokens, with spaces as SentencePiece's U+2581
     f.str("tokenizer.ggml.tokens");
     f.pod(uint32_t{9});

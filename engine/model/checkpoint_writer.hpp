@@ -34,7 +34,6 @@ struct checkpoint_spec {
   dtype type = dtype::f32;        // f32 or q8_0 for llama2.c; f32, f16, bf16, q8_0 for GGUF
   int32_t group_size = 64;        // llama2.c version 2 (Q8_0) only
   bool shared_classifier = true;  // the classifier is the embedding
-  std::string chat_template;      // GGUF only: written as tokenizer.chat_template when set
 };
 
 // llama2.c: type f32 writes the legacy (v0) format, q8_0 the version-2 format.
@@ -43,8 +42,10 @@ status write_llama2c(const std::string& path, const checkpoint_spec& spec, const
 
 // GGUF v3, llama architecture, with the vocabulary as tokenizer metadata. Norms are F32;
 // the embedding, matrices and classifier are of spec.type.
+// chat_template, when not empty, is written as tokenizer.chat_template.
 status write_gguf(const std::string& path, const checkpoint_spec& spec, const vocabulary& vocab,
-                  const weight_source& src, const std::function<void(double)>& progress = {});
+                  const weight_source& src, const std::function<void(double)>& progress = {},
+                  const std::string& chat_template = "");
 
 // A stand-in vocabulary of n tokens for synthetic models: <unk>, <s>, </s>, the 256 byte
 // tokens, then single characters and short pieces.

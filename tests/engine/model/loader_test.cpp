@@ -107,13 +107,12 @@ TEST_CASE("GGUF F16, BF16 and Q8_0 and llama2.c Q8_0 conversions stay close to F
 TEST_CASE("a GGUF file's chat template is read from its metadata; none is an empty string") {
   test::temp_dir dir;
   const test::loaded src = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
-  checkpoint_spec spec{src.m.config, dtype::f32, 32, true};
-  spec.chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
-  REQUIRE(write_gguf(dir.file("with.gguf"), spec, src.tok.vocab(), weights_of(src.m)).has_value());
+  const checkpoint_spec spec{src.m.config, dtype::f32, 32, true};
+  const std::string jinja = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+  REQUIRE(write_gguf(dir.file("with.gguf"), spec, src.tok.vocab(), weights_of(src.m), {}, jinja).has_value());
   auto with = load_model(dir.file("with.gguf"));
   REQUIRE(with.has_value());
-  CHECK(with->chat_template == spec.chat_template);
-  spec.chat_template.clear();
+  CHECK(with->chat_template == jinja);
   REQUIRE(write_gguf(dir.file("without.gguf"), spec, src.tok.vocab(), weights_of(src.m)).has_value());
   auto without = load_model(dir.file("without.gguf"));
   REQUIRE(without.has_value());
