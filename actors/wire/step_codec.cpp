@@ -83,7 +83,7 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       total += toks.size();
       if (total > lim_.max_step_tokens) return error{"step plan exceeds " + std::to_string(lim_.max_step_tokens) + " tokens"};
       const int64_t first = c.getFirst();
-      if (first < 0 || first + toks.size() > static_cast<uint64_t>(lim_.context))
+      if (first < 0 || first + static_cast<int64_t>(toks.size()) > int64_t{lim_.context})
         return error{who + "positions " + std::to_string(first) + ".." + std::to_string(first + toks.size() - 1) +
                      " are outside the context of " + std::to_string(lim_.context)};
       for (int32_t t : toks)

@@ -92,7 +92,7 @@ void weighted_values(const float* weights, int32_t n, const attention_token& tok
 void attend_group(const float* const* q, float* const* out, int group, const attention_token& tok,
                   int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
   const int32_t n = tok.position + 1;
-  const int32_t hd = kv.head_dim, bs = kv.block_size;
+  const int32_t bs = kv.block_size;
   const int32_t padded = (n + bs - 1) / bs * bs + simd::width;
   if (static_cast<int32_t>(scratch.size()) < group * padded) scratch.resize(group * padded);
   float* scores[max_group];
