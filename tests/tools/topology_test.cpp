@@ -152,6 +152,41 @@ stages = [ { node = "n1", layers = "0-4", devices = ["cpu"] } ])"),
   has(problem(std::string("[[node]]\nname = \"n2\"\nhost = 5\nport = 7412\n") + ok_replica), "must be a string");
   has(problem(""), "no [[replica]]");
   has(problem("this is = not [toml"), "t.toml:");
+  // Placement, failure handling and GPU settings.
+  has(problem(R"([[replica]]
+name = "r0"
+scheduler = "n7"
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])"),
+      "scheduler on unknown node 'n7'");
+  has(problem(std::string("[failure]\nrestart = \"sometimes\"\n") + ok_replica), "restart must be");
+  has(problem(std::string("[failure]\nheartbeat_ms = 500\ntimeout_ms = 400\n") + ok_replica), "timeout_ms must exceed");
+  has(problem(std::string("[failure]\nheartbeat_ms = 1\n") + ok_replica), "heartbeat_ms must be in");
+  has(problem(std::string("[failure]\nrecovery_timeout_s = 0\n") + ok_replica), "recovery_timeout_s must be in");
+  has(problem(std::string("[gpu]\nweights = \"int4\"\n") + ok_replica), "weights must be bf16, f16 or f32");
+  has(problem(std::string("[model]\n") + ok_replica), "t.toml");  // a second [model] table
+}
+
+TEST_CASE("failure and GPU settings: defaults, and what a topology sets") {
+  auto t = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
+  REQUIRE(t.has_value());
+  CHECK(t->failure.heartbeat_ms == 200);
+  CHECK(t->failure.timeout_ms == 400);
+  CHECK(t->failure.restart);
+  CHECK(t->gpu_weights == "bf16");
+  CHECK(t->chat_template == "auto");
+  CHECK(t->replicas[0].scheduler_node == "n0");
+  auto u = parse_topology_text(std::string(base) + "[failure]\nheartbeat_ms = 100\ntimeout_ms = 250\nrestart = \"never\"\n"
+                                                  "[gpu]\nweights = \"f32\"\n" + R"([[replica]]
+name = "r0"
+scheduler = "n1"
+stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
+                               "t.toml", "/d");
+  REQUIRE_MESSAGE(u.has_value(), (u ? "" : u.err().message));
+  CHECK(u->failure.heartbeat_ms == 100);
+  CHECK(u->failure.timeout_ms == 250);
+  CHECK_FALSE(u->failure.restart);
+  CHECK(u->gpu_weights == "f32");
+  CHECK(u->replicas[0].scheduler_node == "n1");
 }
 
 TEST_CASE("a missing topology file and a gateway on an unknown node are errors") {
