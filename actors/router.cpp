@@ -67,11 +67,18 @@ struct router_state {
                                                    // the gateways' ranges)
   uint64_t resubmitted = 0;
   uint64_t failovers = 0;  // replica schedulers lost (the actor or its node)
+  uint64_t outages = 0;    // times a replica stopped being ready (health reports it, so a
+                           // failure repaired between two health polls is still seen)
   std::vector<node_slot> nodes;
   uint64_t ticks = 0;
 };
 
 using self_ptr = caf::stateful_actor<router_state>*;
+
+void set_ready(router_state& st, replica_slot& rep, bool ready) {
+  if (rep.ready && !ready) ++st.outages;
+  rep.ready = ready;
+}
 
 // One structured line per finished request; never the prompt or the output.
 void log_finished(const router_state& st, uint64_t id, const routed& r, const char* outcome, uint32_t tokens_in,
@@ -149,7 +156,7 @@ void replica_lost(self_ptr self, size_t k, const std::string& why) {
   replica_slot& rep = st.replicas[k];
   if (rep.sched) self->demonitor(rep.sched);
   rep.sched = caf::actor{};
-  rep.ready = false;
+  set_ready(st, rep, false);
   rep.detail = why;
   rep.active = 0;
   std::vector<uint64_t> moved, cancelled;
@@ -243,7 +250,7 @@ void poll_one(self_ptr self, size_t k) {
             replica_slot& rep = self->state.replicas[k];
             if (!rep.sched) return;
             const bool was = rep.ready;
-            rep.ready = ready;
+            set_ready(self->state, rep, ready);
             rep.detail = detail;
             rep.used = used;
             rep.free = free;
@@ -253,7 +260,7 @@ void poll_one(self_ptr self, size_t k) {
           },
           [self, k](caf::error&) {
             replica_slot& rep = self->state.replicas[k];
-            rep.ready = false;
+            set_ready(self->state, rep, false);
             rep.detail = "the scheduler does not answer";
           });
   self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
@@ -504,7 +511,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
             detail += "replica " + rep.addr.name + ": " + (rep.detail.empty() ? "not ready" : rep.detail);
           }
         }
-        return caf::make_message(ready > 0, static_cast<uint32_t>(st.replicas.size()), ready, detail);
+        return caf::make_message(ready > 0, static_cast<uint32_t>(st.replicas.size()), ready, detail, st.outages);
       },
       [self](health_atom, bool ready) {
         // A scheduler says it stopped or started being ready.
@@ -512,7 +519,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         for (auto& rep : st.replicas)
           if (rep.sched && rep.sched.address() == self->current_sender()) {
             const bool was = rep.ready;
-            rep.ready = ready;
+            set_ready(st, rep, ready);
             if (!ready) rep.detail = "recovering";
             if (ready && !was) unpark(self);
           }

@@ -11,7 +11,8 @@
 //   (generate_atom, GenerateRequest frame, sink)     -> id
 //   (cancel_atom, id)                                -> found (bool)
 //   (stats_atom)   -> (kv used, kv free, running, waiting), summed over the replicas
-//   (health_atom)  -> (ready, replicas, replicas ready, detail)
+//   (health_atom)  -> (ready, replicas, replicas ready, detail, outages: how often a
+//                     replica stopped being ready)
 //   (metrics_atom) -> Prometheus text: replicas ready, failovers, resubmitted requests,
 //                     actor restarts per node (every node agent asked once a second)
 //

@@ -80,6 +80,9 @@ struct Health {
   detail @1 :Text;                      # in words, when not ready
   replicas @2 :UInt32;
   replicasReady @3 :UInt32;
+  outages @4 :UInt64;                   # times a replica stopped being ready since the
+                                        # gateway started (a failure repaired between two
+                                        # health calls still counts)
 }
 
 struct Stats {

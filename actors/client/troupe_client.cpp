@@ -113,7 +113,7 @@ expected<bool> troupe_client::cancel(uint64_t request) {
 expected<client_health> troupe_client::health() {
   try {
     auto h = impl_->gateway.healthRequest().send().wait(impl_->rpc.getWaitScope()).getHealth();
-    return client_health{h.getReady(), h.getDetail().cStr(), h.getReplicas(), h.getReplicasReady()};
+    return client_health{h.getReady(), h.getDetail().cStr(), h.getReplicas(), h.getReplicasReady(), h.getOutages()};
   } catch (const kj::Exception& e) {
     return error{"troupe gateway: " + describe(e)};
   }

@@ -37,6 +37,7 @@ struct client_health {
   bool ready = false;
   std::string detail;
   uint32_t replicas = 0, replicas_ready = 0;
+  uint64_t outages = 0;  // times a replica stopped being ready
 };
 
 struct client_stats {

@@ -373,11 +373,13 @@ expected<uint16_t> http_gateway::start() {
   srv.Get("/health", [g](const httplib::Request&, httplib::Response& r) {
     bool ready = false;
     uint32_t replicas = 0, replicas_ready = 0;
+    uint64_t outages = 0;
     std::string detail = "the router does not answer";
     caf::scoped_actor self{g->sys};
     self->request(g->router, std::chrono::seconds(1), health_atom_v)
         .receive(
-            [&](bool ok, uint32_t n, uint32_t n_ready, const std::string& d) {
+            [&](bool ok, uint32_t n, uint32_t n_ready, const std::string& d, uint64_t lost) {
+              outages = lost;
               ready = ok;
               replicas = n;
               replicas_ready = n_ready;
@@ -389,7 +391,7 @@ expected<uint16_t> http_gateway::start() {
       detail = "the gateway is draining";
     }
     r.status = ready ? 200 : 503;
-    r.set_content(openai::health_body(ready, replicas, replicas_ready, detail), "application/json");
+    r.set_content(openai::health_body(ready, replicas, replicas_ready, detail, outages), "application/json");
   });
   srv.Get("/metrics", [g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});

@@ -251,10 +251,12 @@ std::string error_body(const api_error& e) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail) {
+std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail,
+                        uint64_t outages) {
   json j = {{"status", ready ? (replicas_ready < replicas ? "degraded" : "ok") : "unavailable"},
             {"replicas", replicas},
-            {"replicas_ready", replicas_ready}};
+            {"replicas_ready", replicas_ready},
+            {"outages", outages}};
   if (!detail.empty()) j["detail"] = detail;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -56,7 +56,8 @@ const char* template_name(chat_template t);
 
 std::string error_body(const api_error& e);
 // GET /health: "ok" (every replica ready), "degraded" (some), "unavailable" (none; 503).
-std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail);
+std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail,
+                        uint64_t outages);
 
 struct choice_result {
   std::string text;

@@ -140,11 +140,13 @@ class gateway_server final : public schema::Gateway::Server {
     auto h = context.getResults().initHealth();
     bool ready = false;
     uint32_t replicas = 0, replicas_ready = 0;
+    uint64_t outages = 0;
     std::string detail = "the router does not answer";
     caf::scoped_actor self{g_.sys};
     self->request(g_.router, std::chrono::seconds(1), health_atom_v)
         .receive(
-            [&](bool r, uint32_t n, uint32_t n_ready, const std::string& d) {
+            [&](bool r, uint32_t n, uint32_t n_ready, const std::string& d, uint64_t lost) {
+              outages = lost;
               ready = r;
               replicas = n;
               replicas_ready = n_ready;
@@ -158,6 +160,7 @@ class gateway_server final : public schema::Gateway::Server {
     h.setReady(ready);
     h.setReplicas(replicas);
     h.setReplicasReady(replicas_ready);
+    h.setOutages(outages);
     h.setDetail(detail);
     return kj::READY_NOW;
   }

@@ -169,7 +169,7 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   for (int i = 0; i < 200; ++i) {  // both replicas ready
     uint32_t ready = 0;
     self->request(router, std::chrono::seconds(5), health_atom_v)
-        .receive([&](bool, uint32_t, uint32_t r, const std::string&) { ready = r; }, [&](caf::error&) {});
+        .receive([&](bool, uint32_t, uint32_t r, const std::string&, uint64_t) { ready = r; }, [&](caf::error&) {});
     if (ready == 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -191,7 +191,7 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   for (int i = 0; i < 200; ++i) {  // both replicas back
     uint32_t ready = 0;
     self->request(router, std::chrono::seconds(5), health_atom_v)
-        .receive([&](bool, uint32_t, uint32_t r, const std::string&) { ready = r; }, [&](caf::error&) {});
+        .receive([&](bool, uint32_t, uint32_t r, const std::string&, uint64_t) { ready = r; }, [&](caf::error&) {});
     if (ready == 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -90,11 +90,15 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   auto client = troupe_client::connect(endpoint);
-  auto whole = [&](uint32_t* ready = nullptr) {
+  uint64_t outages = 0;  // the gateway's count when it was last seen whole
+  auto whole = [&](bool* noticed = nullptr) {
     auto h = client->health();
     if (!h) return false;
-    if (ready) *ready = h->replicas_ready;
-    return h->replicas > 0 && h->replicas_ready == h->replicas;
+    const bool all = h->replicas > 0 && h->replicas_ready == h->replicas;
+    // An outage counted since the last look was seen by the gateway, however brief.
+    if (noticed) *noticed = !all || h->outages > outages;
+    if (all) outages = h->outages;
+    return all;
   };
   // Waits until every replica is ready; false after the timeout.
   auto wait_whole = [&](int timeout_s) {
@@ -210,11 +214,12 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       resume_due();
       continue;
     }
-    // Noticed: the gateway reports a replica not ready (a failure repaired faster than
-    // the health polls goes unseen, and is counted so).
+    // Noticed: the gateway reports a replica not ready, or an outage it counted since.
     const auto notice_by = t0 + std::chrono::milliseconds(std::max(3000, 10 * topo.failure.timeout_ms));
     while (clock_type::now() < notice_by) {
-      if (!whole()) {
+      bool noticed = false;
+      (void)whole(&noticed);
+      if (noticed) {
         r.detect_ms = ms_since(t0);
         break;
       }

@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
     const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(topo->failure.recovery_timeout_s);
     for (bool ready = false; !ready;) {
       self->request(router, std::chrono::seconds(1), health_atom_v)
-          .receive([&](bool r, uint32_t, uint32_t, const std::string&) { ready = r; }, [&](caf::error&) {});
+          .receive([&](bool r, uint32_t, uint32_t, const std::string&, uint64_t) { ready = r; }, [&](caf::error&) {});
       if (ready) break;
       if (std::chrono::steady_clock::now() > ready_by) {
         std::fprintf(stderr, "troupe-node %s: no replica is ready yet; serving anyway (health says why)\n", node_name.c_str());
