@@ -98,7 +98,7 @@ resubmitted=$(sed -n 's/^troupe_requests_resubmitted_total //p' <<<"$metrics")
 echo "metrics: actor restarts $restarts (nodes alive now), requests resubmitted $resubmitted"
 ((resubmitted > 0)) || { echo "no resubmission counted"; exit 1; }
 grep -q '^troupe_replicas_ready 2$' <<<"$metrics" || { echo "replicas_ready is not 2"; exit 1; }
-logged=$(grep -c 'request id=.* outcome=length ' "$state/g.log" || true)
+logged=$(grep -c 'request id=.* outcome=length .*tokens_out=200 ' "$state/g.log" || true)  # chaos's one-token probes aside
 ((logged == 64 * (rounds + 1))) || { echo "$logged request lines logged for $((64 * (rounds + 1))) requests"; exit 1; }
 first_text=$(head -1 "$state/clean.jsonl" | sed 's/.*"text":"\([^"]\{20\}\).*/\1/')
 ! grep -qF "$first_text" "$state/g.log" || { echo "the log holds output text"; exit 1; }
