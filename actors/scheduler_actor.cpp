@@ -45,7 +45,9 @@ struct scheduler_state {
   uint64_t epoch = 0;          // bumped on every loss: replies of older epochs are dropped
   uint64_t session_base = 0;
   bool ready = false;
-  int32_t resolve_round = 0;   // for the backoff
+  int32_t resolve_round = 0;   // for the backoff of stage lookups
+  int32_t losses = 0;          // since the last time the replica was ready: a stage that
+                               // fails every step is retried with a growing pause
   clock_type::time_point degraded_since = clock_type::now();
   std::string why = "starting";
 };
@@ -188,10 +190,11 @@ void canary(self_ptr self) {
       for (float x : lg->data) finite = finite && std::isfinite(x);
     if (!finite) return lose(self, st.stages.size() - 1, "the canary step gave no usable logits");
     const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - st.degraded_since).count();
-    std::fprintf(stderr, "troupe: replica %s ready (canary step passed; %.0f ms after %s)\n", st.setup.replica.c_str(), ms,
-                 st.why.c_str());
+    std::fprintf(stderr, "troupe: replica %s ready (canary step passed; not ready for %.0f ms: %s)\n",
+                 st.setup.replica.c_str(), ms, st.why.c_str());
     st.ready = true;
     st.resolve_round = 0;
+    st.losses = 0;
     announce(self);
     maybe_step(self);
   });
@@ -207,15 +210,21 @@ void lose(self_ptr self, size_t stage, const std::string& why) {
   st.in_flight = 0;
   st.released.clear();
   const size_t requeued = st.sched->reset_kv();
+  st.why = why;  // health says the latest reason
   if (st.ready) {
     st.ready = false;
     st.degraded_since = clock_type::now();
-    st.why = why;
     std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
                  st.setup.replica.c_str(), why.c_str(), requeued);
     announce(self);
   }
-  self->send(self, resolve_atom_v, st.epoch);
+  // The first loss is repaired at once; repeated ones (a stage that fails every step) wait
+  // 50 ms, doubling to 2 s, so a broken stage does not spin the scheduler.
+  const int32_t n = ++st.losses;
+  if (n <= 1)
+    self->send(self, resolve_atom_v, st.epoch);
+  else
+    self->delayed_send(self, std::chrono::milliseconds(std::min(2000, 25 << std::min(n - 1, 7))), resolve_atom_v, st.epoch);
 }
 
 // Looks up every missing stage; when all are there, runs the canary.

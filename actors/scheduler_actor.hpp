@@ -24,8 +24,9 @@
 // published at another node's port) and monitors them. When a stage dies, or a step fails
 // or times out, the plans in flight are dropped, every running request goes back to
 // waiting with its tokens (its KV recomputed later: the stages' caches are forgotten),
-// and the stages are looked up again with a backoff. The replica is ready again only
-// after a canary step through every stage succeeds. Requests that wait longer than
+// and the stages are looked up again with a backoff (a stage that fails every step is
+// retried after a pause growing to 2 s). The replica is ready again only after a canary
+// step through every stage succeeds. Requests that wait longer than
 // recovery_timeout for that end with an error. A sink that dies (its node gone) has its
 // requests aborted.
 #pragma once

@@ -1,7 +1,9 @@
 // Failures inside one process: a stage or shard killed under a scheduler mid-generation,
 // and a scheduler killed under the router while its replica streams. Every request ends
 // once, its chunks numbered without gaps, with the tokens the engine gives alone.
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include <caf/all.hpp>
 #include <doctest/doctest.h>
@@ -224,6 +226,47 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   REQUIRE(at != std::string::npos);
   CHECK(std::stoi(metrics.substr(at + key.size())) >= 2);
   self->send_exit(router, caf::exit_reason::user_shutdown);
+  self->send_exit(agent, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a stage that fails every step keeps its replica unready, retried with a growing pause") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto steps = std::make_shared<std::atomic<int>>(0);
+  // A stage that answers every step with an error.
+  unit_spec broken{"r0/stage0", [steps](caf::actor agent) {
+                     unit_instance u;
+                     u.members.push_back({"r0/stage0", wire::actor_kind::stage,
+                                          agent.home_system().spawn([steps]() -> caf::behavior {
+                                            return {[steps](step_atom, const wire_message&, const wire_message&) -> caf::result<wire_message> {
+                                              ++*steps;
+                                              return caf::make_error(caf::sec::runtime_error, "this stage is broken");
+                                            }};
+                                          })});
+                     return u;
+                   }};
+  auto agent = spawn_node_agent(sys, "local", {broken});
+  scheduler_setup s = setup_for(l, "r0", 1);
+  s.agent = agent;
+  auto sched = spawn_scheduler(sys, s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  bool ready = true;
+  std::string detail;
+  self->request(sched, std::chrono::seconds(5), health_atom_v)
+      .receive(
+          [&](bool r, uint32_t, uint32_t, uint32_t, uint32_t, const std::string& d) {
+            ready = r;
+            detail = d;
+          },
+          [&](caf::error& e) { FAIL(sys.render(e)); });
+  CHECK_FALSE(ready);
+  CHECK(detail.find("this stage is broken") != std::string::npos);
+  // Canary steps at 0, 0, 50, 100, 200, 400, 800 ms...: a handful, not a spin.
+  CHECK(*steps >= 3);
+  CHECK(*steps <= 12);
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
   self->send_exit(agent, caf::exit_reason::user_shutdown);
 }
 
