@@ -66,8 +66,8 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
   REQUIRE(two.has_value());
   CHECK(two->replicas.size() == 2);
   CHECK(two->replicas[1].scheduler_node == "b0");  // the first stage's node by default
-  CHECK(two->failure.heartbeat_ms == 200);
-  CHECK(two->failure.timeout_ms == 300);
+  CHECK(two->failure.heartbeat_ms == 300);
+  CHECK(two->failure.timeout_ms == 450);
   CHECK(two->failure.restart);
   auto pp = parse_topology(dir + "/pp2-tp2.toml");
   REQUIRE(pp.has_value());
