@@ -36,6 +36,8 @@ struct scheduler_state {
   std::vector<request_id> released;
   std::unordered_map<uint64_t, sink_entry> sinks;
   std::unordered_set<caf::actor_addr> monitored_sinks;
+  std::unordered_set<caf::actor_addr> watchers;  // asked for health (the router): told of
+                                                 // every change, requests or not
   uint64_t next_id = 1;
   int32_t in_flight = 0;
 
@@ -90,8 +92,11 @@ void fail_request(self_ptr self, request_id id, const std::string& why) {
 // Sinks (the router) hear at once when the replica stops or starts being ready.
 void announce(self_ptr self) {
   auto& st = self->state;
-  for (const auto& addr : st.monitored_sinks)
-    if (auto sink = caf::actor_cast<caf::actor>(addr)) self->send(sink, health_atom_v, st.ready);
+  std::unordered_set<caf::actor_addr> told;
+  for (const auto* set : {&st.watchers, &st.monitored_sinks})
+    for (const auto& addr : *set)
+      if (told.insert(addr).second)
+        if (auto a = caf::actor_cast<caf::actor>(addr)) self->send(a, health_atom_v, st.ready);
 }
 
 void maybe_step(self_ptr self);
@@ -319,6 +324,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         st.peers.erase(it);
         return;
       }
+    st.watchers.erase(dm.source);
     if (st.monitored_sinks.erase(dm.source) == 0) return;
     std::vector<uint64_t> gone;
     for (auto& [id, s] : st.sinks)
@@ -376,6 +382,9 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
       },
       [self](health_atom) {
         auto& st = self->state;
+        // Whoever asks (the router) hears of later changes at once, not at its next poll.
+        if (auto asker = caf::actor_cast<caf::actor>(self->current_sender()))
+          if (st.watchers.insert(asker.address()).second && !st.monitored_sinks.count(asker.address())) self->monitor(asker);
         const kv_usage u = st.sched->usage();
         return caf::make_message(st.ready, u.used, u.free, static_cast<uint32_t>(st.sched->num_running()),
                                  static_cast<uint32_t>(st.sched->num_waiting()), st.ready ? std::string{} : st.why);
