@@ -270,4 +270,43 @@ TEST_CASE("a stage that fails every step keeps its replica unready, retried with
   self->send_exit(agent, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("whoever asked a scheduler for its health hears when it stops and starts being ready") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto rep = spawn_replica(sys, l.m, {{0, 2, 1}, {2, 5, 1}}, 128, 16, 128);
+  scheduler_setup s = setup_for(l, "r0", 2);
+  s.agent = rep.agent;
+  auto sched = spawn_scheduler(sys, s);
+  // Ready, asked once, and no request ever sent: the asker is still told.
+  bool ready = false;
+  for (int i = 0; i < 500 && !ready; ++i) {
+    self->request(sched, std::chrono::seconds(5), health_atom_v)
+        .receive([&](bool r, uint32_t, uint32_t, uint32_t, uint32_t, const std::string&) { ready = r; },
+                 [&](caf::error& e) { FAIL(sys.render(e)); });
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(ready);
+  // Earlier news (it became ready while this test was asking) may be waiting: drop it.
+  for (bool more = true; more;)
+    self->receive([](health_atom, bool) {}, caf::after(std::chrono::milliseconds(0)) >> [&] { more = false; });
+  self->send(rep.agent, kill_atom_v, std::string("r0/stage1"));
+  std::vector<bool> told;
+  while (told.empty() || told.back() != true) {
+    bool got = false;
+    self->receive([&](health_atom, bool r) { told.push_back(r); got = true; },
+                  [&](const caf::message&) { got = true; },  // the kill's reply
+                  caf::after(std::chrono::seconds(30)) >> [] {});
+    REQUIRE(got);
+    REQUIRE(told.size() < 10);
+  }
+  // Told it stopped being ready (once per loss), then that it is ready again.
+  REQUIRE(told.size() >= 2);
+  CHECK(told.front() == false);
+  CHECK(told.back() == true);
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
+}
+
 }  // namespace troupe
