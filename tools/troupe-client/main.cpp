@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
     if (h->ready && h->replicas_ready == h->replicas)
       std::printf("ready\n");
     else if (h->ready)
-      std::printf("degraded: %u of %u replicas ready: %s\n", h->replicas_ready, h->replicas, h->detail.c_str());
+      std::printf("degraded: %u of %u replicas ready (%llu outage(s) so far): %s\n", h->replicas_ready, h->replicas,
+                  static_cast<unsigned long long>(h->outages), h->detail.c_str());
     else
       std::printf("not ready%s%s\n", h->detail.empty() ? "" : ": ", h->detail.c_str());
     return h->ready ? 0 : 3;
