@@ -14,6 +14,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/api_keys.hpp"
+#include "actors/gateway/router_calls.hpp"
 #include "actors/wire/client_codec.hpp"
 
 namespace troupe {
@@ -306,11 +307,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
 }
 
 std::string http_gateway::impl::render_metrics() {
-  uint32_t used = 0, free = 0, running = 0, waiting = 0;
+  const router_stats st = ask_stats(sys, router);
   caf::scoped_actor self{sys};
-  self->request(router, std::chrono::seconds(1), stats_atom_v)
-      .receive([&](uint32_t u, uint32_t f, uint32_t r, uint32_t w) { used = u; free = f; running = r; waiting = w; },
-               [&](caf::error&) {});
   std::string router_metrics;
   self->request(router, std::chrono::seconds(1), metrics_atom_v)
       .receive([&](const std::string& text) { router_metrics = text; }, [&](caf::error&) {});
@@ -324,12 +322,12 @@ std::string http_gateway::impl::render_metrics() {
   out += "# HELP troupe_generated_tokens_total Generated tokens of finished requests.\n# TYPE troupe_generated_tokens_total counter\n";
   out += "troupe_generated_tokens_total " + std::to_string(m.tokens_out) + "\n";
   out += "# HELP troupe_requests_running Requests in the running batch.\n# TYPE troupe_requests_running gauge\n";
-  out += "troupe_requests_running " + std::to_string(running) + "\n";
+  out += "troupe_requests_running " + std::to_string(st.running) + "\n";
   out += "# HELP troupe_requests_waiting Requests queued for the batch.\n# TYPE troupe_requests_waiting gauge\n";
-  out += "troupe_requests_waiting " + std::to_string(waiting) + "\n";
+  out += "troupe_requests_waiting " + std::to_string(st.waiting) + "\n";
   out += "# HELP troupe_kv_blocks KV blocks by state.\n# TYPE troupe_kv_blocks gauge\n";
-  out += "troupe_kv_blocks{state=\"used\"} " + std::to_string(used) + "\n";
-  out += "troupe_kv_blocks{state=\"free\"} " + std::to_string(free) + "\n";
+  out += "troupe_kv_blocks{state=\"used\"} " + std::to_string(st.kv_used) + "\n";
+  out += "troupe_kv_blocks{state=\"free\"} " + std::to_string(st.kv_free) + "\n";
   m.ttft.write(out, "troupe_time_to_first_token_seconds", "Time from request to first token.");
   m.tpot.write(out, "troupe_time_per_output_token_seconds", "Mean time per token after the first, per request.");
   m.itl.write(out, "troupe_inter_token_latency_seconds", "Gaps between streamed chunks.");
@@ -371,27 +369,9 @@ expected<uint16_t> http_gateway::start() {
     r.set_content(openai::models_body(g->cfg.model_id, g->started), "application/json");
   });
   srv.Get("/health", [g](const httplib::Request&, httplib::Response& r) {
-    bool ready = false;
-    uint32_t replicas = 0, replicas_ready = 0;
-    uint64_t outages = 0;
-    std::string detail = "the router does not answer";
-    caf::scoped_actor self{g->sys};
-    self->request(g->router, std::chrono::seconds(1), health_atom_v)
-        .receive(
-            [&](bool ok, uint32_t n, uint32_t n_ready, const std::string& d, uint64_t lost) {
-              outages = lost;
-              ready = ok;
-              replicas = n;
-              replicas_ready = n_ready;
-              detail = d;
-            },
-            [&](caf::error&) {});
-    if (g->draining) {
-      ready = false;
-      detail = "the gateway is draining";
-    }
-    r.status = ready ? 200 : 503;
-    r.set_content(openai::health_body(ready, replicas, replicas_ready, detail, outages), "application/json");
+    const router_health h = ask_health(g->sys, g->router, g->draining);
+    r.status = h.ready ? 200 : 503;
+    r.set_content(openai::health_body(h.ready, h.replicas, h.replicas_ready, h.detail, h.outages), "application/json");
   });
   srv.Get("/metrics", [g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});

@@ -15,6 +15,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/api_keys.hpp"
+#include "actors/gateway/router_calls.hpp"
 #include "actors/wire/frame.hpp"
 #include "schema/client.capnp.h"
 
@@ -137,47 +138,24 @@ class gateway_server final : public schema::Gateway::Server {
   }
 
   kj::Promise<void> health(HealthContext context) override {
+    const router_health r = ask_health(g_.sys, g_.router, g_.draining);
     auto h = context.getResults().initHealth();
-    bool ready = false;
-    uint32_t replicas = 0, replicas_ready = 0;
-    uint64_t outages = 0;
-    std::string detail = "the router does not answer";
-    caf::scoped_actor self{g_.sys};
-    self->request(g_.router, std::chrono::seconds(1), health_atom_v)
-        .receive(
-            [&](bool r, uint32_t n, uint32_t n_ready, const std::string& d, uint64_t lost) {
-              outages = lost;
-              ready = r;
-              replicas = n;
-              replicas_ready = n_ready;
-              detail = d;
-            },
-            [&](caf::error&) {});
-    if (g_.draining) {
-      ready = false;
-      detail = "the gateway is draining";
-    }
-    h.setReady(ready);
-    h.setReplicas(replicas);
-    h.setReplicasReady(replicas_ready);
-    h.setOutages(outages);
-    h.setDetail(detail);
+    h.setReady(r.ready);
+    h.setReplicas(r.replicas);
+    h.setReplicasReady(r.replicas_ready);
+    h.setOutages(r.outages);
+    h.setDetail(r.detail);
     return kj::READY_NOW;
   }
 
   kj::Promise<void> stats(StatsContext context) override {
     if (!key_allowed(g_.api_keys, context.getParams().getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
+    const router_stats r = ask_stats(g_.sys, g_.router);
     auto s = context.getResults().initStats();
-    caf::scoped_actor self{g_.sys};
-    self->request(g_.router, std::chrono::seconds(1), stats_atom_v)
-        .receive(
-            [&](uint32_t used, uint32_t free, uint32_t running, uint32_t waiting) {
-              s.setKvBlocksUsed(used);
-              s.setKvBlocksFree(free);
-              s.setRequestsRunning(running);
-              s.setRequestsWaiting(waiting);
-            },
-            [&](caf::error&) {});
+    s.setKvBlocksUsed(r.kv_used);
+    s.setKvBlocksFree(r.kv_free);
+    s.setRequestsRunning(r.running);
+    s.setRequestsWaiting(r.waiting);
     return kj::READY_NOW;
   }
 

@@ -114,6 +114,16 @@ void fill_generate_request(schema::GenerateRequest::Builder r, const std::string
 
 namespace {
 
+schema::FinishReason to_schema(finish_reason r) {
+  switch (r) {
+    case finish_reason::stop: return schema::FinishReason::STOP;
+    case finish_reason::length: return schema::FinishReason::LENGTH;
+    case finish_reason::aborted: return schema::FinishReason::ABORTED;
+    case finish_reason::none: break;
+  }
+  return schema::FinishReason::ERROR;
+}
+
 void fill_token_chunk(schema::TokenChunk::Builder c, uint64_t request, uint32_t seq, const step_output& out) {
   c.setRequestId(request);
   c.setSeq(seq);
@@ -143,21 +153,28 @@ std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const st
   return to_bytes(msg);
 }
 
+namespace {
+
+// A result without its final chunk: counts, reason (error when error_text is set).
+schema::GenerateResult::Builder fill_result(capnp::MallocMessageBuilder& msg, uint64_t request, const step_output& last,
+                                            uint32_t chunks, const std::string& error_text) {
+  auto r = msg.initRoot<schema::GenerateResult>();
+  r.setRequestId(request);
+  r.setReason(error_text.empty() ? to_schema(last.reason) : schema::FinishReason::ERROR);
+  r.setPromptTokens(static_cast<uint32_t>(last.num_prompt_tokens));
+  r.setOutputTokens(static_cast<uint32_t>(last.num_output_tokens));
+  r.setCachedPromptTokens(static_cast<uint32_t>(last.num_cached_prompt_tokens));
+  r.setError(error_text);
+  r.setChunks(chunks);
+  return r;
+}
+
+}  // namespace
+
 std::vector<uint8_t> encode_final_result(uint64_t request, uint32_t seq, const step_output& out) {
   const bool chunk = !out.new_tokens.empty() || !out.text.empty();
   capnp::MallocMessageBuilder msg;
-  auto r = msg.initRoot<schema::GenerateResult>();
-  r.setRequestId(request);
-  switch (out.reason) {
-    case finish_reason::stop: r.setReason(schema::FinishReason::STOP); break;
-    case finish_reason::length: r.setReason(schema::FinishReason::LENGTH); break;
-    case finish_reason::aborted: r.setReason(schema::FinishReason::ABORTED); break;
-    case finish_reason::none: r.setReason(schema::FinishReason::ERROR); break;
-  }
-  r.setPromptTokens(static_cast<uint32_t>(out.num_prompt_tokens));
-  r.setOutputTokens(static_cast<uint32_t>(out.num_output_tokens));
-  r.setCachedPromptTokens(static_cast<uint32_t>(out.num_cached_prompt_tokens));
-  r.setChunks(seq + (chunk ? 1 : 0));
+  auto r = fill_result(msg, request, out, seq + (chunk ? 1 : 0), "");
   if (chunk) {
     fill_token_chunk(r.initLast(), request, seq, out);
     r.setHasLast(true);
@@ -168,20 +185,7 @@ std::vector<uint8_t> encode_final_result(uint64_t request, uint32_t seq, const s
 std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output& last, uint32_t chunks,
                                             const std::string& error_text) {
   capnp::MallocMessageBuilder msg;
-  auto r = msg.initRoot<schema::GenerateResult>();
-  r.setRequestId(request);
-  switch (last.reason) {
-    case finish_reason::stop: r.setReason(schema::FinishReason::STOP); break;
-    case finish_reason::length: r.setReason(schema::FinishReason::LENGTH); break;
-    case finish_reason::aborted: r.setReason(schema::FinishReason::ABORTED); break;
-    case finish_reason::none: r.setReason(schema::FinishReason::ERROR); break;
-  }
-  if (!error_text.empty()) r.setReason(schema::FinishReason::ERROR);
-  r.setPromptTokens(static_cast<uint32_t>(last.num_prompt_tokens));
-  r.setOutputTokens(static_cast<uint32_t>(last.num_output_tokens));
-  r.setCachedPromptTokens(static_cast<uint32_t>(last.num_cached_prompt_tokens));
-  r.setError(error_text);
-  r.setChunks(chunks);
+  fill_result(msg, request, last, chunks, error_text);
   return to_bytes(msg);
 }
 

@@ -73,13 +73,7 @@ status scheduler::add(request_id id, request_params p) {
 
 size_t scheduler::reset_kv() {
   const size_t n = running_.size();
-  for (request* r : running_) {
-    r->num_computed_tokens = 0;
-    r->state = request_state::waiting;
-    r->in_flight = false;
-    ++r->num_preemptions;
-    insert_waiting(r);
-  }
+  for (request* r : running_) requeue(*r);
   running_.clear();
   const kv_usage before = kv_.usage();
   queried_before_reset_ += before.queried_tokens;
@@ -114,13 +108,19 @@ std::optional<step_output> scheduler::abort(request_id id) {
   return finish(*r, finish_reason::aborted);
 }
 
-void scheduler::preempt(request& r, step_plan& plan) {
-  kv_.free(r.id);
+// Back to waiting with its tokens kept; it recomputes its KV when admitted again.
+void scheduler::requeue(request& r) {
   r.num_computed_tokens = 0;
   r.state = request_state::waiting;
+  r.in_flight = false;
   ++r.num_preemptions;
-  std::erase(running_, &r);
   insert_waiting(&r);
+}
+
+void scheduler::preempt(request& r, step_plan& plan) {
+  kv_.free(r.id);
+  std::erase(running_, &r);
+  requeue(r);
   plan.preempted.push_back(r.id);
 }
 

@@ -82,6 +82,7 @@ class scheduler {
 
  private:
   bool before(const request& a, const request& b) const;  // scheduling order
+  void requeue(request& r);
   void preempt(request& r, step_plan& plan);
   step_output finish(request& r, finish_reason why);
   void insert_waiting(request* r);

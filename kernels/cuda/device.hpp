@@ -51,7 +51,10 @@ class buffer {
   T* get() const { return p_; }
   size_t size() const { return n_; }
 
-  void upload(const T* host, size_t n) { check(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice), "upload"); }
+  void upload(const T* host, size_t n) {
+    if (n > n_) throw cuda_error("upload: " + std::to_string(n) + " elements into a buffer of " + std::to_string(n_));
+    check(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
   void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
   std::vector<T> download() const {
     std::vector<T> out(n_);

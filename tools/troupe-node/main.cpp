@@ -21,6 +21,7 @@
 #include "actors/caf/system_config.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/http_gateway.hpp"
+#include "actors/gateway/router_calls.hpp"
 #include "actors/gateway/rpc_gateway.hpp"
 #include "actors/replica.hpp"
 #include "actors/router.hpp"
@@ -275,10 +276,8 @@ int main(int argc, char** argv) {
     // The endpoint is announced once a replica can serve (a canary step passed), or after
     // the recovery timeout with a warning.
     const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(topo->failure.recovery_timeout_s);
-    for (bool ready = false; !ready;) {
-      self->request(router, std::chrono::seconds(1), health_atom_v)
-          .receive([&](bool r, uint32_t, uint32_t, const std::string&, uint64_t) { ready = r; }, [&](caf::error&) {});
-      if (ready) break;
+    for (;;) {
+      if (ask_health(sys, router, false).ready) break;
       if (std::chrono::steady_clock::now() > ready_by) {
         std::fprintf(stderr, "troupe-node %s: no replica is ready yet; serving anyway (health says why)\n", node_name.c_str());
         break;
@@ -301,11 +300,8 @@ int main(int argc, char** argv) {
       http.drain();
       std::fprintf(stderr, "troupe-node %s: draining (signal %d)\n", node_name.c_str(), sig);
       for (int i = 0; i < 300; ++i) {
-        uint32_t busy = 0;
-        self->request(router, std::chrono::seconds(1), stats_atom_v)
-            .receive([&](uint32_t, uint32_t, uint32_t running, uint32_t waiting) { busy = running + waiting; },
-                     [&](caf::error&) {});
-        if (busy == 0) break;
+        const router_stats busy = ask_stats(sys, router);
+        if (busy.running + busy.waiting == 0) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       std::fprintf(stderr, "troupe-node %s: stopping\n", node_name.c_str());
