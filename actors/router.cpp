@@ -4,9 +4,9 @@
 #include <unordered_map>
 
 #include <caf/all.hpp>
-#include <caf/io/middleman.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/agent_link.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "actors/wire/control_codec.hpp"
@@ -199,46 +199,42 @@ void find_scheduler(self_ptr self, size_t k) {
   replica_slot& rep = st.replicas[k];
   if (rep.resolving) return;
   rep.resolving = true;
-  auto lookup = [self, k](caf::actor agent) {
-    self->request(agent, std::chrono::seconds(2), lookup_atom_v, self->state.replicas[k].addr.scheduler)
-        .then(
-            [self, k](const caf::actor& sched) {
-              replica_slot& rep = self->state.replicas[k];
-              rep.resolving = false;
-              if (!sched) return;
-              rep.sched = sched;
-              self->monitor(sched);
-              if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
-                rep.hit_base += rep.hit_now;
-                rep.queried_base += rep.queried_now;
-                rep.hit_now = rep.queried_now = 0;
-                rep.counted = sched.address();
-              }
-              poll_one(self, k);
-            },
-            [self, k](caf::error& e) {
-              replica_slot& rep = self->state.replicas[k];
-              rep.resolving = false;
-              rep.detail = "scheduler not found: " + self->system().render(e);
-              if (!rep.addr.host.empty()) rep.agent = caf::actor{};
-            });
-  };
-  if (rep.addr.host.empty()) return lookup(st.setup.agent);
-  if (rep.agent) return lookup(rep.agent);
-  auto mm = self->system().middleman().actor_handle();
-  self->request(mm, std::chrono::seconds(2), caf::connect_atom_v, rep.addr.host, rep.addr.port)
-      .then(
-          [self, k, lookup](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-            auto agent = caf::actor_cast<caf::actor>(ptr);
-            self->state.replicas[k].agent = agent;
-            self->monitor(agent);
-            lookup(agent);
-          },
-          [self, k](caf::error& e) {
-            replica_slot& rep = self->state.replicas[k];
-            rep.resolving = false;
-            rep.detail = "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + self->system().render(e);
-          });
+  with_agent(
+      self, st.setup.agent, rep.agent, rep.addr.host, rep.addr.port,
+      [self, k](caf::actor agent, bool fresh) {
+        replica_slot& rep = self->state.replicas[k];
+        if (fresh) {
+          rep.agent = agent;
+          self->monitor(agent);
+        }
+        self->request(agent, std::chrono::seconds(2), lookup_atom_v, rep.addr.scheduler)
+            .then(
+                [self, k](const caf::actor& sched) {
+                  replica_slot& rep = self->state.replicas[k];
+                  rep.resolving = false;
+                  if (!sched) return;
+                  rep.sched = sched;
+                  self->monitor(sched);
+                  if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
+                    rep.hit_base += rep.hit_now;
+                    rep.queried_base += rep.queried_now;
+                    rep.hit_now = rep.queried_now = 0;
+                    rep.counted = sched.address();
+                  }
+                  poll_one(self, k);
+                },
+                [self, k](caf::error& e) {
+                  replica_slot& rep = self->state.replicas[k];
+                  rep.resolving = false;
+                  rep.detail = "scheduler not found: " + self->system().render(e);
+                  rep.agent = caf::actor{};  // connect again next time
+                });
+      },
+      [self, k](caf::error& e) {
+        replica_slot& rep = self->state.replicas[k];
+        rep.resolving = false;
+        rep.detail = "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + self->system().render(e);
+      });
 }
 
 void poll_one(self_ptr self, size_t k) {
@@ -284,44 +280,29 @@ void poll_nodes(self_ptr self) {
   for (size_t k = 0; k < st.nodes.size(); ++k) {
     node_slot& n = st.nodes[k];
     if (n.asking) continue;
-    auto ask = [self, k](caf::actor agent) {
-      self->state.nodes[k].asking = true;
-      self->request(agent, std::chrono::seconds(1), health_atom_v)
-          .then(
-              [self, k](const wire_message& m) {
-                node_slot& n = self->state.nodes[k];
-                n.asking = false;
-                auto h = m.bytes ? wire::decode_node_health(*m.bytes) : expected<wire::node_health>(error{"empty"});
-                if (!h) return;
-                n.restarts = 0;
-                for (auto& a : h->actors) n.restarts = std::max(n.restarts, a.restarts);
-                n.answered = true;
-              },
-              [self, k](caf::error&) {
-                node_slot& n = self->state.nodes[k];
-                n.asking = false;
-                n.answered = false;
-                if (!n.addr.host.empty()) n.agent = caf::actor{};
-              });
-    };
-    if (n.addr.host.empty()) {
-      ask(st.setup.agent);
-    } else if (n.agent) {
-      ask(n.agent);
-    } else {
-      n.asking = true;
-      auto mm = self->system().middleman().actor_handle();
-      self->request(mm, std::chrono::seconds(1), caf::connect_atom_v, n.addr.host, n.addr.port)
-          .then(
-              [self, k, ask](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-                self->state.nodes[k].agent = caf::actor_cast<caf::actor>(ptr);
-                ask(self->state.nodes[k].agent);
-              },
-              [self, k](caf::error&) {
-                self->state.nodes[k].asking = false;
-                self->state.nodes[k].answered = false;
-              });
-    }
+    n.asking = true;
+    with_agent(
+        self, st.setup.agent, n.agent, n.addr.host, n.addr.port,
+        [self, k](caf::actor agent, bool fresh) {
+          if (fresh) self->state.nodes[k].agent = agent;
+          self->request(agent, std::chrono::seconds(1), health_atom_v)
+              .then(
+                  [self, k](const wire_message& m) {
+                    node_slot& n = self->state.nodes[k];
+                    n.asking = false;
+                    auto h = m.bytes ? wire::decode_node_health(*m.bytes) : expected<wire::node_health>(error{"empty"});
+                    if (!h) return;
+                    n.restarts = 0;
+                    for (auto& a : h->actors) n.restarts = std::max(n.restarts, a.restarts);
+                    n.answered = true;
+                  },
+                  [self, k](caf::error&) {
+                    node_slot& n = self->state.nodes[k];
+                    n.asking = n.answered = false;
+                    n.agent = caf::actor{};  // connect again next time
+                  });
+        },
+        [self, k](caf::error&) { self->state.nodes[k].asking = self->state.nodes[k].answered = false; });
   }
 }
 

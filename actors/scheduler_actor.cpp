@@ -6,8 +6,8 @@
 #include <unordered_set>
 
 #include <caf/all.hpp>
-#include <caf/io/middleman.hpp>
 
+#include "actors/agent_link.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/wire/activations_codec.hpp"
 #include "actors/wire/client_codec.hpp"
@@ -255,41 +255,31 @@ void resolve(self_ptr self) {
   for (size_t i = 0; i < st.stages.size(); ++i) {
     if (st.stages[i]) continue;
     const stage_address& a = st.setup.stages[i];
-    auto lookup = [self, epoch, i, finish_one, name = a.name](caf::actor agent, std::string peer_key) {
-      self->request(agent, std::chrono::seconds(2), lookup_atom_v, name)
-          .then(
-              [self, epoch, i, finish_one](const caf::actor& stage) {
-                auto& st = self->state;
-                if (epoch == st.epoch && stage) {
-                  st.stages[i] = stage;
-                  self->monitor(stage);
-                }
-                finish_one();
-              },
-              [self, finish_one, peer_key](caf::error&) {
-                if (!peer_key.empty()) self->state.peers.erase(peer_key);  // look the agent up again next time
-                finish_one();
-              });
-    };
-    if (a.port == 0) {
-      lookup(st.setup.agent, "");
-      continue;
-    }
     const std::string key = a.host + ":" + std::to_string(a.port);
-    if (auto it = st.peers.find(key); it != st.peers.end()) {
-      lookup(it->second, key);
-      continue;
-    }
-    auto mm = self->system().middleman().actor_handle();
-    self->request(mm, std::chrono::seconds(2), caf::connect_atom_v, a.host, a.port)
-        .then(
-            [self, key, lookup](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-              auto agent = caf::actor_cast<caf::actor>(ptr);
-              self->state.peers[key] = agent;
-              self->monitor(agent);
-              lookup(agent, key);
-            },
-            [finish_one](caf::error&) { finish_one(); });
+    const auto known = st.peers.find(key);
+    with_agent(
+        self, st.setup.agent, known == st.peers.end() ? caf::actor{} : known->second, a.host, a.port,
+        [self, epoch, i, finish_one, key, remote = a.port != 0, name = a.name](caf::actor agent, bool fresh) {
+          if (fresh) {
+            self->state.peers[key] = agent;
+            self->monitor(agent);
+          }
+          self->request(agent, std::chrono::seconds(2), lookup_atom_v, name)
+              .then(
+                  [self, epoch, i, finish_one](const caf::actor& stage) {
+                    auto& st = self->state;
+                    if (epoch == st.epoch && stage) {
+                      st.stages[i] = stage;
+                      self->monitor(stage);
+                    }
+                    finish_one();
+                  },
+                  [self, finish_one, key, remote](caf::error&) {
+                    if (remote) self->state.peers.erase(key);  // connect again next time
+                    finish_one();
+                  });
+        },
+        [finish_one](caf::error&) { finish_one(); });
   }
 }
 
