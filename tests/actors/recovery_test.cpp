@@ -14,6 +14,7 @@
 #include "actors/router.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
+#include "tests/actors/stream_ledger.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -36,6 +37,38 @@ std::vector<request_params> requests(const test::loaded& l) {
   return out;
 }
 
+using test::collect;
+using test::ledger;
+
+// Each request's tokens from the engine alone, the reference for every run through actors.
+std::vector<generation_result> alone_tokens(const test::loaded& l, const std::vector<request_params>& reqs) {
+  generator gen(l.m, l.tok, generator_options{});
+  auto alone = gen.generate(reqs);
+  REQUIRE(alone.has_value());
+  return std::move(alone).value();
+}
+
+// Every request ended once, without an error, with the engine's tokens.
+void check_as_alone(ledger& lg, const std::vector<generation_result>& alone) {
+  for (size_t i = 0; i < alone.size(); ++i) {
+    CAPTURE(texts[i]);
+    CHECK(lg.ends[i + 1] == 1);
+    CHECK(lg.results[i + 1].error.empty());
+    CHECK(lg.tokens[i + 1] == alone[i].tokens);
+  }
+}
+
+// Waits (5 s at most) until the router has `n` ready replicas.
+void wait_ready(caf::scoped_actor& self, const caf::actor& router, uint32_t n) {
+  uint32_t ready = 0;
+  for (int i = 0; i < 500 && ready < n; ++i) {
+    self->request(router, std::chrono::seconds(5), health_atom_v)
+        .receive([&](bool, uint32_t, uint32_t r, const std::string&, uint64_t) { ready = r; }, [](caf::error&) {});
+    if (ready < n) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(ready == n);
+}
+
 scheduler_setup setup_for(const test::loaded& l, const std::string& replica, size_t stages) {
   scheduler_setup s;
   s.m = &l.m;
@@ -52,54 +85,12 @@ scheduler_setup setup_for(const test::loaded& l, const std::string& replica, siz
   return s;
 }
 
-struct ledger {
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, uint32_t> next_seq;
-  std::map<uint64_t, int> ends;
-  std::map<uint64_t, std::string> errors;
-  std::map<uint64_t, finish_reason> reasons;
-  int chunks = 0;
-};
-
-// Receives until every id has ended; calls `at_chunk(n)` after the n-th chunk.
-void collect(caf::scoped_actor& self, ledger& lg, size_t count, const std::function<void(int)>& at_chunk) {
-  while (lg.ends.size() < count) {
-    bool got = false;
-    self->receive(
-        [&](chunk_atom, const wire_message& m) {
-          auto c = wire::decode_token_chunk(*m.bytes);
-          REQUIRE(c.has_value());
-          CHECK(c->seq == lg.next_seq[c->request]++);
-          lg.tokens[c->request].insert(lg.tokens[c->request].end(), c->tokens.begin(), c->tokens.end());
-          at_chunk(++lg.chunks);
-          got = true;
-        },
-        [&](done_atom, const wire_message& m) {
-          auto r = wire::decode_generate_result(*m.bytes);
-          REQUIRE(r.has_value());
-          if (r->last) {
-            CHECK(r->last->seq == lg.next_seq[r->request]++);
-            lg.tokens[r->request].insert(lg.tokens[r->request].end(), r->last->tokens.begin(), r->last->tokens.end());
-          }
-          CHECK(r->chunks == lg.next_seq[r->request]);
-          ++lg.ends[r->request];
-          lg.reasons[r->request] = r->reason;
-          if (!r->error.empty()) lg.errors[r->request] = r->error;
-          got = true;
-        },
-        caf::after(std::chrono::seconds(60)) >> [] {});
-    REQUIRE(got);
-  }
-}
-
 }  // namespace
 
 TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests recompute and finish as alone") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const auto reqs = requests(l);
-  generator gen(l.m, l.tok, generator_options{});
-  auto alone = gen.generate(reqs);
-  REQUIRE(alone.has_value());
+  const auto alone = alone_tokens(l, reqs);
 
   system_config cfg;
   caf::actor_system sys{cfg};
@@ -122,12 +113,7 @@ TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests
     if (n == 40) kill("r0/stage1");
     if (n == 200) kill("r0/stage1/shard1");  // TP=2: its peer is released from the all-reduce
   });
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    CAPTURE(texts[i]);
-    CHECK(lg.ends[i + 1] == 1);
-    CHECK(lg.errors.count(i + 1) == 0);
-    CHECK(lg.tokens[i + 1] == (*alone)[i].tokens);
-  }
+  check_as_alone(lg, alone);
   // The agent restarted the stage twice; every block is free again.
   uint32_t used = 99;
   self->request(sched, std::chrono::seconds(5), stats_atom_v)
@@ -150,9 +136,7 @@ TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests
 TEST_CASE("a scheduler killed under the router: its requests continue on the other replica, each token once") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const auto reqs = requests(l);
-  generator gen(l.m, l.tok, generator_options{});
-  auto alone = gen.generate(reqs);
-  REQUIRE(alone.has_value());
+  const auto alone = alone_tokens(l, reqs);
 
   system_config cfg;
   caf::actor_system sys{cfg};
@@ -168,13 +152,7 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   rs.agent = agent;
   rs.replicas = {{"r0", scheduler_name("r0"), "", 0}, {"r1", scheduler_name("r1"), "", 0}};
   auto router = spawn_router(sys, rs);
-  for (int i = 0; i < 200; ++i) {  // both replicas ready
-    uint32_t ready = 0;
-    self->request(router, std::chrono::seconds(5), health_atom_v)
-        .receive([&](bool, uint32_t, uint32_t r, const std::string&, uint64_t) { ready = r; }, [&](caf::error&) {});
-    if (ready == 2) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_ready(self, router, 2);
   for (size_t i = 0; i < reqs.size(); ++i)
     self->send(router, generate_atom_v, uint64_t{i + 1},
                wire_message(wire_kind::none, wire::encode_generate_request_text(texts[i], reqs[i])), caf::actor{self});
@@ -183,20 +161,9 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
     if (n == 60) self->send(agent, kill_atom_v, std::string("r0/scheduler"));
     if (n == 250) self->send(agent, kill_atom_v, std::string("r1/scheduler"));
   });
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    CAPTURE(texts[i]);
-    CHECK(lg.ends[i + 1] == 1);
-    CHECK(lg.errors.count(i + 1) == 0);
-    CHECK(lg.tokens[i + 1] == (*alone)[i].tokens);
-  }
+  check_as_alone(lg, alone);
   // A request cancelled just as its replica dies ends once, as cancelled, not resubmitted.
-  for (int i = 0; i < 200; ++i) {  // both replicas back
-    uint32_t ready = 0;
-    self->request(router, std::chrono::seconds(5), health_atom_v)
-        .receive([&](bool, uint32_t, uint32_t r, const std::string&, uint64_t) { ready = r; }, [&](caf::error&) {});
-    if (ready == 2) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_ready(self, router, 2);  // both replicas back
   request_params longer = reqs[0];
   longer.max_tokens = 400;
   self->send(router, generate_atom_v, uint64_t{100},
@@ -212,8 +179,8 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   });
   CHECK(cancelled);
   CHECK(one.ends[100] == 1);
-  CHECK(one.errors.count(100) == 0);
-  CHECK(one.reasons[100] == finish_reason::aborted);
+  CHECK(one.results[100].error.empty());
+  CHECK(one.results[100].reason == finish_reason::aborted);
   CHECK(one.tokens[100].size() < 400);
 
   std::string metrics;

@@ -12,6 +12,7 @@
 #include "actors/replica.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
+#include "tests/actors/stream_ledger.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -73,39 +74,14 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   self->request(sched, std::chrono::seconds(10), cancel_atom_v, cancelled).receive([&](bool f) { found = f; }, [&](caf::error&) {});
   CHECK(found);
 
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, uint32_t> next_seq;
-  std::map<uint64_t, wire::result_view> results;
-  while (results.size() < reqs.size() + 1) {
-    bool got = false;
-    self->receive(
-        [&](chunk_atom, const wire_message& m) {
-          auto c = wire::decode_token_chunk(*m.bytes);
-          REQUIRE(c.has_value());
-          CHECK(c->seq == next_seq[c->request]++);  // no gaps, no repeats
-          tokens[c->request].insert(tokens[c->request].end(), c->tokens.begin(), c->tokens.end());
-          got = true;
-        },
-        [&](done_atom, const wire_message& m) {
-          auto r = wire::decode_generate_result(*m.bytes);
-          REQUIRE(r.has_value());
-          if (r->last) {  // the final chunk rides inside the result
-            CHECK(r->last->seq == next_seq[r->request]++);
-            tokens[r->request].insert(tokens[r->request].end(), r->last->tokens.begin(), r->last->tokens.end());
-          }
-          CHECK(r->chunks == next_seq[r->request]);
-          CHECK(results.count(r->request) == 0);
-          results[r->request] = *r;
-          got = true;
-        },
-        caf::after(std::chrono::seconds(30)) >> [&] {});
-    REQUIRE(got);
-  }
-  CHECK(results[cancelled].reason == finish_reason::aborted);
+  test::ledger lg;
+  test::collect(self, lg, reqs.size() + 1);  // checks numbering and the final chunks
+  CHECK(lg.results[cancelled].reason == finish_reason::aborted);
   for (const auto& [id, i] : index) {
     CAPTURE(texts[i]);
-    CHECK(tokens[id] == (*alone)[i].tokens);
-    CHECK(results[id].output_tokens == (*alone)[i].tokens.size());
+    CHECK(lg.ends[id] == 1);
+    CHECK(lg.tokens[id] == (*alone)[i].tokens);
+    CHECK(lg.results[id].output_tokens == (*alone)[i].tokens.size());
   }
   uint32_t used = 99;
   self->request(sched, std::chrono::seconds(10), stats_atom_v)
