@@ -5,14 +5,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2
-work=$(mktemp -d)
-node_pid=
-cleanup() {
-  stop_tree "$node_pid"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+scratch
 
 single_topology "$src" "$work"
 start_node "$work/t.toml" "$work"

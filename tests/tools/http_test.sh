@@ -7,14 +7,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
-work=$(mktemp -d)
-node_pid=
-cleanup() {
-  stop_tree "$node_pid"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; tail -5 "$work/node.err"; exit 1; }
+scratch
 
 stop_node() { kill -TERM "$node_pid"; wait "$node_pid" || true; node_pid=; }
 status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }

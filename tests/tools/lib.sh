@@ -33,3 +33,18 @@ single_topology() {
   local src=$1 dir=$2
   sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/single.toml" >"$dir/t.toml"
 }
+
+# The scaffolding of a process test: a scratch directory ($work) and the servers it starts
+# ($node_pid, and any pid added to $others), all stopped and removed on exit however the
+# test ends; fail() reports, with the node's last log lines when it has any, and exits.
+scratch() {
+  work=$(mktemp -d)
+  node_pid=
+  others=()
+  trap 'stop_tree "$node_pid"; for p in "${others[@]}"; do stop_tree "$p"; done; rm -rf "$work"' EXIT
+}
+fail() {
+  echo "FAIL: $*"
+  [[ -s ${work:-}/node.err ]] && tail -5 "$work/node.err"
+  exit 1
+}

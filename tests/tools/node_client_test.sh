@@ -6,15 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 topology=$2 models=$3
-work=$(mktemp -d)
-node_pid=
-others=()
-cleanup() {
-  stop_tree "$node_pid"
-  for p in "${others[@]}"; do stop_tree "$p"; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+scratch
 
 # Every node but the gateway's first, then the gateway's node.
 gateway=$(sed -n '/^\[gateway\]/,/^\[/ s/^node *= *"\(.*\)"/\1/p' "$topology")

@@ -6,14 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
-work=$(mktemp -d)
-node_pid=
-cleanup() {
-  stop_tree "$node_pid"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+scratch
 
 (cd "$work" && timeout 300 npm install --no-audit --no-fund --loglevel=error openai@4 >/dev/null) || fail "npm install openai"
 cp "$src/tests/tools/openai_client.mjs" "$work/"

@@ -5,19 +5,11 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do stop_tree "$p"; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+scratch
 command -v prometheus >/dev/null || fail "prometheus is not installed (tools/setup.sh installs it)"
 
 single_topology "$src" "$work"
 start_node "$work/t.toml" "$work"
-pids+=("$node_pid")
 base=$http_url
 
 # Known traffic: 5 finished completions of 12 tokens, 2 invalid requests.
@@ -37,7 +29,7 @@ YML
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 timeout 120 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
   --web.listen-address=127.0.0.1:$port --log.level=warn >"$work/prom.log" 2>&1 &
-pids+=($!)
+others+=($!)
 
 query() { curl -s "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$1" |
   python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")'; }
