@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/client/troupe_client.hpp"
+#include "tools/common/stats.hpp"
 
 using namespace troupe;
 using clock_type = std::chrono::steady_clock;
@@ -179,16 +180,8 @@ sample run_capnp(const std::string& address, const workload& w, int i) {
   return s;
 }
 
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p / 100.0 * (v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
-}
-
 json dist(const std::vector<double>& v) {
-  return {{"p50", pct(v, 50)}, {"p90", pct(v, 90)}, {"p99", pct(v, 99)},
+  return {{"p50", tools::percentile(v, 50)}, {"p90", tools::percentile(v, 90)}, {"p99", tools::percentile(v, 99)},
           {"max", v.empty() ? 0.0 : *std::max_element(v.begin(), v.end())}};
 }
 
@@ -292,8 +285,8 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
   const std::string load = w.rate > 0 ? std::string(rate_text) : "c=" + std::to_string(w.concurrency);
   std::printf("| %s | %s | %lld | %lld | %.1f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.0f / %.0f |\n", endpoint.c_str(),
               load.c_str(), static_cast<long long>(completed), static_cast<long long>(w.requests - completed),
-              out_tokens / secs, pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), pct(itl, 50), pct(itl, 99),
-              pct(e2e, 50), pct(e2e, 99));
+              out_tokens / secs, tools::percentile(ttft, 50), tools::percentile(ttft, 99), tools::percentile(tpot, 50), tools::percentile(tpot, 99), tools::percentile(itl, 50), tools::percentile(itl, 99),
+              tools::percentile(e2e, 50), tools::percentile(e2e, 99));
   for (const auto& [kind, n] : errors) std::fprintf(stderr, "troupe-bench: %d x %s\n", n, kind.c_str());
   std::fflush(stdout);
   return j;

@@ -17,6 +17,7 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/client/troupe_client.hpp"
 #include "actors/wire/control_codec.hpp"
+#include "tools/common/stats.hpp"
 
 namespace troupe::tools {
 
@@ -41,12 +42,6 @@ struct event_result {
   std::string kind, target;
   double detect_ms = -1, recover_ms = -1, first_token_ms = -1;
 };
-
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5)];
-}
 
 }  // namespace
 
@@ -275,8 +270,8 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
         if (r.first_token_ms >= 0) ft.push_back(r.first_token_ms);
       }
     if (d.empty()) continue;
-    std::printf("| %s | %zu | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", kind.c_str(), d.size(), pct(d, 50), pct(d, 100),
-                pct(rc, 50), pct(rc, 100), pct(ft, 50), pct(ft, 100));
+    std::printf("| %s | %zu | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", kind.c_str(), d.size(), percentile(d, 50), percentile(d, 100),
+                percentile(rc, 50), percentile(rc, 100), percentile(ft, 50), percentile(ft, 100));
   }
   if (!opt.json_path.empty()) {
     std::ofstream j(opt.json_path);

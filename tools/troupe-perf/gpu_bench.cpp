@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "engine/forward/forward_shard.hpp"
+#include "tools/common/stats.hpp"
 
 #if defined(TROUPE_HAVE_CUDA)
 #include "kernels/cuda/device.hpp"
@@ -18,11 +19,6 @@ expected<gpu_report> measure_gpu(const model&, int device, const std::string&, c
 }
 #else
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Device-to-device copies of 1 GiB, timed with events: (read + write) bytes per second.
 double copy_bandwidth(int runs) {

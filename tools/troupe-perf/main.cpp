@@ -14,22 +14,19 @@
 #include "engine/generate/generator.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "tools/common/model_loading.hpp"
+#include "tools/common/stats.hpp"
 #include "tools/troupe-perf/gpu_bench.hpp"
 #include "tools/troupe-perf/serve_bench.hpp"
 #include "tools/troupe-perf/triad.hpp"
 
 using namespace troupe;
+using tools::median;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 struct row_out {

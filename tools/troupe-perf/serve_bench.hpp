@@ -8,6 +8,8 @@
 
 #include "engine/serve/llm_engine.hpp"
 
+#include "tools/common/stats.hpp"
+
 namespace troupe::tools {
 
 struct serve_workload {
@@ -31,7 +33,6 @@ struct serve_result {
 
 serve_result run_serve(llm_engine& engine, const serve_workload& w, int32_t vocab, int32_t bos);
 
-double percentile(std::vector<double> v, double p);
 double mean(const std::vector<double>& v);
 
 }  // namespace troupe::tools
