@@ -406,7 +406,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
       [self](chunk_atom, const wire_message& m) {
         auto& st = self->state;
         if (!m.bytes) return;
-        auto c = wire::decode_token_chunk(*m.bytes);
+        auto c = wire::peek_token_chunk(*m.bytes);
         if (!c) return;
         auto a = st.attempts.find(c->request);
         if (a == st.attempts.end()) return;  // an attempt the router gave up on

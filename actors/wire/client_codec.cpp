@@ -189,7 +189,9 @@ std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output&
   return to_bytes(msg);
 }
 
-expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) {
+namespace {
+
+expected<chunk_view> read_token_chunk(std::span<const uint8_t> bytes, bool whole) {
   auto frame = frame_reader::parse(bytes, client_limits(size_t{1} << 22));
   if (!frame) return frame.err();
   try {
@@ -198,6 +200,7 @@ expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) {
     v.request = c.getRequestId();
     v.seq = c.getSeq();
     for (int32_t t : c.getTokens()) v.tokens.push_back(t);
+    if (!whole) return v;
     v.text.assign(c.getText().cStr(), c.getText().size());
     const auto lps = c.getLogprobs();
     const auto tops = c.getTopLogprobs();
@@ -214,6 +217,11 @@ expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) {
     return error{std::string("malformed token chunk: ") + e.getDescription().cStr()};
   }
 }
+
+}  // namespace
+
+expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) { return read_token_chunk(bytes, true); }
+expected<chunk_view> peek_token_chunk(std::span<const uint8_t> bytes) { return read_token_chunk(bytes, false); }
 
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes) {
   auto frame = frame_reader::parse(bytes, client_limits(size_t{1} << 22));

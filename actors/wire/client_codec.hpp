@@ -45,6 +45,8 @@ struct chunk_view {
   std::vector<sample_result> logprobs;  // per token, when the request asked for them
 };
 expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes);
+// Only what relaying a chunk needs (request, seq, token ids): no text, no log-probabilities.
+expected<chunk_view> peek_token_chunk(std::span<const uint8_t> bytes);
 
 struct result_view {
   uint64_t request = 0;
