@@ -14,7 +14,7 @@
 #include "actors/router.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
-#include "tests/actors/stream_ledger.hpp"
+#include "tests/actors/actor_test_support.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -37,16 +37,9 @@ std::vector<request_params> requests(const test::loaded& l) {
   return out;
 }
 
+using test::alone_tokens;
 using test::collect;
 using test::ledger;
-
-// Each request's tokens from the engine alone, the reference for every run through actors.
-std::vector<generation_result> alone_tokens(const test::loaded& l, const std::vector<request_params>& reqs) {
-  generator gen(l.m, l.tok, generator_options{});
-  auto alone = gen.generate(reqs);
-  REQUIRE(alone.has_value());
-  return std::move(alone).value();
-}
 
 // Every request ended once, without an error, with the engine's tokens.
 void check_as_alone(ledger& lg, const std::vector<generation_result>& alone) {
@@ -69,22 +62,6 @@ void wait_ready(caf::scoped_actor& self, const caf::actor& router, uint32_t n) {
   REQUIRE(ready == n);
 }
 
-scheduler_setup setup_for(const test::loaded& l, const std::string& replica, size_t stages) {
-  scheduler_setup s;
-  s.m = &l.m;
-  s.tok = &l.tok;
-  s.replica = replica;
-  s.config.num_blocks = 128;
-  s.config.block_size = 16;
-  s.config.max_step_tokens = 128;
-  s.config.context = l.m.config.max_seq_len;
-  s.config.vocab = l.m.config.vocab_size;
-  s.max_in_flight = static_cast<int32_t>(stages);
-  s.config.micro_batches = s.max_in_flight;
-  for (size_t i = 0; i < stages; ++i) s.stages.push_back({stage_name(replica, i), "", 0});
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests recompute and finish as alone") {
@@ -96,7 +73,7 @@ TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   auto rep = spawn_replica(sys, l.m, {{0, 2, 1}, {2, 5, 2}}, 128, 16, 128);
-  scheduler_setup s = setup_for(l, "r0", 2);
+  scheduler_setup s = test::scheduler_for(l, "r0", 2);
   s.agent = rep.agent;
   auto sched = spawn_scheduler(sys, s);
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -145,7 +122,7 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   for (const char* r : {"r0", "r1"}) {
     units.push_back(stage_unit(l.m, r, 0, {0, 3, 1}, 128, 16, 128));
     units.push_back(stage_unit(l.m, r, 1, {3, 5, 1}, 128, 16, 128));
-    units.push_back(scheduler_unit(r, setup_for(l, r, 2)));
+    units.push_back(scheduler_unit(r, test::scheduler_for(l, r, 2)));
   }
   auto agent = spawn_node_agent(sys, "local", units);
   router_setup rs;
@@ -215,7 +192,7 @@ TEST_CASE("a stage that fails every step keeps its replica unready, retried with
                      return u;
                    }};
   auto agent = spawn_node_agent(sys, "local", {broken});
-  scheduler_setup s = setup_for(l, "r0", 1);
+  scheduler_setup s = test::scheduler_for(l, "r0", 1);
   s.agent = agent;
   auto sched = spawn_scheduler(sys, s);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -243,7 +220,7 @@ TEST_CASE("whoever asked a scheduler for its health hears when it stops and star
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   auto rep = spawn_replica(sys, l.m, {{0, 2, 1}, {2, 5, 1}}, 128, 16, 128);
-  scheduler_setup s = setup_for(l, "r0", 2);
+  scheduler_setup s = test::scheduler_for(l, "r0", 2);
   s.agent = rep.agent;
   auto sched = spawn_scheduler(sys, s);
   // Ready, asked once, and no request ever sent: the asker is still told.

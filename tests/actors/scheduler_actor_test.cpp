@@ -12,7 +12,7 @@
 #include "actors/replica.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
-#include "tests/actors/stream_ledger.hpp"
+#include "tests/actors/actor_test_support.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -30,9 +30,7 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
     p.max_tokens = 48;
     reqs.push_back(p);
   }
-  generator gen(l.m, l.tok, generator_options{});
-  auto alone = gen.generate(reqs);
-  REQUIRE(alone.has_value());
+  const auto alone = test::alone_tokens(l, reqs);
 
   system_config cfg;
   caf::actor_system sys{cfg};
@@ -40,16 +38,7 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   for (const auto& [layout, in_flight] : std::vector<std::pair<std::vector<stage_layout>, int32_t>>{
            {{{0, 5, 2}}, 1}, {{{0, 2, 1}, {2, 5, 1}}, 2}}) {
   CAPTURE(in_flight);
-  scheduler_setup setup;
-  setup.max_in_flight = in_flight;
-  setup.config.micro_batches = in_flight;
-  setup.m = &l.m;
-  setup.tok = &l.tok;
-  setup.config.num_blocks = 128;
-  setup.config.block_size = 16;
-  setup.config.max_step_tokens = 128;
-  setup.config.context = l.m.config.max_seq_len;
-  setup.config.vocab = l.m.config.vocab_size;
+  scheduler_setup setup = test::scheduler_for(l, "r0", layout.size());
   auto rep = spawn_replica(sys, l.m, layout, setup.config.num_blocks, setup.config.block_size,
                            setup.config.max_step_tokens);
   setup.agent = rep.agent;
@@ -80,8 +69,8 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   for (const auto& [id, i] : index) {
     CAPTURE(texts[i]);
     CHECK(lg.ends[id] == 1);
-    CHECK(lg.tokens[id] == (*alone)[i].tokens);
-    CHECK(lg.results[id].output_tokens == (*alone)[i].tokens.size());
+    CHECK(lg.tokens[id] == alone[i].tokens);
+    CHECK(lg.results[id].output_tokens == alone[i].tokens.size());
   }
   uint32_t used = 99;
   self->request(sched, std::chrono::seconds(10), stats_atom_v)

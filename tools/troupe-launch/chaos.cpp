@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -43,32 +44,35 @@ struct event_result {
   double detect_ms = -1, recover_ms = -1, first_token_ms = -1;
 };
 
+// What a node's agent says of its actors, if it answers within 2 s.
+std::optional<wire::node_health> agent_health(caf::scoped_actor& self, const caf::actor& agent) {
+  std::optional<wire::node_health> out;
+  self->request(agent, std::chrono::seconds(2), health_atom_v)
+      .receive(
+          [&](const wire_message& m) {
+            if (!m.bytes) return;
+            if (auto h = wire::decode_node_health(*m.bytes)) out = std::move(h).value();
+          },
+          [](caf::error&) {});
+  return out;
+}
+
 }  // namespace
 
 int print_actors(const topology& topo) {
-  failure_detection fd;
-  fd.heartbeat_interval = std::chrono::milliseconds(topo.failure.heartbeat_ms);
-  fd.connection_timeout = std::chrono::milliseconds(topo.failure.timeout_ms);
-  system_config cfg(fd);
+  system_config cfg(failure_detection{std::chrono::milliseconds(topo.failure.heartbeat_ms),
+                                       std::chrono::milliseconds(topo.failure.timeout_ms)});
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   int rc = 0;
   for (const auto& n : topo.nodes) {
     auto agent = sys.middleman().remote_actor(n.host, n.port);
-    bool answered = false;
-    if (agent)
-      self->request(*agent, std::chrono::seconds(2), health_atom_v)
-          .receive(
-              [&](const wire_message& m) {
-                if (!m.bytes) return;
-                auto h = wire::decode_node_health(*m.bytes);
-                if (!h) return;
-                answered = true;
-                for (auto& a : h->actors)
-                  std::printf("actor %s node %s kind %s %s restarts %u\n", a.name.c_str(), n.name.c_str(),
-                              wire::actor_kind_name(a.kind), a.alive ? "alive" : "dead", a.restarts);
-              },
-              [&](caf::error&) {});
+    const auto h = agent ? agent_health(self, *agent) : std::nullopt;
+    const bool answered = h.has_value();
+    if (h)
+      for (auto& a : h->actors)
+        std::printf("actor %s node %s kind %s %s restarts %u\n", a.name.c_str(), n.name.c_str(),
+                    wire::actor_kind_name(a.kind), a.alive ? "alive" : "dead", a.restarts);
     if (!answered) {
       std::printf("node %s does not answer at %s:%u\n", n.name.c_str(), n.host.c_str(), static_cast<unsigned>(n.port));
       rc = 1;
@@ -78,10 +82,8 @@ int print_actors(const topology& topo) {
 }
 
 int run_chaos(const topology& topo, const std::string& endpoint, const std::string& table_file, const chaos_options& opt) {
-  failure_detection fd;
-  fd.heartbeat_interval = std::chrono::milliseconds(topo.failure.heartbeat_ms);
-  fd.connection_timeout = std::chrono::milliseconds(topo.failure.timeout_ms);
-  system_config cfg(fd);
+  system_config cfg(failure_detection{std::chrono::milliseconds(topo.failure.heartbeat_ms),
+                                       std::chrono::milliseconds(topo.failure.timeout_ms)});
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   auto client = troupe_client::connect(endpoint);
@@ -161,16 +163,9 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
         if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         agent = sys.middleman().remote_actor(node.host, node.port);
         if (!agent) continue;
-        self->request(*agent, std::chrono::seconds(2), health_atom_v)
-            .receive(
-                [&](const wire_message& m) {
-                  if (!m.bytes) return;
-                  auto h = wire::decode_node_health(*m.bytes);
-                  if (h)
-                    for (auto& a : h->actors)
-                      if (a.alive) by_kind[a.kind].push_back(a.name);
-                },
-                [&](caf::error&) {});
+        if (auto h = agent_health(self, *agent))
+          for (auto& a : h->actors)
+            if (a.alive) by_kind[a.kind].push_back(a.name);
       }
       std::vector<std::string> names;
       if (!by_kind.empty()) names = std::next(by_kind.begin(), static_cast<ptrdiff_t>(rng() % by_kind.size()))->second;

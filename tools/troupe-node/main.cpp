@@ -126,10 +126,8 @@ int main(int argc, char** argv) {
       if (n.name == name) return n;
     return *me;
   };
-  failure_detection fd;
-  fd.heartbeat_interval = std::chrono::milliseconds(topo->failure.heartbeat_ms);
-  fd.connection_timeout = std::chrono::milliseconds(topo->failure.timeout_ms);
-  system_config cfg(fd);
+  system_config cfg(failure_detection{std::chrono::milliseconds(topo->failure.heartbeat_ms),
+                                       std::chrono::milliseconds(topo->failure.timeout_ms)});
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
 

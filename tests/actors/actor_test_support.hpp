@@ -1,6 +1,8 @@
-// stream_ledger: what a sink actor in a test receives from a scheduler or the router,
-// checked as it arrives: chunks numbered from 0 without gaps, the final chunk inside the
-// result, the result's chunk count, and each request ending once.
+// actor_test_support: what the actor tests share. A scheduler set up over in-process
+// stages; the engine's own tokens as the reference; and a ledger of what a sink actor
+// receives from a scheduler or the router, checked as it arrives: chunks numbered from 0
+// without gaps, the final chunk inside the result, the result's chunk count, and each
+// request ending once.
 #pragma once
 
 #include <functional>
@@ -12,9 +14,38 @@
 #include <doctest/doctest.h>
 
 #include "actors/caf/type_ids.hpp"
+#include "actors/replica.hpp"
 #include "actors/wire/client_codec.hpp"
+#include "engine/generate/generator.hpp"
+#include "tests/support/test_support.hpp"
 
 namespace troupe::test {
+
+// A scheduler for replica `replica` whose `stages` stages are named on the local agent:
+// 128 blocks of 16 tokens, 128 tokens a step, one step in flight per stage.
+inline scheduler_setup scheduler_for(const loaded& l, const std::string& replica, size_t stages) {
+  scheduler_setup s;
+  s.m = &l.m;
+  s.tok = &l.tok;
+  s.replica = replica;
+  s.config.num_blocks = 128;
+  s.config.block_size = 16;
+  s.config.max_step_tokens = 128;
+  s.config.context = l.m.config.max_seq_len;
+  s.config.vocab = l.m.config.vocab_size;
+  s.max_in_flight = static_cast<int32_t>(stages);
+  s.config.micro_batches = s.max_in_flight;
+  for (size_t i = 0; i < stages; ++i) s.stages.push_back({stage_name(replica, i), "", 0});
+  return s;
+}
+
+// Each request's tokens from the engine alone, the reference for every run through actors.
+inline std::vector<generation_result> alone_tokens(const loaded& l, const std::vector<request_params>& reqs) {
+  generator gen(l.m, l.tok, generator_options{});
+  auto alone = gen.generate(reqs);
+  REQUIRE(alone.has_value());
+  return std::move(alone).value();
+}
 
 struct ledger {
   std::map<uint64_t, std::vector<int32_t>> tokens;
