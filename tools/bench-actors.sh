@@ -5,10 +5,9 @@
 # 16 concurrent streams of 128 generated tokens. Prints Markdown rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCH_DIR=${BENCH_DIR:-/tmp/troupe-bench}
-model=$BENCH_DIR/syn110m.q8_0.gguf
 tools/setup.sh build >&2
-[[ -f $model ]] || build/tools/make-model "$model" --preset 110m --type q8_0 --separate-classifier >&2
+source tools/bench-models.sh
+model=$(bench_model syn110m.q8_0.gguf --type q8_0)
 state=$(mktemp -d)
 trap 'rm -rf "$state"' EXIT
 

@@ -13,20 +13,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
-BENCH_DIR=${BENCH_DIR:-/tmp/troupe-bench}
 shared=../shared/models
 tools/setup.sh build >&2
-mkdir -p "$BENCH_DIR"
+source tools/bench-models.sh
 perf=build/tools/troupe-perf
-vocab=()
-[[ -f $shared/llama2-tokenizer/tokenizer.bin ]] && vocab=(--vocab-from "$shared/llama2-tokenizer/tokenizer.bin")
-
-make() {  # file, args...
-  [[ -f $BENCH_DIR/$1 ]] || build/tools/make-model "$BENCH_DIR/$1" --preset 110m --separate-classifier "${@:2}" >&2
-}
-make syn110m.f32.gguf --type f32 "${vocab[@]}"
-make syn110m.q8_0.gguf --type q8_0 "${vocab[@]}"
-make syn110m.f32.bin --type f32
+bench_model syn110m.f32.gguf --type f32 >/dev/null
+bench_model syn110m.q8_0.gguf --type q8_0 >/dev/null
+bench_model syn110m.f32.bin --type f32 >/dev/null
 stories=$shared/stories260K
 
 value() { awk '{for (i = 1; i <= NF; ++i) if ($i == "tok/s" || $i == "GB/s") {print $(i-1); exit}}'; }

@@ -7,10 +7,9 @@
 #   LLAMA_CPP=/path/to/llama.cpp/build/bin tools/bench-serving.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCH_DIR=${BENCH_DIR:-/tmp/troupe-bench}
-model=$BENCH_DIR/syn110m.q8_0.gguf
 tools/setup.sh build >&2
-[[ -f $model ]] || build/tools/make-model "$model" --preset 110m --type q8_0 --separate-classifier >&2
+source tools/bench-models.sh
+model=$(bench_model syn110m.q8_0.gguf --type q8_0)
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
