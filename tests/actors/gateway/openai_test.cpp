@@ -6,7 +6,7 @@
 
 namespace troupe {
 
-TEST_CASE("a model's Jinja chat template picks the family; anything else is raw") {
+TEST_CASE("a model's Jinja chat template picks the family, and anything else is raw") {
   using openai::chat_template;
   CHECK(openai::template_for_model("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}") ==
         chat_template::chatml);

@@ -161,7 +161,7 @@ TEST_CASE("truncated, oversized and corrupted frames are errors, never crashes")
   CHECK(rejected > 0);
 }
 
-TEST_CASE("a plan that resets every table starts a session; plans of an older session are refused") {
+TEST_CASE("a plan that resets every table starts a session, and plans of an older session are refused") {
   step_decoder d(limits());
   REQUIRE(d.decode(one_chunk(0, 7, 0, {1, 2, 3}, {0}, true, 100, true)).has_value());
   REQUIRE(d.decode(one_chunk(1, 7, 3, {4}, {1}, false, 100)).has_value());

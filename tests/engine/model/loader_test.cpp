@@ -104,7 +104,7 @@ TEST_CASE("GGUF F16, BF16 and Q8_0 and llama2.c Q8_0 conversions stay close to F
   }
 }
 
-TEST_CASE("a GGUF file's chat template is read from its metadata; none is an empty string") {
+TEST_CASE("a GGUF file's chat template is read from its metadata, and none is an empty string") {
   test::temp_dir dir;
   const test::loaded src = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const checkpoint_spec spec{src.m.config, dtype::f32, 32, true};

@@ -32,7 +32,7 @@ TEST_CASE("greedy and top-k 1 choose the argmax") {
   }
 }
 
-TEST_CASE("the same seed gives the same tokens; sampling follows the distribution") {
+TEST_CASE("the same seed gives the same tokens, and sampling follows the distribution") {
   sampling_params p;
   p.seed = 42;
   sampler a(p, {}), b(p, {});

@@ -13,7 +13,7 @@
 
 namespace troupe {
 
-TEST_CASE("randomized: arrivals, cancels and preemption; every request ends once, no block leaks, outputs as alone") {
+TEST_CASE("randomized arrivals, cancels and preemption: every request ends once, no block leaks, outputs as alone") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   for (uint64_t seed : {1u, 2u}) {
     CAPTURE(seed);
