@@ -6,6 +6,16 @@ namespace troupe {
 
 std::string stage_name(const std::string& replica, size_t index) { return replica + "/stage" + std::to_string(index); }
 std::string scheduler_name(const std::string& replica) { return replica + "/scheduler"; }
+std::string kv_manager_name(const std::string& replica) { return replica + "/kv"; }
+
+unit_spec kv_manager_unit(const std::string& replica, const kv_manager_setup& setup) {
+  const std::string name = kv_manager_name(replica);
+  return unit_spec{name, [name, setup](caf::actor agent) {
+                     unit_instance u;
+                     u.members.push_back({name, wire::actor_kind::kv_manager, spawn_kv_manager(agent.home_system(), setup)});
+                     return u;
+                   }};
+}
 
 unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout,
                      uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens) {
@@ -40,6 +50,12 @@ local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::v
     units.push_back(stage_unit(m, name, i, stages[i], num_blocks, block_size, max_step_tokens));
     out.stages.push_back(stage_address{stage_name(name, i), "", 0});
   }
+  kv_manager_setup kv;
+  kv.num_blocks = num_blocks;
+  kv.block_size = block_size;
+  kv.context = m.config.max_seq_len;
+  units.push_back(kv_manager_unit(name, kv));
+  out.kv_manager = kv_manager_name(name);
   out.agent = spawn_node_agent(sys, "local", std::move(units));
   return out;
 }

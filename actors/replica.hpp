@@ -1,7 +1,8 @@
 // replica: the supervised units that make up one copy of the model, and an in-process
 // replica (every stage in this process, under one node agent) for tests and one-process
 // topologies. Names: "<replica>/stage<i>" for a stage (its shards are
-// "<replica>/stage<i>/shard<r>"), "<replica>/scheduler" for its scheduler.
+// "<replica>/stage<i>/shard<r>"), "<replica>/scheduler" for its scheduler, "<replica>/kv"
+// for its kv manager (a unit of its own, beside the scheduler: either restarts alone).
 #pragma once
 
 #include <string>
@@ -10,6 +11,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "actors/kv_manager_actor.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/stage_actor.hpp"
@@ -18,18 +20,22 @@ namespace troupe {
 
 std::string stage_name(const std::string& replica, size_t index);
 std::string scheduler_name(const std::string& replica);
+std::string kv_manager_name(const std::string& replica);
 
 unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout,
                      uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens);
 // The scheduler's setup names its stages; a local stage address is filled in with the
 // spawning agent.
 unit_spec scheduler_unit(const std::string& replica, scheduler_setup setup);
+unit_spec kv_manager_unit(const std::string& replica, const kv_manager_setup& setup);
 
 struct local_replica {
-  caf::actor agent;                  // supervises every stage (and the scheduler, if asked)
+  caf::actor agent;                  // supervises every stage and the kv manager
   std::vector<stage_address> stages; // for a scheduler_setup
+  std::string kv_manager;            // likewise
 };
 
+// Its stages and a kv manager (prefix caching on, the model's context) under one agent.
 local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
                             uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens,
                             const std::string& name = "r0");

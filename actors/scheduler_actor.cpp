@@ -1,6 +1,8 @@
 #include "actors/scheduler_actor.hpp"
 
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <unordered_set>
@@ -11,6 +13,7 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/wire/activations_codec.hpp"
 #include "actors/wire/client_codec.hpp"
+#include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 
 namespace troupe {
@@ -41,6 +44,11 @@ struct scheduler_state {
   uint64_t next_id = 1;
   int32_t in_flight = 0;
 
+  // The kv manager, when the blocks are claimed from one.
+  caf::actor kv;                                     // invalid while lost
+  std::optional<wire::kv_claim_sender> kv_sender;
+  bool planning = false;                             // claims of a step are out
+
   // The pipeline, and recovery.
   std::vector<caf::actor> stages;                    // invalid while lost
   std::unordered_map<std::string, caf::actor> peers; // other nodes' agents, by host:port
@@ -55,6 +63,8 @@ struct scheduler_state {
 };
 
 using self_ptr = caf::stateful_actor<scheduler_state>*;
+
+bool remote_kv(const scheduler_state& st) { return !st.setup.kv_manager.empty(); }
 
 void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text) {
   auto& st = self->state;
@@ -101,6 +111,7 @@ void announce(self_ptr self) {
 
 void maybe_step(self_ptr self);
 void lose(self_ptr self, size_t stage, const std::string& why);
+void lose_kv(self_ptr self, const std::string& why);
 void resolve(self_ptr self);
 
 // Runs `plan` through stages i.. and calls `done` with the last stage's output.
@@ -123,11 +134,45 @@ void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_m
           });
 }
 
-void send_step(self_ptr self) {
+// Sends `q` to the kv manager; `then` gets its grants. Exchanges are answered in the
+// order they were sent, and each is checked against the latest claims sent (a release
+// alone has no grants to check).
+void claim(self_ptr self, const kv_step_request& q, std::function<void(kv_step_grants)> then) {
   auto& st = self->state;
-  const auto plan = std::make_shared<step_plan>(st.sched->schedule());
+  if (!st.kv) return lose_kv(self, "the kv manager is gone");
+  const uint64_t epoch = st.epoch;
+  const wire_message msg(wire_kind::kv_step, st.kv_sender->encode(q));
+  self->request(st.kv, st.setup.step_timeout, claim_atom_v, msg)
+      .then(
+          [self, epoch, then](const wire_message& reply) {
+            auto& st = self->state;
+            if (epoch != st.epoch) return;
+            auto g = reply.bytes ? st.kv_sender->decode(*reply.bytes) : expected<kv_step_grants>(error{"an empty answer"});
+            if (!g) return lose_kv(self, g.err().message);
+            st.sched->set_kv_usage(g->usage);
+            then(std::move(g).value());
+          },
+          [self, epoch](caf::error& e) {
+            if (epoch == self->state.epoch) lose_kv(self, "kv manager: " + self->system().render(e));
+          });
+}
+
+// Blocks released while no step follows go back at once, so the kv manager's figures are
+// current.
+void hand_back(self_ptr self) {
+  auto& st = self->state;
+  if (!remote_kv(st) || st.planning || !st.ready || !st.kv) return;
+  kv_step_request q;
+  q.releases = st.sched->take_releases();
+  if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
+}
+
+// Sends `p` through the pipeline; an empty plan (requests in flight, or ended for lack
+// of memory) only delivers.
+void run_plan(self_ptr self, step_plan p) {
+  auto& st = self->state;
+  const auto plan = std::make_shared<step_plan>(std::move(p));
   if (plan->chunks.empty()) {
-    // Nothing could run now (requests in flight, or ended for lack of memory): deliver.
     dispatch(self, st.sched->update_from_output(*plan, {}));
     return;
   }
@@ -156,17 +201,50 @@ void send_step(self_ptr self) {
   });
 }
 
+// One round of a step's claims; the last round sends the plan.
+void claim_round(self_ptr self, std::shared_ptr<step_draft> d) {
+  auto& st = self->state;
+  if (auto q = st.sched->next_claims(*d))
+    return claim(self, *q, [self, d](kv_step_grants g) {
+      self->state.sched->apply(*d, std::move(g));
+      claim_round(self, d);
+    });
+  st.planning = false;
+  const int32_t before = st.in_flight;
+  run_plan(self, st.sched->end_step(*d));
+  if (st.ready && st.in_flight > before)
+    maybe_step(self);  // the next plan, while this one runs
+  else
+    hand_back(self);
+}
+
 void maybe_step(self_ptr self) {
   auto& st = self->state;
   if (!st.ready) return;
-  while (st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
+  while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
+    if (remote_kv(st)) {
+      st.planning = true;
+      return claim_round(self, std::make_shared<step_draft>(st.sched->begin_step()));
+    }
     const int32_t before = st.in_flight;
-    send_step(self);
+    run_plan(self, st.sched->schedule());
     if (!st.ready || st.in_flight == before) break;  // lost a stage, or nothing could be scheduled
   }
+  hand_back(self);
 }
 
-// One token through every stage, into block 0 (free: nothing runs while not ready).
+void canary(self_ptr self);
+
+// The kv manager starts a new session empty, then the canary runs.
+void reset_kv_manager(self_ptr self) {
+  auto& st = self->state;
+  if (!remote_kv(st)) return canary(self);
+  st.kv_sender->restart(st.session_base + st.epoch);
+  claim(self, kv_step_request{}, [self](kv_step_grants) { canary(self); });
+}
+
+// One token through every stage, into block 0 (free: nothing runs while not ready, and
+// the kv manager was just reset).
 void canary(self_ptr self) {
   auto& st = self->state;
   st.encoder.restart(st.session_base + st.epoch);
@@ -205,14 +283,12 @@ void canary(self_ptr self) {
   });
 }
 
-void lose(self_ptr self, size_t stage, const std::string& why) {
+// Plans in flight are dropped and the KV is forgotten: running requests recompute.
+void degrade(self_ptr self, const std::string& why) {
   auto& st = self->state;
-  if (stage < st.stages.size() && st.stages[stage]) {
-    self->demonitor(st.stages[stage]);
-    st.stages[stage] = caf::actor{};
-  }
   ++st.epoch;
   st.in_flight = 0;
+  st.planning = false;
   st.released.clear();
   const size_t requeued = st.sched->reset_kv();
   st.why = why;  // health says the latest reason
@@ -232,6 +308,25 @@ void lose(self_ptr self, size_t stage, const std::string& why) {
     self->delayed_send(self, std::chrono::milliseconds(std::min(2000, 25 << std::min(n - 1, 7))), resolve_atom_v, st.epoch);
 }
 
+void lose(self_ptr self, size_t stage, const std::string& why) {
+  auto& st = self->state;
+  if (stage < st.stages.size() && st.stages[stage]) {
+    self->demonitor(st.stages[stage]);
+    st.stages[stage] = caf::actor{};
+  }
+  degrade(self, why);
+}
+
+// The kv manager is looked up again (a live one is reset like a new one).
+void lose_kv(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  if (st.kv) {
+    self->demonitor(st.kv);
+    st.kv = caf::actor{};
+  }
+  degrade(self, why);
+}
+
 // Looks up every missing stage; when all are there, runs the canary.
 void resolve(self_ptr self) {
   auto& st = self->state;
@@ -240,18 +335,32 @@ void resolve(self_ptr self) {
   auto finish_one = [self, epoch, pending] {
     auto& st = self->state;
     if (--*pending != 0 || epoch != st.epoch) return;
-    bool all = true;
+    bool all = !remote_kv(st) || static_cast<bool>(st.kv);
     for (auto& s : st.stages) all = all && static_cast<bool>(s);
-    if (all) return canary(self);
+    if (all) return reset_kv_manager(self);
     const auto backoff = std::chrono::milliseconds(std::min(1000, 25 << std::min(st.resolve_round++, 5)));
     self->delayed_send(self, backoff, resolve_atom_v, epoch);
   };
+  const bool find_kv = remote_kv(st) && !st.kv;
+  *pending = find_kv ? 1 : 0;
   for (size_t i = 0; i < st.stages.size(); ++i)
     if (!st.stages[i]) ++*pending;
   if (*pending == 0) {
     ++*pending;
     return finish_one();
   }
+  if (find_kv)
+    self->request(st.setup.agent, std::chrono::seconds(2), lookup_atom_v, st.setup.kv_manager)
+        .then(
+            [self, epoch, finish_one](const caf::actor& kv) {
+              auto& st = self->state;
+              if (epoch == st.epoch && kv) {
+                st.kv = kv;
+                self->monitor(kv);
+              }
+              finish_one();
+            },
+            [finish_one](caf::error&) { finish_one(); });
   for (size_t i = 0; i < st.stages.size(); ++i) {
     if (st.stages[i]) continue;
     const stage_address& a = st.setup.stages[i];
@@ -301,11 +410,22 @@ void watch_sink(self_ptr self, const caf::actor& sink) {
 caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   auto& st = self->state;
   st.setup = setup;
-  st.sched = std::make_unique<scheduler>(setup.config, *setup.tok);
+  scheduler_config cfg = setup.config;
+  cfg.remote_kv = remote_kv(st);
+  st.sched = std::make_unique<scheduler>(cfg, *setup.tok);
+  if (cfg.remote_kv) {
+    wire::kv_limits lim;
+    lim.num_blocks = cfg.num_blocks;
+    lim.block_size = cfg.block_size;
+    lim.context = cfg.context;
+    st.kv_sender.emplace(lim);
+  }
   st.stages.resize(setup.stages.size());
   st.session_base = std::random_device{}() * (uint64_t{1} << 32);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
+    if (st.kv && st.kv.address() == dm.source)
+      return lose_kv(self, "the kv manager went down (" + self->system().render(dm.reason) + ")");
     for (size_t i = 0; i < st.stages.size(); ++i)
       if (st.stages[i] && st.stages[i].address() == dm.source)
         return lose(self, i, "stage " + std::to_string(i) + " went down (" + self->system().render(dm.reason) + ")");
@@ -364,11 +484,20 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         maybe_step(self);
         return true;
       },
-      [self](stats_atom) {
+      [self](stats_atom) -> caf::result<uint32_t, uint32_t, uint32_t, uint32_t> {
         auto& st = self->state;
         const kv_usage u = st.sched->usage();
-        return caf::make_message(u.used, u.free, static_cast<uint32_t>(st.sched->num_running()),
-                                 static_cast<uint32_t>(st.sched->num_waiting()));
+        const auto running = static_cast<uint32_t>(st.sched->num_running());
+        const auto waiting = static_cast<uint32_t>(st.sched->num_waiting());
+        if (!st.kv || !st.ready) return {u.used, u.free, running, waiting};
+        // Asked of the kv manager, after every release sent to it before.
+        auto rp = self->make_response_promise<uint32_t, uint32_t, uint32_t, uint32_t>();
+        self->request(st.kv, std::chrono::seconds(2), stats_atom_v)
+            .then([rp, running, waiting](uint32_t used, uint32_t free, uint32_t, uint32_t) mutable {
+                    rp.deliver(used, free, running, waiting);
+                  },
+                  [rp, u, running, waiting](caf::error&) mutable { rp.deliver(u.used, u.free, running, waiting); });
+        return rp;
       },
       [self](health_atom) {
         auto& st = self->state;

@@ -20,15 +20,23 @@
 // a request's end is a single message. Up to max_in_flight steps are in flight at once
 // (one per pipeline stage keeps every stage busy), each over different requests.
 //
-// Failures: the scheduler finds its stages by name through node agents (its own, or one
-// published at another node's port) and monitors them. When a stage dies, or a step fails
-// or times out, the plans in flight are dropped, every running request goes back to
-// waiting with its tokens (its KV recomputed later: the stages' caches are forgotten),
-// and the stages are looked up again with a backoff (a stage that fails every step is
-// retried after a pause growing to 2 s). The replica is ready again only after a canary
-// step through every stage succeeds. Requests that wait longer than
-// recovery_timeout for that end with an error. A sink that dies (its node gone) has its
-// requests aborted.
+// KV blocks: with a kv manager named in the setup (the runtime's layout), each step's
+// blocks are claimed from it in one exchange before the plan goes to stage 0 (usually
+// one round; more when blocks run short and a request is preempted); blocks released
+// when no step follows are handed back at once. Without one (tests, one-process tools),
+// the scheduler keeps its blocks itself.
+//
+// Failures: the scheduler finds its stages (and its kv manager) by name through node
+// agents (its own, or one published at another node's port) and monitors them. When a
+// stage dies, or a step fails or times out, the plans in flight are dropped, every
+// running request goes back to waiting with its tokens (its KV recomputed later: the
+// stages' caches are forgotten), and the stages are looked up again with a backoff (a
+// stage that fails every step is retried after a pause growing to 2 s). Losing the kv
+// manager (it dies, refuses the claims of a session it never served, or answers
+// nonsense) is the same kind of loss: the blocks it tracked are forgotten. The replica is
+// ready again only after the kv manager is reset and a canary step through every stage
+// succeeds. Requests that wait longer than recovery_timeout for that end with an error. A
+// sink that dies (its node gone) has its requests aborted.
 #pragma once
 
 #include <chrono>
@@ -57,6 +65,8 @@ struct scheduler_setup {
   scheduler_config config;
   std::string replica = "r0";
   std::vector<stage_address> stages;
+  std::string kv_manager;     // its name on this node's agent; empty: the scheduler keeps
+                              // its blocks itself
   caf::actor agent;           // this node's agent (local stage lookups)
   int32_t max_in_flight = 1;  // the number of pipeline stages is a good value
   std::chrono::milliseconds step_timeout{60000};

@@ -24,6 +24,9 @@ enum class wire_kind : uint16_t {
   heartbeat = 4,    // schema/control.capnp Heartbeat
   node_health = 5,  // NodeHealth
   kill_actor = 6,   // KillActor
+  kv_step = 7,      // schema/kv.capnp KvStep
+  kv_grants = 8,    // KvGrants
+  last = kv_grants,
 };
 
 struct wire_message {
@@ -48,7 +51,7 @@ typename Inspector::result_type inspect(Inspector& f, wire_message& x) {
   } else {
     auto staged = std::make_shared<std::vector<uint8_t>>();
     auto done = [&]() -> caf::error {
-      if (kind > static_cast<uint16_t>(wire_kind::kill_actor) || staged->size() > wire_message::max_frame_bytes)
+      if (kind > static_cast<uint16_t>(wire_kind::last) || staged->size() > wire_message::max_frame_bytes)
         return caf::make_error(caf::sec::invalid_argument);
       x.kind = static_cast<wire_kind>(kind);
       x.bytes = std::move(staged);

@@ -1,5 +1,8 @@
 #include "engine/kv/kv_block_manager.hpp"
 
+#include <algorithm>
+#include <string>
+
 #include "kernels/common/assert.hpp"
 
 namespace troupe {
@@ -72,6 +75,45 @@ void kv_block_manager::free(request_id id) {
   const auto& blocks = it->second.blocks;
   for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) pool_.unref(block_id{*b});
   held_.erase(it);
+}
+
+expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
+  for (request_id id : req.releases) free(id);
+  kv_step_grants out;
+  int32_t budget = req.budget;
+  for (const kv_claim& c : req.claims) {
+    if (budget <= 0) break;
+    const std::string who = "request " + std::to_string(c.id.value) + ": ";
+    const int32_t total = static_cast<int32_t>(c.tokens.size());
+    auto held = held_.find(c.id);
+    kv_grant g;
+    g.id = c.id;
+    std::vector<block_id> hits;
+    if (c.admit) {
+      if (held != held_.end()) return error{who + "admitted while it holds blocks"};
+      if (total == 0) return error{who + "admitted without tokens"};
+      hits = match_prefix(c.tokens, c.ns);
+      g.first = static_cast<int32_t>(hits.size()) * block_size_;
+    } else {
+      if (held == held_.end()) return error{who + "runs without blocks"};
+      if (c.computed < 0 || c.computed >= total ||
+          static_cast<int64_t>(held->second.blocks.size()) * block_size_ < c.computed)
+        return error{who + "claims " + std::to_string(c.computed) + " computed of " + std::to_string(total) +
+                     " tokens, which its " + std::to_string(held->second.blocks.size()) + " blocks contradict"};
+      g.first = c.computed;
+    }
+    g.count = std::min(total - g.first, budget);
+    if (!allocate(c.id, c.tokens, g.first + g.count, hits, c.ns)) {
+      out.short_of_blocks = true;
+      break;
+    }
+    const auto table = block_table(c.id);
+    g.table.assign(table.begin(), table.end());
+    budget -= g.count;
+    out.grants.push_back(std::move(g));
+  }
+  out.usage = usage();
+  return out;
 }
 
 std::span<const uint32_t> kv_block_manager::block_table(request_id id) const {

@@ -7,7 +7,13 @@
 // admitted later, even in the same step, reuses them. On release, a request's blocks go
 // back to the pool last block first, so a shared prefix outlives the tails that follow it.
 //
-// Single-threaded: owned by the scheduler.
+// A step's blocks are granted in one call, grant(): the scheduler sends its claims (the
+// requests it wants to run, in scheduling order, with the step's token budget) and gets
+// back the blocks and token counts of those that fit. The same call serves a block
+// manager inside the scheduler and one behind an actor (the kv manager), so a step costs
+// one exchange with it however many requests run.
+//
+// Single-threaded: owned by the scheduler or by a kv manager actor.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +23,7 @@
 
 #include "engine/kv/block_pool.hpp"
 #include "engine/kv/prefix_cache.hpp"
+#include "engine/util/expected.hpp"
 
 namespace troupe {
 
@@ -27,6 +34,37 @@ struct kv_usage {
   uint32_t cached = 0;  // holding a cached prefix, in use or free
   uint64_t queried_tokens = 0;  // prompt tokens looked up in the prefix cache
   uint64_t hit_tokens = 0;      // of which found cached
+};
+
+// One request's claim on a step: it wants every token of `tokens` past `computed`
+// computed, as far as the step's budget allows.
+struct kv_claim {
+  request_id id;
+  bool admit = false;        // a waiting request: its cached prefix counts as computed and
+                             // `computed` is ignored
+  int32_t computed = 0;      // tokens whose KV the request's blocks already hold
+  uint64_t ns = 0;           // prefix-cache namespace
+  std::span<const int32_t> tokens;  // the request's whole sequence
+};
+
+struct kv_grant {
+  request_id id;
+  int32_t first = 0;             // first token to compute (an admission: its prefix hit)
+  int32_t count = 0;             // tokens to compute this step, at least one
+  std::vector<uint32_t> table;   // the request's blocks, covering first + count
+};
+
+struct kv_step_request {
+  std::vector<request_id> releases;  // requests whose blocks go back first
+  std::vector<kv_claim> claims;      // granted in order
+  int32_t budget = 0;                // tokens the step may still compute
+};
+
+struct kv_step_grants {
+  std::vector<kv_grant> grants;  // for claims[0 .. grants.size())
+  bool short_of_blocks = false;  // claims[grants.size()] did not fit; otherwise the budget
+                                 // ran out or every claim was granted
+  kv_usage usage;                // after the grants
 };
 
 class kv_block_manager {
@@ -45,6 +83,15 @@ class kv_block_manager {
 
   // Releases every block of the request (cached ones stay cached until evicted).
   void free(request_id id);
+
+  // Frees the releases, then grants the claims in order until one does not fit or the
+  // budget is spent. An admission is matched against the prefix cache first. A claim
+  // that contradicts what is held (an admission of a request holding blocks, a running
+  // request holding none or fewer than it computed, nothing left to compute) is an error,
+  // and the claims before it stay granted in the usage figures only: the caller must
+  // start over (a reset).
+  expected<kv_step_grants> grant(const kv_step_request& req);
+  bool holds(request_id id) const { return held_.count(id) != 0; }
 
   std::span<const uint32_t> block_table(request_id id) const;
   int32_t block_size() const { return block_size_; }

@@ -15,9 +15,11 @@ std::string_view finish_reason_name(finish_reason r) {
 }
 
 scheduler::scheduler(const scheduler_config& cfg, const tokenizer& tok)
-    : cfg_(cfg), tok_(tok), kv_(cfg.num_blocks, cfg.block_size, cfg.prefix_caching) {
+    : cfg_(cfg), tok_(tok) {
   TROUPE_ASSERT(cfg.max_step_tokens > 0 && cfg.max_running > 0 && cfg.context > 0 && cfg.vocab > 0,
                 cfg.max_step_tokens, cfg.max_running, cfg.context, cfg.vocab);
+  if (!cfg.remote_kv) kv_.emplace(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
+  remote_usage_.num_blocks = remote_usage_.free = cfg.num_blocks;
 }
 
 bool scheduler::before(const request& a, const request& b) const {
@@ -75,10 +77,13 @@ size_t scheduler::reset_kv() {
   const size_t n = running_.size();
   for (request* r : running_) requeue(*r);
   running_.clear();
-  const kv_usage before = kv_.usage();
+  const kv_usage before = kv_ ? kv_->usage() : remote_usage_;
   queried_before_reset_ += before.queried_tokens;
   hits_before_reset_ += before.hit_tokens;
-  kv_ = kv_block_manager(cfg_.num_blocks, cfg_.block_size, cfg_.prefix_caching);
+  if (kv_) kv_.emplace(cfg_.num_blocks, cfg_.block_size, cfg_.prefix_caching);
+  releases_.clear();  // the remote block manager starts empty too
+  remote_usage_ = kv_usage{};
+  remote_usage_.num_blocks = remote_usage_.free = cfg_.num_blocks;
   return n;
 }
 
@@ -95,7 +100,7 @@ step_output scheduler::finish(request& r, finish_reason why) {
   if (why != finish_reason::aborted && !r.stops.stopped()) out.text = r.stops.push(r.utf8.finish()) + r.stops.flush();
   out.num_prompt_tokens = r.num_prompt_tokens;
   out.num_output_tokens = r.num_output_tokens();
-  kv_.free(r.id);
+  release(r);
   std::erase(running_, &r);
   std::erase(waiting_, &r);
   requests_.erase(r.id);  // r is gone from here on
@@ -111,106 +116,184 @@ std::optional<step_output> scheduler::abort(request_id id) {
 // Back to waiting with its tokens kept; it recomputes its KV when admitted again.
 void scheduler::requeue(request& r) {
   r.num_computed_tokens = 0;
+  r.blocks.clear();
   r.state = request_state::waiting;
   r.in_flight = false;
   ++r.num_preemptions;
   insert_waiting(&r);
 }
 
+void scheduler::release(request& r) {
+  if (kv_)
+    kv_->free(r.id);
+  else
+    releases_.push_back(r.id);
+  r.blocks.clear();
+}
+
 void scheduler::preempt(request& r, step_plan& plan) {
-  kv_.free(r.id);
+  release(r);
   std::erase(running_, &r);
   requeue(r);
   plan.preempted.push_back(r.id);
 }
 
 step_plan scheduler::schedule() {
-  step_plan plan;
-  int32_t budget = cfg_.max_step_tokens;
-  // With micro-batches, one plan takes its share of the requests, not all of them.
-  const size_t share = cfg_.micro_batches > 1
-                           ? std::max<size_t>(1, (running_.size() + waiting_.size() + cfg_.micro_batches - 1) /
-                                                     static_cast<size_t>(cfg_.micro_batches))
-                           : SIZE_MAX;
-  auto add_chunk = [&](request& r, int32_t n) {
-    scheduled_chunk c;
-    c.id = r.id;
-    c.first = r.num_computed_tokens;
-    c.count = n;
-    c.tokens = std::span<const int32_t>(r.tokens).subspan(c.first, n);
-    c.block_table = kv_.block_table(r.id);
-    c.sample = c.first + n == r.num_tokens();
-    r.in_flight = true;
-    plan.chunks.push_back(c);
-    plan.num_tokens += n;
-    budget -= n;
-  };
-
-  // Running requests first, in scheduling order.
-  for (size_t i = 0; i < running_.size() && budget > 0 && plan.chunks.size() < share;) {
-    request& r = *running_[i];
-    if (r.in_flight) {
-      ++i;
-      continue;
-    }
-    const int32_t n = std::min(r.num_tokens() - r.num_computed_tokens, budget);
-    bool preempted_self = false, blocked = false;
-    while (!kv_.allocate(r.id, r.tokens, r.num_computed_tokens + n, {}, r.params.cache_namespace)) {
-      // The lowest-priority request not in flight gives way.
-      request* victim = nullptr;
-      for (auto it = running_.rbegin(); it != running_.rend(); ++it)
-        if (!(*it)->in_flight) {
-          victim = *it;
-          break;
-        }
-      if (victim == nullptr) {
-        blocked = true;  // only requests in flight hold blocks: wait for them
-        break;
-      }
-      if (victim == &r) {
-        if (running_.size() == 1) {
-          // Alone and still out of blocks: the pool cannot hold this sequence.
-          pending_.push_back(finish(r, finish_reason::length));
-        } else {
-          preempt(r, plan);
-        }
-        preempted_self = true;
-        break;
-      }
-      preempt(*victim, plan);
-    }
-    if (preempted_self) continue;  // running_[i] is now the next request
-    if (blocked) {
-      ++i;
-      continue;
-    }
-    add_chunk(r, n);
-    ++i;
+  TROUPE_ASSERT(kv_.has_value(), "schedule() needs the block manager here; remote_kv plans with next_claims");
+  step_draft d = begin_step();
+  while (auto claims = next_claims(d)) {
+    auto grants = kv_->grant(*claims);
+    TROUPE_ASSERT(grants.has_value(), grants ? "" : grants.err().message);
+    apply(d, std::move(grants).value());
   }
+  return end_step(d);
+}
 
-  // Then waiting requests, unless memory ran short this step.
-  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() && plan.chunks.size() < share &&
-         static_cast<int32_t>(running_.size()) < cfg_.max_running) {
-    request& r = *waiting_.front();
-    const auto hits = kv_.match_prefix(r.tokens, r.params.cache_namespace);
-    const int32_t computed = static_cast<int32_t>(hits.size()) * cfg_.block_size;
-    const int32_t n = std::min(r.num_tokens() - computed, budget);
-    if (!kv_.allocate(r.id, r.tokens, computed + n, hits, r.params.cache_namespace)) {
-      if (running_.empty() && plan.chunks.empty()) {
-        // Nothing runs that could free blocks: it can never fit.
-        pending_.push_back(finish(r, finish_reason::length));
-        continue;
-      }
+step_draft scheduler::begin_step() {
+  step_draft d;
+  d.budget = cfg_.max_step_tokens;
+  // With micro-batches, one plan takes its share of the requests, not all of them.
+  d.share = cfg_.micro_batches > 1
+                ? std::max<size_t>(1, (running_.size() + waiting_.size() + cfg_.micro_batches - 1) /
+                                          static_cast<size_t>(cfg_.micro_batches))
+                : SIZE_MAX;
+  return d;
+}
+
+std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
+  if (d.done || d.budget <= 0) {
+    d.done = true;
+    return std::nullopt;
+  }
+  kv_step_request q;
+  q.budget = d.budget;
+  d.sent.clear();
+  // Claims stop where the budget would be spent if each got all it wants; prefix hits
+  // may leave some over, claimed in another round.
+  int64_t left = d.budget;
+  size_t slots = d.share - std::min(d.share, d.plan.chunks.size());
+  auto claim = [&](request& r, bool admit) {
+    q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens, r.params.cache_namespace, r.tokens});
+    d.sent.emplace_back(r.id, admit);
+    left -= r.num_tokens() - (admit ? 0 : r.num_computed_tokens);
+    --slots;
+  };
+  // Running requests first, in scheduling order.
+  for (request* r : running_) {
+    if (left <= 0 || slots == 0) break;
+    if (!r->in_flight && !d.blocked.count(r->id)) claim(*r, false);
+  }
+  // Then waiting ones, unless memory ran short this step.
+  if (d.admitting && d.plan.preempted.empty()) {
+    size_t room = running_.size() < static_cast<size_t>(cfg_.max_running) ? cfg_.max_running - running_.size() : 0;
+    for (request* r : waiting_) {
+      if (left <= 0 || slots == 0 || room == 0) break;
+      claim(*r, true);
+      --room;
+    }
+  }
+  if (q.claims.empty()) {
+    d.done = true;
+    return std::nullopt;
+  }
+  if (!kv_ && releases_.empty() && grant_here(d, q)) return next_claims(d);
+  q.releases = std::exchange(releases_, {});
+  return q;
+}
+
+// Claims of running requests that stay inside the last block they hold, without filling
+// it, change nothing at the block manager (no block taken, none cached), which would grant
+// them as asked: they are granted here and no message goes out. Most decode steps of a
+// few sequences are such (15 of 16 with 16-token blocks).
+bool scheduler::grant_here(step_draft& d, const kv_step_request& q) {
+  const int32_t bs = cfg_.block_size;
+  for (const kv_claim& c : q.claims) {
+    if (c.admit) return false;
+    const request* r = find(c.id);
+    const int32_t end = static_cast<int32_t>(c.tokens.size());
+    if (!r || end > static_cast<int32_t>(r->blocks.size()) * bs || end / bs != c.computed / bs) return false;
+  }
+  kv_step_grants g;
+  g.usage = remote_usage_;
+  int32_t budget = q.budget;
+  for (const kv_claim& c : q.claims) {
+    if (budget <= 0) break;
+    const int32_t count = std::min(static_cast<int32_t>(c.tokens.size()) - c.computed, budget);
+    g.grants.push_back(kv_grant{c.id, c.computed, count, find(c.id)->blocks});
+    budget -= count;
+  }
+  apply(d, std::move(g));
+  return true;
+}
+
+void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t count) {
+  scheduled_chunk c;
+  c.id = r.id;
+  c.first = first;
+  c.count = count;
+  c.tokens = std::span<const int32_t>(r.tokens).subspan(first, count);
+  c.block_table = r.blocks;
+  c.sample = first + count == r.num_tokens();
+  r.in_flight = true;
+  d.plan.chunks.push_back(c);
+  d.plan.num_tokens += count;
+  d.budget -= count;
+}
+
+void scheduler::apply(step_draft& d, kv_step_grants g) {
+  if (!kv_) remote_usage_ = g.usage;
+  TROUPE_ASSERT(g.grants.size() + g.short_of_blocks <= d.sent.size(), g.grants.size(), d.sent.size());
+  for (size_t k = 0; k < g.grants.size(); ++k) {
+    kv_grant& grant = g.grants[k];
+    request* r = find(grant.id);
+    // Gone since the claims went out (aborted): its release is already on its way.
+    if (!r || grant.id != d.sent[k].first) continue;
+    r->blocks = std::move(grant.table);
+    if (d.sent[k].second) {
+      std::erase(waiting_, r);
+      r->num_computed_tokens = grant.first;
+      if (r->num_preemptions == 0) r->num_cached_prompt_tokens = grant.first;
+      r->state = request_state::running;
+      running_.push_back(r);
+    }
+    add_chunk(d, *r, grant.first, grant.count);
+  }
+  if (!g.short_of_blocks) {
+    // Every claim granted: more may fit if prefix hits left budget over. Otherwise the
+    // budget is spent.
+    if (g.grants.size() < d.sent.size()) d.done = true;
+    return;
+  }
+  const auto [id, admit] = d.sent[g.grants.size()];
+  request* r = find(id);
+  if (!r) return;
+  if (!admit) return out_of_blocks(d, *r);
+  if (running_.empty() && d.plan.chunks.empty()) {
+    // Nothing runs that could free blocks: it can never fit.
+    pending_.push_back(finish(*r, finish_reason::length));
+  } else {
+    d.admitting = false;
+  }
+}
+
+// Running request r did not fit: the lowest-priority request not in flight gives way.
+void scheduler::out_of_blocks(step_draft& d, request& r) {
+  request* victim = nullptr;
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+    if (!(*it)->in_flight) {
+      victim = *it;
       break;
     }
-    waiting_.pop_front();
-    r.num_computed_tokens = computed;
-    if (r.num_preemptions == 0) r.num_cached_prompt_tokens = computed;
-    r.state = request_state::running;
-    running_.push_back(&r);
-    add_chunk(r, n);
+  if (victim == nullptr) {
+    d.blocked.insert(r.id);  // only requests in flight hold blocks: wait for them
+  } else if (victim != &r) {
+    preempt(*victim, d.plan);  // then r claims again
+  } else if (running_.size() == 1) {
+    // Alone and still out of blocks: the pool cannot hold this sequence.
+    pending_.push_back(finish(r, finish_reason::length));
+  } else {
+    preempt(r, d.plan);
   }
-  return plan;
 }
 
 std::vector<step_output> scheduler::update_from_output(const step_plan& plan, std::span<sample_result> samples) {

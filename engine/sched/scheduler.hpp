@@ -15,6 +15,23 @@
 // busy): a request whose step has not come back is left out of the next plans and is
 // never preempted; results must be applied in the order the plans were made.
 //
+// KV blocks come from a block manager through claims (kv_block_manager::grant): the
+// scheduler owns one (schedule() plans a step in one call), or, with remote_kv set, the
+// block manager lives elsewhere (a kv manager actor) and a step is planned as an
+// exchange:
+//
+//   step_draft d = s.begin_step();
+//   while (auto claims = s.next_claims(d)) s.apply(d, <the block manager's grants>);
+//   step_plan plan = s.end_step(d);
+//
+// Usually one round: the claims of every request that can run, running ones first; more
+// only when blocks run short (a request is preempted and its blocks released, then the
+// rest is claimed again) or prefix hits left budget over. None when every claim stays
+// inside the blocks its request holds without filling one (most decode steps): nothing
+// changes at the block manager, so the scheduler grants those itself. Blocks released by finished,
+// aborted or preempted requests travel with the next claims (take_releases() hands them
+// over when no step follows).
+//
 // Policies: FCFS (arrival order) or priority (lower first, then arrival). Single-threaded;
 // owned by one engine loop.
 #pragma once
@@ -23,6 +40,8 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "engine/kv/kv_block_manager.hpp"
@@ -45,6 +64,20 @@ struct scheduler_config {
   int32_t vocab = 0;              // token ids must be below this
   int32_t micro_batches = 1;      // plans share the requests this many ways (pipelines of
                                   // P stages keep P plans in flight)
+  bool remote_kv = false;         // the block manager is elsewhere: plan steps with
+                                  // begin_step / next_claims / apply / end_step
+};
+
+// A step being planned.
+struct step_draft {
+  step_plan plan;
+  int32_t budget = 0;
+  size_t share = 0;                            // chunks this plan may take
+  bool admitting = true;                       // waiting requests may still be admitted
+  bool done = false;
+  std::unordered_set<request_id> blocked;      // out of blocks, with only requests in flight
+                                               // to give way: they wait for the next step
+  std::vector<std::pair<request_id, bool>> sent;  // the last claims: id, admission
 };
 
 class scheduler {
@@ -63,7 +96,19 @@ class scheduler {
   // back.
   size_t reset_kv();
 
+  // Plans a step with the block manager the scheduler owns (remote_kv off).
   step_plan schedule();
+
+  // Planning a step against a block manager elsewhere (see above). A draft dropped half
+  // way (a lost stage) must be followed by reset_kv().
+  step_draft begin_step();
+  std::optional<kv_step_request> next_claims(step_draft& d);
+  void apply(step_draft& d, kv_step_grants grants);
+  step_plan end_step(step_draft& d) { return std::move(d.plan); }
+  // Requests whose blocks the remote block manager may free, if no claims carry them.
+  std::vector<request_id> take_releases() { return std::exchange(releases_, {}); }
+  // The remote block manager's figures, as its latest answer gave them.
+  void set_kv_usage(const kv_usage& u) { remote_usage_ = u; }
   std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples);
 
   request* find(request_id id);
@@ -72,24 +117,29 @@ class scheduler {
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
   // Block figures now; prefix-cache token counts since construction (reset_kv included).
   kv_usage usage() const {
-    kv_usage u = kv_.usage();
+    kv_usage u = kv_ ? kv_->usage() : remote_usage_;
     u.queried_tokens += queried_before_reset_;
     u.hit_tokens += hits_before_reset_;
     return u;
   }
-  const kv_block_manager& kv() const { return kv_; }
   const scheduler_config& config() const { return cfg_; }
 
  private:
   bool before(const request& a, const request& b) const;  // scheduling order
   void requeue(request& r);
+  void release(request& r);
   void preempt(request& r, step_plan& plan);
+  void add_chunk(step_draft& d, request& r, int32_t first, int32_t count);
+  void out_of_blocks(step_draft& d, request& r);
+  bool grant_here(step_draft& d, const kv_step_request& q);
   step_output finish(request& r, finish_reason why);
   void insert_waiting(request* r);
 
   scheduler_config cfg_;
   const tokenizer& tok_;
-  kv_block_manager kv_;
+  std::optional<kv_block_manager> kv_;  // unless remote_kv
+  std::vector<request_id> releases_;     // for the remote block manager
+  kv_usage remote_usage_;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
   std::deque<request*> waiting_;   // in scheduling order
   std::vector<request*> running_;  // in scheduling order

@@ -21,8 +21,8 @@
 
 namespace troupe::test {
 
-// A scheduler for replica `replica` whose `stages` stages are named on the local agent:
-// 128 blocks of 16 tokens, 128 tokens a step, one step in flight per stage.
+// A scheduler for replica `replica` whose `stages` stages and kv manager are named on the
+// local agent: 128 blocks of 16 tokens, 128 tokens a step, one step in flight per stage.
 inline scheduler_setup scheduler_for(const loaded& l, const std::string& replica, size_t stages) {
   scheduler_setup s;
   s.m = &l.m;
@@ -36,7 +36,17 @@ inline scheduler_setup scheduler_for(const loaded& l, const std::string& replica
   s.max_in_flight = static_cast<int32_t>(stages);
   s.config.micro_batches = s.max_in_flight;
   for (size_t i = 0; i < stages; ++i) s.stages.push_back({stage_name(replica, i), "", 0});
+  s.kv_manager = kv_manager_name(replica);
   return s;
+}
+
+// Its kv manager's setup, to match.
+inline kv_manager_setup kv_manager_for(const loaded& l) {
+  kv_manager_setup k;
+  k.num_blocks = 128;
+  k.block_size = 16;
+  k.context = l.m.config.max_seq_len;
+  return k;
 }
 
 // Each request's tokens from the engine alone, the reference for every run through actors.

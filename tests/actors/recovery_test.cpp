@@ -64,7 +64,7 @@ void wait_ready(caf::scoped_actor& self, const caf::actor& router, uint32_t n) {
 
 }  // namespace
 
-TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests recompute and finish as alone") {
+TEST_CASE("a stage, the kv manager, then a shard, killed under a running scheduler: the requests recompute and finish as alone") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const auto reqs = requests(l);
   const auto alone = alone_tokens(l, reqs);
@@ -88,10 +88,11 @@ TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests
   };
   collect(self, lg, reqs.size(), [&](int n) {
     if (n == 40) kill("r0/stage1");
+    if (n == 120) kill("r0/kv");  // the blocks it tracked are gone: recompute
     if (n == 200) kill("r0/stage1/shard1");  // TP=2: its peer is released from the all-reduce
   });
   check_as_alone(lg, alone);
-  // The agent restarted the stage twice; every block is free again.
+  // The agent restarted the stage twice and the kv manager once; every block is free again.
   uint32_t used = 99;
   self->request(sched, std::chrono::seconds(5), stats_atom_v)
       .receive([&](uint32_t u, uint32_t, uint32_t, uint32_t) { used = u; }, [&](caf::error& e) { FAIL(sys.render(e)); });
@@ -102,8 +103,13 @@ TEST_CASE("a stage, then a shard, killed under a running scheduler: the requests
             auto h = wire::decode_node_health(*m.bytes);
             REQUIRE(h.has_value());
             CHECK(h->ready);
-            for (const auto& a : h->actors)
+            int seen = 0;
+            for (const auto& a : h->actors) {
               if (a.name == "r0/stage1") CHECK(a.restarts == 2);
+              if (a.name == "r0/kv") CHECK(a.restarts == 1);
+              seen += a.name == "r0/stage1" || a.name == "r0/kv";
+            }
+            CHECK(seen == 2);
           },
           [&](caf::error& e) { FAIL(sys.render(e)); });
   self->send_exit(sched, caf::exit_reason::user_shutdown);
@@ -122,6 +128,7 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   for (const char* r : {"r0", "r1"}) {
     units.push_back(stage_unit(l.m, r, 0, {0, 3, 1}, 128, 16, 128));
     units.push_back(stage_unit(l.m, r, 1, {3, 5, 1}, 128, 16, 128));
+    units.push_back(kv_manager_unit(r, test::kv_manager_for(l)));
     units.push_back(scheduler_unit(r, test::scheduler_for(l, r, 2)));
   }
   auto agent = spawn_node_agent(sys, "local", units);
@@ -191,7 +198,7 @@ TEST_CASE("a stage that fails every step keeps its replica unready, retried with
                                           })});
                      return u;
                    }};
-  auto agent = spawn_node_agent(sys, "local", {broken});
+  auto agent = spawn_node_agent(sys, "local", {broken, kv_manager_unit("r0", test::kv_manager_for(l))});
   scheduler_setup s = test::scheduler_for(l, "r0", 1);
   s.agent = agent;
   auto sched = spawn_scheduler(sys, s);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The kill ledger: deploy/pp2x2.toml (two replicas, each PP=2 over two processes, and a
-# gateway process) serves rounds of 64 concurrent greedy requests while troupe-launch chaos
-# kills shard, stage and scheduler actors and SIGKILLs and SIGSTOPs node processes, first
-# one failure at a time (each timed), then failures that pile up. Every
+# gateway process) serves rounds of 64 concurrent greedy requests while troupe-launch
+# chaos kills shard, stage, scheduler and kv-manager actors and SIGKILLs and SIGSTOPs node
+# processes, first one failure at a time (each timed), then failures that pile up. Every
 # request of every round must complete exactly once with the failure-free output, every
 # stream numbered without gap or repeat; afterwards KV blocks, queues and live actors are
 # back to where they started, and every SIGSTOPped node was noticed within three
@@ -64,7 +64,7 @@ under_chaos --events 24 --seed 11 --gap-ms 100-400 --stop-ms 1200 --json "$state
 [[ $chaos_rc == 0 ]] || { echo "the cluster did not recover from every event"; exit 1; }
 ((bad == 0)) || { echo "$bad of $rounds rounds lost, repeated or changed output"; exit 1; }
 ((rounds >= 3)) || { echo "only $rounds rounds ran under chaos"; exit 1; }
-for kind in 'shard' 'stage[0-9] ' 'scheduler' 'sigkill' 'sigstop'; do
+for kind in 'shard' 'stage[0-9] ' 'scheduler' 'r[0-9]/kv ' 'sigkill' 'sigstop'; do
   grep -q "$kind" "$state/chaos.out" || { echo "no '$kind' event among the kills"; exit 1; }
 done
 events=$(grep '^chaos [0-9]*: *\(actor\|sigkill\|sigstop\)' "$state/chaos.out" | grep -vc 'not killed')

@@ -177,6 +177,13 @@ int main(int argc, char** argv) {
       if (peer.name == node_name) setup.stages.push_back({stage_name(rs.name, i), "", 0});
       else setup.stages.push_back({stage_name(rs.name, i), peer.host, peer.port});
     }
+    kv_manager_setup kv;
+    kv.num_blocks = setup.config.num_blocks;
+    kv.block_size = setup.config.block_size;
+    kv.prefix_caching = setup.config.prefix_caching;
+    kv.context = setup.config.context;
+    units.push_back(kv_manager_unit(rs.name, kv));
+    setup.kv_manager = kv_manager_name(rs.name);
     units.push_back(scheduler_unit(rs.name, setup));
   }
   caf::actor agent = spawn_node_agent(sys, node_name, std::move(units));

@@ -66,7 +66,7 @@ TEST_CASE("a partial hit stops at the first block that differs") {
   CHECK(m.match_prefix(shifted, 0).empty());
 }
 
-TEST_CASE("released blocks stay cached; eviction takes the least recently freed, tails first") {
+TEST_CASE("released blocks stay cached, and eviction takes the least recently freed, tails first") {
   kv_block_manager m(6, bs, true);
   REQUIRE(m.allocate(request_id{1}, seq(0, 8), 8, {}, 0));   // blocks 0 1
   REQUIRE(m.allocate(request_id{2}, seq(50, 8), 8, {}, 0));  // blocks 2 3
@@ -119,6 +119,76 @@ TEST_CASE("blocks are cached as they fill, and caching can be turned off") {
   REQUIRE(off.allocate(request_id{1}, prompt, 12, {}, 0));
   CHECK(off.usage().cached == 0);
   CHECK(off.match_prefix(prompt, 0).empty());
+}
+
+TEST_CASE("grant: claims are granted in order within the budget, and the first that does not fit stops it") {
+  kv_block_manager m(6, bs, true);
+  const auto a = seq(0, 10), b = seq(50, 9), c = seq(80, 12);
+  kv_step_request q;
+  q.budget = 16;
+  q.claims = {{request_id{1}, true, 0, 0, a}, {request_id{2}, true, 0, 0, b}, {request_id{3}, true, 0, 0, c}};
+  auto g = m.grant(q);
+  REQUIRE(g.has_value());
+  // 10 tokens for 1 (3 blocks), the 6 left of the budget for 2 (2 blocks); 3 is not reached.
+  REQUIRE(g->grants.size() == 2);
+  CHECK_FALSE(g->short_of_blocks);
+  CHECK(g->grants[0].first == 0);
+  CHECK(g->grants[0].count == 10);
+  CHECK(g->grants[0].table == std::vector<uint32_t>{0, 1, 2});
+  CHECK(g->grants[1].count == 6);
+  CHECK(g->grants[1].table == std::vector<uint32_t>{3, 4});
+  CHECK(g->usage.used == 5);
+
+  // Request 2 goes on (3 tokens, its third block), then 3 wants 3 blocks of the 1 left.
+  q.budget = 64;
+  q.claims = {{request_id{2}, false, 6, 0, b}, {request_id{3}, true, 0, 0, c}};
+  g = m.grant(q);
+  REQUIRE(g.has_value());
+  REQUIRE(g->grants.size() == 1);
+  CHECK(g->grants[0].first == 6);
+  CHECK(g->grants[0].count == 3);
+  CHECK(g->grants[0].table == std::vector<uint32_t>{3, 4, 5});
+  CHECK(g->short_of_blocks);
+  CHECK_FALSE(m.holds(request_id{3}));
+
+  // Releases go first: with 1 released, 3 fits, and an admission of a's tokens hits
+  // the two full blocks 1 cached.
+  q.releases = {request_id{1}};
+  q.claims = {{request_id{3}, true, 0, 0, c}};
+  g = m.grant(q);
+  REQUIRE(g.has_value());
+  REQUIRE(g->grants.size() == 1);
+  CHECK(g->grants[0].table == std::vector<uint32_t>{2, 1, 0});  // least recently freed first
+  q.releases = {request_id{3}};
+  q.claims = {{request_id{4}, true, 0, 0, a}};
+  g = m.grant(q);
+  REQUIRE(g.has_value());
+  REQUIRE(g->grants.size() == 1);
+  CHECK(g->grants[0].first == 0);  // 3 evicted a's cached blocks when it took them
+  CHECK(g->usage.hit_tokens == 0);
+}
+
+TEST_CASE("grant: a prefix hit counts as computed and claims that contradict the holdings are errors") {
+  kv_block_manager m(8, bs, true);
+  const auto a = seq(0, 10);
+  kv_step_request q;
+  q.budget = 64;
+  q.claims = {{request_id{1}, true, 0, 0, a}};
+  REQUIRE(m.grant(q).has_value());
+  q.claims = {{request_id{2}, true, 0, 0, a}};
+  auto g = m.grant(q);
+  REQUIRE(g.has_value());
+  CHECK(g->grants[0].first == 8);
+  CHECK(g->grants[0].count == 2);
+  CHECK(g->grants[0].table == std::vector<uint32_t>{0, 1, 3});
+  CHECK(g->usage.hit_tokens == 8);
+
+  q.claims = {{request_id{1}, true, 0, 0, a}};  // admitted twice
+  CHECK_FALSE(m.grant(q).has_value());
+  q.claims = {{request_id{9}, false, 4, 0, a}};  // running, holding nothing
+  CHECK_FALSE(m.grant(q).has_value());
+  q.claims = {{request_id{1}, false, 10, 0, a}};  // nothing left to compute
+  CHECK_FALSE(m.grant(q).has_value());
 }
 
 }  // namespace troupe

@@ -1,6 +1,10 @@
 // The scheduler driven by hand: plans are inspected, samples are made up.
 #include "engine/sched/scheduler.hpp"
 
+#include <algorithm>
+#include <functional>
+#include <random>
+
 #include <doctest/doctest.h>
 
 #include "tests/support/test_support.hpp"
@@ -92,7 +96,7 @@ TEST_CASE("the running cap holds requests back until one finishes") {
   CHECK(q.chunks[0].id == request_id{3});
 }
 
-TEST_CASE("the priority policy admits lower priority values first; FCFS admits by arrival") {
+TEST_CASE("the priority policy admits lower priority values first, and FCFS admits by arrival") {
   for (schedule_policy policy : {schedule_policy::fcfs, schedule_policy::priority}) {
     auto cfg = small(64, 64, 1);
     cfg.policy = policy;
@@ -218,7 +222,7 @@ TEST_CASE("bad requests are refused with the reason, and leave nothing queued") 
 
 namespace troupe {
 
-TEST_CASE("two plans in flight: the second leaves out the first's requests; results apply in order") {
+TEST_CASE("two plans in flight: the second leaves out the first's requests, and results apply in order") {
   scheduler s(small(64), test::tok512());
   for (uint64_t id = 1; id <= 3; ++id) REQUIRE(s.add(request_id{id}, prompt_of(4, 300, 5)).has_value());
   const step_plan a = s.schedule();
@@ -255,6 +259,126 @@ TEST_CASE("micro-batches: each plan takes its share of the requests") {
   CHECK(a.chunks.size() == 2);
   CHECK(b.chunks.size() == 2);
   CHECK(s.schedule().chunks.empty());
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+namespace {
+
+// Plans a step of a remote_kv scheduler against block manager `kv`, as a kv manager
+// actor would answer; `between` runs while the claims are out.
+step_plan plan_remote(scheduler& s, kv_block_manager& kv, const std::function<void()>& between = {},
+                      int* exchanges = nullptr) {
+  step_draft d = s.begin_step();
+  while (auto q = s.next_claims(d)) {
+    if (exchanges) ++*exchanges;
+    auto g = kv.grant(*q);
+    REQUIRE(g.has_value());
+    if (between) between();
+    s.apply(d, std::move(g).value());
+  }
+  return s.end_step(d);
+}
+
+bool same_plan(const step_plan& a, const step_plan& b) {
+  if (a.chunks.size() != b.chunks.size() || a.preempted != b.preempted || a.num_tokens != b.num_tokens) return false;
+  for (size_t i = 0; i < a.chunks.size(); ++i) {
+    const auto &x = a.chunks[i], &y = b.chunks[i];
+    if (x.id != y.id || x.first != y.first || x.count != y.count || x.sample != y.sample ||
+        !std::equal(x.block_table.begin(), x.block_table.end(), y.block_table.begin(), y.block_table.end()))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a block manager elsewhere: the claims exchange plans exactly the steps schedule() plans") {
+  // Random prompts sharing prefixes, arrivals, aborts and a pool small enough to preempt.
+  auto cfg = small(24, 24, 6);
+  scheduler local(cfg, test::tok512());
+  cfg.remote_kv = true;
+  scheduler remote(cfg, test::tok512());
+  kv_block_manager kv(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
+  std::mt19937_64 gen(7);
+  auto below = [&](uint64_t n) { return gen() % n; };
+  uint64_t next = 1;
+  size_t preemptions = 0, steps = 0;
+  for (int step = 0; step < 400 && (step < 60 || local.has_unfinished()); ++step) {
+    if (step < 60 && below(3) == 0) {
+      const auto p = prompt_of(1 + static_cast<int32_t>(below(30)), 300 + static_cast<int32_t>(below(2)) * 50,
+                               1 + static_cast<int32_t>(below(20)));
+      REQUIRE(local.add(request_id{next}, p).has_value());
+      REQUIRE(remote.add(request_id{next}, p).has_value());
+      ++next;
+    }
+    if (below(17) == 0) {
+      const request_id victim{1 + below(next)};
+      CHECK(local.abort(victim).has_value() == remote.abort(victim).has_value());
+    }
+    const step_plan a = local.schedule();
+    const step_plan b = plan_remote(remote, kv);
+    REQUIRE(same_plan(a, b));
+    preemptions += a.preempted.size();
+    steps += !a.chunks.empty();
+    const int32_t t = 300 + static_cast<int32_t>(below(100));
+    const auto oa = run(local, a, t), ob = run(remote, b, t);
+    REQUIRE(oa.size() == ob.size());
+    for (size_t i = 0; i < oa.size(); ++i) CHECK(oa[i].new_tokens == ob[i].new_tokens);
+  }
+  CHECK_FALSE(remote.has_unfinished());
+  CHECK(preemptions > 0);
+  CHECK(steps > 50);
+  // Every block comes back once the last releases reach the block manager.
+  kv_step_request rest;
+  rest.releases = remote.take_releases();
+  auto g = kv.grant(rest);
+  REQUIRE(g.has_value());
+  CHECK(g->usage.used == 0);
+  CHECK(local.usage().used == 0);
+}
+
+TEST_CASE("a request aborted while its claims are out: its grant is dropped and its blocks come back") {
+  auto cfg = small(64);
+  cfg.remote_kv = true;
+  scheduler s(cfg, test::tok512());
+  kv_block_manager kv(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
+  REQUIRE(s.add(request_id{1}, prompt_of(9)).has_value());
+  REQUIRE(s.add(request_id{2}, prompt_of(5, 100)).has_value());
+  const step_plan p = plan_remote(s, kv, [&] { CHECK(s.abort(request_id{1}).has_value()); });
+  REQUIRE(p.chunks.size() == 1);
+  CHECK(p.chunks[0].id == request_id{2});
+  CHECK(kv.usage().used == 5);  // 3 blocks granted to 1 before it was aborted, 2 for 2
+  kv_step_request q;
+  q.releases = s.take_releases();
+  CHECK(q.releases == std::vector<request_id>{request_id{1}});
+  REQUIRE(kv.grant(q).has_value());
+  CHECK(kv.usage().used == 2);
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("decode steps inside the blocks a request holds need no exchange with the block manager") {
+  auto cfg = small(64);  // 4-token blocks
+  cfg.remote_kv = true;
+  scheduler s(cfg, test::tok512());
+  kv_block_manager kv(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
+  REQUIRE(s.add(request_id{1}, prompt_of(5, 300, 11)).has_value());
+  int exchanges = 0, steps = 0;
+  while (s.has_unfinished()) {
+    const step_plan p = plan_remote(s, kv, {}, &exchanges);
+    REQUIRE(p.chunks.size() == 1);
+    ++steps;
+    run(s, p);
+  }
+  // The prefill, then the decode steps at positions 7 and 11 (they fill a block) and 8
+  // and 12 (they need a new one); positions 5, 6, 9, 10, 13 and 14 stay inside.
+  CHECK(steps == 11);
+  CHECK(exchanges == 5);
 }
 
 }  // namespace troupe

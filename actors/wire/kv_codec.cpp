@@ -1,0 +1,221 @@
+#include "actors/wire/kv_codec.hpp"
+
+#include <unordered_set>
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include "actors/wire/frame.hpp"
+#include "schema/kv.capnp.h"
+
+namespace troupe::wire {
+
+namespace {
+
+frame_limits limits_for(const kv_limits& lim) {
+  frame_limits fl;
+  // Every claim whole, with its fields, and the releases.
+  fl.max_bytes = (static_cast<size_t>(lim.max_claims) * (static_cast<size_t>(lim.context) + 64) +
+                  static_cast<size_t>(lim.max_releases)) * 8 + (1 << 16);
+  fl.traversal_words = fl.max_bytes / 8 * 2;
+  fl.nesting = 8;
+  return fl;
+}
+
+std::string span_text(int64_t a, int64_t b) { return std::to_string(a) + ".." + std::to_string(b); }
+
+}  // namespace
+
+void kv_claim_sender::restart(uint64_t session) {
+  known_.clear();
+  last_.clear();
+  session_ = session;
+  reset_pending_ = true;
+}
+
+std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::KvStep>();
+  root.setSession(session_);
+  root.setReset(reset_pending_);
+  reset_pending_ = false;
+  root.setBudget(q.budget);
+  auto rel = root.initReleases(static_cast<unsigned>(q.releases.size()));
+  for (size_t i = 0; i < q.releases.size(); ++i) {
+    rel.set(static_cast<unsigned>(i), q.releases[i].value);
+    known_.erase(q.releases[i]);
+  }
+  last_.clear();
+  auto claims = root.initClaims(static_cast<unsigned>(q.claims.size()));
+  for (size_t i = 0; i < q.claims.size(); ++i) {
+    const kv_claim& c = q.claims[i];
+    auto out = claims[static_cast<unsigned>(i)];
+    out.setRequestId(c.id.value);
+    out.setAdmit(c.admit);
+    out.setComputed(c.computed);
+    out.setNamespace(c.ns);
+    int32_t& known = known_[c.id];
+    if (c.admit) known = 0;
+    const auto rest = c.tokens.subspan(static_cast<size_t>(known));
+    out.setTokensFrom(known);
+    auto toks = out.initTokens(static_cast<unsigned>(rest.size()));
+    for (size_t k = 0; k < rest.size(); ++k) toks.set(static_cast<unsigned>(k), rest[k]);
+    known = static_cast<int32_t>(c.tokens.size());
+    last_.push_back({c.id, c.admit, c.computed, static_cast<int32_t>(c.tokens.size())});
+  }
+  return to_bytes(msg);
+}
+
+expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes) const {
+  frame_limits fl;
+  fl.max_bytes = (last_.size() * (static_cast<size_t>(lim_.context / lim_.block_size) + 16) + 64) * 8 + 4096;
+  fl.traversal_words = fl.max_bytes / 8 * 2;
+  fl.nesting = 8;
+  auto frame = frame_reader::parse(bytes, fl);
+  if (!frame) return error{"kv grants: " + frame.err().message};
+  try {
+    auto root = (*frame)->root<schema::KvGrants>();
+    if (root.getSession() != session_)
+      return error{"kv grants of session " + std::to_string(root.getSession()) + ", not " + std::to_string(session_)};
+    if (root.hasError() && root.getError().size() > 0)
+      return error{std::string("kv manager: ") + root.getError().cStr()};
+    kv_step_grants out;
+    out.short_of_blocks = root.getShortOfBlocks();
+    const auto grants = root.getGrants();
+    if (grants.size() + (out.short_of_blocks ? 1 : 0) > last_.size())
+      return error{"kv grants: " + std::to_string(grants.size()) + " grants for " + std::to_string(last_.size()) + " claims"};
+    const size_t max_table = static_cast<size_t>((lim_.context + lim_.block_size - 1) / lim_.block_size);
+    for (unsigned k = 0; k < grants.size(); ++k) {
+      const auto g = grants[k];
+      const sent_claim& c = last_[k];
+      const std::string who = "kv grant " + std::to_string(k) + " (request " + std::to_string(c.id.value) + "): ";
+      if (g.getRequestId() != c.id.value) return error{who + "names request " + std::to_string(g.getRequestId())};
+      const int64_t first = g.getFirst(), count = g.getCount();
+      if (first < 0 || count < 1 || first + count > c.total || (!c.admit && first != c.computed))
+        return error{who + "tokens " + span_text(first, first + count - 1) + " do not fit the claim"};
+      const auto table = g.getTable();
+      if (table.size() > max_table || static_cast<int64_t>(table.size()) * lim_.block_size < first + count)
+        return error{who + "a table of " + std::to_string(table.size()) + " blocks does not fit tokens " +
+                     span_text(first, first + count - 1)};
+      kv_grant out_g;
+      out_g.id = c.id;
+      out_g.first = static_cast<int32_t>(first);
+      out_g.count = static_cast<int32_t>(count);
+      out_g.table.reserve(table.size());
+      for (uint32_t b : table) {
+        if (b >= lim_.num_blocks)
+          return error{who + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
+        out_g.table.push_back(b);
+      }
+      out.grants.push_back(std::move(out_g));
+    }
+    const auto u = root.getUsage();
+    out.usage.num_blocks = u.getNumBlocks();
+    out.usage.used = u.getUsed();
+    out.usage.free = u.getFree();
+    out.usage.cached = u.getCached();
+    out.usage.queried_tokens = u.getQueriedTokens();
+    out.usage.hit_tokens = u.getHitTokens();
+    return out;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed kv grants: ") + e.getDescription().cStr()};
+  }
+}
+
+expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> bytes) {
+  auto frame = frame_reader::parse(bytes, limits_for(lim_));
+  if (!frame) return error{"kv claims: " + frame.err().message};
+  try {
+    auto root = (*frame)->root<schema::KvStep>();
+    const bool reset = root.getReset();
+    if (!reset && (!any_ || root.getSession() != session_))
+      return error{"claims of scheduler session " + std::to_string(root.getSession()) +
+                   (any_ ? ", but this kv manager serves session " + std::to_string(session_)
+                         : ", but this kv manager was never reset (it restarted)")};
+    const auto releases = root.getReleases();
+    const auto claims = root.getClaims();
+    if (releases.size() > static_cast<unsigned>(lim_.max_releases))
+      return error{"kv claims release " + std::to_string(releases.size()) + " requests; at most " +
+                   std::to_string(lim_.max_releases)};
+    if (claims.size() > static_cast<unsigned>(lim_.max_claims))
+      return error{"kv claims: " + std::to_string(claims.size()) + " claims; at most " + std::to_string(lim_.max_claims)};
+    if (root.getBudget() < 0) return error{"kv claims: negative budget"};
+
+    // Check everything first; apply only a message that passes.
+    std::unordered_set<uint64_t> released, seen;
+    for (uint64_t id : releases) released.insert(id);
+    for (unsigned i = 0; i < claims.size(); ++i) {
+      const auto c = claims[i];
+      const std::string who = "kv claim " + std::to_string(i) + " (request " + std::to_string(c.getRequestId()) + "): ";
+      if (!seen.insert(c.getRequestId()).second) return error{who + "request claimed twice in one message"};
+      size_t have = 0;
+      if (!reset && !released.count(c.getRequestId()))
+        if (auto it = tokens_.find(c.getRequestId()); it != tokens_.end()) have = it->second.size();
+      const int64_t from = c.getTokensFrom();
+      const int64_t total = from + c.getTokens().size();
+      if (c.getAdmit() ? from != 0 : from != static_cast<int64_t>(have))
+        return error{who + "tokens start at " + std::to_string(from) + "; the kv manager has " + std::to_string(have)};
+      if (total < 1 || total > lim_.context)
+        return error{who + std::to_string(total) + " tokens; the context holds " + std::to_string(lim_.context)};
+      if (!c.getAdmit() && (c.getComputed() < 0 || c.getComputed() >= total))
+        return error{who + std::to_string(c.getComputed()) + " computed of " + std::to_string(total) + " tokens"};
+    }
+
+    decoded_kv_step out;
+    out.reset = reset;
+    out.session = root.getSession();
+    if (reset) tokens_.clear();
+    session_ = root.getSession();
+    any_ = true;
+    out.request.budget = root.getBudget();
+    for (uint64_t id : releases) {
+      tokens_.erase(id);
+      out.request.releases.push_back(request_id{id});
+    }
+    for (const auto c : claims) {
+      auto& toks = tokens_[c.getRequestId()];
+      if (c.getAdmit()) toks.clear();
+      for (int32_t t : c.getTokens()) toks.push_back(t);
+    }
+    for (const auto c : claims)
+      out.request.claims.push_back(kv_claim{request_id{c.getRequestId()}, c.getAdmit(), c.getComputed(),
+                                            c.getNamespace(), tokens_[c.getRequestId()]});
+    return out;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed kv claims: ") + e.getDescription().cStr()};
+  }
+}
+
+std::vector<uint8_t> encode_kv_grants(uint64_t session, const kv_step_grants& g) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::KvGrants>();
+  root.setSession(session);
+  root.setShortOfBlocks(g.short_of_blocks);
+  auto list = root.initGrants(static_cast<unsigned>(g.grants.size()));
+  for (size_t k = 0; k < g.grants.size(); ++k) {
+    auto out = list[static_cast<unsigned>(k)];
+    out.setRequestId(g.grants[k].id.value);
+    out.setFirst(g.grants[k].first);
+    out.setCount(g.grants[k].count);
+    auto table = out.initTable(static_cast<unsigned>(g.grants[k].table.size()));
+    for (size_t b = 0; b < g.grants[k].table.size(); ++b) table.set(static_cast<unsigned>(b), g.grants[k].table[b]);
+  }
+  auto u = root.initUsage();
+  u.setNumBlocks(g.usage.num_blocks);
+  u.setUsed(g.usage.used);
+  u.setFree(g.usage.free);
+  u.setCached(g.usage.cached);
+  u.setQueriedTokens(g.usage.queried_tokens);
+  u.setHitTokens(g.usage.hit_tokens);
+  return to_bytes(msg);
+}
+
+std::vector<uint8_t> encode_kv_error(uint64_t session, const std::string& why) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::KvGrants>();
+  root.setSession(session);
+  root.setError(why);
+  return to_bytes(msg);
+}
+
+}  // namespace troupe::wire

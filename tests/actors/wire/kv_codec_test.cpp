@@ -1,0 +1,192 @@
+#include "actors/wire/kv_codec.hpp"
+
+#include <capnp/message.h>
+#include <doctest/doctest.h>
+
+#include "actors/wire/frame.hpp"
+#include "engine/sched/scheduler.hpp"
+#include "schema/kv.capnp.h"
+#include "tests/support/test_support.hpp"
+
+namespace troupe::wire {
+
+namespace {
+
+kv_limits limits() {
+  kv_limits l;
+  l.num_blocks = 16;
+  l.block_size = 4;
+  l.context = 64;
+  l.max_claims = 8;
+  return l;
+}
+
+// One exchange as the kv manager serves it: decode, (reset,) grant, encode.
+std::vector<uint8_t> serve(kv_claim_receiver& rx, kv_block_manager& kv, std::span<const uint8_t> msg) {
+  auto step = rx.decode(msg);
+  if (!step) return encode_kv_error(rx.session(), step.err().message);
+  if (step->reset) kv = kv_block_manager(16, 4, true);
+  auto g = kv.grant(step->request);
+  if (!g) return encode_kv_error(step->session, g.err().message);
+  return encode_kv_grants(step->session, *g);
+}
+
+// A KvStep built by hand with one claim.
+std::vector<uint8_t> one_claim(uint64_t session, bool reset, uint64_t id, bool admit, int32_t computed, int32_t from,
+                               std::vector<int32_t> toks) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::KvStep>();
+  root.setSession(session);
+  root.setReset(reset);
+  root.setBudget(64);
+  auto c = root.initClaims(1)[0];
+  c.setRequestId(id);
+  c.setAdmit(admit);
+  c.setComputed(computed);
+  c.setTokensFrom(from);
+  auto t = c.initTokens(static_cast<unsigned>(toks.size()));
+  for (size_t i = 0; i < toks.size(); ++i) t.set(static_cast<unsigned>(i), toks[i]);
+  return to_bytes(msg);
+}
+
+}  // namespace
+
+TEST_CASE("a scheduler's claims through the kv codec plan the steps the in-process block manager plans") {
+  scheduler_config cfg;
+  cfg.max_step_tokens = 16;
+  cfg.num_blocks = 16;
+  cfg.block_size = 4;
+  cfg.max_running = 4;
+  cfg.context = 64;
+  cfg.vocab = 512;
+  scheduler local(cfg, test::tok512());
+  cfg.remote_kv = true;
+  scheduler remote(cfg, test::tok512());
+  kv_claim_sender tx(limits());
+  kv_claim_receiver rx(limits());
+  kv_block_manager kv(16, 4, true);
+  tx.restart(42);
+  for (uint64_t id = 1; id <= 6; ++id) {
+    request_params p;
+    for (int32_t i = 0; i < 3 + static_cast<int32_t>(id) * 2; ++i) p.prompt.push_back(100 + (i + (id % 2)) % 7);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 12;
+    REQUIRE(local.add(request_id{id}, p).has_value());
+    REQUIRE(remote.add(request_id{id}, p).has_value());
+  }
+  size_t bytes_sent = 0, rounds = 0;
+  for (int step = 0; step < 200 && local.has_unfinished(); ++step) {
+    const step_plan a = local.schedule();
+    step_draft d = remote.begin_step();
+    while (auto q = remote.next_claims(d)) {
+      const auto msg = tx.encode(*q);
+      bytes_sent += msg.size();
+      ++rounds;
+      auto g = tx.decode(serve(rx, kv, msg));
+      REQUIRE(g.has_value());
+      remote.apply(d, std::move(g).value());
+    }
+    const step_plan b = remote.end_step(d);
+    REQUIRE(a.chunks.size() == b.chunks.size());
+    CHECK(a.preempted == b.preempted);
+    for (size_t i = 0; i < a.chunks.size(); ++i) {
+      CHECK(a.chunks[i].id == b.chunks[i].id);
+      CHECK(a.chunks[i].first == b.chunks[i].first);
+      CHECK(a.chunks[i].count == b.chunks[i].count);
+      CHECK(std::vector<uint32_t>(a.chunks[i].block_table.begin(), a.chunks[i].block_table.end()) ==
+            std::vector<uint32_t>(b.chunks[i].block_table.begin(), b.chunks[i].block_table.end()));
+    }
+    std::vector<sample_result> sa(a.num_samples()), sb(b.num_samples());
+    for (auto& x : sa) x.token = 105;
+    for (auto& x : sb) x.token = 105;
+    local.update_from_output(a, sa);
+    remote.update_from_output(b, sb);
+  }
+  CHECK_FALSE(remote.has_unfinished());
+  kv_step_request rest;
+  rest.releases = remote.take_releases();
+  auto g = tx.decode(serve(rx, kv, tx.encode(rest)));
+  REQUIRE(g.has_value());
+  CHECK(g->usage.used == 0);
+  CHECK(rx.num_known_requests() == 0);
+  CHECK(rounds > 0);
+  MESSAGE(rounds << " exchanges, " << bytes_sent << " bytes of claims");
+}
+
+TEST_CASE("the kv receiver keeps each request's tokens: whole on admission, the rest as deltas") {
+  kv_claim_receiver rx(limits());
+  auto s = rx.decode(one_claim(7, true, 1, true, 0, 0, {1, 2, 3}));
+  REQUIRE(s.has_value());
+  CHECK(s->reset);
+  REQUIRE(s->request.claims.size() == 1);
+  CHECK(std::vector<int32_t>(s->request.claims[0].tokens.begin(), s->request.claims[0].tokens.end()) ==
+        std::vector<int32_t>{1, 2, 3});
+  s = rx.decode(one_claim(7, false, 1, false, 3, 3, {4}));
+  REQUIRE(s.has_value());
+  CHECK(std::vector<int32_t>(s->request.claims[0].tokens.begin(), s->request.claims[0].tokens.end()) ==
+        std::vector<int32_t>{1, 2, 3, 4});
+  // A delta that does not start where the kv manager stands is refused, and changes nothing.
+  CHECK_FALSE(rx.decode(one_claim(7, false, 1, false, 3, 2, {5})).has_value());
+  CHECK_FALSE(rx.decode(one_claim(7, false, 2, false, 0, 3, {5})).has_value());  // unknown request
+  CHECK_FALSE(rx.decode(one_claim(7, false, 1, false, 9, 4, {5})).has_value());  // computed past its tokens
+  CHECK_FALSE(rx.decode(one_claim(7, false, 3, true, 0, 0, std::vector<int32_t>(65, 1))).has_value());  // over context
+  CHECK_FALSE(rx.decode(one_claim(7, false, 3, true, 0, 0, {})).has_value());  // no tokens
+  s = rx.decode(one_claim(7, false, 1, false, 4, 4, {5}));
+  REQUIRE(s.has_value());
+  CHECK(s->request.claims[0].tokens.size() == 5);
+}
+
+TEST_CASE("sessions: a restarted kv manager refuses claims until reset, and other sessions are refused") {
+  kv_claim_receiver fresh(limits());
+  auto s = fresh.decode(one_claim(7, false, 1, true, 0, 0, {1, 2}));
+  REQUIRE_FALSE(s.has_value());
+  CHECK(s.err().message.find("never reset") != std::string::npos);
+  REQUIRE(fresh.decode(one_claim(7, true, 1, true, 0, 0, {1, 2})).has_value());
+  s = fresh.decode(one_claim(8, false, 2, true, 0, 0, {1, 2}));
+  REQUIRE_FALSE(s.has_value());
+  CHECK(s.err().message.find("serves session 7") != std::string::npos);
+  // A reset of another session takes over, and forgets the old one's tokens.
+  REQUIRE(fresh.decode(one_claim(8, true, 2, true, 0, 0, {1, 2})).has_value());
+  CHECK(fresh.num_known_requests() == 1);
+
+  // The sender side: an error answer, another session's grants, and grants that do not fit
+  // the claims are errors.
+  kv_claim_sender tx(limits());
+  tx.restart(5);
+  kv_step_request q;
+  q.budget = 8;
+  const std::vector<int32_t> toks{1, 2, 3, 4, 5};
+  q.claims = {{request_id{1}, true, 0, 0, toks}};
+  (void)tx.encode(q);
+  CHECK_FALSE(tx.decode(encode_kv_error(5, "broken")).has_value());
+  kv_step_grants g;
+  g.grants.push_back({request_id{1}, 0, 5, {0, 1}});
+  CHECK(tx.decode(encode_kv_grants(5, g)).has_value());
+  CHECK_FALSE(tx.decode(encode_kv_grants(6, g)).has_value());
+  g.grants[0].table = {0, 16};  // outside the pool
+  CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
+  g.grants[0].table = {0};  // too short for 5 tokens
+  CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
+  g.grants[0] = {request_id{2}, 0, 5, {0, 1}};  // not the claimed request
+  CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
+  g.grants[0] = {request_id{1}, 0, 6, {0, 1}};  // more tokens than it has
+  CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
+  g.grants = {{request_id{1}, 0, 5, {0, 1}}, {request_id{1}, 0, 5, {0, 1}}};  // more grants than claims
+  CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
+}
+
+TEST_CASE("truncated and corrupted kv frames are errors, never crashes") {
+  kv_claim_receiver rx(limits());
+  const auto good = one_claim(7, true, 1, true, 0, 0, {1, 2, 3, 4, 5, 6});
+  for (size_t n = 0; n < good.size(); n += 3)
+    CHECK_FALSE(rx.decode(std::span<const uint8_t>(good.data(), n)).has_value());
+  for (size_t i = 8; i < good.size(); ++i) {
+    auto bad = good;
+    bad[i] ^= 0xA5;
+    (void)rx.decode(bad);  // any answer, as long as it is one
+  }
+  kv_claim_sender tx(limits());
+  for (size_t n = 0; n < good.size(); n += 5) CHECK_FALSE(tx.decode(std::span<const uint8_t>(good.data(), n)).has_value());
+}
+
+}  // namespace troupe::wire
