@@ -72,7 +72,7 @@ events=$(grep '^chaos [0-9]*: *\(actor\|sigkill\|sigstop\)' "$state/chaos.out" |
 
 # Every SIGSTOPped node noticed within three heartbeat intervals.
 heartbeat=$(sed -n 's/^heartbeat_ms *= *\([0-9]*\).*/\1/p' "$topo")
-worst=$(grep -o '"kind":"sigstop","detect_ms":[0-9.]*' "$state/chaos.json" | sed 's/.*://' | sort -g | tail -1)
+worst=$(grep -o '"kind":"sigstop",.*"detect_ms":[0-9.]*' "$state/chaos.json" | sed 's/.*://' | sort -g | tail -1)
 echo "SIGSTOP noticed after at most ${worst} ms (heartbeat ${heartbeat} ms)"
 awk -v w="$worst" -v h="$heartbeat" 'BEGIN { exit !(w <= 3 * h) }' || { echo "a SIGSTOPped node took longer than 3 heartbeats"; exit 1; }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -41,6 +42,7 @@ std::map<std::string, int> read_pids(const std::string& table) {
 
 struct event_result {
   std::string kind, target;
+  std::string actor_kind;  // of a killed actor: "stage", "kv-manager", ...
   double detect_ms = -1, recover_ms = -1, first_token_ms = -1;
 };
 
@@ -168,7 +170,11 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
             if (a.alive) by_kind[a.kind].push_back(a.name);
       }
       std::vector<std::string> names;
-      if (!by_kind.empty()) names = std::next(by_kind.begin(), static_cast<ptrdiff_t>(rng() % by_kind.size()))->second;
+      if (!by_kind.empty()) {
+        const auto picked = std::next(by_kind.begin(), static_cast<ptrdiff_t>(rng() % by_kind.size()));
+        names = picked->second;
+        r.actor_kind = wire::actor_kind_name(picked->first);
+      }
       if (names.empty()) {
         // Not a failure of the cluster's (in overlap mode the node may be down): skipped.
         std::printf("chaos %d: node %s has no live actor to kill (skipped)\n", e + 1, node.name.c_str());
@@ -256,23 +262,35 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
   // Per kind: how fast failures are noticed and repaired.
   std::printf("\n| failure | events | noticed p50 / max (ms) | whole again p50 / max (ms) | first token after p50 / max (ms) |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: |\n");
+  // Actor kills get a row per kind of actor, after one for them all.
+  std::vector<std::pair<std::string, std::string>> rows;  // kind, actor kind ("" for all)
   for (const auto& kind : opt.kinds) {
+    rows.emplace_back(kind, "");
+    if (kind != "actor") continue;
+    std::set<std::string> actor_kinds;
+    for (const auto& r : results)
+      if (r.kind == kind && !r.actor_kind.empty()) actor_kinds.insert(r.actor_kind);
+    for (const auto& a : actor_kinds) rows.emplace_back(kind, a);
+  }
+  for (const auto& [kind, actor_kind] : rows) {
     std::vector<double> d, rc, ft;
     for (const auto& r : results)
-      if (r.kind == kind && r.detect_ms >= 0 && r.recover_ms >= 0) {
+      if (r.kind == kind && (actor_kind.empty() || r.actor_kind == actor_kind) && r.detect_ms >= 0 && r.recover_ms >= 0) {
         d.push_back(r.detect_ms);
         rc.push_back(r.recover_ms);
         if (r.first_token_ms >= 0) ft.push_back(r.first_token_ms);
       }
     if (d.empty()) continue;
-    std::printf("| %s | %zu | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", kind.c_str(), d.size(), percentile(d, 50), percentile(d, 100),
-                percentile(rc, 50), percentile(rc, 100), percentile(ft, 50), percentile(ft, 100));
+    const std::string label = actor_kind.empty() ? kind : kind + ": " + actor_kind;
+    std::printf("| %s | %zu | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", label.c_str(), d.size(), percentile(d, 50),
+                percentile(d, 100), percentile(rc, 50), percentile(rc, 100), percentile(ft, 50), percentile(ft, 100));
   }
   if (!opt.json_path.empty()) {
     std::ofstream j(opt.json_path);
     j << "[";
     for (size_t i = 0; i < results.size(); ++i)
-      j << (i ? ",\n " : "") << "{\"kind\":\"" << results[i].kind << "\",\"detect_ms\":" << results[i].detect_ms
+      j << (i ? ",\n " : "") << "{\"kind\":\"" << results[i].kind << "\",\"actor\":\"" << results[i].actor_kind
+        << "\",\"detect_ms\":" << results[i].detect_ms
         << ",\"recover_ms\":" << results[i].recover_ms << ",\"first_token_ms\":" << results[i].first_token_ms << "}";
     j << "]\n";
   }
