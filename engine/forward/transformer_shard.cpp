@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/gemm_w8a8.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "kernels/cpu/silu_mul.hpp"
 
@@ -63,6 +64,20 @@ transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_
     s.w3 = w.w3.slice_rows(tp.rank * local_hidden_, local_hidden_);
     s.w2 = w.w2.slice_cols(tp.rank * local_hidden_, local_hidden_);
     layers_.push_back(s);
+  }
+  classifier_ = model_.weights.classifier;
+  if (vnni_available()) {
+    // q8_0 weights run with int8 activations: each matrix repacked once per process (the
+    // model keeps the copies), in parallel.
+    std::vector<matrix_view*> todo;
+    for (auto& l : layers_)
+      for (matrix_view* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3})
+        if (w8a8_layout(*w)) todo.push_back(w);
+    if (is_last_stage() && tp.rank == 0 && w8a8_layout(classifier_)) todo.push_back(&classifier_);
+    std::vector<const q8_packed*> packed(todo.size());
+    pool_.parallel_for_dynamic(static_cast<int64_t>(todo.size()),
+                               [&](int64_t i, int) { packed[i] = &model_.packed->get(*todo[i]); });
+    for (size_t i = 0; i < todo.size(); ++i) todo[i]->packed = packed[i];
   }
   const int32_t half = cfg_.rope_dim / 2;
   rope_cos_.resize(int64_t{cfg_.max_seq_len} * half);
@@ -152,7 +167,7 @@ void transformer_shard::run_head(const step_batch& batch, const float* x, float*
       ++row;
     }
   }
-  gemm(xb, dim, rows, model_.weights.classifier, logits, cfg_.vocab_size, pool_);
+  gemm(xb, dim, rows, classifier_, logits, cfg_.vocab_size, pool_);
 }
 
 }  // namespace troupe

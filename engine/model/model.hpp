@@ -1,12 +1,14 @@
 // model: a loaded checkpoint: its validated shape, its weights (in place in the mapped
-// file) and, for formats that carry one, its vocabulary. Immutable after loading; shared
-// read-only by every shard that runs part of it.
+// file) and, for formats that carry one, its vocabulary. Immutable after loading (but for
+// the cache of repacked matrices); shared read-only by every shard that runs part of it.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "engine/model/config.hpp"
+#include "engine/model/packed_weights.hpp"
 #include "engine/model/weights.hpp"
 #include "engine/tokenizer/vocabulary.hpp"
 #include "engine/util/expected.hpp"
@@ -21,6 +23,8 @@ struct model {
   model_weights weights;
   std::optional<vocabulary> vocab;  // GGUF files carry their vocabulary
   std::string chat_template;        // GGUF tokenizer.chat_template (Jinja text), if present
+  // Repacked q8_0 matrices, made by the shards that use them (shared by copies).
+  std::shared_ptr<packed_weights> packed = std::make_shared<packed_weights>();
 };
 
 // Loads a llama2.c checkpoint (legacy v0 or version 2 "ak42" Q8_0) or a GGUF file,

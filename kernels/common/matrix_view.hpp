@@ -22,6 +22,8 @@
 
 namespace troupe {
 
+struct q8_packed;
+
 struct matrix_view {
   dtype type = dtype::f32;
   int32_t rows = 0;
@@ -38,6 +40,10 @@ struct matrix_view {
   int64_t s_row_stride = 0;    // bytes
   int64_t s_group_stride = 0;  // bytes
   bool scale_is_f16 = false;
+  // A copy of a q8_0 matrix repacked for the int8 kernels (kernels/cpu/gemm_w8a8.hpp),
+  // owned elsewhere: gemm() then multiplies with int8 activations. Set on a view that is
+  // not sliced further.
+  const q8_packed* packed = nullptr;
 
   static matrix_view dense(dtype t, const void* data, int32_t rows, int32_t cols) {
     TROUPE_ASSERT(t != dtype::q8_0);
@@ -54,6 +60,7 @@ struct matrix_view {
   static int dense_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
 
   matrix_view slice_rows(int32_t first, int32_t count) const {
+    TROUPE_ASSERT(packed == nullptr, "slice before packing");
     TROUPE_ASSERT(first >= 0 && count >= 0 && first + count <= rows, first, count, rows);
     matrix_view v = *this;
     v.rows = count;
@@ -67,6 +74,7 @@ struct matrix_view {
   }
 
   matrix_view slice_cols(int32_t first, int32_t count) const {
+    TROUPE_ASSERT(packed == nullptr, "slice before packing");
     TROUPE_ASSERT(first >= 0 && count >= 0 && first + count <= cols, first, count, cols);
     matrix_view v = *this;
     v.cols = count;

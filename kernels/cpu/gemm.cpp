@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/common/aligned.hpp"
+#include "kernels/cpu/gemm_w8a8.hpp"
 #include "kernels/cpu/simd.hpp"
 
 namespace troupe {
@@ -352,15 +353,28 @@ void gemm_multi(const float* x, int64_t x_stride, int32_t num_tokens, const gemm
   if (num_tokens <= 0) return;
   int64_t total = 0;
   for (int i = 0; i < num_outs; ++i) total += outs[i].w->rows;
+  // Packed q8_0 weights take int8 activations, quantized once for every output.
+  thread_local q8_activations quantized;
+  const q8_activations* acts = nullptr;
+  for (int i = 0; i < num_outs && !acts; ++i)
+    if (const q8_packed* p = outs[i].w->packed) {
+      quantized.quantize(x, x_stride, num_tokens, p->cols, p->group, &pool);
+      acts = &quantized;
+    }
+  const w8a8_kernel kernel = amx_available() ? w8a8_kernel::amx : w8a8_kernel::vnni;
   // Rows of all outputs, one after another, split over the threads.
   pool.parallel_for(total, row_grain, [&](int64_t b, int64_t e, int) {
     int64_t first = 0;
     for (int i = 0; i < num_outs && first < e; ++i) {
       const matrix_view& w = *outs[i].w;
       const int64_t lo = std::max(b, first), hi = std::min(e, first + w.rows);
-      if (lo < hi)
-        rows_of(w, static_cast<int32_t>(lo - first), static_cast<int32_t>(hi - first), x, x_stride,
-                num_tokens, outs[i].y, outs[i].y_stride);
+      if (lo < hi) {
+        const auto rb = static_cast<int32_t>(lo - first), re = static_cast<int32_t>(hi - first);
+        if (w.packed)
+          gemm_w8a8_rows(*acts, *w.packed, rb, re, outs[i].y, outs[i].y_stride, kernel);
+        else
+          rows_of(w, rb, re, x, x_stride, num_tokens, outs[i].y, outs[i].y_stride);
+      }
       first += w.rows;
     }
   });

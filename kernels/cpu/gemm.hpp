@@ -9,6 +9,8 @@
 // threads: weights are dequantized to float (float(q) * scale for q8_0), multiplied into
 // sixteen lane accumulators in column order and reduced by a fixed tree. That makes
 // batched decoding bit-identical to decoding each sequence alone (batch invariance).
+// On CPUs with AMX, q8_0 weights with groups of 32 or 64 run with int8 activations
+// instead (gemm_w8a8.hpp): batch-invariant too, by another definition.
 #pragma once
 
 #include <cstdint>

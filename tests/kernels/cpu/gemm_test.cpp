@@ -1,5 +1,7 @@
 #include "kernels/cpu/gemm.hpp"
 
+#include "kernels/cpu/gemm_w8a8.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -102,7 +104,17 @@ std::vector<double> reference(const std::vector<float>& x, int32_t m, const matr
 
 const float poison = std::numeric_limits<float>::quiet_NaN();
 
-void check_layout(layout l, std::initializer_list<int32_t> col_sizes) {
+// x as the int8 kernels multiply it: quantized per token and group.
+std::vector<float> as_quantized(const std::vector<float>& x, int32_t m, int32_t cols, int32_t group) {
+  q8_activations a;
+  a.quantize(x.data(), cols, m, cols, group);
+  std::vector<float> out(x.size());
+  for (int32_t t = 0; t < m; ++t)
+    for (int32_t c = 0; c < cols; ++c) out[size_t(t) * cols + c] = float(a.at(t, c)) * a.scale_at(t, c / group);
+  return out;
+}
+
+void check_layout(layout l, std::initializer_list<int32_t> col_sizes, bool packed_too = false) {
   thread_pool pool(3);
   uint64_t seed = 1;
   for (int32_t cols : col_sizes)
@@ -113,11 +125,19 @@ void check_layout(layout l, std::initializer_list<int32_t> col_sizes) {
         CAPTURE(m);
         const test_matrix t = make_matrix(l, rows, cols, seed++);
         const auto x = test::random_floats(size_t(m) * cols, seed++);
+        // Packed q8_0 weights (int8 activations, on CPUs with VNNI) must match the exact
+        // product of the quantized activations; everything else the product of x.
+        q8_packed packed;
+        matrix_view w = t.view;
+        if (packed_too && w8a8_layout(w) && vnni_available()) {
+          packed = pack_q8(w);
+          w.packed = &packed;
+        }
         // Output rows are wider than the matrix: the extra columns must stay poisoned.
         const int32_t ys = rows + 3;
         std::vector<float> y(size_t(m) * ys, poison);
-        gemm(x.data(), cols, m, t.view, y.data(), ys, pool);
-        const auto ref = reference(x, m, t.view);
+        gemm(x.data(), cols, m, w, y.data(), ys, pool);
+        const auto ref = reference(w.packed ? as_quantized(x, m, cols, w.group_size) : x, m, t.view);
         for (int32_t i = 0; i < m; ++i) {
           double norm = 0;
           for (int32_t c = 0; c < cols; ++c) norm += std::fabs(x[size_t(i) * cols + c]);
@@ -176,6 +196,62 @@ TEST_CASE("gemm on row and column slices equals the slice of the full product") 
     for (int32_t c = 32; c < 96; ++c) want += double(x[c]) * t.view.at(8 + r, c);
     CHECK(y[r] == doctest::Approx(want).epsilon(1e-5));
   }
+}
+
+TEST_CASE("w8a8: packed q8_0 weights with int8 activations match the exact product of the quantized input") {
+  check_layout(layout::q8_gguf, {32, 96, 160}, true);
+  check_layout(layout::q8_llama2c_gs64, {64, 192}, true);
+  if (!vnni_available()) MESSAGE("no VNNI on this CPU: gemm() keeps float activations, checked above");
+}
+
+TEST_CASE("w8a8: AMX tiles, VNNI and the scalar loop give the same bits, for any batch and row range") {
+  for (layout l : {layout::q8_gguf, layout::q8_llama2c_gs64}) {
+    const int32_t rows = 45, cols = 192;  // two 16-row blocks and a partial one
+    const test_matrix t = make_matrix(l, rows, cols, 11);
+    const q8_packed w = pack_q8(t.view);
+    const auto x = test::random_floats(size_t(37) * cols, 12);
+    for (int32_t m : {1, 3, 4, 5, 7, 16, 21, 37}) {
+      CAPTURE(m);
+      q8_activations a;
+      a.quantize(x.data(), cols, m, cols, w.group);
+      std::vector<float> scalar(size_t(m) * rows, poison);
+      gemm_w8a8_rows(a, w, 0, rows, scalar.data(), rows, w8a8_kernel::scalar);
+      for (w8a8_kernel k : {w8a8_kernel::vnni, w8a8_kernel::amx}) {
+        if (k == w8a8_kernel::vnni ? !vnni_available() : !amx_available()) {
+          MESSAGE("this CPU lacks the kernel's instructions: not checked here");
+          continue;
+        }
+        std::vector<float> y(size_t(m) * rows, poison);
+        gemm_w8a8_rows(a, w, 3, 40, y.data(), rows, k);  // rows inside blocks, on both sides
+        gemm_w8a8_rows(a, w, 0, 3, y.data(), rows, k);
+        gemm_w8a8_rows(a, w, 40, rows, y.data(), rows, k);
+        CHECK(std::memcmp(scalar.data(), y.data(), scalar.size() * 4) == 0);
+      }
+      // Batch invariance: token 0 alone gives its row of the batch, bit for bit.
+      q8_activations one;
+      one.quantize(x.data(), cols, 1, cols, w.group);
+      std::vector<float> alone(rows);
+      gemm_w8a8_rows(one, w, 0, rows, alone.data(), rows, w8a8_kernel::scalar);
+      CHECK(std::memcmp(alone.data(), scalar.data(), rows * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("w8a8: activations quantize per token and group, the largest to +-127, zeros to zero") {
+  std::vector<float> x(2 * 64, 0.0f);
+  for (int k = 0; k < 32; ++k) x[k] = 0.01f * (k - 16);  // token 0, group 0; group 1 all zero
+  x[64 + 40] = -3.0f;
+  x[64 + 41] = 1.5f;
+  q8_activations a;
+  a.quantize(x.data(), 64, 2, 64, 32);
+  CHECK(a.scale_at(0, 0) == doctest::Approx(0.16f / 127));
+  CHECK(a.at(0, 0) == -127);
+  CHECK(a.at(0, 16) == 0);
+  CHECK(a.scale_at(0, 1) == 0.0f);
+  CHECK(a.at(0, 40) == 0);
+  CHECK(a.at(1, 40) == -127);
+  CHECK(a.at(1, 41) == 64);  // 63.5 rounds to even
+  CHECK(a.at(1, 0) == 0);
 }
 
 }  // namespace troupe

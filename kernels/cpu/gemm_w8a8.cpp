@@ -1,0 +1,326 @@
+#include "kernels/cpu/gemm_w8a8.hpp"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace troupe {
+
+namespace {
+
+constexpr int block = 16;           // rows of a packed block; tokens of an AMX tile
+constexpr int vnni_tokens = 4;      // tokens per pass of the VNNI kernel
+constexpr int amx_min_tokens = 5;   // fewer go through VNNI: a tile's 16 would mostly idle
+
+// Linux: tile data is off until a process asks for it.
+constexpr long arch_req_xcomp_perm = 0x1023;
+constexpr long xfeature_xtiledata = 18;
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// AVX-512 (F, BW, VL) with VNNI, F16C, and the OS saving AVX-512 state.
+bool detect_vnni() {
+  if (env_set("TROUPE_NO_W8A8")) return false;
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!((b >> 16 & 1) && (b >> 30 & 1) && (b >> 31 & 1) && (c >> 11 & 1))) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1) || !(c >> 29 & 1)) return false;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0xE6) == 0xE6;
+}
+
+bool detect_amx() {
+  if (!detect_vnni() || env_set("TROUPE_NO_AMX")) return false;
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1)) return false;  // TILE, INT8
+  return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+}
+
+// One group's step, the definition every kernel follows.
+inline float accumulate(float acc, int32_t isum, float w_scale, float x_scale) {
+  const float v = static_cast<float>(isum) * w_scale;
+  return std::fma(v, x_scale, acc);
+}
+
+void rows_scalar(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys) {
+  for (int32_t r = rb; r < re; ++r)
+    for (int32_t t = 0; t < a.num_tokens; ++t) {
+      float acc = 0.0f;
+      for (int32_t g = 0; g < a.groups; ++g) {
+        int32_t isum = 0;
+        for (int32_t k = g * a.group; k < (g + 1) * a.group; ++k) isum += int32_t{a.at(t, k)} * int32_t{w.at(r, k)};
+        acc = accumulate(acc, isum, w.scales(r / block, g)[r % block], a.scale_at(t, g));
+      }
+      y[t * ys + r] = acc;
+    }
+}
+
+// Rows of block b inside [rb, re), as a store mask.
+inline __mmask16 row_mask(int32_t b, int32_t rb, int32_t re) {
+  const int32_t lo = std::max(0, rb - b * block), hi = std::min(block, re - b * block);
+  return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
+#define TROUPE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+
+// MT tokens from t0, sixteen rows per vector: a group's products accumulate over its
+// column quads with one VNNI instruction per quad and token.
+template <int MT>
+TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t0, float* y,
+                           int64_t ys) {
+  const int quads = a.group / 4;
+  for (int32_t b = rb / block; b * block < re; ++b) {
+    __m512 acc[MT];
+    for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int32_t g = 0; g < a.groups; ++g) {
+      const int8_t* wt = w.tile(b, g);
+      __m512i p[MT];
+      for (int t = 0; t < MT; ++t) p[t] = _mm512_setzero_si512();
+      for (int j = 0; j < quads; ++j) {
+        const __m512i wv = _mm512_load_si512(wt + j * 64);
+        for (int t = 0; t < MT; ++t) {
+          int32_t xq;
+          std::memcpy(&xq, a.u.data() + int64_t{t0 + t} * a.cols + g * a.group + j * 4, 4);
+          p[t] = _mm512_dpbusd_epi32(p[t], _mm512_set1_epi32(xq), wv);
+        }
+      }
+      // (x + 128) . w = x . w + 128 sum(w)
+      const __m512i offset = _mm512_slli_epi32(_mm512_load_si512(w.sums(b, g)), 7);
+      const __m512 ws = _mm512_load_ps(w.scales(b, g));
+      for (int t = 0; t < MT; ++t) {
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(p[t], offset)), ws);
+        acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.scale_at(t0 + t, g)), acc[t]);
+      }
+    }
+    const __mmask16 m = row_mask(b, rb, re);
+    for (int t = 0; t < MT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ys + b * block, m, acc[t]);
+  }
+}
+
+void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t, float* y,
+                    int64_t ys) {
+  for (; t + vnni_tokens <= a.num_tokens; t += vnni_tokens) rows_vnni<vnni_tokens>(a, w, rb, re, t, y, ys);
+  switch (a.num_tokens - t) {
+    case 3: rows_vnni<3>(a, w, rb, re, t, y, ys); break;
+    case 2: rows_vnni<2>(a, w, rb, re, t, y, ys); break;
+    case 1: rows_vnni<1>(a, w, rb, re, t, y, ys); break;
+    default: break;
+  }
+}
+
+struct alignas(64) tile_config {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tokens in blocks of 16. Tiles: 0 and 3 the int32 products (16 tokens x 16 rows) of
+// two groups in turn, 1 and 4 the groups' activations, 2 and 5 their weights.
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,fma"))) int32_t tokens_amx(
+    const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys) {
+  // Whole blocks of 16 tokens, and a last partial one if it is worth a tile (the
+  // activations are zero-padded to whole blocks).
+  const int32_t rest = a.num_tokens % block;
+  const int32_t upto = rest >= amx_min_tokens ? a.num_tokens - rest + block : a.num_tokens - rest;
+  if (upto == 0) return 0;
+  tile_config cfg;
+  for (int c : {0, 3}) {
+    cfg.rows[c] = block;
+    cfg.colsb[c] = block * 4;
+  }
+  for (int c : {1, 4}) {
+    cfg.rows[c] = block;
+    cfg.colsb[c] = static_cast<uint16_t>(a.group);
+  }
+  for (int c : {2, 5}) {
+    cfg.rows[c] = static_cast<uint8_t>(a.group / 4);
+    cfg.colsb[c] = block * 4;
+  }
+  _tile_loadconfig(&cfg);
+  alignas(64) int32_t prod[2][block * block];
+  auto fold = [&](const int32_t* pr, int32_t b, int32_t g, int32_t t0, __m512* acc) {
+    const __m512 ws = _mm512_load_ps(w.scales(b, g));
+    for (int i = 0; i < block; ++i) {
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(pr + i * block)), ws);
+      acc[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.scale_at(t0 + i, g)), acc[i]);
+    }
+  };
+  for (int32_t b = rb / block; b * block < re; ++b) {
+    const __mmask16 m = row_mask(b, rb, re);
+    for (int32_t t0 = 0; t0 < upto; t0 += block) {
+      __m512 acc[block];
+      for (auto& v : acc) v = _mm512_setzero_ps();
+      const int8_t* xt = a.q.data() + int64_t{t0} * a.cols;
+      int32_t g = 0;
+      for (; g + 2 <= a.groups; g += 2) {
+        _tile_loadd(1, xt + g * a.group, a.cols);
+        _tile_loadd(2, w.tile(b, g), block * 4);
+        _tile_loadd(4, xt + (g + 1) * a.group, a.cols);
+        _tile_loadd(5, w.tile(b, g + 1), block * 4);
+        _tile_zero(0);
+        _tile_zero(3);
+        _tile_dpbssd(0, 1, 2);
+        _tile_dpbssd(3, 4, 5);
+        _tile_stored(0, prod[0], block * 4);
+        _tile_stored(3, prod[1], block * 4);
+        fold(prod[0], b, g, t0, acc);
+        fold(prod[1], b, g + 1, t0, acc);
+      }
+      if (g < a.groups) {
+        _tile_loadd(1, xt + g * a.group, a.cols);
+        _tile_loadd(2, w.tile(b, g), block * 4);
+        _tile_zero(0);
+        _tile_dpbssd(0, 1, 2);
+        _tile_stored(0, prod[0], block * 4);
+        fold(prod[0], b, g, t0, acc);
+      }
+      for (int i = 0; i < block && t0 + i < a.num_tokens; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ys + b * block, m, acc[i]);
+    }
+  }
+  _tile_release();
+  return std::min(upto, a.num_tokens);
+}
+
+}  // namespace
+
+bool vnni_available() {
+  static const bool yes = detect_vnni();
+  return yes;
+}
+
+bool amx_available() {
+  static const bool yes = detect_amx();
+  return yes;
+}
+
+bool w8a8_layout(const matrix_view& w) {
+  return w.type == dtype::q8_0 && (w.group_size == 32 || w.group_size == 64) && w.cols % w.group_size == 0;
+}
+
+q8_packed pack_q8(const matrix_view& w) {
+  TROUPE_ASSERT(w8a8_layout(w), w.group_size, w.cols);
+  q8_packed p;
+  p.rows = w.rows;
+  p.cols = w.cols;
+  p.group = w.group_size;
+  p.groups = w.cols / w.group_size;
+  p.blocks = (w.rows + block - 1) / block;
+  p.q.assign(static_cast<size_t>(p.blocks) * block * w.cols, 0);
+  p.scale.assign(static_cast<size_t>(p.blocks) * p.groups * block, 0.0f);
+  p.sum.assign(p.scale.size(), 0);
+  for (int32_t r = 0; r < w.rows; ++r)
+    for (int32_t g = 0; g < p.groups; ++g) {
+      const int8_t* src = w.q + r * w.q_row_stride + g * w.q_group_stride;
+      int8_t* dst = p.q.data() + (int64_t{r / block} * p.groups + g) * p.group * block;
+      int32_t s = 0;
+      for (int32_t k = 0; k < p.group; ++k) {
+        dst[(k / 4) * 64 + (r % block) * 4 + k % 4] = src[k];
+        s += src[k];
+      }
+      const size_t at = (static_cast<size_t>(r / block) * p.groups + g) * block + r % block;
+      p.scale[at] = w.scale_at(r, g);
+      p.sum[at] = s;
+    }
+  return p;
+}
+
+namespace {
+
+// One token's groups: the definition (scalar), and the same operations sixteen lanes at a
+// time (max, the division and round-to-nearest-even are exact, so the bits agree).
+void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
+  for (int32_t g = 0; g < cols / grp; ++g) {
+    const float* xg = x + g * grp;
+    float amax = 0.0f;
+    for (int32_t k = 0; k < grp; ++k) amax = std::max(amax, std::fabs(xg[k]));
+    const float s = amax / 127.0f;
+    scale[g] = s;
+    const bool usable = s > 0.0f && std::isfinite(s);
+    for (int32_t k = 0; k < grp; ++k) {
+      const float v = usable ? std::clamp(std::nearbyint(xg[k] / s), -127.0f, 127.0f) : 0.0f;
+      q[g * grp + k] = static_cast<int8_t>(v);
+      u[g * grp + k] = static_cast<uint8_t>(static_cast<int32_t>(v) + 128);
+    }
+  }
+}
+
+TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
+  const int chunks = grp / 16;
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int32_t g = 0; g < cols / grp; ++g) {
+    const float* xg = x + g * grp;
+    __m512 m = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; ++c) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xg + c * 16)));
+    const float s = _mm512_reduce_max_ps(m) / 127.0f;
+    scale[g] = s;
+    const bool usable = s > 0.0f && std::isfinite(s);
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int c = 0; c < chunks; ++c) {
+      __m512 v = _mm512_setzero_ps();
+      if (usable)
+        v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(xg + c * 16), sv),
+                                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+      const __m512i iv = _mm512_cvtps_epi32(v);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * grp + c * 16), _mm512_cvtepi32_epi8(iv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u + g * grp + c * 16),
+                       _mm512_cvtepi32_epi8(_mm512_add_epi32(iv, _mm512_set1_epi32(128))));
+    }
+  }
+}
+
+}  // namespace
+
+void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32_t c, int32_t grp,
+                              thread_pool* pool) {
+  num_tokens = n;
+  cols = c;
+  group = grp;
+  groups = c / grp;
+  const int32_t padded = (n + block - 1) / block * block;
+  q.resize(static_cast<size_t>(padded) * c);
+  u.resize(static_cast<size_t>(n) * c);
+  scale.resize(static_cast<size_t>(padded) * groups);
+  std::fill(q.begin() + static_cast<int64_t>(n) * c, q.end(), 0);
+  std::fill(scale.begin() + static_cast<int64_t>(n) * groups, scale.end(), 0.0f);
+  const bool vector = vnni_available() && grp % 16 == 0;
+  auto rows = [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      const size_t at = static_cast<size_t>(t) * c;
+      if (vector)
+        quantize_vnni(x + t * x_stride, c, grp, q.data() + at, u.data() + at, scale.data() + t * groups);
+      else
+        quantize_scalar(x + t * x_stride, c, grp, q.data() + at, u.data() + at, scale.data() + t * groups);
+    }
+  };
+  if (pool && n > 1)
+    pool->parallel_for(n, 1, rows);
+  else
+    rows(0, n, 0);
+}
+
+void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys,
+                    w8a8_kernel k) {
+  TROUPE_ASSERT(a.group == w.group && a.cols == w.cols && 0 <= rb && rb <= re && re <= w.rows, a.group, w.group,
+                a.cols, w.cols, rb, re, w.rows);
+  TROUPE_ASSERT(k == w8a8_kernel::scalar || vnni_available(), "no VNNI on this CPU");
+  TROUPE_ASSERT(k != w8a8_kernel::amx || amx_available(), "no AMX for this process");
+  if (rb == re) return;
+  if (k == w8a8_kernel::scalar) return rows_scalar(a, w, rb, re, y, ys);
+  int32_t t = 0;
+  if (k == w8a8_kernel::amx && a.num_tokens >= amx_min_tokens) t = tokens_amx(a, w, rb, re, y, ys);
+  rows_vnni_from(a, w, rb, re, t, y, ys);
+}
+
+}  // namespace troupe

@@ -1,0 +1,84 @@
+// gemm_w8a8: y = x W^T for q8_0 weights with int8 activations, the way llama2.c's runq.c
+// and llama.cpp compute Q8_0: each token's activations are quantized per group of the
+// weights' group size (scale = max |x| / 127, q = x / scale rounded to nearest even),
+// each group's products are summed exactly in int32, and the groups are accumulated in
+// column order as
+//
+//   acc = fma(float(isum) * w_scale, x_scale, acc)
+//
+// Every output element therefore has one value whatever the kernel (Intel AMX tiles,
+// AVX-512 VNNI or the scalar loop), the batch, or the split of rows over threads:
+// batch-invariant, and identical on every CPU that runs this path.
+//
+// The weights are repacked once (pack_q8) into blocks of 16 rows whose groups hold four
+// consecutive columns of each row together: the operand layout of both VNNI and AMX.
+// AMX multiplies 16 tokens by 16 rows per instruction (steps of 5 tokens or more, when the
+// CPU has AMX-INT8 and the kernel grants this process tile data); VNNI takes up to four
+// tokens at a time (decode steps, and everything without AMX), with the activations
+// offset to unsigned bytes and the offset's share taken back with each group's weight
+// sum. gemm() runs a matrix_view this way when it carries a packed copy.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/aligned.hpp"
+#include "kernels/common/matrix_view.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace troupe {
+
+// A q8_0 matrix repacked: per block of 16 rows and group, [column / 4][row][4] int8; per
+// block and group, the rows' scales as floats and the sums of their int8 values. Rows
+// past `rows` are zero.
+struct q8_packed {
+  int32_t rows = 0, cols = 0, group = 0, groups = 0, blocks = 0;
+  aligned_vector<int8_t> q;
+  aligned_vector<float> scale;
+  aligned_vector<int32_t> sum;
+
+  const int8_t* tile(int32_t b, int32_t g) const { return q.data() + (int64_t{b} * groups + g) * group * 16; }
+  const float* scales(int32_t b, int32_t g) const { return scale.data() + (int64_t{b} * groups + g) * 16; }
+  const int32_t* sums(int32_t b, int32_t g) const { return sum.data() + (int64_t{b} * groups + g) * 16; }
+  int8_t at(int32_t r, int32_t c) const {
+    const int32_t k = c % group;
+    return tile(r / 16, c / group)[(k / 4) * 64 + (r % 16) * 4 + k % 4];
+  }
+};
+
+// q8_0 weights the packing takes: groups of 32 or 64 columns.
+bool w8a8_layout(const matrix_view& w);
+q8_packed pack_q8(const matrix_view& w);
+
+// Activations quantized for one GEMM input: [token][cols] int8 and one float scale per
+// token and group (both zero-padded to a multiple of 16 tokens, for AMX's 16-token
+// tiles), and the values plus 128 as unsigned bytes (for VNNI).
+struct q8_activations {
+  int32_t num_tokens = 0, cols = 0, group = 0, groups = 0;
+  aligned_vector<int8_t> q;
+  aligned_vector<uint8_t> u;
+  aligned_vector<float> scale;
+
+  // Tokens split over `pool`'s threads when one is given.
+  void quantize(const float* x, int64_t x_stride, int32_t num_tokens, int32_t cols, int32_t group,
+                thread_pool* pool = nullptr);
+  int8_t at(int32_t token, int32_t col) const { return q[int64_t{token} * cols + col]; }
+  float scale_at(int32_t token, int32_t g) const { return scale[int64_t{token} * groups + g]; }
+};
+
+// The CPU has AVX-512 with VNNI, and TROUPE_NO_W8A8 is not set in the environment: q8_0
+// weights are worth packing. Decided once per process.
+bool vnni_available();
+// Besides, the CPU has AMX-INT8, the kernel lets this process use tile data, and
+// TROUPE_NO_AMX is not set.
+bool amx_available();
+
+enum class w8a8_kernel : uint8_t { scalar, vnni, amx };
+
+// Rows [row_begin, row_end) of y for activations `a` (quantized with w's group size):
+// y[t][r] for every token t, with kernel `k` (amx: AMX tiles where the step is long
+// enough, VNNI for the rest; vnni needs vnni_available(), amx amx_available()). The
+// results are the same bits whichever kernel runs.
+void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t row_begin, int32_t row_end, float* y,
+                    int64_t y_stride, w8a8_kernel k);
+
+}  // namespace troupe
