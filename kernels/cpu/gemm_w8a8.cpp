@@ -1,6 +1,9 @@
 #include "kernels/cpu/gemm_w8a8.hpp"
 
 #include <cpuid.h>
+// GCC 12's AVX-512 headers trip its own -Wmaybe-uninitialized (_mm512_undefined_*, GCC
+// bug 105593): a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -118,6 +121,16 @@ void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int
   }
 }
 
+// A tile of products (16 tokens x 16 rows) of group g into the tokens' accumulators.
+TROUPE_VNNI inline void fold_products(const int32_t* pr, const float* w_scales, const q8_activations& a, int32_t t0,
+                               int32_t g, __m512* acc) {
+  const __m512 ws = _mm512_load_ps(w_scales);
+  for (int i = 0; i < block; ++i) {
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(pr + i * block)), ws);
+    acc[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.scale_at(t0 + i, g)), acc[i]);
+  }
+}
+
 struct alignas(64) tile_config {
   uint8_t palette = 1;
   uint8_t start_row = 0;
@@ -128,7 +141,7 @@ struct alignas(64) tile_config {
 
 // Tokens in blocks of 16. Tiles: 0 and 3 the int32 products (16 tokens x 16 rows) of
 // two groups in turn, 1 and 4 the groups' activations, 2 and 5 their weights.
-__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,fma"))) int32_t tokens_amx(
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,fma"))) int32_t tokens_amx(
     const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys) {
   // Whole blocks of 16 tokens, and a last partial one if it is worth a tile (the
   // activations are zero-padded to whole blocks).
@@ -150,13 +163,6 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,fma"))) int32
   }
   _tile_loadconfig(&cfg);
   alignas(64) int32_t prod[2][block * block];
-  auto fold = [&](const int32_t* pr, int32_t b, int32_t g, int32_t t0, __m512* acc) {
-    const __m512 ws = _mm512_load_ps(w.scales(b, g));
-    for (int i = 0; i < block; ++i) {
-      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(pr + i * block)), ws);
-      acc[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.scale_at(t0 + i, g)), acc[i]);
-    }
-  };
   for (int32_t b = rb / block; b * block < re; ++b) {
     const __mmask16 m = row_mask(b, rb, re);
     for (int32_t t0 = 0; t0 < upto; t0 += block) {
@@ -175,8 +181,8 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,fma"))) int32
         _tile_dpbssd(3, 4, 5);
         _tile_stored(0, prod[0], block * 4);
         _tile_stored(3, prod[1], block * 4);
-        fold(prod[0], b, g, t0, acc);
-        fold(prod[1], b, g + 1, t0, acc);
+        fold_products(prod[0], w.scales(b, g), a, t0, g, acc);
+        fold_products(prod[1], w.scales(b, g + 1), a, t0, g + 1, acc);
       }
       if (g < a.groups) {
         _tile_loadd(1, xt + g * a.group, a.cols);
@@ -184,7 +190,7 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,fma"))) int32
         _tile_zero(0);
         _tile_dpbssd(0, 1, 2);
         _tile_stored(0, prod[0], block * 4);
-        fold(prod[0], b, g, t0, acc);
+        fold_products(prod[0], w.scales(b, g), a, t0, g, acc);
       }
       for (int i = 0; i < block && t0 + i < a.num_tokens; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ys + b * block, m, acc[i]);
     }
