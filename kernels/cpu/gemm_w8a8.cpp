@@ -68,6 +68,13 @@ void rows_scalar(const q8_activations& a, const q8_packed& w, int32_t rb, int32_
     }
 }
 
+// Packed weights are read front to back: bytes [p + ahead, p + ahead + n) are fetched
+// now, so they are in the cache when their turn comes.
+constexpr int64_t prefetch_distance = 4096;
+inline void prefetch_ahead(const int8_t* p, int64_t n) {
+  for (int64_t off = 0; off < n; off += 64) __builtin_prefetch(p + prefetch_distance + off);
+}
+
 // Rows of block b inside [rb, re), as a store mask.
 inline __mmask16 row_mask(int32_t b, int32_t rb, int32_t re) {
   const int32_t lo = std::max(0, rb - b * block), hi = std::min(block, re - b * block);
@@ -87,6 +94,7 @@ TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t 
     for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
     for (int32_t g = 0; g < a.groups; ++g) {
       const int8_t* wt = w.tile(b, g);
+      prefetch_ahead(wt, a.group * block);
       __m512i p[MT];
       for (int t = 0; t < MT; ++t) p[t] = _mm512_setzero_si512();
       for (int j = 0; j < quads; ++j) {
@@ -171,6 +179,9 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,fm
       const int8_t* xt = a.q.data() + int64_t{t0} * a.cols;
       int32_t g = 0;
       for (; g + 2 <= a.groups; g += 2) {
+        // The weights stream in order: fetch ahead of the tile loads (the first pass over
+        // a block; later token blocks find it in the cache).
+        if (t0 == 0) prefetch_ahead(w.tile(b, g), 2 * a.group * block);
         _tile_loadd(1, xt + g * a.group, a.cols);
         _tile_loadd(2, w.tile(b, g), block * 4);
         _tile_loadd(4, xt + (g + 1) * a.group, a.cols);
