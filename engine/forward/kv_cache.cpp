@@ -5,18 +5,27 @@
 namespace troupe {
 
 kv_cache::kv_cache(const kv_cache_shape& s)
-    : shape_(s),
-      layer_floats_(int64_t{s.num_blocks} * s.num_kv_heads * s.block_size * s.head_dim),
-      data_(static_cast<size_t>(2 * layer_floats_ * s.num_layers), 0.0f) {
+    : shape_(s), layer_values_(int64_t{s.num_blocks} * s.num_kv_heads * s.block_size * s.head_dim) {
   TROUPE_ASSERT(s.num_layers > 0 && s.num_blocks > 0 && s.block_size > 0 && s.head_dim > 0,
                 s.num_layers, s.num_blocks, s.block_size, s.head_dim);
+  TROUPE_ASSERT(s.type == dtype::f32 || s.type == dtype::f16, "a KV cache holds f32 or f16");
+  const auto n = static_cast<size_t>(2 * layer_values_ * s.num_layers);
+  if (s.type == dtype::f16)
+    half_.assign(n, 0);
+  else
+    data_.assign(n, 0.0f);
 }
 
 paged_kv_layer kv_cache::layer(int32_t idx) {
   TROUPE_ASSERT(idx >= 0 && idx < shape_.num_layers, idx, shape_.num_layers);
   paged_kv_layer l;
-  l.k = data_.data() + 2 * layer_floats_ * idx;
-  l.v = l.k + layer_floats_;
+  if (shape_.type == dtype::f16) {
+    l.k16 = half_.data() + 2 * layer_values_ * idx;
+    l.v16 = l.k16 + layer_values_;
+  } else {
+    l.k = data_.data() + 2 * layer_values_ * idx;
+    l.v = l.k + layer_values_;
+  }
   l.num_blocks = shape_.num_blocks;
   l.num_kv_heads = shape_.num_kv_heads;
   l.block_size = shape_.block_size;

@@ -2,7 +2,8 @@
 // fixed-size blocks. Which block belongs to which sequence is decided elsewhere (block
 // tables handed in with each step); this object only owns the memory.
 //
-//   per layer: k, v [num_blocks][num_kv_heads][block_size][head_dim] floats
+//   per layer: k, v [num_blocks][num_kv_heads][block_size][head_dim], F32 or F16
+//   (kernels/cpu/paged_attention.hpp has the layouts)
 //
 // Owned by one shard; touched only by the thread that runs that shard's forward pass.
 #pragma once
@@ -11,6 +12,7 @@
 #include <memory>
 
 #include "kernels/common/aligned.hpp"
+#include "kernels/common/dtype.hpp"
 #include "kernels/cpu/paged_attention.hpp"
 
 namespace troupe {
@@ -21,6 +23,7 @@ struct kv_cache_shape {
   int32_t num_kv_heads = 0;  // this shard's share
   int32_t block_size = 16;
   int32_t head_dim = 0;
+  dtype type = dtype::f32;  // f32 or f16
 };
 
 class kv_cache {
@@ -29,12 +32,16 @@ class kv_cache {
 
   paged_kv_layer layer(int32_t idx);
   const kv_cache_shape& shape() const { return shape_; }
-  int64_t bytes() const { return 2 * layer_floats_ * shape_.num_layers * int64_t{sizeof(float)}; }
+  int64_t bytes() const {
+    return 2 * layer_values_ * shape_.num_layers * (shape_.type == dtype::f16 ? 2 : int64_t{sizeof(float)});
+  }
 
  private:
   kv_cache_shape shape_;
-  int64_t layer_floats_;
-  aligned_vector<float> data_;  // zeroed, so a read of an unwritten slot is repeatable
+  int64_t layer_values_;
+  // Zeroed, so a read of an unwritten slot is repeatable; one of the two is used.
+  aligned_vector<float> data_;
+  aligned_vector<uint16_t> half_;
 };
 
 }  // namespace troupe

@@ -1,5 +1,8 @@
 #include "engine/forward/transformer_shard.hpp"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/gemm_w8a8.hpp"
@@ -19,7 +22,7 @@ typename V::value_type* grow(V& v, int64_t n) {
 }  // namespace
 
 kv_cache_shape transformer_shard::cache_shape(const model_config& c, const shard_spec& spec,
-                                              int32_t num_blocks, int32_t block_size) {
+                                              int32_t num_blocks, int32_t block_size, dtype kv_type) {
   const int32_t end = spec.end_layer == 0 ? c.num_layers : spec.end_layer;
   kv_cache_shape s;
   s.num_layers = end - spec.first_layer;
@@ -27,7 +30,16 @@ kv_cache_shape transformer_shard::cache_shape(const model_config& c, const shard
   s.num_kv_heads = c.num_kv_heads / spec.tp.size;
   s.block_size = block_size;
   s.head_dim = c.head_dim;
+  s.type = kv_type;
   return s;
+}
+
+dtype transformer_shard::kv_type_for(const model& m) {
+  if (const char* t = std::getenv("TROUPE_KV_TYPE")) {
+    if (std::string_view(t) == "f32") return dtype::f32;
+    if (std::string_view(t) == "f16") return dtype::f16;
+  }
+  return m.weight_type == dtype::f32 ? dtype::f32 : dtype::f16;
 }
 
 transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_cache& kv,

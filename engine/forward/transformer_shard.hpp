@@ -39,7 +39,12 @@ class transformer_shard final : public forward_shard {
 
   // The cache shape this shard needs for num_blocks blocks of block_size tokens.
   static kv_cache_shape cache_shape(const model_config& c, const shard_spec& spec,
-                                    int32_t num_blocks, int32_t block_size);
+                                    int32_t num_blocks, int32_t block_size, dtype kv_type = dtype::f32);
+  // The KV cache's type for a model: F32 for F32 weights (exact against the F32
+  // references), F16 for quantized and 16-bit weights (as llama.cpp keeps it: half the
+  // memory traffic of long contexts); TROUPE_KV_TYPE=f32 or f16 in the environment
+  // overrides both.
+  static dtype kv_type_for(const model& m);
 
  private:
   struct sliced_layer {

@@ -14,7 +14,7 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
       sched_(cfg_.sched, tok),
       pool_(cfg_.num_threads),
       cache_(transformer_shard::cache_shape(m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.num_blocks),
-                                            cfg_.sched.block_size)),
+                                            cfg_.sched.block_size, cfg_.kv_type.value_or(transformer_shard::kv_type_for(m)))),
       shard_(m, shard_spec{}, cache_, pool_, solo_) {}
 
 status llm_engine::add_request(request_id id, request_params params) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/common/dtype.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/cpu/softmax.hpp"
 
@@ -13,16 +14,27 @@ namespace {
 
 constexpr int max_group = 8;  // query heads per KV head handled in one pass
 
+// Cache storage: F32 as is, F16 widened (exactly) as it is read.
+inline simd::v16f load16(const float* p) { return simd::load(p); }
+inline simd::v16f load16(const uint16_t* p) { return simd::load_f16(p); }
+inline float value(float x) { return x; }
+inline float value(uint16_t h) { return f16_to_f32(h); }
+inline const float* keys(const paged_kv_layer& kv, float) { return kv.k; }
+inline const uint16_t* keys(const paged_kv_layer& kv, uint16_t) { return kv.k16; }
+inline const float* values(const paged_kv_layer& kv, float) { return kv.v; }
+inline const uint16_t* values(const paged_kv_layer& kv, uint16_t) { return kv.v16; }
+
 // scores[h][p] = q_h . k_p / sqrt(head_dim) for p < n, for the `group` query heads that
 // share one KV head. Each score is a sequential sum over the head dimension, whichever
 // path computes it.
+template <class T>
 void scores_for(const float* const* q, int group, const attention_token& tok, int32_t kv_head,
                 const paged_kv_layer& kv, int32_t n, float* const* scores) {
   const int32_t bs = kv.block_size, hd = kv.head_dim;
   const float norm = std::sqrt(static_cast<float>(hd));
   const simd::v16f vnorm = simd::splat(norm);
   for (int32_t p0 = 0; p0 < n; p0 += bs) {
-    const float* kt = kv.k + kv.offset(tok.block_table[p0 / bs], kv_head);  // [hd][bs]
+    const T* kt = keys(kv, T{}) + kv.offset(tok.block_table[p0 / bs], kv_head);  // [hd][bs]
     const int32_t count = std::min(bs, n - p0);
     if (bs % simd::width == 0) {
       // Whole vectors of slots; lanes past `count` are computed and dropped.
@@ -30,7 +42,7 @@ void scores_for(const float* const* q, int group, const attention_token& tok, in
         simd::v16f acc[max_group];
         for (int h = 0; h < group; ++h) acc[h] = simd::zero();
         for (int32_t d = 0; d < hd; ++d) {
-          const simd::v16f col = simd::load(kt + d * bs + c);
+          const simd::v16f col = load16(kt + d * bs + c);
           for (int h = 0; h < group; ++h) acc[h] = simd::fma(simd::splat(q[h][d]), col, acc[h]);
         }
         const int32_t take = std::min(simd::width, count - c);
@@ -44,7 +56,7 @@ void scores_for(const float* const* q, int group, const attention_token& tok, in
       for (int32_t s = 0; s < count; ++s)
         for (int h = 0; h < group; ++h) {
           float acc = 0.0f;
-          for (int32_t d = 0; d < hd; ++d) acc = std::fma(q[h][d], kt[d * bs + s], acc);
+          for (int32_t d = 0; d < hd; ++d) acc = std::fma(q[h][d], value(kt[d * bs + s]), acc);
           scores[h][p0 + s] = acc / norm;
         }
     }
@@ -53,42 +65,44 @@ void scores_for(const float* const* q, int group, const attention_token& tok, in
 
 // out = sum_p weights[p] * v_p, accumulated over positions in order. Head sizes that are
 // multiples of 16 (up to 256) keep the sum in registers.
-template <int Chunks>
+template <int Chunks, class T>
 void weighted_values_simd(const float* weights, int32_t n, const attention_token& tok, int32_t kv_head,
                           const paged_kv_layer& kv, float* out) {
   simd::v16f acc[Chunks];
   for (int c = 0; c < Chunks; ++c) acc[c] = simd::zero();
   const int32_t bs = kv.block_size;
   for (int32_t p0 = 0; p0 < n; p0 += bs) {
-    const float* vb = kv.v + kv.offset(tok.block_table[p0 / bs], kv_head);
+    const T* vb = values(kv, T{}) + kv.offset(tok.block_table[p0 / bs], kv_head);
     const int32_t count = std::min(bs, n - p0);
     for (int32_t s = 0; s < count; ++s) {
       const simd::v16f a = simd::splat(weights[p0 + s]);
-      for (int c = 0; c < Chunks; ++c) acc[c] = simd::fma(a, simd::load(vb + s * Chunks * simd::width + c * simd::width), acc[c]);
+      for (int c = 0; c < Chunks; ++c) acc[c] = simd::fma(a, load16(vb + s * Chunks * simd::width + c * simd::width), acc[c]);
     }
   }
   for (int c = 0; c < Chunks; ++c) simd::store(out + c * simd::width, acc[c]);
 }
 
+template <class T>
 void weighted_values(const float* weights, int32_t n, const attention_token& tok, int32_t kv_head,
                      const paged_kv_layer& kv, float* out) {
   switch (kv.head_dim) {
-    case 16: return weighted_values_simd<1>(weights, n, tok, kv_head, kv, out);
-    case 32: return weighted_values_simd<2>(weights, n, tok, kv_head, kv, out);
-    case 64: return weighted_values_simd<4>(weights, n, tok, kv_head, kv, out);
-    case 128: return weighted_values_simd<8>(weights, n, tok, kv_head, kv, out);
-    case 256: return weighted_values_simd<16>(weights, n, tok, kv_head, kv, out);
+    case 16: return weighted_values_simd<1, T>(weights, n, tok, kv_head, kv, out);
+    case 32: return weighted_values_simd<2, T>(weights, n, tok, kv_head, kv, out);
+    case 64: return weighted_values_simd<4, T>(weights, n, tok, kv_head, kv, out);
+    case 128: return weighted_values_simd<8, T>(weights, n, tok, kv_head, kv, out);
+    case 256: return weighted_values_simd<16, T>(weights, n, tok, kv_head, kv, out);
     default: break;
   }
   const int32_t hd = kv.head_dim, bs = kv.block_size;
   std::memset(out, 0, sizeof(float) * hd);
   for (int32_t p = 0; p < n; ++p) {
-    const float* v = kv.v + kv.offset(tok.block_table[p / bs], kv_head) + (p % bs) * hd;
+    const T* v = values(kv, T{}) + kv.offset(tok.block_table[p / bs], kv_head) + (p % bs) * hd;
     const float a = weights[p];
-    for (int32_t d = 0; d < hd; ++d) out[d] += a * v[d];
+    for (int32_t d = 0; d < hd; ++d) out[d] += a * value(v[d]);
   }
 }
 
+template <class T>
 void attend_group(const float* const* q, float* const* out, int group, const attention_token& tok,
                   int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
   const int32_t n = tok.position + 1;
@@ -97,10 +111,10 @@ void attend_group(const float* const* q, float* const* out, int group, const att
   if (static_cast<int32_t>(scratch.size()) < group * padded) scratch.resize(group * padded);
   float* scores[max_group];
   for (int h = 0; h < group; ++h) scores[h] = scratch.data() + h * padded;
-  scores_for(q, group, tok, kv_head, kv, n, scores);
+  scores_for<T>(q, group, tok, kv_head, kv, n, scores);
   for (int h = 0; h < group; ++h) {
     softmax(scores[h], n);
-    weighted_values(scores[h], n, tok, kv_head, kv, out[h]);
+    weighted_values<T>(scores[h], n, tok, kv_head, kv, out[h]);
   }
 }
 
@@ -129,7 +143,10 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
         qs[h] = q + t * q_stride + (h0 + h) * kv.head_dim;
         outs[h] = out + t * out_stride + (h0 + h) * kv.head_dim;
       }
-      attend_group(qs, outs, count, tokens[t], g, kv, scratch);
+      if (kv.k16)
+        attend_group<uint16_t>(qs, outs, count, tokens[t], g, kv, scratch);
+      else
+        attend_group<float>(qs, outs, count, tokens[t], g, kv, scratch);
     }
   });
 }
@@ -139,10 +156,16 @@ void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32
   const uint32_t block = block_table[position / kv.block_size];
   const int32_t slot = position % kv.block_size;
   for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
-    float* kt = kv.k + kv.offset(block, h);
-    for (int32_t d = 0; d < kv.head_dim; ++d) kt[d * kv.block_size + slot] = k[h * kv.head_dim + d];
-    std::memcpy(kv.v + kv.offset(block, h) + slot * kv.head_dim, v + h * kv.head_dim,
-                sizeof(float) * kv.head_dim);
+    const int64_t at = kv.offset(block, h);
+    const float* kh = k + h * kv.head_dim;
+    const float* vh = v + h * kv.head_dim;
+    if (kv.k16) {
+      for (int32_t d = 0; d < kv.head_dim; ++d) kv.k16[at + d * kv.block_size + slot] = f32_to_f16(kh[d]);
+      for (int32_t d = 0; d < kv.head_dim; ++d) kv.v16[at + slot * kv.head_dim + d] = f32_to_f16(vh[d]);
+    } else {
+      for (int32_t d = 0; d < kv.head_dim; ++d) kv.k[at + d * kv.block_size + slot] = kh[d];
+      std::memcpy(kv.v + at + slot * kv.head_dim, vh, sizeof(float) * kv.head_dim);
+    }
   }
 }
 

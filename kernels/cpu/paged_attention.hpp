@@ -2,9 +2,11 @@
 // fixed-size blocks.
 //
 // One layer's cache (the caller owns the memory; a shard holds one per layer):
-//   k: [num_blocks][num_kv_heads][head_dim][block_size] floats (dimension-major in a block,
-//      so that the scores of 16 slots are 16 lanes of one vector)
-//   v: [num_blocks][num_kv_heads][block_size][head_dim] floats
+//   k: [num_blocks][num_kv_heads][head_dim][block_size] (dimension-major in a block, so
+//      that the scores of 16 slots are 16 lanes of one vector)
+//   v: [num_blocks][num_kv_heads][block_size][head_dim]
+// in F32, or in F16 (half the memory traffic of long contexts; values rounded to nearest
+// even when written, widened exactly when read).
 // Position p of a sequence lives in block block_table[p / block_size], slot
 // p % block_size. Each token of the step attends to positions 0..position of its own
 // sequence, which must already be written (its own K/V included).
@@ -30,6 +32,8 @@ struct paged_kv_layer {
   int32_t num_kv_heads = 0;
   int32_t block_size = 0;
   int32_t head_dim = 0;
+  uint16_t* k16 = nullptr;  // F16 storage instead of k and v, when set (CPU kernels)
+  uint16_t* v16 = nullptr;
 
   // Start of one KV head's part of a block, in k or v (the same offset in both).
   int64_t offset(uint32_t block, int32_t kv_head) const {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -57,6 +58,45 @@ TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attentio
           CHECK(out[(t * heads + h) * head_dim + i] == doctest::Approx(o).epsilon(1e-5).scale(1.0));
         }
       }
+  }
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("an F16 cache gives exactly what an F32 cache holding the same rounded values gives") {
+  for (int32_t head_dim : {16, 20, 64}) {  // the vector paths and the scalar one
+    CAPTURE(head_dim);
+    const int32_t heads = 4, kv_heads = 2, block = 16, blocks = 4, len = 37;
+    const size_t n = size_t(blocks) * kv_heads * block * head_dim;
+    std::vector<float> k(n, 0.0f), v(n, 0.0f);
+    std::vector<uint16_t> k16(n, 0), v16(n, 0);
+    paged_kv_layer f32{k.data(), v.data(), blocks, kv_heads, block, head_dim};
+    paged_kv_layer f16{nullptr, nullptr, blocks, kv_heads, block, head_dim, k16.data(), v16.data()};
+    const std::vector<uint32_t> table{2, 0, 3, 1};
+    auto keys = test::random_floats(size_t(len) * kv_heads * head_dim, 5);
+    auto vals = test::random_floats(keys.size(), 6);
+    for (int32_t p = 0; p < len; ++p) {
+      const size_t at = size_t(p) * kv_heads * head_dim;
+      paged_kv_write(f16, table.data(), p, keys.data() + at, vals.data() + at);
+    }
+    // The F32 cache gets the values rounded to F16, as the F16 cache stored them.
+    for (auto* x : {&keys, &vals})
+      for (float& f : *x) f = f16_to_f32(f32_to_f16(f));
+    for (int32_t p = 0; p < len; ++p) {
+      const size_t at = size_t(p) * kv_heads * head_dim;
+      paged_kv_write(f32, table.data(), p, keys.data() + at, vals.data() + at);
+    }
+    const std::vector<int32_t> positions{0, 15, 16, len - 1};
+    const auto q = test::random_floats(positions.size() * heads * head_dim, 7);
+    std::vector<attention_token> toks;
+    for (int32_t p : positions) toks.push_back({p, table.data()});
+    std::vector<float> a(q.size(), NAN), b(q.size(), NAN);
+    thread_pool pool(2);
+    paged_attention(q.data(), heads * head_dim, a.data(), heads * head_dim, toks.data(), 4, heads, f32, pool);
+    paged_attention(q.data(), heads * head_dim, b.data(), heads * head_dim, toks.data(), 4, heads, f16, pool);
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   }
 }
 
