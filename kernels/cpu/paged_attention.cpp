@@ -24,6 +24,39 @@ inline const uint16_t* keys(const paged_kv_layer& kv, uint16_t) { return kv.k16;
 inline const float* values(const paged_kv_layer& kv, float) { return kv.v; }
 inline const uint16_t* values(const paged_kv_layer& kv, uint16_t) { return kv.v16; }
 
+// Sixteen-slot blocks, NB blocks at a time for G query heads: NB * G independent sums (one
+// alone waits on each FMA's latency), each still a sequential sum over the head
+// dimension, so the scores are those of the one-block loop below.
+template <class T, int NB, int G>
+void scores_blocks(const float* const* q, const attention_token& tok, int32_t kv_head, const paged_kv_layer& kv,
+                   int32_t n, float* const* scores) {
+  const int32_t hd = kv.head_dim;
+  const simd::v16f vnorm = simd::splat(std::sqrt(static_cast<float>(hd)));
+  const int32_t blocks = (n + simd::width - 1) / simd::width;
+  for (int32_t b0 = 0; b0 < blocks; b0 += NB) {
+    const int nb = std::min<int32_t>(NB, blocks - b0);
+    const T* kt[NB];
+    for (int j = 0; j < NB; ++j) kt[j] = keys(kv, T{}) + kv.offset(tok.block_table[b0 + std::min(j, nb - 1)], kv_head);
+    simd::v16f acc[NB][G];
+    for (int j = 0; j < NB; ++j)
+      for (int h = 0; h < G; ++h) acc[j][h] = simd::zero();
+    for (int32_t d = 0; d < hd; ++d)
+      for (int j = 0; j < NB; ++j) {
+        const simd::v16f col = load16(kt[j] + d * simd::width);
+        for (int h = 0; h < G; ++h) acc[j][h] = simd::fma(simd::splat(q[h][d]), col, acc[j][h]);
+      }
+    for (int j = 0; j < nb; ++j) {
+      const int32_t p0 = (b0 + j) * simd::width;
+      const int32_t take = std::min(simd::width, n - p0);
+      for (int h = 0; h < G; ++h) {
+        alignas(64) float tmp[simd::width];
+        simd::store(tmp, acc[j][h] / vnorm);
+        std::memcpy(scores[h] + p0, tmp, sizeof(float) * take);
+      }
+    }
+  }
+}
+
 // scores[h][p] = q_h . k_p / sqrt(head_dim) for p < n, for the `group` query heads that
 // share one KV head. Each score is a sequential sum over the head dimension, whichever
 // path computes it.
@@ -31,6 +64,14 @@ template <class T>
 void scores_for(const float* const* q, int group, const attention_token& tok, int32_t kv_head,
                 const paged_kv_layer& kv, int32_t n, float* const* scores) {
   const int32_t bs = kv.block_size, hd = kv.head_dim;
+  if (bs == simd::width) {
+    switch (group) {
+      case 1: return scores_blocks<T, 4, 1>(q, tok, kv_head, kv, n, scores);
+      case 2: return scores_blocks<T, 4, 2>(q, tok, kv_head, kv, n, scores);
+      case 4: return scores_blocks<T, 2, 4>(q, tok, kv_head, kv, n, scores);
+      default: break;
+    }
+  }
   const float norm = std::sqrt(static_cast<float>(hd));
   const simd::v16f vnorm = simd::splat(norm);
   for (int32_t p0 = 0; p0 < n; p0 += bs) {
@@ -109,7 +150,7 @@ void attend_group(const float* const* q, float* const* out, int group, const att
   const int32_t bs = kv.block_size;
   const int32_t padded = (n + bs - 1) / bs * bs + simd::width;
   if (static_cast<int32_t>(scratch.size()) < group * padded) scratch.resize(group * padded);
-  float* scores[max_group];
+  float* scores[max_group] = {};
   for (int h = 0; h < group; ++h) scores[h] = scratch.data() + h * padded;
   scores_for<T>(q, group, tok, kv_head, kv, n, scores);
   for (int h = 0; h < group; ++h) {

@@ -14,9 +14,17 @@
 namespace troupe {
 
 TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attention") {
+  struct shape {
+    int32_t block, heads, kv_heads;
+  };
+  // Small blocks; then 16-slot blocks with 1, 2, 3 and 4 query heads per KV head (several
+  // blocks at a time for 1, 2 and 4).
+  for (shape sh : {shape{4, 6, 2}, shape{16, 4, 4}, shape{16, 8, 4}, shape{16, 6, 2}, shape{16, 8, 2}})
   for (int32_t head_dim : {8, 16, 20}) {
     CAPTURE(head_dim);
-    const int32_t heads = 6, kv_heads = 2, block = 4, blocks = 16, len = 23;
+    CAPTURE(sh.block);
+    CAPTURE(sh.heads);
+    const int32_t heads = sh.heads, kv_heads = sh.kv_heads, block = sh.block, blocks = 16, len = sh.block == 4 ? 23 : 71;
     std::vector<float> k(size_t(blocks) * kv_heads * block * head_dim, NAN), v(k.size(), NAN);
     paged_kv_layer kv{k.data(), v.data(), blocks, kv_heads, block, head_dim};
     // The sequence's blocks in a scrambled order: the table, not the layout, decides.
