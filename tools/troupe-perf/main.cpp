@@ -13,6 +13,7 @@
 
 #include "engine/generate/generator.hpp"
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/gemm_w8a8.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/stats.hpp"
 #include "tools/troupe-perf/gpu_bench.hpp"
@@ -111,7 +112,10 @@ int main(int argc, char** argv) {
       "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n"
       "  troupe-perf gpu MODEL -b 1,8,64          GPU decode tokens/s and weight bandwidth per batch\n"
       "                                           size, against the device's copy bandwidth\n\n"
-      "Every figure is the median of --runs runs after one warm-up run.",
+      "Every figure is the median of --runs runs after one warm-up run.\n\n"
+      "Environment (for side-by-side runs): TROUPE_NO_W8A8=1 runs q8_0 weights with float\n"
+      "activations, TROUPE_NO_AMX=1 keeps int8 activations off the AMX tiles,\n"
+      "TROUPE_KV_TYPE=f32|f16 sets the KV cache's type.",
       "troupe-perf"};
   app.require_subcommand(1);
   app.fallthrough();
@@ -198,6 +202,12 @@ int main(int argc, char** argv) {
       w.scale_is_f16 = true;
     } else {
       w = matrix_view::dense(type, buf.data(), rows, cols);
+    }
+    // As a shard runs it: q8_0 packed for the int8 kernels where the CPU has them.
+    q8_packed packed;
+    if (vnni_available() && w8a8_layout(w)) {
+      packed = pack_q8(w);
+      w.packed = &packed;
     }
     std::vector<float> x(int64_t{m_tokens} * cols, 0.5f), y(int64_t{m_tokens} * rows);
     thread_pool pool(threads);
