@@ -42,6 +42,17 @@ dtype transformer_shard::kv_type_for(const model& m) {
   return m.weight_type == dtype::f32 ? dtype::f32 : dtype::f16;
 }
 
+std::string transformer_shard::cpu_kernels(const model& m) {
+  std::string out = std::string(dtype_name(m.weight_type)) + " weights";
+  if (m.weight_type == dtype::q8_0 && !m.weights.layers.empty()) {
+    if (!vnni_available() || !w8a8_layout(m.weights.layers[0].wq))
+      out += " with float activations";
+    else
+      out += amx_available() ? " with int8 activations (AMX and VNNI)" : " with int8 activations (VNNI)";
+  }
+  return out + (kv_type_for(m) == dtype::f16 ? ", F16 KV cache" : ", F32 KV cache");
+}
+
 transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_cache& kv,
                                      thread_pool& pool, collective& comm)
     : model_(m), cfg_(m.config), spec_(spec), kv_(kv), pool_(pool), comm_(comm) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/forward/collective.hpp"
@@ -45,6 +46,9 @@ class transformer_shard final : public forward_shard {
   // memory traffic of long contexts); TROUPE_KV_TYPE=f32 or f16 in the environment
   // overrides both.
   static dtype kv_type_for(const model& m);
+  // How the CPU shards run the model on this machine, for operators: "q8_0 weights with
+  // int8 activations (AMX and VNNI), F16 KV cache", "f32 weights, F32 KV cache", ...
+  static std::string cpu_kernels(const model& m);
 
  private:
   struct sliced_layer {

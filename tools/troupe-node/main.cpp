@@ -26,6 +26,7 @@
 #include "actors/replica.hpp"
 #include "actors/router.hpp"
 #include "engine/forward/forward_shard.hpp"
+#include "engine/forward/transformer_shard.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
@@ -294,8 +295,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
     } else {
-      std::fprintf(stderr, "troupe-node %s: serving %s (%s; %s), %zu replica(s)\n", node_name.c_str(), m.path.c_str(),
-                   m.format.c_str(), describe(m.config).c_str(), topo->replicas.size());
+      std::fprintf(stderr, "troupe-node %s: serving %s (%s; %s; on CPUs: %s), %zu replica(s)\n", node_name.c_str(),
+                   m.path.c_str(), m.format.c_str(), describe(m.config).c_str(), transformer_shard::cpu_kernels(m).c_str(),
+                   topo->replicas.size());
       std::printf("endpoint: capnp://%s:%u\n", ep.host.c_str(), static_cast<unsigned>(*port));
       std::fflush(stdout);
       int sig = 0;

@@ -232,8 +232,8 @@ int main(int argc, char** argv) {
     }
     const model& m = loaded->m;
     const tokenizer& tok = *loaded->tok;
-    std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads\n", m.path.c_str(), m.format.c_str(),
-                 describe(m.config).c_str(), threads);
+    std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
+                 describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
     const double bytes = static_cast<double>(m.weights.streamed_bytes());
     if (gpu->parsed()) {
       auto rep = tools::measure_gpu(m, gpu_device, gpu_weights, gpu_batches, tokens, runs);

@@ -65,8 +65,8 @@ int main(int argc, char** argv) {
   const model& m = loaded->m;
   const tokenizer& tok = *loaded->tok;
   if (!quiet)
-    std::fprintf(stderr, "troupe-run: %s: %s, %s, %d threads\n", m.path.c_str(), m.format.c_str(),
-                 describe(m.config).c_str(), threads);
+    std::fprintf(stderr, "troupe-run: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
+                 describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
 
   generation_request req;
   req.prompt = tok.encode(prompt, true);
