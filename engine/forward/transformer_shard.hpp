@@ -66,9 +66,10 @@ class transformer_shard final : public forward_shard {
   kv_cache& kv_;
   thread_pool& pool_;
   collective& comm_;
+  // On CPUs with VNNI, the q8_0 views of layers_ and classifier_ point to packed copies
+  // the model keeps.
   std::vector<sliced_layer> layers_;  // [end_layer - first_layer]
-  matrix_view classifier_;  // on CPUs with VNNI, q8_0 views above point to packed copies
-                            // the model keeps
+  matrix_view classifier_;
   int32_t local_heads_, local_kv_heads_, local_hidden_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len][rope_dim / 2]
 
