@@ -1,0 +1,89 @@
+// scheduler_state: the scheduler actor's state and the functions over it, shared by its
+// three files: scheduler_actor.cpp (messages, results to sinks), scheduler_steps.cpp
+// (planning steps with the kv manager and running them through the stages) and
+// scheduler_recovery.cpp (losses, lookups, the canary). Internal to actors/.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/caf/type_ids.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/wire/kv_codec.hpp"
+#include "actors/wire/step_codec.hpp"
+
+namespace troupe::sched {
+
+using clock_type = std::chrono::steady_clock;
+
+// The canary's request id: clients' ids never come near it.
+constexpr uint64_t canary_id = ~uint64_t{0} - 1;
+
+struct sink_entry {
+  caf::actor sink;
+  uint32_t seq = 0;
+};
+
+struct scheduler_state {
+  static inline const char* name = "troupe.scheduler";
+
+  scheduler_setup setup;
+  std::unique_ptr<scheduler> sched;
+  wire::step_encoder encoder;
+  std::vector<request_id> released;
+  std::unordered_map<uint64_t, sink_entry> sinks;
+  std::unordered_set<caf::actor_addr> monitored_sinks;
+  std::unordered_set<caf::actor_addr> watchers;  // asked for health (the router): told of
+                                                 // every change, requests or not
+  uint64_t next_id = 1;
+  int32_t in_flight = 0;
+
+  // The kv manager, when the blocks are claimed from one.
+  caf::actor kv;                                     // invalid while lost
+  std::optional<wire::kv_claim_sender> kv_sender;
+  bool planning = false;                             // claims of a step are out
+
+  // The pipeline, and recovery.
+  std::vector<caf::actor> stages;                    // invalid while lost
+  std::unordered_map<std::string, caf::actor> peers; // other nodes' agents, by host:port
+  uint64_t epoch = 0;          // bumped on every loss: replies of older epochs are dropped
+  uint64_t session_base = 0;
+  bool ready = false;
+  int32_t resolve_round = 0;   // for the backoff of stage lookups
+  int32_t losses = 0;          // since the last time the replica was ready: a stage that
+                               // fails every step is retried with a growing pause
+  clock_type::time_point degraded_since = clock_type::now();
+  std::string why = "starting";
+};
+
+using self_ptr = caf::stateful_actor<scheduler_state>*;
+
+inline bool remote_kv(const scheduler_state& st) { return !st.setup.kv_manager.empty(); }
+
+// scheduler_actor.cpp
+void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text);
+void dispatch(self_ptr self, std::vector<step_output> outs);
+void fail_request(self_ptr self, request_id id, const std::string& why);
+void announce(self_ptr self);
+
+// scheduler_steps.cpp
+void maybe_step(self_ptr self);
+void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_message act,
+              std::function<void(const wire_message&)> done);
+void claim(self_ptr self, const kv_step_request& q, std::function<void(kv_step_grants)> then);
+
+// scheduler_recovery.cpp
+void lose(self_ptr self, size_t stage, const std::string& why);
+void lose_kv(self_ptr self, const std::string& why);
+void resolve(self_ptr self);
+void check_deadline(self_ptr self);
+
+}  // namespace troupe::sched

@@ -1,0 +1,133 @@
+// The step path of the scheduler actor: claims to the kv manager, plans through the
+// stages, samples back (scheduler_state.hpp).
+#include <cmath>
+
+#include "actors/scheduler_state.hpp"
+#include "actors/wire/activations_codec.hpp"
+
+namespace troupe::sched {
+
+// Runs `plan` through stages i.. and calls `done` with the last stage's output.
+void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_message act,
+              std::function<void(const wire_message&)> done) {
+  auto& st = self->state;
+  if (epoch != st.epoch) return;
+  if (!st.stages[i]) return lose(self, i, "stage " + std::to_string(i) + " is gone");
+  self->request(st.stages[i], st.setup.step_timeout, step_atom_v, plan, act)
+      .then(
+          [self, epoch, i, plan, done](const wire_message& out) {
+            auto& st = self->state;
+            if (epoch != st.epoch) return;
+            if (i + 1 < st.stages.size()) return run_from(self, epoch, i + 1, plan, out, done);
+            done(out);
+          },
+          [self, epoch, i](caf::error& e) {
+            if (epoch != self->state.epoch) return;
+            lose(self, i, "stage " + std::to_string(i) + ": " + self->system().render(e));
+          });
+}
+
+// Sends `q` to the kv manager; `then` gets its grants. Exchanges are answered in the
+// order they were sent, and each is checked against the latest claims sent (a release
+// alone has no grants to check).
+void claim(self_ptr self, const kv_step_request& q, std::function<void(kv_step_grants)> then) {
+  auto& st = self->state;
+  if (!st.kv) return lose_kv(self, "the kv manager is gone");
+  const uint64_t epoch = st.epoch;
+  const wire_message msg(wire_kind::kv_step, st.kv_sender->encode(q));
+  self->request(st.kv, st.setup.step_timeout, claim_atom_v, msg)
+      .then(
+          [self, epoch, then](const wire_message& reply) {
+            auto& st = self->state;
+            if (epoch != st.epoch) return;
+            auto g = reply.bytes ? st.kv_sender->decode(*reply.bytes) : expected<kv_step_grants>(error{"an empty answer"});
+            if (!g) return lose_kv(self, g.err().message);
+            st.sched->set_kv_usage(g->usage);
+            then(std::move(g).value());
+          },
+          [self, epoch](caf::error& e) {
+            if (epoch == self->state.epoch) lose_kv(self, "kv manager: " + self->system().render(e));
+          });
+}
+
+namespace {
+
+// Blocks released while no step follows go back at once, so the kv manager's figures are
+// current.
+void hand_back(self_ptr self) {
+  auto& st = self->state;
+  if (!remote_kv(st) || st.planning || !st.ready || !st.kv) return;
+  kv_step_request q;
+  q.releases = st.sched->take_releases();
+  if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
+}
+
+// Sends `p` through the pipeline; an empty plan (requests in flight, or ended for lack
+// of memory) only delivers.
+void run_plan(self_ptr self, step_plan p) {
+  auto& st = self->state;
+  const auto plan = std::make_shared<step_plan>(std::move(p));
+  if (plan->chunks.empty()) {
+    dispatch(self, st.sched->update_from_output(*plan, {}));
+    return;
+  }
+  const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released));
+  st.released.clear();
+  ++st.in_flight;
+  run_from(self, st.epoch, 0, msg, wire_message{}, [self, plan](const wire_message& logits) {
+    auto& st = self->state;
+    --st.in_flight;
+    const int32_t vocab = st.setup.m->config.vocab_size;
+    auto lg = logits.bytes ? wire::decode_activations(*logits.bytes, vocab, st.setup.config.max_step_tokens)
+                           : expected<wire::decoded_activations>(error{"no logits"});
+    if (!lg || lg->num_tokens != plan->num_samples())
+      return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
+    std::vector<sample_result> samples;
+    int32_t row = 0;
+    for (const auto& c : plan->chunks) {
+      if (!c.sample) continue;
+      float* l = lg->data.data() + static_cast<size_t>(row++) * vocab;
+      request* r = st.sched->find(c.id);
+      // A request cancelled while the step ran still takes its row.
+      samples.push_back(r ? r->smp.sample(l, vocab) : sample_result{});
+    }
+    dispatch(self, st.sched->update_from_output(*plan, samples));
+    maybe_step(self);
+  });
+}
+
+// One round of a step's claims; the last round sends the plan.
+void claim_round(self_ptr self, std::shared_ptr<step_draft> d) {
+  auto& st = self->state;
+  if (auto q = st.sched->next_claims(*d))
+    return claim(self, *q, [self, d](kv_step_grants g) {
+      self->state.sched->apply(*d, std::move(g));
+      claim_round(self, d);
+    });
+  st.planning = false;
+  const int32_t before = st.in_flight;
+  run_plan(self, st.sched->end_step(*d));
+  if (st.ready && st.in_flight > before)
+    maybe_step(self);  // the next plan, while this one runs
+  else
+    hand_back(self);
+}
+
+}  // namespace
+
+void maybe_step(self_ptr self) {
+  auto& st = self->state;
+  if (!st.ready) return;
+  while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
+    if (remote_kv(st)) {
+      st.planning = true;
+      return claim_round(self, std::make_shared<step_draft>(st.sched->begin_step()));
+    }
+    const int32_t before = st.in_flight;
+    run_plan(self, st.sched->schedule());
+    if (!st.ready || st.in_flight == before) break;  // lost a stage, or nothing could be scheduled
+  }
+  hand_back(self);
+}
+
+}  // namespace troupe::sched
