@@ -241,11 +241,9 @@ q8_packed pack_q8(const matrix_view& w) {
     for (int32_t g = 0; g < p.groups; ++g) {
       const int8_t* src = w.q + r * w.q_row_stride + g * w.q_group_stride;
       int8_t* dst = p.q.data() + (int64_t{r / block} * p.groups + g) * p.group * block;
+      for (int32_t j = 0; j < p.group / 4; ++j) std::memcpy(dst + j * 64 + (r % block) * 4, src + j * 4, 4);
       int32_t s = 0;
-      for (int32_t k = 0; k < p.group; ++k) {
-        dst[(k / 4) * 64 + (r % block) * 4 + k % 4] = src[k];
-        s += src[k];
-      }
+      for (int32_t k = 0; k < p.group; ++k) s += src[k];
       const size_t at = (static_cast<size_t>(r / block) * p.groups + g) * block + r % block;
       p.scale[at] = w.scale_at(r, g);
       p.sum[at] = s;
