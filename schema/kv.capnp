@@ -16,6 +16,8 @@ struct Claim {
   tokensFrom @4 :Int32;            # position of tokens[0] in the request's sequence: the kv
                                    # manager already has the tokens before it (0 on admit)
   tokens @5 :List(Int32);          # the rest of the sequence; the request wants it computed
+  heldBlocks @6 :UInt32;           # a running request: blocks its table has (the kv manager
+                                   # checks it against what it holds)
 }
 
 struct KvStep {
@@ -31,7 +33,8 @@ struct Grant {
   requestId @0 :UInt64;
   first @1 :Int32;                 # first token to compute (an admission: its prefix hit)
   count @2 :Int32;                 # tokens to compute this step
-  table @3 :List(UInt32);          # the request's blocks, whole
+  added @3 :List(UInt32);          # blocks appended to the request's table (an admission:
+                                   # the whole table)
 }
 
 struct KvUsage {

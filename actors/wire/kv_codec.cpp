@@ -53,6 +53,7 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     out.setRequestId(c.id.value);
     out.setAdmit(c.admit);
     out.setComputed(c.computed);
+    out.setHeldBlocks(static_cast<uint32_t>(c.held));
     out.setNamespace(c.ns);
     int32_t& known = known_[c.id];
     if (c.admit) known = 0;
@@ -61,7 +62,7 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     auto toks = out.initTokens(static_cast<unsigned>(rest.size()));
     for (size_t k = 0; k < rest.size(); ++k) toks.set(static_cast<unsigned>(k), rest[k]);
     known = static_cast<int32_t>(c.tokens.size());
-    last_.push_back({c.id, c.admit, c.computed, static_cast<int32_t>(c.tokens.size())});
+    last_.push_back({c.id, c.admit, c.computed, c.held, static_cast<int32_t>(c.tokens.size())});
   }
   return to_bytes(msg);
 }
@@ -88,24 +89,25 @@ expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes)
     for (unsigned k = 0; k < grants.size(); ++k) {
       const auto g = grants[k];
       const sent_claim& c = last_[k];
-      const std::string who = "kv grant " + std::to_string(k) + " (request " + std::to_string(c.id.value) + "): ";
-      if (g.getRequestId() != c.id.value) return error{who + "names request " + std::to_string(g.getRequestId())};
+      auto who = [&] { return "kv grant " + std::to_string(k) + " (request " + std::to_string(c.id.value) + "): "; };
+      if (g.getRequestId() != c.id.value) return error{who() + "names request " + std::to_string(g.getRequestId())};
       const int64_t first = g.getFirst(), count = g.getCount();
       if (first < 0 || count < 1 || first + count > c.total || (!c.admit && first != c.computed))
-        return error{who + "tokens " + span_text(first, first + count - 1) + " do not fit the claim"};
-      const auto table = g.getTable();
-      if (table.size() > max_table || static_cast<int64_t>(table.size()) * lim_.block_size < first + count)
-        return error{who + "a table of " + std::to_string(table.size()) + " blocks does not fit tokens " +
+        return error{who() + "tokens " + span_text(first, first + count - 1) + " do not fit the claim"};
+      const auto added = g.getAdded();
+      const size_t table = (c.admit ? 0 : static_cast<size_t>(c.held)) + added.size();
+      if (table > max_table || static_cast<int64_t>(table) * lim_.block_size < first + count)
+        return error{who() + "a table of " + std::to_string(table) + " blocks does not fit tokens " +
                      span_text(first, first + count - 1)};
       kv_grant out_g;
       out_g.id = c.id;
       out_g.first = static_cast<int32_t>(first);
       out_g.count = static_cast<int32_t>(count);
-      out_g.table.reserve(table.size());
-      for (uint32_t b : table) {
+      out_g.added.reserve(added.size());
+      for (uint32_t b : added) {
         if (b >= lim_.num_blocks)
-          return error{who + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
-        out_g.table.push_back(b);
+          return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
+        out_g.added.push_back(b);
       }
       out.grants.push_back(std::move(out_g));
     }
@@ -146,19 +148,19 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
     for (uint64_t id : releases) released.insert(id);
     for (unsigned i = 0; i < claims.size(); ++i) {
       const auto c = claims[i];
-      const std::string who = "kv claim " + std::to_string(i) + " (request " + std::to_string(c.getRequestId()) + "): ";
-      if (!seen.insert(c.getRequestId()).second) return error{who + "request claimed twice in one message"};
+      auto who = [&] { return "kv claim " + std::to_string(i) + " (request " + std::to_string(c.getRequestId()) + "): "; };
+      if (!seen.insert(c.getRequestId()).second) return error{who() + "request claimed twice in one message"};
       size_t have = 0;
       if (!reset && !released.count(c.getRequestId()))
         if (auto it = tokens_.find(c.getRequestId()); it != tokens_.end()) have = it->second.size();
       const int64_t from = c.getTokensFrom();
       const int64_t total = from + c.getTokens().size();
       if (c.getAdmit() ? from != 0 : from != static_cast<int64_t>(have))
-        return error{who + "tokens start at " + std::to_string(from) + "; the kv manager has " + std::to_string(have)};
+        return error{who() + "tokens start at " + std::to_string(from) + "; the kv manager has " + std::to_string(have)};
       if (total < 1 || total > lim_.context)
-        return error{who + std::to_string(total) + " tokens; the context holds " + std::to_string(lim_.context)};
+        return error{who() + std::to_string(total) + " tokens; the context holds " + std::to_string(lim_.context)};
       if (!c.getAdmit() && (c.getComputed() < 0 || c.getComputed() >= total))
-        return error{who + std::to_string(c.getComputed()) + " computed of " + std::to_string(total) + " tokens"};
+        return error{who() + std::to_string(c.getComputed()) + " computed of " + std::to_string(total) + " tokens"};
     }
 
     decoded_kv_step out;
@@ -179,6 +181,7 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
     }
     for (const auto c : claims)
       out.request.claims.push_back(kv_claim{request_id{c.getRequestId()}, c.getAdmit(), c.getComputed(),
+                                            static_cast<int32_t>(std::min<uint32_t>(c.getHeldBlocks(), INT32_MAX)),
                                             c.getNamespace(), tokens_[c.getRequestId()]});
     return out;
   } catch (const kj::Exception& e) {
@@ -197,8 +200,9 @@ std::vector<uint8_t> encode_kv_grants(uint64_t session, const kv_step_grants& g)
     out.setRequestId(g.grants[k].id.value);
     out.setFirst(g.grants[k].first);
     out.setCount(g.grants[k].count);
-    auto table = out.initTable(static_cast<unsigned>(g.grants[k].table.size()));
-    for (size_t b = 0; b < g.grants[k].table.size(); ++b) table.set(static_cast<unsigned>(b), g.grants[k].table[b]);
+    const auto& added = g.grants[k].added;
+    auto list = out.initAdded(static_cast<unsigned>(added.size()));
+    for (size_t b = 0; b < added.size(); ++b) list.set(static_cast<unsigned>(b), added[b]);
   }
   auto u = root.initUsage();
   u.setNumBlocks(g.usage.num_blocks);

@@ -3,7 +3,8 @@
 // kv_claim_sender (scheduler side) sends a request's tokens once: whole when it is
 // admitted, then only the tokens added since. It keeps the last claims, so the answer is
 // checked against them: grants for the first claims in order, each starting where its
-// request stands, tables inside the pool that cover what they grant.
+// request stands, with added blocks inside the pool that make its table cover what they
+// grant.
 //
 // kv_claim_receiver (kv manager side) keeps every claimed request's tokens, checks each
 // message against its limits, and rebuilds the engine's kv_step_request from it. A
@@ -50,6 +51,7 @@ class kv_claim_sender {
     request_id id;
     bool admit = false;
     int32_t computed = 0;
+    int32_t held = 0;
     int32_t total = 0;
   };
   kv_limits lim_;

@@ -75,31 +75,31 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     int64_t total = 0;
     for (unsigned i = 0; i < chunks.size(); ++i) {
       const auto c = chunks[i];
-      const std::string who = "chunk " + std::to_string(i) + " (request " + std::to_string(c.getRequestId()) + "): ";
-      if (!seen.insert(c.getRequestId()).second) return error{who + "request appears twice in one step"};
+      auto who = [&] { return "chunk " + std::to_string(i) + " (request " + std::to_string(c.getRequestId()) + "): "; };
+      if (!seen.insert(c.getRequestId()).second) return error{who() + "request appears twice in one step"};
       const auto toks = c.getTokens();
       const auto blocks = c.getNewBlocks();
-      if (toks.size() == 0) return error{who + "no tokens"};
+      if (toks.size() == 0) return error{who() + "no tokens"};
       total += toks.size();
       if (total > lim_.max_step_tokens) return error{"step plan exceeds " + std::to_string(lim_.max_step_tokens) + " tokens"};
       const int64_t first = c.getFirst();
       if (first < 0 || first + static_cast<int64_t>(toks.size()) > int64_t{lim_.context})
-        return error{who + "positions " + std::to_string(first) + ".." + std::to_string(first + toks.size() - 1) +
+        return error{who() + "positions " + std::to_string(first) + ".." + std::to_string(first + toks.size() - 1) +
                      " are outside the context of " + std::to_string(lim_.context)};
       for (int32_t t : toks)
-        if (t < 0 || t >= lim_.vocab) return error{who + "token id " + std::to_string(t) + " is outside the vocabulary"};
+        if (t < 0 || t >= lim_.vocab) return error{who() + "token id " + std::to_string(t) + " is outside the vocabulary"};
       size_t known = 0;
       if (!c.getResetTable()) {
-        if (reset_all) return error{who + "a plan that resets every table must send each table whole"};
+        if (reset_all) return error{who() + "a plan that resets every table must send each table whole"};
         auto it = tables_.find(c.getRequestId());
-        if (it == tables_.end()) return error{who + "unknown request (its table was never sent)"};
+        if (it == tables_.end()) return error{who() + "unknown request (its table was never sent)"};
         known = it->second.size();
       }
-      if (known + blocks.size() > max_table) return error{who + "block table longer than the context needs"};
+      if (known + blocks.size() > max_table) return error{who() + "block table longer than the context needs"};
       for (uint32_t b : blocks)
-        if (b >= lim_.num_blocks) return error{who + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
+        if (b >= lim_.num_blocks) return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
       if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(first) + toks.size())
-        return error{who + "block table does not cover its positions"};
+        return error{who() + "block table does not cover its positions"};
     }
 
     decoded_step out;

@@ -83,32 +83,36 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
   int32_t budget = req.budget;
   for (const kv_claim& c : req.claims) {
     if (budget <= 0) break;
-    const std::string who = "request " + std::to_string(c.id.value) + ": ";
+    auto who = [&] { return "request " + std::to_string(c.id.value) + ": "; };  // built only for an error
     const int32_t total = static_cast<int32_t>(c.tokens.size());
     auto held = held_.find(c.id);
     kv_grant g;
     g.id = c.id;
     std::vector<block_id> hits;
     if (c.admit) {
-      if (held != held_.end()) return error{who + "admitted while it holds blocks"};
-      if (total == 0) return error{who + "admitted without tokens"};
+      if (held != held_.end()) return error{who() + "admitted while it holds blocks"};
+      if (total == 0) return error{who() + "admitted without tokens"};
       hits = match_prefix(c.tokens, c.ns);
       g.first = static_cast<int32_t>(hits.size()) * block_size_;
     } else {
-      if (held == held_.end()) return error{who + "runs without blocks"};
+      if (held == held_.end()) return error{who() + "runs without blocks"};
+      if (static_cast<int64_t>(held->second.blocks.size()) != c.held)
+        return error{who() + "claims to hold " + std::to_string(c.held) + " blocks; it holds " +
+                     std::to_string(held->second.blocks.size())};
       if (c.computed < 0 || c.computed >= total ||
           static_cast<int64_t>(held->second.blocks.size()) * block_size_ < c.computed)
-        return error{who + "claims " + std::to_string(c.computed) + " computed of " + std::to_string(total) +
+        return error{who() + "claims " + std::to_string(c.computed) + " computed of " + std::to_string(total) +
                      " tokens, which its " + std::to_string(held->second.blocks.size()) + " blocks contradict"};
       g.first = c.computed;
     }
     g.count = std::min(total - g.first, budget);
+    const size_t before = c.admit ? 0 : static_cast<size_t>(c.held);
     if (!allocate(c.id, c.tokens, g.first + g.count, hits, c.ns)) {
       out.short_of_blocks = true;
       break;
     }
     const auto table = block_table(c.id);
-    g.table.assign(table.begin(), table.end());
+    g.added.assign(table.begin() + static_cast<int64_t>(before), table.end());
     budget -= g.count;
     out.grants.push_back(std::move(g));
   }

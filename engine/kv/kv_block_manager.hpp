@@ -43,6 +43,7 @@ struct kv_claim {
   bool admit = false;        // a waiting request: its cached prefix counts as computed and
                              // `computed` is ignored
   int32_t computed = 0;      // tokens whose KV the request's blocks already hold
+  int32_t held = 0;          // blocks the request holds (as its last grants gave them)
   uint64_t ns = 0;           // prefix-cache namespace
   std::span<const int32_t> tokens;  // the request's whole sequence
 };
@@ -51,7 +52,8 @@ struct kv_grant {
   request_id id;
   int32_t first = 0;             // first token to compute (an admission: its prefix hit)
   int32_t count = 0;             // tokens to compute this step, at least one
-  std::vector<uint32_t> table;   // the request's blocks, covering first + count
+  std::vector<uint32_t> added;   // blocks appended to the request's table (an admission:
+                                 // its whole table); with them it covers first + count
 };
 
 struct kv_step_request {
@@ -87,9 +89,9 @@ class kv_block_manager {
   // Frees the releases, then grants the claims in order until one does not fit or the
   // budget is spent. An admission is matched against the prefix cache first. A claim
   // that contradicts what is held (an admission of a request holding blocks, a running
-  // request holding none or fewer than it computed, nothing left to compute) is an error,
-  // and the claims before it stay granted in the usage figures only: the caller must
-  // start over (a reset).
+  // request holding none or fewer than it computed, nothing left to compute, a count of
+  // held blocks that differ from the holding) is an error, and the claims before it stay
+  // granted in the usage figures only: the caller must start over (a reset).
   expected<kv_step_grants> grant(const kv_step_request& req);
   bool holds(request_id id) const { return held_.count(id) != 0; }
 

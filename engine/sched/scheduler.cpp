@@ -173,7 +173,8 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
   int64_t left = d.budget;
   size_t slots = d.share - std::min(d.share, d.plan.chunks.size());
   auto claim = [&](request& r, bool admit) {
-    q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens, r.params.cache_namespace, r.tokens});
+    q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
+                                admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens});
     d.sent.emplace_back(r.id, admit);
     left -= r.num_tokens() - (admit ? 0 : r.num_computed_tokens);
     --slots;
@@ -219,7 +220,7 @@ bool scheduler::grant_here(step_draft& d, const kv_step_request& q) {
   for (const kv_claim& c : q.claims) {
     if (budget <= 0) break;
     const int32_t count = std::min(static_cast<int32_t>(c.tokens.size()) - c.computed, budget);
-    g.grants.push_back(kv_grant{c.id, c.computed, count, find(c.id)->blocks});
+    g.grants.push_back(kv_grant{c.id, c.computed, count, {}});
     budget -= count;
   }
   apply(d, std::move(g));
@@ -248,13 +249,15 @@ void scheduler::apply(step_draft& d, kv_step_grants g) {
     request* r = find(grant.id);
     // Gone since the claims went out (aborted): its release is already on its way.
     if (!r || grant.id != d.sent[k].first) continue;
-    r->blocks = std::move(grant.table);
     if (d.sent[k].second) {
+      r->blocks = std::move(grant.added);
       std::erase(waiting_, r);
       r->num_computed_tokens = grant.first;
       if (r->num_preemptions == 0) r->num_cached_prompt_tokens = grant.first;
       r->state = request_state::running;
       running_.push_back(r);
+    } else {
+      r->blocks.insert(r->blocks.end(), grant.added.begin(), grant.added.end());
     }
     add_chunk(d, *r, grant.first, grant.count);
   }

@@ -156,16 +156,16 @@ TEST_CASE("sessions: a restarted kv manager refuses claims until reset, and othe
   kv_step_request q;
   q.budget = 8;
   const std::vector<int32_t> toks{1, 2, 3, 4, 5};
-  q.claims = {{request_id{1}, true, 0, 0, toks}};
+  q.claims = {{request_id{1}, true, 0, 0, 0, toks}};
   (void)tx.encode(q);
   CHECK_FALSE(tx.decode(encode_kv_error(5, "broken")).has_value());
   kv_step_grants g;
   g.grants.push_back({request_id{1}, 0, 5, {0, 1}});
   CHECK(tx.decode(encode_kv_grants(5, g)).has_value());
   CHECK_FALSE(tx.decode(encode_kv_grants(6, g)).has_value());
-  g.grants[0].table = {0, 16};  // outside the pool
+  g.grants[0].added = {0, 16};  // outside the pool
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
-  g.grants[0].table = {0};  // too short for 5 tokens
+  g.grants[0].added = {0};  // too short for 5 tokens
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
   g.grants[0] = {request_id{2}, 0, 5, {0, 1}};  // not the claimed request
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());

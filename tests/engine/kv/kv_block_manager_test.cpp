@@ -126,7 +126,7 @@ TEST_CASE("grant: claims are granted in order within the budget, and the first t
   const auto a = seq(0, 10), b = seq(50, 9), c = seq(80, 12);
   kv_step_request q;
   q.budget = 16;
-  q.claims = {{request_id{1}, true, 0, 0, a}, {request_id{2}, true, 0, 0, b}, {request_id{3}, true, 0, 0, c}};
+  q.claims = {{request_id{1}, true, 0, 0, 0, a}, {request_id{2}, true, 0, 0, 0, b}, {request_id{3}, true, 0, 0, 0, c}};
   auto g = m.grant(q);
   REQUIRE(g.has_value());
   // 10 tokens for 1 (3 blocks), the 6 left of the budget for 2 (2 blocks); 3 is not reached.
@@ -134,33 +134,33 @@ TEST_CASE("grant: claims are granted in order within the budget, and the first t
   CHECK_FALSE(g->short_of_blocks);
   CHECK(g->grants[0].first == 0);
   CHECK(g->grants[0].count == 10);
-  CHECK(g->grants[0].table == std::vector<uint32_t>{0, 1, 2});
+  CHECK(g->grants[0].added == std::vector<uint32_t>{0, 1, 2});
   CHECK(g->grants[1].count == 6);
-  CHECK(g->grants[1].table == std::vector<uint32_t>{3, 4});
+  CHECK(g->grants[1].added == std::vector<uint32_t>{3, 4});
   CHECK(g->usage.used == 5);
 
   // Request 2 goes on (3 tokens, its third block), then 3 wants 3 blocks of the 1 left.
   q.budget = 64;
-  q.claims = {{request_id{2}, false, 6, 0, b}, {request_id{3}, true, 0, 0, c}};
+  q.claims = {{request_id{2}, false, 6, 2, 0, b}, {request_id{3}, true, 0, 0, 0, c}};
   g = m.grant(q);
   REQUIRE(g.has_value());
   REQUIRE(g->grants.size() == 1);
   CHECK(g->grants[0].first == 6);
   CHECK(g->grants[0].count == 3);
-  CHECK(g->grants[0].table == std::vector<uint32_t>{3, 4, 5});
+  CHECK(g->grants[0].added == std::vector<uint32_t>{5});  // appended to 3, 4
   CHECK(g->short_of_blocks);
   CHECK_FALSE(m.holds(request_id{3}));
 
   // Releases go first: with 1 released, 3 fits, and an admission of a's tokens hits
   // the two full blocks 1 cached.
   q.releases = {request_id{1}};
-  q.claims = {{request_id{3}, true, 0, 0, c}};
+  q.claims = {{request_id{3}, true, 0, 0, 0, c}};
   g = m.grant(q);
   REQUIRE(g.has_value());
   REQUIRE(g->grants.size() == 1);
-  CHECK(g->grants[0].table == std::vector<uint32_t>{2, 1, 0});  // least recently freed first
+  CHECK(g->grants[0].added == std::vector<uint32_t>{2, 1, 0});  // least recently freed first
   q.releases = {request_id{3}};
-  q.claims = {{request_id{4}, true, 0, 0, a}};
+  q.claims = {{request_id{4}, true, 0, 0, 0, a}};
   g = m.grant(q);
   REQUIRE(g.has_value());
   REQUIRE(g->grants.size() == 1);
@@ -173,22 +173,26 @@ TEST_CASE("grant: a prefix hit counts as computed and claims that contradict the
   const auto a = seq(0, 10);
   kv_step_request q;
   q.budget = 64;
-  q.claims = {{request_id{1}, true, 0, 0, a}};
+  q.claims = {{request_id{1}, true, 0, 0, 0, a}};
   REQUIRE(m.grant(q).has_value());
-  q.claims = {{request_id{2}, true, 0, 0, a}};
+  q.claims = {{request_id{2}, true, 0, 0, 0, a}};
   auto g = m.grant(q);
   REQUIRE(g.has_value());
   CHECK(g->grants[0].first == 8);
   CHECK(g->grants[0].count == 2);
-  CHECK(g->grants[0].table == std::vector<uint32_t>{0, 1, 3});
+  CHECK(g->grants[0].added == std::vector<uint32_t>{0, 1, 3});
   CHECK(g->usage.hit_tokens == 8);
 
-  q.claims = {{request_id{1}, true, 0, 0, a}};  // admitted twice
+  q.claims = {{request_id{1}, true, 0, 0, 0, a}};  // admitted twice
   CHECK_FALSE(m.grant(q).has_value());
-  q.claims = {{request_id{9}, false, 4, 0, a}};  // running, holding nothing
+  q.claims = {{request_id{9}, false, 4, 1, 0, a}};  // running, holding nothing
   CHECK_FALSE(m.grant(q).has_value());
-  q.claims = {{request_id{1}, false, 10, 0, a}};  // nothing left to compute
+  q.claims = {{request_id{1}, false, 10, 3, 0, a}};  // nothing left to compute
   CHECK_FALSE(m.grant(q).has_value());
+  q.claims = {{request_id{1}, false, 8, 2, 0, a}};  // it holds 3 blocks, not 2
+  CHECK_FALSE(m.grant(q).has_value());
+  q.claims = {{request_id{1}, false, 8, 3, 0, a}};  // as it stands: granted
+  CHECK(m.grant(q).has_value());
 }
 
 }  // namespace troupe
