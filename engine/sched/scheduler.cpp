@@ -215,7 +215,6 @@ bool scheduler::grant_here(step_draft& d, const kv_step_request& q) {
     if (!r || end > static_cast<int32_t>(r->blocks.size()) * bs || end / bs != c.computed / bs) return false;
   }
   kv_step_grants g;
-  g.usage = remote_usage_;
   int32_t budget = q.budget;
   for (const kv_claim& c : q.claims) {
     if (budget <= 0) break;
@@ -242,7 +241,6 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
 }
 
 void scheduler::apply(step_draft& d, kv_step_grants g) {
-  if (!kv_) remote_usage_ = g.usage;
   TROUPE_ASSERT(g.grants.size() + g.short_of_blocks <= d.sent.size(), g.grants.size(), d.sent.size());
   for (size_t k = 0; k < g.grants.size(); ++k) {
     kv_grant& grant = g.grants[k];

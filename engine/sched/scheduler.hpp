@@ -107,7 +107,8 @@ class scheduler {
   step_plan end_step(step_draft& d) { return std::move(d.plan); }
   // Requests whose blocks the remote block manager may free, if no claims carry them.
   std::vector<request_id> take_releases() { return std::exchange(releases_, {}); }
-  // The remote block manager's figures, as its latest answer gave them.
+  // The remote block manager's figures, as its latest answer gave them (the caller of
+  // apply() passes them on; apply() looks at the grants only).
   void set_kv_usage(const kv_usage& u) { remote_usage_ = u; }
   std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples);
 
