@@ -76,10 +76,11 @@ expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes)
   if (!frame) return error{"kv grants: " + frame.err().message};
   try {
     auto root = (*frame)->root<schema::KvGrants>();
-    if (root.getSession() != session_)
-      return error{"kv grants of session " + std::to_string(root.getSession()) + ", not " + std::to_string(session_)};
+    // A refusal says why, whichever session the kv manager serves.
     if (root.hasError() && root.getError().size() > 0)
       return error{std::string("kv manager: ") + root.getError().cStr()};
+    if (root.getSession() != session_)
+      return error{"kv grants of session " + std::to_string(root.getSession()) + ", not " + std::to_string(session_)};
     kv_step_grants out;
     out.short_of_blocks = root.getShortOfBlocks();
     const auto grants = root.getGrants();

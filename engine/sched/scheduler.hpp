@@ -28,9 +28,9 @@
 // only when blocks run short (a request is preempted and its blocks released, then the
 // rest is claimed again) or prefix hits left budget over. None when every claim stays
 // inside the blocks its request holds without filling one (most decode steps): nothing
-// changes at the block manager, so the scheduler grants those itself. Blocks released by finished,
-// aborted or preempted requests travel with the next claims (take_releases() hands them
-// over when no step follows).
+// changes at the block manager, so the scheduler grants those itself. Blocks released by
+// finished, aborted or preempted requests travel with the next claims (take_releases()
+// hands them over when no step follows).
 //
 // Policies: FCFS (arrival order) or priority (lower first, then arrival). Single-threaded;
 // owned by one engine loop.

@@ -159,6 +159,10 @@ TEST_CASE("sessions: a restarted kv manager refuses claims until reset, and othe
   q.claims = {{request_id{1}, true, 0, 0, 0, toks}};
   (void)tx.encode(q);
   CHECK_FALSE(tx.decode(encode_kv_error(5, "broken")).has_value());
+  // A restarted kv manager's refusal names its reason, not only the other session.
+  const auto refused = tx.decode(encode_kv_error(0, "never reset"));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.err().message.find("never reset") != std::string::npos);
   kv_step_grants g;
   g.grants.push_back({request_id{1}, 0, 5, {0, 1}});
   CHECK(tx.decode(encode_kv_grants(5, g)).has_value());
