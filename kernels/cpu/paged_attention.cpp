@@ -27,24 +27,42 @@ inline const uint16_t* values(const paged_kv_layer& kv, uint16_t) { return kv.v1
 // Sixteen-slot blocks, NB blocks at a time for G query heads: NB * G independent sums (one
 // alone waits on each FMA's latency), each still a sequential sum over the head
 // dimension, so the scores are those of the one-block loop below.
+//
+// A decode step's attention reads each running sequence's cache once, in pieces of
+// 16 * head_dim elements scattered over the pool, which the hardware prefetcher finds
+// only after missing on them. So while it scores NB blocks the loop asks for the keys of
+// the next NB and the values of these (read after the softmax), a line or so per
+// head-dimension step, spread out so that the requests never queue up behind each other.
 template <class T, int NB, int G>
 void scores_blocks(const float* const* q, const attention_token& tok, int32_t kv_head, const paged_kv_layer& kv,
                    int32_t n, float* const* scores) {
   const int32_t hd = kv.head_dim;
   const simd::v16f vnorm = simd::splat(std::sqrt(static_cast<float>(hd)));
   const int32_t blocks = (n + simd::width - 1) / simd::width;
+  // A piece's row d (keys) or its d-th 16-element stretch (values) begins at d * row.
+  constexpr int row = simd::width * sizeof(T);
+  constexpr int rows_per_line = row >= 64 ? 1 : 64 / row;
   for (int32_t b0 = 0; b0 < blocks; b0 += NB) {
     const int nb = std::min<int32_t>(NB, blocks - b0);
+    const char* ahead[2 * NB];
+    int n_ahead = 0;
+    for (int32_t b = b0 + NB; b < std::min(b0 + 2 * NB, blocks); ++b)
+      ahead[n_ahead++] = reinterpret_cast<const char*>(keys(kv, T{}) + kv.offset(tok.block_table[b], kv_head));
+    for (int32_t b = b0; b < b0 + nb; ++b)
+      ahead[n_ahead++] = reinterpret_cast<const char*>(values(kv, T{}) + kv.offset(tok.block_table[b], kv_head));
     const T* kt[NB];
     for (int j = 0; j < NB; ++j) kt[j] = keys(kv, T{}) + kv.offset(tok.block_table[b0 + std::min(j, nb - 1)], kv_head);
     simd::v16f acc[NB][G];
     for (int j = 0; j < NB; ++j)
       for (int h = 0; h < G; ++h) acc[j][h] = simd::zero();
-    for (int32_t d = 0; d < hd; ++d)
+    for (int32_t d = 0; d < hd; ++d) {
+      if (d % rows_per_line == 0)
+        for (int i = 0; i < n_ahead; ++i) __builtin_prefetch(ahead[i] + d * row);
       for (int j = 0; j < NB; ++j) {
         const simd::v16f col = load16(kt[j] + d * simd::width);
         for (int h = 0; h < G; ++h) acc[j][h] = simd::fma(simd::splat(q[h][d]), col, acc[j][h]);
       }
+    }
     for (int j = 0; j < nb; ++j) {
       const int32_t p0 = (b0 + j) * simd::width;
       const int32_t take = std::min(simd::width, n - p0);
