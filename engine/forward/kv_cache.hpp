@@ -2,8 +2,9 @@
 // fixed-size blocks. Which block belongs to which sequence is decided elsewhere (block
 // tables handed in with each step); this object only owns the memory.
 //
-//   per layer: k, v [num_blocks][num_kv_heads][block_size][head_dim], F32 or F16
-//   (kernels/cpu/paged_attention.hpp has the layouts)
+//   per layer: k, v [num_blocks][num_kv_heads][block_size][head_dim], F32, F16, or int8
+//   with a float scale per slot and KV head (q8_0 here; kernels/cpu/paged_attention.hpp
+//   has the layouts)
 //
 // Owned by one shard; touched only by the thread that runs that shard's forward pass.
 #pragma once
@@ -23,7 +24,7 @@ struct kv_cache_shape {
   int32_t num_kv_heads = 0;  // this shard's share
   int32_t block_size = 16;
   int32_t head_dim = 0;
-  dtype type = dtype::f32;  // f32 or f16
+  dtype type = dtype::f32;  // f32, f16 or q8_0 (int8, a scale per slot and KV head)
 };
 
 class kv_cache {
@@ -32,9 +33,7 @@ class kv_cache {
 
   paged_kv_layer layer(int32_t idx);
   const kv_cache_shape& shape() const { return shape_; }
-  int64_t bytes() const {
-    return 2 * layer_values_ * shape_.num_layers * (shape_.type == dtype::f16 ? 2 : int64_t{sizeof(float)});
-  }
+  int64_t bytes() const;
 
  private:
   kv_cache_shape shape_;
@@ -42,6 +41,8 @@ class kv_cache {
   // Zeroed, so a read of an unwritten slot is repeatable; one of the two is used.
   aligned_vector<float> data_;
   aligned_vector<uint16_t> half_;
+  aligned_vector<int8_t> int8_;
+  aligned_vector<float> scales_;  // q8_0: per layer k_scale then v_scale
 };
 
 }  // namespace troupe

@@ -34,11 +34,17 @@ kv_cache_shape transformer_shard::cache_shape(const model_config& c, const shard
   return s;
 }
 
+expected<std::optional<dtype>> transformer_shard::kv_type_from_environment() {
+  const char* t = std::getenv("TROUPE_KV_TYPE");
+  if (!t || !*t) return std::optional<dtype>{};
+  for (dtype d : {dtype::f32, dtype::f16, dtype::q8_0})
+    if (dtype_name(d) == t) return std::optional<dtype>{d};
+  return error{std::string("TROUPE_KV_TYPE=") + t +
+               ": not a KV cache type (f32, f16, or q8_0: int8 with a scale per token and KV head)"};
+}
+
 dtype transformer_shard::kv_type_for(const model& m) {
-  if (const char* t = std::getenv("TROUPE_KV_TYPE")) {
-    if (std::string_view(t) == "f32") return dtype::f32;
-    if (std::string_view(t) == "f16") return dtype::f16;
-  }
+  if (auto t = kv_type_from_environment(); t && t.value()) return *t.value();
   return m.weight_type == dtype::f32 ? dtype::f32 : dtype::f16;
 }
 
@@ -50,7 +56,11 @@ std::string transformer_shard::cpu_kernels(const model& m) {
     else
       out += amx_available() ? " with int8 activations (AMX and VNNI)" : " with int8 activations (VNNI)";
   }
-  return out + (kv_type_for(m) == dtype::f16 ? ", F16 KV cache" : ", F32 KV cache");
+  switch (kv_type_for(m)) {
+    case dtype::f16: return out + ", F16 KV cache";
+    case dtype::q8_0: return out + ", int8 KV cache";
+    default: return out + ", F32 KV cache";
+  }
 }
 
 transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_cache& kv,
@@ -151,14 +161,17 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   for (int32_t t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, w.attn_norm, dim, cfg_.rms_eps);
   const gemm_output qkv[] = {{&w.wq, q, q_dim}, {&w.wk, k, kv_dim}, {&w.wv, v, kv_dim}};
   gemm_multi(xb, dim, n, qkv, 3, pool_);
-  for (int32_t t = 0; t < n; ++t) {
-    const int32_t pos = att_tokens_[t].position;
-    const float* c = rope_cos_.data() + int64_t{pos} * half;
-    const float* s = rope_sin_.data() + int64_t{pos} * half;
-    rope(q + t * q_dim, local_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
-    rope(k + t * kv_dim, local_kv_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
-    paged_kv_write(cache, att_tokens_[t].block_table, pos, k + t * kv_dim, v + t * kv_dim);
-  }
+  // Each token writes its own slot (int8 and F16 caches convert as they write).
+  pool_.parallel_for(n, 4, [&](int64_t tb, int64_t te, int) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int32_t pos = att_tokens_[t].position;
+      const float* c = rope_cos_.data() + int64_t{pos} * half;
+      const float* s = rope_sin_.data() + int64_t{pos} * half;
+      rope(q + t * q_dim, local_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
+      rope(k + t * kv_dim, local_kv_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
+      paged_kv_write(cache, att_tokens_[t].block_table, pos, k + t * kv_dim, v + t * kv_dim);
+    }
+  });
   paged_attention(q, q_dim, att, q_dim, att_tokens_.data(), n, local_heads_, cache, pool_);
   gemm(att, q_dim, n, w.wo, proj, dim, pool_);
   if (spec_.tp.size > 1) comm_.all_reduce_sum(proj, int64_t{n} * dim);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "engine/forward/step_batch.hpp"
 #include "engine/forward/tp_slice.hpp"
 #include "engine/model/model.hpp"
+#include "engine/util/expected.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -43,9 +45,13 @@ class transformer_shard final : public forward_shard {
                                     int32_t num_blocks, int32_t block_size, dtype kv_type = dtype::f32);
   // The KV cache's type for a model: F32 for F32 weights (exact against the F32
   // references), F16 for quantized and 16-bit weights (as llama.cpp keeps it: half the
-  // memory traffic of long contexts); TROUPE_KV_TYPE=f32 or f16 in the environment
+  // memory traffic of long contexts); TROUPE_KV_TYPE=f32, f16 or q8_0 (int8 with a scale
+  // per token and KV head: a quarter of F32's traffic, lossy) in the environment
   // overrides both.
   static dtype kv_type_for(const model& m);
+  // TROUPE_KV_TYPE as set (nullopt when unset), or an error naming the value and the
+  // choices; tools check it before they start (kv_type_for ignores a bad value).
+  static expected<std::optional<dtype>> kv_type_from_environment();
   // How the CPU shards run the model on this machine, for operators: "q8_0 weights with
   // int8 activations (AMX and VNNI), F16 KV cache", "f32 weights, F32 KV cache", ...
   static std::string cpu_kernels(const model& m);

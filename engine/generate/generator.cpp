@@ -30,6 +30,7 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
   cfg.sched.max_step_tokens = opts_.max_step_tokens;
   cfg.sched.max_running = opts_.max_running;
   cfg.sched.prefix_caching = opts_.prefix_caching;
+  cfg.kv_type = opts_.kv_type;
   llm_engine engine(model_, tok_, cfg);
   for (size_t i = 0; i < reqs.size(); ++i) {
     if (auto st = engine.add_request(request_id{i}, reqs[i]); !st) return st.err();

@@ -1,7 +1,10 @@
 #include "kernels/cpu/paged_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/common/dtype.hpp"
@@ -14,15 +17,23 @@ namespace {
 
 constexpr int max_group = 8;  // query heads per KV head handled in one pass
 
-// Cache storage: F32 as is, F16 widened (exactly) as it is read.
+// Cache storage: F32 as is, F16 widened (exactly) as it is read, int8 converted (exactly)
+// and scaled per slot: scores after the sum over the head dimension, values through the
+// softmax weight.
 inline simd::v16f load16(const float* p) { return simd::load(p); }
 inline simd::v16f load16(const uint16_t* p) { return simd::load_f16(p); }
+inline simd::v16f load16(const int8_t* p) { return simd::load_i8(p); }
 inline float value(float x) { return x; }
 inline float value(uint16_t h) { return f16_to_f32(h); }
+inline float value(int8_t q) { return static_cast<float>(q); }
 inline const float* keys(const paged_kv_layer& kv, float) { return kv.k; }
 inline const uint16_t* keys(const paged_kv_layer& kv, uint16_t) { return kv.k16; }
+inline const int8_t* keys(const paged_kv_layer& kv, int8_t) { return kv.k8; }
 inline const float* values(const paged_kv_layer& kv, float) { return kv.v; }
 inline const uint16_t* values(const paged_kv_layer& kv, uint16_t) { return kv.v16; }
+inline const int8_t* values(const paged_kv_layer& kv, int8_t) { return kv.v8; }
+template <class T>
+constexpr bool scaled = std::is_same_v<T, int8_t>;
 
 // Sixteen-slot blocks, NB blocks at a time for G query heads: NB * G independent sums (one
 // alone waits on each FMA's latency), each still a sequential sum over the head
@@ -50,6 +61,11 @@ void scores_blocks(const float* const* q, const attention_token& tok, int32_t kv
       ahead[n_ahead++] = reinterpret_cast<const char*>(keys(kv, T{}) + kv.offset(tok.block_table[b], kv_head));
     for (int32_t b = b0; b < b0 + nb; ++b)
       ahead[n_ahead++] = reinterpret_cast<const char*>(values(kv, T{}) + kv.offset(tok.block_table[b], kv_head));
+    if constexpr (scaled<T>) {
+      for (int32_t b = b0 + NB; b < std::min(b0 + 2 * NB, blocks); ++b)
+        __builtin_prefetch(kv.k_scale + kv.scale_offset(tok.block_table[b], kv_head));
+      for (int32_t b = b0; b < b0 + nb; ++b) __builtin_prefetch(kv.v_scale + kv.scale_offset(tok.block_table[b], kv_head));
+    }
     const T* kt[NB];
     for (int j = 0; j < NB; ++j) kt[j] = keys(kv, T{}) + kv.offset(tok.block_table[b0 + std::min(j, nb - 1)], kv_head);
     simd::v16f acc[NB][G];
@@ -66,9 +82,14 @@ void scores_blocks(const float* const* q, const attention_token& tok, int32_t kv
     for (int j = 0; j < nb; ++j) {
       const int32_t p0 = (b0 + j) * simd::width;
       const int32_t take = std::min(simd::width, n - p0);
+      simd::v16f ks = simd::splat(1.0f);
+      if constexpr (scaled<T>) ks = simd::load(kv.k_scale + kv.scale_offset(tok.block_table[b0 + j], kv_head));
       for (int h = 0; h < G; ++h) {
         alignas(64) float tmp[simd::width];
-        simd::store(tmp, acc[j][h] / vnorm);
+        if constexpr (scaled<T>)
+          simd::store(tmp, acc[j][h] * ks / vnorm);
+        else
+          simd::store(tmp, acc[j][h] / vnorm);
         std::memcpy(scores[h] + p0, tmp, sizeof(float) * take);
       }
     }
@@ -94,6 +115,7 @@ void scores_for(const float* const* q, int group, const attention_token& tok, in
   const simd::v16f vnorm = simd::splat(norm);
   for (int32_t p0 = 0; p0 < n; p0 += bs) {
     const T* kt = keys(kv, T{}) + kv.offset(tok.block_table[p0 / bs], kv_head);  // [hd][bs]
+    const float* ks = scaled<T> ? kv.k_scale + kv.scale_offset(tok.block_table[p0 / bs], kv_head) : nullptr;
     const int32_t count = std::min(bs, n - p0);
     if (bs % simd::width == 0) {
       // Whole vectors of slots; lanes past `count` are computed and dropped.
@@ -107,7 +129,10 @@ void scores_for(const float* const* q, int group, const attention_token& tok, in
         const int32_t take = std::min(simd::width, count - c);
         for (int h = 0; h < group; ++h) {
           alignas(64) float tmp[simd::width];
-          simd::store(tmp, acc[h] / vnorm);
+          if constexpr (scaled<T>)
+            simd::store(tmp, acc[h] * simd::load(ks + c) / vnorm);
+          else
+            simd::store(tmp, acc[h] / vnorm);
           std::memcpy(scores[h] + p0 + c, tmp, sizeof(float) * take);
         }
       }
@@ -116,6 +141,7 @@ void scores_for(const float* const* q, int group, const attention_token& tok, in
         for (int h = 0; h < group; ++h) {
           float acc = 0.0f;
           for (int32_t d = 0; d < hd; ++d) acc = std::fma(q[h][d], value(kt[d * bs + s]), acc);
+          if constexpr (scaled<T>) acc *= ks[s];
           scores[h][p0 + s] = acc / norm;
         }
     }
@@ -132,9 +158,10 @@ void weighted_values_simd(const float* weights, int32_t n, const attention_token
   const int32_t bs = kv.block_size;
   for (int32_t p0 = 0; p0 < n; p0 += bs) {
     const T* vb = values(kv, T{}) + kv.offset(tok.block_table[p0 / bs], kv_head);
+    const float* vs = scaled<T> ? kv.v_scale + kv.scale_offset(tok.block_table[p0 / bs], kv_head) : nullptr;
     const int32_t count = std::min(bs, n - p0);
     for (int32_t s = 0; s < count; ++s) {
-      const simd::v16f a = simd::splat(weights[p0 + s]);
+      const simd::v16f a = simd::splat(scaled<T> ? weights[p0 + s] * vs[s] : weights[p0 + s]);
       for (int c = 0; c < Chunks; ++c) acc[c] = simd::fma(a, load16(vb + s * Chunks * simd::width + c * simd::width), acc[c]);
     }
   }
@@ -156,7 +183,7 @@ void weighted_values(const float* weights, int32_t n, const attention_token& tok
   std::memset(out, 0, sizeof(float) * hd);
   for (int32_t p = 0; p < n; ++p) {
     const T* v = values(kv, T{}) + kv.offset(tok.block_table[p / bs], kv_head) + (p % bs) * hd;
-    const float a = weights[p];
+    const float a = scaled<T> ? weights[p] * kv.v_scale[kv.scale_offset(tok.block_table[p / bs], kv_head) + p % bs] : weights[p];
     for (int32_t d = 0; d < hd; ++d) out[d] += a * value(v[d]);
   }
 }
@@ -202,13 +229,36 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
         qs[h] = q + t * q_stride + (h0 + h) * kv.head_dim;
         outs[h] = out + t * out_stride + (h0 + h) * kv.head_dim;
       }
-      if (kv.k16)
+      if (kv.k8)
+        attend_group<int8_t>(qs, outs, count, tokens[t], g, kv, scratch);
+      else if (kv.k16)
         attend_group<uint16_t>(qs, outs, count, tokens[t], g, kv, scratch);
       else
         attend_group<float>(qs, outs, count, tokens[t], g, kv, scratch);
     }
   });
 }
+
+namespace {
+
+// x[0..n) to int8 at q[0], q[stride], ...: scale = max |x| / 127, q = x / scale rounded to
+// nearest even. An all-zero vector keeps scale 0; a non-finite one stores zeros under a
+// NaN scale, so that what reads it sees NaN, as it would have in F32.
+float quantize_i8(const float* x, int32_t n, int8_t* q, int32_t stride) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int32_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  const float scale = amax / 127.0f;
+  const bool usable = finite && scale > 0.0f;
+  for (int32_t i = 0; i < n; ++i)
+    q[i * stride] = usable ? static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f)) : 0;
+  return finite ? scale : std::numeric_limits<float>::quiet_NaN();
+}
+
+}  // namespace
 
 void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32_t position,
                     const float* k, const float* v) {
@@ -218,7 +268,11 @@ void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32
     const int64_t at = kv.offset(block, h);
     const float* kh = k + h * kv.head_dim;
     const float* vh = v + h * kv.head_dim;
-    if (kv.k16) {
+    if (kv.k8) {
+      const int64_t so = kv.scale_offset(block, h) + slot;
+      kv.k_scale[so] = quantize_i8(kh, kv.head_dim, kv.k8 + at + slot, kv.block_size);
+      kv.v_scale[so] = quantize_i8(vh, kv.head_dim, kv.v8 + at + slot * kv.head_dim, 1);
+    } else if (kv.k16) {
       for (int32_t d = 0; d < kv.head_dim; ++d) kv.k16[at + d * kv.block_size + slot] = f32_to_f16(kh[d]);
       for (int32_t d = 0; d < kv.head_dim; ++d) kv.v16[at + slot * kv.head_dim + d] = f32_to_f16(vh[d]);
     } else {

@@ -6,7 +6,12 @@
 //      that the scores of 16 slots are 16 lanes of one vector)
 //   v: [num_blocks][num_kv_heads][block_size][head_dim]
 // in F32, or in F16 (half the memory traffic of long contexts; values rounded to nearest
-// even when written, widened exactly when read).
+// even when written, widened exactly when read), or in int8 with one float scale per slot
+// and KV head for K and for V (k_scale, v_scale: [num_blocks][num_kv_heads][block_size];
+// a quarter of F32's traffic and memory, plus the scales): each token's head vector is
+// quantized symmetrically when written (scale = max |x| / 127, q = x / scale rounded to
+// nearest even), a score is (q . k_int8) * k_scale / sqrt(head_dim), and a value row
+// enters the weighted sum as (weight * v_scale) * v_int8.
 // Position p of a sequence lives in block block_table[p / block_size], slot
 // p % block_size. Each token of the step attends to positions 0..position of its own
 // sequence, which must already be written (its own K/V included).
@@ -34,10 +39,18 @@ struct paged_kv_layer {
   int32_t head_dim = 0;
   uint16_t* k16 = nullptr;  // F16 storage instead of k and v, when set (CPU kernels)
   uint16_t* v16 = nullptr;
+  int8_t* k8 = nullptr;  // int8 storage instead of k and v, when set (CPU kernels), with
+  int8_t* v8 = nullptr;  // its scales
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
 
   // Start of one KV head's part of a block, in k or v (the same offset in both).
   int64_t offset(uint32_t block, int32_t kv_head) const {
     return (int64_t{block} * num_kv_heads + kv_head) * block_size * head_dim;
+  }
+  // Start of one KV head's scales in a block, in k_scale or v_scale.
+  int64_t scale_offset(uint32_t block, int32_t kv_head) const {
+    return (int64_t{block} * num_kv_heads + kv_head) * block_size;
   }
 };
 

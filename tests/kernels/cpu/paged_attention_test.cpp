@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -106,6 +107,116 @@ TEST_CASE("an F16 cache gives exactly what an F32 cache holding the same rounded
     paged_attention(q.data(), heads * head_dim, b.data(), heads * head_dim, toks.data(), 4, heads, f16, pool);
     CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("an int8 cache stores each row as max |x| / 127 times rounded integers, and attends over them") {
+  // 16-slot blocks take the several-blocks path (1, 2 and 4 query heads per KV head, and
+  // 3 through the one-block loop); 4- and 32-slot blocks the general ones; head_dim 20
+  // the scalar weighted sum.
+  struct shape {
+    int32_t block, heads, kv_heads, head_dim;
+  };
+  for (shape sh : {shape{16, 4, 4, 64}, shape{16, 8, 4, 16}, shape{16, 8, 2, 32}, shape{16, 6, 2, 16},
+                   shape{4, 6, 2, 16}, shape{32, 4, 2, 20}}) {
+    CAPTURE(sh.block);
+    CAPTURE(sh.heads);
+    CAPTURE(sh.head_dim);
+    const int32_t heads = sh.heads, kv_heads = sh.kv_heads, block = sh.block, hd = sh.head_dim, blocks = 8;
+    const int32_t len = std::min(71, blocks * block);
+    const size_t n = size_t(blocks) * kv_heads * block * hd;
+    std::vector<int8_t> k8(n, 0), v8(n, 0);
+    std::vector<float> ks(n / hd, NAN), vs(n / hd, NAN);
+    paged_kv_layer i8{nullptr, nullptr, blocks, kv_heads, block, hd};
+    i8.k8 = k8.data();
+    i8.v8 = v8.data();
+    i8.k_scale = ks.data();
+    i8.v_scale = vs.data();
+    std::vector<uint32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0u);
+    std::reverse(table.begin(), table.end());
+    const auto keys = test::random_floats(size_t(len) * kv_heads * hd, 11);
+    const auto vals = test::random_floats(keys.size(), 12);
+    for (int32_t p = 0; p < len; ++p)
+      paged_kv_write(i8, table.data(), p, keys.data() + size_t(p) * kv_heads * hd, vals.data() + size_t(p) * kv_heads * hd);
+    // What was stored: per position and KV head, the scale and the rounded quotients.
+    std::vector<float> kq(keys.size()), vq(vals.size());  // dequantized
+    for (int32_t p = 0; p < len; ++p)
+      for (int32_t h = 0; h < kv_heads; ++h) {
+        const uint32_t b = table[p / block];
+        const int32_t slot = p % block;
+        for (auto [src, q8, scales, deq, transposed] :
+             {std::tuple{&keys, &k8, &ks, &kq, true}, std::tuple{&vals, &v8, &vs, &vq, false}}) {
+          const float* x = src->data() + (size_t(p) * kv_heads + h) * hd;
+          float amax = 0.0f;
+          for (int32_t d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[d]));
+          const float scale = (*scales)[i8.scale_offset(b, h) + slot];
+          REQUIRE(scale == amax / 127.0f);
+          for (int32_t d = 0; d < hd; ++d) {
+            const int8_t q = (*q8)[i8.offset(b, h) + (transposed ? d * block + slot : slot * hd + d)];
+            CHECK(q == static_cast<int8_t>(std::nearbyint(x[d] / scale)));
+            (*deq)[(size_t(p) * kv_heads + h) * hd + d] = q * scale;
+          }
+        }
+      }
+    // Attention over the stored values equals dense attention over the dequantized ones
+    // (the scale is applied after the sum, so up to rounding).
+    const std::vector<int32_t> positions{0, 15, 16, len - 1};
+    const auto q = test::random_floats(positions.size() * heads * hd, 13);
+    std::vector<attention_token> toks;
+    for (int32_t p : positions) toks.push_back({p, table.data()});
+    std::vector<float> out(q.size(), NAN);
+    thread_pool pool(2);
+    paged_attention(q.data(), heads * hd, out.data(), heads * hd, toks.data(), static_cast<int32_t>(toks.size()),
+                    heads, i8, pool);
+    for (size_t t = 0; t < positions.size(); ++t)
+      for (int32_t h = 0; h < heads; ++h) {
+        const int32_t kh = h / (heads / kv_heads);
+        const float* qh = q.data() + (t * heads + h) * hd;
+        std::vector<double> s(positions[t] + 1);
+        double mx = -1e300;
+        for (int32_t p = 0; p <= positions[t]; ++p) {
+          double d = 0;
+          for (int32_t i = 0; i < hd; ++i) d += double(qh[i]) * kq[(size_t(p) * kv_heads + kh) * hd + i];
+          s[p] = d / std::sqrt(double(hd));
+          mx = std::max(mx, s[p]);
+        }
+        double z = 0;
+        for (double& e : s) z += (e = std::exp(e - mx));
+        for (int32_t i = 0; i < hd; ++i) {
+          double o = 0;
+          for (int32_t p = 0; p <= positions[t]; ++p) o += s[p] / z * vq[(size_t(p) * kv_heads + kh) * hd + i];
+          CHECK(out[(t * heads + h) * hd + i] == doctest::Approx(o).epsilon(1e-5).scale(1.0));
+        }
+      }
+  }
+}
+
+TEST_CASE("an int8 cache row of zeros stays zeros, and a non-finite row reads as NaN") {
+  const int32_t block = 16, hd = 16, kv_heads = 1, blocks = 1;
+  std::vector<int8_t> k8(block * hd, 5), v8(block * hd, 5);
+  std::vector<float> ks(block, 1.0f), vs(block, 1.0f);
+  paged_kv_layer i8{nullptr, nullptr, blocks, kv_heads, block, hd};
+  i8.k8 = k8.data();
+  i8.v8 = v8.data();
+  i8.k_scale = ks.data();
+  i8.v_scale = vs.data();
+  const uint32_t table[] = {0};
+  std::vector<float> zeros(hd, 0.0f), row(hd, 1.0f);
+  paged_kv_write(i8, table, 0, zeros.data(), zeros.data());
+  CHECK(ks[0] == 0.0f);
+  CHECK(vs[0] == 0.0f);
+  for (int32_t d = 0; d < hd; ++d) CHECK(k8[d * block] == 0);
+  std::vector<float> q(hd, 1.0f), out(hd, NAN);
+  const attention_token tok{0, table};
+  thread_pool pool(1);
+  paged_attention(q.data(), hd, out.data(), hd, &tok, 1, 1, i8, pool);
+  for (float o : out) CHECK(o == 0.0f);
+  row[3] = INFINITY;
+  paged_kv_write(i8, table, 1, row.data(), row.data());
+  CHECK(std::isnan(ks[1]));
+  const attention_token next{1, table};
+  paged_attention(q.data(), hd, out.data(), hd, &next, 1, 1, i8, pool);
+  for (float o : out) CHECK(std::isnan(o));
 }
 
 }  // namespace troupe
