@@ -39,7 +39,10 @@ int main(int argc, char** argv) {
       "Loads the topology's model, spawns the scheduler, stages and shards of every replica\n"
       "placed on this node, and serves the client API (Cap'n Proto RPC) at the gateway's\n"
       "endpoint, printing `endpoint: capnp://HOST:PORT` when ready. Stops on SIGINT/SIGTERM.\n\n"
-      "Example:\n  troupe-node deploy/tp2.toml --node n0\n",
+      "Example:\n  troupe-node deploy/tp2.toml --node n0\n\n"
+      "Environment: TROUPE_KV_TYPE=f32|f16|q8_0 sets the KV cache's type (default: F32 for F32\n"
+      "weights, F16 otherwise; q8_0 is int8 with a scale per token and KV head, half of F16's\n"
+      "memory and traffic, lossy). troupe-launch passes its environment on to local nodes.\n",
       "troupe-node"};
   std::string topo_path, node_name, capnp_override, http_override;
   app.add_option("topology", topo_path, "topology file (deploy/*.toml)")->required();

@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
       "Every figure is the median of --runs runs after one warm-up run.\n\n"
       "Environment (for side-by-side runs): TROUPE_NO_W8A8=1 runs q8_0 weights with float\n"
       "activations, TROUPE_NO_AMX=1 keeps int8 activations off the AMX tiles,\n"
-      "TROUPE_KV_TYPE=f32|f16 sets the KV cache's type.",
+      "TROUPE_KV_TYPE=f32|f16|q8_0 sets the KV cache's type (q8_0: int8, a scale per token and\n"
+      "KV head).",
       "troupe-perf"};
   app.require_subcommand(1);
   app.fallthrough();

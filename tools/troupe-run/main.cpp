@@ -22,7 +22,9 @@ int main(int argc, char** argv) {
       "stop string, or when the sequence reaches STEPS tokens.\n\n"
       "Examples:\n"
       "  troupe-run stories260K.bin -z tok512.bin -p \"Once upon a time\" -t 0\n"
-      "  troupe-run model.gguf -p \"The answer is\" -n 128 -t 0.8 --top-p 0.95 --seed 7\n",
+      "  troupe-run model.gguf -p \"The answer is\" -n 128 -t 0.8 --top-p 0.95 --seed 7\n\n"
+      "Environment: TROUPE_KV_TYPE=f32|f16|q8_0 sets the KV cache's type (default: F32 for F32\n"
+      "weights, F16 otherwise; q8_0 is int8 with a scale per token and KV head, lossy).\n",
       "troupe-run"};
   std::string model_path, tokenizer_path, prompt;
   int32_t steps = 256, threads = 0, top_k = 0, logprobs = -1;
