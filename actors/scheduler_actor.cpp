@@ -74,6 +74,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
     st.kv_sender.emplace(lim);
   }
   st.stages.resize(setup.stages.size());
+  st.links.resize(setup.stages.size());
   st.session_base = std::random_device{}() * (uint64_t{1} << 32);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
@@ -168,8 +169,11 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
       [self](resolve_atom, uint64_t epoch) {
         if (epoch == self->state.epoch && !self->state.ready) resolve(self);
       },
+      [self](link_atom, uint64_t link, const wire_message& answer) { link_answer(self, link, answer); },
+      [self](link_atom, uint64_t link, const std::string& why) { link_failed(self, link, why); },
       [self](tick_atom) {
         check_deadline(self);
+        check_links(self);
         self->delayed_send(self, std::chrono::milliseconds(250), tick_atom_v);
       },
   };

@@ -61,10 +61,67 @@ void canary(self_ptr self) {
   });
 }
 
+// Connects stage i's step link, listening at `port` on the stage's host. The link's
+// thread hands answers to this actor as (link_atom, id, answer) and failures as
+// (link_atom, id, why).
+void connect_link(self_ptr self, size_t i, uint16_t port) {
+  auto& st = self->state;
+  const std::string& host = st.setup.stages[i].host;
+  if (host.empty()) return;
+  const uint64_t id = st.next_link_id++;
+  const caf::actor_addr me = self->address();
+  auto tell = [me, id](auto&& what) {
+    if (auto h = caf::actor_cast<caf::actor>(me)) caf::anon_send(h, link_atom_v, id, std::forward<decltype(what)>(what));
+  };
+  auto client = step_link_client::connect(
+      host, port,
+      [tell](expected<wire_message> answer) {
+        if (answer)
+          tell(std::move(answer).value());
+        else
+          tell(answer.err().message);
+      },
+      [tell](const std::string& why) { tell(why); });
+  if (!client) {
+    std::fprintf(stderr, "troupe: replica %s, stage %zu: %s; its steps go through the middleman\n",
+                 st.setup.replica.c_str(), i, client.err().message.c_str());
+    return;
+  }
+  st.links[i].id = id;
+  st.links[i].client = std::move(client).value();
+}
+
+// Stages in other processes are asked for their step links; a stage without one, or one
+// that cannot be reached, takes its steps as actor messages. Then the kv manager's reset
+// and the canary, which is the first step over the links.
+void open_links(self_ptr self, uint64_t epoch) {
+  auto& st = self->state;
+  auto pending = std::make_shared<size_t>(1);
+  auto finish_one = [self, epoch, pending] {
+    if (--*pending == 0 && epoch == self->state.epoch) reset_kv_manager(self);
+  };
+  for (size_t i = 0; i < st.stages.size(); ++i) {
+    if (st.links[i].client || st.stages[i].node() == self->node()) continue;
+    ++*pending;
+    self->request(st.stages[i], std::chrono::seconds(2), link_atom_v)
+        .then(
+            [self, epoch, i, finish_one](uint16_t port) {
+              if (epoch == self->state.epoch) connect_link(self, i, port);
+              finish_one();
+            },
+            [finish_one](caf::error&) { finish_one(); });
+  }
+  finish_one();
+}
+
 // Plans in flight are dropped and the KV is forgotten: running requests recompute.
 void degrade(self_ptr self, const std::string& why) {
   auto& st = self->state;
   ++st.epoch;
+  for (auto& l : st.links) {  // their steps are dropped with the others; found again
+    l.client.reset();
+    l.pending.clear();
+  }
   st.in_flight = 0;
   st.planning = false;
   st.released.clear();
@@ -117,7 +174,7 @@ void resolve(self_ptr self) {
     if (--*pending != 0 || epoch != st.epoch) return;
     bool all = !remote_kv(st) || static_cast<bool>(st.kv);
     for (auto& s : st.stages) all = all && static_cast<bool>(s);
-    if (all) return reset_kv_manager(self);
+    if (all) return open_links(self, epoch);
     const auto backoff = std::chrono::milliseconds(std::min(1000, 25 << std::min(st.resolve_round++, 5)));
     self->delayed_send(self, backoff, resolve_atom_v, epoch);
   };
@@ -169,6 +226,19 @@ void resolve(self_ptr self) {
                   });
         },
         [finish_one](caf::error&) { finish_one(); });
+  }
+}
+
+// A step link whose oldest step has waited past the step timeout loses its stage (an actor
+// request times out by itself).
+void check_links(self_ptr self) {
+  auto& st = self->state;
+  const auto now = clock_type::now();
+  for (size_t i = 0; i < st.links.size(); ++i) {
+    const stage_link& l = st.links[i];
+    if (l.client && !l.pending.empty() && now - l.pending.front().sent > st.setup.step_timeout)
+      return lose(self, i, "stage " + std::to_string(i) + ": no answer over the step link within " +
+                               std::to_string(st.setup.step_timeout.count()) + " ms");
   }
 }
 

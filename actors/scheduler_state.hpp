@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "actors/step_link.hpp"
 #include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 
@@ -30,6 +32,20 @@ constexpr uint64_t canary_id = ~uint64_t{0} - 1;
 struct sink_entry {
   caf::actor sink;
   uint32_t seq = 0;
+};
+
+// A step sent over a stage's step link, waiting for its answer (answers come in order).
+struct link_step {
+  clock_type::time_point sent;
+  std::function<void(const wire_message&)> then;
+};
+
+// A stage's step link (actors/step_link.hpp), for a stage in another process that offers
+// one; without a client the stage's steps go as actor messages.
+struct stage_link {
+  uint64_t id = 0;  // answers name it; those of a closed link are dropped
+  std::unique_ptr<step_link_client> client;
+  std::deque<link_step> pending;
 };
 
 struct scheduler_state {
@@ -53,6 +69,8 @@ struct scheduler_state {
 
   // The pipeline, and recovery.
   std::vector<caf::actor> stages;                    // invalid while lost
+  std::vector<stage_link> links;                     // by stage; closed on every loss
+  uint64_t next_link_id = 1;
   std::unordered_map<std::string, caf::actor> peers; // other nodes' agents, by host:port
   uint64_t epoch = 0;          // bumped on every loss: replies of older epochs are dropped
   uint64_t session_base = 0;
@@ -79,11 +97,14 @@ void maybe_step(self_ptr self);
 void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_message act,
               std::function<void(const wire_message&)> done);
 void claim(self_ptr self, const kv_step_request& q, std::function<void(kv_step_grants)> then);
+void link_answer(self_ptr self, uint64_t link, const wire_message& out);
+void link_failed(self_ptr self, uint64_t link, const std::string& why);
 
 // scheduler_recovery.cpp
 void lose(self_ptr self, size_t stage, const std::string& why);
 void lose_kv(self_ptr self, const std::string& why);
 void resolve(self_ptr self);
 void check_deadline(self_ptr self);
+void check_links(self_ptr self);
 
 }  // namespace troupe::sched

@@ -7,24 +7,58 @@
 
 namespace troupe::sched {
 
-// Runs `plan` through stages i.. and calls `done` with the last stage's output.
+// Runs `plan` through stages i.. and calls `done` with the last stage's output: over the
+// stage's step link when it has one, else as an actor request.
 void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_message act,
               std::function<void(const wire_message&)> done) {
   auto& st = self->state;
   if (epoch != st.epoch) return;
   if (!st.stages[i]) return lose(self, i, "stage " + std::to_string(i) + " is gone");
+  auto next = [self, epoch, i, plan, done](const wire_message& out) {
+    auto& st = self->state;
+    if (epoch != st.epoch) return;
+    if (i + 1 < st.stages.size()) return run_from(self, epoch, i + 1, plan, out, done);
+    done(out);
+  };
+  if (stage_link& l = st.links[i]; l.client) {
+    if (auto sent = l.client->send(plan, act); !sent)
+      return lose(self, i, "stage " + std::to_string(i) + ": " + sent.err().message);
+    l.pending.push_back(link_step{clock_type::now(), std::move(next)});
+    return;
+  }
   self->request(st.stages[i], st.setup.step_timeout, step_atom_v, plan, act)
-      .then(
-          [self, epoch, i, plan, done](const wire_message& out) {
-            auto& st = self->state;
-            if (epoch != st.epoch) return;
-            if (i + 1 < st.stages.size()) return run_from(self, epoch, i + 1, plan, out, done);
-            done(out);
-          },
-          [self, epoch, i](caf::error& e) {
-            if (epoch != self->state.epoch) return;
-            lose(self, i, "stage " + std::to_string(i) + ": " + self->system().render(e));
-          });
+      .then(std::move(next), [self, epoch, i](caf::error& e) {
+        if (epoch != self->state.epoch) return;
+        lose(self, i, "stage " + std::to_string(i) + ": " + self->system().render(e));
+      });
+}
+
+namespace {
+
+stage_link* find_link(scheduler_state& st, uint64_t id, size_t& stage) {
+  for (size_t i = 0; i < st.links.size(); ++i)
+    if (st.links[i].client && st.links[i].id == id) {
+      stage = i;
+      return &st.links[i];
+    }
+  return nullptr;
+}
+
+}  // namespace
+
+void link_answer(self_ptr self, uint64_t link, const wire_message& out) {
+  size_t i = 0;
+  stage_link* l = find_link(self->state, link, i);
+  if (!l) return;  // closed since
+  if (l->pending.empty()) return lose(self, i, "stage " + std::to_string(i) + ": an answer to no step");
+  auto then = std::move(l->pending.front().then);
+  l->pending.pop_front();
+  then(out);
+}
+
+void link_failed(self_ptr self, uint64_t link, const std::string& why) {
+  size_t i = 0;
+  if (find_link(self->state, link, i)) lose(self, i, "stage " + std::to_string(i) + ": " + why);
 }
 
 // Sends `q` to the kv manager; `then` gets its grants. Exchanges are answered in the

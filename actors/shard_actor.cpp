@@ -1,19 +1,21 @@
 #include "actors/shard_actor.hpp"
 
 #include <cstdio>
+#include <mutex>
 
 #include <caf/all.hpp>
 
 #include "actors/caf/type_ids.hpp"
+#include "actors/step_link.hpp"
 #include "actors/wire/activations_codec.hpp"
 
 namespace troupe {
 
 namespace {
 
-struct shard_state {
-  static inline const char* name = "troupe.shard";
-
+// What a step needs, shared by the actor and its step link (whose thread runs steps while
+// the scheduler sends them that way): one step at a time, under `mutex`.
+struct shard_core {
   shard_setup setup;
   std::unique_ptr<thread_pool> pool;
   std::unique_ptr<kv_cache> cache;
@@ -21,10 +23,44 @@ struct shard_state {
   std::unique_ptr<forward_shard> shard;
   std::unique_ptr<wire::step_decoder> decoder;
   aligned_vector<float> hidden, logits;
+  std::mutex mutex;
+
+  // This stage's output for one step; collective_aborted escapes (a TP peer died).
+  expected<wire_message> step(const wire_message& plan, const wire_message& act) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const model_config& c = setup.m->config;
+    if (plan.kind != wire_kind::step_plan || !plan.bytes) return error{"shard: expected a step plan"};
+    auto decoded = decoder->decode(*plan.bytes);
+    if (!decoded) return error{"shard: " + decoded.err().message};
+    const int32_t n = decoded->batch.num_tokens();
+    hidden.resize(static_cast<size_t>(n) * c.dim);
+    if (!shard->is_first_stage()) {
+      if (act.kind != wire_kind::activations || !act.bytes) return error{"shard: expected activations"};
+      auto in = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens);
+      if (!in) return error{"shard: " + in.err().message};
+      if (in->num_tokens != n) return error{"shard: activations do not match the plan"};
+      std::copy(in->data.begin(), in->data.end(), hidden.begin());
+    }
+    const bool head = shard->is_last_stage() && shard->spec().tp.rank == 0;
+    const int32_t rows = decoded->batch.num_logits();
+    logits.resize(static_cast<size_t>(rows) * c.vocab_size);
+    shard->forward(decoded->batch, hidden.data(), head ? logits.data() : nullptr);
+    if (head) return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data()));
+    if (shard->is_last_stage()) return wire_message{};
+    return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, n, c.dim, hidden.data()));
+  }
+};
+
+struct shard_state {
+  static inline const char* name = "troupe.shard";
+  std::shared_ptr<shard_core> core;
+  // Last, so that it goes first: its thread may be running a step on `core`.
+  std::unique_ptr<step_link_server> link;
 };
 
 caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup setup) {
-  auto& st = self->state;
+  self->state.core = std::make_shared<shard_core>();
+  shard_core& st = *self->state.core;
   st.setup = setup;
   const model_config& c = setup.m->config;
   if (setup.device == "cpu") {
@@ -60,35 +96,33 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
   st.decoder = std::make_unique<wire::step_decoder>(lim);
   return {
       [self](step_atom, const wire_message& plan, const wire_message& act) -> caf::result<wire_message> {
-        auto& st = self->state;
-        const model_config& c = st.setup.m->config;
-        if (plan.kind != wire_kind::step_plan || !plan.bytes)
-          return caf::make_error(caf::sec::invalid_argument, "shard: expected a step plan");
-        auto step = st.decoder->decode(*plan.bytes);
-        if (!step) return caf::make_error(caf::sec::invalid_argument, "shard: " + step.err().message);
-        const int32_t n = step->batch.num_tokens();
-        st.hidden.resize(static_cast<size_t>(n) * c.dim);
-        if (!st.shard->is_first_stage()) {
-          if (act.kind != wire_kind::activations || !act.bytes)
-            return caf::make_error(caf::sec::invalid_argument, "shard: expected activations");
-          auto in = wire::decode_activations(*act.bytes, c.dim, st.setup.max_step_tokens);
-          if (!in) return caf::make_error(caf::sec::invalid_argument, "shard: " + in.err().message);
-          if (in->num_tokens != n) return caf::make_error(caf::sec::invalid_argument, "shard: activations do not match the plan");
-          std::copy(in->data.begin(), in->data.end(), st.hidden.begin());
-        }
-        const bool head = st.shard->is_last_stage() && st.shard->spec().tp.rank == 0;
-        const int32_t rows = step->batch.num_logits();
-        st.logits.resize(static_cast<size_t>(rows) * c.vocab_size);
         try {
-          st.shard->forward(step->batch, st.hidden.data(), head ? st.logits.data() : nullptr);
+          auto out = self->state.core->step(plan, act);
+          if (!out) return caf::make_error(caf::sec::invalid_argument, out.err().message);
+          return std::move(out).value();
         } catch (const collective_aborted& e) {
           // A peer died mid-step: this shard's stage is gone too; end quietly.
           self->quit(caf::exit_reason::user_shutdown);
           return caf::make_error(caf::sec::runtime_error, e.what());
         }
-        if (head) return wire_message(wire_kind::activations, wire::encode_activations(step->step_id, rows, c.vocab_size, st.logits.data()));
-        if (st.shard->is_last_stage()) return wire_message{};
-        return wire_message(wire_kind::activations, wire::encode_activations(step->step_id, n, c.dim, st.hidden.data()));
+      },
+      // The port of this shard's step link, opened on first asking. Only a lone CPU shard
+      // of a node that names its host has one (a TP shard steps with its peers, a GPU
+      // shard on its own thread).
+      [self](link_atom) -> caf::result<uint16_t> {
+        auto& st = self->state;
+        const shard_setup& s = st.core->setup;
+        if (s.link_host.empty() || s.group || s.device != "cpu")
+          return caf::make_error(caf::sec::feature_disabled, "this shard has no step link");
+        if (!st.link) {
+          auto server = step_link_server::start(
+              s.link_host, [core = st.core](const wire_message& plan, const wire_message& act) { return core->step(plan, act); });
+          if (!server) return caf::make_error(caf::sec::runtime_error, server.err().message);
+          st.link = std::move(server).value();
+          std::fprintf(stderr, "troupe: step link for layers %d-%d on %s:%u\n", s.spec.first_layer, s.spec.end_layer - 1,
+                       s.link_host.c_str(), static_cast<unsigned>(st.link->port()));
+        }
+        return st.link->port();
       },
   };
 }

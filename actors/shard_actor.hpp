@@ -4,6 +4,8 @@
 //
 //   (step_atom, plan, activations) -> activations out
 //
+//   (link_atom) -> port of a step link (actors/step_link.hpp) serving the same steps
+//
 // plan is a StepPlan frame; activations is the previous stage's hidden states (ignored by
 // the first stage). The reply is this stage's hidden states, or, from rank 0 of the last
 // stage, the logits of the sampled rows ([num_samples][vocab]); other ranks of the last
@@ -32,6 +34,7 @@ struct shard_setup {
   int32_t max_step_tokens = 512;
   std::string device = "cpu";       // or "cuda:N"
   dtype gpu_weights = dtype::bf16;  // what a GPU shard keeps its weights as
+  std::string link_host;            // where a step link listens (empty: no link)
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

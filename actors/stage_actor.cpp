@@ -48,6 +48,12 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
         }
         return rp;
       },
+      // A lone shard's step link (actors/step_link.hpp); a stage of several has none.
+      [self](link_atom) -> caf::result<uint16_t> {
+        const auto& shards = self->state.shards;
+        if (shards.size() != 1) return caf::make_error(caf::sec::feature_disabled, "a tensor-parallel stage has no step link");
+        return self->make_response_promise<uint16_t>().delegate(shards[0], link_atom_v);
+      },
   };
 }
 
@@ -68,6 +74,7 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     s.max_step_tokens = max_step_tokens;
     if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];
     s.gpu_weights = layout.gpu_weights;
+    s.link_host = layout.link_host;
     out.shards.push_back(spawn_shard(sys, s));
   }
   out.stage = sys.spawn(stage_behavior, out.shards, out.group);

@@ -5,6 +5,7 @@
 // has to be found again, never re-linked to its neighbours.
 //
 //   (step_atom, plan, activations) -> this stage's output
+//   (link_atom) -> the port of its lone shard's step link (actors/step_link.hpp)
 //
 // A stage and its shards are one failure unit: they are linked, and a shard that dies
 // takes the stage with it (after releasing its peers from the all-reduce).
@@ -29,6 +30,7 @@ struct stage_layout {
   int32_t threads_per_shard = 1;
   std::vector<std::string> devices = {};  // per shard: "cpu" (the default) or "cuda:N"
   dtype gpu_weights = dtype::bf16;
+  std::string link_host = {};  // the node's host, where a lone CPU shard offers a step link
 };
 
 struct stage_group {

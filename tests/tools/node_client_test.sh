@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real troupe-node on 127.0.0.1 serving a topology, and troupe-client against it:
 # greedy output equal to troupe-run's, 16 concurrent streams, health, junk bytes on the
-# port, and a clean stop on SIGTERM. Bounded in time; the node is always killed.
+# ports and on step links, and a clean stop on SIGTERM. Bounded in time; the node is
+# always killed.
 # Usage: node_client_test.sh BUILD_DIR TOPOLOGY MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -56,6 +57,12 @@ timeout 5 bash -c "cat '$work/junk2' >/dev/tcp/${ep%:*}/${ep##*:}" 2>/dev/null |
 for n in $(sed -n '/^\[\[node\]\]/,/^$/ s/^name *= *"\(.*\)"/\1/p' "$topology"); do
   [[ $n == "$gateway" ]] && continue
   port=$(sed -n "/^name *= *\"$n\"/,/^\$/ s/^port *= *\([0-9]*\)/\1/p" "$topology")
+  timeout 5 bash -c "cat '$work/junk2' >/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
+done
+# And on the step links of stages in other processes (actors/step_link.hpp).
+ports=$(sed -n 's/^troupe: step link for layers .* on .*:\([0-9]*\)$/\1/p' "$work"/*.err)
+[[ $topology != */pp2.toml || -n $ports ]] || { echo "no step link was opened"; exit 1; }
+for port in $ports; do
   timeout 5 bash -c "cat '$work/junk2' >/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
 done
 client -p "Once upon a time" -n 30 >"$work/after"

@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
       const int32_t tp = static_cast<int32_t>(s.devices.size());
       stage_layout one{s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, me->threads / tp)};
       one.devices = s.devices;
+      one.link_host = me->host;
       one.gpu_weights = topo->gpu_weights == "f32" ? dtype::f32 : topo->gpu_weights == "f16" ? dtype::f16 : dtype::bf16;
       for (const auto& d : s.devices) {
         if (d == "cpu") continue;

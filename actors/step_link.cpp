@@ -1,0 +1,366 @@
+#include "actors/step_link.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+namespace troupe {
+
+namespace {
+
+constexpr uint32_t frame_magic = 0x4c535254;  // "TRSL" as little-endian bytes
+constexpr size_t step_header = 20, answer_header = 16;
+constexpr int connect_timeout_ms = 2000;
+constexpr int mid_frame_timeout_s = 5;  // a peer that stops in the middle of a frame
+constexpr uint32_t max_error_text = 64 * 1024;
+constexpr size_t max_connections = 8;
+
+void put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t{p[i]} << (8 * i);
+  return v;
+}
+
+std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+bool read_exact(int fd, void* buf, size_t n) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+    } else if (r < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return false;  // closed, broken, or timed out mid-frame
+    }
+  }
+  return true;
+}
+
+bool write_all(int fd, std::initializer_list<std::pair<const void*, size_t>> parts) {
+  iovec iov[4];
+  int count = 0;
+  for (const auto& [p, n] : parts)
+    if (n > 0) iov[count++] = iovec{const_cast<void*>(p), n};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = static_cast<size_t>(count);
+  while (m.msg_iovlen > 0) {
+    const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    auto left = static_cast<size_t>(w);
+    while (left > 0) {
+      if (left >= m.msg_iov[0].iov_len) {
+        left -= m.msg_iov[0].iov_len;
+        ++m.msg_iov;
+        --m.msg_iovlen;
+      } else {
+        m.msg_iov[0].iov_base = static_cast<char*>(m.msg_iov[0].iov_base) + left;
+        m.msg_iov[0].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+  return true;
+}
+
+bool kind_ok(uint32_t k) { return k <= static_cast<uint32_t>(wire_kind::last); }
+
+// `len` bytes from fd as a message of `kind`; no bytes is a message without a frame.
+bool read_message(int fd, uint32_t kind, uint32_t len, wire_message& out) {
+  out = wire_message{};
+  out.kind = static_cast<wire_kind>(kind);
+  if (len == 0) return true;
+  std::vector<uint8_t> bytes(len);
+  if (!read_exact(fd, bytes.data(), len)) return false;
+  out = wire_message(static_cast<wire_kind>(kind), std::move(bytes));
+  return true;
+}
+
+void no_delay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+expected<addrinfo*> resolve(const std::string& host, uint16_t port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || !res) return error{"step link: " + host + ": " + ::gai_strerror(rc)};
+  return res;
+}
+
+}  // namespace
+
+// Server.
+
+expected<std::unique_ptr<step_link_server>> step_link_server::start(const std::string& host, step_fn fn) {
+  auto addrs = resolve(host, 0, true);
+  if (!addrs) return addrs.err();
+  std::unique_ptr<step_link_server> s(new step_link_server);
+  s->fn_ = std::move(fn);
+  std::string last = "no address";
+  for (addrinfo* a = *addrs; a && s->listen_fd_ < 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last = errno_text("socket");
+      continue;
+    }
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 4) != 0) {
+      last = errno_text("bind " + host);
+      ::close(fd);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    s->port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                 : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    s->listen_fd_ = fd;
+  }
+  ::freeaddrinfo(*addrs);
+  if (s->listen_fd_ < 0) return error{"step link: cannot listen on " + host + ": " + last};
+  if (::pipe2(s->wake_, O_CLOEXEC) != 0) return error{errno_text("step link: pipe")};
+  s->thread_ = std::thread([p = s.get()] { p->run(); });
+  return s;
+}
+
+step_link_server::~step_link_server() {
+  if (thread_.joinable()) {
+    const char b = 1;
+    [[maybe_unused]] const ssize_t w = ::write(wake_[1], &b, 1);
+    thread_.join();
+  }
+  for (int fd : {listen_fd_, wake_[0], wake_[1]})
+    if (fd >= 0) ::close(fd);
+}
+
+void step_link_server::run() {
+  std::vector<int> conns;
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.assign({{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}});
+    for (int c : conns) fds.push_back({c, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[0].revents) break;
+    std::vector<int> done;
+    for (size_t k = 2; k < fds.size(); ++k)
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !serve_one(fds[k].fd)) done.push_back(fds[k].fd);
+    for (int c : done) {
+      ::close(c);
+      conns.erase(std::find(conns.begin(), conns.end(), c));
+    }
+    if (fds[1].revents & POLLIN) {
+      const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) {
+        if (conns.size() >= max_connections) {  // the oldest goes (a scheduler that vanished)
+          ::close(conns.front());
+          conns.erase(conns.begin());
+        }
+        no_delay(c);
+        const timeval tv{mid_frame_timeout_s, 0};
+        ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        conns.push_back(c);
+      }
+    }
+  }
+  for (int c : conns) ::close(c);
+}
+
+bool step_link_server::serve_one(int fd) {
+  uint8_t h[step_header];
+  if (!read_exact(fd, h, sizeof h) || get32(h) != frame_magic) return false;
+  const uint32_t plan_kind = get32(h + 4), plan_len = get32(h + 8), act_kind = get32(h + 12), act_len = get32(h + 16);
+  if (!kind_ok(plan_kind) || !kind_ok(act_kind) || plan_len > wire_message::max_frame_bytes ||
+      act_len > wire_message::max_frame_bytes)
+    return false;
+  wire_message plan, act;
+  if (!read_message(fd, plan_kind, plan_len, plan) || !read_message(fd, act_kind, act_len, act)) return false;
+  const expected<wire_message> out = fn_(plan, act);
+  uint8_t a[answer_header];
+  put32(a, frame_magic);
+  if (!out) {
+    const std::string& why = out.err().message;
+    const auto n = static_cast<uint32_t>(std::min<size_t>(why.size(), max_error_text));
+    put32(a + 4, 1);
+    put32(a + 8, 0);
+    put32(a + 12, n);
+    return write_all(fd, {{a, sizeof a}, {why.data(), n}});
+  }
+  put32(a + 4, 0);
+  put32(a + 8, static_cast<uint32_t>(out->kind));
+  put32(a + 12, static_cast<uint32_t>(out->size()));
+  return write_all(fd, {{a, sizeof a}, {out->bytes ? out->bytes->data() : nullptr, out->size()}});
+}
+
+// Client.
+
+expected<std::unique_ptr<step_link_client>> step_link_client::connect(const std::string& host, uint16_t port,
+                                                                      answer_fn on_answer, broken_fn on_broken) {
+  auto addrs = resolve(host, port, false);
+  if (!addrs) return addrs.err();
+  int fd = -1;
+  std::string last = "no address";
+  for (addrinfo* a = *addrs; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      last = errno_text("socket");
+      continue;
+    }
+    bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!ok && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      ok = ::poll(&p, 1, connect_timeout_ms) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+      if (!ok) errno = err != 0 ? err : ETIMEDOUT;
+    }
+    if (!ok) {
+      last = errno_text("connect to " + host + ":" + std::to_string(port));
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(*addrs);
+  if (fd < 0) return error{"step link: " + last};
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  no_delay(fd);
+  std::unique_ptr<step_link_client> c(new step_link_client);
+  c->fd_ = fd;
+  c->on_answer_ = std::move(on_answer);
+  c->on_broken_ = std::move(on_broken);
+  c->reader_ = std::thread([p = c.get()] { p->read_answers(); });
+  c->writer_ = std::thread([p = c.get()] { p->write_backlog(); });
+  return c;
+}
+
+step_link_client::~step_link_client() {
+  closing_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_writer_.notify_all();
+  }
+  ::shutdown(fd_, SHUT_RDWR);
+  if (reader_.joinable()) reader_.join();
+  if (writer_.joinable()) writer_.join();
+  ::close(fd_);
+}
+
+void step_link_client::report(const std::string& why) {
+  if (!closing_ && !reported_.exchange(true)) on_broken_(why);
+}
+
+status step_link_client::send(const wire_message& plan, const wire_message& act) {
+  uint8_t h[step_header];
+  put32(h, frame_magic);
+  put32(h + 4, static_cast<uint32_t>(plan.kind));
+  put32(h + 8, static_cast<uint32_t>(plan.size()));
+  put32(h + 12, static_cast<uint32_t>(act.kind));
+  put32(h + 16, static_cast<uint32_t>(act.size()));
+  const std::pair<const uint8_t*, size_t> parts[] = {{h, sizeof h},
+                                                     {plan.bytes ? plan.bytes->data() : nullptr, plan.size()},
+                                                     {act.bytes ? act.bytes->data() : nullptr, act.size()}};
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failed_.empty()) return error{"step link: " + failed_};
+  size_t taken = 0;  // bytes of the frame the socket took
+  if (backlog_.empty()) {
+    iovec iov[3];
+    int count = 0;
+    for (const auto& [p, n] : parts)
+      if (n > 0) iov[count++] = iovec{const_cast<uint8_t*>(p), n};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<size_t>(count);
+    for (;;) {
+      const ssize_t w = ::sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return error{errno_text("step link: send")};
+      if (w > 0) taken += static_cast<size_t>(w);
+      break;
+    }
+    size_t total = 0;
+    for (const auto& [p, n] : parts) total += n;
+    if (taken == total) return ok_t{};
+  }
+  // The rest, in order behind what waits already.
+  std::vector<uint8_t> rest;
+  size_t skip = taken;
+  for (const auto& [p, n] : parts) {
+    const size_t from = std::min(skip, n);
+    skip -= from;
+    rest.insert(rest.end(), p + from, p + n);
+  }
+  backlog_.push_back(std::move(rest));
+  wake_writer_.notify_all();
+  return ok_t{};
+}
+
+void step_link_client::write_backlog() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_writer_.wait(lock, [&] { return closing_ || !backlog_.empty(); });
+    if (closing_) return;
+    const std::vector<uint8_t>& front = backlog_.front();  // stays queued while it goes out
+    lock.unlock();
+    const bool sent = write_all(fd_, {{front.data(), front.size()}});
+    lock.lock();
+    if (!sent) {
+      failed_ = errno_text("send");
+      lock.unlock();
+      report("the step link broke: " + failed_);
+      return;
+    }
+    backlog_.pop_front();
+  }
+}
+
+void step_link_client::read_answers() {
+  std::string why = "the stage closed the step link";
+  for (;;) {
+    uint8_t h[answer_header];
+    if (!read_exact(fd_, h, sizeof h)) break;
+    const uint32_t st = get32(h + 4), kind = get32(h + 8), len = get32(h + 12);
+    if (get32(h) != frame_magic || st > 1 || !kind_ok(kind) || len > wire_message::max_frame_bytes ||
+        (st == 1 && len > max_error_text)) {
+      why = "the step link carried a malformed answer";
+      break;
+    }
+    wire_message m;
+    if (!read_message(fd_, kind, len, m)) break;
+    if (st == 0) {
+      on_answer_(std::move(m));
+    } else {
+      on_answer_(error{m.bytes ? std::string(m.bytes->begin(), m.bytes->end()) : std::string("the step failed")});
+    }
+  }
+  report(why);
+}
+
+}  // namespace troupe

@@ -1,0 +1,104 @@
+// step_link: a TCP connection that carries a remote stage's steps, beside CAF's middleman.
+//
+// A token of a pipeline crosses processes twice per step. Through the middleman each
+// crossing wakes three threads (the sender's multiplexer, the receiver's multiplexer, a
+// worker of the receiver's scheduler); over a step link it wakes one: the shard's link
+// thread reads the step and runs it, and the scheduler's link thread reads the answer and
+// hands it to the scheduler actor. Only a stage of one CPU shard in another process
+// offers a link; the scheduler asks for it after finding the stage and sends that
+// stage's steps nowhere else until the stage is lost, so the plans, whose encoding
+// refers to earlier ones, arrive in order. Everything else (lookups, monitoring,
+// heartbeats, failure detection) stays with CAF.
+//
+// Frames (little-endian u32 fields):
+//   step:   "TRSL" plan_kind plan_len act_kind act_len, plan bytes, act bytes
+//   answer: "TRSL" status kind len, bytes (status 0: a wire_message of `kind`; 1: an
+//           error text, the step failed)
+// Kinds are wire_kind values; a length is at most wire_message::max_frame_bytes. A frame
+// that breaks these rules ends the connection (the server then waits for the next); the
+// payloads are the same Cap'n Proto frames the actor messages carry, checked by the same
+// decoders.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/caf/wire_message.hpp"
+#include "engine/util/expected.hpp"
+
+namespace troupe {
+
+// Runs the steps of every connection (the scheduler's; a new one after a loss; at most
+// eight, the oldest closed first) on its own thread, one at a time, each connection's in
+// its order. Like the middleman's port, it belongs on the cluster's own network.
+class step_link_server {
+ public:
+  using step_fn = std::function<expected<wire_message>(const wire_message& plan, const wire_message& act)>;
+
+  // Listens on host:<any free port>.
+  static expected<std::unique_ptr<step_link_server>> start(const std::string& host, step_fn fn);
+  ~step_link_server();  // closes the sockets; waits for a running step to end
+
+  step_link_server(const step_link_server&) = delete;
+  step_link_server& operator=(const step_link_server&) = delete;
+
+  uint16_t port() const { return port_; }
+
+ private:
+  step_link_server() = default;
+  void run();
+  bool serve_one(int fd);  // one step; false: the connection is done
+
+  step_fn fn_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};  // a pipe: the destructor writes, run() returns
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+// The scheduler's end. send() is called from one thread at a time and never waits for
+// the stage: what the socket does not take at once (a large step while the stage is busy)
+// goes to the link's writer thread, and later steps queue behind it. Answers arrive in
+// order on the link's reader thread, through on_answer; a broken connection is reported
+// once through on_broken (not when the client is destroyed).
+class step_link_client {
+ public:
+  using answer_fn = std::function<void(expected<wire_message>)>;
+  using broken_fn = std::function<void(const std::string& why)>;
+
+  static expected<std::unique_ptr<step_link_client>> connect(const std::string& host, uint16_t port,
+                                                             answer_fn on_answer, broken_fn on_broken);
+  ~step_link_client();
+
+  step_link_client(const step_link_client&) = delete;
+  step_link_client& operator=(const step_link_client&) = delete;
+
+  status send(const wire_message& plan, const wire_message& act);
+
+ private:
+  step_link_client() = default;
+  void read_answers();
+  void write_backlog();
+  void report(const std::string& why);
+
+  int fd_ = -1;
+  answer_fn on_answer_;
+  broken_fn on_broken_;
+  std::atomic<bool> closing_{false};
+  std::atomic<bool> reported_{false};
+  std::mutex mutex_;  // guards backlog_ and failed_
+  std::condition_variable wake_writer_;
+  std::deque<std::vector<uint8_t>> backlog_;  // bytes the socket has not taken yet, in order
+  std::string failed_;                         // why the writer gave up
+  std::thread reader_, writer_;
+};
+
+}  // namespace troupe
