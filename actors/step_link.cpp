@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -203,7 +204,13 @@ bool step_link_server::serve_one(int fd) {
     return false;
   wire_message plan, act;
   if (!read_message(fd, plan_kind, plan_len, plan) || !read_message(fd, act_kind, act_len, act)) return false;
-  const expected<wire_message> out = fn_(plan, act);
+  const expected<wire_message> out = [&]() -> expected<wire_message> {
+    try {
+      return fn_(plan, act);
+    } catch (const std::exception& e) {  // the step's failure, not the link's
+      return error{std::string("the step failed: ") + e.what()};
+    }
+  }();
   uint8_t a[answer_header];
   put32(a, frame_magic);
   if (!out) {

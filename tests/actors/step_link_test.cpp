@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,11 +28,12 @@ wire_message bytes_message(wire_kind kind, const std::string& text) {
 
 std::string text_of(const wire_message& m) { return m.bytes ? std::string(m.bytes->begin(), m.bytes->end()) : ""; }
 
-// The test's stage: answers a plan "x" (with activations "y") with activations "x+y", and
-// a plan that starts with '!' with an error.
+// The test's stage: answers a plan "x" (with activations "y") with activations "x+y", a
+// plan that starts with '!' with an error, and throws on one that starts with '#'.
 expected<wire_message> echo_step(const wire_message& plan, const wire_message& act) {
   const std::string p = text_of(plan);
   if (!p.empty() && p[0] == '!') return error{"refused " + p};
+  if (!p.empty() && p[0] == '#') throw std::runtime_error("thrown by " + p);
   return bytes_message(wire_kind::activations, p + "+" + text_of(act));
 }
 
@@ -113,9 +115,11 @@ TEST_CASE("a step link carries steps and their answers in order, and a failed st
   auto client = connect_to(**server, in);
   REQUIRE(client->send(bytes_message(wire_kind::step_plan, "a"), wire_message{}).has_value());
   REQUIRE(client->send(bytes_message(wire_kind::step_plan, "!b"), wire_message{}).has_value());
+  REQUIRE(client->send(bytes_message(wire_kind::step_plan, "#t"), wire_message{}).has_value());
   REQUIRE(client->send(bytes_message(wire_kind::step_plan, "c"), bytes_message(wire_kind::activations, "h")).has_value());
   CHECK(in.next() == "ok:a+");
   CHECK(in.next() == "error:refused !b");
+  CHECK(in.next() == "error:the step failed: thrown by #t");
   CHECK(in.next() == "ok:c+h");
   // A large step arrives whole.
   const std::string big(3 << 20, 'x');
