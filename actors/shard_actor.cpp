@@ -66,7 +66,8 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
   if (setup.device == "cpu") {
     st.pool = std::make_unique<thread_pool>(setup.threads);
     st.cache = std::make_unique<kv_cache>(transformer_shard::cache_shape(c, setup.spec, static_cast<int32_t>(setup.num_blocks),
-                                                                         setup.block_size, transformer_shard::kv_type_for(*setup.m)));
+                                                                         setup.block_size,
+                                                                         setup.kv_type.value_or(transformer_shard::kv_type_for(*setup.m))));
     collective& comm = setup.group ? setup.group->member(setup.spec.tp.rank) : static_cast<collective&>(st.solo);
     st.shard = std::make_unique<transformer_shard>(*setup.m, setup.spec, *st.cache, *st.pool, comm);
   } else {

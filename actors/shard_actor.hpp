@@ -14,6 +14,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <caf/actor.hpp>
@@ -35,6 +36,7 @@ struct shard_setup {
   std::string device = "cpu";       // or "cuda:N"
   dtype gpu_weights = dtype::bf16;  // what a GPU shard keeps its weights as
   std::string link_host;            // where a step link listens (empty: no link)
+  std::optional<dtype> kv_type;     // a CPU shard's KV cache (default: kv_type_for)
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

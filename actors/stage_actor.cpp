@@ -75,6 +75,7 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];
     s.gpu_weights = layout.gpu_weights;
     s.link_host = layout.link_host;
+    s.kv_type = layout.kv_type;
     out.shards.push_back(spawn_shard(sys, s));
   }
   out.stage = sys.spawn(stage_behavior, out.shards, out.group);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct stage_layout {
   std::vector<std::string> devices = {};  // per shard: "cpu" (the default) or "cuda:N"
   dtype gpu_weights = dtype::bf16;
   std::string link_host = {};  // the node's host, where a lone CPU shard offers a step link
+  std::optional<dtype> kv_type = {};  // the CPU shards' KV cache (default: kv_type_for)
 };
 
 struct stage_group {

@@ -48,7 +48,7 @@ dtype transformer_shard::kv_type_for(const model& m) {
   return m.weight_type == dtype::f32 ? dtype::f32 : dtype::f16;
 }
 
-std::string transformer_shard::cpu_kernels(const model& m) {
+std::string transformer_shard::cpu_kernels(const model& m, std::optional<dtype> kv_type) {
   std::string out = std::string(dtype_name(m.weight_type)) + " weights";
   if (m.weight_type == dtype::q8_0 && !m.weights.layers.empty()) {
     if (!vnni_available() || !w8a8_layout(m.weights.layers[0].wq))
@@ -56,7 +56,7 @@ std::string transformer_shard::cpu_kernels(const model& m) {
     else
       out += amx_available() ? " with int8 activations (AMX and VNNI)" : " with int8 activations (VNNI)";
   }
-  switch (kv_type_for(m)) {
+  switch (kv_type.value_or(kv_type_for(m))) {
     case dtype::f16: return out + ", F16 KV cache";
     case dtype::q8_0: return out + ", int8 KV cache";
     default: return out + ", F32 KV cache";

@@ -54,7 +54,8 @@ class transformer_shard final : public forward_shard {
   static expected<std::optional<dtype>> kv_type_from_environment();
   // How the CPU shards run the model on this machine, for operators: "q8_0 weights with
   // int8 activations (AMX and VNNI), F16 KV cache", "f32 weights, F32 KV cache", ...
-  static std::string cpu_kernels(const model& m);
+  // (with kv_type, the cache named is that one).
+  static std::string cpu_kernels(const model& m, std::optional<dtype> kv_type = std::nullopt);
 
  private:
   struct sliced_layer {

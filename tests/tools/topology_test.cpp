@@ -163,10 +163,11 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])"),
   has(problem(std::string("[failure]\nheartbeat_ms = 1\n") + ok_replica), "heartbeat_ms must be in");
   has(problem(std::string("[failure]\nrecovery_timeout_s = 0\n") + ok_replica), "recovery_timeout_s must be in");
   has(problem(std::string("[gpu]\nweights = \"int4\"\n") + ok_replica), "weights must be bf16, f16 or f32");
+  has(problem(std::string("[kv]\ncache_type = \"int4\"\n") + ok_replica), "cache_type must be f32, f16 or q8_0");
   has(problem(std::string("[model]\n") + ok_replica), "t.toml");  // a second [model] table
 }
 
-TEST_CASE("failure and GPU settings: defaults, and what a topology sets") {
+TEST_CASE("failure, GPU and KV cache settings: defaults, and what a topology sets") {
   auto t = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
   REQUIRE(t.has_value());
   CHECK(t->failure.heartbeat_ms == 200);
@@ -175,8 +176,9 @@ TEST_CASE("failure and GPU settings: defaults, and what a topology sets") {
   CHECK(t->gpu_weights == "bf16");
   CHECK(t->chat_template == "auto");
   CHECK(t->replicas[0].scheduler_node == "n0");
+  CHECK(t->kv_cache_type.empty());
   auto u = parse_topology_text(std::string(base) + "[failure]\nheartbeat_ms = 100\ntimeout_ms = 250\nrestart = \"never\"\n"
-                                                  "[gpu]\nweights = \"f32\"\n" + R"([[replica]]
+                                                  "[gpu]\nweights = \"f32\"\n[kv]\ncache_type = \"q8_0\"\n" + R"([[replica]]
 name = "r0"
 scheduler = "n1"
 stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
@@ -186,6 +188,7 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
   CHECK(u->failure.timeout_ms == 250);
   CHECK_FALSE(u->failure.restart);
   CHECK(u->gpu_weights == "f32");
+  CHECK(u->kv_cache_type == "q8_0");
   CHECK(u->replicas[0].scheduler_node == "n1");
 }
 

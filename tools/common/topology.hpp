@@ -7,7 +7,10 @@
 //               model's own, from GGUF metadata; raw without one) | raw | llama2 | chatml
 //   [gateway]   node, capnp = "HOST:PORT", http = "HOST:PORT", api_keys_file (one key a
 //               line; required when an endpoint is not on loopback)
-//   [kv]        block_size, num_blocks, prefix_caching (true)   (optional)
+//   [kv]        block_size, num_blocks, prefix_caching (true), cache_type = "f32" |
+//               "f16" | "q8_0" (what the shards keep K and V in; default: F32 for F32
+//               weights, else F16, or TROUPE_KV_TYPE; q8_0 is int8 with a scale per
+//               token and KV head, lossy)   (optional)
 //   [scheduler] max_step_tokens, max_running  (optional)
 //   [[node]]    name, host, port, threads (optional)
 //   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ],
@@ -79,6 +82,7 @@ struct topology {
   int32_t block_size = 16;
   int32_t num_blocks = 1024;
   bool prefix_caching = true;
+  std::string kv_cache_type;  // empty: the model's default
   int32_t max_step_tokens = 512;
   int32_t max_running = 64;
   std::vector<node_spec> nodes;
