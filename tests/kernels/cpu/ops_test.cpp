@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include "engine/sample/rng.hpp"
 #include "kernels/cpu/argmax.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
@@ -88,6 +89,30 @@ TEST_CASE("argmax returns the first maximum") {
   CHECK(argmax(x.data(), 1) == 0);
   x = {-3, -1, -1};
   CHECK(argmax(x.data(), 3) == 1);
+}
+
+TEST_CASE("argmax over long rows is the scalar definition: the first maximum, NaN never wins but at 0") {
+  auto reference = [](const std::vector<float>& v) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < static_cast<int32_t>(v.size()); ++i)
+      if (v[i] > v[best]) best = i;
+    return best;
+  };
+  rng r(11);
+  for (int32_t n : {31, 32, 33, 47, 100, 512, 32000}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      CAPTURE(n);
+      CAPTURE(trial);
+      std::vector<float> v(n);
+      // Few distinct values, so that ties across lanes and vectors are common.
+      for (float& f : v) f = static_cast<float>(static_cast<int>(r.next() % 7)) - 3.0f;
+      if (trial % 4 == 1) v[r.next() % n] = NAN;
+      if (trial % 4 == 2) v[0] = NAN;
+      if (trial % 4 == 3) std::fill(v.begin(), v.end(), -INFINITY);
+      if (trial == 5) v[n - 1] = 100.0f;  // in the tail
+      CHECK(argmax(v.data(), n) == reference(v));
+    }
+  }
 }
 
 TEST_CASE("embedding gathers and dequantizes rows") {
