@@ -55,14 +55,21 @@ bool read_exact(int fd, void* buf, size_t n) {
   return true;
 }
 
-bool write_all(int fd, std::initializer_list<std::pair<const void*, size_t>> parts) {
-  iovec iov[4];
-  int count = 0;
+// A message header over the non-empty parts (at most four), in order.
+template <class Parts>
+msghdr gather(const Parts& parts, iovec (&iov)[4]) {
+  size_t count = 0;
   for (const auto& [p, n] : parts)
-    if (n > 0) iov[count++] = iovec{const_cast<void*>(p), n};
+    if (n > 0) iov[count++] = iovec{const_cast<void*>(static_cast<const void*>(p)), n};
   msghdr m{};
   m.msg_iov = iov;
-  m.msg_iovlen = static_cast<size_t>(count);
+  m.msg_iovlen = count;
+  return m;
+}
+
+bool write_all(int fd, std::initializer_list<std::pair<const void*, size_t>> parts) {
+  iovec iov[4];
+  msghdr m = gather(parts, iov);
   while (m.msg_iovlen > 0) {
     const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
     if (w < 0) {
@@ -298,13 +305,8 @@ status step_link_client::send(const wire_message& plan, const wire_message& act)
   if (!failed_.empty()) return error{"step link: " + failed_};
   size_t taken = 0;  // bytes of the frame the socket took
   if (backlog_.empty()) {
-    iovec iov[3];
-    int count = 0;
-    for (const auto& [p, n] : parts)
-      if (n > 0) iov[count++] = iovec{const_cast<uint8_t*>(p), n};
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = static_cast<size_t>(count);
+    iovec iov[4];
+    msghdr m = gather(parts, iov);
     for (;;) {
       const ssize_t w = ::sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0 && errno == EINTR) continue;

@@ -14,6 +14,39 @@
 
 namespace troupe {
 
+namespace {
+
+// Dense causal GQA attention in double precision: out[t][h][i] for queries at `positions`
+// over keys and vals laid out [position][kv_head][head_dim].
+std::vector<double> dense_attention(const std::vector<float>& q, const std::vector<float>& keys,
+                                    const std::vector<float>& vals, const std::vector<int32_t>& positions,
+                                    int32_t heads, int32_t kv_heads, int32_t head_dim) {
+  std::vector<double> out(positions.size() * heads * head_dim);
+  for (size_t t = 0; t < positions.size(); ++t)
+    for (int32_t h = 0; h < heads; ++h) {
+      const int32_t kh = h / (heads / kv_heads);
+      const float* qh = q.data() + (t * heads + h) * head_dim;
+      std::vector<double> s(positions[t] + 1);
+      double mx = -1e300;
+      for (int32_t p = 0; p <= positions[t]; ++p) {
+        double d = 0;
+        for (int32_t i = 0; i < head_dim; ++i) d += double(qh[i]) * keys[(size_t(p) * kv_heads + kh) * head_dim + i];
+        s[p] = d / std::sqrt(double(head_dim));
+        mx = std::max(mx, s[p]);
+      }
+      double z = 0;
+      for (double& e : s) z += (e = std::exp(e - mx));
+      for (int32_t i = 0; i < head_dim; ++i) {
+        double o = 0;
+        for (int32_t p = 0; p <= positions[t]; ++p) o += s[p] / z * vals[(size_t(p) * kv_heads + kh) * head_dim + i];
+        out[(t * heads + h) * head_dim + i] = o;
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attention") {
   struct shape {
     int32_t block, heads, kv_heads;
@@ -47,26 +80,8 @@ TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attentio
     thread_pool pool(2);
     paged_attention(q.data(), heads * head_dim, out.data(), heads * head_dim, toks.data(),
                     static_cast<int32_t>(toks.size()), heads, kv, pool);
-    for (size_t t = 0; t < positions.size(); ++t)
-      for (int32_t h = 0; h < heads; ++h) {
-        const int32_t kh = h / (heads / kv_heads);
-        const float* qh = q.data() + (t * heads + h) * head_dim;
-        std::vector<double> s(positions[t] + 1);
-        double mx = -1e300;
-        for (int32_t p = 0; p <= positions[t]; ++p) {
-          double d = 0;
-          for (int32_t i = 0; i < head_dim; ++i) d += double(qh[i]) * keys[(size_t(p) * kv_heads + kh) * head_dim + i];
-          s[p] = d / std::sqrt(double(head_dim));
-          mx = std::max(mx, s[p]);
-        }
-        double z = 0;
-        for (double& e : s) z += (e = std::exp(e - mx));
-        for (int32_t i = 0; i < head_dim; ++i) {
-          double o = 0;
-          for (int32_t p = 0; p <= positions[t]; ++p) o += s[p] / z * vals[(size_t(p) * kv_heads + kh) * head_dim + i];
-          CHECK(out[(t * heads + h) * head_dim + i] == doctest::Approx(o).epsilon(1e-5).scale(1.0));
-        }
-      }
+    const auto want = dense_attention(q, keys, vals, positions, heads, kv_heads, head_dim);
+    for (size_t j = 0; j < want.size(); ++j) CHECK(out[j] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
   }
 }
 
@@ -168,26 +183,8 @@ TEST_CASE("an int8 cache stores each row as max |x| / 127 times rounded integers
     thread_pool pool(2);
     paged_attention(q.data(), heads * hd, out.data(), heads * hd, toks.data(), static_cast<int32_t>(toks.size()),
                     heads, i8, pool);
-    for (size_t t = 0; t < positions.size(); ++t)
-      for (int32_t h = 0; h < heads; ++h) {
-        const int32_t kh = h / (heads / kv_heads);
-        const float* qh = q.data() + (t * heads + h) * hd;
-        std::vector<double> s(positions[t] + 1);
-        double mx = -1e300;
-        for (int32_t p = 0; p <= positions[t]; ++p) {
-          double d = 0;
-          for (int32_t i = 0; i < hd; ++i) d += double(qh[i]) * kq[(size_t(p) * kv_heads + kh) * hd + i];
-          s[p] = d / std::sqrt(double(hd));
-          mx = std::max(mx, s[p]);
-        }
-        double z = 0;
-        for (double& e : s) z += (e = std::exp(e - mx));
-        for (int32_t i = 0; i < hd; ++i) {
-          double o = 0;
-          for (int32_t p = 0; p <= positions[t]; ++p) o += s[p] / z * vq[(size_t(p) * kv_heads + kh) * hd + i];
-          CHECK(out[(t * heads + h) * hd + i] == doctest::Approx(o).epsilon(1e-5).scale(1.0));
-        }
-      }
+    const auto want = dense_attention(q, kq, vq, positions, heads, kv_heads, hd);
+    for (size_t j = 0; j < want.size(); ++j) CHECK(out[j] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
   }
 }
 
