@@ -157,8 +157,18 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   const paged_kv_layer cache = kv_.layer(idx);
   const int32_t half = cfg_.rope_dim / 2;
 
+  // Per-token work on the pool when a step is long enough to pay for waking it (each
+  // token's values are computed the same way either way).
+  auto per_token = [&](auto&& fn) {
+    constexpr int32_t parallel_tokens = 32;
+    if (n < parallel_tokens) return fn(int64_t{0}, int64_t{n});
+    pool_.parallel_for(n, 8, [&](int64_t tb, int64_t te, int) { fn(tb, te); });
+  };
+
   // Attention block.
-  for (int32_t t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, w.attn_norm, dim, cfg_.rms_eps);
+  per_token([&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) rmsnorm(xb + t * dim, x + t * dim, w.attn_norm, dim, cfg_.rms_eps);
+  });
   const gemm_output qkv[] = {{&w.wq, q, q_dim}, {&w.wk, k, kv_dim}, {&w.wv, v, kv_dim}};
   gemm_multi(xb, dim, n, qkv, 3, pool_);
   // Each token writes its own slot (int8 and F16 caches convert as they write).
@@ -175,19 +185,25 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   paged_attention(q, q_dim, att, q_dim, att_tokens_.data(), n, local_heads_, cache, pool_);
   gemm(att, q_dim, n, w.wo, proj, dim, pool_);
   if (spec_.tp.size > 1) comm_.all_reduce_sum(proj, int64_t{n} * dim);
-  for (int64_t i = 0; i < int64_t{n} * dim; ++i) x[i] += proj[i];
 
-  // Feed-forward block (SwiGLU).
+  // Feed-forward block (SwiGLU), after the attention block's residual.
   const int32_t hid = local_hidden_;
   float* gate = grow(gate_, int64_t{n} * hid);
   float* up = grow(up_, int64_t{n} * hid);
-  for (int32_t t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, w.ffn_norm, dim, cfg_.rms_eps);
+  per_token([&](int64_t tb, int64_t te) {
+    for (int64_t i = tb * dim; i < te * dim; ++i) x[i] += proj[i];
+    for (int64_t t = tb; t < te; ++t) rmsnorm(xb + t * dim, x + t * dim, w.ffn_norm, dim, cfg_.rms_eps);
+  });
   const gemm_output gate_up[] = {{&w.w1, gate, hid}, {&w.w3, up, hid}};
   gemm_multi(xb, dim, n, gate_up, 2, pool_);
-  silu_mul(gate, up, n * hid);
+  per_token([&](int64_t tb, int64_t te) {
+    silu_mul(gate + tb * hid, up + tb * hid, static_cast<int32_t>((te - tb) * hid));
+  });
   gemm(gate, hid, n, w.w2, proj, dim, pool_);
   if (spec_.tp.size > 1) comm_.all_reduce_sum(proj, int64_t{n} * dim);
-  for (int64_t i = 0; i < int64_t{n} * dim; ++i) x[i] += proj[i];
+  per_token([&](int64_t tb, int64_t te) {
+    for (int64_t i = tb * dim; i < te * dim; ++i) x[i] += proj[i];
+  });
 }
 
 void transformer_shard::run_head(const step_batch& batch, const float* x, float* logits) {
