@@ -34,13 +34,18 @@ kv_cache_shape transformer_shard::cache_shape(const model_config& c, const shard
   return s;
 }
 
+expected<dtype> transformer_shard::kv_type_named(std::string_view name, const std::string& what) {
+  for (dtype d : {dtype::f32, dtype::f16, dtype::q8_0})
+    if (dtype_name(d) == name) return d;
+  return error{what + ": not a KV cache type (f32, f16, or q8_0: int8 with a scale per token and KV head)"};
+}
+
 expected<std::optional<dtype>> transformer_shard::kv_type_from_environment() {
   const char* t = std::getenv("TROUPE_KV_TYPE");
   if (!t || !*t) return std::optional<dtype>{};
-  for (dtype d : {dtype::f32, dtype::f16, dtype::q8_0})
-    if (dtype_name(d) == t) return std::optional<dtype>{d};
-  return error{std::string("TROUPE_KV_TYPE=") + t +
-               ": not a KV cache type (f32, f16, or q8_0: int8 with a scale per token and KV head)"};
+  auto d = kv_type_named(t, std::string("TROUPE_KV_TYPE=") + t);
+  if (!d) return d.err();
+  return std::optional<dtype>{*d};
 }
 
 dtype transformer_shard::kv_type_for(const model& m) {
@@ -171,7 +176,8 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   });
   const gemm_output qkv[] = {{&w.wq, q, q_dim}, {&w.wk, k, kv_dim}, {&w.wv, v, kv_dim}};
   gemm_multi(xb, dim, n, qkv, 3, pool_);
-  // Each token writes its own slot (int8 and F16 caches convert as they write).
+  // Each token writes its own slot. The int8 and F16 caches convert as they write, which
+  // pays for the pool's threads from a few tokens on (hence not per_token's threshold).
   pool_.parallel_for(n, 4, [&](int64_t tb, int64_t te, int) {
     for (int64_t t = tb; t < te; ++t) {
       const int32_t pos = att_tokens_[t].position;

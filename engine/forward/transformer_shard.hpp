@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/forward/collective.hpp"
@@ -52,6 +53,9 @@ class transformer_shard final : public forward_shard {
   // TROUPE_KV_TYPE as set (nullopt when unset), or an error naming the value and the
   // choices; tools check it before they start (kv_type_for ignores a bad value).
   static expected<std::optional<dtype>> kv_type_from_environment();
+  // A KV cache type by name ("f32", "f16", "q8_0"), or an error naming the choices;
+  // `what` says where the name came from.
+  static expected<dtype> kv_type_named(std::string_view name, const std::string& what);
   // How the CPU shards run the model on this machine, for operators: "q8_0 weights with
   // int8 activations (AMX and VNNI), F16 KV cache", "f32 weights, F32 KV cache", ...
   // (with kv_type, the cache named is that one).

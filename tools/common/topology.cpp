@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "engine/forward/tp_slice.hpp"
+#include "engine/forward/transformer_shard.hpp"
 
 namespace troupe::tools {
 
@@ -153,10 +154,13 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
       if (auto b = pc->value<bool>()) t.prefix_caching = *b;
       else rd.fail("[kv]: 'prefix_caching' must be true or false");
     }
-    rd.get(*kv, "[kv]", "cache_type", t.kv_cache_type, false);
-    if (rd.ok() && !t.kv_cache_type.empty() && t.kv_cache_type != "f32" && t.kv_cache_type != "f16" &&
-        t.kv_cache_type != "q8_0")
-      rd.fail("[kv]: cache_type must be f32, f16 or q8_0 (int8 with a scale per token and KV head)");
+    std::string cache_type;
+    if (rd.get(*kv, "[kv]", "cache_type", cache_type, false) && rd.ok()) {
+      if (auto d = transformer_shard::kv_type_named(cache_type, "[kv]: cache_type \"" + cache_type + "\""))
+        t.kv_cache_type = *d;
+      else
+        rd.fail(d.err().message);
+    }
     if (rd.ok() && (t.block_size < 1 || t.block_size > 1024)) rd.fail("[kv]: block_size must be in 1..1024");
     if (rd.ok() && t.num_blocks < 1) rd.fail("[kv]: num_blocks must be at least 1");
   }

@@ -28,10 +28,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/model/config.hpp"
+#include "kernels/common/dtype.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::tools {
@@ -82,7 +84,7 @@ struct topology {
   int32_t block_size = 16;
   int32_t num_blocks = 1024;
   bool prefix_caching = true;
-  std::string kv_cache_type;  // empty: the model's default
+  std::optional<dtype> kv_cache_type;  // none: the model's default
   int32_t max_step_tokens = 512;
   int32_t max_running = 64;
   std::vector<node_spec> nodes;

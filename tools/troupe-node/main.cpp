@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -139,9 +138,6 @@ int main(int argc, char** argv) {
   // This node's supervised units: its stages, and the schedulers placed here. Stages on
   // other nodes are found by name through those nodes' agents.
   std::vector<unit_spec> units;
-  std::optional<dtype> kv_type;  // the topology's [kv] cache_type, when it names one
-  for (dtype d : {dtype::f32, dtype::f16, dtype::q8_0})
-    if (topo->kv_cache_type == dtype_name(d)) kv_type = d;
   size_t num_stages_here = 0;
   for (const auto& rs : topo->replicas) {
     for (size_t i = 0; i < rs.stages.size(); ++i) {
@@ -151,7 +147,7 @@ int main(int argc, char** argv) {
       stage_layout one{s.first_layer, tools::end_layer(s, m.config.num_layers), tp, std::max(1, me->threads / tp)};
       one.devices = s.devices;
       one.link_host = me->host;
-      one.kv_type = kv_type;
+      one.kv_type = topo->kv_cache_type;
       one.gpu_weights = topo->gpu_weights == "f32" ? dtype::f32 : topo->gpu_weights == "f16" ? dtype::f16 : dtype::bf16;
       for (const auto& d : s.devices) {
         if (d == "cpu") continue;
@@ -305,7 +301,7 @@ int main(int argc, char** argv) {
       rc = 1;
     } else {
       std::fprintf(stderr, "troupe-node %s: serving %s (%s; %s; on CPUs: %s), %zu replica(s)\n", node_name.c_str(),
-                   m.path.c_str(), m.format.c_str(), describe(m.config).c_str(), transformer_shard::cpu_kernels(m, kv_type).c_str(),
+                   m.path.c_str(), m.format.c_str(), describe(m.config).c_str(), transformer_shard::cpu_kernels(m, topo->kv_cache_type).c_str(),
                    topo->replicas.size());
       std::printf("endpoint: capnp://%s:%u\n", ep.host.c_str(), static_cast<unsigned>(*port));
       std::fflush(stdout);
