@@ -12,7 +12,12 @@
 
 namespace troupe::test {
 
-std::string shared_path(const std::string& rel) { return std::string(TROUPE_SHARED_DIR) + "/" + rel; }
+// TROUPE_SHARED_DIR in the environment overrides the configured directory (a GPU machine
+// that runs binaries built elsewhere keeps the models beside them).
+std::string shared_path(const std::string& rel) {
+  const char* env = std::getenv("TROUPE_SHARED_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : TROUPE_SHARED_DIR) + "/" + rel;
+}
 std::string models_dir() { return shared_path("models/stories260K"); }
 
 namespace {

@@ -11,7 +11,7 @@
 
 namespace troupe::test {
 
-std::string shared_path(const std::string& rel);  // under ../shared
+std::string shared_path(const std::string& rel);  // under ../shared (or $TROUPE_SHARED_DIR)
 std::string models_dir();                         // ../shared/models/stories260K
 
 struct reference_case {
