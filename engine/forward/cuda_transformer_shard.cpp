@@ -4,16 +4,29 @@
 // 16-bit checkpoints are dequantized on the host first). The KV cache lives in device
 // memory in the CPU's block layout. Hidden states and logits cross to the host at the
 // shard's edges only.
+//
+// Per layer: Q, K and V come from one GEMM over the stacked wq/wk/wv, gate and up from one
+// over w1/w3; one launch turns the Q and K heads of that output and writes K and V to the
+// cache, and attention reads Q from it in place; the output and down projections add into
+// the residual stream inside their GEMMs. Steps of more than gemv_max_rows tokens (and FP32
+// weights) run cuBLAS on inputs the norm and SiLU kernels write in the weights' type;
+// smaller steps run troupe's GEMV, which computes those inputs itself: six launches a
+// layer. Steps up to graph_max_tokens tokens replay a CUDA graph captured for their shape.
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <map>
+#include <tuple>
 
 #include "engine/forward/forward_shard.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/rope.hpp"
-#include "kernels/cuda/add.hpp"
+#include "kernels/cuda/argmax.hpp"
 #include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/gemv.hpp"
 #include "kernels/cuda/paged_attention.hpp"
 #include "kernels/cuda/rmsnorm.hpp"
 #include "kernels/cuda/rope.hpp"
@@ -23,7 +36,8 @@ namespace troupe {
 
 namespace {
 
-// A weight matrix [rows][cols] in device memory, f32 or 16-bit.
+// A weight matrix [rows][cols] in device memory, f32 or 16-bit: one stored matrix, or
+// several with the same columns stacked by rows (one GEMM computes all their outputs).
 struct device_matrix {
   dtype type = dtype::f32;
   int32_t rows = 0, cols = 0;
@@ -31,12 +45,21 @@ struct device_matrix {
   cuda::buffer<uint16_t> half;
 
   device_matrix() = default;
-  device_matrix(const matrix_view& w, dtype to) : type(to), rows(w.rows), cols(w.cols) {
+  device_matrix(std::initializer_list<const matrix_view*> parts, dtype to) : type(to) {
+    cols = (*parts.begin())->cols;
+    for (const matrix_view* w : parts) {
+      TROUPE_ASSERT(w->cols == cols, w->cols, cols);
+      rows += w->rows;
+    }
     // Dequantize on the host (any stored type, slices included), then convert and upload.
     std::vector<float> host(size_t(rows) * cols);
-    std::vector<int32_t> all(rows);
-    for (int32_t r = 0; r < rows; ++r) all[r] = r;
-    embedding(w, all.data(), rows, host.data(), cols);
+    size_t at = 0;
+    for (const matrix_view* w : parts) {
+      std::vector<int32_t> all(w->rows);
+      for (int32_t r = 0; r < w->rows; ++r) all[r] = r;
+      embedding(*w, all.data(), w->rows, host.data() + at, cols);
+      at += size_t(w->rows) * cols;
+    }
     if (to == dtype::f32) {
       f32 = cuda::buffer<float>(host.size());
       f32.upload(host);
@@ -59,24 +82,25 @@ cuda::buffer<float> upload_floats(const float* p, size_t n) {
 class cuda_transformer_shard final : public forward_shard {
  public:
   cuda_transformer_shard(const model& m, const shard_spec& spec, const cuda_shard_options& o)
-      : model_(m), cfg_(m.config), spec_(spec), opt_(o) {
+      : cfg_(m.config), spec_(spec), opt_(o) {
     if (spec_.end_layer == 0) spec_.end_layer = cfg_.num_layers;
     cuda::check(cudaSetDevice(o.device), "cudaSetDevice");
     cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     gemm_ = std::make_unique<cuda::gemm_engine>(stream_);
+    gemm_->set_gemv_rows(o.gemv_max_rows);
     const int32_t hd = cfg_.head_dim;
+    q_dim_ = cfg_.num_heads * hd;
+    kv_dim_ = cfg_.num_kv_heads * hd;
+    qkv_dim_ = q_dim_ + 2 * kv_dim_;
     for (int32_t l = spec_.first_layer; l < spec_.end_layer; ++l) {
       const layer_weights& w = m.weights.layers[l];
       layer dl;
       dl.attn_norm = upload_floats(w.attn_norm, cfg_.dim);
       dl.ffn_norm = upload_floats(w.ffn_norm, cfg_.dim);
-      dl.wq = device_matrix(w.wq, o.weights);
-      dl.wk = device_matrix(w.wk, o.weights);
-      dl.wv = device_matrix(w.wv, o.weights);
-      dl.wo = device_matrix(w.wo, o.weights);
-      dl.w1 = device_matrix(w.w1, o.weights);
-      dl.w2 = device_matrix(w.w2, o.weights);
-      dl.w3 = device_matrix(w.w3, o.weights);
+      dl.wqkv = device_matrix({&w.wq, &w.wk, &w.wv}, o.weights);
+      dl.wo = device_matrix({&w.wo}, o.weights);
+      dl.w13 = device_matrix({&w.w1, &w.w3}, o.weights);
+      dl.w2 = device_matrix({&w.w2}, o.weights);
       const size_t cache = size_t(o.num_blocks) * cfg_.num_kv_heads * o.block_size * hd;
       dl.k = cuda::buffer<float>(cache);
       dl.v = cuda::buffer<float>(cache);
@@ -84,9 +108,9 @@ class cuda_transformer_shard final : public forward_shard {
       dl.v.fill_bytes(0);
       layers_.push_back(std::move(dl));
     }
-    if (is_first_stage()) embedding_ = device_matrix(m.weights.token_embedding, o.weights);
+    if (is_first_stage()) embedding_ = device_matrix({&m.weights.token_embedding}, o.weights);
     if (is_last_stage()) {
-      classifier_ = device_matrix(m.weights.classifier, o.weights);
+      classifier_ = device_matrix({&m.weights.classifier}, o.weights);
       final_norm_ = upload_floats(m.weights.final_norm, cfg_.dim);
     }
     const int32_t half = cfg_.rope_dim / 2;
@@ -96,24 +120,24 @@ class cuda_transformer_shard final : public forward_shard {
     sin_ = upload_floats(s.data(), s.size());
     // Scratch for the largest step.
     const int64_t n = o.max_step_tokens;
-    const int64_t widest = std::max<int64_t>(cfg_.dim, cfg_.hidden_dim);
+    const int64_t widest = std::max({int64_t{cfg_.dim}, int64_t{cfg_.hidden_dim}, int64_t{q_dim_}});
     x_ = cuda::buffer<float>(n * cfg_.dim);
     xb_ = cuda::buffer<float>(n * cfg_.dim);
-    q_ = cuda::buffer<float>(n * cfg_.num_heads * hd);
-    k_ = cuda::buffer<float>(n * cfg_.num_kv_heads * hd);
-    v_ = cuda::buffer<float>(n * cfg_.num_kv_heads * hd);
-    att_ = cuda::buffer<float>(n * cfg_.num_heads * hd);
-    proj_ = cuda::buffer<float>(n * cfg_.dim);
-    gate_ = cuda::buffer<float>(n * cfg_.hidden_dim);
-    up_ = cuda::buffer<float>(n * cfg_.hidden_dim);
-    x16_ = cuda::buffer<uint16_t>(n * widest);
+    qkv_ = cuda::buffer<float>(n * qkv_dim_);
+    att_ = cuda::buffer<float>(n * q_dim_);
+    gate_up_ = cuda::buffer<float>(n * 2 * cfg_.hidden_dim);
+    in_ = cuda::buffer<uint8_t>(size_t(n * widest) * (o.weights == dtype::f32 ? 4 : 2));
     logits_ = cuda::buffer<float>(is_last_stage() ? n * cfg_.vocab_size : 0);
-    tokens_ = cuda::buffer<int32_t>(n);
-    positions_ = cuda::buffer<int32_t>(n);
-    token_seq_ = cuda::buffer<int32_t>(n);
-    rows_ = cuda::buffer<int32_t>(n);
+    ids_ = cuda::buffer<int32_t>(is_last_stage() ? n : 0);
     max_table_ = (cfg_.max_seq_len + o.block_size - 1) / o.block_size;
-    tables_ = cuda::buffer<uint32_t>(size_t(n) * max_table_);
+    // The step's inputs, staged in page-locked memory and copied in one go.
+    staging_ = cuda::pinned<int32_t>(size_t(n) * (4 + max_table_));
+    inputs_ = cuda::buffer<int32_t>(staging_.size());
+    tokens_ = inputs_.get();
+    positions_ = tokens_ + n;
+    token_seq_ = positions_ + n;
+    rows_ = token_seq_ + n;
+    tables_ = reinterpret_cast<uint32_t*>(rows_ + n);
     workspace_ = cuda::buffer<float>(cuda::paged_attention_workspace(static_cast<int32_t>(n), cfg_.num_heads, hd,
                                                                      cfg_.max_seq_len - 1, o.attention_split));
     // The uploads and memsets ran on the default stream, which a non-blocking stream does
@@ -124,6 +148,7 @@ class cuda_transformer_shard final : public forward_shard {
   ~cuda_transformer_shard() override {
     cudaSetDevice(opt_.device);
     if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     gemm_.reset();  // its cuBLAS handle uses the stream
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -132,69 +157,79 @@ class cuda_transformer_shard final : public forward_shard {
   bool is_last_stage() const override { return spec_.end_layer == cfg_.num_layers; }
   const shard_spec& spec() const override { return spec_; }
 
-  void forward(const step_batch& batch, float* hidden, float* logits) override {
+  void forward(const step_batch& batch, float* hidden, float* logits) override { step(batch, hidden, logits, nullptr); }
+
+  bool forward_greedy(const step_batch& batch, float* hidden, int32_t* next) override {
+    if (!is_last_stage() || spec_.tp.rank != 0) return false;
+    step(batch, hidden, nullptr, next);
+    return true;
+  }
+
+ private:
+  // One step; the last stage returns logits (when logits is set) or greedy ids (when next is).
+  void step(const step_batch& batch, float* hidden, float* logits, int32_t* next) {
     const int32_t n = batch.num_tokens();
     if (n == 0) return;
     TROUPE_ASSERT(n <= opt_.max_step_tokens, n, opt_.max_step_tokens);
     cuda::check(cudaSetDevice(opt_.device), "cudaSetDevice");
-    // The step's positions, sequences and block tables, for the kernels.
-    h_positions_.clear();
-    h_token_seq_.clear();
-    h_tables_.assign(batch.sequences.size() * max_table_, 0u);
-    int32_t max_position = 0;
+    // The step's tokens, positions, sequences, logit rows and block tables, staged in the
+    // layout of inputs_.
+    const int32_t cap = opt_.max_step_tokens;
+    int32_t* tokens = staging_.get();
+    int32_t* positions = tokens + cap;
+    int32_t* token_seq = positions + cap;
+    int32_t* rows = token_seq + cap;
+    uint32_t* tables = reinterpret_cast<uint32_t*>(rows + cap);
+    TROUPE_ASSERT(static_cast<int32_t>(batch.sequences.size()) <= cap, batch.sequences.size(), cap);
+    int32_t max_position = 0, t = 0, num_rows = 0;
     for (size_t s = 0; s < batch.sequences.size(); ++s) {
       const auto& sq = batch.sequences[s];
       TROUPE_ASSERT(sq.start_pos >= 0 && sq.start_pos + sq.num_tokens <= cfg_.max_seq_len, sq.start_pos, sq.num_tokens);
       TROUPE_ASSERT(static_cast<int64_t>(sq.block_table.size()) * opt_.block_size >= sq.start_pos + sq.num_tokens &&
                         static_cast<int32_t>(sq.block_table.size()) <= max_table_,
                     sq.block_table.size(), sq.start_pos, sq.num_tokens);
+      uint32_t* table = tables + s * max_table_;
       for (size_t b = 0; b < sq.block_table.size(); ++b) {
         TROUPE_ASSERT(sq.block_table[b] < static_cast<uint32_t>(opt_.num_blocks), sq.block_table[b], opt_.num_blocks);
-        h_tables_[s * max_table_ + b] = sq.block_table[b];
+        table[b] = sq.block_table[b];
       }
-      for (int32_t i = 0; i < sq.num_tokens; ++i) {
-        h_positions_.push_back(sq.start_pos + i);
-        h_token_seq_.push_back(static_cast<int32_t>(s));
+      std::fill(table + sq.block_table.size(), table + max_table_, 0u);
+      for (int32_t i = 0; i < sq.num_tokens; ++i, ++t) {
+        positions[t] = sq.start_pos + i;
+        token_seq[t] = static_cast<int32_t>(s);
       }
+      if (sq.want_logits) rows[num_rows++] = t - 1;
       max_position = std::max(max_position, sq.start_pos + sq.num_tokens - 1);
     }
-    copy_in(positions_.get(), h_positions_.data(), h_positions_.size());
-    copy_in(token_seq_.get(), h_token_seq_.data(), h_token_seq_.size());
-    copy_in(tables_.get(), h_tables_.data(), h_tables_.size());
-    const cuda::token_batch tb{positions_.get(), token_seq_.get(), tables_.get(), max_table_, n};
-
     if (is_first_stage()) {
-      for (int32_t t : batch.tokens) TROUPE_ASSERT(t >= 0 && t < cfg_.vocab_size, t, cfg_.vocab_size);
-      copy_in(tokens_.get(), batch.tokens.data(), batch.tokens.size());
-      cuda::embedding(embedding_.type, embedding_.data(), cfg_.dim, cfg_.dim, tokens_.get(), n, x_.get(), cfg_.dim, stream_);
-    } else {
-      copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
-    }
-    for (auto& l : layers_) run_layer(l, tb, n, max_position);
-    if (is_last_stage() && logits != nullptr && spec_.tp.rank == 0) {
-      h_rows_.clear();
-      int32_t token = 0;
-      for (const auto& sq : batch.sequences) {
-        token += sq.num_tokens;
-        if (sq.want_logits) h_rows_.push_back(token - 1);
+      for (int32_t i = 0; i < n; ++i) {
+        TROUPE_ASSERT(batch.tokens[i] >= 0 && batch.tokens[i] < cfg_.vocab_size, batch.tokens[i], cfg_.vocab_size);
+        tokens[i] = batch.tokens[i];
       }
-      const int32_t rows = static_cast<int32_t>(h_rows_.size());
-      copy_in(rows_.get(), h_rows_.data(), h_rows_.size());
-      // The rows wanted, gathered (an embedding lookup in the hidden states), normed, projected.
-      cuda::embedding(dtype::f32, x_.get(), cfg_.dim, cfg_.dim, rows_.get(), rows, xb_.get(), cfg_.dim, stream_);
-      cuda::rmsnorm(xb_.get(), xb_.get(), cfg_.dim, final_norm_.get(), rows, cfg_.dim, cfg_.rms_eps, stream_);
-      matmul(classifier_, xb_.get(), logits_.get(), rows);
-      copy_out(logits, logits_.get(), size_t(rows) * cfg_.vocab_size);
-    } else if (!is_last_stage()) {
-      copy_out(hidden, x_.get(), size_t(n) * cfg_.dim);
     }
+    const size_t table_words = batch.sequences.size() * max_table_;
+    copy_in(inputs_.get(), staging_.get(), size_t(4) * cap + table_words);
+    if (!is_first_stage()) copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
+    const bool want_logits = is_last_stage() && (logits != nullptr || next != nullptr) && spec_.tp.rank == 0;
+    if (!want_logits) num_rows = 0;
+    greedy_ = next != nullptr;
+    const int32_t splits = cuda::paged_attention_splits(max_position, opt_.attention_split);
+    if (n <= opt_.graph_max_tokens)
+      replay(n, splits, max_position, num_rows);
+    else
+      enqueue_step(n, max_position, num_rows);
+    if (num_rows > 0 && greedy_)
+      copy_out(next, ids_.get(), size_t(num_rows));
+    else if (num_rows > 0)
+      copy_out(logits, logits_.get(), size_t(num_rows) * cfg_.vocab_size);
+    else if (!is_last_stage())
+      copy_out(hidden, x_.get(), size_t(n) * cfg_.dim);
     cuda::check(cudaStreamSynchronize(stream_), "forward step");
   }
 
- private:
   struct layer {
     cuda::buffer<float> attn_norm, ffn_norm;
-    device_matrix wq, wk, wv, wo, w1, w2, w3;
+    device_matrix wqkv, wo, w13, w2;
     cuda::buffer<float> k, v;  // the layer's KV cache
   };
 
@@ -207,52 +242,123 @@ class cuda_transformer_shard final : public forward_shard {
     cuda::check(cudaMemcpyAsync(host, dev, n * sizeof(T), cudaMemcpyDeviceToHost, stream_), "copy to the host");
   }
 
-  void matmul(const device_matrix& w, const float* in, float* out, int32_t m) {
-    if (w.type == dtype::f32)
-      gemm_->f32(in, w.f32.get(), out, m, w.rows, w.cols);
-    else
-      gemm_->half(w.type, in, x16_.get(), w.half.get(), out, m, w.rows, w.cols);
+  // The graph of a step shape, captured the first time it is seen (up to 256 shapes), then
+  // replayed; its kernels read the step's inputs from inputs_, which forward() fills first.
+  void replay(int32_t n, int32_t splits, int32_t max_position, int32_t rows) {
+    const auto key = std::make_tuple(n, splits, rows, greedy_);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      if (graphs_.size() >= 256) return enqueue_step(n, max_position, rows);
+      cudaGraph_t graph = nullptr;
+      cuda::check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      try {
+        enqueue_step(n, max_position, rows);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      cuda::check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      cuda::check(made, "cudaGraphInstantiate");
+      it = graphs_.emplace(key, exec).first;
+    }
+    cuda::check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
   }
 
-  void run_layer(layer& w, const cuda::token_batch& tb, int32_t n, int32_t max_position) {
+  // Every kernel of a step, on stream_: embedding, the layers, the final norm and the
+  // classifier for `rows` rows.
+  void enqueue_step(int32_t n, int32_t max_position, int32_t rows) {
+    const cuda::token_batch tb{positions_, token_seq_, tables_, max_table_, n};
+    if (is_first_stage())
+      cuda::embedding(embedding_.type, embedding_.data(), cfg_.dim, cfg_.dim, tokens_, n, x_.get(), cfg_.dim, stream_);
+    for (auto& l : layers_) enqueue_layer(l, tb, n, max_position);
+    if (rows > 0) {
+      // The rows wanted, gathered (an embedding lookup in the hidden states), normed, projected.
+      cuda::embedding(dtype::f32, x_.get(), cfg_.dim, cfg_.dim, rows_, rows, xb_.get(), cfg_.dim, stream_);
+      if (fused(rows)) {
+        gemv(classifier_, {cuda::gemv_input::rmsnorm, xb_.get(), final_norm_.get(), cfg_.rms_eps}, logits_.get(), rows,
+             false);
+      } else {
+        cuda::rmsnorm_to(opt_.weights, in_.get(), cfg_.dim, xb_.get(), cfg_.dim, final_norm_.get(), rows, cfg_.dim,
+                         cfg_.rms_eps, stream_);
+        matmul(classifier_, in_.get(), logits_.get(), rows, false);
+      }
+      if (greedy_) cuda::argmax(logits_.get(), cfg_.vocab_size, rows, cfg_.vocab_size, ids_.get(), stream_);
+    }
+  }
+
+  void matmul(const device_matrix& w, const void* in, float* out, int32_t m, bool accumulate) {
+    gemm_->run(w.type, in, w.data(), out, m, w.rows, w.cols, accumulate);
+  }
+
+  // Whether a step of n tokens takes the GEMV path: every GEMM of the layer as a GEMV that
+  // stages its own input (the norm, the attention output's rounding, SiLU x up), so a
+  // decode layer is six launches.
+  bool fused(int32_t n) const {
+    return n <= opt_.gemv_max_rows && opt_.weights != dtype::f32 && cuda::gemv_fits(n, cfg_.dim) && cuda::gemv_fits(n, q_dim_) &&
+           cuda::gemv_fits(n, cfg_.hidden_dim);
+  }
+
+  void gemv(const device_matrix& w, const cuda::gemv_source& x, float* out, int32_t m, bool accumulate) {
+    cuda::gemv(w.type, x, w.half.get(), out, m, w.rows, w.cols, accumulate, stream_);
+  }
+
+  void enqueue_layer(layer& w, const cuda::token_batch& tb, int32_t n, int32_t max_position) {
     const int32_t dim = cfg_.dim, hd = cfg_.head_dim, heads = cfg_.num_heads, kvh = cfg_.num_kv_heads;
-    const int32_t q_dim = heads * hd, kv_dim = kvh * hd;
+    const dtype wt = opt_.weights;
     const paged_kv_layer cache{w.k.get(), w.v.get(), opt_.num_blocks, kvh, opt_.block_size, hd};
-    cuda::rmsnorm(xb_.get(), x_.get(), dim, w.attn_norm.get(), n, dim, cfg_.rms_eps, stream_);
-    matmul(w.wq, xb_.get(), q_.get(), n);
-    matmul(w.wk, xb_.get(), k_.get(), n);
-    matmul(w.wv, xb_.get(), v_.get(), n);
-    cuda::rope(q_.get(), q_dim, n, heads, hd, cfg_.rope_dim, cos_.get(), sin_.get(), positions_.get(), cfg_.rope, stream_);
-    cuda::rope(k_.get(), kv_dim, n, kvh, hd, cfg_.rope_dim, cos_.get(), sin_.get(), positions_.get(), cfg_.rope, stream_);
-    cuda::paged_kv_write(cache, k_.get(), v_.get(), kv_dim, tb, stream_);
-    cuda::paged_attention(q_.get(), q_dim, att_.get(), q_dim, tb, heads, max_position, cache, workspace_.get(),
+    float* qkv = qkv_.get();
+    const bool gemv_path = fused(n);
+    using cuda::gemv_input;
+    if (gemv_path) {
+      gemv(w.wqkv, {gemv_input::rmsnorm, x_.get(), w.attn_norm.get(), cfg_.rms_eps}, qkv, n, false);
+    } else {
+      cuda::rmsnorm_to(wt, in_.get(), dim, x_.get(), dim, w.attn_norm.get(), n, dim, cfg_.rms_eps, stream_);
+      matmul(w.wqkv, in_.get(), qkv, n, false);
+    }
+    cuda::rope_kv_write(cache, qkv, qkv_dim_, heads, cfg_.rope_dim, cos_.get(), sin_.get(), cfg_.rope, tb, stream_);
+    cuda::paged_attention(qkv, qkv_dim_, att_.get(), q_dim_, tb, heads, max_position, cache, workspace_.get(),
                           opt_.attention_split, stream_);
-    matmul(w.wo, att_.get(), proj_.get(), n);
-    cuda::add_inplace(x_.get(), proj_.get(), int64_t{n} * dim, stream_);
-    cuda::rmsnorm(xb_.get(), x_.get(), dim, w.ffn_norm.get(), n, dim, cfg_.rms_eps, stream_);
-    matmul(w.w1, xb_.get(), gate_.get(), n);
-    matmul(w.w3, xb_.get(), up_.get(), n);
-    cuda::silu_mul(gate_.get(), up_.get(), int64_t{n} * cfg_.hidden_dim, stream_);
-    matmul(w.w2, gate_.get(), proj_.get(), n);
-    cuda::add_inplace(x_.get(), proj_.get(), int64_t{n} * dim, stream_);
+    if (gemv_path) {
+      gemv(w.wo, {gemv_input::f32, att_.get()}, x_.get(), n, true);
+      gemv(w.w13, {gemv_input::rmsnorm, x_.get(), w.ffn_norm.get(), cfg_.rms_eps}, gate_up_.get(), n, false);
+      gemv(w.w2, {gemv_input::silu_mul, gate_up_.get()}, x_.get(), n, true);
+      return;
+    }
+    if (wt == dtype::f32) {
+      matmul(w.wo, att_.get(), x_.get(), n, true);
+    } else {
+      cuda::f32_to(wt, att_.get(), in_.get(), int64_t{n} * q_dim_, stream_);
+      matmul(w.wo, in_.get(), x_.get(), n, true);
+    }
+    cuda::rmsnorm_to(wt, in_.get(), dim, x_.get(), dim, w.ffn_norm.get(), n, dim, cfg_.rms_eps, stream_);
+    matmul(w.w13, in_.get(), gate_up_.get(), n, false);
+    cuda::silu_mul_rows(gate_up_.get(), n, cfg_.hidden_dim, wt, in_.get(), stream_);
+    matmul(w.w2, in_.get(), x_.get(), n, true);
   }
 
-  const model& model_;
   const model_config& cfg_;
   shard_spec spec_;
   cuda_shard_options opt_;
+  int32_t q_dim_ = 0, kv_dim_ = 0, qkv_dim_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::gemm_engine> gemm_;
   std::vector<layer> layers_;
   device_matrix embedding_, classifier_;
   cuda::buffer<float> final_norm_, cos_, sin_;
-  cuda::buffer<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_, logits_, workspace_;
-  cuda::buffer<uint16_t> x16_;
-  cuda::buffer<int32_t> tokens_, positions_, token_seq_, rows_;
-  cuda::buffer<uint32_t> tables_;
+  cuda::buffer<float> x_, xb_, qkv_, att_, gate_up_, logits_, workspace_;
+  cuda::buffer<uint8_t> in_;  // the GEMMs' input, in the weights' type
+  cuda::pinned<int32_t> staging_;
+  cuda::buffer<int32_t> inputs_;  // tokens, positions, token_seq, rows: max_step_tokens each; then the tables
+  int32_t *tokens_ = nullptr, *positions_ = nullptr, *token_seq_ = nullptr, *rows_ = nullptr;
+  uint32_t* tables_ = nullptr;
   int32_t max_table_ = 0;
-  std::vector<int32_t> h_positions_, h_token_seq_, h_rows_;
-  std::vector<uint32_t> h_tables_;
+  cuda::buffer<int32_t> ids_;  // greedy choices, one per logit row
+  bool greedy_ = false;        // this step ends in argmax on the device
+  std::map<std::tuple<int32_t, int32_t, int32_t, bool>, cudaGraphExec_t> graphs_;
 };
 
 }  // namespace

@@ -28,6 +28,14 @@ class forward_shard {
  public:
   virtual ~forward_shard() = default;
   virtual void forward(const step_batch& batch, float* hidden, float* logits) = 0;
+  // forward() with the greedy choice made where the logits are: next[r] = the first index of
+  // the largest logit of the r-th row forward() would return (kernels/cpu/argmax.hpp's
+  // rule). A GPU shard chooses on the device and copies back the ids alone. False, with
+  // nothing run, for a shard that cannot (the caller runs forward() and chooses itself).
+  virtual bool forward_greedy(const step_batch& batch, float* hidden, int32_t* next) {
+    (void)batch, (void)hidden, (void)next;
+    return false;
+  }
   virtual bool is_first_stage() const = 0;
   virtual bool is_last_stage() const = 0;
   virtual const shard_spec& spec() const = 0;
@@ -41,6 +49,13 @@ struct cuda_shard_options {
   int32_t block_size = 16;
   int32_t max_step_tokens = 512;
   int32_t attention_split = 256; // positions per attention partial
+  // Steps of up to graph_max_tokens tokens run as CUDA graphs, one captured per step shape
+  // (tokens, attention splits, logit rows) and replayed: one launch instead of a dozen per
+  // layer. 0 runs every step kernel by kernel.
+  int32_t graph_max_tokens = 256;
+  // Steps of up to gemv_max_rows tokens on 16-bit weights run every GEMM as troupe's GEMV
+  // (kernels/cuda/gemv.hpp, at most 8), fused with the norms and SiLU; 0: cuBLAS only.
+  int32_t gemv_max_rows = 1;
 };
 
 // "cuda:N" -> N; anything else an error.

@@ -14,15 +14,16 @@ __device__ inline void better(float& v, int32_t& i, float ov, int32_t oi) {
   }
 }
 
-// One block of 256 threads per row.
+// One block of 1024 threads per row.
 __global__ void argmax_kernel(const float* x, int64_t stride, int32_t n, int32_t* out) {
   const float* row = x + int64_t{blockIdx.x} * stride;
   float v = -INFINITY;
   int32_t idx = n;  // beyond every real index
+#pragma unroll 8
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) better(v, idx, row[i], i);
   for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
-  __shared__ float vs[8];
-  __shared__ int32_t is[8];
+  __shared__ float vs[32];
+  __shared__ int32_t is[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) {
     vs[warp] = v;
@@ -40,7 +41,7 @@ __global__ void argmax_kernel(const float* x, int64_t stride, int32_t n, int32_t
 
 void argmax(const float* x, int64_t stride, int32_t rows, int32_t n, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
-  argmax_kernel<<<rows, 256, 0, stream>>>(x, stride, n, out);
+  argmax_kernel<<<rows, 1024, 0, stream>>>(x, stride, n, out);
   check_launch("argmax");
 }
 

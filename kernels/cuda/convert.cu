@@ -51,4 +51,15 @@ void f16_to_f32(const uint16_t* in, float* out, int64_t n, cudaStream_t stream) 
   check_launch("f16_to_f32");
 }
 
+void f32_to(dtype type, const float* in, void* out, int64_t n, cudaStream_t stream) {
+  switch (type) {
+    case dtype::f32:
+      check(cudaMemcpyAsync(out, in, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "f32_to (copy)");
+      return;
+    case dtype::bf16: f32_to_bf16(in, static_cast<uint16_t*>(out), n, stream); return;
+    case dtype::f16: f32_to_f16(in, static_cast<uint16_t*>(out), n, stream); return;
+    default: throw cuda_error("f32_to: the type must be f32, bf16 or f16");
+  }
+}
+
 }  // namespace troupe::cuda

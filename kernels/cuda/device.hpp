@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -63,6 +64,36 @@ class buffer {
   }
   // Every byte set to `byte` (0xFF makes floats NaN: outputs a kernel forgets show up).
   void fill_bytes(int byte) { check(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset"); }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// An owning buffer of n elements of T in page-locked host memory: copies between it and the
+// device run asynchronously at full PCIe speed.
+template <typename T>
+class pinned {
+ public:
+  pinned() = default;
+  explicit pinned(size_t n) : n_(n) {
+    if (n) check(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMallocHost");
+  }
+  ~pinned() {
+    if (p_) cudaFreeHost(p_);
+  }
+  pinned(pinned&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  pinned& operator=(pinned&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  pinned(const pinned&) = delete;
+  pinned& operator=(const pinned&) = delete;
+
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) const { return p_[i]; }
 
  private:
   T* p_ = nullptr;

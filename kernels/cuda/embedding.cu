@@ -4,19 +4,11 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/types.cuh"
 
 namespace troupe::cuda {
 
 namespace {
-
-template <typename T>
-__device__ inline float to_float(T x);
-template <>
-__device__ inline float to_float(float x) { return x; }
-template <>
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <>
-__device__ inline float to_float(__half x) { return __half2float(x); }
 
 template <typename T>
 __global__ void embedding_kernel(const T* table, int64_t row_stride, int32_t dim, const int32_t* tokens, float* out,
@@ -24,7 +16,7 @@ __global__ void embedding_kernel(const T* table, int64_t row_stride, int32_t dim
   const int32_t t = blockIdx.x;
   const T* row = table + int64_t{tokens[t]} * row_stride;
   float* o = out + int64_t{t} * out_stride;
-  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = to_float(row[i]);
+  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = detail::to_float(row[i]);
 }
 
 }  // namespace

@@ -24,9 +24,56 @@ __global__ void kv_write_kernel(paged_kv_layer kv, const float* k, const float* 
   }
 }
 
-// Partials of one (split, head, token): [max, sum, acc[head_dim]] at part.
+// q . k for a key stored down its block ([head_dim][block_size]); D, when not 0, is
+// head_dim at compile time, so every load of the key is in flight at once.
+template <int D>
+__device__ inline float dot_k(const float* qs, const float* kp, int32_t block_size, int32_t hd = D) {
+  float dot = 0.0f;
+  if constexpr (D > 0) {
+#pragma unroll
+    for (int32_t d = 0; d < D; ++d) dot += qs[d] * kp[int64_t{d} * block_size];
+  } else {
+#pragma unroll 8
+    for (int32_t d = 0; d < hd; ++d) dot += qs[d] * kp[int64_t{d} * block_size];
+  }
+  return dot;
+}
+
+// rope over Q's and K's heads of token blockIdx.x's [q | k | v] row, then its K and V into
+// the cache.
+__global__ void rope_kv_write_kernel(paged_kv_layer kv, float* qkv, int64_t stride, int32_t num_heads, int32_t rot_dim,
+                                     const float* cos_table, const float* sin_table, bool halves, token_batch b) {
+  const int32_t t = blockIdx.x;
+  const int32_t pos = b.positions[t];
+  const int32_t hd = kv.head_dim, pairs = rot_dim / 2;
+  float* row = qkv + int64_t{t} * stride;
+  for (int32_t i = threadIdx.x; i < (num_heads + kv.num_kv_heads) * pairs; i += blockDim.x) {
+    const int32_t head = i / pairs, pair = i % pairs;
+    const float c = cos_table[int64_t{pos} * pairs + pair], s = sin_table[int64_t{pos} * pairs + pair];
+    float* h = row + int64_t{head} * hd;
+    const int32_t x = halves ? pair : 2 * pair, y = halves ? pair + pairs : 2 * pair + 1;
+    const float x0 = h[x], x1 = h[y];
+    h[x] = x0 * c - x1 * s;
+    h[y] = x0 * s + x1 * c;
+  }
+  __syncthreads();
+  const uint32_t block = b.tables[int64_t{b.token_seq[t]} * b.table_stride + pos / kv.block_size];
+  const int32_t slot = pos % kv.block_size;
+  const float* k = row + int64_t{num_heads} * hd;
+  const float* v = k + int64_t{kv.num_kv_heads} * hd;
+  for (int32_t i = threadIdx.x; i < kv.num_kv_heads * hd; i += blockDim.x) {
+    const int32_t h = i / hd, d = i % hd;
+    const int64_t base = kv_offset(kv, block, h);
+    kv.k[base + int64_t{d} * kv.block_size + slot] = k[i];
+    kv.v[base + int64_t{slot} * hd + d] = v[i];
+  }
+}
+
+// Partials of one (split, head, token): [max, sum, acc[head_dim]] at part; with a single
+// split, the output itself (acc / sum, what the merge would compute) into out.
 __global__ void attention_partial_kernel(const float* q, int64_t q_stride, token_batch b, int32_t num_heads,
-                                         paged_kv_layer kv, float* workspace, int32_t split, int32_t num_splits) {
+                                         paged_kv_layer kv, float* workspace, int32_t split, int32_t num_splits,
+                                         float* out, int64_t out_stride) {
   extern __shared__ float shared[];
   const int32_t s = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
   const int32_t hd = kv.head_dim;
@@ -48,9 +95,10 @@ __global__ void attention_partial_kernel(const float* q, int64_t q_stride, token
   float local_max = -INFINITY;
   for (int32_t p = start + threadIdx.x; p < end; p += blockDim.x) {
     const float* kp = kv.k + kv_offset(kv, table[p / kv.block_size], kvh) + p % kv.block_size;
-    float dot = 0.0f;
-    for (int32_t d = 0; d < hd; ++d) dot += qs[d] * kp[int64_t{d} * kv.block_size];
-    dot *= scale;
+    const float dot = (hd == 64    ? dot_k<64>(qs, kp, kv.block_size)
+                       : hd == 128 ? dot_k<128>(qs, kp, kv.block_size)
+                                   : dot_k<0>(qs, kp, kv.block_size, hd)) *
+                      scale;
     scores[p - start] = dot;
     local_max = fmaxf(local_max, dot);
   }
@@ -62,11 +110,30 @@ __global__ void attention_partial_kernel(const float* q, int64_t q_stride, token
     local_sum += e;
   }
   const float l = detail::block_sum(local_sum);  // its barrier also publishes scores
+  // Values: each warp takes every warps-th position, its lanes the head dimensions (at most
+  // 8 each); the warps' sums meet in shared memory.
+  const int32_t warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float acc[8] = {};
+#pragma unroll 4
+  for (int32_t p = start + warp; p < end; p += warps) {
+    const float sp = scores[p - start];
+    const float* vp = kv.v + kv_offset(kv, table[p / kv.block_size], kvh) + int64_t{p % kv.block_size} * hd;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (lane + 32 * i < hd) acc[i] += sp * vp[lane + 32 * i];
+  }
+  float* sums = scores + split;  // [warps][hd]
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (lane + 32 * i < hd) sums[warp * hd + lane + 32 * i] = acc[i];
+  __syncthreads();
   for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int32_t p = start; p < end; ++p)
-      acc += scores[p - start] * kv.v[kv_offset(kv, table[p / kv.block_size], kvh) + int64_t{p % kv.block_size} * hd + d];
-    part[2 + d] = acc;
+    float sum = 0.0f;
+    for (int32_t w = 0; w < warps; ++w) sum += sums[w * hd + d];
+    if (num_splits == 1)
+      out[int64_t{t} * out_stride + int64_t{h} * hd + d] = sum / l;  // the merge of one partial
+    else
+      part[2 + d] = sum;
   }
   if (threadIdx.x == 0) {
     part[0] = m;
@@ -105,9 +172,22 @@ void paged_kv_write(const paged_kv_layer& kv, const float* k, const float* v, in
   check_launch("paged_kv_write");
 }
 
+int32_t paged_attention_splits(int32_t max_position, int32_t split) {
+  return static_cast<int32_t>((int64_t{max_position} + split) / split);
+}
+
+void rope_kv_write(const paged_kv_layer& kv, float* qkv, int64_t stride, int32_t num_heads, int32_t rot_dim,
+                   const float* cos_table, const float* sin_table, rope_layout layout, const token_batch& b,
+                   cudaStream_t stream) {
+  if (b.num_tokens == 0) return;
+  rope_kv_write_kernel<<<b.num_tokens, 128, 0, stream>>>(kv, qkv, stride, num_heads, rot_dim, cos_table, sin_table,
+                                                         layout == rope_layout::halves, b);
+  check_launch("rope_kv_write");
+}
+
 size_t paged_attention_workspace(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t max_position,
                                  int32_t split) {
-  const int64_t splits = (int64_t{max_position} + split) / split;
+  const int64_t splits = paged_attention_splits(max_position, split);
   return static_cast<size_t>(int64_t{num_tokens} * num_heads * splits * (head_dim + 2));
 }
 
@@ -116,11 +196,14 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
                      cudaStream_t stream) {
   if (b.num_tokens == 0) return;
   if (split < 32 || split > 1024 || split % 32 != 0) throw cuda_error("paged_attention: split must be 32..1024, a multiple of 32");
-  const int32_t num_splits = static_cast<int32_t>((int64_t{max_position} + split) / split);
-  const size_t shared = sizeof(float) * (static_cast<size_t>(kv.head_dim) + static_cast<size_t>(split));
-  attention_partial_kernel<<<dim3(num_splits, num_heads, b.num_tokens), 128, shared, stream>>>(q, q_stride, b, num_heads, kv,
-                                                                                               workspace, split, num_splits);
+  const int32_t num_splits = paged_attention_splits(max_position, split);
+  if (kv.head_dim > 256) throw cuda_error("paged_attention: head_dim above 256");
+  constexpr int threads = 256;
+  const size_t shared = sizeof(float) * (static_cast<size_t>(kv.head_dim) * (1 + threads / 32) + static_cast<size_t>(split));
+  attention_partial_kernel<<<dim3(num_splits, num_heads, b.num_tokens), threads, shared, stream>>>(
+      q, q_stride, b, num_heads, kv, workspace, split, num_splits, out, out_stride);
   check_launch("paged_attention (partials)");
+  if (num_splits == 1) return;  // the partials were the output
   attention_merge_kernel<<<dim3(num_heads, b.num_tokens), 128, 0, stream>>>(out, out_stride, num_heads, kv.head_dim,
                                                                             workspace, num_splits);
   check_launch("paged_attention (merge)");

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/rope.hpp"
+
 #include "kernels/cpu/paged_attention.hpp"
 
 namespace troupe::cuda {
@@ -35,6 +37,17 @@ struct token_batch {
 // used) at its position. kv's k and v are device pointers.
 void paged_kv_write(const paged_kv_layer& kv, const float* k, const float* v, int64_t stride, const token_batch& b,
                     cudaStream_t stream);
+
+// rope() over the Q and K heads of each token's row of qkv ([num_tokens][stride]: Q's
+// num_heads heads, K's num_kv_heads, then V's, head_dim each), in place, then
+// paged_kv_write of its K and V: the two in one launch (the step's positions come from b).
+void rope_kv_write(const paged_kv_layer& kv, float* qkv, int64_t stride, int32_t num_heads, int32_t rot_dim,
+                   const float* cos_table, const float* sin_table, rope_layout layout, const token_batch& b,
+                   cudaStream_t stream);
+
+// The partials per (token, head) for positions up to max_position: the launch shape, the
+// only thing about a step's positions that the launches themselves depend on.
+int32_t paged_attention_splits(int32_t max_position, int32_t split);
 
 // Floats of workspace paged_attention needs; max_position bounds every positions[t].
 size_t paged_attention_workspace(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t max_position,

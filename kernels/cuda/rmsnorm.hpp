@@ -6,9 +6,16 @@
 
 #include <cstdint>
 
+#include "kernels/common/dtype.hpp"
+
 namespace troupe::cuda {
 
 void rmsnorm(float* out, const float* x, int64_t stride, const float* weight, int32_t rows, int32_t n, float eps,
              cudaStream_t stream);
+
+// The same values written as out_type (f32, bf16 or f16, rounded to nearest even) into
+// out ([rows][out_stride]): a GEMM on 16-bit weights takes its input straight from the norm.
+void rmsnorm_to(dtype out_type, void* out, int64_t out_stride, const float* x, int64_t stride, const float* weight,
+                int32_t rows, int32_t n, float eps, cudaStream_t stream);
 
 }  // namespace troupe::cuda

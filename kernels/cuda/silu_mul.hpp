@@ -6,8 +6,15 @@
 
 #include <cstdint>
 
+#include "kernels/common/dtype.hpp"
+
 namespace troupe::cuda {
 
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t stream);
+
+// Rows of [gate | up] ([rows][2 * n], what one GEMM over w1 and w3 stacked gives):
+// out[r][i] = silu(gate[r][i]) * up[r][i], written as out_type (f32, bf16 or f16; the
+// next GEMM's input) into out ([rows][n]).
+void silu_mul_rows(const float* gate_up, int32_t rows, int32_t n, dtype out_type, void* out, cudaStream_t stream);
 
 }  // namespace troupe::cuda

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "engine/forward/forward_shard.hpp"
+#include "kernels/cpu/argmax.hpp"
 #include "tools/common/stats.hpp"
 
 #if defined(TROUPE_HAVE_CUDA)
@@ -14,8 +15,8 @@
 namespace troupe::tools {
 
 #if !defined(TROUPE_HAVE_CUDA)
-expected<gpu_report> measure_gpu(const model&, int device, const std::string&, const std::vector<int>&, int, int) {
-  return error{"device cuda:" + std::to_string(device) + ": this build of troupe has no CUDA"};
+expected<gpu_report> measure_gpu(const model&, const gpu_bench_options& o, const std::vector<int>&, int, int) {
+  return error{"device cuda:" + std::to_string(o.device) + ": this build of troupe has no CUDA"};
 }
 #else
 namespace {
@@ -52,8 +53,10 @@ double weight_bytes(const model_config& c, dtype t) {
 
 }  // namespace
 
-expected<gpu_report> measure_gpu(const model& m, int device, const std::string& weights, const std::vector<int>& batches,
-                                 int tokens, int runs) {
+expected<gpu_report> measure_gpu(const model& m, const gpu_bench_options& opt, const std::vector<int>& batches, int tokens,
+                                 int runs) {
+  const int device = opt.device;
+  const std::string& weights = opt.weights;
   if (auto ok = cuda_device_usable(device); !ok) return ok.err();
   gpu_report rep;
   try {
@@ -73,26 +76,42 @@ expected<gpu_report> measure_gpu(const model& m, int device, const std::string& 
   o.weights = wt;
   o.num_blocks = per_seq * max_batch;
   o.max_step_tokens = std::max(prompt * max_batch, max_batch);
+  o.graph_max_tokens = opt.graphs ? o.graph_max_tokens : 0;
+  o.gemv_max_rows = opt.gemv_rows;
   auto shard = make_cuda_shard(m, shard_spec{}, o);
   if (!shard) return shard.err();
   std::vector<float> hidden, logits;
+  std::vector<int32_t> next;
   for (int b : batches) {
     std::vector<std::vector<uint32_t>> tables(b, std::vector<uint32_t>(per_seq));
     for (int s = 0; s < b; ++s) std::iota(tables[s].begin(), tables[s].end(), static_cast<uint32_t>(s * per_seq));
     std::vector<double> rates;
     for (int r = 0; r < runs + 1; ++r) {
       step_batch sb;
-      const std::vector<int32_t> toks(prompt, 1);
-      for (int s = 0; s < b; ++s) sb.add(toks, 0, tables[s], true);
+      for (int s = 0; s < b; ++s) {
+        std::vector<int32_t> toks(prompt);
+        for (int32_t i = 0; i < prompt; ++i) toks[i] = 1 + (s * 131 + i * 17) % (c.vocab_size - 1);
+        sb.add(toks, 0, tables[s], true);
+      }
       hidden.resize(size_t(sb.num_tokens()) * c.dim);
       logits.resize(size_t(b) * c.vocab_size);
-      (*shard)->forward(sb, hidden.data(), logits.data());
+      next.assign(b, 0);
+      // Each step feeds every sequence the token chosen for it the step before: greedy on
+      // the device (ids come back), or logits to the host and the choice made there.
+      auto step = [&](const step_batch& batch) {
+        if (!opt.logits_to_host && (*shard)->forward_greedy(batch, hidden.data(), next.data())) return;
+        (*shard)->forward(batch, hidden.data(), logits.data());
+        for (int s = 0; s < b; ++s) next[s] = argmax(logits.data() + size_t(s) * c.vocab_size, c.vocab_size);
+      };
+      step(sb);
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < tokens; ++i) {
         step_batch d;
-        const std::vector<int32_t> one{3 + i % 100};
-        for (int s = 0; s < b; ++s) d.add(one, prompt + i, tables[s], true);
-        (*shard)->forward(d, hidden.data(), logits.data());
+        for (int s = 0; s < b; ++s) {
+          const std::vector<int32_t> one{next[s]};
+          d.add(one, prompt + i, tables[s], true);
+        }
+        step(d);
       }
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) rates.push_back(double(b) * tokens / secs);

@@ -23,8 +23,16 @@ struct gpu_report {
   std::vector<gpu_decode_result> decode;
 };
 
-// weights: "bf16", "f16" or "f32". An error when the build has no CUDA or the device is not there.
-expected<gpu_report> measure_gpu(const model& m, int device, const std::string& weights, const std::vector<int>& batches,
-                                 int tokens, int runs);
+struct gpu_bench_options {
+  int device = 0;
+  std::string weights = "bf16";  // "bf16", "f16" or "f32"
+  bool graphs = true;            // decode steps as CUDA graphs
+  int gemv_rows = 1;             // troupe's GEMV for batches up to this (0: cuBLAS only)
+  bool logits_to_host = false;   // each step's logits to the host, the greedy choice there (else on the device)
+};
+
+// An error when the build has no CUDA or the device is not there.
+expected<gpu_report> measure_gpu(const model& m, const gpu_bench_options& o, const std::vector<int>& batches, int tokens,
+                                 int runs);
 
 }  // namespace troupe::tools

@@ -167,6 +167,14 @@ int main(int argc, char** argv) {
   gpu->add_option("--weights", gpu_weights, "weights on the device")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   gpu->add_option("-b,--batch", gpu_batches, "sequences per batch")->delimiter(',')->check(CLI::Range(1, 4096));
   gpu->add_option("-n,--tokens", tokens, "decode steps per run")->check(CLI::Range(2, 100000))->capture_default_str();
+  std::vector<std::string> gpu_graphs{"on"};
+  std::vector<int> gpu_gemv{1};
+  bool gpu_logits = false;
+  gpu->add_flag("--logits-to-host", gpu_logits, "copy each step's logits to the host and choose there (default: greedy on the device)");
+  gpu->add_option("--graphs", gpu_graphs, "decode steps as CUDA graphs: on, off, or on,off to measure both")
+      ->delimiter(',')->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  gpu->add_option("--gemv-rows", gpu_gemv, "troupe's GEMV for batches up to this many sequences, 0 to 8 (0: cuBLAS only); a list measures each")
+      ->delimiter(',')->check(CLI::Range(0, 8))->capture_default_str();
 
   auto* gm = app.add_subcommand("gemm", "one GEMM");
   std::string type_name = "q8_0";
@@ -237,16 +245,22 @@ int main(int argc, char** argv) {
                  describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
     const double bytes = static_cast<double>(m.weights.streamed_bytes());
     if (gpu->parsed()) {
-      auto rep = tools::measure_gpu(m, gpu_device, gpu_weights, gpu_batches, tokens, runs);
-      if (!rep) {
-        std::fprintf(stderr, "troupe-perf: %s\n", rep.err().message.c_str());
-        return 1;
-      }
-      report("device-to-device copy, " + rep->device, rep->copy_gbs, "GB/s");
-      for (const auto& d : rep->decode)
-        report("GPU decode, batch " + std::to_string(d.batch) + ", " + gpu_weights + " weights", d.tokens_per_s, "tok/s",
-               std::to_string(d.weight_gbs).substr(0, 6) + " GB/s of weights (" +
-                   std::to_string(100.0 * d.weight_gbs / rep->copy_gbs).substr(0, 4) + "% of the copy)");
+      bool copy_reported = false;
+      for (const std::string& graphs : gpu_graphs)
+        for (const int gemv : gpu_gemv) {
+          const tools::gpu_bench_options go{gpu_device, gpu_weights, graphs == "on", gemv, gpu_logits};
+          auto rep = tools::measure_gpu(m, go, gpu_batches, tokens, runs);
+          if (!rep) {
+            std::fprintf(stderr, "troupe-perf: %s\n", rep.err().message.c_str());
+            return 1;
+          }
+          if (!std::exchange(copy_reported, true)) report("device-to-device copy, " + rep->device, rep->copy_gbs, "GB/s");
+          for (const auto& d : rep->decode)
+            report("GPU decode, batch " + std::to_string(d.batch) + ", " + gpu_weights + ", graphs " + graphs + ", gemv rows " + std::to_string(gemv),
+                   d.tokens_per_s, "tok/s",
+                   std::to_string(d.weight_gbs).substr(0, 6) + " GB/s of weights (" +
+                       std::to_string(100.0 * d.weight_gbs / rep->copy_gbs).substr(0, 4) + "% of the copy)");
+        }
       return 0;
     }
     if (dec->parsed()) {

@@ -22,6 +22,7 @@
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/gemv.hpp"
 #include "kernels/cuda/paged_attention.hpp"
 #include "kernels/cuda/rmsnorm.hpp"
 #include "kernels/cuda/rope.hpp"
@@ -54,6 +55,12 @@ cuda::buffer<T> poisoned(size_t n) {
 }
 
 void sync() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+// x rounded to a 16-bit type and back (to_16 and from_16 as the device stores it).
+uint16_t to_16(dtype t, float x) { return t == dtype::bf16 ? f32_to_bf16(x) : f32_to_f16(x); }
+float from_16(dtype t, uint16_t x) { return t == dtype::bf16 ? bf16_to_f32(x) : f16_to_f32(x); }
+// A 16-bit type's relative rounding step.
+float half_ulp(dtype t) { return t == dtype::bf16 ? 1.0f / 128 : 1.0f / 1024; }
 
 // |a - b| <= rel * max(1, |b|)
 void close(float a, float b, float rel) { CHECK(std::fabs(a - b) <= rel * std::max(1.0f, std::fabs(b))); }
@@ -110,6 +117,50 @@ TEST_CASE("rmsnorm over rows of odd length matches the CPU") {
       rmsnorm(want.data(), x.data() + size_t(r) * stride, w.data(), n, 1e-5f);
       for (int32_t i = 0; i < n; ++i) close(got[size_t(r) * stride + i], want[i], 2e-5f);
     }
+  }
+}
+
+TEST_CASE("rmsnorm writes bf16 and f16 rows within one rounding of the CPU's floats") {
+  const int32_t rows = 4, n = 1031, stride = n + 5, out_stride = n + 1;
+  const auto x = randoms(size_t(rows) * stride, 31, 3.0f);
+  const auto w = randoms(n, 32);
+  auto dx = on_device(x);
+  auto dw = on_device(w);
+  std::vector<float> want(n);
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    CAPTURE(dtype_name(t));
+    auto out = poisoned<uint16_t>(size_t(rows) * out_stride);
+    cuda::rmsnorm_to(t, out.get(), out_stride, dx.get(), stride, dw.get(), rows, n, 1e-5f, nullptr);
+    sync();
+    const auto got = out.download();
+    for (int32_t r = 0; r < rows; ++r) {
+      rmsnorm(want.data(), x.data() + size_t(r) * stride, w.data(), n, 1e-5f);
+      for (int32_t i = 0; i < n; ++i) close(from_16(t, got[size_t(r) * out_stride + i]), want[i], half_ulp(t));
+    }
+  }
+}
+
+TEST_CASE("silu_mul over rows of [gate | up] writes f32, bf16 and f16 as the CPU computes") {
+  const int32_t rows = 3, n = 517;
+  const auto gu = randoms(size_t(rows) * 2 * n, 33, 6.0f);
+  auto dgu = on_device(gu);
+  std::vector<float> want(size_t(rows) * n);
+  for (int32_t r = 0; r < rows; ++r) {
+    std::copy_n(gu.data() + size_t(r) * 2 * n, n, want.data() + size_t(r) * n);
+    silu_mul(want.data() + size_t(r) * n, gu.data() + size_t(r) * 2 * n + n, n);
+  }
+  auto out32 = poisoned<float>(want.size());
+  cuda::silu_mul_rows(dgu.get(), rows, n, dtype::f32, out32.get(), nullptr);
+  sync();
+  const auto got32 = out32.download();
+  for (size_t i = 0; i < want.size(); ++i) close(got32[i], want[i], 2e-5f);
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    CAPTURE(dtype_name(t));
+    auto out = poisoned<uint16_t>(want.size());
+    cuda::silu_mul_rows(dgu.get(), rows, n, t, out.get(), nullptr);
+    sync();
+    const auto got = out.download();
+    for (size_t i = 0; i < want.size(); ++i) close(from_16(t, got[i]), want[i], half_ulp(t));
   }
 }
 
@@ -193,8 +244,10 @@ TEST_CASE("conversions round to nearest even, bit for bit as the CPU's") {
   }
 }
 
-TEST_CASE("paged KV write and split attention (GQA, scrambled blocks, decode and prefill tokens) match the CPU") {
-  const int32_t heads = 6, kv_heads = 2, head_dim = 16, block = 16, blocks = 64;
+namespace {
+
+void check_attention(int32_t head_dim) {
+  const int32_t heads = 6, kv_heads = 2, block = 16, blocks = 64;
   const std::vector<int32_t> lengths{1, 37, 300};
   // Each sequence's blocks, scrambled across the pool.
   std::vector<uint32_t> pool_order(blocks);
@@ -247,7 +300,7 @@ TEST_CASE("paged KV write and split attention (GQA, scrambled blocks, decode and
   auto dq = on_device(q);
   auto dpos = on_device(pos), dseq = on_device(seq);
   const cuda::token_batch b{dpos.get(), dseq.get(), dtables.get(), table_stride, n};
-  for (int32_t split : {32, 256}) {  // many partials to merge, and one or two
+  for (int32_t split : {32, 256, 512}) {  // many partials to merge, two, and one (no merge)
     CAPTURE(split);
     cuda::buffer<float> ws(cuda::paged_attention_workspace(n, heads, head_dim, 299, split));
     ws.fill_bytes(0xFF);
@@ -256,6 +309,15 @@ TEST_CASE("paged KV write and split attention (GQA, scrambled blocks, decode and
     sync();
     const auto got = out.download();
     for (size_t i = 0; i < want.size(); ++i) close(got[i], want[i], 1e-5f);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("paged KV write and split attention (GQA, scrambled blocks, decode and prefill tokens) match the CPU") {
+  for (int32_t head_dim : {16, 64, 128}) {  // 64 and 128 have unrolled kernels of their own
+    CAPTURE(head_dim);
+    check_attention(head_dim);
   }
 }
 
@@ -297,6 +359,150 @@ TEST_CASE("cuBLAS GEMMs: FP32 exact to rounding, BF16 and FP16 within their prec
         }
         close(got[size_t(i) * n + j], static_cast<float>(ref), 1e-4f);
       }
+  }
+}
+
+// The exact sum of x[i] . w[j] over k with both as the device holds them (16-bit).
+std::vector<double> reference_16(dtype t, const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int32_t m,
+                                 int32_t n, int32_t k) {
+  std::vector<double> y(size_t(m) * n);
+  for (int32_t i = 0; i < m; ++i)
+    for (int32_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int32_t c = 0; c < k; ++c) acc += double(from_16(t, x[size_t(i) * k + c])) * from_16(t, w[size_t(j) * k + c]);
+      y[size_t(i) * n + j] = acc;
+    }
+  return y;
+}
+
+TEST_CASE("GEMV for 1 to 8 rows and the 16-bit GEMMs: products, accumulation into y, odd column counts") {
+  const int32_t n = 333, k = 1032;  // k: 129 loads of 8, not a multiple of the 4 x 32 unrolled loop
+  cudaStream_t stream = nullptr;
+  cuda::gemm_engine gemm(stream);
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    const auto wf = randoms(size_t(n) * k, 41);
+    std::vector<uint16_t> w(wf.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = to_16(t, wf[i]);
+    auto dw = on_device(w);
+    for (int32_t m : {1, 2, 3, 5, 8, 9, 24}) {
+      for (bool accumulate : {false, true}) {
+        for (bool own : {true, false}) {
+          CAPTURE(dtype_name(t));
+          CAPTURE(m);
+          CAPTURE(accumulate);
+          CAPTURE(own);
+          const auto xf = randoms(size_t(m) * k, 42 + m);
+          std::vector<uint16_t> x(xf.size());
+          for (size_t i = 0; i < x.size(); ++i) x[i] = to_16(t, xf[i]);
+          const auto y0 = randoms(size_t(m) * n, 43);
+          auto dx = on_device(x);
+          auto dy = accumulate ? on_device(y0) : poisoned<float>(y0.size());
+          if (own && cuda::gemv_fits(m, k)) {
+            cuda::gemv(t, cuda::gemv_source{cuda::gemv_input::half, dx.get()}, dw.get(), dy.get(), m, n, k, accumulate, nullptr);
+          } else {
+            gemm.set_gemv_rows(own ? cuda::gemv_max_rows : 0);
+            gemm.run(t, dx.get(), dw.get(), dy.get(), m, n, k, accumulate);
+          }
+          sync();
+          const auto got = dy.download();
+          const auto want = reference_16(t, x, w, m, n, k);
+          for (size_t i = 0; i < got.size(); ++i)
+            close(got[i], static_cast<float>(want[i] + (accumulate ? y0[i] : 0.0)), 1e-4f);
+        }
+      }
+    }
+  }
+  CHECK(!cuda::gemv_fits(9, 1024));
+  CHECK(!cuda::gemv_fits(1, 1030));
+  cuda::buffer<uint16_t> x(1030), w(1030);
+  cuda::buffer<float> y(1);
+  CHECK_THROWS_AS(cuda::gemv(dtype::bf16, cuda::gemv_source{cuda::gemv_input::half, x.get()}, w.get(), y.get(), 1, 1, 1030,
+                             false, nullptr),
+                  cuda::cuda_error);
+}
+
+TEST_CASE("GEMV sources: f32 rows, rmsnorm and SiLU x up staged as the separate kernels would write them") {
+  const int32_t n = 45, k = 264;
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    const auto wf = randoms(size_t(n) * k, 51);
+    std::vector<uint16_t> w(wf.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = to_16(t, wf[i]);
+    auto dw = on_device(w);
+    const auto norm = randoms(k, 52);
+    auto dnorm = on_device(norm);
+    for (int32_t m : {1, 4, 8}) {
+      for (cuda::gemv_input kind : {cuda::gemv_input::f32, cuda::gemv_input::rmsnorm, cuda::gemv_input::silu_mul}) {
+        CAPTURE(dtype_name(t));
+        CAPTURE(m);
+        CAPTURE(static_cast<int>(kind));
+        const int32_t width = kind == cuda::gemv_input::silu_mul ? 2 * k : k;
+        const auto xf = randoms(size_t(m) * width, 53 + m, 3.0f);
+        // What the separate kernel would have written, rounded to t, on the CPU.
+        std::vector<uint16_t> x(size_t(m) * k);
+        std::vector<float> row(k);
+        for (int32_t r = 0; r < m; ++r) {
+          const float* in = xf.data() + size_t(r) * width;
+          if (kind == cuda::gemv_input::rmsnorm) {
+            rmsnorm(row.data(), in, norm.data(), k, 1e-5f);
+          } else {
+            std::copy_n(in, k, row.begin());
+            if (kind == cuda::gemv_input::silu_mul) silu_mul(row.data(), in + k, k);
+          }
+          for (int32_t i = 0; i < k; ++i) x[size_t(r) * k + i] = to_16(t, row[i]);
+        }
+        auto dx = on_device(xf);
+        auto dy = poisoned<float>(size_t(m) * n);
+        cuda::gemv(t, cuda::gemv_source{kind, dx.get(), dnorm.get(), 1e-5f}, dw.get(), dy.get(), m, n, k, false, nullptr);
+        sync();
+        const auto got = dy.download();
+        const auto want = reference_16(t, x, w, m, n, k);
+        // The GPU's floats may round to the other neighbour where the CPU's sit on a boundary.
+        for (size_t i = 0; i < got.size(); ++i) close(got[i], static_cast<float>(want[i]), 4 * half_ulp(t));
+      }
+    }
+  }
+}
+
+TEST_CASE("rope and KV write in one launch equal rope, then paged_kv_write") {
+  const int32_t heads = 4, kv_heads = 2, head_dim = 12, rot = 8, block = 16, blocks = 8, positions_n = 100;
+  const int32_t stride = (heads + 2 * kv_heads) * head_dim + 3, tokens = 5;
+  std::vector<float> cos(size_t(positions_n) * rot / 2), sin(cos.size());
+  rope_table(cos.data(), sin.data(), positions_n, rot, 10000.0f);
+  const std::vector<int32_t> pos{0, 17, 18, 63, 99}, seq{0, 0, 0, 1, 1};
+  const int32_t table_stride = 7;
+  std::vector<uint32_t> tables(2 * table_stride, 0);
+  for (int32_t b = 0; b < table_stride; ++b) {
+    tables[b] = static_cast<uint32_t>((b * 3) % blocks);
+    tables[table_stride + b] = static_cast<uint32_t>(blocks - 1 - b);
+  }
+  for (rope_layout layout : {rope_layout::pairs, rope_layout::halves}) {
+    auto qkv = randoms(size_t(tokens) * stride, 61);
+    const size_t cache = size_t(blocks) * kv_heads * block * head_dim;
+    std::vector<float> k(cache, 0.0f), v(cache, 0.0f);
+    paged_kv_layer host{k.data(), v.data(), blocks, kv_heads, block, head_dim};
+    auto dqkv = on_device(qkv);
+    for (int32_t t = 0; t < tokens; ++t) {
+      float* row = qkv.data() + size_t(t) * stride;
+      const size_t at = size_t(pos[t]) * rot / 2;
+      rope(row, heads + kv_heads, head_dim, rot, cos.data() + at, sin.data() + at, layout);
+      paged_kv_write(host, tables.data() + size_t(seq[t]) * table_stride, pos[t], row + heads * head_dim,
+                     row + (heads + kv_heads) * head_dim);
+    }
+    auto dk = on_device(std::vector<float>(cache, 0.0f)), dv = on_device(std::vector<float>(cache, 0.0f));
+    auto dcos = on_device(cos), dsin = on_device(sin);
+    auto dpos = on_device(pos), dseq = on_device(seq);
+    auto dtables = on_device(tables);
+    const paged_kv_layer dev{dk.get(), dv.get(), blocks, kv_heads, block, head_dim};
+    const cuda::token_batch b{dpos.get(), dseq.get(), dtables.get(), table_stride, tokens};
+    cuda::rope_kv_write(dev, dqkv.get(), stride, heads, rot, dcos.get(), dsin.get(), layout, b, nullptr);
+    sync();
+    const auto got = dqkv.download();
+    for (size_t i = 0; i < got.size(); ++i) close(got[i], qkv[i], 1e-5f);
+    const auto gk = dk.download(), gv = dv.download();
+    for (size_t i = 0; i < cache; ++i) {
+      close(gk[i], k[i], 1e-5f);
+      close(gv[i], v[i], 1e-5f);
+    }
   }
 }
 

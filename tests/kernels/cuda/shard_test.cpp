@@ -8,6 +8,8 @@
 
 #include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
+#include "engine/model/checkpoint_writer.hpp"
+#include "kernels/cuda/gemv.hpp"
 #include "kernels/cpu/argmax.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -15,9 +17,11 @@ namespace troupe {
 
 namespace {
 
-// Prompt in one step, then one token a step; stops at BOS/EOS or when `steps` positions
-// are used (the reference's rule). Returns the generated ids.
-std::vector<int32_t> greedy(forward_shard& shard, const test::loaded& l, const std::vector<int32_t>& prompt, int32_t steps) {
+// Prompt in one step, then one token a step; stops at BOS/EOS or once position steps - 1
+// has been fed (the reference's rule: steps ids after BOS). Returns the generated ids.
+// on_device: the shard chooses (forward_greedy), else the CPU's argmax over its logits.
+std::vector<int32_t> greedy(forward_shard& shard, const test::loaded& l, const std::vector<int32_t>& prompt, int32_t steps,
+                            bool on_device) {
   const model_config& c = l.m.config;
   std::vector<uint32_t> table((c.max_seq_len + 15) / 16);
   std::iota(table.begin(), table.end(), 0u);
@@ -25,13 +29,18 @@ std::vector<int32_t> greedy(forward_shard& shard, const test::loaded& l, const s
   std::vector<int32_t> out;
   std::vector<int32_t> feed = prompt;
   int32_t pos = 0;
-  while (pos + static_cast<int32_t>(feed.size()) < steps) {
+  while (pos + static_cast<int32_t>(feed.size()) <= steps) {
     step_batch b;
     b.add(feed, pos, table, true);
     hidden.assign(size_t(b.num_tokens()) * c.dim, 0.0f);
-    shard.forward(b, hidden.data(), logits.data());
+    int32_t next = 0;
+    if (on_device) {
+      REQUIRE(shard.forward_greedy(b, hidden.data(), &next));
+    } else {
+      shard.forward(b, hidden.data(), logits.data());
+      next = argmax(logits.data(), c.vocab_size);
+    }
     pos += static_cast<int32_t>(feed.size());
-    const int32_t next = argmax(logits.data(), c.vocab_size);
     if (next == l.tok.bos_id() || next == l.tok.eos_id()) break;
     out.push_back(next);
     feed = {next};
@@ -39,23 +48,145 @@ std::vector<int32_t> greedy(forward_shard& shard, const test::loaded& l, const s
   return out;
 }
 
+// The first index where a and b differ (their common length when one is a prefix).
+size_t first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
+
 }  // namespace
 
-TEST_CASE("GPU FP32 path: stories260K greedy ids equal the reference") {
+TEST_CASE("GPU FP32 path: logits follow the CPU's token by token along a reference sequence") {
+  // Teacher forcing: BOS and the reference ids, one token a step through both shards; the
+  // logits of every step compared. Tells a numerical drift (tiny differences, a flip at a
+  // near tie) from a wrong kernel (large differences from some position on).
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const model_config& c = l.m.config;
+  const auto cases = test::read_reference(test::shared_path("reference/stories260K_greedy.jsonl"));
+  REQUIRE(!cases.empty());
+  std::vector<int32_t> ids{l.tok.bos_id()};
+  ids.insert(ids.end(), cases[0].ids_after_bos.begin(), cases[0].ids_after_bos.end());
+  std::vector<uint32_t> table((c.max_seq_len + 15) / 16);
+  std::iota(table.begin(), table.end(), 0u);
+  kv_cache cache(transformer_shard::cache_shape(c, shard_spec{}, static_cast<int32_t>(table.size()), 16, dtype::f32));
+  thread_pool pool(1);
+  no_collective solo;
+  transformer_shard cpu(l.m, shard_spec{}, cache, pool, solo);
   cuda_shard_options o;
   o.weights = dtype::f32;
-  o.num_blocks = (l.m.config.max_seq_len + 15) / 16;
-  auto shard = make_cuda_shard(l.m, shard_spec{0, 0, {}}, o);
-  REQUIRE_MESSAGE(shard.has_value(), (shard ? "" : shard.err().message));
-  for (const auto& c : test::read_reference(test::shared_path("reference/stories260K_greedy.jsonl"))) {
-    CAPTURE(c.prompt);
-    const auto prompt = l.tok.encode(c.prompt, true);
-    std::vector<int32_t> ids(prompt.begin() + 1, prompt.end());
-    const auto gen = greedy(**shard, l, prompt, c.steps);
-    ids.insert(ids.end(), gen.begin(), gen.end());
-    CHECK(ids == c.ids_after_bos);
+  o.num_blocks = static_cast<int32_t>(table.size());
+  auto gpu = make_cuda_shard(l.m, shard_spec{}, o);
+  REQUIRE_MESSAGE(gpu.has_value(), (gpu ? "" : gpu.err().message));
+  std::vector<float> hidden(c.dim), want(c.vocab_size), got(c.vocab_size);
+  float worst = 0.0f;
+  int32_t worst_at = -1, first_flip = -1;
+  for (int32_t pos = 0; pos + 1 < static_cast<int32_t>(ids.size()); ++pos) {
+    step_batch b;
+    const std::vector<int32_t> token{ids[pos]};
+    b.add(token, pos, table, true);
+    cpu.forward(b, hidden.data(), want.data());
+    (*gpu)->forward(b, hidden.data(), got.data());
+    const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
+    float diff = 0.0f;
+    for (int32_t i = 0; i < c.vocab_size; ++i) diff = std::max(diff, std::fabs(got[i] - want[i]) / (*hi - *lo));
+    if (diff > worst) worst = diff, worst_at = pos;
+    if (first_flip < 0 && argmax(got.data(), c.vocab_size) != argmax(want.data(), c.vocab_size)) first_flip = pos;
   }
+  MESSAGE("FP32 worst logit difference ", worst, " of the range, at position ", worst_at, "; first argmax difference at ",
+          first_flip, " of ", ids.size() - 1);
+  CHECK(worst <= 1e-4f);
+  CHECK(first_flip == -1);
+}
+
+TEST_CASE("GPU FP32 path: stories260K greedy ids equal the reference, with CUDA graphs and without, chosen on either side") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  for (auto [graph_max_tokens, on_device] : {std::pair{256, true}, std::pair{256, false}, std::pair{0, false}}) {
+    CAPTURE(graph_max_tokens);
+    CAPTURE(on_device);
+    cuda_shard_options o;
+    o.weights = dtype::f32;
+    o.num_blocks = (l.m.config.max_seq_len + 15) / 16;
+    o.graph_max_tokens = graph_max_tokens;
+    auto shard = make_cuda_shard(l.m, shard_spec{0, 0, {}}, o);
+    REQUIRE_MESSAGE(shard.has_value(), (shard ? "" : shard.err().message));
+    for (const auto& c : test::read_reference(test::shared_path("reference/stories260K_greedy.jsonl"))) {
+      CAPTURE(c.prompt);
+      const auto prompt = l.tok.encode(c.prompt, true);
+      std::vector<int32_t> ids(prompt.begin() + 1, prompt.end());
+      const auto gen = greedy(**shard, l, prompt, c.steps, on_device);
+      ids.insert(ids.end(), gen.begin(), gen.end());
+      CAPTURE(first_difference(ids, c.ids_after_bos));
+      CHECK(ids == c.ids_after_bos);
+    }
+  }
+}
+
+TEST_CASE("GPU BF16 path: graph replays give the kernel-by-kernel logits bit for bit, GEMV and cuBLAS agree") {
+  // stories260K's shape with a hidden size the GEMV takes (a multiple of 8), random BF16
+  // weights. Three sequences: a prompt each in one step of 10 tokens (cuBLAS: more rows
+  // than the GEMV takes), then decode steps of 3 at new positions with new tokens, so every
+  // replay must read that step's inputs, not those it was captured with.
+  test::temp_dir dir;
+  const test::loaded src = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  model_config shape = src.m.config;
+  shape.hidden_dim = 192;
+  const std::string path = dir.file("bf16.gguf");
+  REQUIRE(write_gguf(path, {shape, dtype::bf16, 32, true}, src.tok.vocab(), random_weights(7)).has_value());
+  const test::loaded l = test::load(path);
+  const model_config& c = l.m.config;
+  const int32_t per_seq = (c.max_seq_len + 15) / 16;
+  std::vector<std::vector<uint32_t>> tables(3, std::vector<uint32_t>(per_seq));
+  for (int s = 0; s < 3; ++s)
+    for (int32_t b = 0; b < per_seq; ++b) tables[s][b] = static_cast<uint32_t>(b * 3 + s);
+  const std::vector<std::vector<int32_t>> prompts{{1, 5, 9}, {1, 7, 3, 8, 2}, {1, 4}};
+  // Every step's logits (greedy off), or every step's device-chosen ids (greedy on).
+  auto run = [&](int32_t graph_max_tokens, bool gemv, bool greedy, std::vector<int32_t>* ids) {
+    cuda_shard_options o;
+    o.weights = dtype::bf16;
+    o.num_blocks = 3 * per_seq;
+    o.graph_max_tokens = graph_max_tokens;
+    o.gemv_max_rows = gemv ? cuda::gemv_max_rows : 0;
+    auto shard = make_cuda_shard(l.m, shard_spec{}, o);
+    REQUIRE_MESSAGE(shard.has_value(), (shard ? "" : shard.err().message));
+    std::vector<float> all, hidden(size_t(16) * c.dim), logits(size_t(3) * c.vocab_size);
+    std::vector<int32_t> next(3);
+    auto step = [&](const step_batch& b) {
+      if (greedy) {
+        REQUIRE((**shard).forward_greedy(b, hidden.data(), next.data()));
+        ids->insert(ids->end(), next.begin(), next.end());
+      } else {
+        (**shard).forward(b, hidden.data(), logits.data());
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+    };
+    step_batch first;
+    for (int s = 0; s < 3; ++s) first.add(prompts[s], 0, tables[s], true);
+    step(first);
+    for (int32_t i = 0; i < 40; ++i) {
+      step_batch d;
+      for (int s = 0; s < 3; ++s) {
+        const std::vector<int32_t> token{static_cast<int32_t>((i * 31 + s * 17) % c.vocab_size)};
+        d.add(token, static_cast<int32_t>(prompts[s].size()) + i, tables[s], true);
+      }
+      step(d);
+    }
+    return all;
+  };
+  const auto eager = run(0, false, false, nullptr);
+  CHECK(run(256, false, false, nullptr) == eager);
+  const auto gemv_eager = run(0, true, false, nullptr);
+  CHECK(run(256, true, false, nullptr) == gemv_eager);
+  // Greedy on the device: each row's argmax of the same step's logits.
+  std::vector<int32_t> ids;
+  run(256, true, true, &ids);
+  REQUIRE(ids.size() * c.vocab_size == gemv_eager.size());
+  for (size_t r = 0; r < ids.size(); ++r) CHECK(ids[r] == argmax(gemv_eager.data() + r * c.vocab_size, c.vocab_size));
+  const auto [lo, hi] = std::minmax_element(eager.begin(), eager.end());
+  float worst = 0.0f;
+  for (size_t i = 0; i < eager.size(); ++i) worst = std::max(worst, std::fabs(gemv_eager[i] - eager[i]));
+  MESSAGE("GEMV path against cuBLAS: worst logit difference ", worst, " of a range of ", *hi - *lo);
+  CHECK(worst <= 0.02f * (*hi - *lo));  // BF16 roundings of activations that differ in the last float bits
 }
 
 TEST_CASE("GPU BF16 path: prompt logits within 5% of the logit range of the CPU's") {
