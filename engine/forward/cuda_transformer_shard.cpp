@@ -21,7 +21,7 @@
 #include "engine/forward/forward_shard.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/rope.hpp"
-#include "kernels/cuda/argmax.hpp"
+#include "kernels/cuda/sample.hpp"
 #include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/embedding.hpp"
@@ -129,6 +129,9 @@ class cuda_transformer_shard final : public forward_shard {
     in_ = cuda::buffer<uint8_t>(size_t(n * widest) * (o.weights == dtype::f32 ? 4 : 2));
     logits_ = cuda::buffer<float>(is_last_stage() ? n * cfg_.vocab_size : 0);
     ids_ = cuda::buffer<int32_t>(is_last_stage() ? n : 0);
+    choices_ = cuda::buffer<token_choice>(is_last_stage() ? n : 0);
+    choice_staging_ = cuda::pinned<token_choice>(is_last_stage() ? n : 0);
+    sample_workspace_ = cuda::buffer<float>(is_last_stage() ? cuda::sample_workspace(static_cast<int32_t>(n), cfg_.vocab_size) : 0);
     max_table_ = (cfg_.max_seq_len + o.block_size - 1) / o.block_size;
     // The step's inputs, staged in page-locked memory and copied in one go.
     staging_ = cuda::pinned<int32_t>(size_t(n) * (4 + max_table_));
@@ -157,17 +160,19 @@ class cuda_transformer_shard final : public forward_shard {
   bool is_last_stage() const override { return spec_.end_layer == cfg_.num_layers; }
   const shard_spec& spec() const override { return spec_; }
 
-  void forward(const step_batch& batch, float* hidden, float* logits) override { step(batch, hidden, logits, nullptr); }
+  void forward(const step_batch& batch, float* hidden, float* logits) override {
+    step(batch, hidden, logits, nullptr, nullptr);
+  }
 
-  bool forward_greedy(const step_batch& batch, float* hidden, int32_t* next) override {
+  bool forward_choose(const step_batch& batch, float* hidden, const token_choice* choices, int32_t* next) override {
     if (!is_last_stage() || spec_.tp.rank != 0) return false;
-    step(batch, hidden, nullptr, next);
+    step(batch, hidden, nullptr, choices, next);
     return true;
   }
 
  private:
-  // One step; the last stage returns logits (when logits is set) or greedy ids (when next is).
-  void step(const step_batch& batch, float* hidden, float* logits, int32_t* next) {
+  // One step; the last stage returns logits (when logits is set) or chosen ids (when next is).
+  void step(const step_batch& batch, float* hidden, float* logits, const token_choice* choices, int32_t* next) {
     const int32_t n = batch.num_tokens();
     if (n == 0) return;
     TROUPE_ASSERT(n <= opt_.max_step_tokens, n, opt_.max_step_tokens);
@@ -212,13 +217,19 @@ class cuda_transformer_shard final : public forward_shard {
     if (!is_first_stage()) copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
     const bool want_logits = is_last_stage() && (logits != nullptr || next != nullptr) && spec_.tp.rank == 0;
     if (!want_logits) num_rows = 0;
-    greedy_ = next != nullptr;
+    choosing_ = next != nullptr;
+    if (choosing_ && num_rows > 0) {
+      std::copy_n(choices, num_rows, choice_staging_.get());
+      cuda::check(cudaMemcpyAsync(choices_.get(), choice_staging_.get(), sizeof(token_choice) * num_rows,
+                                  cudaMemcpyHostToDevice, stream_),
+                  "copy to the device");
+    }
     const int32_t splits = cuda::paged_attention_splits(max_position, opt_.attention_split);
     if (n <= opt_.graph_max_tokens)
       replay(n, splits, max_position, num_rows);
     else
       enqueue_step(n, max_position, num_rows);
-    if (num_rows > 0 && greedy_)
+    if (num_rows > 0 && choosing_)
       copy_out(next, ids_.get(), size_t(num_rows));
     else if (num_rows > 0)
       copy_out(logits, logits_.get(), size_t(num_rows) * cfg_.vocab_size);
@@ -245,7 +256,7 @@ class cuda_transformer_shard final : public forward_shard {
   // The graph of a step shape, captured the first time it is seen (up to 256 shapes), then
   // replayed; its kernels read the step's inputs from inputs_, which forward() fills first.
   void replay(int32_t n, int32_t splits, int32_t max_position, int32_t rows) {
-    const auto key = std::make_tuple(n, splits, rows, greedy_);
+    const auto key = std::make_tuple(n, splits, rows, choosing_);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       if (graphs_.size() >= 256) return enqueue_step(n, max_position, rows);
@@ -286,7 +297,9 @@ class cuda_transformer_shard final : public forward_shard {
                          cfg_.rms_eps, stream_);
         matmul(classifier_, in_.get(), logits_.get(), rows, false);
       }
-      if (greedy_) cuda::argmax(logits_.get(), cfg_.vocab_size, rows, cfg_.vocab_size, ids_.get(), stream_);
+      if (choosing_)
+        cuda::sample(logits_.get(), cfg_.vocab_size, rows, cfg_.vocab_size, choices_.get(), sample_workspace_.get(),
+                     ids_.get(), stream_);
     }
   }
 
@@ -356,8 +369,11 @@ class cuda_transformer_shard final : public forward_shard {
   int32_t *tokens_ = nullptr, *positions_ = nullptr, *token_seq_ = nullptr, *rows_ = nullptr;
   uint32_t* tables_ = nullptr;
   int32_t max_table_ = 0;
-  cuda::buffer<int32_t> ids_;  // greedy choices, one per logit row
-  bool greedy_ = false;        // this step ends in argmax on the device
+  cuda::buffer<int32_t> ids_;  // chosen tokens, one per logit row
+  cuda::buffer<token_choice> choices_;
+  cuda::pinned<token_choice> choice_staging_;
+  cuda::buffer<float> sample_workspace_;
+  bool choosing_ = false;  // this step ends in the choice of tokens on the device
   std::map<std::tuple<int32_t, int32_t, int32_t, bool>, cudaGraphExec_t> graphs_;
 };
 

@@ -15,6 +15,7 @@
 #include "engine/forward/tp_slice.hpp"
 #include "engine/model/model.hpp"
 #include "engine/util/expected.hpp"
+#include "kernels/cpu/sample.hpp"
 
 namespace troupe {
 
@@ -28,12 +29,13 @@ class forward_shard {
  public:
   virtual ~forward_shard() = default;
   virtual void forward(const step_batch& batch, float* hidden, float* logits) = 0;
-  // forward() with the greedy choice made where the logits are: next[r] = the first index of
-  // the largest logit of the r-th row forward() would return (kernels/cpu/argmax.hpp's
-  // rule). A GPU shard chooses on the device and copies back the ids alone. False, with
-  // nothing run, for a shard that cannot (the caller runs forward() and chooses itself).
-  virtual bool forward_greedy(const step_batch& batch, float* hidden, int32_t* next) {
-    (void)batch, (void)hidden, (void)next;
+  // forward() with each row's token chosen where the logits are: next[r] gets the token of
+  // the r-th logit row forward() would return, chosen as choices[r] says (greedy, or a draw
+  // with its truncation and u: kernels/cpu/sample.hpp). A GPU shard chooses on the device
+  // and copies back the ids alone. False, with nothing run, for a shard that cannot (the
+  // caller runs forward() and chooses itself).
+  virtual bool forward_choose(const step_batch& batch, float* hidden, const token_choice* choices, int32_t* next) {
+    (void)batch, (void)hidden, (void)choices, (void)next;
     return false;
   }
   virtual bool is_first_stage() const = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/argmax.hpp"
+#include "kernels/cpu/sample.hpp"
 
 namespace troupe {
 
@@ -35,70 +36,7 @@ void sampler::replay(int32_t token) {
 }
 
 int32_t sampler::draw(const float* logits, int32_t vocab) {
-  // Unnormalised probabilities of logits / temperature; the most likely token gets 1.
-  const float inv_t = 1.0f / p_.temperature;
-  const float top_logit = logits[argmax(logits, vocab)];
-  probs_.resize(vocab);
-  float total = 0.0f;
-  for (int32_t i = 0; i < vocab; ++i) {
-    probs_[i] = std::exp((logits[i] - top_logit) * inv_t);
-    total += probs_[i];
-  }
-  if (p_.top_k == 0 && p_.top_p >= 1.0f && p_.min_p == 0.0f) {
-    const float u = rng_.uniform() * total;
-    float acc = 0.0f;
-    for (int32_t i = 0; i < vocab; ++i) {
-      acc += probs_[i];
-      if (u < acc) return i;
-    }
-    return vocab - 1;
-  }
-
-  // Truncation works on candidates sorted by probability. Tokens under a small floor are
-  // left out of the sort when the tokens above it already hold the top-p mass, which
-  // then lies entirely among them (the result is the same, the sort much shorter).
-  const float target = p_.top_p * total;
-  auto collect = [&](float floor) {
-    candidates_.clear();
-    float mass = 0.0f;
-    for (int32_t i = 0; i < vocab; ++i)
-      if (probs_[i] >= floor) {
-        candidates_.emplace_back(probs_[i], i);
-        mass += probs_[i];
-      }
-    return mass;
-  };
-  const float min_floor = p_.min_p;  // min-p keeps prob >= min_p * top prob (= 1)
-  if (p_.top_k != 0 || p_.top_p >= 1.0f || collect(std::max(min_floor, 1e-3f)) < target)
-    collect(min_floor);
-  auto by_prob = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  size_t keep = candidates_.size();
-  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < keep) {
-    std::partial_sort(candidates_.begin(), candidates_.begin() + p_.top_k, candidates_.end(), by_prob);
-    keep = static_cast<size_t>(p_.top_k);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_prob);
-  }
-  if (p_.top_p < 1.0f) {
-    float acc = 0.0f;
-    size_t n = 0;
-    while (n < keep) {
-      acc += candidates_[n++].first;
-      if (acc >= target) break;
-    }
-    keep = n;
-  }
-  float mass = 0.0f;
-  for (size_t i = 0; i < keep; ++i) mass += candidates_[i].first;
-  const float u = rng_.uniform() * mass;
-  float acc = 0.0f;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += candidates_[i].first;
-    if (u < acc) return candidates_[i].second;
-  }
-  return candidates_[keep - 1].second;
+  return troupe::sample(logits, vocab, {p_.temperature, p_.top_k, p_.top_p, p_.min_p}, rng_.uniform(), scratch_);
 }
 
 void sampler::apply_penalties(float* logits, int32_t vocab) const {

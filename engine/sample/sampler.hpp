@@ -18,6 +18,7 @@
 
 #include "engine/sample/rng.hpp"
 #include "engine/sample/sampling_params.hpp"
+#include "kernels/cpu/sample.hpp"
 
 namespace troupe {
 
@@ -54,8 +55,8 @@ class sampler {
   rng rng_;
   std::unordered_map<int32_t, int32_t> seen_;    // prompt + output, for repetition
   std::unordered_map<int32_t, int32_t> output_;  // output only, for frequency/presence
-  std::vector<std::pair<float, int32_t>> candidates_;
-  std::vector<float> probs_;
+  std::vector<std::pair<float, int32_t>> candidates_;  // for the top log-probabilities
+  sample_scratch scratch_;
 };
 
 }  // namespace troupe

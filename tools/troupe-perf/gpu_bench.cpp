@@ -5,7 +5,9 @@
 #include <numeric>
 
 #include "engine/forward/forward_shard.hpp"
+#include "engine/sample/rng.hpp"
 #include "kernels/cpu/argmax.hpp"
+#include "kernels/cpu/sample.hpp"
 #include "tools/common/stats.hpp"
 
 #if defined(TROUPE_HAVE_CUDA)
@@ -96,12 +98,20 @@ expected<gpu_report> measure_gpu(const model& m, const gpu_bench_options& opt, c
       hidden.resize(size_t(sb.num_tokens()) * c.dim);
       logits.resize(size_t(b) * c.vocab_size);
       next.assign(b, 0);
-      // Each step feeds every sequence the token chosen for it the step before: greedy on
-      // the device (ids come back), or logits to the host and the choice made there.
+      std::vector<token_choice> choices(b, token_choice{opt.how, 0.0f});
+      rng draws(1234);
+      sample_scratch scratch;
+      // Each step feeds every sequence the token chosen for it the step before: on the
+      // device (ids come back), or logits to the host and the choice made there.
       auto step = [&](const step_batch& batch) {
-        if (!opt.logits_to_host && (*shard)->forward_greedy(batch, hidden.data(), next.data())) return;
+        for (auto& ch : choices) ch.u = draws.uniform();
+        if (!opt.logits_to_host && (*shard)->forward_choose(batch, hidden.data(), choices.data(), next.data())) return;
         (*shard)->forward(batch, hidden.data(), logits.data());
-        for (int s = 0; s < b; ++s) next[s] = argmax(logits.data() + size_t(s) * c.vocab_size, c.vocab_size);
+        for (int s = 0; s < b; ++s) {
+          const float* row = logits.data() + size_t(s) * c.vocab_size;
+          next[s] = opt.how.temperature == 0.0f ? argmax(row, c.vocab_size)
+                                                : sample(row, c.vocab_size, opt.how, choices[s].u, scratch);
+        }
       };
       step(sb);
       const auto t0 = std::chrono::steady_clock::now();

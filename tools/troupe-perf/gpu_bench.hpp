@@ -8,6 +8,7 @@
 
 #include "engine/model/model.hpp"
 #include "engine/util/expected.hpp"
+#include "kernels/cpu/sample.hpp"
 
 namespace troupe::tools {
 
@@ -28,7 +29,8 @@ struct gpu_bench_options {
   std::string weights = "bf16";  // "bf16", "f16" or "f32"
   bool graphs = true;            // decode steps as CUDA graphs
   int gemv_rows = 1;             // troupe's GEMV for batches up to this (0: cuBLAS only)
-  bool logits_to_host = false;   // each step's logits to the host, the greedy choice there (else on the device)
+  bool logits_to_host = false;   // each step's logits to the host, the choice made there (else on the device)
+  truncation how{0.0f, 0, 1.0f, 0.0f};  // temperature 0: greedy
 };
 
 // An error when the build has no CUDA or the device is not there.

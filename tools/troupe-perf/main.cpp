@@ -170,6 +170,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> gpu_graphs{"on"};
   std::vector<int> gpu_gemv{1};
   bool gpu_logits = false;
+  float gpu_temperature = 0.0f, gpu_top_p = 1.0f;
+  int gpu_top_k = 0;
+  gpu->add_option("--temperature", gpu_temperature, "0: greedy; otherwise each step draws at this temperature")
+      ->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  gpu->add_option("--top-k", gpu_top_k, "with --temperature: keep the k most likely tokens (0: all)")
+      ->check(CLI::Range(0, 1000000))->capture_default_str();
+  gpu->add_option("--top-p", gpu_top_p, "with --temperature: keep the smallest set holding this mass")
+      ->check(CLI::Range(1e-6f, 1.0f))->capture_default_str();
   gpu->add_flag("--logits-to-host", gpu_logits, "copy each step's logits to the host and choose there (default: greedy on the device)");
   gpu->add_option("--graphs", gpu_graphs, "decode steps as CUDA graphs: on, off, or on,off to measure both")
       ->delimiter(',')->check(CLI::IsMember({"on", "off"}))->capture_default_str();
@@ -246,9 +254,12 @@ int main(int argc, char** argv) {
     const double bytes = static_cast<double>(m.weights.streamed_bytes());
     if (gpu->parsed()) {
       bool copy_reported = false;
+      const std::string choice = gpu_temperature == 0.0f ? "greedy" : "sampled (temperature " + std::to_string(gpu_temperature).substr(0, 4) + ")";
+      std::fprintf(stderr, "troupe-perf: tokens %s %s\n", choice.c_str(), gpu_logits ? "on the host" : "on the device");
       for (const std::string& graphs : gpu_graphs)
         for (const int gemv : gpu_gemv) {
-          const tools::gpu_bench_options go{gpu_device, gpu_weights, graphs == "on", gemv, gpu_logits};
+          const tools::gpu_bench_options go{gpu_device, gpu_weights, graphs == "on", gemv, gpu_logits,
+                                            truncation{gpu_temperature, gpu_top_k, gpu_top_p, 0.0f}};
           auto rep = tools::measure_gpu(m, go, gpu_batches, tokens, runs);
           if (!rep) {
             std::fprintf(stderr, "troupe-perf: %s\n", rep.err().message.c_str());

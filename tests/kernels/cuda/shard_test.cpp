@@ -9,6 +9,8 @@
 #include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/model/checkpoint_writer.hpp"
+#include "engine/sample/rng.hpp"
+#include "kernels/cpu/sample.hpp"
 #include "kernels/cuda/gemv.hpp"
 #include "kernels/cpu/argmax.hpp"
 #include "tests/support/test_support.hpp"
@@ -35,7 +37,8 @@ std::vector<int32_t> greedy(forward_shard& shard, const test::loaded& l, const s
     hidden.assign(size_t(b.num_tokens()) * c.dim, 0.0f);
     int32_t next = 0;
     if (on_device) {
-      REQUIRE(shard.forward_greedy(b, hidden.data(), &next));
+      const token_choice greedy = token_choice::greedy();
+      REQUIRE(shard.forward_choose(b, hidden.data(), &greedy, &next));
     } else {
       shard.forward(b, hidden.data(), logits.data());
       next = argmax(logits.data(), c.vocab_size);
@@ -140,8 +143,10 @@ TEST_CASE("GPU BF16 path: graph replays give the kernel-by-kernel logits bit for
   for (int s = 0; s < 3; ++s)
     for (int32_t b = 0; b < per_seq; ++b) tables[s][b] = static_cast<uint32_t>(b * 3 + s);
   const std::vector<std::vector<int32_t>> prompts{{1, 5, 9}, {1, 7, 3, 8, 2}, {1, 4}};
-  // Every step's logits (greedy off), or every step's device-chosen ids (greedy on).
-  auto run = [&](int32_t graph_max_tokens, bool gemv, bool greedy, std::vector<int32_t>* ids) {
+  // Every step's logits (how == nullptr), or every step's device-chosen ids (how says how
+  // to choose; each step's u in us).
+  auto run = [&](int32_t graph_max_tokens, bool gemv, const truncation* how, std::vector<int32_t>* ids,
+                 std::vector<float>* us = nullptr) {
     cuda_shard_options o;
     o.weights = dtype::bf16;
     o.num_blocks = 3 * per_seq;
@@ -151,9 +156,15 @@ TEST_CASE("GPU BF16 path: graph replays give the kernel-by-kernel logits bit for
     REQUIRE_MESSAGE(shard.has_value(), (shard ? "" : shard.err().message));
     std::vector<float> all, hidden(size_t(16) * c.dim), logits(size_t(3) * c.vocab_size);
     std::vector<int32_t> next(3);
+    rng draws(99);
     auto step = [&](const step_batch& b) {
-      if (greedy) {
-        REQUIRE((**shard).forward_greedy(b, hidden.data(), next.data()));
+      if (how != nullptr) {
+        std::vector<token_choice> choices(3, token_choice{*how, 0.0f});
+        for (auto& ch : choices) {
+          ch.u = draws.uniform();
+          if (us != nullptr) us->push_back(ch.u);
+        }
+        REQUIRE((**shard).forward_choose(b, hidden.data(), choices.data(), next.data()));
         ids->insert(ids->end(), next.begin(), next.end());
       } else {
         (**shard).forward(b, hidden.data(), logits.data());
@@ -173,15 +184,35 @@ TEST_CASE("GPU BF16 path: graph replays give the kernel-by-kernel logits bit for
     }
     return all;
   };
-  const auto eager = run(0, false, false, nullptr);
-  CHECK(run(256, false, false, nullptr) == eager);
-  const auto gemv_eager = run(0, true, false, nullptr);
-  CHECK(run(256, true, false, nullptr) == gemv_eager);
+  const auto eager = run(0, false, nullptr, nullptr);
+  CHECK(run(256, false, nullptr, nullptr) == eager);
+  const auto gemv_eager = run(0, true, nullptr, nullptr);
+  CHECK(run(256, true, nullptr, nullptr) == gemv_eager);
   // Greedy on the device: each row's argmax of the same step's logits.
+  const truncation greedy{0.0f, 0, 1.0f, 0.0f};
   std::vector<int32_t> ids;
-  run(256, true, true, &ids);
+  run(256, true, &greedy, &ids);
   REQUIRE(ids.size() * c.vocab_size == gemv_eager.size());
   for (size_t r = 0; r < ids.size(); ++r) CHECK(ids[r] == argmax(gemv_eager.data() + r * c.vocab_size, c.vocab_size));
+  // A draw on the device: the CPU's draw from the same logits with the same u (the fed
+  // tokens do not depend on the choices, so the logits are gemv_eager's).
+  const truncation drawn{0.9f, 0, 0.95f, 0.0f};
+  std::vector<float> us;
+  ids.clear();
+  run(256, true, &drawn, &ids, &us);
+  REQUIRE(us.size() == ids.size());
+  sample_scratch scratch;
+  int32_t near_boundary = 0;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const float* row = gemv_eager.data() + r * c.vocab_size;
+    const int32_t want = sample(row, c.vocab_size, drawn, us[r], scratch);
+    if (ids[r] == want) continue;
+    // Only a u within float rounding of a boundary between two tokens may go the other way.
+    ++near_boundary;
+    CHECK((ids[r] == sample(row, c.vocab_size, drawn, std::max(0.0f, us[r] - 1e-4f), scratch) ||
+           ids[r] == sample(row, c.vocab_size, drawn, std::min(0.99999f, us[r] + 1e-4f), scratch)));
+  }
+  CHECK(near_boundary <= 2);
   const auto [lo, hi] = std::minmax_element(eager.begin(), eager.end());
   float worst = 0.0f;
   for (size_t i = 0; i < eager.size(); ++i) worst = std::max(worst, std::fabs(gemv_eager[i] - eager[i]));
