@@ -10,34 +10,6 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kMaxCandidates = 2048;
 
-// Prefers the larger value, then the lower index (the CPU's first maximum).
-__device__ inline void better(float& v, int32_t& i, float ov, int32_t oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-
-// The index of the first maximum of row[0..n) (NaN never wins; all NaN or -inf: 0).
-__device__ int32_t block_argmax(const float* row, int32_t n) {
-  __shared__ float vs[32];
-  __shared__ int32_t is[32];
-  float v = -INFINITY;
-  int32_t idx = n;
-  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) better(v, idx, row[i], i);
-  for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) vs[warp] = v, is[warp] = idx;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) better(v, idx, vs[w], is[w]);
-    vs[0] = v, is[0] = idx < n ? idx : 0;
-  }
-  __syncthreads();
-  return is[0];
-}
-
 // Probability mass (count when counting) of the tokens with p >= floor.
 __device__ float mass_above(const float* p, int32_t n, float floor, bool counting) {
   float s = 0.0f;
@@ -118,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   const float* row = logits + int64_t{r} * stride;
   const truncation prm = choices[r].how;
   const float u01 = choices[r].u;
-  const int32_t top = block_argmax(row, vocab);
+  const int32_t top = detail::block_argmax(row, vocab);
   if (prm.temperature == 0.0f) {
     if (threadIdx.x == 0) out[r] = top;
     return;
