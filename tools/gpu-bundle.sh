@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Packs what the GPU check needs into one folder, for a GPU machine that has the NVIDIA
 # driver and CUDA runtime but no package manager and none of troupe's other libraries:
-# the GPU test suite, troupe-perf and make-model (built here with CUDA, for the portable
-# x86-64 baseline so that any host CPU runs them), the shared libraries they need beyond
-# glibc and CUDA's own, and the stories260K model and reference the end-to-end test reads.
+# the GPU test suite, troupe-perf and make-model, and troupe-node, troupe-client and
+# troupe-run for serving through the actors (built here with CUDA, for the portable x86-64
+# baseline so that any host CPU runs them), the shared libraries they need beyond glibc and
+# CUDA's own, and the stories260K files the tests read.
 # Run it on a machine set up with tools/setup.sh, then on the GPU machine:
 #   tools/gpu-check.sh --bundle DIR
 # Usage: tools/gpu-bundle.sh [DIR]   (default: gpu-bundle; the build goes to build-gpu)
@@ -13,11 +14,17 @@ out=${1:-gpu-bundle}
 shared=${TROUPE_SHARED_DIR:-../shared}
 echo "gpu-bundle: building the CUDA targets in build-gpu (portable ISA)"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTROUPE_ISA=portable -DTROUPE_CUDA=ON >/dev/null
-cmake --build build-gpu --target gpu_kernels_test troupe-perf make-model -j "$(nproc)"
+tools=(troupe-perf make-model troupe-node troupe-client troupe-run)
+cmake --build build-gpu --target gpu_kernels_test "${tools[@]}" -j "$(nproc)"
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib/fallback" "$out/shared/models/stories260K" "$out/shared/reference"
-bins=(build-gpu/tests/gpu_kernels_test build-gpu/tools/troupe-perf build-gpu/tools/make-model)
-cp "${bins[@]}" "$out/bin/"
+# tools/ as in a build folder, so that the process tests (tests/tools/) take the bundle as one.
+mkdir -p "$out/tests" "$out/tools" "$out/lib/fallback" "$out/shared/models/stories260K" "$out/shared/reference"
+bins=(build-gpu/tests/gpu_kernels_test)
+cp build-gpu/tests/gpu_kernels_test "$out/tests/"
+for t in "${tools[@]}"; do
+  cp "build-gpu/tools/$t" "$out/tools/"
+  bins+=("build-gpu/tools/$t")
+done
 # Libraries beyond the C runtime and CUDA's (the GPU machine has its own driver and toolkit).
 ldd "${bins[@]}" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case $(basename "$lib") in

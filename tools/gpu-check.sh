@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU: runs the GPU suite (every CUDA kernel
-# against its CPU reference; the GPU shard against the stories260K reference), then the
-# decode benchmark on a synthetic 1B model (BF16, batch 1, 8 and 64) beside the device's
-# copy bandwidth. Bounded to 8 minutes.
+# against its CPU reference; the GPU shard against the stories260K reference), then a
+# troupe-node serving stories260K from cuda:0 against troupe-run on the CPU (the node test
+# of tests/tools/), then the decode benchmark on a synthetic 1B model (BF16, batch 1, 8 and
+# 64) beside the device's copy bandwidth. Bounded to 8 minutes.
 #   tools/gpu-check.sh [BUILD_DIR]     builds the CUDA targets in BUILD_DIR (default build)
 #                                      when this machine has CMake and nvcc, else uses it as it is
 #   tools/gpu-check.sh --bundle DIR    runs a folder made by tools/gpu-bundle.sh elsewhere
@@ -23,37 +24,47 @@ if ! ldconfig -p | grep -q 'libcublas.so.13' && ! compgen -G '/usr/local/cuda/li
 fi
 
 if [[ ${1:-} == --bundle ]]; then
-  bundle=$(cd "${2:?usage: tools/gpu-check.sh --bundle DIR}" && pwd)
-  bin=$bundle/bin
-  add_lib "$bundle/lib"
-  ldconfig -p | grep -q 'libstdc++.so.6' || add_lib "$bundle/lib/fallback"
-  export TROUPE_SHARED_DIR=$bundle/shared
+  root=$(cd "${2:?usage: tools/gpu-check.sh --bundle DIR}" && pwd)
+  add_lib "$root/lib"
+  ldconfig -p | grep -q 'libstdc++.so.6' || add_lib "$root/lib/fallback"
+  shared=$root/shared
 else
-  build=${1:-build}
+  root=${1:-build}
   if command -v cmake >/dev/null && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
-    echo "gpu-check: building the CUDA kernels and tests in $build"
-    cmake -S . -B "$build" -G "$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" -DTROUPE_CUDA=ON >/dev/null
-    timeout "$(left)" cmake --build "$build" --target gpu_kernels_test troupe-perf make-model -j "$(nproc)"
+    echo "gpu-check: building the CUDA kernels, tests and tools in $root"
+    cmake -S . -B "$root" -G "$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" -DTROUPE_CUDA=ON >/dev/null
+    timeout "$(left)" cmake --build "$root" --target gpu_kernels_test troupe-perf make-model troupe-node troupe-client troupe-run -j "$(nproc)"
   fi
-  mkdir -p "$build/gpu-check-bin"
-  for b in tests/gpu_kernels_test tools/troupe-perf tools/make-model; do
-    [[ -x $build/$b ]] && ln -sf "$(cd "$build" && pwd)/$b" "$build/gpu-check-bin/"
-  done
-  bin=$build/gpu-check-bin
+  shared=${TROUPE_SHARED_DIR:-$(cd .. && pwd)/shared}
 fi
+export TROUPE_SHARED_DIR=$shared
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-[[ -x $bin/gpu_kernels_test ]] || { echo "gpu-check: no gpu_kernels_test in $bin (build it with CUDA first)"; exit 1; }
+[[ -x $root/tests/gpu_kernels_test ]] || { echo "gpu-check: no gpu_kernels_test in $root/tests (build it with CUDA first)"; exit 1; }
 rc=0
-timeout "$(left)" "$bin/gpu_kernels_test" ${GPU_TEST_FLAGS:-} || rc=$?
+timeout "$(left)" "$root/tests/gpu_kernels_test" ${GPU_TEST_FLAGS:-} || rc=$?
 case $rc in
   0) echo "gpu-check: every GPU test passed" ;;
   77) echo "gpu-check: no CUDA device visible; nothing ran"; exit 77 ;;
   *) echo "gpu-check: GPU tests failed (exit $rc)" ;;
 esac
-if [[ -x $bin/troupe-perf && -x $bin/make-model ]]; then
+# Serving through the actors on the device: deploy/single.toml with its stage on cuda:0
+# and FP32 weights, against troupe-run's greedy output on the CPU (the node test).
+if [[ -x $root/tools/troupe-node && -x $root/tools/troupe-client && -x $root/tools/troupe-run ]]; then
+  topology=$(mktemp --suffix=.toml)
+  sed -e "s|\.\./\.\./shared|$shared|" -e 's|devices = \["cpu"\]|devices = ["cuda:0"]|' deploy/single.toml >"$topology"
+  printf '\n[gpu]\nweights = "f32"\n' >>"$topology"
+  if timeout "$(left)" tests/tools/node_client_test.sh "$root" "$topology" "$shared/models/stories260K"; then
+    echo "gpu-check: troupe-node served from cuda:0 as troupe-run does on the CPU"
+  else
+    echo "gpu-check: serving from cuda:0 failed"
+    rc=1
+  fi
+  rm -f "$topology"
+fi
+if [[ -x $root/tools/troupe-perf && -x $root/tools/make-model ]]; then
   model=${TMPDIR:-/tmp}/troupe-syn1b.bf16.gguf
-  [[ -f $model ]] || timeout "$(left)" "$bin/make-model" "$model" --preset 1b --type bf16
-  timeout "$(left)" "$bin/troupe-perf" gpu "$model" -b 1,8,64 -n 64 --weights bf16 ${GPU_BENCH_FLAGS:-} || rc=$?
+  [[ -f $model ]] || timeout "$(left)" "$root/tools/make-model" "$model" --preset 1b --type bf16
+  timeout "$(left)" "$root/tools/troupe-perf" gpu "$model" -b 1,8,64 -n 64 --weights bf16 ${GPU_BENCH_FLAGS:-} || rc=$?
 fi
 exit "$rc"
