@@ -7,7 +7,8 @@
 //
 // Per layer: Q, K and V come from one GEMM over the stacked wq/wk/wv, gate and up from one
 // over w1/w3; one launch turns the Q and K heads of that output and writes K and V to the
-// cache, and attention reads Q from it in place; the output and down projections add into
+// cache, and attention (the tiled prefill kernel for steps with prompt chunks, the split
+// kernel otherwise) reads Q from it in place; the output and down projections add into
 // the residual stream inside their GEMMs. Steps of more than gemv_max_rows tokens (and FP32
 // weights) run cuBLAS on inputs the norm and SiLU kernels write in the weights' type;
 // smaller steps run troupe's GEMV, which computes those inputs itself: six launches a
@@ -28,6 +29,7 @@
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/gemv.hpp"
 #include "kernels/cuda/paged_attention.hpp"
+#include "kernels/cuda/prefill_attention.hpp"
 #include "kernels/cuda/rmsnorm.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/silu_mul.hpp"
@@ -134,13 +136,14 @@ class cuda_transformer_shard final : public forward_shard {
     sample_workspace_ = cuda::buffer<float>(is_last_stage() ? cuda::sample_workspace(static_cast<int32_t>(n), cfg_.vocab_size) : 0);
     max_table_ = (cfg_.max_seq_len + o.block_size - 1) / o.block_size;
     // The step's inputs, staged in page-locked memory and copied in one go.
-    staging_ = cuda::pinned<int32_t>(size_t(n) * (4 + max_table_));
+    staging_ = cuda::pinned<int32_t>(size_t(n) * (6 + max_table_));
     inputs_ = cuda::buffer<int32_t>(staging_.size());
     tokens_ = inputs_.get();
     positions_ = tokens_ + n;
     token_seq_ = positions_ + n;
     rows_ = token_seq_ + n;
-    tables_ = reinterpret_cast<uint32_t*>(rows_ + n);
+    tiles_ = reinterpret_cast<cuda::query_tile*>(rows_ + n);
+    tables_ = reinterpret_cast<uint32_t*>(rows_ + 3 * n);
     workspace_ = cuda::buffer<float>(cuda::paged_attention_workspace(static_cast<int32_t>(n), cfg_.num_heads, hd,
                                                                      cfg_.max_seq_len - 1, o.attention_split));
     // The uploads and memsets ran on the default stream, which a non-blocking stream does
@@ -177,16 +180,17 @@ class cuda_transformer_shard final : public forward_shard {
     if (n == 0) return;
     TROUPE_ASSERT(n <= opt_.max_step_tokens, n, opt_.max_step_tokens);
     cuda::check(cudaSetDevice(opt_.device), "cudaSetDevice");
-    // The step's tokens, positions, sequences, logit rows and block tables, staged in the
-    // layout of inputs_.
+    // The step's tokens, positions, sequences, logit rows, query tiles and block tables,
+    // staged in the layout of inputs_.
     const int32_t cap = opt_.max_step_tokens;
     int32_t* tokens = staging_.get();
     int32_t* positions = tokens + cap;
     int32_t* token_seq = positions + cap;
     int32_t* rows = token_seq + cap;
-    uint32_t* tables = reinterpret_cast<uint32_t*>(rows + cap);
+    auto* tiles = reinterpret_cast<cuda::query_tile*>(rows + cap);
+    uint32_t* tables = reinterpret_cast<uint32_t*>(rows + 3 * cap);
     TROUPE_ASSERT(static_cast<int32_t>(batch.sequences.size()) <= cap, batch.sequences.size(), cap);
-    int32_t max_position = 0, t = 0, num_rows = 0;
+    int32_t max_position = 0, t = 0, num_rows = 0, num_tiles = 0, widest_tile = 0;
     for (size_t s = 0; s < batch.sequences.size(); ++s) {
       const auto& sq = batch.sequences[s];
       TROUPE_ASSERT(sq.start_pos >= 0 && sq.start_pos + sq.num_tokens <= cfg_.max_seq_len, sq.start_pos, sq.num_tokens);
@@ -199,6 +203,10 @@ class cuda_transformer_shard final : public forward_shard {
         table[b] = sq.block_table[b];
       }
       std::fill(table + sq.block_table.size(), table + max_table_, 0u);
+      for (int32_t i = 0; i < sq.num_tokens; i += cuda::prefill_tile_rows) {
+        tiles[num_tiles++] = {t + i, std::min(cuda::prefill_tile_rows, sq.num_tokens - i)};
+        widest_tile = std::max(widest_tile, tiles[num_tiles - 1].rows);
+      }
       for (int32_t i = 0; i < sq.num_tokens; ++i, ++t) {
         positions[t] = sq.start_pos + i;
         token_seq[t] = static_cast<int32_t>(s);
@@ -213,7 +221,10 @@ class cuda_transformer_shard final : public forward_shard {
       }
     }
     const size_t table_words = batch.sequences.size() * max_table_;
-    copy_in(inputs_.get(), staging_.get(), size_t(4) * cap + table_words);
+    copy_in(inputs_.get(), staging_.get(), size_t(6) * cap + table_words);
+    // Steps carrying a prompt chunk take the tiled attention kernel; decode steps the split
+    // one, which spreads a long context over the device.
+    num_tiles_ = widest_tile >= 4 ? num_tiles : 0;
     if (!is_first_stage()) copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
     const bool want_logits = is_last_stage() && (logits != nullptr || next != nullptr) && spec_.tp.rank == 0;
     if (!want_logits) num_rows = 0;
@@ -256,7 +267,7 @@ class cuda_transformer_shard final : public forward_shard {
   // The graph of a step shape, captured the first time it is seen (up to 256 shapes), then
   // replayed; its kernels read the step's inputs from inputs_, which forward() fills first.
   void replay(int32_t n, int32_t splits, int32_t max_position, int32_t rows) {
-    const auto key = std::make_tuple(n, splits, rows, choosing_);
+    const auto key = std::make_tuple(n, splits, rows, choosing_, num_tiles_);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       if (graphs_.size() >= 256) return enqueue_step(n, max_position, rows);
@@ -333,8 +344,11 @@ class cuda_transformer_shard final : public forward_shard {
       matmul(w.wqkv, in_.get(), qkv, n, false);
     }
     cuda::rope_kv_write(cache, qkv, qkv_dim_, heads, cfg_.rope_dim, cos_.get(), sin_.get(), cfg_.rope, tb, stream_);
-    cuda::paged_attention(qkv, qkv_dim_, att_.get(), q_dim_, tb, heads, max_position, cache, workspace_.get(),
-                          opt_.attention_split, stream_);
+    if (num_tiles_ > 0)
+      cuda::prefill_attention(qkv, qkv_dim_, att_.get(), q_dim_, tb, tiles_, num_tiles_, heads, cache, stream_);
+    else
+      cuda::paged_attention(qkv, qkv_dim_, att_.get(), q_dim_, tb, heads, max_position, cache, workspace_.get(),
+                            opt_.attention_split, stream_);
     if (gemv_path) {
       gemv(w.wo, {gemv_input::f32, att_.get()}, x_.get(), n, true);
       gemv(w.w13, {gemv_input::rmsnorm, x_.get(), w.ffn_norm.get(), cfg_.rms_eps}, gate_up_.get(), n, false);
@@ -365,8 +379,10 @@ class cuda_transformer_shard final : public forward_shard {
   cuda::buffer<float> x_, xb_, qkv_, att_, gate_up_, logits_, workspace_;
   cuda::buffer<uint8_t> in_;  // the GEMMs' input, in the weights' type
   cuda::pinned<int32_t> staging_;
-  cuda::buffer<int32_t> inputs_;  // tokens, positions, token_seq, rows: max_step_tokens each; then the tables
+  cuda::buffer<int32_t> inputs_;  // tokens, positions, token_seq, rows: max_step_tokens each; the tiles; the tables
   int32_t *tokens_ = nullptr, *positions_ = nullptr, *token_seq_ = nullptr, *rows_ = nullptr;
+  cuda::query_tile* tiles_ = nullptr;
+  int32_t num_tiles_ = 0;  // this step's tiles for the prefill kernel; 0: the split kernel
   uint32_t* tables_ = nullptr;
   int32_t max_table_ = 0;
   cuda::buffer<int32_t> ids_;  // chosen tokens, one per logit row
@@ -374,7 +390,7 @@ class cuda_transformer_shard final : public forward_shard {
   cuda::pinned<token_choice> choice_staging_;
   cuda::buffer<float> sample_workspace_;
   bool choosing_ = false;  // this step ends in the choice of tokens on the device
-  std::map<std::tuple<int32_t, int32_t, int32_t, bool>, cudaGraphExec_t> graphs_;
+  std::map<std::tuple<int32_t, int32_t, int32_t, bool, int32_t>, cudaGraphExec_t> graphs_;
 };
 
 }  // namespace

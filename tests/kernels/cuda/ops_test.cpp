@@ -25,6 +25,7 @@
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/gemv.hpp"
 #include "kernels/cuda/paged_attention.hpp"
+#include "kernels/cuda/prefill_attention.hpp"
 #include "kernels/cuda/rmsnorm.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/sample.hpp"
@@ -312,11 +313,43 @@ void check_attention(int32_t head_dim) {
     const auto got = out.download();
     for (size_t i = 0; i < want.size(); ++i) close(got[i], want[i], 1e-5f);
   }
+  // The tiled prefill kernel on the same step: three one-row tiles (the decode tokens) and
+  // one of the ten-token chunk.
+  const std::vector<cuda::query_tile> tiles{{0, 1}, {1, 1}, {2, 1}, {3, 10}};
+  auto dtiles = on_device(tiles);
+  auto out = poisoned<float>(want.size());
+  cuda::prefill_attention(dq.get(), q_stride, out.get(), heads * head_dim, b, dtiles.get(), 4, heads, dev, nullptr);
+  sync();
+  auto got = out.download();
+  for (size_t i = 0; i < want.size(); ++i) close(got[i], want[i], 1e-5f);
+  // A 40-token chunk at positions 200..239 of the third sequence: tiles of 16, 16 and 8
+  // rows, the first starting mid-block.
+  std::vector<int32_t> chunk_pos, chunk_seq;
+  for (int32_t p = 200; p < 240; ++p) {
+    chunk_pos.push_back(p);
+    chunk_seq.push_back(2);
+  }
+  const int32_t m = static_cast<int32_t>(chunk_pos.size());
+  const auto cq = randoms(size_t(m) * q_stride, 15);
+  std::vector<attention_token> ctoks;
+  for (int32_t t = 0; t < m; ++t) ctoks.push_back({chunk_pos[t], tables.data() + size_t(2) * table_stride});
+  std::vector<float> cwant(size_t(m) * heads * head_dim, NAN);
+  paged_attention(cq.data(), q_stride, cwant.data(), heads * head_dim, ctoks.data(), m, heads, host, cpu);
+  auto dcq = on_device(cq);
+  auto dcpos = on_device(chunk_pos), dcseq = on_device(chunk_seq);
+  const cuda::token_batch cb{dcpos.get(), dcseq.get(), dtables.get(), table_stride, m};
+  const std::vector<cuda::query_tile> ctiles{{0, 16}, {16, 16}, {32, 8}};
+  auto dctiles = on_device(ctiles);
+  auto chunk_out = poisoned<float>(cwant.size());
+  cuda::prefill_attention(dcq.get(), q_stride, chunk_out.get(), heads * head_dim, cb, dctiles.get(), 3, heads, dev, nullptr);
+  sync();
+  got = chunk_out.download();
+  for (size_t i = 0; i < cwant.size(); ++i) close(got[i], cwant[i], 1e-5f);
 }
 
 }  // namespace
 
-TEST_CASE("paged KV write and split attention (GQA, scrambled blocks, decode and prefill tokens) match the CPU") {
+TEST_CASE("paged KV write, split attention and tiled prefill attention (GQA, scrambled blocks, decode and prefill tokens) match the CPU") {
   for (int32_t head_dim : {16, 64, 128}) {  // 64 and 128 have unrolled kernels of their own
     CAPTURE(head_dim);
     check_attention(head_dim);
