@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000))->capture_default_str();
   gpu->add_option("--top-p", gpu_top_p, "with --temperature: keep the smallest set holding this mass")
       ->check(CLI::Range(1e-6f, 1.0f))->capture_default_str();
-  gpu->add_flag("--logits-to-host", gpu_logits, "copy each step's logits to the host and choose there (default: greedy on the device)");
+  gpu->add_flag("--logits-to-host", gpu_logits, "copy each step's logits to the host and choose there (default: chosen on the device)");
   gpu->add_option("--graphs", gpu_graphs, "decode steps as CUDA graphs: on, off, or on,off to measure both")
       ->delimiter(',')->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   gpu->add_option("--gemv-rows", gpu_gemv, "troupe's GEMV for batches up to this many sequences, 0 to 8 (0: cuBLAS only); a list measures each")
