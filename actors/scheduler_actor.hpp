@@ -1,7 +1,8 @@
 // scheduler_actor: the step loop of one replica as an actor. Its state owns the engine's
 // scheduler and the requests' samplers. Each step's plan goes to stage 0, whose output the
-// scheduler hands to stage 1, and so on; the last stage's logits are sampled here, and
-// each request's news goes to the sink that asked for it.
+// scheduler hands to stage 1, and so on; the last stage chooses the tokens of rows that
+// need only their logits (the plan carries each one's truncation and uniform), or returns
+// the logits for the samplers here; each request's news goes to the sink that asked for it.
 //
 //   (generate_atom, GenerateRequest frame, sink) -> request id (uint64)
 //   (generate_atom, id, GenerateRequest frame, sink) -> ()   the caller chose the id; a

@@ -96,6 +96,31 @@ void hand_back(self_ptr self) {
   if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
 }
 
+// The tokens the last stage chose for every sampled chunk of `plan`: each request records
+// its token as its sampler would have drawn it.
+void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) {
+  auto& st = self->state;
+  const int32_t vocab = st.setup.m->config.vocab_size;
+  auto toks = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens)
+                        : expected<std::vector<wire::chosen_token>>(error{"no tokens"});
+  if (!toks || static_cast<int32_t>(toks->size()) != plan.num_samples())
+    return lose(self, st.stages.size() - 1, toks ? "chosen tokens do not match the step" : toks.err().message);
+  std::vector<sample_result> samples;
+  size_t k = 0;
+  for (const auto& c : plan.chunks) {
+    if (!c.sample) continue;
+    const wire::chosen_token& t = (*toks)[k++];
+    if (t.id != c.id) return lose(self, st.stages.size() - 1, "chosen tokens are not in the step's order");
+    request* r = st.sched->find(c.id);
+    sample_result s;
+    s.token = t.token;
+    if (r != nullptr) r->smp.replay(t.token);  // a request cancelled while the step ran still takes its row
+    samples.push_back(s);
+  }
+  dispatch(self, st.sched->update_from_output(plan, samples));
+  maybe_step(self);
+}
+
 // Sends `p` through the pipeline; an empty plan (requests in flight, or ended for lack
 // of memory) only delivers.
 void run_plan(self_ptr self, step_plan p) {
@@ -105,15 +130,24 @@ void run_plan(self_ptr self, step_plan p) {
     dispatch(self, st.sched->update_from_output(*plan, {}));
     return;
   }
-  const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released));
+  // Rows whose choice needs only the logits are chosen by the last stage (on a GPU, where
+  // the logits are), with the uniform each request's sampler would draw.
+  std::vector<std::optional<token_choice>> choices(plan->chunks.size());
+  for (size_t i = 0; i < plan->chunks.size(); ++i) {
+    const scheduled_chunk& c = plan->chunks[i];
+    const request* r = c.sample ? st.sched->find(c.id) : nullptr;
+    if (r != nullptr && r->smp.needs_only_logits()) choices[i] = r->smp.next_choice();
+  }
+  const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released, choices));
   st.released.clear();
   ++st.in_flight;
-  run_from(self, st.epoch, 0, msg, wire_message{}, [self, plan](const wire_message& logits) {
+  run_from(self, st.epoch, 0, msg, wire_message{}, [self, plan](const wire_message& out) {
     auto& st = self->state;
     --st.in_flight;
     const int32_t vocab = st.setup.m->config.vocab_size;
-    auto lg = logits.bytes ? wire::decode_activations(*logits.bytes, vocab, st.setup.config.max_step_tokens)
-                           : expected<wire::decoded_activations>(error{"no logits"});
+    if (out.kind == wire_kind::step_result) return take_tokens(self, *plan, out);
+    auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens)
+                        : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_samples())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
     std::vector<sample_result> samples;

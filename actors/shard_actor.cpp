@@ -8,6 +8,8 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/step_link.hpp"
 #include "actors/wire/activations_codec.hpp"
+#include "kernels/cpu/argmax.hpp"
+#include "kernels/cpu/sample.hpp"
 
 namespace troupe {
 
@@ -23,6 +25,9 @@ struct shard_core {
   std::unique_ptr<forward_shard> shard;
   std::unique_ptr<wire::step_decoder> decoder;
   aligned_vector<float> hidden, logits;
+  std::vector<int32_t> chosen;
+  std::vector<wire::chosen_token> tokens;
+  sample_scratch scratch;
   std::mutex mutex;
 
   // This stage's output for one step; collective_aborted escapes (a TP peer died).
@@ -43,11 +48,33 @@ struct shard_core {
     }
     const bool head = shard->is_last_stage() && shard->spec().tp.rank == 0;
     const int32_t rows = decoded->batch.num_logits();
+    if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded);
     logits.resize(static_cast<size_t>(rows) * c.vocab_size);
     shard->forward(decoded->batch, hidden.data(), head ? logits.data() : nullptr);
     if (head) return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data()));
     if (shard->is_last_stage()) return wire_message{};
     return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, n, c.dim, hidden.data()));
+  }
+
+  // The last stage's head, when every sampled row asks it to choose: the shard chooses
+  // where its logits are (a GPU shard on the device), else they come here and the same
+  // definition picks each token; only the tokens go back.
+  wire_message choose(const wire::decoded_step& d) {
+    const int32_t vocab = setup.m->config.vocab_size;
+    const auto rows = static_cast<int32_t>(d.choices.size());
+    chosen.resize(rows);
+    if (!shard->forward_choose(d.batch, hidden.data(), d.choices.data(), chosen.data())) {
+      logits.resize(static_cast<size_t>(rows) * vocab);
+      shard->forward(d.batch, hidden.data(), logits.data());
+      for (int32_t r = 0; r < rows; ++r) {
+        const float* row = logits.data() + static_cast<size_t>(r) * vocab;
+        const token_choice& ch = d.choices[r];
+        chosen[r] = ch.how.temperature == 0.0f ? argmax(row, vocab) : sample(row, vocab, ch.how, ch.u, scratch);
+      }
+    }
+    tokens.clear();
+    for (int32_t r = 0; r < rows; ++r) tokens.push_back({d.chosen_ids[r], chosen[r]});
+    return wire_message(wire_kind::step_result, wire::encode_step_result(d.step_id, tokens));
   }
 };
 

@@ -8,7 +8,8 @@
 //
 // plan is a StepPlan frame; activations is the previous stage's hidden states (ignored by
 // the first stage). The reply is this stage's hidden states, or, from rank 0 of the last
-// stage, the logits of the sampled rows ([num_samples][vocab]); other ranks of the last
+// stage, the tokens it chose (a StepResult, when the plan asks it to choose every sampled
+// row) or the logits of the sampled rows ([num_samples][vocab]); other ranks of the last
 // stage reply with an empty message. Shards of a stage all-reduce through the stage's
 // local collective, so they are spawned detached (each on its own thread).
 #pragma once

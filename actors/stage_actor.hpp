@@ -1,7 +1,7 @@
 // stage_actor: one pipeline stage: a layer range run by its tensor-parallel shards. It
 // fans each step out to its shards and answers with rank 0's output (after the all-reduce
-// every rank holds the same hidden states; from the last stage, the logits of the sampled
-// rows). The scheduler carries each step from stage to stage, so a restarted stage only
+// every rank holds the same hidden states; from the last stage, the chosen tokens or the
+// logits of the sampled rows). The scheduler carries each step from stage to stage, so a restarted stage only
 // has to be found again, never re-linked to its neighbours.
 //
 //   (step_atom, plan, activations) -> this stage's output

@@ -15,6 +15,14 @@ struct Chunk {
   newBlocks @3 :List(UInt32);      # blocks appended to the request's table this step
   resetTable @4 :Bool;             # the table starts anew (new or resumed request)
   sample @5 :Bool;                 # the last token's logits are wanted
+  # With sample: the last stage chooses the token itself (kernels/cpu/sample.hpp's draw,
+  # or the argmax at temperature 0) and returns it in a StepResult instead of logits.
+  choose @6 :Bool;
+  temperature @7 :Float32;
+  topK @8 :Int32;
+  topP @9 :Float32;
+  minP @10 :Float32;
+  u @11 :Float32;                  # the draw's uniform, from the request's random stream
 }
 
 struct StepPlan {
@@ -36,7 +44,8 @@ struct Activations {
   data @3 :Data;                   # numTokens * dim * 4 bytes
 }
 
-# Logits of the sampled rows come back as the last stage's samples.
+# The tokens the last stage chose, when every sampled chunk of the plan asked it to choose
+# (otherwise the logits of the sampled rows come back as Activations).
 struct Sample {
   requestId @0 :UInt64;
   token @1 :Int32;

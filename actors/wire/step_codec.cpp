@@ -1,5 +1,6 @@
 #include "actors/wire/step_codec.hpp"
 
+#include <cmath>
 #include <set>
 
 #include <capnp/message.h>
@@ -17,7 +18,8 @@ void step_encoder::restart(uint64_t session) {
   reset_pending_ = true;
 }
 
-std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const request_id> released) {
+std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const request_id> released,
+                                          std::span<const std::optional<token_choice>> choices) {
   for (request_id id : plan.preempted) sent_.erase(id);  // their tables start anew
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::StepPlan>();
@@ -41,6 +43,15 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     for (size_t b = known; b < c.block_table.size(); ++b) blocks.set(static_cast<unsigned>(b - known), c.block_table[b]);
     sent_[c.id] = c.block_table.size();
     out.setSample(c.sample);
+    if (c.sample && i < choices.size() && choices[i]) {
+      const token_choice& ch = *choices[i];
+      out.setChoose(true);
+      out.setTemperature(ch.how.temperature);
+      out.setTopK(ch.how.top_k);
+      out.setTopP(ch.how.top_p);
+      out.setMinP(ch.how.min_p);
+      out.setU(ch.u);
+    }
   }
   auto rel = root.initReleased(static_cast<unsigned>(released.size()));
   for (size_t i = 0; i < released.size(); ++i) {
@@ -100,6 +111,15 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
         if (b >= lim_.num_blocks) return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
       if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(first) + toks.size())
         return error{who() + "block table does not cover its positions"};
+      if (c.getChoose()) {
+        if (!c.getSample()) return error{who() + "a choice for a chunk that samples nothing"};
+        const float t = c.getTemperature(), p = c.getTopP(), mp = c.getMinP(), u = c.getU();
+        if (!(t >= 0.0f) || !std::isfinite(t)) return error{who() + "temperature must be a finite number >= 0"};
+        if (c.getTopK() < 0) return error{who() + "top_k must be >= 0"};
+        if (!(p > 0.0f && p <= 1.0f)) return error{who() + "top_p must be in (0, 1]"};
+        if (!(mp >= 0.0f && mp <= 1.0f)) return error{who() + "min_p must be in [0, 1]"};
+        if (!(u >= 0.0f && u < 1.0f)) return error{who() + "u must be in [0, 1)"};
+      }
     }
 
     decoded_step out;
@@ -112,17 +132,64 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       if (c.getResetTable()) table.clear();
       for (uint32_t b : c.getNewBlocks()) table.push_back(b);
     }
+    bool every_sample_chooses = true;
     for (const auto c : chunks) {
       const auto toks = c.getTokens();
       for (int32_t t : toks) out.batch.tokens.push_back(t);
       out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), c.getFirst(), tables_[c.getRequestId()], c.getSample()});
       out.ids.push_back(request_id{c.getRequestId()});
+      if (!c.getSample()) continue;
+      every_sample_chooses = every_sample_chooses && c.getChoose();
+      out.choices.push_back({{c.getTemperature(), c.getTopK(), c.getTopP(), c.getMinP()}, c.getU()});
+      out.chosen_ids.push_back(request_id{c.getRequestId()});
+    }
+    if (!every_sample_chooses) {
+      out.choices.clear();
+      out.chosen_ids.clear();
     }
     last_step_ = out.step_id;
     any_ = true;
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed step plan: ") + e.getDescription().cStr()};
+  }
+}
+
+std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::StepResult>();
+  root.setStepId(step_id);
+  auto samples = root.initSamples(static_cast<unsigned>(tokens.size()));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    samples[static_cast<unsigned>(i)].setRequestId(tokens[i].id.value);
+    samples[static_cast<unsigned>(i)].setToken(tokens[i].token);
+  }
+  return to_bytes(msg);
+}
+
+expected<std::vector<chosen_token>> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows) {
+  frame_limits fl;
+  fl.max_bytes = static_cast<size_t>(max_rows) * 32 + (1 << 12);
+  fl.traversal_words = fl.max_bytes / 8 * 2;
+  fl.nesting = 8;
+  auto frame = frame_reader::parse(bytes, fl);
+  if (!frame) return frame.err();
+  try {
+    auto root = (*frame)->root<schema::StepResult>();
+    if (root.hasError() && root.getError().size() > 0) return error{std::string("step failed: ") + root.getError().cStr()};
+    const auto samples = root.getSamples();
+    if (samples.size() > static_cast<unsigned>(max_rows))
+      return error{"step result has " + std::to_string(samples.size()) + " tokens; at most " + std::to_string(max_rows)};
+    std::vector<chosen_token> out;
+    out.reserve(samples.size());
+    for (const auto s : samples) {
+      if (s.getToken() < 0 || s.getToken() >= vocab)
+        return error{"step result: token " + std::to_string(s.getToken()) + " is outside the vocabulary"};
+      out.push_back({request_id{s.getRequestId()}, s.getToken()});
+    }
+    return out;
+  } catch (const kj::Exception& e) {
+    return error{std::string("malformed step result: ") + e.getDescription().cStr()};
   }
 }
 

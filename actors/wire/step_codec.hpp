@@ -8,10 +8,15 @@
 // first plan of a scheduler session resets the stages' tables; a stale plan of an older
 // session (a scheduler that died with plans on the wire) is refused.
 //
+// A sampled chunk may carry the choice of its token (a token_choice: greedy, or a draw
+// with its truncation and uniform u); when every sampled chunk of a plan does, the last
+// stage returns the chosen tokens (encode_step_result) instead of their logits.
+//
 // One encoder per scheduler, one decoder per stage; each used by one thread.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -19,13 +24,16 @@
 #include "engine/forward/step_batch.hpp"
 #include "engine/sched/step_plan.hpp"
 #include "engine/util/expected.hpp"
+#include "kernels/cpu/sample.hpp"
 
 namespace troupe::wire {
 
 class step_encoder {
  public:
-  // released: requests that finished or were aborted since the last plan.
-  std::vector<uint8_t> encode(const step_plan& plan, std::span<const request_id> released);
+  // released: requests that finished or were aborted since the last plan. choices: empty,
+  // or one per chunk of the plan (nullopt: the chunk's logits come back).
+  std::vector<uint8_t> encode(const step_plan& plan, std::span<const request_id> released,
+                              std::span<const std::optional<token_choice>> choices = {});
   // The next plan tells the stages to forget every table and to accept only plans of
   // `session` from then on (a scheduler starts, or recovers from a lost stage).
   void restart(uint64_t session);
@@ -50,7 +58,20 @@ struct decoded_step {
   uint64_t step_id = 0;
   std::vector<request_id> ids;  // per sequence of the batch
   step_batch batch;             // its block tables point into the decoder
+  // Per logit row (sampled chunk, in batch order): how the last stage chooses its token;
+  // empty unless every sampled chunk asked for that.
+  std::vector<token_choice> choices;
+  std::vector<request_id> chosen_ids;  // the requests of those rows
 };
+
+// The tokens a last stage chose: (request, token) per sampled chunk, in batch order.
+struct chosen_token {
+  request_id id;
+  int32_t token = 0;
+};
+std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens);
+// Checks that the count is at most max_rows and every token is inside the vocabulary.
+expected<std::vector<chosen_token>> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows);
 
 class step_decoder {
  public:

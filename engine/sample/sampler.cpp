@@ -29,6 +29,19 @@ sampler::sampler(const sampling_params& p, std::span<const int32_t> prompt)
   for (int32_t t : prompt) ++seen_[t];
 }
 
+bool sampler::needs_only_logits() const {
+  return p_.repetition_penalty == 1.0f && p_.frequency_penalty == 0.0f && p_.presence_penalty == 0.0f && p_.logprobs < 0;
+}
+
+token_choice sampler::next_choice() const {
+  token_choice c{{p_.temperature, p_.top_k, p_.top_p, p_.min_p}, 0.0f};
+  if (p_.temperature != 0.0f) {
+    rng ahead = rng_;
+    c.u = ahead.uniform();
+  }
+  return c;
+}
+
 void sampler::replay(int32_t token) {
   if (p_.temperature != 0.0f) (void)rng_.uniform();  // draw() takes exactly one
   ++seen_[token];

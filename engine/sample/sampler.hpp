@@ -47,6 +47,13 @@ class sampler {
 
   const sampling_params& params() const { return p_; }
 
+  // Whether the next choice needs nothing but the logits (no penalties, no
+  // log-probabilities), so that whoever holds them can make it: then next_choice() says
+  // how, with the uniform sample() would draw (not drawn yet; replay(token) draws it when
+  // the token comes back, so a step that is lost and recomputed draws the same).
+  bool needs_only_logits() const;
+  token_choice next_choice() const;
+
  private:
   void apply_penalties(float* logits, int32_t vocab) const;
   int32_t draw(const float* logits, int32_t vocab);

@@ -1,5 +1,6 @@
 // The scheduler actor over a TP=2 replica of actors: concurrent streams, a cancel, and
-// the engine's greedy tokens.
+// the engine's tokens, greedy and seeded draws (chosen by the last stage, or, in steps
+// with a request that needs more than the logits, by the scheduler).
 #include "actors/scheduler_actor.hpp"
 
 #include <map>
@@ -17,7 +18,7 @@
 
 namespace troupe {
 
-TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order, as the engine alone") {
+TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order, greedy or drawn, as the engine alone") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const char* texts[] = {"Once upon a time", "The cat", "Lily and Tom went to the", "One day", "He was",
                          "She saw a big", "The sun was", "Tim had a red", "In the park", "A little bird",
@@ -28,6 +29,13 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
     p.prompt = l.tok.encode(t, true);
     p.sampling.temperature = 0.0f;
     p.max_tokens = 48;
+    const size_t i = reqs.size();
+    if (i % 4 == 1) {  // drawn by the last stage
+      p.sampling = {0.8f, 40, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, 100 + i, -1};
+    } else if (i % 4 == 3) {  // a penalty needs the scheduler's sampler: steps return logits until these end
+      p.sampling = {0.7f, 0, 1.0f, 0.05f, 1.2f, 0.0f, 0.0f, 200 + i, -1};
+      p.max_tokens = 12;
+    }
     reqs.push_back(p);
   }
   const auto alone = test::alone_tokens(l, reqs);

@@ -1,5 +1,8 @@
 #include "actors/wire/step_codec.hpp"
 
+#include <cmath>
+#include <limits>
+
 #include <capnp/message.h>
 #include <doctest/doctest.h>
 
@@ -209,6 +212,111 @@ TEST_CASE("the encoder's restart makes its next plan reset the stages under the 
   CHECK(out->batch.num_tokens() == 6);
   // A stage that missed the reset (still in session 42) refuses the session's later plans.
   CHECK_FALSE(d.decode(enc.encode(again, {})).has_value());
+}
+
+TEST_CASE("choices travel with their sampled chunks, and a plan where one sampled chunk has none returns logits") {
+  scheduler_config cfg;
+  cfg.max_step_tokens = 64;
+  cfg.num_blocks = 12;
+  cfg.block_size = 4;
+  cfg.context = 512;
+  cfg.vocab = 512;
+  scheduler s(cfg, test::tok512());
+  for (uint64_t id = 0; id < 3; ++id) {
+    request_params p;
+    p.prompt = {1, 5, 9, static_cast<int32_t>(20 + id)};
+    p.max_tokens = 4;
+    REQUIRE(s.add(request_id{id}, p).has_value());
+  }
+  const step_plan plan = s.schedule();
+  REQUIRE(plan.num_samples() == 3);
+  std::vector<std::optional<token_choice>> choices(plan.chunks.size());
+  for (size_t i = 0; i < choices.size(); ++i)
+    choices[i] = token_choice{{0.5f + static_cast<float>(i), static_cast<int32_t>(i), 0.9f, 0.01f}, 0.25f * static_cast<float>(i)};
+  step_encoder enc;
+  {
+    step_decoder dec(limits());
+    auto d = dec.decode(enc.encode(plan, {}, choices));
+    REQUIRE(d.has_value());
+    REQUIRE(d->choices.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+      CHECK(d->chosen_ids[i] == plan.chunks[i].id);
+      CHECK(d->choices[i].how.temperature == choices[i]->how.temperature);
+      CHECK(d->choices[i].how.top_k == choices[i]->how.top_k);
+      CHECK(d->choices[i].how.top_p == choices[i]->how.top_p);
+      CHECK(d->choices[i].how.min_p == choices[i]->how.min_p);
+      CHECK(d->choices[i].u == choices[i]->u);
+    }
+  }
+  choices[1].reset();
+  enc.restart(1);
+  step_decoder dec(limits());
+  auto d = dec.decode(enc.encode(plan, {}, choices));
+  REQUIRE(d.has_value());
+  CHECK(d->choices.empty());
+}
+
+TEST_CASE("a choice out of range is refused, as is a choice for a chunk that samples nothing") {
+  auto with = [](auto set, bool sample = true) {
+    capnp::MallocMessageBuilder msg;
+    auto root = msg.initRoot<schema::StepPlan>();
+    root.setStepId(1);
+    auto c = root.initChunks(1)[0];
+    c.setRequestId(7);
+    c.initTokens(1).set(0, 5);
+    c.initNewBlocks(1).set(0, 0);
+    c.setResetTable(true);
+    c.setSample(sample);
+    c.setChoose(true);
+    c.setTopP(1.0f);
+    set(c);
+    return to_bytes(msg);
+  };
+  auto expect = [&](const std::vector<uint8_t>& bytes, const std::string& part) {
+    step_decoder dec(limits());
+    auto d = dec.decode(bytes);
+    REQUIRE_FALSE(d.has_value());
+    CAPTURE(d.err().message);
+    CHECK(d.err().message.find(part) != std::string::npos);
+  };
+  expect(with([](auto c) { c.setTemperature(-1.0f); }), "temperature");
+  expect(with([](auto c) { c.setTemperature(std::numeric_limits<float>::infinity()); }), "temperature");
+  expect(with([](auto c) { c.setTemperature(std::nanf("")); }), "temperature");
+  expect(with([](auto c) { c.setTopK(-2); }), "top_k");
+  expect(with([](auto c) { c.setTopP(0.0f); }), "top_p");
+  expect(with([](auto c) { c.setTopP(1.5f); }), "top_p");
+  expect(with([](auto c) { c.setMinP(-0.1f); }), "min_p");
+  expect(with([](auto c) { c.setU(1.0f); }), "u must be");
+  expect(with([](auto c) { c.setU(std::nanf("")); }), "u must be");
+  expect(with([](auto) {}, false), "samples nothing");
+  step_decoder dec(limits());
+  CHECK(dec.decode(with([](auto c) {
+                    c.setTemperature(0.7f);
+                    c.setU(0.5f);
+                  })).has_value());
+}
+
+TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows and broken frames are errors") {
+  const std::vector<chosen_token> toks{{request_id{3}, 7}, {request_id{9}, 511}, {request_id{4}, 0}};
+  const auto bytes = encode_step_result(12, toks);
+  auto d = decode_step_result(bytes, 512, 8);
+  REQUIRE(d.has_value());
+  REQUIRE(d->size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK((*d)[i].id == toks[i].id);
+    CHECK((*d)[i].token == toks[i].token);
+  }
+  CHECK_FALSE(decode_step_result(bytes, 511, 8).has_value());  // 511 is outside a vocabulary of 511
+  CHECK_FALSE(decode_step_result(bytes, 512, 2).has_value());
+  for (size_t n = 0; n < bytes.size(); ++n) CHECK_FALSE(decode_step_result(std::span(bytes).first(n), 512, 8).has_value());
+  rng r(5);
+  for (int i = 0; i < 2000; ++i) {
+    auto bad = bytes;
+    bad[r.next() % bad.size()] ^= static_cast<uint8_t>(1u << (r.next() % 8));
+    auto x = decode_step_result(bad, 512, 8);
+    if (x)
+      for (const auto& t : *x) CHECK((t.token >= 0 && t.token < 512));
+  }
 }
 
 }  // namespace troupe::wire
