@@ -47,9 +47,8 @@ std::vector<uint8_t> one_chunk(uint64_t step, uint64_t id, int32_t first, std::v
   return to_bytes(msg);
 }
 
-}  // namespace
-
-TEST_CASE("plans of a scheduler run, preemptions included, arrive at the stage as the engine built them") {
+// An engine scheduler within limits(), running up to four requests.
+scheduler_config small_scheduler() {
   scheduler_config cfg;
   cfg.max_step_tokens = 64;
   cfg.num_blocks = 12;
@@ -57,7 +56,13 @@ TEST_CASE("plans of a scheduler run, preemptions included, arrive at the stage a
   cfg.max_running = 4;
   cfg.context = 512;
   cfg.vocab = 512;
-  scheduler s(cfg, test::tok512());
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("plans of a scheduler run, preemptions included, arrive at the stage as the engine built them") {
+  scheduler s(small_scheduler(), test::tok512());
   rng r(3);
   for (uint64_t id = 0; id < 10; ++id) {
     request_params p;
@@ -215,13 +220,7 @@ TEST_CASE("the encoder's restart makes its next plan reset the stages under the 
 }
 
 TEST_CASE("choices travel with their sampled chunks, and a plan where one sampled chunk has none returns logits") {
-  scheduler_config cfg;
-  cfg.max_step_tokens = 64;
-  cfg.num_blocks = 12;
-  cfg.block_size = 4;
-  cfg.context = 512;
-  cfg.vocab = 512;
-  scheduler s(cfg, test::tok512());
+  scheduler s(small_scheduler(), test::tok512());
   for (uint64_t id = 0; id < 3; ++id) {
     request_params p;
     p.prompt = {1, 5, 9, static_cast<int32_t>(20 + id)};
