@@ -11,7 +11,14 @@ namespace troupe::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kColumns = 8;                       // output columns per block
+// Output columns a block computes at a time, for M rows: 8, fewer as M grows, so that the
+// M x columns accumulators and the columns' weight loads stay in about 64 registers and
+// several blocks fit on a multiprocessor (8 columns at 3+ rows took 146-188 registers,
+// one block per multiprocessor).
+template <int M>
+constexpr int columns_for() {
+  return M <= 2 ? 8 : M <= 4 ? 4 : 2;
+}
 constexpr size_t kMaxStaged = size_t{160} << 10;  // bytes of staged x per block
 
 // The dot product of 8 packed 16-bit values of w and x, added to acc.
@@ -64,7 +71,7 @@ __device__ void stage(const gemv_source& src, int32_t m, int32_t k, T* xs) {
 
 // Blocks stay resident and take column groups of kColumns in turn (blockIdx.x, then
 // gridDim.x further on), so each stages x once however many columns it computes.
-template <typename T, int M>
+template <typename T, int M, int kColumns = columns_for<M>()>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(gemv_source src, const T* w, float* y, int32_t n, int32_t k,
                                                         bool accumulate) {
   extern __shared__ uint4 staged[];
@@ -144,7 +151,7 @@ void launch(const gemv_source& x, const void* w, float* y, int32_t n, int32_t k,
   int resident = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gemv_kernel<T, M>, kThreads, shared),
         "gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const int32_t groups = (n + kColumns - 1) / kColumns;
+  const int32_t groups = (n + columns_for<M>() - 1) / columns_for<M>();
   const int32_t grid = std::max(1, std::min(groups, std::max(1, resident) * multiprocessors()));
   gemv_kernel<T, M><<<grid, kThreads, shared, stream>>>(x, static_cast<const T*>(w), y, n, k, accumulate);
 }
