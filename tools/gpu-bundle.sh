@@ -9,6 +9,10 @@
 #   tools/gpu-check.sh --bundle DIR
 # Usage: tools/gpu-bundle.sh [DIR]   (default: gpu-bundle; the build goes to build-gpu)
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above, as help
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bundle}
 shared=${TROUPE_SHARED_DIR:-../shared}

@@ -11,6 +11,10 @@
 # Needs the NVIDIA driver and the CUDA runtime and cuBLAS libraries of CUDA 13 (the
 # toolkit's lib64, the nvidia-* Python wheels' folders, or LD_LIBRARY_PATH).
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above, as help
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 deadline=$((SECONDS + 480))
 left() { echo $((deadline - SECONDS)); }
