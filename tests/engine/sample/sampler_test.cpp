@@ -114,4 +114,35 @@ TEST_CASE("invalid parameters are named") {
   CHECK_FALSE(validate(sampling_params{}).has_value());
 }
 
+TEST_CASE("a choice made elsewhere from next_choice, then replayed, leaves the sampler as its own draws would") {
+  // One sampler draws for itself; the other hands each choice out (as the actors send it to
+  // the last stage), makes it with kernels/cpu/sample, and records the token by replay.
+  sampling_params p;
+  p.temperature = 0.9f;
+  p.top_k = 4;
+  p.top_p = 0.95f;
+  p.seed = 77;
+  sampler own(p, {}), handed(p, {});
+  CHECK(handed.needs_only_logits());
+  sample_scratch scratch;
+  const auto base = logits_fixture();
+  for (int step = 0; step < 50; ++step) {
+    auto l = base;
+    l[step % l.size()] += 0.3f * static_cast<float>(step % 3);
+    const token_choice c = handed.next_choice();
+    CHECK(handed.next_choice().u == c.u);  // peeking draws nothing
+    const int32_t elsewhere = sample(l.data(), static_cast<int32_t>(l.size()), c.how, c.u, scratch);
+    handed.replay(elsewhere);
+    CHECK(own.sample(l.data(), static_cast<int32_t>(l.size())).token == elsewhere);
+  }
+  // Greedy choices carry no draw; penalties and log-probabilities need the sampler itself.
+  p.temperature = 0.0f;
+  CHECK(sampler(p, {}).next_choice().how.temperature == 0.0f);
+  p.repetition_penalty = 1.1f;
+  CHECK_FALSE(sampler(p, {}).needs_only_logits());
+  p.repetition_penalty = 1.0f;
+  p.logprobs = 0;
+  CHECK_FALSE(sampler(p, {}).needs_only_logits());
+}
+
 }  // namespace troupe
