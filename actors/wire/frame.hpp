@@ -23,6 +23,15 @@ struct frame_limits {
   uint32_t max_segments = 16;
   uint64_t traversal_words = 1 << 17;
   int nesting = 16;
+
+  // A flat message of at most max_bytes: every word read at most twice, nesting 8.
+  static frame_limits flat(size_t max_bytes) {
+    frame_limits fl;
+    fl.max_bytes = max_bytes;
+    fl.traversal_words = max_bytes / 8 * 2;
+    fl.nesting = 8;
+    return fl;
+  }
 };
 
 // A message received as bytes: owns an aligned copy and a reader over it.

@@ -13,13 +13,9 @@ namespace troupe::wire {
 namespace {
 
 frame_limits limits_for(const kv_limits& lim) {
-  frame_limits fl;
   // Every claim whole, with its fields, and the releases.
-  fl.max_bytes = (static_cast<size_t>(lim.max_claims) * (static_cast<size_t>(lim.context) + 64) +
-                  static_cast<size_t>(lim.max_releases)) * 8 + (1 << 16);
-  fl.traversal_words = fl.max_bytes / 8 * 2;
-  fl.nesting = 8;
-  return fl;
+  return frame_limits::flat((static_cast<size_t>(lim.max_claims) * (static_cast<size_t>(lim.context) + 64) +
+                             static_cast<size_t>(lim.max_releases)) * 8 + (1 << 16));
 }
 
 std::string span_text(int64_t a, int64_t b) { return std::to_string(a) + ".." + std::to_string(b); }
@@ -68,11 +64,8 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
 }
 
 expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes) const {
-  frame_limits fl;
-  fl.max_bytes = (last_.size() * (static_cast<size_t>(lim_.context / lim_.block_size) + 16) + 64) * 8 + 4096;
-  fl.traversal_words = fl.max_bytes / 8 * 2;
-  fl.nesting = 8;
-  auto frame = frame_reader::parse(bytes, fl);
+  auto frame = frame_reader::parse(
+      bytes, frame_limits::flat((last_.size() * (static_cast<size_t>(lim_.context / lim_.block_size) + 16) + 64) * 8 + 4096));
   if (!frame) return error{"kv grants: " + frame.err().message};
   try {
     auto root = (*frame)->root<schema::KvGrants>();

@@ -62,10 +62,7 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
 }
 
 expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
-  frame_limits fl;
-  fl.max_bytes = static_cast<size_t>(lim_.max_step_tokens + lim_.max_chunks * 4) * 16 + (1 << 16);
-  fl.traversal_words = fl.max_bytes / 8 * 2;
-  fl.nesting = 8;
+  const auto fl = frame_limits::flat(static_cast<size_t>(lim_.max_step_tokens + lim_.max_chunks * 4) * 16 + (1 << 16));
   auto frame = frame_reader::parse(bytes, fl);
   if (!frame) return frame.err();
   try {
@@ -168,11 +165,7 @@ std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen
 }
 
 expected<std::vector<chosen_token>> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows) {
-  frame_limits fl;
-  fl.max_bytes = static_cast<size_t>(max_rows) * 32 + (1 << 12);
-  fl.traversal_words = fl.max_bytes / 8 * 2;
-  fl.nesting = 8;
-  auto frame = frame_reader::parse(bytes, fl);
+  auto frame = frame_reader::parse(bytes, frame_limits::flat(static_cast<size_t>(max_rows) * 32 + (1 << 12)));
   if (!frame) return frame.err();
   try {
     auto root = (*frame)->root<schema::StepResult>();

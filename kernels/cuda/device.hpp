@@ -29,75 +29,82 @@ void check_launch(const char* kernel);
 int device_count();
 std::string device_name(int device);
 
-// An owning buffer of n elements of T in device memory.
-template <typename T>
-class buffer {
+namespace detail {
+
+// An owning array of n elements of T, from Memory::allocate (which throws on failure) and
+// back to Memory::release.
+template <typename T, typename Memory>
+class owned_array {
  public:
-  buffer() = default;
-  explicit buffer(size_t n) : n_(n) {
-    if (n) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+  owned_array() = default;
+  explicit owned_array(size_t n) : n_(n) {
+    if (n) p_ = static_cast<T*>(Memory::allocate(n * sizeof(T)));
   }
-  ~buffer() {
-    if (p_) cudaFree(p_);
+  ~owned_array() {
+    if (p_) Memory::release(p_);
   }
-  buffer(buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  buffer& operator=(buffer&& o) noexcept {
+  owned_array(owned_array&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  owned_array& operator=(owned_array&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
     return *this;
   }
-  buffer(const buffer&) = delete;
-  buffer& operator=(const buffer&) = delete;
+  owned_array(const owned_array&) = delete;
+  owned_array& operator=(const owned_array&) = delete;
 
   T* get() const { return p_; }
   size_t size() const { return n_; }
 
-  void upload(const T* host, size_t n) {
-    if (n > n_) throw cuda_error("upload: " + std::to_string(n) + " elements into a buffer of " + std::to_string(n_));
-    check(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice), "upload");
-  }
-  void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
-  std::vector<T> download() const {
-    std::vector<T> out(n_);
-    if (n_) check(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "download");
-    return out;
-  }
-  // Every byte set to `byte` (0xFF makes floats NaN: outputs a kernel forgets show up).
-  void fill_bytes(int byte) { check(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset"); }
-
  private:
   T* p_ = nullptr;
   size_t n_ = 0;
+};
+
+struct device_memory {
+  static void* allocate(size_t bytes) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    return p;
+  }
+  static void release(void* p) { cudaFree(p); }
+};
+
+struct pinned_memory {
+  static void* allocate(size_t bytes) {
+    void* p = nullptr;
+    check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+    return p;
+  }
+  static void release(void* p) { cudaFreeHost(p); }
+};
+
+}  // namespace detail
+
+// An owning buffer of n elements of T in device memory.
+template <typename T>
+class buffer : public detail::owned_array<T, detail::device_memory> {
+ public:
+  using detail::owned_array<T, detail::device_memory>::owned_array;
+  using detail::owned_array<T, detail::device_memory>::get;
+  using detail::owned_array<T, detail::device_memory>::size;
+
+  void upload(const T* host, size_t n) {
+    if (n > size()) throw cuda_error("upload: " + std::to_string(n) + " elements into a buffer of " + std::to_string(size()));
+    check(cudaMemcpy(get(), host, n * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
+  std::vector<T> download() const {
+    std::vector<T> out(size());
+    if (size()) check(cudaMemcpy(out.data(), get(), size() * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return out;
+  }
+  // Every byte set to `byte` (0xFF makes floats NaN: outputs a kernel forgets show up).
+  void fill_bytes(int byte) { check(cudaMemset(get(), byte, size() * sizeof(T)), "cudaMemset"); }
 };
 
 // An owning buffer of n elements of T in page-locked host memory: copies between it and the
 // device run asynchronously at full PCIe speed.
 template <typename T>
-class pinned {
- public:
-  pinned() = default;
-  explicit pinned(size_t n) : n_(n) {
-    if (n) check(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMallocHost");
-  }
-  ~pinned() {
-    if (p_) cudaFreeHost(p_);
-  }
-  pinned(pinned&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  pinned& operator=(pinned&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  pinned(const pinned&) = delete;
-  pinned& operator=(const pinned&) = delete;
-
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  T& operator[](size_t i) const { return p_[i]; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
+using pinned = detail::owned_array<T, detail::pinned_memory>;
 
 }  // namespace troupe::cuda

@@ -4,7 +4,6 @@
 
 #include <string>
 
-#include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/gemv.hpp"
 
@@ -37,29 +36,6 @@ gemm_engine::~gemm_engine() {
 
 // Row-major y = x w^T is column-major y^T = w x^T: cuBLAS sees w (k x n, column-major)
 // transposed, times x (k x m) as it is, into y^T (n x m).
-void gemm_engine::f32(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k) {
-  if (m == 0 || n == 0) return;
-  const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasGemmEx(impl_->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_32F, k, x, CUDA_R_32F, k,
-                          &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
-             "cublasGemmEx (f32)");
-}
-
-void gemm_engine::half(dtype wtype, const float* x, uint16_t* x_scratch, const uint16_t* w, float* y, int32_t m,
-                       int32_t n, int32_t k) {
-  if (m == 0 || n == 0) return;
-  if (wtype != dtype::bf16 && wtype != dtype::f16) throw cuda_error("gemm: half() takes bf16 or f16 weights");
-  const cudaDataType_t t = wtype == dtype::bf16 ? CUDA_R_16BF : CUDA_R_16F;
-  if (wtype == dtype::bf16)
-    f32_to_bf16(x, x_scratch, int64_t{m} * k, impl_->stream);
-  else
-    f32_to_f16(x, x_scratch, int64_t{m} * k, impl_->stream);
-  const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasGemmEx(impl_->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, t, k, x_scratch, t, k, &zero, y,
-                          CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-             "cublasGemmEx (16-bit)");
-}
-
 void gemm_engine::run(dtype type, const void* x, const void* w, float* y, int32_t m, int32_t n, int32_t k,
                       bool accumulate) {
   if (m == 0 || n == 0) return;

@@ -1,10 +1,13 @@
 #include "kernels/cuda/gemv.hpp"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/cuda/types.cuh"
+#include "kernels/cuda/rows.cuh"
 
 namespace troupe::cuda {
 
@@ -44,28 +47,17 @@ __device__ void stage(const gemv_source& src, int32_t m, int32_t k, T* xs) {
   const float* xf = static_cast<const float*>(src.x);
   for (int32_t r = 0; r < m; ++r) {
     T* o = xs + int64_t{r} * k;
-    if (src.kind == gemv_input::silu_mul) {
+    if (src.kind == gemv_input::rmsnorm) {
+      detail::rmsnorm_row(o, xf + int64_t{r} * k, src.norm, k, src.eps);
+    } else if (src.kind == gemv_input::silu_mul) {
       const float* row = xf + int64_t{r} * 2 * k;
 #pragma unroll 4
-      for (int32_t i = threadIdx.x; i < k; i += blockDim.x) {
-        const float g = row[i];
-        o[i] = detail::from_float<T>(g / (1.0f + expf(-g)) * row[k + i]);
-      }
-      continue;
-    }
-    const float* row = xf + int64_t{r} * k;
-    if (src.kind == gemv_input::f32) {
+      for (int32_t i = threadIdx.x; i < k; i += blockDim.x) o[i] = detail::from_float<T>(detail::silu_times(row[i], row[k + i]));
+    } else {
+      const float* row = xf + int64_t{r} * k;
 #pragma unroll 4
       for (int32_t i = threadIdx.x; i < k; i += blockDim.x) o[i] = detail::from_float<T>(row[i]);
-      continue;
     }
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int32_t i = threadIdx.x; i < k; i += blockDim.x) ss += row[i] * row[i];
-    ss = detail::block_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(k) + src.eps);
-#pragma unroll 4
-    for (int32_t i = threadIdx.x; i < k; i += blockDim.x) o[i] = detail::from_float<T>(src.norm[i] * (inv * row[i]));
   }
 }
 
@@ -133,26 +125,35 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(gemv_source src, const T
   }
 }
 
-// Multiprocessors of the current device.
-int multiprocessors() {
-  int device = 0, count = 0;
+// Blocks of gemv_kernel<T, M> that stay resident on the current device with `shared`
+// bytes each, times its multiprocessors: asked of the driver once per device and size (a
+// decode step launches the same few shapes again and again), with the kernel's shared
+// memory limit raised past the default 48 KiB on the way.
+template <typename T, int M>
+int32_t resident_blocks(size_t shared) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, size_t>, int32_t> known;
+  int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return count;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = known.try_emplace({device, shared}, 0);
+  if (fresh) {
+    check(cudaFuncSetAttribute(gemv_kernel<T, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxStaged)),
+          "gemv: cudaFuncSetAttribute");
+    int per_sm = 0, sms = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<T, M>, kThreads, shared),
+          "gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    it->second = std::max(1, per_sm) * sms;
+  }
+  return it->second;
 }
 
 template <typename T, int M>
 void launch(const gemv_source& x, const void* w, float* y, int32_t n, int32_t k, bool accumulate, cudaStream_t stream) {
   const size_t shared = size_t(M) * k * sizeof(T);
-  // Shared memory beyond the default 48 KiB (set on the current device, each time: a
-  // process may drive several).
-  check(cudaFuncSetAttribute(gemv_kernel<T, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxStaged)),
-        "gemv: cudaFuncSetAttribute");
-  int resident = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gemv_kernel<T, M>, kThreads, shared),
-        "gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   const int32_t groups = (n + columns_for<M>() - 1) / columns_for<M>();
-  const int32_t grid = std::max(1, std::min(groups, std::max(1, resident) * multiprocessors()));
+  const int32_t grid = std::max(1, std::min(groups, resident_blocks<T, M>(shared)));
   gemv_kernel<T, M><<<grid, kThreads, shared, stream>>>(x, static_cast<const T*>(w), y, n, k, accumulate);
 }
 

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/rows.cuh"
 
 namespace troupe::cuda {
 
@@ -11,17 +12,23 @@ __device__ inline int64_t kv_offset(const paged_kv_layer& kv, uint32_t block, in
   return (int64_t{block} * kv.num_kv_heads + head) * kv.block_size * kv.head_dim;
 }
 
-__global__ void kv_write_kernel(paged_kv_layer kv, const float* k, const float* v, int64_t stride, token_batch b) {
-  const int32_t t = blockIdx.x;
+// Token t's K and V rows ([num_kv_heads * head_dim] each) into its slot; the whole block
+// takes the token.
+__device__ inline void write_token(const paged_kv_layer& kv, const token_batch& b, int32_t t, const float* k,
+                                   const float* v) {
   const int32_t pos = b.positions[t];
   const uint32_t block = b.tables[int64_t{b.token_seq[t]} * b.table_stride + pos / kv.block_size];
   const int32_t slot = pos % kv.block_size;
   for (int32_t i = threadIdx.x; i < kv.num_kv_heads * kv.head_dim; i += blockDim.x) {
     const int32_t h = i / kv.head_dim, d = i % kv.head_dim;
     const int64_t base = kv_offset(kv, block, h);
-    kv.k[base + int64_t{d} * kv.block_size + slot] = k[int64_t{t} * stride + i];
-    kv.v[base + int64_t{slot} * kv.head_dim + d] = v[int64_t{t} * stride + i];
+    kv.k[base + int64_t{d} * kv.block_size + slot] = k[i];
+    kv.v[base + int64_t{slot} * kv.head_dim + d] = v[i];
   }
+}
+
+__global__ void kv_write_kernel(paged_kv_layer kv, const float* k, const float* v, int64_t stride, token_batch b) {
+  write_token(kv, b, blockIdx.x, k + int64_t{blockIdx.x} * stride, v + int64_t{blockIdx.x} * stride);
 }
 
 // q . k for a key stored down its block ([head_dim][block_size]); D, when not 0, is
@@ -49,24 +56,12 @@ __global__ void rope_kv_write_kernel(paged_kv_layer kv, float* qkv, int64_t stri
   float* row = qkv + int64_t{t} * stride;
   for (int32_t i = threadIdx.x; i < (num_heads + kv.num_kv_heads) * pairs; i += blockDim.x) {
     const int32_t head = i / pairs, pair = i % pairs;
-    const float c = cos_table[int64_t{pos} * pairs + pair], s = sin_table[int64_t{pos} * pairs + pair];
-    float* h = row + int64_t{head} * hd;
-    const int32_t x = halves ? pair : 2 * pair, y = halves ? pair + pairs : 2 * pair + 1;
-    const float x0 = h[x], x1 = h[y];
-    h[x] = x0 * c - x1 * s;
-    h[y] = x0 * s + x1 * c;
+    detail::rotate_pair(row + int64_t{head} * hd, pair, pairs, halves, cos_table[int64_t{pos} * pairs + pair],
+                        sin_table[int64_t{pos} * pairs + pair]);
   }
   __syncthreads();
-  const uint32_t block = b.tables[int64_t{b.token_seq[t]} * b.table_stride + pos / kv.block_size];
-  const int32_t slot = pos % kv.block_size;
   const float* k = row + int64_t{num_heads} * hd;
-  const float* v = k + int64_t{kv.num_kv_heads} * hd;
-  for (int32_t i = threadIdx.x; i < kv.num_kv_heads * hd; i += blockDim.x) {
-    const int32_t h = i / hd, d = i % hd;
-    const int64_t base = kv_offset(kv, block, h);
-    kv.k[base + int64_t{d} * kv.block_size + slot] = k[i];
-    kv.v[base + int64_t{slot} * hd + d] = v[i];
-  }
+  write_token(kv, b, t, k, k + int64_t{kv.num_kv_heads} * hd);
 }
 
 // Partials of one (split, head, token): [max, sum, acc[head_dim]] at part; with a single

@@ -1,6 +1,7 @@
 #include "kernels/cuda/rope.hpp"
 
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/rows.cuh"
 
 namespace troupe::cuda {
 
@@ -18,11 +19,7 @@ __global__ void rope_kernel(float* v, int64_t stride, int32_t num_tokens, int32_
   const int32_t t = static_cast<int32_t>(i / (int64_t{pairs} * num_heads));
   const int64_t row = int64_t{positions[t]} * pairs;
   const float c = cos_table[row + pair], s = sin_table[row + pair];
-  float* h = v + int64_t{t} * stride + int64_t{head} * head_dim;
-  const int32_t a = halves ? pair : 2 * pair, b = halves ? pair + pairs : 2 * pair + 1;
-  const float x0 = h[a], x1 = h[b];
-  h[a] = x0 * c - x1 * s;
-  h[b] = x0 * s + x1 * c;
+  detail::rotate_pair(v + int64_t{t} * stride + int64_t{head} * head_dim, pair, pairs, halves, c, s);
 }
 
 }  // namespace

@@ -1,18 +1,11 @@
 #include "kernels/cuda/silu_mul.hpp"
 
 #include "kernels/cuda/device.hpp"
-#include "kernels/cuda/types.cuh"
+#include "kernels/cuda/rows.cuh"
 
 namespace troupe::cuda {
 
 namespace {
-
-__device__ inline float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
-__global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) gate[i] = silu_times(gate[i], up[i]);
-}
 
 template <typename T>
 __global__ void silu_mul_rows_kernel(const float* gate_up, int32_t n, T* out) {
@@ -20,16 +13,10 @@ __global__ void silu_mul_rows_kernel(const float* gate_up, int32_t n, T* out) {
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float* row = gate_up + int64_t{r} * 2 * n;
-  out[int64_t{r} * n + i] = detail::from_float<T>(silu_times(row[i], row[n + i]));
+  out[int64_t{r} * n + i] = detail::from_float<T>(detail::silu_times(row[i], row[n + i]));
 }
 
 }  // namespace
-
-void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  silu_mul_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(gate, up, n);
-  check_launch("silu_mul");
-}
 
 void silu_mul_rows(const float* gate_up, int32_t rows, int32_t n, dtype out_type, void* out, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;

@@ -135,9 +135,7 @@ TEST_CASE("a choice made elsewhere from next_choice, then replayed, leaves the s
     handed.replay(elsewhere);
     CHECK(own.sample(l.data(), static_cast<int32_t>(l.size())).token == elsewhere);
   }
-  // Greedy choices carry no draw; penalties and log-probabilities need the sampler itself.
-  p.temperature = 0.0f;
-  CHECK(sampler(p, {}).next_choice().how.temperature == 0.0f);
+  // Penalties and log-probabilities need the sampler itself.
   p.repetition_penalty = 1.1f;
   CHECK_FALSE(sampler(p, {}).needs_only_logits());
   p.repetition_penalty = 1.0f;

@@ -19,7 +19,7 @@ TEST_CASE("cuBLAS GEMMs: FP32 exact to rounding, BF16 and FP16 within their prec
   auto dx = on_device(x);
   auto y = poisoned<float>(size_t(m) * n);
   auto dw = on_device(w);
-  gemm.f32(dx.get(), dw.get(), y.get(), m, n, k);
+  gemm.run(dtype::f32, dx.get(), dw.get(), y.get(), m, n, k, false);
   sync();
   auto got = y.download();
   for (int32_t i = 0; i < m; ++i)
@@ -31,31 +31,22 @@ TEST_CASE("cuBLAS GEMMs: FP32 exact to rounding, BF16 and FP16 within their prec
   for (dtype t : {dtype::bf16, dtype::f16}) {
     CAPTURE(dtype_name(t));
     std::vector<uint16_t> w16(w.size());
-    for (size_t i = 0; i < w.size(); ++i) w16[i] = t == dtype::bf16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+    for (size_t i = 0; i < w.size(); ++i) w16[i] = to_16(t, w[i]);
     auto dw16 = on_device(w16);
-    cuda::buffer<uint16_t> scratch(x.size());
+    std::vector<uint16_t> x16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x16[i] = to_16(t, x[i]);
+    auto dx16 = on_device(x16);
     y.fill_bytes(0xFF);
-    gemm.half(t, dx.get(), scratch.get(), dw16.get(), y.get(), m, n, k);
+    gemm.run(t, dx16.get(), dw16.get(), y.get(), m, n, k, false);  // m = 5: cuBLAS
     sync();
     got = y.download();
-    for (int32_t i = 0; i < m; ++i)
-      for (int32_t j = 0; j < n; ++j) {
-        // The reference rounds x and w as the device does, then sums exactly.
-        double ref = 0;
-        for (int32_t c = 0; c < k; ++c) {
-          const float xr = t == dtype::bf16 ? bf16_to_f32(f32_to_bf16(x[size_t(i) * k + c])) : f16_to_f32(f32_to_f16(x[size_t(i) * k + c]));
-          const float wr = t == dtype::bf16 ? bf16_to_f32(w16[size_t(j) * k + c]) : f16_to_f32(w16[size_t(j) * k + c]);
-          ref += double(xr) * wr;
-        }
-        close(got[size_t(i) * n + j], static_cast<float>(ref), 1e-4f);
-      }
+    const auto want = reference_16(t, x16, w16, m, n, k);
+    for (size_t i = 0; i < got.size(); ++i) close(got[i], static_cast<float>(want[i]), 1e-4f);
   }
 }
 
-
-
 TEST_CASE("GEMV for 1 to 8 rows and the 16-bit GEMMs: products, accumulation into y, odd column counts") {
-  const int32_t n = 333, k = 1032;  // k: 129 loads of 8, not a multiple of the 4 x 32 unrolled loop
+  const int32_t n = 333, k = 1032;  // k: 129 loads of 8, not a multiple of a block's 256 threads
   cudaStream_t stream = nullptr;
   cuda::gemm_engine gemm(stream);
   for (dtype t : {dtype::bf16, dtype::f16}) {

@@ -10,6 +10,22 @@ namespace troupe {
 
 using namespace gpu_test;
 
+TEST_CASE("greedy choices take the first of equal maxima, as the CPU's argmax does") {
+  const int32_t rows = 9, n = 1001, stride = 1003;
+  auto x = randoms(size_t(rows) * stride, 9);
+  x[size_t(2) * stride + 500] = 50.0f;  // a tie: the first wins
+  x[size_t(2) * stride + 7] = 50.0f;
+  x[size_t(4) * stride + n - 1] = 60.0f;  // the last column
+  auto dx = on_device(x);
+  auto greedy = on_device(std::vector<token_choice>(rows, token_choice::greedy()));
+  cuda::buffer<float> ws(cuda::sample_workspace(rows, n));
+  auto out = poisoned<int32_t>(rows);
+  cuda::sample(dx.get(), stride, rows, n, greedy.get(), ws.get(), out.get(), nullptr);
+  sync();
+  const auto got = out.download();
+  for (int32_t r = 0; r < rows; ++r) CHECK(got[r] == argmax(x.data() + size_t(r) * stride, n));
+}
+
 TEST_CASE("sampling on the device draws the CPU's token for the same u: temperature, top-k, top-p, min-p, greedy") {
   const int32_t vocab = 5003, stride = vocab + 7;
   const std::vector<truncation> hows{
