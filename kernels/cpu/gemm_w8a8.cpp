@@ -129,13 +129,13 @@ void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int
   }
 }
 
-// A tile of products (16 tokens x 16 rows) of group g into the tokens' accumulators.
-TROUPE_VNNI inline void fold_products(const int32_t* pr, const float* w_scales, const q8_activations& a, int32_t t0,
-                               int32_t g, __m512* acc) {
+// A tile of products (16 tokens x 16 rows) of one group into the tokens' accumulators,
+// with the rows' and the tokens' scales of that group.
+TROUPE_VNNI inline void fold_products(const int32_t* pr, const float* w_scales, const float* x_scales, __m512* acc) {
   const __m512 ws = _mm512_load_ps(w_scales);
   for (int i = 0; i < block; ++i) {
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(pr + i * block)), ws);
-    acc[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.scale_at(t0 + i, g)), acc[i]);
+    acc[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(x_scales[i]), acc[i]);
   }
 }
 
@@ -147,10 +147,32 @@ struct alignas(64) tile_config {
   uint8_t rows[16] = {};
 };
 
-// Tokens in blocks of 16. Tiles: 0 and 3 the int32 products (16 tokens x 16 rows) of
-// two groups in turn, 1 and 4 the groups' activations, 2 and 5 their weights.
-__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,fma"))) int32_t tokens_amx(
-    const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys) {
+#define TROUPE_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+
+// One group's int32 products, 16 tokens x 16 rows, through tile C from activations in
+// tile X and weights in tile W, stored to out. (A macro: GCC's tile intrinsics spell the
+// tile's number into the instruction.)
+#define TROUPE_TILE_PRODUCTS(C, X, W, x, x_stride, wt, out) \
+  do {                                                      \
+    _tile_loadd(X, x, x_stride);                            \
+    _tile_loadd(W, wt, block * 4);                          \
+    _tile_zero(C);                                          \
+    _tile_dpbssd(C, X, W);                                  \
+    _tile_stored(C, out, block * 4);                        \
+  } while (0)
+
+// The tiles are not renamed and a product comes back through memory, so a group's fold
+// trails its tile work by fold_lag groups: the tiles load, multiply and store ahead while
+// the vector units fold, and no fold waits on the store just issued. Products wait in a
+// ring of fold_ring tiles.
+constexpr int fold_lag = 4;
+constexpr int fold_ring = 8;
+static_assert(fold_lag % 2 == 0 && fold_lag < fold_ring && (fold_ring & (fold_ring - 1)) == 0);
+
+// Tokens in blocks of 16. Tiles 0 and 3 take the products of alternate groups, 1 and 4
+// their activations, 2 and 5 their weights.
+TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y,
+                              int64_t ys) {
   // Whole blocks of 16 tokens, and a last partial one if it is worth a tile (the
   // activations are zero-padded to whole blocks).
   const int32_t rest = a.num_tokens % block;
@@ -170,38 +192,26 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,fm
     cfg.colsb[c] = block * 4;
   }
   _tile_loadconfig(&cfg);
-  alignas(64) int32_t prod[2][block * block];
+  alignas(64) int32_t ring[fold_ring][block * block];
+  const int32_t groups = a.groups, grp = a.group;
+  const int64_t xs = a.cols;
   for (int32_t b = rb / block; b * block < re; ++b) {
     const __mmask16 m = row_mask(b, rb, re);
     for (int32_t t0 = 0; t0 < upto; t0 += block) {
       __m512 acc[block];
       for (auto& v : acc) v = _mm512_setzero_ps();
       const int8_t* xt = a.q.data() + int64_t{t0} * a.cols;
-      int32_t g = 0;
-      for (; g + 2 <= a.groups; g += 2) {
+      const auto fold = [&](int32_t g) {
+        if (g >= 0 && g < groups) fold_products(ring[g % fold_ring], w.scales(b, g), a.block_scales(t0, g), acc);
+      };
+      for (int32_t g = 0; g < groups + fold_lag; g += 2) {
         // The weights stream in order: fetch ahead of the tile loads (the first pass over
         // a block; later token blocks find it in the cache).
-        if (t0 == 0) prefetch_ahead(w.tile(b, g), 2 * a.group * block);
-        _tile_loadd(1, xt + g * a.group, a.cols);
-        _tile_loadd(2, w.tile(b, g), block * 4);
-        _tile_loadd(4, xt + (g + 1) * a.group, a.cols);
-        _tile_loadd(5, w.tile(b, g + 1), block * 4);
-        _tile_zero(0);
-        _tile_zero(3);
-        _tile_dpbssd(0, 1, 2);
-        _tile_dpbssd(3, 4, 5);
-        _tile_stored(0, prod[0], block * 4);
-        _tile_stored(3, prod[1], block * 4);
-        fold_products(prod[0], w.scales(b, g), a, t0, g, acc);
-        fold_products(prod[1], w.scales(b, g + 1), a, t0, g + 1, acc);
-      }
-      if (g < a.groups) {
-        _tile_loadd(1, xt + g * a.group, a.cols);
-        _tile_loadd(2, w.tile(b, g), block * 4);
-        _tile_zero(0);
-        _tile_dpbssd(0, 1, 2);
-        _tile_stored(0, prod[0], block * 4);
-        fold_products(prod[0], w.scales(b, g), a, t0, g, acc);
+        if (t0 == 0 && g < groups) prefetch_ahead(w.tile(b, g), 2 * grp * block);
+        fold(g - fold_lag);
+        if (g < groups) TROUPE_TILE_PRODUCTS(0, 1, 2, xt + g * grp, xs, w.tile(b, g), ring[g % fold_ring]);
+        fold(g + 1 - fold_lag);
+        if (g + 1 < groups) TROUPE_TILE_PRODUCTS(3, 4, 5, xt + (g + 1) * grp, xs, w.tile(b, g + 1), ring[(g + 1) % fold_ring]);
       }
       for (int i = 0; i < block && t0 + i < a.num_tokens; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ys + b * block, m, acc[i]);
     }
@@ -254,14 +264,15 @@ q8_packed pack_q8(const matrix_view& w) {
 namespace {
 
 // One token's groups: the definition (scalar), and the same operations sixteen lanes at a
-// time (max, the division and round-to-nearest-even are exact, so the bits agree).
+// time (max, the division and round-to-nearest-even are exact, so the bits agree). Group
+// g's scale goes to scale[g * 16], the token's place in its block's layout.
 void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
   for (int32_t g = 0; g < cols / grp; ++g) {
     const float* xg = x + g * grp;
     float amax = 0.0f;
     for (int32_t k = 0; k < grp; ++k) amax = std::max(amax, std::fabs(xg[k]));
     const float s = amax / 127.0f;
-    scale[g] = s;
+    scale[g * 16] = s;
     const bool usable = s > 0.0f && std::isfinite(s);
     for (int32_t k = 0; k < grp; ++k) {
       const float v = usable ? std::clamp(std::nearbyint(xg[k] / s), -127.0f, 127.0f) : 0.0f;
@@ -279,7 +290,7 @@ TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t
     __m512 m = _mm512_setzero_ps();
     for (int c = 0; c < chunks; ++c) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xg + c * 16)));
     const float s = _mm512_reduce_max_ps(m) / 127.0f;
-    scale[g] = s;
+    scale[g * 16] = s;
     const bool usable = s > 0.0f && std::isfinite(s);
     const __m512 sv = _mm512_set1_ps(s);
     for (int c = 0; c < chunks; ++c) {
@@ -308,15 +319,16 @@ void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32
   u.resize(static_cast<size_t>(n) * c);
   scale.resize(static_cast<size_t>(padded) * groups);
   std::fill(q.begin() + static_cast<int64_t>(n) * c, q.end(), 0);
-  std::fill(scale.begin() + static_cast<int64_t>(n) * groups, scale.end(), 0.0f);
+  std::fill(scale.begin() + static_cast<int64_t>(n - n % block) * groups, scale.end(), 0.0f);
   const bool vector = vnni_available() && grp % 16 == 0;
   auto rows = [&](int64_t b, int64_t e, int) {
     for (int64_t t = b; t < e; ++t) {
       const size_t at = static_cast<size_t>(t) * c;
+      float* s = scale.data() + (t - t % block) * groups + t % block;
       if (vector)
-        quantize_vnni(x + t * x_stride, c, grp, q.data() + at, u.data() + at, scale.data() + t * groups);
+        quantize_vnni(x + t * x_stride, c, grp, q.data() + at, u.data() + at, s);
       else
-        quantize_scalar(x + t * x_stride, c, grp, q.data() + at, u.data() + at, scale.data() + t * groups);
+        quantize_scalar(x + t * x_stride, c, grp, q.data() + at, u.data() + at, s);
     }
   };
   if (pool && n > 1)

@@ -50,8 +50,9 @@ bool w8a8_layout(const matrix_view& w);
 q8_packed pack_q8(const matrix_view& w);
 
 // Activations quantized for one GEMM input: [token][cols] int8 and one float scale per
-// token and group (both zero-padded to a multiple of 16 tokens, for AMX's 16-token
-// tiles), and the values plus 128 as unsigned bytes (for VNNI).
+// token and group, [token / 16][group][token % 16] (both zero-padded to a multiple of 16
+// tokens, for AMX's 16-token tiles, whose fold reads a group's 16 scales together), and
+// the values plus 128 as unsigned bytes (for VNNI).
 struct q8_activations {
   int32_t num_tokens = 0, cols = 0, group = 0, groups = 0;
   aligned_vector<int8_t> q;
@@ -62,7 +63,9 @@ struct q8_activations {
   void quantize(const float* x, int64_t x_stride, int32_t num_tokens, int32_t cols, int32_t group,
                 thread_pool* pool = nullptr);
   int8_t at(int32_t token, int32_t col) const { return q[int64_t{token} * cols + col]; }
-  float scale_at(int32_t token, int32_t g) const { return scale[int64_t{token} * groups + g]; }
+  float scale_at(int32_t token, int32_t g) const { return block_scales(token - token % 16, g)[token % 16]; }
+  // The scales of group g for tokens [t0, t0 + 16), t0 a multiple of 16.
+  const float* block_scales(int32_t t0, int32_t g) const { return scale.data() + (int64_t{t0} * groups + g * 16); }
 };
 
 // The CPU has AVX-512 with VNNI, and TROUPE_NO_W8A8 is not set in the environment: q8_0
