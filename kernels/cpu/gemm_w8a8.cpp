@@ -149,28 +149,29 @@ struct alignas(64) tile_config {
 
 #define TROUPE_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
-// One group's int32 products, 16 tokens x 16 rows, through tile C from activations in
-// tile X and weights in tile W, stored to out. (A macro: GCC's tile intrinsics spell the
-// tile's number into the instruction.)
-#define TROUPE_TILE_PRODUCTS(C, X, W, x, x_stride, wt, out) \
-  do {                                                      \
-    _tile_loadd(X, x, x_stride);                            \
-    _tile_loadd(W, wt, block * 4);                          \
-    _tile_zero(C);                                          \
-    _tile_dpbssd(C, X, W);                                  \
-    _tile_stored(C, out, block * 4);                        \
+// Group g's int32 products, 16 tokens x 16 rows, into tile C from activations in tile X
+// and weights in tile W. (Macros: GCC's tile intrinsics spell the tile's number into the
+// instruction.)
+#define TROUPE_TILE_MULTIPLY(C, X, W, x, x_stride, wt) \
+  do {                                                 \
+    _tile_loadd(X, x, x_stride);                       \
+    _tile_loadd(W, wt, block * 4);                     \
+    _tile_zero(C);                                     \
+    _tile_dpbssd(C, X, W);                             \
   } while (0)
 
-// The tiles are not renamed and a product comes back through memory, so a group's fold
-// trails its tile work by fold_lag groups: the tiles load, multiply and store ahead while
-// the vector units fold, and no fold waits on the store just issued. Products wait in a
-// ring of fold_ring tiles.
-constexpr int fold_lag = 4;
+// A tile store waits for the multiply that fills it and holds up the instructions behind
+// it, and the tiles are not renamed. So the work on group g is spread over three steps:
+// step g multiplies it (into the next of four product tiles), step g + store_lag stores
+// the product (after three more multiplies have started), and step g + store_lag +
+// fold_lag folds it into the accumulators. Products wait in a ring of fold_ring tiles.
+constexpr int store_lag = 3;
+constexpr int fold_lag = 2;
 constexpr int fold_ring = 8;
-static_assert(fold_lag % 2 == 0 && fold_lag < fold_ring && (fold_ring & (fold_ring - 1)) == 0);
+static_assert(store_lag + fold_lag < fold_ring && (fold_ring & (fold_ring - 1)) == 0);
 
-// Tokens in blocks of 16. Tiles 0 and 3 take the products of alternate groups, 1 and 4
-// their activations, 2 and 5 their weights.
+// Tokens in blocks of 16. Tiles 0, 3, 6 and 7 take the products of groups in turn, 1 and
+// 4 the activations of even and odd groups, 2 and 5 their weights.
 TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y,
                               int64_t ys) {
   // Whole blocks of 16 tokens, and a last partial one if it is worth a tile (the
@@ -179,7 +180,7 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
   const int32_t upto = rest >= amx_min_tokens ? a.num_tokens - rest + block : a.num_tokens - rest;
   if (upto == 0) return 0;
   tile_config cfg;
-  for (int c : {0, 3}) {
+  for (int c : {0, 3, 6, 7}) {
     cfg.rows[c] = block;
     cfg.colsb[c] = block * 4;
   }
@@ -201,18 +202,62 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
       __m512 acc[block];
       for (auto& v : acc) v = _mm512_setzero_ps();
       const int8_t* xt = a.q.data() + int64_t{t0} * a.cols;
-      const auto fold = [&](int32_t g) {
-        if (g >= 0 && g < groups) fold_products(ring[g % fold_ring], w.scales(b, g), a.block_scales(t0, g), acc);
+      // The weights stream in order: fetch ahead of the tile loads (the first pass over a
+      // block; later token blocks find it in the cache).
+      const bool fetch = t0 == 0;
+#define TROUPE_MULTIPLY(C, X, W, g)                                          \
+  do {                                                                       \
+    if (fetch) prefetch_ahead(w.tile(b, g), grp * block);                    \
+    TROUPE_TILE_MULTIPLY(C, X, W, xt + (g) * grp, xs, w.tile(b, g));          \
+  } while (0)
+#define TROUPE_STORE(C, g) _tile_stored(C, ring[(g) % fold_ring], block * 4)
+#define TROUPE_FOLD(g) fold_products(ring[(g) % fold_ring], w.scales(b, g), a.block_scales(t0, g), acc)
+      // Step s: fold group s - store_lag - fold_lag, multiply group s, store group
+      // s - store_lag.
+      const auto step = [&](int32_t s) {
+        if (s < groups) switch (s & 3) {
+            case 0: TROUPE_MULTIPLY(0, 1, 2, s); break;
+            case 1: TROUPE_MULTIPLY(3, 4, 5, s); break;
+            case 2: TROUPE_MULTIPLY(6, 1, 2, s); break;
+            default: TROUPE_MULTIPLY(7, 4, 5, s); break;
+          }
+        if (const int32_t g = s - store_lag; g >= 0 && g < groups) switch (g & 3) {
+            case 0: TROUPE_STORE(0, g); break;
+            case 1: TROUPE_STORE(3, g); break;
+            case 2: TROUPE_STORE(6, g); break;
+            default: TROUPE_STORE(7, g); break;
+          }
       };
-      for (int32_t g = 0; g < groups + fold_lag; g += 2) {
-        // The weights stream in order: fetch ahead of the tile loads (the first pass over
-        // a block; later token blocks find it in the cache).
-        if (t0 == 0 && g < groups) prefetch_ahead(w.tile(b, g), 2 * grp * block);
-        fold(g - fold_lag);
-        if (g < groups) TROUPE_TILE_PRODUCTS(0, 1, 2, xt + g * grp, xs, w.tile(b, g), ring[g % fold_ring]);
-        fold(g + 1 - fold_lag);
-        if (g + 1 < groups) TROUPE_TILE_PRODUCTS(3, 4, 5, xt + (g + 1) * grp, xs, w.tile(b, g + 1), ring[(g + 1) % fold_ring]);
+      constexpr int32_t lag = store_lag + fold_lag;
+      // From the first multiple of 4 at which every step folds, four steps at a time.
+      constexpr int32_t steady = (lag + 3) / 4 * 4;
+      int32_t s = 0;
+      for (; s < std::min(steady, groups + lag); ++s) {
+        if (const int32_t f = s - lag; f >= 0 && f < groups) TROUPE_FOLD(f);
+        step(s);
       }
+      static_assert(store_lag == 3, "the steady loop below spells the product tiles out for this lag");
+      for (; s + 4 <= groups; s += 4) {
+        TROUPE_FOLD(s - lag);
+        TROUPE_MULTIPLY(0, 1, 2, s);
+        TROUPE_STORE(3, s - 3);
+        TROUPE_FOLD(s + 1 - lag);
+        TROUPE_MULTIPLY(3, 4, 5, s + 1);
+        TROUPE_STORE(6, s - 2);
+        TROUPE_FOLD(s + 2 - lag);
+        TROUPE_MULTIPLY(6, 1, 2, s + 2);
+        TROUPE_STORE(7, s - 1);
+        TROUPE_FOLD(s + 3 - lag);
+        TROUPE_MULTIPLY(7, 4, 5, s + 3);
+        TROUPE_STORE(0, s);
+      }
+      for (; s < groups + lag; ++s) {
+        if (const int32_t f = s - lag; f >= 0 && f < groups) TROUPE_FOLD(f);
+        step(s);
+      }
+#undef TROUPE_MULTIPLY
+#undef TROUPE_STORE
+#undef TROUPE_FOLD
       for (int i = 0; i < block && t0 + i < a.num_tokens; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ys + b * block, m, acc[i]);
     }
   }
