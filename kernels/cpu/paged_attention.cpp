@@ -35,62 +35,102 @@ inline const int8_t* values(const paged_kv_layer& kv, int8_t) { return kv.v8; }
 template <class T>
 constexpr bool scaled = std::is_same_v<T, int8_t>;
 
-// Sixteen-slot blocks, NB blocks at a time for G query heads: NB * G independent sums (one
-// alone waits on each FMA's latency), each still a sequential sum over the head
-// dimension, so the scores are those of the one-block loop below.
+// Sixteen-slot blocks, NB at a time, for H KV heads side by side (whose parts of a block
+// lie next to each other in memory) and G query heads each: NB * H * G independent sums
+// (one alone waits on each FMA's latency), each a sequential sum over the head
+// dimension, so the scores are those of the one-block loop below. q[h * G + j] is query
+// head j of KV head kv_head0 + h.
 //
-// A decode step's attention reads each running sequence's cache once, in pieces of
-// 16 * head_dim elements scattered over the pool, which the hardware prefetcher finds
-// only after missing on them. So while it scores NB blocks the loop asks for the keys of
-// the next NB and the values of these (read after the softmax), a line or so per
-// head-dimension step, spread out so that the requests never queue up behind each other.
-template <class T, int NB, int G>
-void scores_blocks(const float* const* q, const attention_token& tok, int32_t kv_head, const paged_kv_layer& kv,
-                   int32_t n, float* const* scores) {
+// A decode step's attention reads each running sequence's cache once, in blocks
+// scattered over the pool, which the hardware prefetcher finds only after missing on
+// them. So while it scores NB blocks the loop asks for the keys of the next NB and the
+// values of these (read after the softmax), a line or so per head-dimension step, spread
+// out so that the requests never queue up behind each other.
+template <class T, int NB, int H, int G>
+void scores_heads(const float* const* q, const attention_token& tok, int32_t kv_head0, const paged_kv_layer& kv,
+                  int32_t n, float* const* scores) {
   const int32_t hd = kv.head_dim;
   const simd::v16f vnorm = simd::splat(std::sqrt(static_cast<float>(hd)));
   const int32_t blocks = (n + simd::width - 1) / simd::width;
-  // A piece's row d (keys) or its d-th 16-element stretch (values) begins at d * row.
-  constexpr int row = simd::width * sizeof(T);
-  constexpr int rows_per_line = row >= 64 ? 1 : 64 / row;
+  const int64_t piece = int64_t{simd::width} * hd;  // one KV head's part of a block
+  // The H parts' bytes per head-dimension step (keys) or 16-element stretch (values).
+  constexpr int64_t step_bytes = int64_t{H} * simd::width * sizeof(T);
   for (int32_t b0 = 0; b0 < blocks; b0 += NB) {
     const int nb = std::min<int32_t>(NB, blocks - b0);
     const char* ahead[2 * NB];
     int n_ahead = 0;
     for (int32_t b = b0 + NB; b < std::min(b0 + 2 * NB, blocks); ++b)
-      ahead[n_ahead++] = reinterpret_cast<const char*>(keys(kv, T{}) + kv.offset(tok.block_table[b], kv_head));
+      ahead[n_ahead++] = reinterpret_cast<const char*>(keys(kv, T{}) + kv.offset(tok.block_table[b], kv_head0));
     for (int32_t b = b0; b < b0 + nb; ++b)
-      ahead[n_ahead++] = reinterpret_cast<const char*>(values(kv, T{}) + kv.offset(tok.block_table[b], kv_head));
+      ahead[n_ahead++] = reinterpret_cast<const char*>(values(kv, T{}) + kv.offset(tok.block_table[b], kv_head0));
     if constexpr (scaled<T>) {
       for (int32_t b = b0 + NB; b < std::min(b0 + 2 * NB, blocks); ++b)
-        __builtin_prefetch(kv.k_scale + kv.scale_offset(tok.block_table[b], kv_head));
-      for (int32_t b = b0; b < b0 + nb; ++b) __builtin_prefetch(kv.v_scale + kv.scale_offset(tok.block_table[b], kv_head));
+        __builtin_prefetch(kv.k_scale + kv.scale_offset(tok.block_table[b], kv_head0));
+      for (int32_t b = b0; b < b0 + nb; ++b) __builtin_prefetch(kv.v_scale + kv.scale_offset(tok.block_table[b], kv_head0));
     }
-    const T* kt[NB];
-    for (int j = 0; j < NB; ++j) kt[j] = keys(kv, T{}) + kv.offset(tok.block_table[b0 + std::min(j, nb - 1)], kv_head);
-    simd::v16f acc[NB][G];
-    for (int j = 0; j < NB; ++j)
-      for (int h = 0; h < G; ++h) acc[j][h] = simd::zero();
+    const T* kb[NB];
+    for (int i = 0; i < NB; ++i) kb[i] = keys(kv, T{}) + kv.offset(tok.block_table[b0 + std::min(i, nb - 1)], kv_head0);
+    simd::v16f acc[NB][H][G];
+    for (int i = 0; i < NB; ++i)
+      for (int h = 0; h < H; ++h)
+        for (int j = 0; j < G; ++j) acc[i][h][j] = simd::zero();
     for (int32_t d = 0; d < hd; ++d) {
-      if (d % rows_per_line == 0)
-        for (int i = 0; i < n_ahead; ++i) __builtin_prefetch(ahead[i] + d * row);
-      for (int j = 0; j < NB; ++j) {
-        const simd::v16f col = load16(kt[j] + d * simd::width);
-        for (int h = 0; h < G; ++h) acc[j][h] = simd::fma(simd::splat(q[h][d]), col, acc[j][h]);
+      for (int64_t off = (d * step_bytes + 63) / 64 * 64; off < (d + 1) * step_bytes; off += 64)
+        for (int i = 0; i < n_ahead; ++i) __builtin_prefetch(ahead[i] + off);
+      for (int i = 0; i < NB; ++i)
+        for (int h = 0; h < H; ++h) {
+          const simd::v16f col = load16(kb[i] + h * piece + d * simd::width);
+          for (int j = 0; j < G; ++j) acc[i][h][j] = simd::fma(simd::splat(q[h * G + j][d]), col, acc[i][h][j]);
+        }
+    }
+    for (int i = 0; i < nb; ++i) {
+      const int32_t p0 = (b0 + i) * simd::width;
+      const int32_t take = std::min(simd::width, n - p0);
+      for (int h = 0; h < H; ++h) {
+        simd::v16f ks = simd::splat(1.0f);
+        if constexpr (scaled<T>) ks = simd::load(kv.k_scale + kv.scale_offset(tok.block_table[b0 + i], kv_head0 + h));
+        for (int j = 0; j < G; ++j) {
+          alignas(64) float tmp[simd::width];
+          if constexpr (scaled<T>)
+            simd::store(tmp, acc[i][h][j] * ks / vnorm);
+          else
+            simd::store(tmp, acc[i][h][j] / vnorm);
+          std::memcpy(scores[h * G + j] + p0, tmp, sizeof(float) * take);
+        }
       }
     }
-    for (int j = 0; j < nb; ++j) {
-      const int32_t p0 = (b0 + j) * simd::width;
-      const int32_t take = std::min(simd::width, n - p0);
-      simd::v16f ks = simd::splat(1.0f);
-      if constexpr (scaled<T>) ks = simd::load(kv.k_scale + kv.scale_offset(tok.block_table[b0 + j], kv_head));
-      for (int h = 0; h < G; ++h) {
-        alignas(64) float tmp[simd::width];
-        if constexpr (scaled<T>)
-          simd::store(tmp, acc[j][h] * ks / vnorm);
-        else
-          simd::store(tmp, acc[j][h] / vnorm);
-        std::memcpy(scores[h] + p0, tmp, sizeof(float) * take);
+  }
+}
+
+// out[h * G + j] = sum_p weights[h * G + j][p] * v_p of KV head kv_head0 + h, over
+// sixteen-slot blocks in memory order, each sum accumulated over positions in order (the
+// order of weighted_values below), C sixteen-element stretches of the head at a time. The
+// sums wait in out between blocks.
+template <class T, int H, int G, int C>
+void values_heads(const float* const* weights, int32_t n, const attention_token& tok, int32_t kv_head0,
+                  const paged_kv_layer& kv, float* const* out) {
+  const int32_t hd = kv.head_dim;
+  const int64_t piece = int64_t{simd::width} * hd;
+  for (int i = 0; i < H * G; ++i) std::memset(out[i], 0, sizeof(float) * hd);
+  for (int32_t p0 = 0; p0 < n; p0 += simd::width) {
+    const uint32_t block = tok.block_table[p0 / simd::width];
+    const T* vb = values(kv, T{}) + kv.offset(block, kv_head0);
+    const int32_t count = std::min(simd::width, n - p0);
+    for (int h = 0; h < H; ++h) {
+      const float* vs = scaled<T> ? kv.v_scale + kv.scale_offset(block, kv_head0 + h) : nullptr;
+      const T* v = vb + h * piece;
+      for (int j = 0; j < G; ++j) {
+        const float* w = weights[h * G + j] + p0;
+        float* o = out[h * G + j];
+        for (int32_t c0 = 0; c0 < hd; c0 += C * simd::width) {
+          simd::v16f acc[C];
+          for (int c = 0; c < C; ++c) acc[c] = simd::load(o + c0 + c * simd::width);
+          for (int32_t s = 0; s < count; ++s) {
+            const simd::v16f a = simd::splat(scaled<T> ? w[s] * vs[s] : w[s]);
+            for (int c = 0; c < C; ++c) acc[c] = simd::fma(a, load16(v + s * hd + c0 + c * simd::width), acc[c]);
+          }
+          for (int c = 0; c < C; ++c) simd::store(o + c0 + c * simd::width, acc[c]);
+        }
       }
     }
   }
@@ -103,14 +143,6 @@ template <class T>
 void scores_for(const float* const* q, int group, const attention_token& tok, int32_t kv_head,
                 const paged_kv_layer& kv, int32_t n, float* const* scores) {
   const int32_t bs = kv.block_size, hd = kv.head_dim;
-  if (bs == simd::width) {
-    switch (group) {
-      case 1: return scores_blocks<T, 4, 1>(q, tok, kv_head, kv, n, scores);
-      case 2: return scores_blocks<T, 4, 2>(q, tok, kv_head, kv, n, scores);
-      case 4: return scores_blocks<T, 2, 4>(q, tok, kv_head, kv, n, scores);
-      default: break;
-    }
-  }
   const float norm = std::sqrt(static_cast<float>(hd));
   const simd::v16f vnorm = simd::splat(norm);
   for (int32_t p0 = 0; p0 < n; p0 += bs) {
@@ -204,38 +236,99 @@ void attend_group(const float* const* q, float* const* out, int group, const att
   }
 }
 
+template <class T, int H, int G>
+void attend_heads(const float* const* q, float* const* out, const attention_token& tok, int32_t kv_head0,
+                  const paged_kv_layer& kv, std::vector<float>& scratch) {
+  const int32_t n = tok.position + 1;
+  const int32_t padded = (n + simd::width - 1) / simd::width * simd::width + simd::width;
+  if (static_cast<int32_t>(scratch.size()) < H * G * padded) scratch.resize(H * G * padded);
+  float* scores[H * G];
+  for (int i = 0; i < H * G; ++i) scores[i] = scratch.data() + i * padded;
+  // Four sums or more at a time.
+  scores_heads<T, (H * G >= 4 ? 1 : 4 / (H * G)), H, G>(q, tok, kv_head0, kv, n, scores);
+  for (int i = 0; i < H * G; ++i) softmax(scores[i], n);
+  const int32_t stretches = kv.head_dim / simd::width;
+  if (stretches % 4 == 0)
+    values_heads<T, H, G, 4>(scores, n, tok, kv_head0, kv, out);
+  else if (stretches % 2 == 0)
+    values_heads<T, H, G, 2>(scores, n, tok, kv_head0, kv, out);
+  else
+    values_heads<T, H, G, 1>(scores, n, tok, kv_head0, kv, out);
+}
+
+// One item: the sixteen-slot kernels where `blocked`, the general loops otherwise.
+template <class T>
+void attend(bool blocked, int kv_heads_per_item, int group, const float* const* q, float* const* out,
+            const attention_token& tok, int32_t kv_head0, const paged_kv_layer& kv, std::vector<float>& scratch) {
+  switch (blocked ? kv_heads_per_item * 16 + group : 0) {
+    case 4 * 16 + 1: return attend_heads<T, 4, 1>(q, out, tok, kv_head0, kv, scratch);
+    case 2 * 16 + 1: return attend_heads<T, 2, 1>(q, out, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 1: return attend_heads<T, 1, 1>(q, out, tok, kv_head0, kv, scratch);
+    case 2 * 16 + 2: return attend_heads<T, 2, 2>(q, out, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 2: return attend_heads<T, 1, 2>(q, out, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 4: return attend_heads<T, 1, 4>(q, out, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 8: return attend_heads<T, 1, 8>(q, out, tok, kv_head0, kv, scratch);
+    default: return attend_group<T>(q, out, group, tok, kv_head0, kv, scratch);
+  }
+}
+
+// How a step's work is cut into items: query heads of one KV head in passes of `group`
+// (at most max_group), and, where the sixteen-slot kernels apply, `kv_heads` KV heads
+// side by side (up to four query heads in all), so that an item reads their neighbouring
+// parts of each block in one run; fewer where that would leave too few items to keep
+// every thread busy.
+struct item_shape {
+  bool blocked = false;
+  int kv_heads = 1, group = 1, passes = 1;
+};
+
+item_shape shape_for(const paged_kv_layer& kv, int32_t group, int32_t num_tokens, int threads) {
+  item_shape s;
+  s.blocked = kv.block_size == simd::width && kv.head_dim % simd::width == 0 &&
+              (group == 1 || group == 2 || group == 4 || group % max_group == 0);
+  s.group = std::min(group, max_group);
+  s.passes = (group + max_group - 1) / max_group;
+  if (s.blocked)
+    for (int h = std::max(1, 4 / s.group); h > 1; h /= 2)
+      if (kv.num_kv_heads % h == 0 && int64_t{num_tokens} * (kv.num_kv_heads / h) * s.passes >= 4 * threads) {
+        s.kv_heads = h;
+        break;
+      }
+  return s;
+}
+
 }  // namespace
 
 void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_stride,
                      const attention_token* tokens, int32_t num_tokens, int32_t num_heads,
                      const paged_kv_layer& kv, thread_pool& pool) {
   const int32_t group = num_heads / kv.num_kv_heads;
-  // Query heads of one KV head in passes of at most max_group.
-  const int32_t passes = (group + max_group - 1) / max_group;
-  const int64_t items = int64_t{num_tokens} * kv.num_kv_heads * passes;
+  const item_shape shape = shape_for(kv, group, num_tokens, pool.num_threads());
+  const int32_t chunks = kv.num_kv_heads / shape.kv_heads;
+  const int64_t per_token = int64_t{chunks} * shape.passes;
+  const int64_t items = num_tokens * per_token;
   // Items differ in cost (a prefill chunk's tokens see more positions than a new
   // sequence's), so threads take them as they become free.
   pool.parallel_for_dynamic(items, [&](int64_t it, int) {
     thread_local std::vector<float> scratch;
-    {
-      const auto t = static_cast<int32_t>(it / (int64_t{kv.num_kv_heads} * passes));
-      const auto rest = static_cast<int32_t>(it % (int64_t{kv.num_kv_heads} * passes));
-      const int32_t g = rest / passes, pass = rest % passes;
-      const int32_t h0 = g * group + pass * max_group;
-      const int count = std::min(max_group, group - pass * max_group);
-      const float* qs[max_group];
-      float* outs[max_group];
-      for (int h = 0; h < count; ++h) {
-        qs[h] = q + t * q_stride + (h0 + h) * kv.head_dim;
-        outs[h] = out + t * out_stride + (h0 + h) * kv.head_dim;
+    const auto t = static_cast<int32_t>(it / per_token);
+    const auto rest = static_cast<int32_t>(it % per_token);
+    const int32_t g0 = rest / shape.passes * shape.kv_heads, pass = rest % shape.passes;
+    const int count = std::min(shape.group, group - pass * shape.group);
+    const float* qs[4 * max_group];
+    float* outs[4 * max_group];
+    for (int h = 0; h < shape.kv_heads; ++h)
+      for (int j = 0; j < count; ++j) {
+        const int32_t head = (g0 + h) * group + pass * shape.group + j;
+        qs[h * count + j] = q + t * q_stride + head * kv.head_dim;
+        outs[h * count + j] = out + t * out_stride + head * kv.head_dim;
       }
-      if (kv.k8)
-        attend_group<int8_t>(qs, outs, count, tokens[t], g, kv, scratch);
-      else if (kv.k16)
-        attend_group<uint16_t>(qs, outs, count, tokens[t], g, kv, scratch);
-      else
-        attend_group<float>(qs, outs, count, tokens[t], g, kv, scratch);
-    }
+    if (kv.k8)
+      attend<int8_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[t], g0, kv, scratch);
+    else if (kv.k16)
+      attend<uint16_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[t], g0, kv, scratch);
+    else
+      attend<float>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[t], g0, kv, scratch);
   });
 }
 

@@ -51,8 +51,8 @@ TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attentio
   struct shape {
     int32_t block, heads, kv_heads;
   };
-  // Small blocks; then 16-slot blocks with 1, 2, 3 and 4 query heads per KV head (several
-  // blocks at a time for 1, 2 and 4).
+  // Small blocks; then 16-slot blocks with 1, 2, 3 and 4 query heads per KV head (the
+  // sixteen-slot kernels for 1, 2 and 4 and a head size of 16).
   for (shape sh : {shape{4, 6, 2}, shape{16, 4, 4}, shape{16, 8, 4}, shape{16, 6, 2}, shape{16, 8, 2}})
   for (int32_t head_dim : {8, 16, 20}) {
     CAPTURE(head_dim);
@@ -125,7 +125,7 @@ TEST_CASE("an F16 cache gives exactly what an F32 cache holding the same rounded
 }
 
 TEST_CASE("an int8 cache stores each row as max |x| / 127 times rounded integers, and attends over them") {
-  // 16-slot blocks take the several-blocks path (1, 2 and 4 query heads per KV head, and
+  // 16-slot blocks take the sixteen-slot kernels (1, 2 and 4 query heads per KV head, and
   // 3 through the one-block loop); 4- and 32-slot blocks the general ones; head_dim 20
   // the scalar weighted sum.
   struct shape {
@@ -186,6 +186,69 @@ TEST_CASE("an int8 cache stores each row as max |x| / 127 times rounded integers
     const auto want = dense_attention(q, kq, vq, positions, heads, kv_heads, hd);
     for (size_t j = 0; j < want.size(); ++j) CHECK(out[j] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
   }
+}
+
+TEST_CASE("a token's attention is the same bits alone and in a batch, however heads are grouped into items") {
+  // Alone, a token's heads are items of their own; in a batch of 24 tokens two or four
+  // KV heads share an item (1, 2, 4, 8 and 3 query heads per KV head, and 16 in two
+  // passes of 8; 2, 3, 4 and 6 KV heads), in each of the cache's types.
+  struct shape {
+    int32_t heads, kv_heads, head_dim;
+  };
+  enum class cache { f32, f16, i8 };
+  for (shape sh : {shape{4, 4, 64}, shape{6, 6, 32}, shape{3, 3, 16}, shape{8, 4, 64}, shape{8, 2, 128},
+                   shape{16, 2, 16}, shape{32, 2, 16}, shape{6, 2, 48}})
+    for (cache type : {cache::f32, cache::f16, cache::i8}) {
+      CAPTURE(sh.heads);
+      CAPTURE(sh.kv_heads);
+      CAPTURE(sh.head_dim);
+      CAPTURE(static_cast<int>(type));
+      const int32_t heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.head_dim, block = 16, blocks = 8, len = 100;
+      const size_t n = size_t(blocks) * kv_heads * block * hd;
+      std::vector<float> k(n), v(n), ks(n / hd), vs(n / hd);
+      std::vector<uint16_t> k16(n), v16(n);
+      std::vector<int8_t> k8(n), v8(n);
+      paged_kv_layer kv{nullptr, nullptr, blocks, kv_heads, block, hd};
+      if (type == cache::f32) {
+        kv.k = k.data();
+        kv.v = v.data();
+      } else if (type == cache::f16) {
+        kv.k16 = k16.data();
+        kv.v16 = v16.data();
+      } else {
+        kv.k8 = k8.data();
+        kv.v8 = v8.data();
+        kv.k_scale = ks.data();
+        kv.v_scale = vs.data();
+      }
+      std::vector<uint32_t> table(blocks);
+      std::iota(table.begin(), table.end(), 0u);
+      rng r(5);
+      for (size_t i = table.size() - 1; i > 0; --i) std::swap(table[i], table[r.next() % (i + 1)]);
+      const auto keys = test::random_floats(size_t(len) * kv_heads * hd, 21);
+      const auto vals = test::random_floats(keys.size(), 22);
+      for (int32_t p = 0; p < len; ++p)
+        paged_kv_write(kv, table.data(), p, keys.data() + size_t(p) * kv_heads * hd, vals.data() + size_t(p) * kv_heads * hd);
+      const int32_t batch = 24, row = heads * hd;
+      const auto q = test::random_floats(size_t(batch) * row, 23);
+      std::vector<attention_token> toks;
+      for (int32_t t = 0; t < batch; ++t) toks.push_back({(t * 37 + 5) % len, table.data()});
+      thread_pool pool(2);
+      std::vector<float> together(q.size(), NAN);
+      paged_attention(q.data(), row, together.data(), row, toks.data(), batch, heads, kv, pool);
+      for (int32_t t : {0, 7, 23}) {
+        CAPTURE(t);
+        std::vector<float> alone(row, NAN);
+        paged_attention(q.data() + t * row, row, alone.data(), row, &toks[t], 1, heads, kv, pool);
+        CHECK(std::memcmp(alone.data(), together.data() + t * row, sizeof(float) * row) == 0);
+      }
+      if (type == cache::f32) {
+        std::vector<int32_t> positions;
+        for (const auto& tok : toks) positions.push_back(tok.position);
+        const auto want = dense_attention(q, keys, vals, positions, heads, kv_heads, hd);
+        for (size_t j = 0; j < want.size(); ++j) CHECK(together[j] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
+      }
+    }
 }
 
 TEST_CASE("an int8 cache row of zeros stays zeros, and a non-finite row reads as NaN") {
