@@ -337,8 +337,10 @@ void rows_of(const matrix_view& w, int32_t rb, int32_t re, const float* x, int64
   }
 }
 
-// Enough rows per task that each thread streams long runs of weights.
-constexpr int64_t row_grain = tile_rows * 4;
+// Rows per task: whole 16-row blocks of packed weights, and enough of them that each
+// task streams a long run of weights and the hand-out costs nothing beside it.
+constexpr int64_t row_chunk = 128;
+static_assert(row_chunk % (tile_rows * 4) == 0);
 
 }  // namespace
 
@@ -362,8 +364,9 @@ void gemm_multi(const float* x, int64_t x_stride, int32_t num_tokens, const gemm
       acts = &quantized;
     }
   const w8a8_kernel kernel = amx_available() ? w8a8_kernel::amx : w8a8_kernel::vnni;
-  // Rows of all outputs, one after another, split over the threads.
-  pool.parallel_for(total, row_grain, [&](int64_t b, int64_t e, int) {
+  // Rows of all outputs, one after another, in chunks to whichever thread is free (every
+  // kernel gives a row the same bits whoever computes it).
+  pool.parallel_for_chunks(total, row_chunk, [&](int64_t b, int64_t e, int) {
     int64_t first = 0;
     for (int i = 0; i < num_outs && first < e; ++i) {
       const matrix_view& w = *outs[i].w;

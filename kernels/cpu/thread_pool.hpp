@@ -3,8 +3,9 @@
 // many short parallel regions of a decode step cost a few hundred nanoseconds each.
 //
 // Owned by one engine object (a shard); only one thread may call parallel_for at a time.
-// Work is split statically, so which thread computes which rows never depends on timing
-// (results are deterministic).
+// parallel_for splits work statically, so which thread computes which rows never depends
+// on timing; parallel_for_dynamic and parallel_for_chunks hand work out as threads become
+// free, for work whose results do not depend on which thread computes them.
 #pragma once
 
 #include <atomic>
@@ -41,6 +42,20 @@ class thread_pool {
     };
     const int used = n < num_threads_ ? static_cast<int>(n) : num_threads_;
     run(used, [](void* ctx, int idx) { (*static_cast<decltype(body)*>(ctx))(idx); }, &body);
+  }
+
+  // Calls fn(begin, end, thread_idx) on the ranges [k * grain, (k + 1) * grain) covering
+  // [0, n) (the last one cut at n), handing them out one at a time to whichever thread is
+  // free: a thread slowed down (by another process on its core, say) takes fewer. Which
+  // thread computes a range must not matter to the result.
+  template <class Fn>
+  void parallel_for_chunks(int64_t n, int64_t grain, Fn&& fn) {
+    if (n <= 0) return;
+    const int64_t chunks = (n + grain - 1) / grain;
+    parallel_for_dynamic(chunks, [&](int64_t c, int idx) {
+      const int64_t b = c * grain;
+      fn(b, b + grain < n ? b + grain : n, idx);
+    });
   }
 
   // Calls fn(begin, end, thread_idx) on disjoint ranges covering [0, n), each range
