@@ -1,5 +1,6 @@
 #include "kernels/cpu/thread_pool.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -22,6 +23,24 @@ TEST_CASE("parallel_for covers every index exactly once, in grain-aligned ranges
         for (int64_t i = 0; i < n; ++i) CHECK(hits[i] == 3);
         CHECK(bad_alignment == 0);
       }
+}
+
+TEST_CASE("parallel_for_chunks hands out each grain-sized range exactly once, the last cut at n") {
+  for (int threads : {1, 2, 3})
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{1000}}) {
+      CAPTURE(threads);
+      CAPTURE(n);
+      const int64_t grain = 16;
+      thread_pool pool(threads);
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<int> bad{0};
+      pool.parallel_for_chunks(n, grain, [&](int64_t b, int64_t e, int idx) {
+        if (b % grain != 0 || e != std::min(b + grain, n) || idx < 0 || idx >= threads) ++bad;
+        for (int64_t i = b; i < e; ++i) ++hits[i];
+      });
+      for (int64_t i = 0; i < n; ++i) CHECK(hits[i] == 1);
+      CHECK(bad == 0);
+    }
 }
 
 TEST_CASE("many short regions in a row complete (no lost wake-ups)") {
