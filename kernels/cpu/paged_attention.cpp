@@ -366,8 +366,17 @@ void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32
       kv.k_scale[so] = quantize_i8(kh, kv.head_dim, kv.k8 + at + slot, kv.block_size);
       kv.v_scale[so] = quantize_i8(vh, kv.head_dim, kv.v8 + at + slot * kv.head_dim, 1);
     } else if (kv.k16) {
-      for (int32_t d = 0; d < kv.head_dim; ++d) kv.k16[at + d * kv.block_size + slot] = f32_to_f16(kh[d]);
-      for (int32_t d = 0; d < kv.head_dim; ++d) kv.v16[at + slot * kv.head_dim + d] = f32_to_f16(vh[d]);
+      int32_t d = 0;
+      for (; d + simd::width <= kv.head_dim; d += simd::width) {
+        uint16_t kr[simd::width];
+        simd::store_f16(kr, simd::load(kh + d));
+        for (int i = 0; i < simd::width; ++i) kv.k16[at + (d + i) * kv.block_size + slot] = kr[i];
+        simd::store_f16(kv.v16 + at + slot * kv.head_dim + d, simd::load(vh + d));
+      }
+      for (; d < kv.head_dim; ++d) {
+        kv.k16[at + d * kv.block_size + slot] = f32_to_f16(kh[d]);
+        kv.v16[at + slot * kv.head_dim + d] = f32_to_f16(vh[d]);
+      }
     } else {
       for (int32_t d = 0; d < kv.head_dim; ++d) kv.k[at + d * kv.block_size + slot] = kh[d];
       std::memcpy(kv.v + at + slot * kv.head_dim, vh, sizeof(float) * kv.head_dim);

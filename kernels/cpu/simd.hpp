@@ -68,6 +68,21 @@ inline v16f load_f16(const uint16_t* p) {
 #endif
 }
 
+// Sixteen lanes rounded to F16 (to nearest even, as f32_to_f16; a NaN stays a NaN).
+inline void store_f16(uint16_t* p, v16f v) {
+#if defined(__AVX512F__)
+  const __m256i h = _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+#elif defined(__F16C__)
+  const v8f lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8f hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(reinterpret_cast<__m256>(lo), _MM_FROUND_TO_NEAREST_INT));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(reinterpret_cast<__m256>(hi), _MM_FROUND_TO_NEAREST_INT));
+#else
+  for (int i = 0; i < 16; ++i) p[i] = f32_to_f16(v[i]);
+#endif
+}
+
 // Sixteen int8 values converted to float (not yet scaled).
 inline v16f load_i8(const int8_t* p) {
 #if defined(__AVX512F__)

@@ -1,5 +1,6 @@
 // Element-wise and per-vector kernels against plain double-precision references.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -153,6 +154,30 @@ TEST_CASE("simd::exp is within 2 ulp of exp over the float range, 0 below it") {
   CHECK(simd::exp(simd::splat(-200.0f))[3] == 0.0f);
   CHECK(simd::exp(simd::splat(100.0f))[0] >= 3.4e38f);  // overflows as expf does
   CHECK(simd::exp(simd::splat(0.0f))[7] == 1.0f);
+}
+
+TEST_CASE("simd::store_f16 rounds as f32_to_f16: ties to even, subnormals, overflow, NaN") {
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.99f, 65520.0f, -70000.0f, INFINITY, -INFINITY,
+                           6.1035156e-05f, 6.0e-08f, 2.9802322e-08f, 2.9802326e-08f, 1.0e-45f, -3.0e-06f};
+  // Exactly halfway between two F16 values, on both sides of even.
+  for (uint32_t m : {1u, 2u, 3u, 1022u, 1023u})
+    xs.push_back(std::ldexp(1.0f + (m + 0.5f) / 1024.0f, -3));
+  rng r(31);
+  for (int i = 0; i < 20000; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(r.next());
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (!std::isnan(f)) xs.push_back(f);
+  }
+  while (xs.size() % simd::width != 0) xs.push_back(0.5f);
+  std::vector<uint16_t> got(xs.size());
+  for (size_t i = 0; i < xs.size(); i += simd::width) simd::store_f16(got.data() + i, simd::load(xs.data() + i));
+  int wrong = 0;
+  for (size_t i = 0; i < xs.size(); ++i) wrong += got[i] != f32_to_f16(xs[i]);
+  CHECK(wrong == 0);
+  std::vector<float> nan(simd::width, NAN);
+  simd::store_f16(got.data(), simd::load(nan.data()));
+  CHECK(std::isnan(f16_to_f32(got[0])));
 }
 
 }  // namespace troupe
