@@ -161,17 +161,36 @@ struct alignas(64) tile_config {
   } while (0)
 
 // A tile store waits for the multiply that fills it and holds up the instructions behind
-// it, and the tiles are not renamed. So the work on group g is spread over three steps:
-// step g multiplies it (into the next of four product tiles), step g + store_lag stores
-// the product (after three more multiplies have started), and step g + store_lag +
-// fold_lag folds it into the accumulators. Products wait in a ring of fold_ring tiles.
+// it, and the tiles are not renamed. So the work on a unit (one group of one 16-token
+// block and one 16-row block) is spread over three steps: step u multiplies unit u (into
+// the next of four product tiles), step u + store_lag stores the product (after three
+// more multiplies have started), and step u + store_lag + fold_lag folds it into the
+// accumulators. The units of a call form one sequence (row blocks, then token blocks,
+// then groups), so the pipeline fills and drains once per call, not once per block.
+// Products wait in a ring of fold_ring tiles.
 constexpr int store_lag = 3;
 constexpr int fold_lag = 2;
 constexpr int fold_ring = 8;
 static_assert(store_lag + fold_lag < fold_ring && (fold_ring & (fold_ring - 1)) == 0);
 
-// Tokens in blocks of 16. Tiles 0, 3, 6 and 7 take the products of groups in turn, 1 and
-// 4 the activations of even and odd groups, 2 and 5 their weights.
+// The sums of a block of tokens into y (rows [0, tokens) of it, columns by mask m), and
+// the accumulators back to zero.
+TROUPE_VNNI inline void write_rows(__m512 (&acc)[block], float* y, int64_t ys, __mmask16 m, int32_t tokens) {
+#define TROUPE_ROW(i)                                                  \
+  if ((i) < tokens) _mm512_mask_storeu_ps(y + (i) * ys, m, acc[i]); \
+  acc[i] = _mm512_setzero_ps();
+  TROUPE_ROW(0) TROUPE_ROW(1) TROUPE_ROW(2) TROUPE_ROW(3) TROUPE_ROW(4) TROUPE_ROW(5) TROUPE_ROW(6) TROUPE_ROW(7)
+  TROUPE_ROW(8) TROUPE_ROW(9) TROUPE_ROW(10) TROUPE_ROW(11) TROUPE_ROW(12) TROUPE_ROW(13) TROUPE_ROW(14) TROUPE_ROW(15)
+#undef TROUPE_ROW
+}
+
+// Where a unit is: row block, first token, group.
+struct unit_cursor {
+  int32_t b, t0, g;
+};
+
+// Tokens in blocks of 16. Tiles 0, 3, 6 and 7 take the products of units in turn, 1 and
+// 4 the activations of even and odd units, 2 and 5 their weights.
 TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y,
                               int64_t ys) {
   // Whole blocks of 16 tokens, and a last partial one if it is worth a tile (the
@@ -196,71 +215,89 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
   alignas(64) int32_t ring[fold_ring][block * block];
   const int32_t groups = a.groups, grp = a.group;
   const int64_t xs = a.cols;
-  for (int32_t b = rb / block; b * block < re; ++b) {
-    const __mmask16 m = row_mask(b, rb, re);
-    for (int32_t t0 = 0; t0 < upto; t0 += block) {
-      __m512 acc[block];
-      for (auto& v : acc) v = _mm512_setzero_ps();
-      const int8_t* xt = a.q.data() + int64_t{t0} * a.cols;
-      // The weights stream in order: fetch ahead of the tile loads (the first pass over a
-      // block; later token blocks find it in the cache).
-      const bool fetch = t0 == 0;
-#define TROUPE_MULTIPLY(C, X, W, g)                                          \
-  do {                                                                       \
-    if (fetch) prefetch_ahead(w.tile(b, g), grp * block);                    \
-    TROUPE_TILE_MULTIPLY(C, X, W, xt + (g) * grp, xs, w.tile(b, g));          \
+  const int32_t b_first = rb / block, b_end = (re + block - 1) / block;
+  const int64_t units = int64_t{b_end - b_first} * (upto / block) * groups;
+  const auto advance = [&](unit_cursor& c) {
+    if (++c.g == groups) {
+      c.g = 0;
+      c.t0 += block;
+      if (c.t0 == upto) {
+        c.t0 = 0;
+        ++c.b;
+      }
+    }
+  };
+  unit_cursor mul{b_first, 0, 0}, fold{b_first, 0, 0};
+  // Indexed by constants only (the loops unrolled), so that the accumulators live in
+  // registers.
+  __m512 acc[block];
+#pragma GCC unroll 16
+  for (int i = 0; i < block; ++i) acc[i] = _mm512_setzero_ps();
+
+  // The weights stream in order: fetch ahead of the tile loads (the first pass over a
+  // block; later token blocks find it in the cache).
+#define TROUPE_MULTIPLY(C, X, W)                                                               \
+  do {                                                                                         \
+    const int8_t* wt_ = w.tile(mul.b, mul.g);                                                  \
+    if (mul.t0 == 0) prefetch_ahead(wt_, grp * block);                                         \
+    TROUPE_TILE_MULTIPLY(C, X, W, a.q.data() + int64_t{mul.t0} * xs + mul.g * grp, xs, wt_); \
+    advance(mul);                                                                              \
   } while (0)
-#define TROUPE_STORE(C, g) _tile_stored(C, ring[(g) % fold_ring], block * 4)
-#define TROUPE_FOLD(g) fold_products(ring[(g) % fold_ring], w.scales(b, g), a.block_scales(t0, g), acc)
-      // Step s: fold group s - store_lag - fold_lag, multiply group s, store group
-      // s - store_lag.
-      const auto step = [&](int32_t s) {
-        if (s < groups) switch (s & 3) {
-            case 0: TROUPE_MULTIPLY(0, 1, 2, s); break;
-            case 1: TROUPE_MULTIPLY(3, 4, 5, s); break;
-            case 2: TROUPE_MULTIPLY(6, 1, 2, s); break;
-            default: TROUPE_MULTIPLY(7, 4, 5, s); break;
-          }
-        if (const int32_t g = s - store_lag; g >= 0 && g < groups) switch (g & 3) {
-            case 0: TROUPE_STORE(0, g); break;
-            case 1: TROUPE_STORE(3, g); break;
-            case 2: TROUPE_STORE(6, g); break;
-            default: TROUPE_STORE(7, g); break;
-          }
-      };
-      constexpr int32_t lag = store_lag + fold_lag;
-      // From the first multiple of 4 at which every step folds, four steps at a time.
-      constexpr int32_t steady = (lag + 3) / 4 * 4;
-      int32_t s = 0;
-      for (; s < std::min(steady, groups + lag); ++s) {
-        if (const int32_t f = s - lag; f >= 0 && f < groups) TROUPE_FOLD(f);
-        step(s);
-      }
-      static_assert(store_lag == 3, "the steady loop below spells the product tiles out for this lag");
-      for (; s + 4 <= groups; s += 4) {
-        TROUPE_FOLD(s - lag);
-        TROUPE_MULTIPLY(0, 1, 2, s);
-        TROUPE_STORE(3, s - 3);
-        TROUPE_FOLD(s + 1 - lag);
-        TROUPE_MULTIPLY(3, 4, 5, s + 1);
-        TROUPE_STORE(6, s - 2);
-        TROUPE_FOLD(s + 2 - lag);
-        TROUPE_MULTIPLY(6, 1, 2, s + 2);
-        TROUPE_STORE(7, s - 1);
-        TROUPE_FOLD(s + 3 - lag);
-        TROUPE_MULTIPLY(7, 4, 5, s + 3);
-        TROUPE_STORE(0, s);
-      }
-      for (; s < groups + lag; ++s) {
-        if (const int32_t f = s - lag; f >= 0 && f < groups) TROUPE_FOLD(f);
-        step(s);
-      }
+#define TROUPE_STORE(C, u) _tile_stored(C, ring[(u) % fold_ring], block * 4)
+  // Folds unit u, and writes its block's sums out after its last group.
+#define TROUPE_FOLD(u)                                                                                    \
+  do {                                                                                                    \
+    fold_products(ring[(u) % fold_ring], w.scales(fold.b, fold.g), a.block_scales(fold.t0, fold.g), acc); \
+    if (fold.g == groups - 1) {                                                                           \
+      const __mmask16 m = row_mask(fold.b, rb, re);                                                       \
+      write_rows(acc, y + int64_t{fold.t0} * ys + fold.b * block, ys, m, a.num_tokens - fold.t0);        \
+    }                                                                                                     \
+    advance(fold);                                                                                        \
+  } while (0)
+  // Step s: fold unit s - store_lag - fold_lag, multiply unit s, store unit s - store_lag.
+  // (A macro, not a lambda: the accumulators must stay in registers.)
+  constexpr int32_t lag = store_lag + fold_lag;
+#define TROUPE_STEP(s)                                                  \
+  do {                                                                  \
+    if ((s) >= lag && (s) - lag < units) TROUPE_FOLD((s) - lag);        \
+    if ((s) < units) switch ((s) & 3) {                                 \
+        case 0: TROUPE_MULTIPLY(0, 1, 2); break;                        \
+        case 1: TROUPE_MULTIPLY(3, 4, 5); break;                        \
+        case 2: TROUPE_MULTIPLY(6, 1, 2); break;                        \
+        default: TROUPE_MULTIPLY(7, 4, 5); break;                       \
+      }                                                                 \
+    if (const int64_t u_ = (s) - store_lag; u_ >= 0 && u_ < units)      \
+      switch (u_ & 3) {                                                 \
+        case 0: TROUPE_STORE(0, u_); break;                             \
+        case 1: TROUPE_STORE(3, u_); break;                             \
+        case 2: TROUPE_STORE(6, u_); break;                             \
+        default: TROUPE_STORE(7, u_); break;                            \
+      }                                                                 \
+  } while (0)
+  // From the first multiple of 4 at which every step folds, four steps at a time.
+  constexpr int32_t steady = (lag + 3) / 4 * 4;
+  int64_t s = 0;
+  for (; s < std::min<int64_t>(steady, units + lag); ++s) TROUPE_STEP(s);
+  static_assert(store_lag == 3, "the steady loop below spells the product tiles out for this lag");
+  for (; s + 4 <= units; s += 4) {
+    TROUPE_FOLD(s - lag);
+    TROUPE_MULTIPLY(0, 1, 2);
+    TROUPE_STORE(3, s - 3);
+    TROUPE_FOLD(s + 1 - lag);
+    TROUPE_MULTIPLY(3, 4, 5);
+    TROUPE_STORE(6, s - 2);
+    TROUPE_FOLD(s + 2 - lag);
+    TROUPE_MULTIPLY(6, 1, 2);
+    TROUPE_STORE(7, s - 1);
+    TROUPE_FOLD(s + 3 - lag);
+    TROUPE_MULTIPLY(7, 4, 5);
+    TROUPE_STORE(0, s);
+  }
+  for (; s < units + lag; ++s) TROUPE_STEP(s);
+#undef TROUPE_STEP
 #undef TROUPE_MULTIPLY
 #undef TROUPE_STORE
 #undef TROUPE_FOLD
-      for (int i = 0; i < block && t0 + i < a.num_tokens; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ys + b * block, m, acc[i]);
-    }
-  }
   _tile_release();
   return std::min(upto, a.num_tokens);
 }
