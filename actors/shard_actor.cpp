@@ -8,7 +8,6 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/step_link.hpp"
 #include "actors/wire/activations_codec.hpp"
-#include "kernels/cpu/argmax.hpp"
 #include "kernels/cpu/sample.hpp"
 
 namespace troupe {
@@ -66,11 +65,8 @@ struct shard_core {
     if (!shard->forward_choose(d.batch, hidden.data(), d.choices.data(), chosen.data())) {
       logits.resize(static_cast<size_t>(rows) * vocab);
       shard->forward(d.batch, hidden.data(), logits.data());
-      for (int32_t r = 0; r < rows; ++r) {
-        const float* row = logits.data() + static_cast<size_t>(r) * vocab;
-        const token_choice& ch = d.choices[r];
-        chosen[r] = ch.how.temperature == 0.0f ? argmax(row, vocab) : sample(row, vocab, ch.how, ch.u, scratch);
-      }
+      for (int32_t r = 0; r < rows; ++r)
+        chosen[r] = troupe::choose(logits.data() + static_cast<size_t>(r) * vocab, vocab, d.choices[r], scratch);
     }
     tokens.clear();
     for (int32_t r = 0; r < rows; ++r) tokens.push_back({d.chosen_ids[r], chosen[r]});

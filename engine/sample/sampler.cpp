@@ -34,7 +34,7 @@ bool sampler::needs_only_logits() const {
 }
 
 token_choice sampler::next_choice() const {
-  token_choice c{{p_.temperature, p_.top_k, p_.top_p, p_.min_p}, 0.0f};
+  token_choice c{how(), 0.0f};
   if (p_.temperature != 0.0f) {
     rng ahead = rng_;
     c.u = ahead.uniform();
@@ -49,7 +49,7 @@ void sampler::replay(int32_t token) {
 }
 
 int32_t sampler::draw(const float* logits, int32_t vocab) {
-  return troupe::sample(logits, vocab, {p_.temperature, p_.top_k, p_.top_p, p_.min_p}, rng_.uniform(), scratch_);
+  return troupe::sample(logits, vocab, how(), rng_.uniform(), scratch_);
 }
 
 void sampler::apply_penalties(float* logits, int32_t vocab) const {
@@ -79,13 +79,13 @@ sample_result sampler::sample(float* logits, int32_t vocab) {
     for (int32_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i] - max));
     log_z = max + static_cast<float>(std::log(z));
     if (p_.logprobs > 0) {
-      candidates_.clear();
-      for (int32_t i = 0; i < vocab; ++i) candidates_.emplace_back(logits[i], i);
+      auto& candidates = scratch_.candidates;  // free until the draw below
+      candidates.clear();
+      for (int32_t i = 0; i < vocab; ++i) candidates.emplace_back(logits[i], i);
       const int32_t n = std::min(p_.logprobs, vocab);
-      std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(),
+      std::partial_sort(candidates.begin(), candidates.begin() + n, candidates.end(),
                         [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-      for (int32_t i = 0; i < n; ++i)
-        r.top.push_back({candidates_[i].second, candidates_[i].first - log_z});
+      for (int32_t i = 0; i < n; ++i) r.top.push_back({candidates[i].second, candidates[i].first - log_z});
     }
   }
 

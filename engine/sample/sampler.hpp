@@ -55,6 +55,7 @@ class sampler {
   token_choice next_choice() const;
 
  private:
+  truncation how() const { return {p_.temperature, p_.top_k, p_.top_p, p_.min_p}; }
   void apply_penalties(float* logits, int32_t vocab) const;
   int32_t draw(const float* logits, int32_t vocab);
 
@@ -62,8 +63,7 @@ class sampler {
   rng rng_;
   std::unordered_map<int32_t, int32_t> seen_;    // prompt + output, for repetition
   std::unordered_map<int32_t, int32_t> output_;  // output only, for frequency/presence
-  std::vector<std::pair<float, int32_t>> candidates_;  // for the top log-probabilities
-  sample_scratch scratch_;
+  sample_scratch scratch_;  // the draw's buffers, and the top log-probabilities' before it
 };
 
 }  // namespace troupe

@@ -72,4 +72,8 @@ int32_t sample(const float* logits, int32_t vocab, const truncation& t, float u0
   return candidates[keep - 1].second;
 }
 
+int32_t choose(const float* logits, int32_t vocab, const token_choice& c, sample_scratch& scratch) {
+  return c.how.temperature == 0.0f ? argmax(logits, vocab) : sample(logits, vocab, c.how, c.u, scratch);
+}
+
 }  // namespace troupe

@@ -40,4 +40,7 @@ struct token_choice {
   static token_choice greedy() { return {{0.0f, 0, 1.0f, 0.0f}, 0.0f}; }
 };
 
+// The token `c` chooses from logits[vocab], on the CPU.
+int32_t choose(const float* logits, int32_t vocab, const token_choice& c, sample_scratch& scratch);
+
 }  // namespace troupe

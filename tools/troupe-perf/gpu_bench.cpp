@@ -6,7 +6,6 @@
 
 #include "engine/forward/forward_shard.hpp"
 #include "engine/sample/rng.hpp"
-#include "kernels/cpu/argmax.hpp"
 #include "kernels/cpu/sample.hpp"
 #include "tools/common/stats.hpp"
 
@@ -107,11 +106,7 @@ expected<gpu_report> measure_gpu(const model& m, const gpu_bench_options& opt, c
         for (auto& ch : choices) ch.u = draws.uniform();
         if (!opt.logits_to_host && (*shard)->forward_choose(batch, hidden.data(), choices.data(), next.data())) return;
         (*shard)->forward(batch, hidden.data(), logits.data());
-        for (int s = 0; s < b; ++s) {
-          const float* row = logits.data() + size_t(s) * c.vocab_size;
-          next[s] = opt.how.temperature == 0.0f ? argmax(row, c.vocab_size)
-                                                : sample(row, c.vocab_size, opt.how, choices[s].u, scratch);
-        }
+        for (int s = 0; s < b; ++s) next[s] = choose(logits.data() + size_t(s) * c.vocab_size, c.vocab_size, choices[s], scratch);
       };
       step(sb);
       const auto t0 = std::chrono::steady_clock::now();
