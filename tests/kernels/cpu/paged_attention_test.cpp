@@ -45,6 +45,50 @@ std::vector<double> dense_attention(const std::vector<float>& q, const std::vect
   return out;
 }
 
+// Block ids 0..blocks-1 in an order scrambled by `seed`: the table, not the layout, decides.
+std::vector<uint32_t> shuffled_table(int32_t blocks, uint64_t seed) {
+  std::vector<uint32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0u);
+  rng r(seed);
+  for (size_t i = table.size() - 1; i > 0; --i) std::swap(table[i], table[r.next() % (i + 1)]);
+  return table;
+}
+
+enum class cache_type { f32, f16, i8 };
+
+// One layer's cache of the given type, owning its storage (zeroed; scales NaN).
+struct test_cache {
+  std::vector<float> k, v, k_scale, v_scale;
+  std::vector<uint16_t> k16, v16;
+  std::vector<int8_t> k8, v8;
+  paged_kv_layer layer;
+
+  test_cache(cache_type type, int32_t blocks, int32_t kv_heads, int32_t block, int32_t head_dim)
+      : layer{nullptr, nullptr, blocks, kv_heads, block, head_dim} {
+    const size_t n = size_t(blocks) * kv_heads * block * head_dim;
+    if (type == cache_type::f32) {
+      k.assign(n, 0.0f);
+      v.assign(n, 0.0f);
+      layer.k = k.data();
+      layer.v = v.data();
+    } else if (type == cache_type::f16) {
+      k16.assign(n, 0);
+      v16.assign(n, 0);
+      layer.k16 = k16.data();
+      layer.v16 = v16.data();
+    } else {
+      k8.assign(n, 0);
+      v8.assign(n, 0);
+      k_scale.assign(n / head_dim, NAN);
+      v_scale.assign(n / head_dim, NAN);
+      layer.k8 = k8.data();
+      layer.v8 = v8.data();
+      layer.k_scale = k_scale.data();
+      layer.v_scale = v_scale.data();
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attention") {
@@ -61,11 +105,7 @@ TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attentio
     const int32_t heads = sh.heads, kv_heads = sh.kv_heads, block = sh.block, blocks = 16, len = sh.block == 4 ? 23 : 71;
     std::vector<float> k(size_t(blocks) * kv_heads * block * head_dim, NAN), v(k.size(), NAN);
     paged_kv_layer kv{k.data(), v.data(), blocks, kv_heads, block, head_dim};
-    // The sequence's blocks in a scrambled order: the table, not the layout, decides.
-    std::vector<uint32_t> table(blocks);
-    std::iota(table.begin(), table.end(), 0u);
-    rng r(3);
-    for (size_t i = table.size() - 1; i > 0; --i) std::swap(table[i], table[r.next() % (i + 1)]);
+    const std::vector<uint32_t> table = shuffled_table(blocks, 3);
     const auto keys = test::random_floats(size_t(len) * kv_heads * head_dim, 1);
     const auto vals = test::random_floats(keys.size(), 2);
     for (int32_t p = 0; p < len; ++p)
@@ -138,14 +178,10 @@ TEST_CASE("an int8 cache stores each row as max |x| / 127 times rounded integers
     CAPTURE(sh.head_dim);
     const int32_t heads = sh.heads, kv_heads = sh.kv_heads, block = sh.block, hd = sh.head_dim, blocks = 8;
     const int32_t len = std::min(71, blocks * block);
-    const size_t n = size_t(blocks) * kv_heads * block * hd;
-    std::vector<int8_t> k8(n, 0), v8(n, 0);
-    std::vector<float> ks(n / hd, NAN), vs(n / hd, NAN);
-    paged_kv_layer i8{nullptr, nullptr, blocks, kv_heads, block, hd};
-    i8.k8 = k8.data();
-    i8.v8 = v8.data();
-    i8.k_scale = ks.data();
-    i8.v_scale = vs.data();
+    test_cache cache(cache_type::i8, blocks, kv_heads, block, hd);
+    const paged_kv_layer& i8 = cache.layer;
+    const auto &k8 = cache.k8, &v8 = cache.v8;
+    const auto &ks = cache.k_scale, &vs = cache.v_scale;
     std::vector<uint32_t> table(blocks);
     std::iota(table.begin(), table.end(), 0u);
     std::reverse(table.begin(), table.end());
@@ -195,36 +231,17 @@ TEST_CASE("a token's attention is the same bits alone and in a batch, however he
   struct shape {
     int32_t heads, kv_heads, head_dim;
   };
-  enum class cache { f32, f16, i8 };
   for (shape sh : {shape{4, 4, 64}, shape{6, 6, 32}, shape{3, 3, 16}, shape{8, 4, 64}, shape{8, 2, 128},
                    shape{16, 2, 16}, shape{32, 2, 16}, shape{6, 2, 48}})
-    for (cache type : {cache::f32, cache::f16, cache::i8}) {
+    for (cache_type type : {cache_type::f32, cache_type::f16, cache_type::i8}) {
       CAPTURE(sh.heads);
       CAPTURE(sh.kv_heads);
       CAPTURE(sh.head_dim);
       CAPTURE(static_cast<int>(type));
       const int32_t heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.head_dim, block = 16, blocks = 8, len = 100;
-      const size_t n = size_t(blocks) * kv_heads * block * hd;
-      std::vector<float> k(n), v(n), ks(n / hd), vs(n / hd);
-      std::vector<uint16_t> k16(n), v16(n);
-      std::vector<int8_t> k8(n), v8(n);
-      paged_kv_layer kv{nullptr, nullptr, blocks, kv_heads, block, hd};
-      if (type == cache::f32) {
-        kv.k = k.data();
-        kv.v = v.data();
-      } else if (type == cache::f16) {
-        kv.k16 = k16.data();
-        kv.v16 = v16.data();
-      } else {
-        kv.k8 = k8.data();
-        kv.v8 = v8.data();
-        kv.k_scale = ks.data();
-        kv.v_scale = vs.data();
-      }
-      std::vector<uint32_t> table(blocks);
-      std::iota(table.begin(), table.end(), 0u);
-      rng r(5);
-      for (size_t i = table.size() - 1; i > 0; --i) std::swap(table[i], table[r.next() % (i + 1)]);
+      const test_cache cache(type, blocks, kv_heads, block, hd);
+      const paged_kv_layer& kv = cache.layer;
+      const std::vector<uint32_t> table = shuffled_table(blocks, 5);
       const auto keys = test::random_floats(size_t(len) * kv_heads * hd, 21);
       const auto vals = test::random_floats(keys.size(), 22);
       for (int32_t p = 0; p < len; ++p)
@@ -242,7 +259,7 @@ TEST_CASE("a token's attention is the same bits alone and in a batch, however he
         paged_attention(q.data() + t * row, row, alone.data(), row, &toks[t], 1, heads, kv, pool);
         CHECK(std::memcmp(alone.data(), together.data() + t * row, sizeof(float) * row) == 0);
       }
-      if (type == cache::f32) {
+      if (type == cache_type::f32) {
         std::vector<int32_t> positions;
         for (const auto& tok : toks) positions.push_back(tok.position);
         const auto want = dense_attention(q, keys, vals, positions, heads, kv_heads, hd);
