@@ -142,6 +142,7 @@ class cuda_transformer_shard final : public forward_shard {
     positions_ = tokens_ + n;
     token_seq_ = positions_ + n;
     rows_ = token_seq_ + n;
+    static_assert(sizeof(cuda::query_tile) == 2 * sizeof(int32_t));  // at most n tiles, in 2n words
     tiles_ = reinterpret_cast<cuda::query_tile*>(rows_ + n);
     tables_ = reinterpret_cast<uint32_t*>(rows_ + 3 * n);
     workspace_ = cuda::buffer<float>(cuda::paged_attention_workspace(static_cast<int32_t>(n), cfg_.num_heads, hd,
@@ -264,13 +265,15 @@ class cuda_transformer_shard final : public forward_shard {
     cuda::check(cudaMemcpyAsync(host, dev, n * sizeof(T), cudaMemcpyDeviceToHost, stream_), "copy to the host");
   }
 
-  // The graph of a step shape, captured the first time it is seen (up to 256 shapes), then
-  // replayed; its kernels read the step's inputs from inputs_, which forward() fills first.
+  // The graph of a step shape, captured the first time it is seen (up to max_graphs
+  // shapes), then replayed; its kernels read the step's inputs from inputs_, which step()
+  // fills first.
+  static constexpr size_t max_graphs = 256;
   void replay(int32_t n, int32_t splits, int32_t max_position, int32_t rows) {
     const auto key = std::make_tuple(n, splits, rows, choosing_, num_tiles_);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
-      if (graphs_.size() >= 256) return enqueue_step(n, max_position, rows);
+      if (graphs_.size() >= max_graphs) return enqueue_step(n, max_position, rows);
       cudaGraph_t graph = nullptr;
       cuda::check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       try {
