@@ -403,20 +403,24 @@ void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32
   std::fill(q.begin() + static_cast<int64_t>(n) * c, q.end(), 0);
   std::fill(scale.begin() + static_cast<int64_t>(n - n % block) * groups, scale.end(), 0.0f);
   const bool vector = vnni_available() && grp % 16 == 0;
-  auto rows = [&](int64_t b, int64_t e, int) {
-    for (int64_t t = b; t < e; ++t) {
-      const size_t at = static_cast<size_t>(t) * c;
-      float* s = scale.data() + (t - t % block) * groups + t % block;
+  // Threads take ranges of groups across every token, not ranges of tokens: the scales of
+  // one group for 16 tokens share a cache line, which two threads writing neighbouring
+  // tokens would pass back and forth. Ranges start on whole cache lines of q and u.
+  auto groups_of = [&](int64_t gb, int64_t ge, int) {
+    const auto g0 = static_cast<int32_t>(gb), width = static_cast<int32_t>(ge - gb) * grp;
+    for (int32_t t = 0; t < n; ++t) {
+      const size_t at = static_cast<size_t>(t) * c + static_cast<size_t>(g0) * grp;
+      float* s = scale.data() + (t - t % block) * groups + t % block + g0 * block;
       if (vector)
-        quantize_vnni(x + t * x_stride, c, grp, q.data() + at, u.data() + at, s);
+        quantize_vnni(x + t * x_stride + g0 * grp, width, grp, q.data() + at, u.data() + at, s);
       else
-        quantize_scalar(x + t * x_stride, c, grp, q.data() + at, u.data() + at, s);
+        quantize_scalar(x + t * x_stride + g0 * grp, width, grp, q.data() + at, u.data() + at, s);
     }
   };
   if (pool && n > 1)
-    pool->parallel_for(n, 1, rows);
+    pool->parallel_for(groups, std::max(1, 64 / grp), groups_of);
   else
-    rows(0, n, 0);
+    groups_of(0, groups, 0);
 }
 
 void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys,

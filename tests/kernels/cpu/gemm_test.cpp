@@ -279,6 +279,26 @@ TEST_CASE("w8a8: quantized activations are the definition's bits, values at half
   CHECK(wrong == 0);
 }
 
+TEST_CASE("w8a8: activations quantized on a pool's threads are the bytes of one thread's quantizing") {
+  thread_pool pool(3);
+  for (int32_t group : {32, 64})
+    for (int32_t cols : {group, 3 * group, 2048})
+      for (int32_t tokens : {2, 5, 16, 17, 40}) {
+        CAPTURE(group);
+        CAPTURE(cols);
+        CAPTURE(tokens);
+        const int64_t stride = cols + 16;  // rows of a wider buffer
+        const auto x = test::random_floats(size_t(tokens) * stride, uint64_t(cols) * 100 + tokens);
+        q8_activations alone, shared;
+        alone.quantize(x.data(), stride, tokens, cols, group);
+        shared.quantize(x.data(), stride, tokens, cols, group, &pool);
+        CHECK(alone.q == shared.q);
+        CHECK(alone.u == shared.u);
+        CHECK(std::memcmp(alone.scale.data(), shared.scale.data(), alone.scale.size() * 4) == 0);
+        CHECK(alone.scale.size() == shared.scale.size());
+      }
+}
+
 TEST_CASE("w8a8: activations quantize per token and group, the largest to +-127, zeros to zero") {
   std::vector<float> x(2 * 64, 0.0f);
   for (int k = 0; k < 32; ++k) x[k] = 0.01f * (k - 16);  // token 0, group 0; group 1 all zero
