@@ -345,9 +345,8 @@ q8_packed pack_q8(const matrix_view& w) {
 
 namespace {
 
-// One token's groups: the definition (scalar), and the same operations sixteen lanes at a
-// time (max, the division and round-to-nearest-even are exact, so the bits agree). Group
-// g's scale goes to scale[g * 16], the token's place in its block's layout.
+// One token's groups: the definition (scalar), and the same values sixteen lanes at a time.
+// Group g's scale goes to scale[g * 16], the token's place in its block's layout.
 void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
   for (int32_t g = 0; g < cols / grp; ++g) {
     const float* xg = x + g * grp;
@@ -366,24 +365,54 @@ void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8
 
 TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
   const int chunks = grp / 16;
-  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-  for (int32_t g = 0; g < cols / grp; ++g) {
-    const float* xg = x + g * grp;
-    __m512 m = _mm512_setzero_ps();
-    for (int c = 0; c < chunks; ++c) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xg + c * 16)));
-    const float s = _mm512_reduce_max_ps(m) / 127.0f;
-    scale[g * 16] = s;
-    const bool usable = s > 0.0f && std::isfinite(s);
-    const __m512 sv = _mm512_set1_ps(s);
-    for (int c = 0; c < chunks; ++c) {
-      __m512 v = _mm512_setzero_ps();
-      if (usable)
-        v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(xg + c * 16), sv),
-                                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-      const __m512i iv = _mm512_cvtps_epi32(v);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * grp + c * 16), _mm512_cvtepi32_epi8(iv));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(u + g * grp + c * 16),
-                       _mm512_cvtepi32_epi8(_mm512_add_epi32(iv, _mm512_set1_epi32(128))));
+  const int32_t groups = cols / grp;
+  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
+  // Sixteen groups at a time: their maxima first, then their scales and reciprocals in
+  // one vector each, then their values, none of which waits on another group's scale.
+  for (int32_t g0 = 0; g0 < groups; g0 += 16) {
+    const int n = std::min<int32_t>(16, groups - g0);
+    alignas(64) float amax[16] = {}, sc[16], rc[16];
+    for (int i = 0; i < n; ++i) {
+      const float* xg = x + (g0 + i) * grp;
+      __m512 m = _mm512_abs_ps(_mm512_loadu_ps(xg));
+      for (int c = 1; c < chunks; ++c) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xg + c * 16)));
+      amax[i] = _mm512_reduce_max_ps(m);
+    }
+    const __m512 s = _mm512_div_ps(_mm512_load_ps(amax), _mm512_set1_ps(127.0f));
+    _mm512_store_ps(sc, s);
+    _mm512_store_ps(rc, _mm512_div_ps(_mm512_set1_ps(1.0f), s));
+    for (int i = 0; i < n; ++i) {
+      const int32_t g = g0 + i;
+      const float* xg = x + g * grp;
+      scale[g * 16] = sc[i];
+      const bool usable = sc[i] > 0.0f && std::isfinite(sc[i]);
+      // x / s, correctly rounded, from the reciprocal: q0 = x * RN(1 / s) lies within 1.5
+      // ulps of x / s, one correction q + RN(x - s q) / s (the residual exact in an FMA)
+      // brings it within one ulp, and by Markstein's theorem a second one gives RN(x / s)
+      // itself: four FMA-unit operations instead of a division. The theorem wants no
+      // overflow or underflow on the way, so scales outside [2^-100, 2^100] divide.
+      const bool reciprocal = sc[i] >= 0x1p-100f && sc[i] <= 0x1p100f;
+      const __m512 sv = _mm512_set1_ps(sc[i]), rv = _mm512_set1_ps(rc[i]);
+      for (int c = 0; c < chunks; ++c) {
+        // Rounded to nearest even by the conversion itself; |x / s| <= 127 (1 + 2^-23), so
+        // the conversion's saturation to int8 never binds and stands for the clamp.
+        __m128i qv = _mm_setzero_si128();
+        if (usable) {
+          const __m512 xv = _mm512_loadu_ps(xg + c * 16);
+          __m512 quot;
+          if (reciprocal) {
+            quot = _mm512_mul_ps(xv, rv);
+            quot = _mm512_fmadd_ps(_mm512_fnmadd_ps(quot, sv, xv), rv, quot);
+            quot = _mm512_fmadd_ps(_mm512_fnmadd_ps(quot, sv, xv), rv, quot);
+          } else {
+            quot = _mm512_div_ps(xv, sv);
+          }
+          qv = _mm512_cvtsepi32_epi8(_mm512_cvt_roundps_epi32(quot, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * grp + c * 16), qv);
+        // q + 128 as an unsigned byte is q with its top bit flipped.
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(u + g * grp + c * 16), _mm_xor_si128(qv, flip));
+      }
     }
   }
 }

@@ -240,43 +240,54 @@ TEST_CASE("w8a8: AMX tiles, VNNI and the scalar loop give the same bits, for any
 }
 
 TEST_CASE("w8a8: quantized activations are the definition's bits, values at half-integer quotients included") {
-  // The definition: scale = max |x| / 127, q = x / scale rounded to nearest even.
-  const int32_t cols = 256, group = 32, tokens = 40;
-  std::vector<float> x = test::random_floats(size_t(tokens) * cols, 41);
-  rng r(42);
-  for (int32_t t = 0; t < tokens; ++t)
-    for (int32_t g = 0; g < cols / group; ++g) {
-      float* xg = x.data() + size_t(t) * cols + g * group;
-      // Scales of every magnitude, and quotients at, next to and halfway between integers.
-      const float mag = std::ldexp(1.0f, static_cast<int>(r.next() % 60) - 30);
-      for (int32_t k = 0; k < group; ++k) xg[k] *= mag;
-      float amax = 0.0f;
-      for (int32_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(xg[k]));
-      const float scale = amax / 127.0f;
-      for (int32_t k = 1; k < group; k += 3) {
-        const float half = static_cast<float>(static_cast<int>(r.next() % 254) - 127) + 0.5f;
-        float v = std::min(half * scale, amax);
-        for (int step = static_cast<int>(r.next() % 5) - 2; step != 0; step += step > 0 ? -1 : 1)
-          v = std::nextafter(v, step > 0 ? INFINITY : -INFINITY);
-        xg[k] = std::fabs(v) <= amax ? v : xg[k];
+  // The definition: scale = max |x| / 127, q = x / scale rounded to nearest even, and the
+  // unsigned copy q + 128. Scales from subnormal to 2^123 (the kernels divide by some and
+  // multiply by the reciprocal of others), and group counts below, at and past sixteen.
+  struct shape {
+    int32_t cols, group;
+  };
+  for (const shape sh : {shape{256, 32}, shape{544, 32}, shape{1088, 64}}) {
+    const int32_t cols = sh.cols, group = sh.group, tokens = 40;
+    CAPTURE(cols);
+    CAPTURE(group);
+    std::vector<float> x = test::random_floats(size_t(tokens) * cols, 41 + cols);
+    rng r(42 + cols);
+    for (int32_t t = 0; t < tokens; ++t)
+      for (int32_t g = 0; g < cols / group; ++g) {
+        float* xg = x.data() + size_t(t) * cols + g * group;
+        // Scales of every magnitude, and quotients at, next to and halfway between integers.
+        const float mag = std::ldexp(1.0f, static_cast<int>(r.next() % 250) - 125);
+        for (int32_t k = 0; k < group; ++k) xg[k] *= mag;
+        float amax = 0.0f;
+        for (int32_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(xg[k]));
+        const float scale = amax / 127.0f;
+        for (int32_t k = 1; k < group; k += 3) {
+          const float half = static_cast<float>(static_cast<int>(r.next() % 254) - 127) + 0.5f;
+          float v = std::min(half * scale, amax);
+          for (int step = static_cast<int>(r.next() % 5) - 2; step != 0; step += step > 0 ? -1 : 1)
+            v = std::nextafter(v, step > 0 ? INFINITY : -INFINITY);
+          xg[k] = std::fabs(v) <= amax ? v : xg[k];
+        }
       }
-    }
-  q8_activations a;
-  a.quantize(x.data(), cols, tokens, cols, group);
-  int wrong = 0;
-  for (int32_t t = 0; t < tokens; ++t)
-    for (int32_t g = 0; g < cols / group; ++g) {
-      const float* xg = x.data() + size_t(t) * cols + g * group;
-      float amax = 0.0f;
-      for (int32_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(xg[k]));
-      const float scale = amax / 127.0f;
-      wrong += a.scale_at(t, g) != scale;
-      for (int32_t k = 0; k < group; ++k) {
-        const float q = scale > 0.0f ? std::clamp(std::nearbyint(xg[k] / scale), -127.0f, 127.0f) : 0.0f;
-        wrong += a.at(t, g * group + k) != static_cast<int8_t>(q);
+    q8_activations a;
+    a.quantize(x.data(), cols, tokens, cols, group);
+    int wrong = 0;
+    for (int32_t t = 0; t < tokens; ++t)
+      for (int32_t g = 0; g < cols / group; ++g) {
+        const float* xg = x.data() + size_t(t) * cols + g * group;
+        float amax = 0.0f;
+        for (int32_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(xg[k]));
+        const float scale = amax / 127.0f;
+        wrong += a.scale_at(t, g) != scale;
+        for (int32_t k = 0; k < group; ++k) {
+          const float q = scale > 0.0f ? std::clamp(std::nearbyint(xg[k] / scale), -127.0f, 127.0f) : 0.0f;
+          const size_t at = size_t(t) * cols + g * group + k;
+          wrong += a.at(t, g * group + k) != static_cast<int8_t>(q);
+          wrong += a.u[at] != static_cast<uint8_t>(static_cast<int>(q) + 128);
+        }
       }
-    }
-  CHECK(wrong == 0);
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("w8a8: activations quantized on a pool's threads are the bytes of one thread's quantizing") {
