@@ -1,5 +1,6 @@
 #include "engine/forward/transformer_shard.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -162,16 +163,16 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   const paged_kv_layer cache = kv_.layer(idx);
   const int32_t half = cfg_.rope_dim / 2;
 
-  // Per-token work on the pool when a step is long enough to pay for waking it (each
-  // token's values are computed the same way either way).
-  auto per_token = [&](auto&& fn) {
-    constexpr int32_t parallel_tokens = 32;
-    if (n < parallel_tokens) return fn(int64_t{0}, int64_t{n});
-    pool_.parallel_for(n, 8, [&](int64_t tb, int64_t te, int) { fn(tb, te); });
+  // Per-token work on the pool when a step has enough of it to pay for waking the pool:
+  // `width` values per token (each token's values are computed the same way either way).
+  auto per_token = [&](int32_t width, auto&& fn) {
+    constexpr int64_t parallel_values = 16384;
+    if (int64_t{n} * width < parallel_values) return fn(int64_t{0}, int64_t{n});
+    pool_.parallel_for(n, std::max<int64_t>(1, 4096 / width), [&](int64_t tb, int64_t te, int) { fn(tb, te); });
   };
 
   // Attention block.
-  per_token([&](int64_t tb, int64_t te) {
+  per_token(dim, [&](int64_t tb, int64_t te) {
     for (int64_t t = tb; t < te; ++t) rmsnorm(xb + t * dim, x + t * dim, w.attn_norm, dim, cfg_.rms_eps);
   });
   const gemm_output qkv[] = {{&w.wq, q, q_dim}, {&w.wk, k, kv_dim}, {&w.wv, v, kv_dim}};
@@ -196,18 +197,18 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   const int32_t hid = local_hidden_;
   float* gate = grow(gate_, int64_t{n} * hid);
   float* up = grow(up_, int64_t{n} * hid);
-  per_token([&](int64_t tb, int64_t te) {
+  per_token(2 * dim, [&](int64_t tb, int64_t te) {
     for (int64_t i = tb * dim; i < te * dim; ++i) x[i] += proj[i];
     for (int64_t t = tb; t < te; ++t) rmsnorm(xb + t * dim, x + t * dim, w.ffn_norm, dim, cfg_.rms_eps);
   });
   const gemm_output gate_up[] = {{&w.w1, gate, hid}, {&w.w3, up, hid}};
   gemm_multi(xb, dim, n, gate_up, 2, pool_);
-  per_token([&](int64_t tb, int64_t te) {
+  per_token(hid, [&](int64_t tb, int64_t te) {
     silu_mul(gate + tb * hid, up + tb * hid, static_cast<int32_t>((te - tb) * hid));
   });
   gemm(gate, hid, n, w.w2, proj, dim, pool_);
   if (spec_.tp.size > 1) comm_.all_reduce_sum(proj, int64_t{n} * dim);
-  per_token([&](int64_t tb, int64_t te) {
+  per_token(dim, [&](int64_t tb, int64_t te) {
     for (int64_t i = tb * dim; i < te * dim; ++i) x[i] += proj[i];
   });
 }
