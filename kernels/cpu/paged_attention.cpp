@@ -244,8 +244,9 @@ void attend_heads(const float* const* q, float* const* out, const attention_toke
   if (static_cast<int32_t>(scratch.size()) < H * G * padded) scratch.resize(H * G * padded);
   float* scores[H * G];
   for (int i = 0; i < H * G; ++i) scores[i] = scratch.data() + i * padded;
-  // Four sums or more at a time.
-  scores_heads<T, (H * G >= 4 ? 1 : 4 / (H * G)), H, G>(q, tok, kv_head0, kv, n, scores);
+  // Eight sums or more at a time: with fewer, the loop waits on FMA latency, and with
+  // more blocks at a time it also asks for more of the cache ahead.
+  scores_heads<T, (H * G >= 8 ? 1 : 8 / (H * G)), H, G>(q, tok, kv_head0, kv, n, scores);
   for (int i = 0; i < H * G; ++i) softmax(scores[i], n);
   const int32_t stretches = kv.head_dim / simd::width;
   if (stretches % 4 == 0)

@@ -71,7 +71,9 @@ inline v16f load_f16(const uint16_t* p) {
 // Sixteen lanes rounded to F16 (to nearest even, as f32_to_f16; a NaN stays a NaN).
 inline void store_f16(uint16_t* p, v16f v) {
 #if defined(__AVX512F__)
-  const __m256i h = _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // (The all-lanes zero-masked form: GCC 12 warns of its own undefined source in the plain one.)
+  const __m256i h =
+      _mm512_maskz_cvtps_ph(__mmask16(0xFFFF), reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
 #elif defined(__F16C__)
   const v8f lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
