@@ -104,33 +104,44 @@ void scores_heads(const float* const* q, const attention_token& tok, int32_t kv_
 
 // out[h * G + j] = sum_p weights[h * G + j][p] * v_p of KV head kv_head0 + h, over
 // sixteen-slot blocks in memory order, each sum accumulated over positions in order (the
-// order of weighted_values below), C sixteen-element stretches of the head at a time. The
-// sums wait in out between blocks.
+// order of weighted_values below), C sixteen-element stretches of the head for K query
+// heads at a time (K * C independent sums: fewer would wait on FMA latency). The sums
+// wait in out between blocks.
 template <class T, int H, int G, int C>
 void values_heads(const float* const* weights, int32_t n, const attention_token& tok, int32_t kv_head0,
                   const paged_kv_layer& kv, float* const* out) {
+  constexpr int HG = H * G;
+  constexpr int K = HG < 16 / C ? HG : 16 / C;
+  static_assert(HG % K == 0);
   const int32_t hd = kv.head_dim;
   const int64_t piece = int64_t{simd::width} * hd;
-  for (int i = 0; i < H * G; ++i) std::memset(out[i], 0, sizeof(float) * hd);
+  for (int i = 0; i < HG; ++i) std::memset(out[i], 0, sizeof(float) * hd);
   for (int32_t p0 = 0; p0 < n; p0 += simd::width) {
     const uint32_t block = tok.block_table[p0 / simd::width];
     const T* vb = values(kv, T{}) + kv.offset(block, kv_head0);
     const int32_t count = std::min(simd::width, n - p0);
-    for (int h = 0; h < H; ++h) {
-      const float* vs = scaled<T> ? kv.v_scale + kv.scale_offset(block, kv_head0 + h) : nullptr;
-      const T* v = vb + h * piece;
-      for (int j = 0; j < G; ++j) {
-        const float* w = weights[h * G + j] + p0;
-        float* o = out[h * G + j];
-        for (int32_t c0 = 0; c0 < hd; c0 += C * simd::width) {
-          simd::v16f acc[C];
-          for (int c = 0; c < C; ++c) acc[c] = simd::load(o + c0 + c * simd::width);
-          for (int32_t s = 0; s < count; ++s) {
-            const simd::v16f a = simd::splat(scaled<T> ? w[s] * vs[s] : w[s]);
-            for (int c = 0; c < C; ++c) acc[c] = simd::fma(a, load16(v + s * hd + c0 + c * simd::width), acc[c]);
+    for (int k0 = 0; k0 < HG; k0 += K) {
+      const T* v[K];
+      const float* w[K];
+      const float* vs[K];
+      for (int i = 0; i < K; ++i) {
+        const int h = (k0 + i) / G;
+        v[i] = vb + h * piece;
+        w[i] = weights[k0 + i] + p0;
+        vs[i] = scaled<T> ? kv.v_scale + kv.scale_offset(block, kv_head0 + h) : nullptr;
+      }
+      for (int32_t c0 = 0; c0 < hd; c0 += C * simd::width) {
+        simd::v16f acc[K][C];
+        for (int i = 0; i < K; ++i)
+          for (int c = 0; c < C; ++c) acc[i][c] = simd::load(out[k0 + i] + c0 + c * simd::width);
+        for (int32_t s = 0; s < count; ++s)
+          for (int i = 0; i < K; ++i) {
+            const simd::v16f a = simd::splat(scaled<T> ? w[i][s] * vs[i][s] : w[i][s]);
+            for (int c = 0; c < C; ++c)
+              acc[i][c] = simd::fma(a, load16(v[i] + s * hd + c0 + c * simd::width), acc[i][c]);
           }
-          for (int c = 0; c < C; ++c) simd::store(o + c0 + c * simd::width, acc[c]);
-        }
+        for (int i = 0; i < K; ++i)
+          for (int c = 0; c < C; ++c) simd::store(out[k0 + i] + c0 + c * simd::width, acc[i][c]);
       }
     }
   }
