@@ -380,7 +380,8 @@ TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t
     }
     const __m512 s = _mm512_div_ps(_mm512_load_ps(amax), _mm512_set1_ps(127.0f));
     _mm512_store_ps(sc, s);
-    _mm512_store_ps(rc, _mm512_div_ps(_mm512_set1_ps(1.0f), s));
+    // (Reciprocals only of scales the corrections below use; no division by zero.)
+    _mm512_store_ps(rc, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_max_ps(s, _mm512_set1_ps(0x1p-100f))));
     for (int i = 0; i < n; ++i) {
       const int32_t g = g0 + i;
       const float* xg = x + g * grp;
