@@ -73,7 +73,9 @@ caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vecto
     self->set_exit_handler([self](const caf::exit_msg& em) {
       auto& st = self->state;
       st.stopping = true;
-      for (size_t i = 0; i < st.units.size(); ++i) unit_down(self, i);
+      // Last started first: a replica's scheduler goes before the stages it drives, so it
+      // does not report them lost while the node stops.
+      for (size_t i = st.units.size(); i-- > 0;) unit_down(self, i);
       self->quit(em.reason);
     });
     return {
