@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 namespace troupe {
 
@@ -346,13 +347,18 @@ q8_packed pack_q8(const matrix_view& w) {
 namespace {
 
 // One token's groups: the definition (scalar), and the same values sixteen lanes at a time.
-// Group g's scale goes to scale[g * 16], the token's place in its block's layout.
+// Group g's scale goes to scale[g * 16], the token's place in its block's layout. A group
+// holding a NaN or an infinity gets a NaN scale and zeros.
 void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
   for (int32_t g = 0; g < cols / grp; ++g) {
     const float* xg = x + g * grp;
     float amax = 0.0f;
-    for (int32_t k = 0; k < grp; ++k) amax = std::max(amax, std::fabs(xg[k]));
-    const float s = amax / 127.0f;
+    bool finite = true;
+    for (int32_t k = 0; k < grp; ++k) {
+      finite = finite && std::isfinite(xg[k]);
+      amax = std::max(amax, std::fabs(xg[k]));
+    }
+    const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
     scale[g * 16] = s;
     const bool usable = s > 0.0f && std::isfinite(s);
     for (int32_t k = 0; k < grp; ++k) {
@@ -367,6 +373,7 @@ TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t
   const int chunks = grp / 16;
   const int32_t groups = cols / grp;
   const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
+  const __m512i exponent = _mm512_set1_epi32(0x7F800000);
   // Sixteen groups at a time: their maxima first, then their scales and reciprocals in
   // one vector each, then their values, none of which waits on another group's scale.
   for (int32_t g0 = 0; g0 < groups; g0 += 16) {
@@ -374,9 +381,14 @@ TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t
     alignas(64) float amax[16] = {}, sc[16], rc[16];
     for (int i = 0; i < n; ++i) {
       const float* xg = x + (g0 + i) * grp;
-      __m512 m = _mm512_abs_ps(_mm512_loadu_ps(xg));
-      for (int c = 1; c < chunks; ++c) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xg + c * 16)));
-      amax[i] = _mm512_reduce_max_ps(m);
+      __m512 m = _mm512_setzero_ps();
+      __mmask16 special = 0;  // lanes whose exponent is all ones: NaN or infinity
+      for (int c = 0; c < chunks; ++c) {
+        const __m512 v = _mm512_loadu_ps(xg + c * 16);
+        special |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exponent), exponent);
+        m = _mm512_max_ps(m, _mm512_abs_ps(v));
+      }
+      amax[i] = special ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(m);
     }
     const __m512 s = _mm512_div_ps(_mm512_load_ps(amax), _mm512_set1_ps(127.0f));
     _mm512_store_ps(sc, s);

@@ -49,8 +49,9 @@ struct q8_packed {
 bool w8a8_layout(const matrix_view& w);
 q8_packed pack_q8(const matrix_view& w);
 
-// Activations quantized for one GEMM input: [token][cols] int8 and one float scale per
-// token and group, [token / 16][group][token % 16] (both zero-padded to a multiple of 16
+// Activations quantized for one GEMM input (a group holding a NaN or an infinity gets a
+// NaN scale and zeros, so that its token's outputs are NaN, as they would be in F32):
+// [token][cols] int8 and one float scale per token and group, [token / 16][group][token % 16] (both zero-padded to a multiple of 16
 // tokens, for AMX's 16-token tiles, whose fold reads a group's 16 scales together), and
 // the values plus 128 as unsigned bytes (for VNNI).
 struct q8_activations {

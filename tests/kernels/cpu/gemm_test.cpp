@@ -310,6 +310,44 @@ TEST_CASE("w8a8: activations quantized on a pool's threads are the bytes of one 
       }
 }
 
+TEST_CASE("w8a8: a group holding a NaN or an infinity quantizes to zeros under a NaN scale, and its token's outputs are NaN") {
+  const int32_t cols = 96, group = 32, tokens = 20, rows = 21;
+  std::vector<float> x = test::random_floats(size_t(tokens) * cols, 61);
+  const float inf = std::numeric_limits<float>::infinity();
+  x[size_t(0) * cols + 40] = std::numeric_limits<float>::quiet_NaN();  // token 0, group 1
+  x[size_t(1) * cols + 3] = inf;                                       // token 1, group 0
+  x[size_t(17) * cols + 95] = -inf;                                    // token 17, group 2
+  const auto special = [](int32_t t, int32_t g) { return (t == 0 && g == 1) || (t == 1 && g == 0) || (t == 17 && g == 2); };
+  thread_pool pool(2);
+  for (thread_pool* p : {static_cast<thread_pool*>(nullptr), &pool}) {
+    q8_activations a;
+    a.quantize(x.data(), cols, tokens, cols, group, p);
+    for (int32_t t = 0; t < tokens; ++t)
+      for (int32_t g = 0; g < cols / group; ++g) {
+        CAPTURE(t);
+        CAPTURE(g);
+        CHECK(std::isnan(a.scale_at(t, g)) == special(t, g));
+        if (!special(t, g)) continue;
+        for (int32_t k = 0; k < group; ++k) {
+          CHECK(a.at(t, g * group + k) == 0);
+          CHECK(a.u[size_t(t) * cols + g * group + k] == 128);
+        }
+      }
+    const test_matrix m = make_matrix(layout::q8_gguf, rows, cols, 62);
+    const q8_packed w = pack_q8(m.view);
+    for (w8a8_kernel k : {w8a8_kernel::scalar, w8a8_kernel::vnni, w8a8_kernel::amx}) {
+      if (k == w8a8_kernel::vnni ? !vnni_available() : k == w8a8_kernel::amx && !amx_available()) continue;
+      std::vector<float> y(size_t(tokens) * rows, 0.0f);
+      gemm_w8a8_rows(a, w, 0, rows, y.data(), rows, k);
+      for (int32_t t = 0; t < tokens; ++t)
+        for (int32_t r = 0; r < rows; ++r) {
+          const bool touched = t == 0 || t == 1 || t == 17;
+          CHECK(std::isnan(y[size_t(t) * rows + r]) == touched);
+        }
+    }
+  }
+}
+
 TEST_CASE("w8a8: activations quantize per token and group, the largest to +-127, zeros to zero") {
   std::vector<float> x(2 * 64, 0.0f);
   for (int k = 0; k < 32; ++k) x[k] = 0.01f * (k - 16);  // token 0, group 0; group 1 all zero
