@@ -388,7 +388,7 @@ vocabulary synthetic_vocabulary(int32_t n) {
   }
   // Printable characters, then " " + character, then two-character pieces.
   for (int ch = 32; ch < 127 && v.size() < n; ++ch) v.pieces.push_back(std::string(1, static_cast<char>(ch)));
-  for (int ch = 33; ch < 127 && v.size() < n; ++ch) v.pieces.push_back(" " + std::string(1, static_cast<char>(ch)));
+  for (int ch = 33; ch < 127 && v.size() < n; ++ch) v.pieces.push_back(std::string{' ', static_cast<char>(ch)});
   for (int a = 97; a < 123 && v.size() < n; ++a)
     for (int b = 97; b < 123 && v.size() < n; ++b)
       v.pieces.push_back(std::string{static_cast<char>(a), static_cast<char>(b)});

@@ -25,7 +25,7 @@ expected<vocabulary> vocabulary_from(const gguf_file& g) {
   v.pieces = std::move(tokens).value();
   for (auto& p : v.pieces)
     for (size_t at = p.find(block); at != std::string::npos; at = p.find(block, at + 1))
-      p.replace(at, block.size(), " ");
+      p.replace(at, block.size(), 1, ' ');
   v.scores.assign(v.pieces.size(), 0.0f);
   if (g.find("tokenizer.ggml.scores")) {
     auto scores = g.get_number_array("tokenizer.ggml.scores");
