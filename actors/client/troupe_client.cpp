@@ -112,7 +112,9 @@ expected<bool> troupe_client::cancel(uint64_t request) {
 
 expected<client_health> troupe_client::health() {
   try {
-    auto h = impl_->gateway.healthRequest().send().wait(impl_->rpc.getWaitScope()).getHealth();
+    // The response owns the message its reader points into: keep it while reading.
+    auto response = impl_->gateway.healthRequest().send().wait(impl_->rpc.getWaitScope());
+    auto h = response.getHealth();
     return client_health{h.getReady(), h.getDetail().cStr(), h.getReplicas(), h.getReplicasReady(), h.getOutages()};
   } catch (const kj::Exception& e) {
     return error{"troupe gateway: " + describe(e)};
@@ -123,7 +125,8 @@ expected<client_stats> troupe_client::stats() {
   try {
     auto req = impl_->gateway.statsRequest();
     req.setApiKey(impl_->api_key);
-    auto s = req.send().wait(impl_->rpc.getWaitScope()).getStats();
+    auto response = req.send().wait(impl_->rpc.getWaitScope());
+    auto s = response.getStats();
     return client_stats{s.getRequestsRunning(), s.getRequestsWaiting(), s.getKvBlocksUsed(), s.getKvBlocksFree()};
   } catch (const kj::Exception& e) {
     return error{"troupe gateway: " + describe(e)};
