@@ -347,7 +347,7 @@ q8_packed pack_q8(const matrix_view& w) {
 namespace {
 
 // One token's groups: the definition (scalar), and the same values sixteen lanes at a time.
-// Group g's scale goes to scale[g * 16], the token's place in its block's layout. A group
+// Group g's scale goes to scale[g * block], the token's place in its block's layout. A group
 // holding a NaN or an infinity gets a NaN scale and zeros.
 void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
   for (int32_t g = 0; g < cols / grp; ++g) {
@@ -359,7 +359,7 @@ void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8
       amax = std::max(amax, std::fabs(xg[k]));
     }
     const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-    scale[g * 16] = s;
+    scale[g * block] = s;
     const bool usable = s > 0.0f && std::isfinite(s);
     for (int32_t k = 0; k < grp; ++k) {
       const float v = usable ? std::clamp(std::nearbyint(xg[k] / s), -127.0f, 127.0f) : 0.0f;
@@ -397,7 +397,7 @@ TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t
     for (int i = 0; i < n; ++i) {
       const int32_t g = g0 + i;
       const float* xg = x + g * grp;
-      scale[g * 16] = sc[i];
+      scale[g * block] = sc[i];
       const bool usable = sc[i] > 0.0f && std::isfinite(sc[i]);
       // x / s, correctly rounded, from the reciprocal: q0 = x * RN(1 / s) lies within 1.5
       // ulps of x / s, one correction q + RN(x - s q) / s (the residual exact in an FMA)
@@ -447,7 +447,7 @@ void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32
   const bool vector = vnni_available() && grp % 16 == 0;
   // Threads take ranges of groups across every token, not ranges of tokens: the scales of
   // one group for 16 tokens share a cache line, which two threads writing neighbouring
-  // tokens would pass back and forth. Ranges start on whole cache lines of q and u.
+  // tokens would pass back and forth. Ranges cover 64 bytes of a token's q and u or more.
   auto groups_of = [&](int64_t gb, int64_t ge, int) {
     const auto g0 = static_cast<int32_t>(gb), width = static_cast<int32_t>(ge - gb) * grp;
     for (int32_t t = 0; t < n; ++t) {

@@ -49,11 +49,11 @@ struct q8_packed {
 bool w8a8_layout(const matrix_view& w);
 q8_packed pack_q8(const matrix_view& w);
 
-// Activations quantized for one GEMM input (a group holding a NaN or an infinity gets a
-// NaN scale and zeros, so that its token's outputs are NaN, as they would be in F32):
-// [token][cols] int8 and one float scale per token and group, [token / 16][group][token % 16] (both zero-padded to a multiple of 16
+// Activations quantized for one GEMM input: [token][cols] int8 and one float scale per
+// token and group, [token / 16][group][token % 16] (both zero-padded to a multiple of 16
 // tokens, for AMX's 16-token tiles, whose fold reads a group's 16 scales together), and
-// the values plus 128 as unsigned bytes (for VNNI).
+// the values plus 128 as unsigned bytes (for VNNI). A group holding a NaN or an infinity
+// gets a NaN scale and zeros, so that its token's outputs are NaN, as they would be in F32.
 struct q8_activations {
   int32_t num_tokens = 0, cols = 0, group = 0, groups = 0;
   aligned_vector<int8_t> q;

@@ -291,57 +291,64 @@ int main(int argc, char** argv) {
     } else if (srv->parsed()) {
       std::printf("%-34s %8s %10s %9s %9s %9s %9s\n", "workload", "requests", "out tok/s", "TTFT p50", "TTFT p99",
                   "TPOT p50", "TPOT p99");
-      // Output tokens/s of each workload in the order they run, one entry per round.
-      std::vector<std::pair<std::string, std::vector<double>>> rates;
+      // Every (concurrency, caching) workload once per round; one engine each.
+      struct workload {
+        int c;
+        bool caching;
+        std::string name;
+        std::vector<double> rates;  // output tokens/s, one per round
+      };
+      std::vector<workload> loads;
+      for (int c : concurrency)
+        for (bool caching : shared_prefix > 0 ? std::vector<bool>{true, false} : std::vector<bool>{true})
+          loads.push_back({c, caching,
+                           "c=" + std::to_string(c) + (shared_prefix > 0 ? (caching ? " prefix cache on" : " prefix cache off") : ""),
+                           {}});
+      const auto run_one = [&](workload& l) {
+        tools::serve_workload w;
+        w.concurrency = l.c;
+        w.num_requests = num_requests > 0 ? num_requests : std::max(4, 2 * l.c);
+        w.prompt_tokens = prompt_tokens;
+        w.output_tokens = out_tokens;
+        w.shared_prefix = shared_prefix;
+        engine_config cfg;
+        cfg.num_threads = threads;
+        cfg.sched.max_step_tokens = max_step;
+        cfg.sched.max_running = std::max(l.c, 1);
+        cfg.sched.prefix_caching = l.caching;
+        const int64_t per_request = (prompt_tokens + out_tokens + 15) / 16;
+        cfg.sched.num_blocks = static_cast<uint32_t>(per_request * l.c + 16);
+        llm_engine engine(m, tok, cfg);
+        const auto r = tools::run_serve(engine, w, m.config.vocab_size, tok.bos_id());
+        l.rates.push_back(r.output_tokens_per_s);
+        std::printf("%-34s %8d %10.1f %7.0fms %7.0fms %7.1fms %7.1fms   mean TTFT %.0f ms, prompt tokens computed %llu\n",
+                    l.name.c_str(), w.num_requests, r.output_tokens_per_s, tools::percentile(r.ttft_ms, 50),
+                    tools::percentile(r.ttft_ms, 99), tools::percentile(r.tpot_ms, 50), tools::percentile(r.tpot_ms, 99),
+                    tools::mean(r.ttft_ms), static_cast<unsigned long long>(r.prompt_tokens_computed));
+        std::fflush(stdout);
+        results.push_back({l.name + " output tok/s", r.output_tokens_per_s, "tok/s", ""});
+        results.push_back({l.name + " TTFT p50", tools::percentile(r.ttft_ms, 50), "ms", ""});
+        results.push_back({l.name + " TTFT p99", tools::percentile(r.ttft_ms, 99), "ms", ""});
+        results.push_back({l.name + " TTFT mean", tools::mean(r.ttft_ms), "ms", ""});
+        results.push_back({l.name + " TPOT p50", tools::percentile(r.tpot_ms, 50), "ms", ""});
+        results.push_back({l.name + " TPOT p99", tools::percentile(r.tpot_ms, 99), "ms", ""});
+      };
       for (int round = 0; round < rounds; ++round) {
         if (rounds > 1) std::printf("round %d of %d\n", round + 1, rounds);
-        size_t slot = 0;
-        for (int c : concurrency) {
-          for (bool caching : shared_prefix > 0 ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
-            tools::serve_workload w;
-            w.concurrency = c;
-            w.num_requests = num_requests > 0 ? num_requests : std::max(4, 2 * c);
-            w.prompt_tokens = prompt_tokens;
-            w.output_tokens = out_tokens;
-            w.shared_prefix = shared_prefix;
-            engine_config cfg;
-            cfg.num_threads = threads;
-            cfg.sched.max_step_tokens = max_step;
-            cfg.sched.max_running = std::max(c, 1);
-            cfg.sched.prefix_caching = caching;
-            const int64_t per_request = (prompt_tokens + out_tokens + 15) / 16;
-            cfg.sched.num_blocks = static_cast<uint32_t>(per_request * c + 16);
-            llm_engine engine(m, tok, cfg);
-            const auto r = tools::run_serve(engine, w, m.config.vocab_size, tok.bos_id());
-            const std::string name = "c=" + std::to_string(c) + (shared_prefix > 0 ? (caching ? " prefix cache on" : " prefix cache off") : "");
-            if (round == 0) rates.push_back({name, {}});
-            rates[slot++].second.push_back(r.output_tokens_per_s);
-            std::printf("%-34s %8d %10.1f %7.0fms %7.0fms %7.1fms %7.1fms   mean TTFT %.0f ms, prompt tokens computed %llu\n",
-                        name.c_str(), w.num_requests, r.output_tokens_per_s, tools::percentile(r.ttft_ms, 50),
-                        tools::percentile(r.ttft_ms, 99), tools::percentile(r.tpot_ms, 50), tools::percentile(r.tpot_ms, 99),
-                        tools::mean(r.ttft_ms), static_cast<unsigned long long>(r.prompt_tokens_computed));
-            std::fflush(stdout);
-            results.push_back({name + " output tok/s", r.output_tokens_per_s, "tok/s", ""});
-            results.push_back({name + " TTFT p50", tools::percentile(r.ttft_ms, 50), "ms", ""});
-            results.push_back({name + " TTFT p99", tools::percentile(r.ttft_ms, 99), "ms", ""});
-            results.push_back({name + " TTFT mean", tools::mean(r.ttft_ms), "ms", ""});
-            results.push_back({name + " TPOT p50", tools::percentile(r.tpot_ms, 50), "ms", ""});
-            results.push_back({name + " TPOT p99", tools::percentile(r.tpot_ms, 99), "ms", ""});
-          }
-        }
+        for (auto& l : loads) run_one(l);
       }
-      if (rounds > 1 && !rates.empty()) {
-        const auto& [base_name, base] = rates.front();
+      if (rounds > 1) {
+        const workload& base = loads.front();
         std::printf("\n%d rounds: median output tok/s, and throughput against %s in the same round\n", rounds,
-                    base_name.c_str());
-        for (const auto& [name, v] : rates) {
-          std::vector<double> ratio(v.size());
-          for (size_t i = 0; i < v.size(); ++i) ratio[i] = v[i] / base[i];
-          std::printf("%-34s %10.1f   median %.2fx:", name.c_str(), tools::percentile(v, 50), tools::percentile(ratio, 50));
+                    base.name.c_str());
+        for (const auto& l : loads) {
+          std::vector<double> ratio(l.rates.size());
+          for (size_t i = 0; i < ratio.size(); ++i) ratio[i] = l.rates[i] / base.rates[i];
+          std::printf("%-34s %10.1f   median %.2fx:", l.name.c_str(), tools::percentile(l.rates, 50), tools::percentile(ratio, 50));
           for (double x : ratio) std::printf(" %.2f", x);
           std::printf("\n");
-          results.push_back({name + " output tok/s, median of rounds", tools::percentile(v, 50), "tok/s", ""});
-          results.push_back({name + " throughput against " + base_name + ", median of rounds", tools::percentile(ratio, 50), "x", ""});
+          results.push_back({l.name + " output tok/s, median of rounds", tools::percentile(l.rates, 50), "tok/s", ""});
+          results.push_back({l.name + " throughput against " + base.name + ", median of rounds", tools::percentile(ratio, 50), "x", ""});
         }
       }
     } else if (bat->parsed()) {
