@@ -27,6 +27,7 @@ unit_spec stage_unit(const model& m, const std::string& replica, size_t index, c
                      for (size_t r = 0; r < g.shards.size(); ++r)
                        u.members.push_back({name + "/shard" + std::to_string(r), wire::actor_kind::shard, g.shards[r]});
                      if (g.group) u.abort = [group = g.group] { group->abort(); };
+                     if (g.gpu_group) u.abort = [group = g.gpu_group] { group->abort(); };
                      return u;
                    }};
 }

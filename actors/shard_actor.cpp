@@ -103,8 +103,11 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
     o.num_blocks = static_cast<int32_t>(setup.num_blocks);
     o.block_size = setup.block_size;
     o.max_step_tokens = setup.max_step_tokens;
+    o.tp_group = setup.gpu_group;
     auto made = make_cuda_shard(*setup.m, setup.spec, o);
     if (!made) {
+      // Peers connecting to this rank would wait for it: release them.
+      if (setup.gpu_group) setup.gpu_group->abort();
       std::fprintf(stderr, "troupe: shard on %s: %s\n", setup.device.c_str(), made.err().message.c_str());
       self->quit(caf::exit_reason::user_shutdown);
       return {};

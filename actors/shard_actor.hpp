@@ -22,6 +22,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/wire/step_codec.hpp"
+#include "engine/forward/gpu_tp_group.hpp"
 #include "engine/forward/transformer_shard.hpp"
 
 namespace troupe {
@@ -29,7 +30,8 @@ namespace troupe {
 struct shard_setup {
   const model* m = nullptr;
   shard_spec spec;
-  std::shared_ptr<local_collective_group> group;  // the stage's shards, when TP > 1
+  std::shared_ptr<local_collective_group> group;  // the stage's CPU shards, when TP > 1
+  std::shared_ptr<gpu_tp_group> gpu_group;        // the stage's GPU shards, when TP > 1
   uint32_t num_blocks = 1024;
   int32_t block_size = 16;
   int32_t threads = 1;

@@ -1,5 +1,7 @@
 #include "actors/stage_actor.hpp"
 
+#include <cstdio>
+
 #include <caf/all.hpp>
 
 #include "actors/caf/type_ids.hpp"
@@ -13,17 +15,20 @@ struct stage_state {
   static inline const char* name = "troupe.stage";
   std::vector<caf::actor> shards;
   std::shared_ptr<local_collective_group> group;
+  std::shared_ptr<gpu_tp_group> gpu_group;
 };
 
 caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector<caf::actor> shards,
-                             std::shared_ptr<local_collective_group> group) {
+                             std::shared_ptr<local_collective_group> group, std::shared_ptr<gpu_tp_group> gpu_group) {
   self->state.shards = std::move(shards);
   self->state.group = std::move(group);
+  self->state.gpu_group = std::move(gpu_group);
   for (auto& s : self->state.shards) self->link_to(s);
   self->set_exit_handler([self](const caf::exit_msg& em) {
     if (em.reason == caf::exit_reason::normal) return;
     // Peers of a dead shard may wait inside the all-reduce for it: release them.
     if (self->state.group) self->state.group->abort();
+    if (self->state.gpu_group) self->state.gpu_group->abort();
     self->quit(em.reason);
   });
   return {
@@ -62,12 +67,22 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
 stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,
                               int32_t block_size, int32_t max_step_tokens) {
   stage_group out;
-  if (layout.tp > 1) out.group = std::make_shared<local_collective_group>(layout.tp);
+  const bool on_gpus = !layout.devices.empty() && layout.devices[0] != "cpu";
+  if (layout.tp > 1 && !on_gpus) out.group = std::make_shared<local_collective_group>(layout.tp);
+  if (layout.tp > 1 && on_gpus) {
+    // Without a group the GPU shards refuse to start, and each says so.
+    if (auto g = gpu_tp_group::create(layout.tp))
+      out.gpu_group = *g;
+    else
+      std::fprintf(stderr, "troupe: stage of layers %d-%d: %s\n", layout.first_layer, layout.end_layer - 1,
+                   g.err().message.c_str());
+  }
   for (int32_t r = 0; r < layout.tp; ++r) {
     shard_setup s;
     s.m = &m;
     s.spec = shard_spec{layout.first_layer, layout.end_layer, tp_slice{r, layout.tp}};
     s.group = out.group;
+    s.gpu_group = out.gpu_group;
     s.num_blocks = num_blocks;
     s.block_size = block_size;
     s.threads = layout.threads_per_shard;
@@ -78,7 +93,7 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     s.kv_type = layout.kv_type;
     out.shards.push_back(spawn_shard(sys, s));
   }
-  out.stage = sys.spawn(stage_behavior, out.shards, out.group);
+  out.stage = sys.spawn(stage_behavior, out.shards, out.group, out.gpu_group);
   return out;
 }
 

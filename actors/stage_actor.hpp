@@ -8,7 +8,9 @@
 //   (link_atom) -> the port of its lone shard's step link (actors/step_link.hpp)
 //
 // A stage and its shards are one failure unit: they are linked, and a shard that dies
-// takes the stage with it (after releasing its peers from the all-reduce).
+// takes the stage with it (after releasing its peers from the all-reduce). Shards on the
+// CPU all-reduce through a local collective, shards on GPUs through an NCCL group
+// (engine/forward/gpu_tp_group.hpp) that the stage creates.
 #pragma once
 
 #include <memory>
@@ -20,6 +22,7 @@
 #include <caf/fwd.hpp>
 
 #include "engine/forward/collective.hpp"
+#include "engine/forward/gpu_tp_group.hpp"
 #include "engine/model/model.hpp"
 
 namespace troupe {
@@ -38,7 +41,8 @@ struct stage_layout {
 struct stage_group {
   caf::actor stage;
   std::vector<caf::actor> shards;
-  std::shared_ptr<local_collective_group> group;  // when tp > 1
+  std::shared_ptr<local_collective_group> group;  // when tp > 1 on the CPU
+  std::shared_ptr<gpu_tp_group> gpu_group;        // when tp > 1 on GPUs
 };
 
 stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,

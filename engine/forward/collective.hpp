@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace troupe {
@@ -30,6 +31,7 @@ class no_collective final : public collective {
 
 struct collective_aborted : std::runtime_error {
   collective_aborted() : std::runtime_error("the tensor-parallel group was aborted (a peer died)") {}
+  explicit collective_aborted(const std::string& why) : std::runtime_error(why) {}
 };
 
 class local_collective_group {

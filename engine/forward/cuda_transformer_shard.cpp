@@ -13,12 +13,20 @@
 // weights) run cuBLAS on inputs the norm and SiLU kernels write in the weights' type;
 // smaller steps run troupe's GEMV, which computes those inputs itself: six launches a
 // layer. Steps up to graph_max_tokens tokens replay a CUDA graph captured for their shape.
+//
+// A tensor-parallel shard (Megatron split, as on the CPU: tp_slice.hpp) keeps its slice of
+// each matrix: its query and KV heads' rows of wq/wk/wv, their columns of wo, its FFN
+// columns' rows of w1/w3 and columns of w2, and the KV cache of its KV heads. The output
+// and down projections are partial sums: rank 0 adds its own into the residual stream,
+// the others write theirs in its place, and an NCCL all-reduce over the stage's ranks
+// leaves every rank with the residual plus all the partials. Rank 0 alone runs the head.
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <map>
 #include <tuple>
 
+#include "engine/forward/collective.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/rope.hpp"
@@ -91,19 +99,30 @@ class cuda_transformer_shard final : public forward_shard {
     gemm_ = std::make_unique<cuda::gemm_engine>(stream_);
     gemm_->set_gemv_rows(o.gemv_max_rows);
     const int32_t hd = cfg_.head_dim;
-    q_dim_ = cfg_.num_heads * hd;
-    kv_dim_ = cfg_.num_kv_heads * hd;
+    const tp_slice tp = spec_.tp;
+    heads_ = cfg_.num_heads / tp.size;
+    kv_heads_ = cfg_.num_kv_heads / tp.size;
+    hidden_ = cfg_.hidden_dim / tp.size;
+    q_dim_ = heads_ * hd;
+    kv_dim_ = kv_heads_ * hd;
     qkv_dim_ = q_dim_ + 2 * kv_dim_;
     for (int32_t l = spec_.first_layer; l < spec_.end_layer; ++l) {
       const layer_weights& w = m.weights.layers[l];
+      const matrix_view wq = w.wq.slice_rows(tp.rank * q_dim_, q_dim_);
+      const matrix_view wk = w.wk.slice_rows(tp.rank * kv_dim_, kv_dim_);
+      const matrix_view wv = w.wv.slice_rows(tp.rank * kv_dim_, kv_dim_);
+      const matrix_view wo = w.wo.slice_cols(tp.rank * q_dim_, q_dim_);
+      const matrix_view w1 = w.w1.slice_rows(tp.rank * hidden_, hidden_);
+      const matrix_view w3 = w.w3.slice_rows(tp.rank * hidden_, hidden_);
+      const matrix_view w2 = w.w2.slice_cols(tp.rank * hidden_, hidden_);
       layer dl;
       dl.attn_norm = upload_floats(w.attn_norm, cfg_.dim);
       dl.ffn_norm = upload_floats(w.ffn_norm, cfg_.dim);
-      dl.wqkv = device_matrix({&w.wq, &w.wk, &w.wv}, o.weights);
-      dl.wo = device_matrix({&w.wo}, o.weights);
-      dl.w13 = device_matrix({&w.w1, &w.w3}, o.weights);
-      dl.w2 = device_matrix({&w.w2}, o.weights);
-      const size_t cache = size_t(o.num_blocks) * cfg_.num_kv_heads * o.block_size * hd;
+      dl.wqkv = device_matrix({&wq, &wk, &wv}, o.weights);
+      dl.wo = device_matrix({&wo}, o.weights);
+      dl.w13 = device_matrix({&w1, &w3}, o.weights);
+      dl.w2 = device_matrix({&w2}, o.weights);
+      const size_t cache = size_t(o.num_blocks) * kv_heads_ * o.block_size * hd;
       dl.k = cuda::buffer<float>(cache);
       dl.v = cuda::buffer<float>(cache);
       dl.k.fill_bytes(0);
@@ -111,7 +130,7 @@ class cuda_transformer_shard final : public forward_shard {
       layers_.push_back(std::move(dl));
     }
     if (is_first_stage()) embedding_ = device_matrix({&m.weights.token_embedding}, o.weights);
-    if (is_last_stage()) {
+    if (runs_head()) {
       classifier_ = device_matrix({&m.weights.classifier}, o.weights);
       final_norm_ = upload_floats(m.weights.final_norm, cfg_.dim);
     }
@@ -122,18 +141,18 @@ class cuda_transformer_shard final : public forward_shard {
     sin_ = upload_floats(s.data(), s.size());
     // Scratch for the largest step.
     const int64_t n = o.max_step_tokens;
-    const int64_t widest = std::max({int64_t{cfg_.dim}, int64_t{cfg_.hidden_dim}, int64_t{q_dim_}});
+    const int64_t widest = std::max({int64_t{cfg_.dim}, int64_t{hidden_}, int64_t{q_dim_}});
     x_ = cuda::buffer<float>(n * cfg_.dim);
     xb_ = cuda::buffer<float>(n * cfg_.dim);
     qkv_ = cuda::buffer<float>(n * qkv_dim_);
     att_ = cuda::buffer<float>(n * q_dim_);
-    gate_up_ = cuda::buffer<float>(n * 2 * cfg_.hidden_dim);
+    gate_up_ = cuda::buffer<float>(n * 2 * hidden_);
     in_ = cuda::buffer<uint8_t>(size_t(n * widest) * (o.weights == dtype::f32 ? 4 : 2));
-    logits_ = cuda::buffer<float>(is_last_stage() ? n * cfg_.vocab_size : 0);
-    ids_ = cuda::buffer<int32_t>(is_last_stage() ? n : 0);
-    choices_ = cuda::buffer<token_choice>(is_last_stage() ? n : 0);
-    choice_staging_ = cuda::pinned<token_choice>(is_last_stage() ? n : 0);
-    sample_workspace_ = cuda::buffer<float>(is_last_stage() ? cuda::sample_workspace(static_cast<int32_t>(n), cfg_.vocab_size) : 0);
+    logits_ = cuda::buffer<float>(runs_head() ? n * cfg_.vocab_size : 0);
+    ids_ = cuda::buffer<int32_t>(runs_head() ? n : 0);
+    choices_ = cuda::buffer<token_choice>(runs_head() ? n : 0);
+    choice_staging_ = cuda::pinned<token_choice>(runs_head() ? n : 0);
+    sample_workspace_ = cuda::buffer<float>(runs_head() ? cuda::sample_workspace(static_cast<int32_t>(n), cfg_.vocab_size) : 0);
     max_table_ = (cfg_.max_seq_len + o.block_size - 1) / o.block_size;
     // The step's inputs, staged in page-locked memory and copied in one go.
     staging_ = cuda::pinned<int32_t>(size_t(n) * (6 + max_table_));
@@ -145,15 +164,20 @@ class cuda_transformer_shard final : public forward_shard {
     static_assert(sizeof(cuda::query_tile) == 2 * sizeof(int32_t));  // at most n tiles, in 2n words
     tiles_ = reinterpret_cast<cuda::query_tile*>(rows_ + n);
     tables_ = reinterpret_cast<uint32_t*>(rows_ + 3 * n);
-    workspace_ = cuda::buffer<float>(cuda::paged_attention_workspace(static_cast<int32_t>(n), cfg_.num_heads, hd,
+    workspace_ = cuda::buffer<float>(cuda::paged_attention_workspace(static_cast<int32_t>(n), heads_, hd,
                                                                      cfg_.max_seq_len - 1, o.attention_split));
     // The uploads and memsets ran on the default stream, which a non-blocking stream does
     // not wait for: finish them all before the first step.
     cuda::check(cudaDeviceSynchronize(), "shard set-up");
+    // Last, once everything else is in place: connecting waits for the other ranks.
+    if (tp.size > 1) tp_ = std::make_unique<gpu_tp_member>(o.tp_group, tp.rank, o.device);
   }
 
   ~cuda_transformer_shard() override {
     cudaSetDevice(opt_.device);
+    // No step is in flight here; dropping the communicator first also ends any NCCL kernel
+    // a failed step left waiting for a dead peer, so that the stream can drain.
+    tp_.reset();
     if (stream_) cudaStreamSynchronize(stream_);
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     gemm_.reset();  // its cuBLAS handle uses the stream
@@ -169,7 +193,7 @@ class cuda_transformer_shard final : public forward_shard {
   }
 
   bool forward_choose(const step_batch& batch, float* hidden, const token_choice* choices, int32_t* next) override {
-    if (!is_last_stage() || spec_.tp.rank != 0) return false;
+    if (!runs_head()) return false;
     step(batch, hidden, nullptr, choices, next);
     return true;
   }
@@ -227,7 +251,7 @@ class cuda_transformer_shard final : public forward_shard {
     // one, which spreads a long context over the device.
     num_tiles_ = widest_tile >= 4 ? num_tiles : 0;
     if (!is_first_stage()) copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
-    const bool want_logits = is_last_stage() && (logits != nullptr || next != nullptr) && spec_.tp.rank == 0;
+    const bool want_logits = runs_head() && (logits != nullptr || next != nullptr);
     if (!want_logits) num_rows = 0;
     choosing_ = next != nullptr;
     if (choosing_ && num_rows > 0) {
@@ -237,7 +261,7 @@ class cuda_transformer_shard final : public forward_shard {
                   "copy to the device");
     }
     const int32_t splits = cuda::paged_attention_splits(max_position, opt_.attention_split);
-    if (n <= opt_.graph_max_tokens)
+    if (n <= opt_.graph_max_tokens && !tp_)
       replay(n, splits, max_position, num_rows);
     else
       enqueue_step(n, max_position, num_rows);
@@ -247,8 +271,22 @@ class cuda_transformer_shard final : public forward_shard {
       copy_out(logits, logits_.get(), size_t(num_rows) * cfg_.vocab_size);
     else if (!is_last_stage())
       copy_out(hidden, x_.get(), size_t(n) * cfg_.dim);
-    cuda::check(cudaStreamSynchronize(stream_), "forward step");
+    if (tp_)
+      tp_->wait(stream_);
+    else
+      cuda::check(cudaStreamSynchronize(stream_), "forward step");
   }
+
+  // Rank 0 of the last stage: the final norm, the classifier and the choice of tokens.
+  bool runs_head() const { return is_last_stage() && spec_.tp.rank == 0; }
+
+  // The residual stream plus this layer's partial sums of every rank, on every rank (the
+  // partial is already in x_: added by rank 0, in place of x_ elsewhere).
+  void reduce_residual(int32_t n) {
+    if (tp_) tp_->all_reduce_sum(x_.get(), int64_t{n} * cfg_.dim, stream_);
+  }
+  // Whether this rank adds its projections into x_ (rank 0) or writes them there.
+  bool adds_residual() const { return spec_.tp.rank == 0; }
 
   struct layer {
     cuda::buffer<float> attn_norm, ffn_norm;
@@ -326,7 +364,7 @@ class cuda_transformer_shard final : public forward_shard {
   // decode layer is six launches.
   bool fused(int32_t n) const {
     return n <= opt_.gemv_max_rows && opt_.weights != dtype::f32 && cuda::gemv_fits(n, cfg_.dim) && cuda::gemv_fits(n, q_dim_) &&
-           cuda::gemv_fits(n, cfg_.hidden_dim);
+           cuda::gemv_fits(n, hidden_);
   }
 
   void gemv(const device_matrix& w, const cuda::gemv_source& x, float* out, int32_t m, bool accumulate) {
@@ -334,7 +372,7 @@ class cuda_transformer_shard final : public forward_shard {
   }
 
   void enqueue_layer(layer& w, const cuda::token_batch& tb, int32_t n, int32_t max_position) {
-    const int32_t dim = cfg_.dim, hd = cfg_.head_dim, heads = cfg_.num_heads, kvh = cfg_.num_kv_heads;
+    const int32_t dim = cfg_.dim, hd = cfg_.head_dim, heads = heads_, kvh = kv_heads_;
     const dtype wt = opt_.weights;
     const paged_kv_layer cache{w.k.get(), w.v.get(), opt_.num_blocks, kvh, opt_.block_size, hd};
     float* qkv = qkv_.get();
@@ -352,27 +390,33 @@ class cuda_transformer_shard final : public forward_shard {
     else
       cuda::paged_attention(qkv, qkv_dim_, att_.get(), q_dim_, tb, heads, max_position, cache, workspace_.get(),
                             opt_.attention_split, stream_);
+    const bool add = adds_residual();
     if (gemv_path) {
-      gemv(w.wo, {gemv_input::f32, att_.get()}, x_.get(), n, true);
+      gemv(w.wo, {gemv_input::f32, att_.get()}, x_.get(), n, add);
+      reduce_residual(n);
       gemv(w.w13, {gemv_input::rmsnorm, x_.get(), w.ffn_norm.get(), cfg_.rms_eps}, gate_up_.get(), n, false);
-      gemv(w.w2, {gemv_input::silu_mul, gate_up_.get()}, x_.get(), n, true);
+      gemv(w.w2, {gemv_input::silu_mul, gate_up_.get()}, x_.get(), n, add);
+      reduce_residual(n);
       return;
     }
     if (wt == dtype::f32) {
-      matmul(w.wo, att_.get(), x_.get(), n, true);
+      matmul(w.wo, att_.get(), x_.get(), n, add);
     } else {
       cuda::f32_to(wt, att_.get(), in_.get(), int64_t{n} * q_dim_, stream_);
-      matmul(w.wo, in_.get(), x_.get(), n, true);
+      matmul(w.wo, in_.get(), x_.get(), n, add);
     }
+    reduce_residual(n);
     cuda::rmsnorm_to(wt, in_.get(), dim, x_.get(), dim, w.ffn_norm.get(), n, dim, cfg_.rms_eps, stream_);
     matmul(w.w13, in_.get(), gate_up_.get(), n, false);
-    cuda::silu_mul_rows(gate_up_.get(), n, cfg_.hidden_dim, wt, in_.get(), stream_);
-    matmul(w.w2, in_.get(), x_.get(), n, true);
+    cuda::silu_mul_rows(gate_up_.get(), n, hidden_, wt, in_.get(), stream_);
+    matmul(w.w2, in_.get(), x_.get(), n, add);
+    reduce_residual(n);
   }
 
   const model_config& cfg_;
   shard_spec spec_;
   cuda_shard_options opt_;
+  int32_t heads_ = 0, kv_heads_ = 0, hidden_ = 0;  // this rank's slice
   int32_t q_dim_ = 0, kv_dim_ = 0, qkv_dim_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::gemm_engine> gemm_;
@@ -394,6 +438,7 @@ class cuda_transformer_shard final : public forward_shard {
   cuda::buffer<float> sample_workspace_;
   bool choosing_ = false;  // this step ends in the choice of tokens on the device
   std::map<std::tuple<int32_t, int32_t, int32_t, bool, int32_t>, cudaGraphExec_t> graphs_;
+  std::unique_ptr<gpu_tp_member> tp_;  // this rank's communicator, when tensor-parallel
 };
 
 }  // namespace
@@ -409,14 +454,23 @@ status cuda_device_usable(int device) {
 expected<std::unique_ptr<forward_shard>> make_cuda_shard(const model& m, const shard_spec& spec,
                                                          const cuda_shard_options& o) {
   const std::string dev = "cuda:" + std::to_string(o.device);
-  if (spec.tp.size > 1)
-    return error{dev + ": tensor parallelism on GPUs needs NCCL all-reduce, which this build does not have yet"};
   if (o.weights != dtype::f32 && o.weights != dtype::bf16 && o.weights != dtype::f16)
     return error{dev + ": GPU weights must be f32, bf16 or f16"};
+  if (spec.tp.size > 1) {
+    if (spec.tp.rank < 0 || spec.tp.rank >= spec.tp.size)
+      return error{dev + ": tensor-parallel rank " + std::to_string(spec.tp.rank) + " of " + std::to_string(spec.tp.size)};
+    // (Q8_0 weights are sliced before they are dequantized: a slice may not cut a group.)
+    const int32_t q8_group = m.weight_type == dtype::q8_0 ? m.weights.layers[0].wq.group_size : 0;
+    if (auto e = check_tp_split(m.config, spec.tp.size, q8_group)) return error{dev + ": " + *e};
+    if (!o.tp_group || o.tp_group->size() != spec.tp.size)
+      return error{dev + ": a tensor-parallel shard needs its stage's NCCL group of " + std::to_string(spec.tp.size) + " ranks"};
+  }
   if (auto usable = cuda_device_usable(o.device); !usable) return usable.err();
   try {
     return std::unique_ptr<forward_shard>(new cuda_transformer_shard(m, spec, o));
   } catch (const cuda::cuda_error& e) {
+    return error{dev + ": " + e.what()};
+  } catch (const std::runtime_error& e) {  // the tensor-parallel connection (collective_aborted too)
     return error{dev + ": " + e.what()};
   }
 }

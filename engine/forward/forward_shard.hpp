@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/forward/gpu_tp_group.hpp"
 #include "engine/forward/step_batch.hpp"
 #include "engine/forward/tp_slice.hpp"
 #include "engine/model/model.hpp"
@@ -58,6 +59,11 @@ struct cuda_shard_options {
   // Steps of up to gemv_max_rows tokens on 16-bit weights run every GEMM as troupe's GEMV
   // (kernels/cuda/gemv.hpp, at most 8), fused with the norms and SiLU; 0: cuBLAS only.
   int32_t gemv_max_rows = 1;
+  // The stage's NCCL group, for a shard of a tensor-parallel stage (spec.tp.size > 1):
+  // constructing the shard connects its rank, waiting for the others, so the ranks'
+  // shards must be made on threads of their own. Tensor-parallel steps run kernel by
+  // kernel (no graphs).
+  std::shared_ptr<gpu_tp_group> tp_group;
 };
 
 // "cuda:N" -> N; anything else an error.
@@ -67,8 +73,8 @@ expected<int> cuda_device_index(const std::string& device);
 status cuda_device_usable(int device);
 
 // A shard on a GPU; an error (naming the device) when this build has no CUDA, there is no
-// such device, or the shape is not supported there (tensor parallelism needs NCCL, not
-// built yet).
+// such device, the weights' type is not one a GPU keeps, or a tensor-parallel shard has no
+// group (or its rank could not connect).
 expected<std::unique_ptr<forward_shard>> make_cuda_shard(const model& m, const shard_spec& spec,
                                                          const cuda_shard_options& o);
 

@@ -61,7 +61,7 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(validate_topology(*t, stories(), 0).has_value());
     ++n;
   }
-  CHECK(n == 5);
+  CHECK(n == 6);
   auto two = parse_topology(dir + "/pp2x2.toml");
   REQUIRE(two.has_value());
   CHECK(two->replicas.size() == 2);
@@ -138,6 +138,14 @@ stages = [ { node = "n0", layers = "0-4", devices = ["tpu"] } ])"),
       "\"cpu\" or \"cuda:N\"");
   has(problem(R"([[replica]]
 name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0", "cpu"] } ])"),
+      "mix \"cpu\" and GPUs");
+  has(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cuda:1", "cuda:1"] } ])"),
+      "cuda:1 is named twice");
+  has(problem(R"([[replica]]
+name = "r0"
 stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ]
 [[replica]]
 name = "r0"
@@ -165,6 +173,15 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])"),
   has(problem(std::string("[gpu]\nweights = \"int4\"\n") + ok_replica), "weights must be bf16, f16 or f32");
   has(problem(std::string("[kv]\ncache_type = \"int4\"\n") + ok_replica), "cache_type \"int4\": not a KV cache type");
   has(problem(std::string("[model]\n") + ok_replica), "t.toml");  // a second [model] table
+}
+
+TEST_CASE("a stage split over two GPUs passes, as does one of two CPU shards") {
+  CHECK(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0", "cuda:1"] } ])") == "");
+  CHECK(problem(R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu", "cpu"] } ])") == "");
 }
 
 TEST_CASE("failure, GPU and KV cache settings: defaults, and what a topology sets") {

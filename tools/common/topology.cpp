@@ -244,6 +244,14 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
         if (!v || !device_ok(*v)) rd.fail(sw + ": device " + std::to_string(d) + " must be \"cpu\" or \"cuda:N\"");
         else ss.devices.push_back(*v);
       }
+      // The shards of a stage all-reduce on one kind of device, one shard per GPU.
+      std::set<std::string> seen;
+      for (size_t d = 0; rd.ok() && d < ss.devices.size(); ++d) {
+        if ((ss.devices[d] == "cpu") != (ss.devices[0] == "cpu"))
+          rd.fail(sw + ": devices mix \"cpu\" and GPUs; a stage's tensor-parallel shards must all be on the CPU or all on GPUs");
+        else if (ss.devices[d] != "cpu" && !seen.insert(ss.devices[d]).second)
+          rd.fail(sw + ": device " + ss.devices[d] + " is named twice; each GPU shard of a stage needs a GPU of its own");
+      }
       rs.stages.push_back(ss);
     }
     if (rd.ok() && rs.scheduler_node.empty()) rs.scheduler_node = rs.stages[0].node;

@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include "engine/forward/gpu_tp_group.hpp"
 #include "kernels/cuda/device.hpp"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,11 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("CUDA device 0: %s (%d device(s))\n", troupe::cuda::device_name(0).c_str(), devices);
+  // The tensor-parallel cases need NCCL, and two devices for a real split.
+  if (const troupe::status nccl = troupe::nccl_usable(); !nccl)
+    std::printf("%s: the tensor-parallel cases are skipped\n", nccl.err().message.c_str());
+  else if (devices < 2)
+    std::printf("one device: the two-device tensor-parallel cases are skipped\n");
   doctest::Context ctx(argc, argv);
   return ctx.run();
 }

@@ -1,0 +1,195 @@
+#include "engine/forward/gpu_tp_group.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "engine/forward/collective.hpp"
+
+#if defined(TROUPE_HAVE_NCCL)
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <type_traits>
+
+namespace troupe {
+
+namespace {
+
+// The NCCL calls troupe makes, from the library loaded at run time.
+struct nccl_api {
+  decltype(&ncclGetVersion) get_version = nullptr;
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRankConfig) init_rank_config = nullptr;
+  decltype(&ncclCommGetAsyncError) get_async_error = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclCommAbort) abort = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+};
+
+// Loaded once per process; the handle stays open for the process's life.
+expected<const nccl_api*> load_nccl() {
+  static const expected<const nccl_api*> loaded = []() -> expected<const nccl_api*> {
+    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* why = dlerror();
+      return error{std::string("tensor parallelism on GPUs needs NCCL, and libnccl.so.2 could not be loaded (") +
+                   (why ? why : "not found") + ")"};
+    }
+    static nccl_api api;
+    bool all = true;
+    auto bind = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      all = all && fn != nullptr;
+    };
+    bind(api.get_version, "ncclGetVersion");
+    bind(api.get_unique_id, "ncclGetUniqueId");
+    bind(api.init_rank_config, "ncclCommInitRankConfig");
+    bind(api.get_async_error, "ncclCommGetAsyncError");
+    bind(api.all_reduce, "ncclAllReduce");
+    bind(api.abort, "ncclCommAbort");
+    bind(api.error_string, "ncclGetErrorString");
+    if (!all) return error{"libnccl.so.2 lacks calls troupe needs (NCCL 2.14 or later is required)"};
+    return &api;
+  }();
+  return loaded;
+}
+
+const nccl_api& api() { return *load_nccl().value(); }
+
+std::string nccl_message(const char* what, ncclResult_t r) {
+  return std::string("NCCL ") + what + ": " + api().error_string(r);
+}
+
+}  // namespace
+
+status nccl_usable() {
+  auto loaded = load_nccl();
+  if (!loaded) return loaded.err();
+  return ok();
+}
+
+expected<std::shared_ptr<gpu_tp_group>> gpu_tp_group::create(int32_t size) {
+  auto loaded = load_nccl();
+  if (!loaded) return loaded.err();
+  ncclUniqueId id;
+  if (const ncclResult_t r = (*loaded)->get_unique_id(&id); r != ncclSuccess) return error{nccl_message("unique id", r)};
+  nccl_unique_id out;
+  static_assert(sizeof(id.internal) == sizeof(out.bytes));
+  std::memcpy(out.bytes.data(), id.internal, sizeof(id.internal));
+  return join(size, out);
+}
+
+expected<std::shared_ptr<gpu_tp_group>> gpu_tp_group::join(int32_t size, const nccl_unique_id& id) {
+  if (size < 1) return error{"a tensor-parallel group needs at least one rank"};
+  if (auto loaded = load_nccl(); !loaded) return loaded.err();
+  return std::shared_ptr<gpu_tp_group>(new gpu_tp_group(size, id));
+}
+
+struct gpu_tp_member::impl {
+  std::shared_ptr<gpu_tp_group> group;
+  int32_t rank = 0;
+  ncclComm_t comm = nullptr;
+
+  // Until the communicator's last operation has left the in-progress state; throws as
+  // wait() does.
+  void settle(const char* what) {
+    using namespace std::chrono_literals;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = api().get_async_error(comm, &state);
+      if (r != ncclSuccess) fail(nccl_message(what, r));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(nccl_message(what, state));
+      if (group->aborted()) fail("");
+      std::this_thread::sleep_for(100us);
+    }
+  }
+
+  // Aborts this rank's communicator and the group, and throws: why empty means the group
+  // was aborted by someone else.
+  [[noreturn]] void fail(const std::string& why) {
+    group->abort();
+    if (comm) api().abort(comm);
+    comm = nullptr;
+    if (why.empty()) throw collective_aborted{};
+    throw collective_aborted{"tensor-parallel rank " + std::to_string(rank) + ": " + why};
+  }
+};
+
+gpu_tp_member::gpu_tp_member(std::shared_ptr<gpu_tp_group> group, int32_t rank, int device)
+    : impl_(std::make_unique<impl>()) {
+  TROUPE_ASSERT(group && rank >= 0 && rank < group->size(), rank);
+  impl_->group = std::move(group);
+  impl_->rank = rank;
+  if (impl_->group->aborted()) throw collective_aborted{};
+  if (cudaSetDevice(device) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed for cuda:" + std::to_string(device));
+  ncclUniqueId id;
+  std::memcpy(id.internal, impl_->group->id().bytes.data(), sizeof(id.internal));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t r = api().init_rank_config(&impl_->comm, impl_->group->size(), id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    impl_->comm = nullptr;
+    throw std::runtime_error(nccl_message("connecting", r));
+  }
+  impl_->settle("connecting");
+}
+
+gpu_tp_member::~gpu_tp_member() {
+  // Nothing is in flight once the shard has waited for its stream; abort frees the
+  // communicator without waiting on peers that may be gone.
+  if (impl_ && impl_->comm) api().abort(impl_->comm);
+}
+
+void gpu_tp_member::all_reduce_sum(float* data, int64_t n, CUstream_st* stream) {
+  if (!impl_->comm) throw collective_aborted{};
+  const ncclResult_t r = api().all_reduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, impl_->comm, stream);
+  if (r == ncclInProgress) return impl_->settle("all-reduce");
+  if (r != ncclSuccess) impl_->fail(nccl_message("all-reduce", r));
+}
+
+void gpu_tp_member::wait(CUstream_st* stream) {
+  using namespace std::chrono_literals;
+  if (!impl_->comm) throw collective_aborted{};
+  // Spin briefly (a step's end is usually near), then poll more gently.
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) impl_->fail(std::string("CUDA: ") + cudaGetErrorString(q));
+    ncclResult_t state = ncclSuccess;
+    api().get_async_error(impl_->comm, &state);
+    if (state != ncclSuccess && state != ncclInProgress) impl_->fail(nccl_message("step", state));
+    if (impl_->group->aborted()) impl_->fail("");
+    if (polls > 2000) std::this_thread::sleep_for(20us);
+  }
+}
+
+}  // namespace troupe
+
+#else  // no NCCL headers in this build
+
+namespace troupe {
+
+namespace {
+const char* const no_nccl =
+    "tensor parallelism on GPUs needs NCCL, and this build of troupe has none (configure with CUDA where nccl.h is found)";
+}
+
+status nccl_usable() { return error{no_nccl}; }
+expected<std::shared_ptr<gpu_tp_group>> gpu_tp_group::create(int32_t) { return error{no_nccl}; }
+expected<std::shared_ptr<gpu_tp_group>> gpu_tp_group::join(int32_t, const nccl_unique_id&) { return error{no_nccl}; }
+
+struct gpu_tp_member::impl {};
+gpu_tp_member::gpu_tp_member(std::shared_ptr<gpu_tp_group>, int32_t, int) { throw std::runtime_error(no_nccl); }
+gpu_tp_member::~gpu_tp_member() = default;
+void gpu_tp_member::all_reduce_sum(float*, int64_t, CUstream_st*) { throw std::runtime_error(no_nccl); }
+void gpu_tp_member::wait(CUstream_st*) { throw std::runtime_error(no_nccl); }
+
+}  // namespace troupe
+
+#endif

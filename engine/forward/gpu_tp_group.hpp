@@ -1,0 +1,76 @@
+// gpu_tp_group: the tensor-parallel shards of one pipeline stage on GPUs, adding their
+// partial sums over NCCL (the GPU counterpart of collective.hpp's local group).
+//
+// NCCL (libnccl.so.2) is loaded when the first group is made, not linked: builds and GPU
+// bundles that never split a stage over GPUs run without it, and one that does gets an
+// error saying why the library could not be loaded.
+//
+// create(size) draws NCCL's unique id, the 128 bytes every rank needs to connect. The ranks
+// of one process share the group object; a rank in another process joins with
+// join(size, id) from the bytes a message carried. Each rank's shard then connects on its
+// own thread (gpu_tp_member, which returns once every rank has connected). The ranks'
+// communicators are non-blocking, and every wait polls: abort() releases ranks waiting
+// on a peer that died (connecting, or inside a step's all-reduce), whose wait then throws
+// collective_aborted, then and ever after.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "engine/util/expected.hpp"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace troupe {
+
+struct nccl_unique_id {
+  std::array<char, 128> bytes{};
+};
+
+// Whether NCCL can be loaded in this process (the error says why not).
+status nccl_usable();
+
+class gpu_tp_group {
+ public:
+  // A new group of `size` ranks, with a fresh unique id.
+  static expected<std::shared_ptr<gpu_tp_group>> create(int32_t size);
+  // The group another process created, from its id.
+  static expected<std::shared_ptr<gpu_tp_group>> join(int32_t size, const nccl_unique_id& id);
+
+  int32_t size() const { return size_; }
+  const nccl_unique_id& id() const { return id_; }
+  void abort() { aborted_.store(true, std::memory_order_release); }
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+ private:
+  gpu_tp_group(int32_t size, const nccl_unique_id& id) : size_(size), id_(id) {}
+  int32_t size_;
+  nccl_unique_id id_;
+  std::atomic<bool> aborted_{false};
+};
+
+// One rank's communicator, owned by its shard and used from one thread at a time.
+class gpu_tp_member {
+ public:
+  // Connects rank `rank` on CUDA device `device` and waits for the other ranks. Throws
+  // collective_aborted when the group is aborted meanwhile, std::runtime_error when NCCL
+  // fails.
+  gpu_tp_member(std::shared_ptr<gpu_tp_group> group, int32_t rank, int device);
+  ~gpu_tp_member();
+  gpu_tp_member(const gpu_tp_member&) = delete;
+  gpu_tp_member& operator=(const gpu_tp_member&) = delete;
+
+  // Queues data[0, n) (device memory) := its sum over the ranks, on `stream`.
+  void all_reduce_sum(float* data, int64_t n, CUstream_st* stream);
+  // Waits until `stream` is idle. Throws collective_aborted when the group is aborted or
+  // NCCL reports a failure meanwhile (the group is aborted then, for the other ranks).
+  void wait(CUstream_st* stream);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe
