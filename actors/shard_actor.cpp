@@ -104,6 +104,7 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
     o.block_size = setup.block_size;
     o.max_step_tokens = setup.max_step_tokens;
     o.tp_group = setup.gpu_group;
+    o.host_group = setup.group;
     auto made = make_cuda_shard(*setup.m, setup.spec, o);
     if (!made) {
       // Peers connecting to this rank would wait for it: release them.

@@ -30,8 +30,10 @@ namespace troupe {
 struct shard_setup {
   const model* m = nullptr;
   shard_spec spec;
-  std::shared_ptr<local_collective_group> group;  // the stage's CPU shards, when TP > 1
-  std::shared_ptr<gpu_tp_group> gpu_group;        // the stage's GPU shards, when TP > 1
+  // The stage's all-reduce when TP > 1: CPU shards use `group`; GPU shards gpu_group
+  // (NCCL), or `group` through host memory where NCCL cannot be loaded.
+  std::shared_ptr<local_collective_group> group;
+  std::shared_ptr<gpu_tp_group> gpu_group;
   uint32_t num_blocks = 1024;
   int32_t block_size = 16;
   int32_t threads = 1;

@@ -70,12 +70,13 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
   const bool on_gpus = !layout.devices.empty() && layout.devices[0] != "cpu";
   if (layout.tp > 1 && !on_gpus) out.group = std::make_shared<local_collective_group>(layout.tp);
   if (layout.tp > 1 && on_gpus) {
-    // Without a group the GPU shards refuse to start, and each says so.
-    if (auto g = gpu_tp_group::create(layout.tp))
+    if (auto g = gpu_tp_group::create(layout.tp)) {
       out.gpu_group = *g;
-    else
-      std::fprintf(stderr, "troupe: stage of layers %d-%d: %s\n", layout.first_layer, layout.end_layer - 1,
-                   g.err().message.c_str());
+    } else {
+      std::fprintf(stderr, "troupe: stage of layers %d-%d: %s; its GPU shards sum through host memory instead (slow)\n",
+                   layout.first_layer, layout.end_layer - 1, g.err().message.c_str());
+      out.group = std::make_shared<local_collective_group>(layout.tp);
+    }
   }
   for (int32_t r = 0; r < layout.tp; ++r) {
     shard_setup s;

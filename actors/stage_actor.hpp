@@ -10,7 +10,8 @@
 // A stage and its shards are one failure unit: they are linked, and a shard that dies
 // takes the stage with it (after releasing its peers from the all-reduce). Shards on the
 // CPU all-reduce through a local collective, shards on GPUs through an NCCL group
-// (engine/forward/gpu_tp_group.hpp) that the stage creates.
+// (engine/forward/gpu_tp_group.hpp) that the stage creates, or, where NCCL cannot be
+// loaded, through the local collective in host memory (with a warning: it is slow).
 #pragma once
 
 #include <memory>
@@ -41,8 +42,8 @@ struct stage_layout {
 struct stage_group {
   caf::actor stage;
   std::vector<caf::actor> shards;
-  std::shared_ptr<local_collective_group> group;  // when tp > 1 on the CPU
-  std::shared_ptr<gpu_tp_group> gpu_group;        // when tp > 1 on GPUs
+  std::shared_ptr<local_collective_group> group;  // when tp > 1 on the CPU, or on GPUs without NCCL
+  std::shared_ptr<gpu_tp_group> gpu_group;        // when tp > 1 on GPUs, over NCCL
 };
 
 stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,

@@ -18,8 +18,9 @@
 // each matrix: its query and KV heads' rows of wq/wk/wv, their columns of wo, its FFN
 // columns' rows of w1/w3 and columns of w2, and the KV cache of its KV heads. The output
 // and down projections are partial sums: rank 0 adds its own into the residual stream,
-// the others write theirs in its place, and an NCCL all-reduce over the stage's ranks
-// leaves every rank with the residual plus all the partials. Rank 0 alone runs the head.
+// the others write theirs in its place, and an all-reduce over the stage's ranks (NCCL,
+// or staged through host memory) leaves every rank with the residual plus all the
+// partials. Rank 0 alone runs the head.
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
@@ -81,6 +82,28 @@ struct device_matrix {
     half.upload(h);
   }
   const void* data() const { return type == dtype::f32 ? static_cast<const void*>(f32.get()) : half.get(); }
+};
+
+// The all-reduce through host memory: the partials copied out, summed by the CPU's
+// collective in rank order, copied back. For stages without NCCL (and for checking the
+// split on a single device): correct on any devices, but each reduction waits for the
+// stream and crosses the bus twice.
+class host_staged_collective final : public gpu_collective {
+ public:
+  host_staged_collective(collective& comm, size_t max_elements) : comm_(comm), staging_(max_elements) {}
+  void all_reduce_sum(float* data, int64_t n, CUstream_st* stream) override {
+    TROUPE_ASSERT(n >= 0 && static_cast<size_t>(n) <= staging_.size(), n, staging_.size());
+    const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+    cuda::check(cudaMemcpyAsync(staging_.get(), data, bytes, cudaMemcpyDeviceToHost, stream), "copy to the host");
+    cuda::check(cudaStreamSynchronize(stream), "tensor-parallel partials");
+    comm_.all_reduce_sum(staging_.get(), n);  // collective_aborted when a peer died
+    cuda::check(cudaMemcpyAsync(data, staging_.get(), bytes, cudaMemcpyHostToDevice, stream), "copy to the device");
+  }
+  void wait(CUstream_st* stream) override { cuda::check(cudaStreamSynchronize(stream), "forward step"); }
+
+ private:
+  collective& comm_;
+  cuda::pinned<float> staging_;
 };
 
 cuda::buffer<float> upload_floats(const float* p, size_t n) {
@@ -170,7 +193,10 @@ class cuda_transformer_shard final : public forward_shard {
     // not wait for: finish them all before the first step.
     cuda::check(cudaDeviceSynchronize(), "shard set-up");
     // Last, once everything else is in place: connecting waits for the other ranks.
-    if (tp.size > 1) tp_ = std::make_unique<gpu_tp_member>(o.tp_group, tp.rank, o.device);
+    if (tp.size > 1 && o.tp_group)
+      tp_ = std::make_unique<gpu_tp_member>(o.tp_group, tp.rank, o.device);
+    else if (tp.size > 1)
+      tp_ = std::make_unique<host_staged_collective>(o.host_group->member(tp.rank), size_t(n) * cfg_.dim);
   }
 
   ~cuda_transformer_shard() override {
@@ -438,7 +464,7 @@ class cuda_transformer_shard final : public forward_shard {
   cuda::buffer<float> sample_workspace_;
   bool choosing_ = false;  // this step ends in the choice of tokens on the device
   std::map<std::tuple<int32_t, int32_t, int32_t, bool, int32_t>, cudaGraphExec_t> graphs_;
-  std::unique_ptr<gpu_tp_member> tp_;  // this rank's communicator, when tensor-parallel
+  std::unique_ptr<gpu_collective> tp_;  // this rank's all-reduce, when tensor-parallel
 };
 
 }  // namespace
@@ -462,8 +488,10 @@ expected<std::unique_ptr<forward_shard>> make_cuda_shard(const model& m, const s
     // (Q8_0 weights are sliced before they are dequantized: a slice may not cut a group.)
     const int32_t q8_group = m.weight_type == dtype::q8_0 ? m.weights.layers[0].wq.group_size : 0;
     if (auto e = check_tp_split(m.config, spec.tp.size, q8_group)) return error{dev + ": " + *e};
-    if (!o.tp_group || o.tp_group->size() != spec.tp.size)
-      return error{dev + ": a tensor-parallel shard needs its stage's NCCL group of " + std::to_string(spec.tp.size) + " ranks"};
+    const int32_t ranks = o.tp_group ? o.tp_group->size() : o.host_group ? o.host_group->size() : 0;
+    if (ranks != spec.tp.size)
+      return error{dev + ": a tensor-parallel shard needs its stage's group of " + std::to_string(spec.tp.size) +
+                   " ranks (NCCL or host memory)"};
   }
   if (auto usable = cuda_device_usable(o.device); !usable) return usable.err();
   try {

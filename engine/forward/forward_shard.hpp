@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/forward/collective.hpp"
 #include "engine/forward/gpu_tp_group.hpp"
 #include "engine/forward/step_batch.hpp"
 #include "engine/forward/tp_slice.hpp"
@@ -59,11 +60,14 @@ struct cuda_shard_options {
   // Steps of up to gemv_max_rows tokens on 16-bit weights run every GEMM as troupe's GEMV
   // (kernels/cuda/gemv.hpp, at most 8), fused with the norms and SiLU; 0: cuBLAS only.
   int32_t gemv_max_rows = 1;
-  // The stage's NCCL group, for a shard of a tensor-parallel stage (spec.tp.size > 1):
-  // constructing the shard connects its rank, waiting for the others, so the ranks'
-  // shards must be made on threads of their own. Tensor-parallel steps run kernel by
-  // kernel (no graphs).
+  // How a shard of a tensor-parallel stage (spec.tp.size > 1) sums its partials with its
+  // peers': over NCCL in the stage's tp_group (constructing the shard connects its rank
+  // and waits for the others, so the ranks' shards must be made on threads of their own),
+  // or, without one, through host memory in host_group: each partial copied out, summed
+  // by the CPU collective in rank order and copied back (any devices, the same one
+  // included; no NCCL, and slow). Tensor-parallel steps run kernel by kernel (no graphs).
   std::shared_ptr<gpu_tp_group> tp_group;
+  std::shared_ptr<local_collective_group> host_group;
 };
 
 // "cuda:N" -> N; anything else an error.

@@ -51,22 +51,32 @@ class gpu_tp_group {
   std::atomic<bool> aborted_{false};
 };
 
-// One rank's communicator, owned by its shard and used from one thread at a time.
-class gpu_tp_member {
+// How a GPU shard of a tensor-parallel stage sums its partials with its peers'.
+class gpu_collective {
+ public:
+  virtual ~gpu_collective() = default;
+  // Queues data[0, n) (device memory) := its sum over the ranks, on `stream` (it may also
+  // wait for the stream).
+  virtual void all_reduce_sum(float* data, int64_t n, CUstream_st* stream) = 0;
+  // Waits until `stream` is idle. Throws collective_aborted when the group is aborted or
+  // fails meanwhile.
+  virtual void wait(CUstream_st* stream) = 0;
+};
+
+// One rank's NCCL communicator, owned by its shard and used from one thread at a time.
+class gpu_tp_member final : public gpu_collective {
  public:
   // Connects rank `rank` on CUDA device `device` and waits for the other ranks. Throws
   // collective_aborted when the group is aborted meanwhile, std::runtime_error when NCCL
   // fails.
   gpu_tp_member(std::shared_ptr<gpu_tp_group> group, int32_t rank, int device);
-  ~gpu_tp_member();
+  ~gpu_tp_member() override;
   gpu_tp_member(const gpu_tp_member&) = delete;
   gpu_tp_member& operator=(const gpu_tp_member&) = delete;
 
-  // Queues data[0, n) (device memory) := its sum over the ranks, on `stream`.
-  void all_reduce_sum(float* data, int64_t n, CUstream_st* stream);
-  // Waits until `stream` is idle. Throws collective_aborted when the group is aborted or
-  // NCCL reports a failure meanwhile (the group is aborted then, for the other ranks).
-  void wait(CUstream_st* stream);
+  void all_reduce_sum(float* data, int64_t n, CUstream_st* stream) override;
+  // (An NCCL failure aborts the group too, for the other ranks.)
+  void wait(CUstream_st* stream) override;
 
  private:
   struct impl;

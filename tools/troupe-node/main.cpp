@@ -159,13 +159,6 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      if (tp > 1 && s.devices[0] != "cpu") {
-        if (status nccl = nccl_usable(); !nccl) {
-          std::fprintf(stderr, "troupe-node %s: replica '%s', stage %zu: %s\n", node_name.c_str(), rs.name.c_str(), i,
-                       nccl.err().message.c_str());
-          return 1;
-        }
-      }
       units.push_back(stage_unit(m, rs.name, i, one, static_cast<uint32_t>(topo->num_blocks), topo->block_size,
                                  topo->max_step_tokens));
       ++num_stages_here;

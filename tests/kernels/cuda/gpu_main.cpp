@@ -15,11 +15,11 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("CUDA device 0: %s (%d device(s))\n", troupe::cuda::device_name(0).c_str(), devices);
-  // The tensor-parallel cases need NCCL, and two devices for a real split.
+  // The tensor-parallel cases over NCCL need it, and two devices for a real split.
   if (const troupe::status nccl = troupe::nccl_usable(); !nccl)
-    std::printf("%s: the tensor-parallel cases are skipped\n", nccl.err().message.c_str());
+    std::printf("%s: the NCCL cases are skipped\n", nccl.err().message.c_str());
   else if (devices < 2)
-    std::printf("one device: the two-device tensor-parallel cases are skipped\n");
+    std::printf("one device: the two-device NCCL cases are skipped\n");
   doctest::Context ctx(argc, argv);
   return ctx.run();
 }
