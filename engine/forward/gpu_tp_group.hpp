@@ -2,8 +2,9 @@
 // partial sums over NCCL (the GPU counterpart of collective.hpp's local group).
 //
 // NCCL (libnccl.so.2) is loaded when the first group is made, not linked: builds and GPU
-// bundles that never split a stage over GPUs run without it, and one that does gets an
-// error saying why the library could not be loaded.
+// bundles that never split a stage over GPUs run without it, and where it cannot be
+// loaded, create() says why (a stage then sums through host memory instead:
+// cuda_shard_options::host_group).
 //
 // create(size) draws NCCL's unique id, the 128 bytes every rank needs to connect. The ranks
 // of one process share the group object; a rank in another process joins with
