@@ -350,6 +350,21 @@ expected<uint16_t> http_gateway::start() {
   srv.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   srv.set_read_timeout(30, 0);
   srv.set_write_timeout(30, 0);
+  // A declared body length is judged before any of the body is read: one that is not a
+  // number, or that exceeds the limit, is answered at once (the library would read, or
+  // wait up to its read timeout for, every byte declared). Whatever of the body follows
+  // then fails to parse as the next request, which ends the connection; a client that
+  // sends nothing more is dropped after the keep-alive timeout.
+  srv.set_pre_routing_handler([g](const httplib::Request& q, httplib::Response& r) {
+    if (!q.has_header("Content-Length")) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string len = q.get_header_value("Content-Length");
+    const bool digits = !len.empty() && len.size() <= 19 && len.find_first_not_of("0123456789") == std::string::npos;
+    if (digits && std::stoull(len) <= g->cfg.max_body_bytes) return httplib::Server::HandlerResponse::Unhandled;
+    const int status = digits ? 413 : 400;
+    impl::send_error(r, {status, digits ? "the request body is too large" : "Content-Length is not a length",
+                         "invalid_request_error", "", ""});
+    return httplib::Server::HandlerResponse::Handled;
+  });
   srv.Post("/v1/completions", [g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, false); });
   srv.Post("/v1/chat/completions", [g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, true); });
   srv.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {

@@ -125,7 +125,11 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   try {
     j = json::parse(body);
   } catch (const json::parse_error& e) {
-    return bad(std::string("the body is not valid JSON: ") + e.what(), "");
+    // The parser's message, without the text it last read (which can be the whole body).
+    std::string what = e.what();
+    if (const size_t cut = what.find("; last read"); cut != std::string::npos) what.resize(cut);
+    if (what.size() > 200) what.resize(200);
+    return bad("the body is not valid JSON: " + what, "");
   }
   if (!j.is_object()) return bad("the body must be a JSON object", "");
   api_request r;

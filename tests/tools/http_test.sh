@@ -102,6 +102,17 @@ expect 400 'UTF-8' "invalid UTF-8" "$(post /v1/completions "$(printf '{"model":"
 head -c 10485760 /dev/zero | tr '\0' 'a' >"$work/big"
 code=$(curl -s -o "$work/body" -w '%{http_code}' "${auth[@]}" "$base/v1/completions" --data-binary @"$work/big")
 expect 413 'too large' "10 MB body" "$code"
+# Declared lengths are judged before the body is read: a client that declares 2 MB and
+# sends two bytes is answered at once (the library alone would wait for the rest), and a
+# length that is not a number is refused.
+code=$(curl -s -o "$work/body" -w '%{http_code}' --max-time 4 "${auth[@]}" -H 'Content-Length: 2000000' "$base/v1/completions" --data-binary '{}' || true)
+expect 413 'too large' "2 MB declared, 2 bytes sent" "$code"
+code=$(curl -s -o "$work/body" -w '%{http_code}' --max-time 4 "${auth[@]}" -H 'Content-Length: 12abc' "$base/v1/completions" --data-binary '{}' || true)
+expect 400 'not a length' "Content-Length not a number" "$code"
+# A parse error names the place, not the text: a long malformed body is not echoed back.
+code=$(post /v1/completions "$(head -c 100000 /dev/zero | tr '\0' '[')x")
+expect 400 'not valid JSON' "deeply nested garbage" "$code"
+(($(wc -c <"$work/body") < 1000)) || fail "a JSON parse error echoed $(wc -c <"$work/body") bytes of the body"
 expect 404 'no such route' "unknown route" "$(post /v1/nothing '{}')"
 
 # A client that disconnects mid-stream: its request is cancelled, the server goes on.
