@@ -146,6 +146,10 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cuda:1", "cuda:1"] } ])"),
       "cuda:1 is named twice");
   has(problem(R"([[replica]]
 name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cuda:1", "cuda:01"] } ])"),
+      "cuda:01 is named twice");
+  has(problem(R"([[replica]]
+name = "r0"
 stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ]
 [[replica]]
 name = "r0"

@@ -245,12 +245,13 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
         else ss.devices.push_back(*v);
       }
       // The shards of a stage all-reduce on one kind of device, one shard per GPU.
-      std::set<std::string> seen;
+      std::set<int> seen;  // device numbers ("cuda:01" is cuda:1)
       for (size_t d = 0; rd.ok() && d < ss.devices.size(); ++d) {
-        if ((ss.devices[d] == "cpu") != (ss.devices[0] == "cpu"))
+        const std::string& dev = ss.devices[d];
+        if ((dev == "cpu") != (ss.devices[0] == "cpu"))
           rd.fail(sw + ": devices mix \"cpu\" and GPUs; a stage's tensor-parallel shards must all be on the CPU or all on GPUs");
-        else if (ss.devices[d] != "cpu" && !seen.insert(ss.devices[d]).second)
-          rd.fail(sw + ": device " + ss.devices[d] + " is named twice; each GPU shard of a stage needs a GPU of its own");
+        else if (dev != "cpu" && !seen.insert(std::stoi(dev.substr(5))).second)
+          rd.fail(sw + ": device " + dev + " is named twice; each GPU shard of a stage needs a GPU of its own");
       }
       rs.stages.push_back(ss);
     }
