@@ -3,7 +3,6 @@
 // rank whose peer never connects, released by abort(). The NCCL cases need NCCL
 // (libnccl.so.2), the two-device ones a second device: without them they are reported
 // skipped (the suite's first lines say what this machine has).
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -29,14 +28,15 @@ bool no_two_devices() { return cuda::device_count() < 2 || no_nccl(); }
 // How the ranks of a run sum their partials.
 enum class reduce { nccl, host };
 
-// Prompt in one step, then greedy steps; `tp` shards (on devices 0..tp-1 over NCCL, all
-// on device 0 through host memory), each made and stepped on a thread of its own
-// (connecting and all-reducing wait for the peers).
+// Every step's logits (rank 0's) and the tokens chosen.
 struct tp_run {
   std::vector<std::vector<float>> logits;
   std::vector<int32_t> tokens;
 };
 
+// Prompt in one step, then greedy steps; `tp` shards (on devices 0..tp-1 over NCCL, all
+// on device 0 through host memory), each made and stepped on a thread of its own
+// (connecting and all-reducing wait for the peers).
 tp_run run_tp(const model& m, int32_t tp, dtype weights, std::vector<int32_t> prompt, int32_t steps,
               reduce how = reduce::nccl) {
   const int32_t bs = 16;
