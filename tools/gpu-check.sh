@@ -9,7 +9,8 @@
 #   tools/gpu-check.sh --bundle DIR    runs a folder made by tools/gpu-bundle.sh elsewhere
 #                                      (for a GPU machine with none of troupe's libraries)
 # Needs the NVIDIA driver and the CUDA runtime and cuBLAS libraries of CUDA 13 (the
-# toolkit's lib64, the nvidia-* Python wheels' folders, or LD_LIBRARY_PATH).
+# toolkit's lib64, the nvidia-* Python wheels' folders, or LD_LIBRARY_PATH); NCCL
+# (libnccl.so.2, found the same way) for the tensor-parallel cases over NCCL.
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above, as help
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -25,6 +26,11 @@ for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [[
 if ! ldconfig -p | grep -q 'libcublas.so.13' && ! compgen -G '/usr/local/cuda/lib64/libcublas.so.13*' >/dev/null; then
   while read -r found; do add_lib "$(dirname "$found")"; done < <(find / -xdev -name 'libcublas*.so.13' 2>/dev/null | head -4)
   while read -r found; do add_lib "$(dirname "$found")"; done < <(find / -xdev -name 'libcudart.so.13' 2>/dev/null | head -2)
+fi
+# NCCL, which tensor-parallel GPU shards load when they start (the suite's NCCL cases are
+# skipped without it): the toolkit's, the system's, else any folder holding it.
+if ! ldconfig -p | grep -q 'libnccl.so.2' && ! compgen -G '/usr/local/cuda/lib64/libnccl.so.2*' >/dev/null; then
+  while read -r found; do add_lib "$(dirname "$found")"; done < <(find / -xdev -name 'libnccl.so.2' 2>/dev/null | head -2)
 fi
 
 if [[ ${1:-} == --bundle ]]; then
