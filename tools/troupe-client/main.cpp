@@ -86,12 +86,15 @@ int main(int argc, char** argv) {
   p.stop_strings = stops;
   p.max_tokens = steps;
   p.ignore_eos = ignore_eos;
-  if (!ids) std::printf("%s", prompt.c_str());
-  std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   auto first = t0;
   size_t received = 0;
+  // The prompt is echoed with the first answer, so that a request that fails at once (no
+  // gateway, refused) prints its error alone.
+  bool echoed = false;
   auto r = client->generate(prompt, p, true, [&](const client_chunk& c) {
+    if (!echoed && !ids) std::printf("%s", prompt.c_str());
+    echoed = true;
     if (received == 0 && !c.tokens.empty()) first = std::chrono::steady_clock::now();
     received += c.tokens.size();
     if (ids)
@@ -100,7 +103,8 @@ int main(int argc, char** argv) {
       std::fwrite(c.text.data(), 1, c.text.size(), stdout);
     std::fflush(stdout);
   });
-  std::printf("\n");
+  if (echoed) std::printf("\n");
+  std::fflush(stdout);
   if (!r) {
     std::fprintf(stderr, "troupe-client: %s\n", r.err().message.c_str());
     return 1;

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/generate/generator.hpp"
+#include "engine/sample/sampling_params.hpp"
 #include "tools/common/model_loading.hpp"
 
 using namespace troupe;
@@ -91,6 +92,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   req.max_tokens = limit - prompt_after_bos;
+  // Before anything is printed, so that a bad flag's error stands alone.
+  if (auto bad = validate(req.sampling)) {
+    std::fprintf(stderr, "troupe-run: %s\n", bad->c_str());
+    return 1;
+  }
 
   // Echo the prompt.
   if (ids) {
