@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
       std::fwrite(c.text.data(), 1, c.text.size(), stdout);
     std::fflush(stdout);
   });
-  if (echoed) std::printf("\n");
+  if (r && !echoed && !ids) std::printf("%s", prompt.c_str());  // an answer without tokens
+  if (r || echoed) std::printf("\n");
   std::fflush(stdout);
   if (!r) {
     std::fprintf(stderr, "troupe-client: %s\n", r.err().message.c_str());
