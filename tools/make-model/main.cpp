@@ -123,6 +123,12 @@ int main(int argc, char** argv) {
       }
       vocab = std::move(v).value();
     } else {
+      // <unk>, <s>, </s> and the 256 byte tokens come first.
+      if (c.vocab_size < 259) {
+        std::fprintf(stderr, "make-model: --vocab %d: a synthetic vocabulary needs at least 259 tokens (<unk>, <s>, </s> and "
+                     "the 256 byte tokens); name a tokenizer with --vocab-from for a smaller one\n", c.vocab_size);
+        return 1;
+      }
       vocab = synthetic_vocabulary(c.vocab_size);
     }
   }

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/client/troupe_client.hpp"
+#include "tools/common/cli.hpp"
 #include "tools/common/stats.hpp"
 
 using namespace troupe;
@@ -28,6 +29,18 @@ using clock_type = std::chrono::steady_clock;
 using nlohmann::json;
 
 namespace {
+
+// What went wrong below HTTP, in words (the library's own names are one word each).
+std::string transport_error(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection: return "cannot connect (refused, or no route to the endpoint)";
+    case httplib::Error::ConnectionTimeout: return "timed out connecting";
+    case httplib::Error::Read: return "the connection failed or closed while reading the reply";
+    case httplib::Error::Write: return "the connection failed while sending the request";
+    case httplib::Error::Canceled: return "cancelled";
+    default: return httplib::to_string(e);
+  }
+}
 
 struct workload {
   int requests = 32;
@@ -117,7 +130,7 @@ sample run_http(const std::string& host, int port, const workload& w, int i, con
   auto res = cli.send(req);
   const auto t1 = clock_type::now();
   if (!res) {
-    s.error = "connection: " + httplib::to_string(res.error());
+    s.error = "connection: " + transport_error(res.error());
     return s;
   }
   if (res->status != 200) {
@@ -362,10 +375,10 @@ int main(int argc, char** argv) {
   app.add_option("--api-key", w.api_key, "bearer key for HTTP servers");
   app.add_option("--requests", w.requests)->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--concurrency", w.concurrency, "requests in flight (closed loop)")->check(CLI::Range(1, 4096))->capture_default_str();
-  app.add_option("--rate", w.rate, "Poisson arrivals per second instead of a closed loop")->check(CLI::NonNegativeNumber);
+  app.add_option("--rate", w.rate, "Poisson arrivals per second instead of a closed loop")->check(tools::non_negative());
   app.add_option("--prompt-words", w.prompt_words)->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--output-tokens", w.output_tokens)->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(CLI::NonNegativeNumber);
+  app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(tools::non_negative());
   app.add_option("--seed", w.seed)->capture_default_str();
   app.add_flag("--chat", w.chat, "use /v1/chat/completions");
   app.add_option("--turns", w.turns, "multi-turn chat: turns per conversation, each resending the growing history")

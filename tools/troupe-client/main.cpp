@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/client/troupe_client.hpp"
+#include "tools/common/cli.hpp"
 
 using namespace troupe;
 
@@ -30,7 +31,7 @@ int main(int argc, char** argv) {
   app.add_option("-n,--steps", steps, "tokens after BOS, prompt included")->check(CLI::Range(1, 1 << 22))->capture_default_str();
   app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   app.add_option("--top-p", top_p)->capture_default_str();
-  app.add_option("--top-k", top_k)->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--top-k", top_k)->check(tools::non_negative())->capture_default_str();
   app.add_option("--min-p", min_p)->capture_default_str();
   app.add_option("-s,--seed", seed)->capture_default_str();
   app.add_option("--stop", stops, "stop string (repeatable)");
@@ -39,7 +40,7 @@ int main(int argc, char** argv) {
   app.add_flag("--time", timing, "print first-token latency and tokens/s on stderr");
   app.add_flag("--health", health, "ask whether the gateway can serve now");
   app.add_flag("--stats", stats, "print the gateway's counters");
-  app.add_option("--cancel", cancel, "cancel a request by id")->check(CLI::NonNegativeNumber);
+  app.add_option("--cancel", cancel, "cancel a request by id")->check(tools::non_negative());
   CLI11_PARSE(app, argc, argv);
 
   auto client = troupe_client::connect(address);

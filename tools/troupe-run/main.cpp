@@ -10,6 +10,7 @@
 
 #include "engine/generate/generator.hpp"
 #include "engine/sample/sampling_params.hpp"
+#include "tools/common/cli.hpp"
 #include "tools/common/model_loading.hpp"
 
 using namespace troupe;
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 22))->capture_default_str();
   app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   app.add_option("--top-p", top_p, "nucleus sampling mass, in (0, 1]")->capture_default_str();
-  app.add_option("--top-k", top_k, "keep the k most likely tokens; 0: all")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--top-k", top_k, "keep the k most likely tokens; 0: all")->check(tools::non_negative())->capture_default_str();
   app.add_option("--min-p", min_p, "drop tokens below this fraction of the top probability")->capture_default_str();
   app.add_option("--repeat-penalty", rep, "repetition penalty over prompt and output; 1: off")->capture_default_str();
   app.add_option("--frequency-penalty", freq, "in [-2, 2]")->capture_default_str();
