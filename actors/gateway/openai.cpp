@@ -1,5 +1,7 @@
 #include "actors/gateway/openai.hpp"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 namespace troupe::openai {
@@ -186,14 +188,38 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
     out = v;
     return std::nullopt;
   };
-  double temperature = 1.0, top_p = 1.0, freq = 0.0, pres = 0.0;
-  int64_t max_tokens = 16, seed = 0, n = 1;
+  // Fields that would change the answer in ways this server does not implement are refused
+  // rather than ignored; their neutral values (what clients often send by default) pass.
+  auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  auto unsupported = [&](const char* key, const std::string& what) {
+    return bad(std::string("'") + key + "' " + what + " is not supported by this server", key);
+  };
+  if (present("echo") && !(j["echo"].is_boolean() && !j["echo"].get<bool>())) return unsupported("echo", "other than false");
+  if (present("best_of") && !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1))
+    return unsupported("best_of", "other than 1");
+  if (present("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
+    return unsupported("suffix", "(insertion)");
+  if (present("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
+    return unsupported("logit_bias", "with entries");
+  for (const char* key : {"tools", "functions"})
+    if (present(key) && !(j[key].is_array() && j[key].empty())) return unsupported(key, "(tool calls)");
+  if (present("response_format") &&
+      !(j["response_format"].is_object() && j["response_format"].value("type", std::string()) == "text"))
+    return unsupported("response_format", "other than {\"type\": \"text\"}");
+
+  double temperature = 1.0, top_p = 1.0, freq = 0.0, pres = 0.0, min_p = 0.0, repetition = 1.0;
+  int64_t max_tokens = 16, seed = 0, n = 1, top_k = 0;
   if (chat) max_tokens = std::min<int64_t>(lim.max_tokens, lim.context);
   if (auto e = number("temperature", 0.0, 2.0, temperature)) return *e;
   if (auto e = number("top_p", 0.0, 1.0, top_p)) return *e;
   if (top_p == 0.0) return bad("'top_p' must be above 0", "top_p");
   if (auto e = number("frequency_penalty", -2.0, 2.0, freq)) return *e;
   if (auto e = number("presence_penalty", -2.0, 2.0, pres)) return *e;
+  // Sampling extensions other servers of this ecosystem take (vLLM, llama.cpp): top_k
+  // (0 or -1: off), min_p, repetition_penalty.
+  if (auto e = integer("top_k", -1, int64_t{1} << 30, top_k)) return *e;
+  if (auto e = number("min_p", 0.0, 1.0, min_p)) return *e;
+  if (auto e = number("repetition_penalty", 0.01, 10.0, repetition)) return *e;
   if (auto e = integer(chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", 1,
                        std::min<int64_t>(lim.max_tokens, lim.context), max_tokens))
     return *e;
@@ -244,6 +270,9 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   r.params.sampling.top_p = static_cast<float>(top_p);
   r.params.sampling.frequency_penalty = static_cast<float>(freq);
   r.params.sampling.presence_penalty = static_cast<float>(pres);
+  r.params.sampling.top_k = static_cast<int32_t>(std::max<int64_t>(top_k, 0));
+  r.params.sampling.min_p = static_cast<float>(min_p);
+  r.params.sampling.repetition_penalty = static_cast<float>(repetition);
   r.params.sampling.seed = static_cast<uint64_t>(seed);
   r.params.max_tokens = static_cast<int32_t>(max_tokens);
   return r;

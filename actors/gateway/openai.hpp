@@ -1,7 +1,11 @@
 // openai: the OpenAI-compatible HTTP API's requests and responses, as JSON, mapped to and
 // from troupe's request parameters. Parsing checks every field's type and range and
 // reports the first problem the way OpenAI's API does ({"error": {message, type, param,
-// code}}, with the HTTP status to send).
+// code}}, with the HTTP status to send). Beside OpenAI's sampling fields it takes the
+// extensions vLLM and llama.cpp's server take (top_k, min_p, repetition_penalty); fields
+// whose meaning it does not implement (echo, best_of, suffix, logit_bias, tools,
+// functions, response_format other than text) are refused unless they hold their neutral
+// value, never silently ignored.
 #pragma once
 
 #include <cstdint>

@@ -53,6 +53,22 @@ want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bi
 [[ "Once upon a time$text" == "$want" ]] || fail "completion text differs: '$text'"
 grep -q '"completion_tokens":40' "$work/body" || fail "usage"
 
+# Sampling extensions: top_k 1 (and min_p near 1) at temperature 1 keep only the most
+# likely token, so they give the greedy text; repetition_penalty reaches the sampler as
+# troupe-run's --repeat-penalty does.
+for extra in '"top_k":1' '"min_p":0.999'; do
+  expect 200 '"text_completion"' "completion with $extra" \
+    "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":1,"seed":9,'"$extra"'}')"
+  [[ $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body") == "$text" ]] ||
+    fail "$extra at temperature 1 is not the greedy text"
+done
+expect 200 '"text_completion"' "completion with repetition_penalty" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":30,"temperature":0,"repetition_penalty":3}')"
+rep=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body")
+want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 34 -t 0 --repeat-penalty 3 -q)
+[[ "Once upon a time$rep" == "$want" ]] || fail "repetition_penalty: '$rep' against troupe-run's '$want'"
+[[ $rep != "$text" ]] || fail "repetition_penalty 3 changed nothing"
+
 # Streamed: the concatenated deltas are the same text, and the stream ends with [DONE].
 curl -sN "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$work/sse"
 [[ $(tail -n 2 "$work/sse" | head -n 1) == "data: [DONE]" ]] || fail "stream does not end with [DONE]"
@@ -114,6 +130,18 @@ code=$(post /v1/completions "$(head -c 100000 /dev/zero | tr '\0' '[')x")
 expect 400 'not valid JSON' "deeply nested garbage" "$code"
 (($(wc -c <"$work/body") < 1000)) || fail "a JSON parse error echoed $(wc -c <"$work/body") bytes of the body"
 expect 404 'no such route' "unknown route" "$(post /v1/nothing '{}')"
+# Fields this server does not implement are refused, not ignored; their neutral values pass.
+expect 400 "'echo' other than false" "echo" "$(post /v1/completions '{"model":"stories260K","prompt":"a","echo":true}')"
+expect 400 "'logit_bias' with entries" "logit_bias" "$(post /v1/completions '{"model":"stories260K","prompt":"a","logit_bias":{"5":100}}')"
+expect 400 "'best_of' other than 1" "best_of" "$(post /v1/completions '{"model":"stories260K","prompt":"a","best_of":3}')"
+expect 400 "'tools' (tool calls)" "tools" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function"}]}')"
+expect 400 "'response_format'" "response_format json" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_object"}}')"
+expect 200 '"text_completion"' "neutral values of unsupported fields" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"a","max_tokens":2,"echo":false,"best_of":1,"logit_bias":{},"suffix":null}')"
+expect 400 "'top_k' must be in" "top_k below -1" "$(post /v1/completions '{"model":"stories260K","prompt":"a","top_k":-2}')"
+expect 400 "'min_p' must be in" "min_p above 1" "$(post /v1/completions '{"model":"stories260K","prompt":"a","min_p":1.5}')"
 
 # A client that disconnects mid-stream: its request is cancelled, the server goes on.
 curl -sN --max-time 0.3 "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":500,"temperature":1,"stream":true}' >/dev/null || true
