@@ -147,13 +147,31 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
       return bad("'messages' must be a non-empty array", "messages");
     std::vector<std::pair<std::string, std::string>> msgs;
     for (const auto& m : j["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-          !m["content"].is_string())
-        return bad("each message needs a string 'role' and a string 'content'", "messages");
-      const std::string role = m["role"].get<std::string>();
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
+        return bad("each message needs a string 'role' and a 'content'", "messages");
+      std::string role = m["role"].get<std::string>();
+      if (role == "developer") role = "system";  // the newer name for system instructions
       if (role != "system" && role != "user" && role != "assistant")
-        return bad("message role '" + role + "' is not system, user or assistant", "messages");
-      msgs.emplace_back(role, m["content"].get<std::string>());
+        return bad("message role '" + role + "' is not system, developer, user or assistant", "messages");
+      // Content: a string, or an array of parts of which this server takes text parts,
+      // joined in order.
+      const auto& c = m["content"];
+      std::string text;
+      if (c.is_string()) {
+        text = c.get<std::string>();
+      } else if (c.is_array()) {
+        for (const auto& part : c) {
+          if (!part.is_object() || part.value("type", std::string()) != "text" || !part.contains("text") ||
+              !part["text"].is_string())
+            return bad("message content parts must be text parts ({\"type\": \"text\", \"text\": ...}); this server "
+                       "takes no other kind",
+                       "messages");
+          text += part["text"].get<std::string>();
+        }
+      } else {
+        return bad("a message's 'content' must be a string or an array of text parts", "messages");
+      }
+      msgs.emplace_back(role, std::move(text));
     }
     r.prompt = apply_template(tmpl, msgs);
   } else {

@@ -104,6 +104,17 @@ expect 400 "'top_logprobs' needs" "top_logprobs without logprobs" \
 expect 200 '"chat.completion"' "chat" \
   "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')"
 curl -sN "${auth[@]}" "$base/v1/chat/completions" -d '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' | grep -q '^data: \[DONE\]' || fail "chat stream"
+# Content as an array of text parts (as current OpenAI clients send it) is the joined
+# string; "developer" is the system role's newer name; other kinds of part are refused.
+chat_text() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"], end="")' "$work/body"; }
+expect 200 '"chat.completion"' "chat, string content" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Once upon a time"}],"max_tokens":12,"temperature":0}')"
+as_string=$(chat_text)
+expect 200 '"chat.completion"' "chat, text parts and the developer role" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"developer","content":[{"type":"text","text":"Be brief."}]},{"role":"user","content":[{"type":"text","text":"Once upon "},{"type":"text","text":"a time"}]}],"max_tokens":12,"temperature":0}')"
+[[ $(chat_text) == "$as_string" ]] || fail "text parts gave '$(chat_text)', the string '$as_string'"
+expect 400 'text parts' "an image part" \
+  "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}')"
 
 # Bad input: the right status, an OpenAI-style error, and the server keeps serving.
 expect 400 '"invalid_request_error"' "malformed JSON" "$(post /v1/completions '{bad')"
