@@ -383,6 +383,14 @@ expected<uint16_t> http_gateway::start() {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     r.set_content(openai::models_body(g->cfg.model_id, g->started), "application/json");
   });
+  srv.Get(R"(/v1/models/(.+))", [g](const httplib::Request& q, httplib::Response& r) {
+    if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+    const std::string id = q.matches[1];
+    if (id != g->cfg.model_id)
+      return impl::send_error(r, {404, "The model '" + id + "' does not exist; this server serves '" + g->cfg.model_id + "'",
+                                  "invalid_request_error", "model", "model_not_found"});
+    r.set_content(openai::model_body(g->cfg.model_id, g->started), "application/json");
+  });
   srv.Get("/health", [g](const httplib::Request&, httplib::Response& r) {
     const router_health h = ask_health(g->sys, g->router, g->draining);
     r.status = h.ready ? 200 : 503;

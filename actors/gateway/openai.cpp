@@ -365,10 +365,19 @@ std::string usage_chunk_body(const std::string& id, bool chat, const std::string
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+namespace {
+json model_object(const std::string& model, int64_t created) {
+  return {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "troupe"}};
+}
+}  // namespace
+
 std::string models_body(const std::string& model, int64_t created) {
-  json j = {{"object", "list"},
-            {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "troupe"}}})}};
+  json j = {{"object", "list"}, {"data", json::array({model_object(model, created)})}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string model_body(const std::string& model, int64_t created) {
+  return model_object(model, created).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace troupe::openai

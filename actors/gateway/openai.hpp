@@ -83,5 +83,7 @@ std::string chunk_body(const std::string& id, bool chat, const std::string& mode
 std::string usage_chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created,
                              uint32_t prompt_tokens, uint32_t output_tokens);
 std::string models_body(const std::string& model, int64_t created);
+// GET /v1/models/{id}: the one model.
+std::string model_body(const std::string& model, int64_t created);
 
 }  // namespace troupe::openai

@@ -34,6 +34,9 @@ expect 200 '"ok"' "health" "$(status "$base/health")"
 expect 401 'invalid_api_key' "no key" "$(post /v1/completions '{"model":"stories260K","prompt":"a"}')"
 expect 401 'invalid_api_key' "wrong key" "$(status -H 'Authorization: Bearer nope' "$base/v1/models")"
 expect 200 '"stories260K"' "models" "$(status "${auth[@]}" "$base/v1/models")"
+expect 200 '"object":"model"' "one model" "$(status "${auth[@]}" "$base/v1/models/stories260K")"
+expect 404 'model_not_found' "an unknown model" "$(status "${auth[@]}" "$base/v1/models/gpt-9")"
+expect 401 'invalid_api_key' "one model without a key" "$(status "$base/v1/models/stories260K")"
 
 # The same keys guard the Cap'n Proto API (health excepted).
 capnp_ep=${capnp_url#capnp://}
