@@ -165,7 +165,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     p.sampling.seed += static_cast<uint64_t>(i);  // n different samples
     const uint64_t id = next_http_id++;
     ids.push_back(id);
-    caf::anon_send(router, generate_atom_v, id, wire_message(wire_kind::none, wire::encode_generate_request_text(r.prompt, p)), sink);
+    auto frame = r.prompt_is_tokens ? wire::encode_generate_request_tokens(p) : wire::encode_generate_request_text(r.prompt, p);
+    caf::anon_send(router, generate_atom_v, id, wire_message(wire_kind::none, std::move(frame)), sink);
   }
   const std::string cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(ids[0]);
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();

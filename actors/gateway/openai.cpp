@@ -1,6 +1,7 @@
 #include "actors/gateway/openai.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include <nlohmann/json.hpp>
 
@@ -177,12 +178,31 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   } else {
     if (!j.contains("prompt")) return bad("'prompt' is required", "prompt");
     const auto& p = j["prompt"];
+    // Token ids, as given (no BOS added): an array of integers, or an array of one.
+    auto ids_of = [&](const json& a) -> std::optional<api_error> {
+      if (a.empty()) return bad("'prompt' holds no token ids", "prompt");
+      if (a.size() >= static_cast<size_t>(std::max(lim.context, 1)))
+        return bad("the prompt has " + std::to_string(a.size()) + " tokens; the model's context is " +
+                       std::to_string(lim.context),
+                   "prompt");
+      for (const auto& t : a) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+          return bad("'prompt' token ids must be integers of 0 or more", "prompt");
+        r.params.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      r.prompt_is_tokens = true;
+      return std::nullopt;
+    };
     if (p.is_string()) {
       r.prompt = p.get<std::string>();
     } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
       r.prompt = p[0].get<std::string>();
+    } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+      if (auto e = ids_of(p)) return *e;
+    } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
+      if (auto e = ids_of(p[0])) return *e;
     } else {
-      return bad("'prompt' must be a string (or an array of one string)", "prompt");
+      return bad("'prompt' must be a string or token ids (or an array of one of either)", "prompt");
     }
   }
   if (r.prompt.size() > lim.max_prompt_bytes) return bad("the prompt is longer than this server accepts", chat ? "messages" : "prompt", 413);

@@ -32,7 +32,8 @@ struct api_request {
   bool chat = false;
   std::string model;
   std::string prompt;             // the text the model continues (chat: after the template)
-  request_params params;          // prompt tokens are filled by the server
+  request_params params;          // prompt tokens are filled by the server, unless...
+  bool prompt_is_tokens = false;  // ...the prompt came as token ids (params.prompt, as given)
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage

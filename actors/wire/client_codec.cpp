@@ -89,9 +89,10 @@ std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, con
   return to_bytes(msg);
 }
 
-void fill_generate_request(schema::GenerateRequest::Builder r, const std::string& prompt, const request_params& p,
-                           bool steps_include_prompt) {
-  r.initPrompt().setText(prompt);
+namespace {
+
+// Everything of a request but its prompt.
+void fill_request_params(schema::GenerateRequest::Builder r, const request_params& p, bool steps_include_prompt) {
   r.setMaxTokens(p.max_tokens);
   auto s = r.initSampling();
   s.setTemperature(p.sampling.temperature);
@@ -110,6 +111,23 @@ void fill_generate_request(schema::GenerateRequest::Builder r, const std::string
   r.setPriority(p.priority);
   r.setIgnoreEos(p.ignore_eos);
   r.setStepsIncludePrompt(steps_include_prompt);
+}
+
+}  // namespace
+
+void fill_generate_request(schema::GenerateRequest::Builder r, const std::string& prompt, const request_params& p,
+                           bool steps_include_prompt) {
+  r.initPrompt().setText(prompt);
+  fill_request_params(r, p, steps_include_prompt);
+}
+
+std::vector<uint8_t> encode_generate_request_tokens(const request_params& p) {
+  capnp::MallocMessageBuilder msg;
+  auto r = msg.initRoot<schema::GenerateRequest>();
+  auto ids = r.initPrompt().initTokens(static_cast<unsigned>(p.prompt.size()));
+  for (size_t i = 0; i < p.prompt.size(); ++i) ids.set(static_cast<unsigned>(i), p.prompt[i]);
+  fill_request_params(r, p, false);
+  return to_bytes(msg);
 }
 
 namespace {

@@ -26,6 +26,8 @@ struct request_limits {
 expected<request_params> decode_generate_request(std::span<const uint8_t> bytes, const tokenizer& tok,
                                                  const request_limits& lim);
 std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, const request_params& p);
+// A request whose prompt is p.prompt's token ids, as they are (no BOS added).
+std::vector<uint8_t> encode_generate_request_tokens(const request_params& p);
 // Fills a request under construction (an RPC call's parameters, say).
 void fill_generate_request(schema::GenerateRequest::Builder r, const std::string& prompt, const request_params& p,
                            bool steps_include_prompt);

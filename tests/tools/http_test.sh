@@ -56,6 +56,18 @@ want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bi
 [[ "Once upon a time$text" == "$want" ]] || fail "completion text differs: '$text'"
 grep -q '"completion_tokens":40' "$work/body" || fail "usage"
 
+# The prompt as token ids (BOS and troupe-run's ids of the same words) gives the same text.
+ids=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 44 -t 0 -q --ids)
+prompt_ids=$(python3 -c 'import json,sys; n=json.load(open(sys.argv[1]))["usage"]["prompt_tokens"]; print(",".join(["1"] + sys.argv[2].split()[:n - 1]))' "$work/body" "$ids")
+for shape in "[$prompt_ids]" "[[$prompt_ids]]"; do
+  expect 200 '"text_completion"' "prompt as token ids $shape" \
+    "$(post /v1/completions '{"model":"stories260K","prompt":'"$shape"',"max_tokens":40,"temperature":0}')"
+  [[ $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body") == "$text" ]] ||
+    fail "token ids $shape did not continue as the text prompt does"
+done
+expect 400 'outside the vocabulary' "a token id past the vocabulary" "$(post /v1/completions '{"model":"stories260K","prompt":[1,99999]}')"
+expect 400 'integers of 0 or more' "a negative token id" "$(post /v1/completions '{"model":"stories260K","prompt":[1,-4]}')"
+
 # Sampling extensions: top_k 1 (and min_p near 1) at temperature 1 keep only the most
 # likely token, so they give the greedy text; repetition_penalty reaches the sampler as
 # troupe-run's --repeat-penalty does.
