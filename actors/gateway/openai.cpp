@@ -122,6 +122,101 @@ std::string apply_template(chat_template t, const std::vector<std::pair<std::str
   return out;
 }
 
+namespace {
+
+// A chat request's messages into r.prompt, through the template. A message's content is a
+// string, or an array of parts of which this server takes text parts (joined in order);
+// "developer" is the newer name of the system role.
+std::optional<api_error> read_messages(const json& j, chat_template tmpl, api_request& r) {
+  if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+    return bad("'messages' must be a non-empty array", "messages");
+  std::vector<std::pair<std::string, std::string>> msgs;
+  for (const auto& m : j["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
+      return bad("each message needs a string 'role' and a 'content'", "messages");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant")
+      return bad("message role '" + role + "' is not system, developer, user or assistant", "messages");
+    const auto& c = m["content"];
+    std::string text;
+    if (c.is_string()) {
+      text = c.get<std::string>();
+    } else if (c.is_array()) {
+      for (const auto& part : c) {
+        if (!part.is_object() || part.value("type", std::string()) != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          return bad("message content parts must be text parts ({\"type\": \"text\", \"text\": ...}); this server "
+                     "takes no other kind",
+                     "messages");
+        text += part["text"].get<std::string>();
+      }
+    } else {
+      return bad("a message's 'content' must be a string or an array of text parts", "messages");
+    }
+    msgs.emplace_back(role, std::move(text));
+  }
+  r.prompt = apply_template(tmpl, msgs);
+  return std::nullopt;
+}
+
+// A completion request's prompt: text (a string, or an array of one), or token ids as given,
+// no BOS added (an array of integers, or an array of one such array).
+std::optional<api_error> read_prompt(const json& j, const api_limits& lim, api_request& r) {
+  if (!j.contains("prompt")) return bad("'prompt' is required", "prompt");
+  const auto& p = j["prompt"];
+  auto ids_of = [&](const json& a) -> std::optional<api_error> {
+    if (a.empty()) return bad("'prompt' holds no token ids", "prompt");
+    if (a.size() >= static_cast<size_t>(std::max(lim.context, 1)))
+      return bad("the prompt has " + std::to_string(a.size()) + " tokens; the model's context is " +
+                     std::to_string(lim.context),
+                 "prompt");
+    for (const auto& t : a) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        return bad("'prompt' token ids must be integers of 0 or more", "prompt");
+      r.params.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    r.prompt_is_tokens = true;
+    return std::nullopt;
+  };
+  if (p.is_string()) {
+    r.prompt = p.get<std::string>();
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    r.prompt = p[0].get<std::string>();
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    return ids_of(p);
+  } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
+    return ids_of(p[0]);
+  } else {
+    return bad("'prompt' must be a string or token ids (or an array of one of either)", "prompt");
+  }
+  return std::nullopt;
+}
+
+// Fields that would change the answer in ways this server does not implement are refused
+// rather than ignored; their neutral values (what clients often send by default) pass.
+std::optional<api_error> refuse_unsupported(const json& j) {
+  auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  auto unsupported = [&](const char* key, const std::string& what) {
+    return bad(std::string("'") + key + "' " + what + " is not supported by this server", key);
+  };
+  if (present("echo") && !(j["echo"].is_boolean() && !j["echo"].get<bool>())) return unsupported("echo", "other than false");
+  if (present("best_of") && !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1))
+    return unsupported("best_of", "other than 1");
+  if (present("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
+    return unsupported("suffix", "(insertion)");
+  if (present("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
+    return unsupported("logit_bias", "with entries");
+  for (const char* key : {"tools", "functions"})
+    if (present(key) && !(j[key].is_array() && j[key].empty())) return unsupported(key, "(tool calls)");
+  if (present("response_format") &&
+      !(j["response_format"].is_object() && j["response_format"].value("type", std::string()) == "text"))
+    return unsupported("response_format", "other than {\"type\": \"text\"}");
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::variant<api_request, api_error> parse_request(const std::string& body, bool chat, const std::string& model_id,
                                                    chat_template tmpl, const api_limits& lim) {
   json j;
@@ -144,66 +239,9 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
                "model_not_found");
 
   if (chat) {
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
-      return bad("'messages' must be a non-empty array", "messages");
-    std::vector<std::pair<std::string, std::string>> msgs;
-    for (const auto& m : j["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
-        return bad("each message needs a string 'role' and a 'content'", "messages");
-      std::string role = m["role"].get<std::string>();
-      if (role == "developer") role = "system";  // the newer name for system instructions
-      if (role != "system" && role != "user" && role != "assistant")
-        return bad("message role '" + role + "' is not system, developer, user or assistant", "messages");
-      // Content: a string, or an array of parts of which this server takes text parts,
-      // joined in order.
-      const auto& c = m["content"];
-      std::string text;
-      if (c.is_string()) {
-        text = c.get<std::string>();
-      } else if (c.is_array()) {
-        for (const auto& part : c) {
-          if (!part.is_object() || part.value("type", std::string()) != "text" || !part.contains("text") ||
-              !part["text"].is_string())
-            return bad("message content parts must be text parts ({\"type\": \"text\", \"text\": ...}); this server "
-                       "takes no other kind",
-                       "messages");
-          text += part["text"].get<std::string>();
-        }
-      } else {
-        return bad("a message's 'content' must be a string or an array of text parts", "messages");
-      }
-      msgs.emplace_back(role, std::move(text));
-    }
-    r.prompt = apply_template(tmpl, msgs);
+    if (auto e = read_messages(j, tmpl, r)) return *e;
   } else {
-    if (!j.contains("prompt")) return bad("'prompt' is required", "prompt");
-    const auto& p = j["prompt"];
-    // Token ids, as given (no BOS added): an array of integers, or an array of one.
-    auto ids_of = [&](const json& a) -> std::optional<api_error> {
-      if (a.empty()) return bad("'prompt' holds no token ids", "prompt");
-      if (a.size() >= static_cast<size_t>(std::max(lim.context, 1)))
-        return bad("the prompt has " + std::to_string(a.size()) + " tokens; the model's context is " +
-                       std::to_string(lim.context),
-                   "prompt");
-      for (const auto& t : a) {
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-          return bad("'prompt' token ids must be integers of 0 or more", "prompt");
-        r.params.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
-      }
-      r.prompt_is_tokens = true;
-      return std::nullopt;
-    };
-    if (p.is_string()) {
-      r.prompt = p.get<std::string>();
-    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      r.prompt = p[0].get<std::string>();
-    } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-      if (auto e = ids_of(p)) return *e;
-    } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
-      if (auto e = ids_of(p[0])) return *e;
-    } else {
-      return bad("'prompt' must be a string or token ids (or an array of one of either)", "prompt");
-    }
+    if (auto e = read_prompt(j, lim, r)) return *e;
   }
   if (r.prompt.size() > lim.max_prompt_bytes) return bad("the prompt is longer than this server accepts", chat ? "messages" : "prompt", 413);
   if (!valid_utf8(r.prompt)) return bad("the prompt is not valid UTF-8", chat ? "messages" : "prompt");
@@ -226,25 +264,7 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
     out = v;
     return std::nullopt;
   };
-  // Fields that would change the answer in ways this server does not implement are refused
-  // rather than ignored; their neutral values (what clients often send by default) pass.
-  auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
-  auto unsupported = [&](const char* key, const std::string& what) {
-    return bad(std::string("'") + key + "' " + what + " is not supported by this server", key);
-  };
-  if (present("echo") && !(j["echo"].is_boolean() && !j["echo"].get<bool>())) return unsupported("echo", "other than false");
-  if (present("best_of") && !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1))
-    return unsupported("best_of", "other than 1");
-  if (present("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
-    return unsupported("suffix", "(insertion)");
-  if (present("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
-    return unsupported("logit_bias", "with entries");
-  for (const char* key : {"tools", "functions"})
-    if (present(key) && !(j[key].is_array() && j[key].empty())) return unsupported(key, "(tool calls)");
-  if (present("response_format") &&
-      !(j["response_format"].is_object() && j["response_format"].value("type", std::string()) == "text"))
-    return unsupported("response_format", "other than {\"type\": \"text\"}");
-
+  if (auto e = refuse_unsupported(j)) return *e;
   double temperature = 1.0, top_p = 1.0, freq = 0.0, pres = 0.0, min_p = 0.0, repetition = 1.0;
   int64_t max_tokens = 16, seed = 0, n = 1, top_k = 0;
   if (chat) max_tokens = std::min<int64_t>(lim.max_tokens, lim.context);
