@@ -1,5 +1,6 @@
 // Chat templates: the family a model's own template belongs to, and what each family
-// makes of a conversation.
+// makes of a conversation. Request parsing: the shapes of prompts and messages clients
+// send, the sampling extensions, and the fields refused rather than ignored.
 #include "actors/gateway/openai.hpp"
 
 #include <doctest/doctest.h>
@@ -27,6 +28,79 @@ TEST_CASE("ChatML and Llama 2 render a system prompt, a user turn and the assist
   CHECK(llama2.find("[INST]") != std::string::npos);
   CHECK(llama2.find("<<SYS>>\nBe brief.\n<</SYS>>") != std::string::npos);
   CHECK(llama2.find("Hi [/INST]") != std::string::npos);
+}
+
+namespace {
+
+std::variant<openai::api_request, openai::api_error> parse(const std::string& body, bool chat) {
+  openai::api_limits lim;
+  lim.context = 64;
+  return openai::parse_request(body, chat, "m", openai::chat_template::chatml, lim);
+}
+
+}  // namespace
+
+TEST_CASE("chat content as text parts is the joined string, developer is system, other parts are refused") {
+  auto plain = parse(R"({"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]})", true);
+  auto parts = parse(R"({"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"Be brief."}]},)"
+                     R"({"role":"user","content":[{"type":"text","text":"Hi "},{"type":"text","text":"there"}]}]})",
+                     true);
+  REQUIRE(std::holds_alternative<openai::api_request>(plain));
+  REQUIRE(std::holds_alternative<openai::api_request>(parts));
+  CHECK(std::get<openai::api_request>(parts).prompt == std::get<openai::api_request>(plain).prompt);
+  auto image = parse(R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", true);
+  REQUIRE(std::holds_alternative<openai::api_error>(image));
+  CHECK(std::get<openai::api_error>(image).message.find("text parts") != std::string::npos);
+  CHECK(std::holds_alternative<openai::api_error>(parse(R"({"model":"m","messages":[{"role":"tool","content":"x"}]})", true)));
+}
+
+TEST_CASE("a completion's prompt as token ids is taken as given, in both shapes, and bad ids are refused") {
+  for (const char* body : {R"({"model":"m","prompt":[1,7,9]})", R"({"model":"m","prompt":[[1,7,9]]})"}) {
+    CAPTURE(body);
+    auto r = parse(body, false);
+    REQUIRE(std::holds_alternative<openai::api_request>(r));
+    const auto& req = std::get<openai::api_request>(r);
+    CHECK(req.prompt_is_tokens);
+    CHECK(req.params.prompt == std::vector<int32_t>{1, 7, 9});
+  }
+  auto text = parse(R"({"model":"m","prompt":"abc"})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(text));
+  CHECK_FALSE(std::get<openai::api_request>(text).prompt_is_tokens);
+  for (const char* body : {R"({"model":"m","prompt":[]})", R"({"model":"m","prompt":[1,-2]})", R"({"model":"m","prompt":[1,2.5]})",
+                           R"({"model":"m","prompt":[1,"a"]})", R"({"model":"m","prompt":[[1],[2]]})"}) {
+    CAPTURE(body);
+    CHECK(std::holds_alternative<openai::api_error>(parse(body, false)));
+  }
+  std::string long_ids = R"({"model":"m","prompt":[)";
+  for (int i = 0; i < 64; ++i) long_ids += (i ? ",1" : "1");
+  auto too_long = parse(long_ids + "]}", false);
+  REQUIRE(std::holds_alternative<openai::api_error>(too_long));
+  CHECK(std::get<openai::api_error>(too_long).message.find("context is 64") != std::string::npos);
+}
+
+TEST_CASE("top_k, min_p and repetition_penalty reach the sampling parameters; unsupported fields are refused unless neutral") {
+  auto r = parse(R"({"model":"m","prompt":"a","top_k":5,"min_p":0.1,"repetition_penalty":1.2})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(r));
+  const auto& s = std::get<openai::api_request>(r).params.sampling;
+  CHECK(s.top_k == 5);
+  CHECK(s.min_p == doctest::Approx(0.1));
+  CHECK(s.repetition_penalty == doctest::Approx(1.2));
+  auto off = parse(R"({"model":"m","prompt":"a","top_k":-1})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(off));
+  CHECK(std::get<openai::api_request>(off).params.sampling.top_k == 0);
+  for (const char* body : {R"({"model":"m","prompt":"a","echo":true})", R"({"model":"m","prompt":"a","best_of":2})",
+                           R"({"model":"m","prompt":"a","suffix":"end"})", R"({"model":"m","prompt":"a","logit_bias":{"3":1}})",
+                           R"({"model":"m","prompt":"a","response_format":{"type":"json_object"}})"}) {
+    CAPTURE(body);
+    auto e = parse(body, false);
+    REQUIRE(std::holds_alternative<openai::api_error>(e));
+    CHECK(std::get<openai::api_error>(e).message.find("not supported") != std::string::npos);
+  }
+  CHECK(std::holds_alternative<openai::api_error>(
+      parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", true)));
+  CHECK(std::holds_alternative<openai::api_request>(parse(
+      R"({"model":"m","prompt":"a","echo":false,"best_of":1,"suffix":"","logit_bias":{},"tools":[],"response_format":{"type":"text"}})",
+      false)));
 }
 
 }  // namespace troupe
