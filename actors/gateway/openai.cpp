@@ -324,6 +324,21 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
       return bad("'stop' must be a string or an array of up to 4 strings", "stop");
     }
   }
+  // vLLM's extensions for benchmarks and token-level stops: ignore_eos (run to max_tokens)
+  // and stop_token_ids (besides EOS; checked against the vocabulary by the router).
+  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
+    if (!j["ignore_eos"].is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
+    r.params.ignore_eos = j["ignore_eos"].get<bool>();
+  }
+  if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
+    const auto& ids = j["stop_token_ids"];
+    if (!ids.is_array() || ids.size() > 64) return bad("'stop_token_ids' must be an array of up to 64 token ids", "stop_token_ids");
+    for (const auto& t : ids) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        return bad("'stop_token_ids' must hold integers of 0 or more", "stop_token_ids");
+      r.params.stop_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
   r.params.sampling.temperature = static_cast<float>(temperature);
   r.params.sampling.top_p = static_cast<float>(top_p);
   r.params.sampling.frequency_penalty = static_cast<float>(freq);

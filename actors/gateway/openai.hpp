@@ -2,10 +2,10 @@
 // from troupe's request parameters. Parsing checks every field's type and range and
 // reports the first problem the way OpenAI's API does ({"error": {message, type, param,
 // code}}, with the HTTP status to send). Beside OpenAI's sampling fields it takes the
-// extensions vLLM and llama.cpp's server take (top_k, min_p, repetition_penalty); fields
-// whose meaning it does not implement (echo, best_of, suffix, logit_bias, tools,
-// functions, response_format other than text) are refused unless they hold their neutral
-// value, never silently ignored.
+// extensions vLLM and llama.cpp's server take (top_k, min_p, repetition_penalty,
+// ignore_eos, stop_token_ids); fields whose meaning it does not implement (echo, best_of,
+// suffix, logit_bias, tools, functions, response_format other than text) are refused
+// unless they hold their neutral value, never silently ignored.
 #pragma once
 
 #include <cstdint>

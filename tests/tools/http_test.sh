@@ -84,6 +84,18 @@ want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bi
 [[ "Once upon a time$rep" == "$want" ]] || fail "repetition_penalty: '$rep' against troupe-run's '$want'"
 [[ $rep != "$text" ]] || fail "repetition_penalty 3 changed nothing"
 
+# vLLM's ignore_eos runs to max_tokens past the end of the story; stop_token_ids ends the
+# output at the first of them (the greedy text's third token here), not included.
+expect 200 '"completion_tokens":300' "ignore_eos" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time there was a dog","max_tokens":300,"temperature":0,"ignore_eos":true}')"
+n_prompt=$(tr ',' ' ' <<<"$prompt_ids" | wc -w)  # BOS and the words' ids
+third=$(awk -v k=$((n_prompt + 2)) '{print $k}' <<<"$ids")  # troupe-run's ids start after BOS
+expect 200 '"finish_reason":"stop"' "stop_token_ids" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop_token_ids":['"$third"']}')"
+grep -q '"completion_tokens":2' "$work/body" || fail "stop_token_ids: $(cat "$work/body")"
+expect 400 'outside the vocabulary' "a stop token past the vocabulary" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"a","stop_token_ids":[99999]}')"
+
 # Streamed: the concatenated deltas are the same text, and the stream ends with [DONE].
 curl -sN "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$work/sse"
 [[ $(tail -n 2 "$work/sse" | head -n 1) == "data: [DONE]" ]] || fail "stream does not end with [DONE]"

@@ -78,13 +78,19 @@ TEST_CASE("a completion's prompt as token ids is taken as given, in both shapes,
   CHECK(std::get<openai::api_error>(too_long).message.find("context is 64") != std::string::npos);
 }
 
-TEST_CASE("top_k, min_p and repetition_penalty reach the sampling parameters; unsupported fields are refused unless neutral") {
+TEST_CASE("the sampling and stopping extensions reach the request, and unsupported fields are refused unless neutral") {
   auto r = parse(R"({"model":"m","prompt":"a","top_k":5,"min_p":0.1,"repetition_penalty":1.2})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(r));
   const auto& s = std::get<openai::api_request>(r).params.sampling;
   CHECK(s.top_k == 5);
   CHECK(s.min_p == doctest::Approx(0.1));
   CHECK(s.repetition_penalty == doctest::Approx(1.2));
+  auto vllm = parse(R"({"model":"m","prompt":"a","ignore_eos":true,"stop_token_ids":[2,5]})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(vllm));
+  CHECK(std::get<openai::api_request>(vllm).params.ignore_eos);
+  CHECK(std::get<openai::api_request>(vllm).params.stop_tokens == std::vector<int32_t>{2, 5});
+  CHECK(std::holds_alternative<openai::api_error>(parse(R"({"model":"m","prompt":"a","stop_token_ids":[-1]})", false)));
+  CHECK(std::holds_alternative<openai::api_error>(parse(R"({"model":"m","prompt":"a","ignore_eos":"yes"})", false)));
   auto off = parse(R"({"model":"m","prompt":"a","top_k":-1})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(off));
   CHECK(std::get<openai::api_request>(off).params.sampling.top_k == 0);
