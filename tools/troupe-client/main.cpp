@@ -90,12 +90,15 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   auto first = t0;
   size_t received = 0;
-  // The prompt is echoed with the first answer, so that a request that fails at once (no
-  // gateway, refused) prints its error alone.
+  // The prompt is echoed with the first answer (or a successful answer without tokens),
+  // so that a request that fails at once (no gateway, refused) prints its error alone.
   bool echoed = false;
-  auto r = client->generate(prompt, p, true, [&](const client_chunk& c) {
+  auto echo = [&] {
     if (!echoed && !ids) std::printf("%s", prompt.c_str());
     echoed = true;
+  };
+  auto r = client->generate(prompt, p, true, [&](const client_chunk& c) {
+    echo();
     if (received == 0 && !c.tokens.empty()) first = std::chrono::steady_clock::now();
     received += c.tokens.size();
     if (ids)
@@ -104,8 +107,8 @@ int main(int argc, char** argv) {
       std::fwrite(c.text.data(), 1, c.text.size(), stdout);
     std::fflush(stdout);
   });
-  if (r && !echoed && !ids) std::printf("%s", prompt.c_str());  // an answer without tokens
-  if (r || echoed) std::printf("\n");
+  if (r) echo();
+  if (echoed) std::printf("\n");
   std::fflush(stdout);
   if (!r) {
     std::fprintf(stderr, "troupe-client: %s\n", r.err().message.c_str());

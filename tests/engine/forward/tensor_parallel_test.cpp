@@ -10,80 +10,45 @@
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/model/checkpoint_writer.hpp"
 #include "kernels/cpu/argmax.hpp"
+#include "tests/support/tensor_parallel.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
 
 namespace {
 
-// Runs prompt-then-greedy steps on `tp` shards (threads of this process); returns the
-// logits of every step and the tokens chosen.
-struct tp_run {
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> tokens;
-};
+using test::tp_run;
 
+// Prompt-then-greedy steps on `tp` CPU shards (threads of this process).
 tp_run run_tp(const model& m, int32_t tp, std::vector<int32_t> prompt, int32_t steps) {
-  const int32_t bs = 16;
-  const int32_t len = static_cast<int32_t>(prompt.size()) + steps;
-  std::vector<uint32_t> blocks;
-  for (int32_t b = 0; b < (len + bs - 1) / bs; ++b) blocks.push_back(static_cast<uint32_t>(b));
+  const std::vector<uint32_t> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
   local_collective_group group(tp);
   std::vector<std::unique_ptr<kv_cache>> caches;
   std::vector<std::unique_ptr<thread_pool>> pools;
   std::vector<std::unique_ptr<transformer_shard>> shards;
+  std::vector<forward_shard*> ranks;
   for (int32_t r = 0; r < tp; ++r) {
     shard_spec spec;
     spec.tp = {r, tp};
-    caches.push_back(std::make_unique<kv_cache>(transformer_shard::cache_shape(m.config, spec, static_cast<int32_t>(blocks.size()), bs)));
+    caches.push_back(std::make_unique<kv_cache>(transformer_shard::cache_shape(m.config, spec, static_cast<int32_t>(blocks.size()), 16)));
     pools.push_back(std::make_unique<thread_pool>(1));
     shards.push_back(std::make_unique<transformer_shard>(m, spec, *caches[r], *pools[r], group.member(r)));
+    ranks.push_back(shards.back().get());
   }
-  tp_run out;
-  std::vector<int32_t> tokens = prompt;
-  int32_t computed = 0;
-  for (int32_t s = 0; s < steps; ++s) {
-    step_batch batch;
-    batch.add(std::span(tokens).subspan(computed), computed, blocks, true);
-    std::vector<std::vector<float>> hidden(tp, std::vector<float>(size_t(batch.num_tokens()) * m.config.dim));
-    std::vector<float> logits(m.config.vocab_size);
-    std::vector<std::thread> threads;
-    for (int32_t r = 0; r < tp; ++r)
-      threads.emplace_back([&, r] { shards[r]->forward(batch, hidden[r].data(), r == 0 ? logits.data() : nullptr); });
-    for (auto& t : threads) t.join();
-    computed = static_cast<int32_t>(tokens.size());
-    out.logits.push_back(logits);
-    tokens.push_back(argmax(logits.data(), m.config.vocab_size));
-    out.tokens.push_back(tokens.back());
-  }
-  return out;
+  return test::run_steps(ranks, m.config, std::move(prompt), steps, blocks);
 }
 
 void check_close(const tp_run& a, const tp_run& b) {
-  REQUIRE(a.logits.size() == b.logits.size());
-  for (size_t s = 0; s < a.logits.size(); ++s) {
-    double max_abs = 0, max_diff = 0;
-    for (size_t i = 0; i < a.logits[s].size(); ++i) {
-      max_abs = std::max(max_abs, std::fabs(double(a.logits[s][i])));
-      max_diff = std::max(max_diff, std::fabs(double(a.logits[s][i]) - b.logits[s][i]));
-    }
-    CAPTURE(s);
-    CHECK(max_diff <= 1e-5 * max_abs);
-  }
+  const double worst = test::worst_relative_difference(a, b);
+  CAPTURE(worst);
+  CHECK(worst <= 1e-5);
 }
 
 }  // namespace
 
 TEST_CASE("TP=2 logits stay within 1e-5 of TP=1 on a random synthetic model (f32 and q8_0)") {
   test::temp_dir dir;
-  model_config c;
-  c.dim = 128;
-  c.hidden_dim = 320;
-  c.num_layers = 3;
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.vocab_size = 300;
-  c.max_seq_len = 64;
+  const model_config c = test::splittable_config();
   for (dtype type : {dtype::f32, dtype::q8_0}) {
     CAPTURE(dtype_name(type));
     const std::string path = dir.file(std::string("tp_") + std::string(dtype_name(type)) + ".gguf");

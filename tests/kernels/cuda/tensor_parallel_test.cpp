@@ -4,18 +4,15 @@
 // (libnccl.so.2), the two-device ones a second device: without them they are reported
 // skipped (the suite's first lines say what this machine has).
 #include <chrono>
-#include <cmath>
 #include <future>
-#include <numeric>
-#include <thread>
 
 #include <doctest/doctest.h>
 
 #include "engine/forward/collective.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "engine/model/checkpoint_writer.hpp"
-#include "kernels/cpu/argmax.hpp"
 #include "kernels/cuda/device.hpp"
+#include "tests/support/tensor_parallel.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -28,21 +25,14 @@ bool no_two_devices() { return cuda::device_count() < 2 || no_nccl(); }
 // How the ranks of a run sum their partials.
 enum class reduce { nccl, host };
 
-// Every step's logits (rank 0's) and the tokens chosen.
-struct tp_run {
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> tokens;
-};
+using test::tp_run;
 
 // Prompt in one step, then greedy steps; `tp` shards (on devices 0..tp-1 over NCCL, all
-// on device 0 through host memory), each made and stepped on a thread of its own
-// (connecting and all-reducing wait for the peers).
+// on device 0 through host memory), each made on a thread of its own (connecting waits
+// for the peers).
 tp_run run_tp(const model& m, int32_t tp, dtype weights, std::vector<int32_t> prompt, int32_t steps,
               reduce how = reduce::nccl) {
-  const int32_t bs = 16;
-  const int32_t len = static_cast<int32_t>(prompt.size()) + steps;
-  std::vector<uint32_t> blocks((len + bs - 1) / bs);
-  std::iota(blocks.begin(), blocks.end(), 0u);
+  const std::vector<uint32_t> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
   std::shared_ptr<gpu_tp_group> group;
   std::shared_ptr<local_collective_group> host;
   if (tp > 1 && how == reduce::host) host = std::make_shared<local_collective_group>(tp);
@@ -63,58 +53,21 @@ tp_run run_tp(const model& m, int32_t tp, dtype weights, std::vector<int32_t> pr
       return make_cuda_shard(m, shard_spec{0, 0, tp_slice{r, tp}}, o);
     }));
   std::vector<std::unique_ptr<forward_shard>> shards;
+  std::vector<forward_shard*> ranks;
   for (auto& f : making) {
     auto made = f.get();
     REQUIRE_MESSAGE(made.has_value(), (made ? "" : made.err().message));
     shards.push_back(std::move(made).value());
+    ranks.push_back(shards.back().get());
   }
-  tp_run out;
-  std::vector<int32_t> tokens = prompt;
-  int32_t computed = 0;
-  for (int32_t s = 0; s < steps; ++s) {
-    step_batch batch;
-    batch.add(std::span(tokens).subspan(computed), computed, blocks, true);
-    std::vector<std::vector<float>> hidden(tp, std::vector<float>(size_t(batch.num_tokens()) * m.config.dim));
-    std::vector<float> logits(m.config.vocab_size);
-    std::vector<std::thread> threads;
-    for (int32_t r = 0; r < tp; ++r)
-      threads.emplace_back([&, r] { shards[r]->forward(batch, hidden[r].data(), r == 0 ? logits.data() : nullptr); });
-    for (auto& t : threads) t.join();
-    computed = static_cast<int32_t>(tokens.size());
-    out.logits.push_back(logits);
-    tokens.push_back(argmax(logits.data(), m.config.vocab_size));
-    out.tokens.push_back(tokens.back());
-  }
-  return out;
-}
-
-// The largest logit difference of any step, relative to that step's largest logit.
-double worst_relative(const tp_run& a, const tp_run& b) {
-  REQUIRE(a.logits.size() == b.logits.size());
-  double worst = 0;
-  for (size_t s = 0; s < a.logits.size(); ++s) {
-    double max_abs = 0, max_diff = 0;
-    for (size_t i = 0; i < a.logits[s].size(); ++i) {
-      max_abs = std::max(max_abs, std::fabs(double(a.logits[s][i])));
-      max_diff = std::max(max_diff, std::fabs(double(a.logits[s][i]) - b.logits[s][i]));
-    }
-    worst = std::max(worst, max_diff / max_abs);
-  }
-  return worst;
+  return test::run_steps(ranks, m.config, std::move(prompt), steps, blocks);
 }
 
 // TP=2 against TP=1 on a random synthetic model (FP32): logits within 1e-5 of the largest,
 // the same greedy tokens.
 void check_synthetic(reduce how) {
   test::temp_dir dir;
-  model_config c;
-  c.dim = 128;
-  c.hidden_dim = 320;
-  c.num_layers = 3;
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.vocab_size = 300;
-  c.max_seq_len = 64;
+  const model_config c = test::splittable_config();
   const std::string path = dir.file("tp.gguf");
   REQUIRE(write_gguf(path, {c, dtype::f32, 32, false}, synthetic_vocabulary(c.vocab_size), random_weights(11)).has_value());
   auto m = load_model(path);
@@ -122,7 +75,7 @@ void check_synthetic(reduce how) {
   const std::vector<int32_t> prompt{1, 17, 200, 45, 99, 3, 250};
   const tp_run one = run_tp(*m, 1, dtype::f32, prompt, 6);
   const tp_run two = run_tp(*m, 2, dtype::f32, prompt, 6, how);
-  const double worst = worst_relative(one, two);
+  const double worst = test::worst_relative_difference(one, two);
   MESSAGE("TP=2 against TP=1: worst logit difference ", worst, " of the largest logit");
   CHECK(worst <= 1e-5);
   CHECK(one.tokens == two.tokens);
@@ -148,7 +101,7 @@ void check_stories(reduce how) {
   }
   const auto prompt = l.tok.encode(cases[0].prompt, true);
   const double worst =
-      worst_relative(run_tp(l.m, 1, dtype::bf16, prompt, 8), run_tp(l.m, 2, dtype::bf16, prompt, 8, how));
+      test::worst_relative_difference(run_tp(l.m, 1, dtype::bf16, prompt, 8), run_tp(l.m, 2, dtype::bf16, prompt, 8, how));
   MESSAGE("BF16 TP=2 against TP=1: worst logit difference ", worst, " of the largest logit");
   CHECK(worst <= 2e-2);
 }
