@@ -7,6 +7,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/step_link.hpp"
+#include "actors/wire/control_codec.hpp"
 #include "actors/wire/activations_codec.hpp"
 #include "kernels/cpu/sample.hpp"
 
@@ -81,7 +82,60 @@ struct shard_state {
   std::unique_ptr<step_link_server> link;
 };
 
-caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup setup) {
+using shard_ptr = caf::stateful_actor<shard_state>*;
+
+// A GPU shard of a tensor-parallel stage over NCCL builds when its stage's invitation
+// arrives (the group's id, in a message); any other shard builds at once.
+bool awaits_invite(const shard_setup& s) { return s.device != "cpu" && s.spec.tp.size > 1 && !s.group; }
+
+// Builds a GPU shard into the actor's core. A failure ends the actor (and its stage: the
+// node agent tries again later) after aborting `group`, whose other ranks would wait for
+// this one.
+bool build_gpu_shard(shard_ptr self, std::shared_ptr<gpu_tp_group> group) {
+  shard_core& st = *self->state.core;
+  const shard_setup& setup = st.setup;
+  cuda_shard_options o;
+  auto index = cuda_device_index(setup.device);
+  o.device = index ? *index : -1;
+  o.weights = setup.gpu_weights;
+  o.num_blocks = static_cast<int32_t>(setup.num_blocks);
+  o.block_size = setup.block_size;
+  o.max_step_tokens = setup.max_step_tokens;
+  o.tp_group = group;
+  o.host_group = setup.group;
+  auto made = make_cuda_shard(*setup.m, setup.spec, o);
+  if (!made) {
+    if (group) group->abort();
+    std::fprintf(stderr, "troupe: shard on %s: %s\n", setup.device.c_str(), made.err().message.c_str());
+    self->quit(caf::exit_reason::user_shutdown);
+    return false;
+  }
+  st.shard = std::move(made).value();
+  return true;
+}
+
+// The stage's invitation into its NCCL group: checked against this shard's place, joined,
+// and the shard built (connecting to its peers).
+caf::result<void> accept_invite(shard_ptr self, const wire_message& msg) {
+  shard_core& st = *self->state.core;
+  if (!awaits_invite(st.setup)) return caf::make_error(caf::sec::invalid_argument, "this shard joins no NCCL group");
+  if (st.shard) return caf::make_error(caf::sec::invalid_argument, "this shard has joined its group already");
+  if (msg.kind != wire_kind::tp_group || !msg.bytes)
+    return caf::make_error(caf::sec::invalid_argument, "shard: expected a tensor-parallel group");
+  auto invite = wire::decode_tp_group_invite(*msg.bytes);
+  if (!invite) return caf::make_error(caf::sec::invalid_argument, "shard: " + invite.err().message);
+  const tp_slice& place = st.setup.spec.tp;
+  if (invite->size != place.size || invite->rank != place.rank)
+    return caf::make_error(caf::sec::invalid_argument, "shard: invited as rank " + std::to_string(invite->rank) + " of " +
+                                                           std::to_string(invite->size) + ", but this shard is rank " +
+                                                           std::to_string(place.rank) + " of " + std::to_string(place.size));
+  auto group = gpu_tp_group::join(invite->size, invite->id);
+  if (!group) return caf::make_error(caf::sec::runtime_error, "shard: " + group.err().message);
+  if (!build_gpu_shard(self, *group)) return caf::make_error(caf::sec::runtime_error, "shard: could not be built");
+  return caf::unit;
+}
+
+caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
   self->state.core = std::make_shared<shard_core>();
   shard_core& st = *self->state.core;
   st.setup = setup;
@@ -93,27 +147,8 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
                                                                          setup.kv_type.value_or(transformer_shard::kv_type_for(*setup.m))));
     collective& comm = setup.group ? setup.group->member(setup.spec.tp.rank) : static_cast<collective&>(st.solo);
     st.shard = std::make_unique<transformer_shard>(*setup.m, setup.spec, *st.cache, *st.pool, comm);
-  } else {
-    // The node checked the device before spawning; a failure here ends the actor (and its
-    // stage), and the node agent tries again later.
-    cuda_shard_options o;
-    auto index = cuda_device_index(setup.device);
-    o.device = index ? *index : -1;
-    o.weights = setup.gpu_weights;
-    o.num_blocks = static_cast<int32_t>(setup.num_blocks);
-    o.block_size = setup.block_size;
-    o.max_step_tokens = setup.max_step_tokens;
-    o.tp_group = setup.gpu_group;
-    o.host_group = setup.group;
-    auto made = make_cuda_shard(*setup.m, setup.spec, o);
-    if (!made) {
-      // Peers connecting to this rank would wait for it: release them.
-      if (setup.gpu_group) setup.gpu_group->abort();
-      std::fprintf(stderr, "troupe: shard on %s: %s\n", setup.device.c_str(), made.err().message.c_str());
-      self->quit(caf::exit_reason::user_shutdown);
-      return {};
-    }
-    st.shard = std::move(made).value();
+  } else if (!awaits_invite(setup)) {
+    if (!build_gpu_shard(self, nullptr)) return {};
   }
   wire::step_limits lim;
   lim.vocab = c.vocab_size;
@@ -124,6 +159,8 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
   st.decoder = std::make_unique<wire::step_decoder>(lim);
   return {
       [self](step_atom, const wire_message& plan, const wire_message& act) -> caf::result<wire_message> {
+        if (!self->state.core->shard)
+          return caf::make_error(caf::sec::invalid_argument, "shard: not yet connected to its tensor-parallel group");
         try {
           auto out = self->state.core->step(plan, act);
           if (!out) return caf::make_error(caf::sec::invalid_argument, out.err().message);
@@ -134,6 +171,7 @@ caf::behavior shard_behavior(caf::stateful_actor<shard_state>* self, shard_setup
           return caf::make_error(caf::sec::runtime_error, e.what());
         }
       },
+      [self](connect_atom, const wire_message& invite) -> caf::result<void> { return accept_invite(self, invite); },
       // The port of this shard's step link, opened on first asking. Only a lone CPU shard
       // of a node that names its host has one (a TP shard steps with its peers, a GPU
       // shard on its own thread).

@@ -6,6 +6,14 @@
 //
 //   (link_atom) -> port of a step link (actors/step_link.hpp) serving the same steps
 //
+//   (connect_atom, invite) -> () once this GPU shard has joined its stage's NCCL group
+//
+// invite is a TensorParallelGroup frame (actors/wire/control_codec.hpp): the group's id,
+// size and this shard's rank, which must be the shard's own. A GPU shard of a stage split
+// over NCCL builds only then (connecting to its peers); until then it refuses steps. A
+// shard that cannot be built ends, after aborting the group so that its peers stop
+// waiting for it.
+//
 // plan is a StepPlan frame; activations is the previous stage's hidden states (ignored by
 // the first stage). The reply is this stage's hidden states, or, from rank 0 of the last
 // stage, the tokens it chose (a StepResult, when the plan asks it to choose every sampled
@@ -30,10 +38,10 @@ namespace troupe {
 struct shard_setup {
   const model* m = nullptr;
   shard_spec spec;
-  // The stage's all-reduce when TP > 1: CPU shards use `group`; GPU shards gpu_group
-  // (NCCL), or `group` through host memory where NCCL cannot be loaded.
+  // The stage's all-reduce when TP > 1: CPU shards use `group`, and so do GPU shards
+  // (through host memory) where NCCL cannot be loaded; otherwise GPU shards wait for their
+  // stage's invitation into its NCCL group (connect_atom).
   std::shared_ptr<local_collective_group> group;
-  std::shared_ptr<gpu_tp_group> gpu_group;
   uint32_t num_blocks = 1024;
   int32_t block_size = 16;
   int32_t threads = 1;

@@ -6,6 +6,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/shard_actor.hpp"
+#include "actors/wire/control_codec.hpp"
 
 namespace troupe {
 
@@ -24,6 +25,14 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
   self->state.group = std::move(group);
   self->state.gpu_group = std::move(gpu_group);
   for (auto& s : self->state.shards) self->link_to(s);
+  // GPU shards over NCCL connect when the group's id reaches them: before any step, since
+  // this actor's messages to a shard arrive in the order sent.
+  if (const auto& g = self->state.gpu_group) {
+    for (size_t r = 0; r < self->state.shards.size(); ++r) {
+      wire::tp_group_invite invite{g->id(), g->size(), static_cast<int32_t>(r)};
+      self->send(self->state.shards[r], connect_atom_v, wire_message(wire_kind::tp_group, wire::encode_tp_group_invite(invite)));
+    }
+  }
   self->set_exit_handler([self](const caf::exit_msg& em) {
     if (em.reason == caf::exit_reason::normal) return;
     // Peers of a dead shard may wait inside the all-reduce for it: release them.
@@ -83,7 +92,6 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     s.m = &m;
     s.spec = shard_spec{layout.first_layer, layout.end_layer, tp_slice{r, layout.tp}};
     s.group = out.group;
-    s.gpu_group = out.gpu_group;
     s.num_blocks = num_blocks;
     s.block_size = block_size;
     s.threads = layout.threads_per_shard;

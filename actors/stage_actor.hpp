@@ -10,8 +10,9 @@
 // A stage and its shards are one failure unit: they are linked, and a shard that dies
 // takes the stage with it (after releasing its peers from the all-reduce). Shards on the
 // CPU all-reduce through a local collective, shards on GPUs through an NCCL group
-// (engine/forward/gpu_tp_group.hpp) that the stage creates, or, where NCCL cannot be
-// loaded, through the local collective in host memory (with a warning: it is slow).
+// (engine/forward/gpu_tp_group.hpp) that the stage creates and invites each shard into
+// with a message carrying its id, or, where NCCL cannot be loaded, through the local
+// collective in host memory (with a warning: it is slow).
 #pragma once
 
 #include <memory>

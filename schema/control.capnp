@@ -38,3 +38,11 @@ struct KillActor {
   name @0 :Text;
   reason @1 :Text;
 }
+
+# What a GPU shard of a tensor-parallel stage connects to its peers with: the stage's NCCL
+# unique id (128 bytes), the group's size and this shard's rank in it.
+struct TensorParallelGroup {
+  ncclId @0 :Data;
+  size @1 :UInt32;
+  rank @2 :UInt32;
+}

@@ -26,7 +26,8 @@ enum class wire_kind : uint16_t {
   kill_actor = 6,   // KillActor
   kv_step = 7,      // schema/kv.capnp KvStep
   kv_grants = 8,    // KvGrants
-  last = kv_grants,
+  tp_group = 9,     // schema/control.capnp TensorParallelGroup
+  last = tp_group,
 };
 
 struct wire_message {

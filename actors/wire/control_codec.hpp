@@ -1,5 +1,6 @@
-// control_codec: node agents' health reports (schema/control.capnp NodeHealth): every
-// supervised actor of a node process, alive or not, and how often it was restarted.
+// control_codec: node agents' health reports (schema/control.capnp NodeHealth: every
+// supervised actor of a node process, alive or not, and how often it was restarted), and
+// the NCCL group a stage's GPU shards connect to (TensorParallelGroup).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/forward/gpu_tp_group.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::wire {
@@ -30,5 +32,19 @@ struct node_health {
 
 std::vector<uint8_t> encode_node_health(const node_health& h);
 expected<node_health> decode_node_health(std::span<const uint8_t> bytes);
+
+// One rank's invitation into a tensor-parallel group on GPUs.
+struct tp_group_invite {
+  nccl_unique_id id;
+  int32_t size = 0;
+  int32_t rank = 0;
+};
+
+inline constexpr int32_t max_tp_group_size = 256;
+
+std::vector<uint8_t> encode_tp_group_invite(const tp_group_invite& g);
+// Refuses an id that is not exactly 128 bytes, a size outside [1, max_tp_group_size] and a
+// rank outside the group.
+expected<tp_group_invite> decode_tp_group_invite(std::span<const uint8_t> bytes);
 
 }  // namespace troupe::wire

@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -87,7 +89,20 @@ expected<std::shared_ptr<gpu_tp_group>> gpu_tp_group::create(int32_t size) {
 expected<std::shared_ptr<gpu_tp_group>> gpu_tp_group::join(int32_t size, const nccl_unique_id& id) {
   if (size < 1) return error{"a tensor-parallel group needs at least one rank"};
   if (auto loaded = load_nccl(); !loaded) return loaded.err();
-  return std::shared_ptr<gpu_tp_group>(new gpu_tp_group(size, id));
+  // The groups alive in this process, by id: every rank here shares one object.
+  static std::mutex mutex;
+  static std::map<std::array<char, 128>, std::weak_ptr<gpu_tp_group>> live;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::erase_if(live, [](const auto& entry) { return entry.second.expired(); });
+  if (auto it = live.find(id.bytes); it != live.end()) {
+    auto group = it->second.lock();
+    if (group->size() != size)
+      return error{"this tensor-parallel group has " + std::to_string(group->size()) + " ranks, not " + std::to_string(size)};
+    return group;
+  }
+  auto group = std::shared_ptr<gpu_tp_group>(new gpu_tp_group(size, id));
+  live.emplace(id.bytes, group);
+  return group;
 }
 
 struct gpu_tp_member::impl {

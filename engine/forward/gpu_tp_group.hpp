@@ -6,10 +6,11 @@
 // loaded, create() says why (a stage then sums through host memory instead:
 // cuda_shard_options::host_group).
 //
-// create(size) draws NCCL's unique id, the 128 bytes every rank needs to connect. The ranks
-// of one process share the group object; a rank in another process joins with
-// join(size, id) from the bytes a message carried. Each rank's shard then connects on its
-// own thread (gpu_tp_member, which returns once every rank has connected). The ranks'
+// create(size) draws NCCL's unique id, the 128 bytes every rank needs to connect; a stage
+// sends them to each of its shards in a message (actors/wire/control_codec.hpp), and each
+// shard joins with join(size, id). The ranks of one process share one group object (join
+// finds it by id), so that one abort() reaches them all. Each rank's shard then connects
+// on its own thread (gpu_tp_member, which returns once every rank has connected). The ranks'
 // communicators are non-blocking, and every wait polls: abort() releases ranks waiting
 // on a peer that died (connecting, or inside a step's all-reduce), whose wait then throws
 // collective_aborted, then and ever after.
@@ -37,7 +38,8 @@ class gpu_tp_group {
  public:
   // A new group of `size` ranks, with a fresh unique id.
   static expected<std::shared_ptr<gpu_tp_group>> create(int32_t size);
-  // The group another process created, from its id.
+  // The group of `id`: the one alive in this process, else a new object for it (the
+  // group was created in another process). Refused when the sizes disagree.
   static expected<std::shared_ptr<gpu_tp_group>> join(int32_t size, const nccl_unique_id& id);
 
   int32_t size() const { return size_; }

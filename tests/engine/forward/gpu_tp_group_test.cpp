@@ -8,7 +8,7 @@ namespace troupe {
 
 #if defined(TROUPE_HAVE_NCCL)
 
-TEST_CASE("NCCL groups: each has a fresh unique id, another process's joins from the id, abort sticks") {
+TEST_CASE("NCCL groups: each has a fresh unique id, ranks joining from the id share the group, abort sticks") {
   const status usable = nccl_usable();
   REQUIRE_MESSAGE(usable.has_value(), (usable ? "" : usable.err().message));
   auto a = gpu_tp_group::create(2);
@@ -18,16 +18,31 @@ TEST_CASE("NCCL groups: each has a fresh unique id, another process's joins from
   CHECK((*a)->size() == 2);
   CHECK((*a)->id().bytes != (*b)->id().bytes);
   CHECK((*a)->id().bytes != nccl_unique_id{}.bytes);
+
+  // A rank of this process joins the object the stage holds: one abort reaches every rank.
   auto joined = gpu_tp_group::join(2, (*a)->id());
   REQUIRE(joined.has_value());
-  CHECK((*joined)->id().bytes == (*a)->id().bytes);
-  CHECK_FALSE((*joined)->aborted());
+  CHECK(joined->get() == a->get());
+  CHECK_FALSE((*a)->aborted());
   (*joined)->abort();
-  CHECK((*joined)->aborted());
-  CHECK_FALSE((*a)->aborted());  // a joined copy is its own group object
-  auto none = gpu_tp_group::join(0, (*a)->id());
+  CHECK((*a)->aborted());
+  CHECK_FALSE((*b)->aborted());
+
+  auto wrong = gpu_tp_group::join(3, (*b)->id());
+  REQUIRE_FALSE(wrong.has_value());
+  CHECK(wrong.err().message.find("2 ranks, not 3") != std::string::npos);
+  auto none = gpu_tp_group::join(0, (*b)->id());
   REQUIRE_FALSE(none.has_value());
   CHECK(none.err().message.find("at least one rank") != std::string::npos);
+
+  // Once no rank here holds it, the id names a group of another process: a new object.
+  const nccl_unique_id id = (*a)->id();
+  a->reset();
+  joined->reset();
+  auto elsewhere = gpu_tp_group::join(2, id);
+  REQUIRE(elsewhere.has_value());
+  CHECK((*elsewhere)->id().bytes == id.bytes);
+  CHECK_FALSE((*elsewhere)->aborted());
 }
 
 #else
