@@ -91,15 +91,76 @@ void connect_link(self_ptr self, size_t i, uint16_t port) {
   st.links[i].client = std::move(client).value();
 }
 
+// Setting up the device link from stage i to stage i + 1 (GPU stages of one node: the
+// hidden states go over NCCL): stage i + 1 draws it, stage i joins as its sender, then
+// stage i + 1's shards join as receivers; each side's shards connect on their own threads
+// (and say so if they cannot). Where a stage refuses (a CPU stage, quietly; another node,
+// NCCL missing or failing, with the reason) the activations keep to the host. `done` is
+// called either way.
+struct device_link_setup {
+  uint64_t epoch = 0;
+  size_t i = 0;
+  caf::actor from, to;
+  std::function<void()> done;
+};
+using link_setup_ptr = std::shared_ptr<const device_link_setup>;
+
+constexpr auto link_setup_timeout = std::chrono::seconds(10);
+
+// (A set-up overtaken by a loss ends here too, without a word: the loss ended every link,
+// and an unlink now could end the next set-up's.)
+void link_refused(self_ptr self, const link_setup_ptr& a, const caf::error& e) {
+  if (a->epoch == self->state.epoch) {
+    if (e != caf::sec::feature_disabled)
+      std::fprintf(stderr, "troupe: replica %s, stages %zu and %zu: no device link (%s); activations go through the host\n",
+                   self->state.setup.replica.c_str(), a->i, a->i + 1, self->system().render(e).c_str());
+    self->send(a->from, unlink_atom_v);
+    self->send(a->to, unlink_atom_v);
+  }
+  a->done();
+}
+
+void link_receivers(self_ptr self, const link_setup_ptr& a, const wire_message& invite) {
+  if (a->epoch != self->state.epoch) return a->done();
+  self->request(a->to, link_setup_timeout, link_in_atom_v, invite)
+      .then(
+          [self, a] {
+            if (a->epoch == self->state.epoch)
+              std::fprintf(stderr, "troupe: replica %s: stages %zu and %zu joined by a device link (NCCL)\n",
+                           self->state.setup.replica.c_str(), a->i, a->i + 1);
+            a->done();
+          },
+          [self, a](caf::error& e) { link_refused(self, a, e); });
+}
+
+void link_sender(self_ptr self, const link_setup_ptr& a, const wire_message& invite) {
+  if (a->epoch != self->state.epoch) return a->done();
+  self->request(a->from, link_setup_timeout, link_out_atom_v, invite)
+      .then([self, a, invite] { link_receivers(self, a, invite); }, [self, a](caf::error& e) { link_refused(self, a, e); });
+}
+
+void open_device_link(self_ptr self, uint64_t epoch, size_t i, std::function<void()> done) {
+  auto& st = self->state;
+  auto a = std::make_shared<const device_link_setup>(device_link_setup{epoch, i, st.stages[i], st.stages[i + 1], std::move(done)});
+  self->request(a->to, link_setup_timeout, link_in_atom_v)
+      .then([self, a](const wire_message& invite) { link_sender(self, a, invite); },
+            [self, a](caf::error& e) { link_refused(self, a, e); });
+}
+
 // Stages in other processes are asked for their step links; a stage without one, or one
-// that cannot be reached, takes its steps as actor messages. Then the kv manager's reset
-// and the canary, which is the first step over the links.
+// that cannot be reached, takes its steps as actor messages. Neighbouring GPU stages are
+// joined by device links. Then the kv manager's reset and the canary, which is the first
+// step over the links.
 void open_links(self_ptr self, uint64_t epoch) {
   auto& st = self->state;
   auto pending = std::make_shared<size_t>(1);
   auto finish_one = [self, epoch, pending] {
     if (--*pending == 0 && epoch == self->state.epoch) reset_kv_manager(self);
   };
+  for (size_t i = 0; i + 1 < st.stages.size(); ++i) {
+    ++*pending;
+    open_device_link(self, epoch, i, finish_one);
+  }
   for (size_t i = 0; i < st.stages.size(); ++i) {
     if (st.links[i].client || st.stages[i].node() == self->node()) continue;
     ++*pending;
@@ -122,6 +183,9 @@ void degrade(self_ptr self, const std::string& why) {
     l.client.reset();
     l.pending.clear();
   }
+  // Device links too: a step in flight on one is lost, and the links are drawn anew.
+  for (const auto& s : st.stages)
+    if (s) self->send(s, unlink_atom_v);
   st.in_flight = 0;
   st.planning = false;
   st.released.clear();

@@ -39,33 +39,57 @@ struct shard_core {
     if (!decoded) return error{"shard: " + decoded.err().message};
     const int32_t n = decoded->batch.num_tokens();
     hidden.resize(static_cast<size_t>(n) * c.dim);
-    if (!shard->is_first_stage()) {
+    // The hidden states in host memory, or (null) arriving over the device link.
+    float* in = hidden.data();
+    if (!shard->is_first_stage() && act.kind == wire_kind::linked_activations) {
+      auto sent = act.bytes ? wire::decode_linked_activations(*act.bytes, c.dim, setup.max_step_tokens)
+                            : expected<wire::decoded_activations>(error{"an empty frame"});
+      if (!sent) return error{"shard: " + sent.err().message};
+      if (sent->num_tokens != n || sent->step_id != decoded->step_id) return error{"shard: linked activations do not match the plan"};
+      if (!shard->has_link(link_side::input)) return error{"shard: activations came over a device link this shard does not have"};
+      in = nullptr;
+    } else if (!shard->is_first_stage()) {
       if (act.kind != wire_kind::activations || !act.bytes) return error{"shard: expected activations"};
-      auto in = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens);
-      if (!in) return error{"shard: " + in.err().message};
-      if (in->num_tokens != n) return error{"shard: activations do not match the plan"};
-      std::copy(in->data.begin(), in->data.end(), hidden.begin());
+      auto sent = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens);
+      if (!sent) return error{"shard: " + sent.err().message};
+      if (sent->num_tokens != n) return error{"shard: activations do not match the plan"};
+      std::copy(sent->data.begin(), sent->data.end(), hidden.begin());
     }
     const bool head = shard->is_last_stage() && shard->spec().tp.rank == 0;
     const int32_t rows = decoded->batch.num_logits();
-    if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded);
+    if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded, in);
     logits.resize(static_cast<size_t>(rows) * c.vocab_size);
-    shard->forward(decoded->batch, hidden.data(), head ? logits.data() : nullptr);
+    shard->forward(decoded->batch, in, head ? logits.data() : nullptr);
     if (head) return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data()));
     if (shard->is_last_stage()) return wire_message{};
+    if (shard->has_link(link_side::output))
+      return wire_message(wire_kind::linked_activations, wire::encode_linked_activations(decoded->step_id, n, c.dim));
     return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, n, c.dim, hidden.data()));
+  }
+
+  // Joins the device link `msg` invites this shard into (as the sender, or a receiver),
+  // waiting until every rank has connected.
+  status join_link(link_side side, const wire_message& msg) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!shard) return error{"not yet connected to its tensor-parallel group"};
+    if (msg.kind != wire_kind::nccl_invite || !msg.bytes) return error{"expected an NCCL invitation"};
+    auto invite = wire::decode_nccl_invite(*msg.bytes);
+    if (!invite) return invite.err();
+    auto group = nccl_group::join(invite->size, invite->id);
+    if (!group) return group.err();
+    return shard->connect_link(side, *group, invite->rank);
   }
 
   // The last stage's head, when every sampled row asks it to choose: the shard chooses
   // where its logits are (a GPU shard on the device), else they come here and the same
   // definition picks each token; only the tokens go back.
-  wire_message choose(const wire::decoded_step& d) {
+  wire_message choose(const wire::decoded_step& d, float* in) {
     const int32_t vocab = setup.m->config.vocab_size;
     const auto rows = static_cast<int32_t>(d.choices.size());
     chosen.resize(rows);
-    if (!shard->forward_choose(d.batch, hidden.data(), d.choices.data(), chosen.data())) {
+    if (!shard->forward_choose(d.batch, in, d.choices.data(), chosen.data())) {
       logits.resize(static_cast<size_t>(rows) * vocab);
-      shard->forward(d.batch, hidden.data(), logits.data());
+      shard->forward(d.batch, in, logits.data());
       for (int32_t r = 0; r < rows; ++r)
         chosen[r] = troupe::choose(logits.data() + static_cast<size_t>(r) * vocab, vocab, d.choices[r], scratch);
     }
@@ -91,7 +115,7 @@ bool awaits_invite(const shard_setup& s) { return s.device != "cpu" && s.spec.tp
 // Builds a GPU shard into the actor's core. A failure ends the actor (and its stage: the
 // node agent tries again later) after aborting `group`, whose other ranks would wait for
 // this one.
-bool build_gpu_shard(shard_ptr self, std::shared_ptr<gpu_tp_group> group) {
+bool build_gpu_shard(shard_ptr self, std::shared_ptr<nccl_group> group) {
   shard_core& st = *self->state.core;
   const shard_setup& setup = st.setup;
   cuda_shard_options o;
@@ -120,18 +144,30 @@ caf::result<void> accept_invite(shard_ptr self, const wire_message& msg) {
   shard_core& st = *self->state.core;
   if (!awaits_invite(st.setup)) return caf::make_error(caf::sec::invalid_argument, "this shard joins no NCCL group");
   if (st.shard) return caf::make_error(caf::sec::invalid_argument, "this shard has joined its group already");
-  if (msg.kind != wire_kind::tp_group || !msg.bytes)
+  if (msg.kind != wire_kind::nccl_invite || !msg.bytes)
     return caf::make_error(caf::sec::invalid_argument, "shard: expected a tensor-parallel group");
-  auto invite = wire::decode_tp_group_invite(*msg.bytes);
+  auto invite = wire::decode_nccl_invite(*msg.bytes);
   if (!invite) return caf::make_error(caf::sec::invalid_argument, "shard: " + invite.err().message);
   const tp_slice& place = st.setup.spec.tp;
   if (invite->size != place.size || invite->rank != place.rank)
     return caf::make_error(caf::sec::invalid_argument, "shard: invited as rank " + std::to_string(invite->rank) + " of " +
                                                            std::to_string(invite->size) + ", but this shard is rank " +
                                                            std::to_string(place.rank) + " of " + std::to_string(place.size));
-  auto group = gpu_tp_group::join(invite->size, invite->id);
+  auto group = nccl_group::join(invite->size, invite->id);
   if (!group) return caf::make_error(caf::sec::runtime_error, "shard: " + group.err().message);
   if (!build_gpu_shard(self, *group)) return caf::make_error(caf::sec::runtime_error, "shard: could not be built");
+  return caf::unit;
+}
+
+caf::result<void> link(shard_ptr self, link_side side, const wire_message& invite) {
+  const shard_setup& s = self->state.core->setup;
+  auto joined = self->state.core->join_link(side, invite);
+  if (!joined) {
+    std::fprintf(stderr, "troupe: shard on %s, layers %d-%d: no device link %s: %s\n", s.device.c_str(), s.spec.first_layer,
+                 s.spec.end_layer - 1,
+                 side == link_side::input ? "from the previous stage" : "to the next stage", joined.err().message.c_str());
+    return caf::make_error(caf::sec::runtime_error, joined.err().message);
+  }
   return caf::unit;
 }
 
@@ -169,8 +205,16 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
           // A peer died mid-step: this shard's stage is gone too; end quietly.
           self->quit(caf::exit_reason::user_shutdown);
           return caf::make_error(caf::sec::runtime_error, e.what());
+        } catch (const device_link_broken& e) {
+          // The step is lost (the scheduler recovers), the shard is not; its link is gone.
+          return caf::make_error(caf::sec::runtime_error, e.what());
         }
       },
+      // Device links to the neighbouring stages (stage_actor.hpp): joined on this thread,
+      // which waits for the other ranks. A link that cannot be made leaves the activations
+      // on the host path.
+      [self](link_out_atom, const wire_message& invite) -> caf::result<void> { return link(self, link_side::output, invite); },
+      [self](link_in_atom, const wire_message& invite) -> caf::result<void> { return link(self, link_side::input, invite); },
       [self](connect_atom, const wire_message& invite) -> caf::result<void> { return accept_invite(self, invite); },
       // The port of this shard's step link, opened on first asking. Only a lone CPU shard
       // of a node that names its host has one (a TP shard steps with its peers, a GPU

@@ -8,14 +8,20 @@
 //
 //   (connect_atom, invite) -> () once this GPU shard has joined its stage's NCCL group
 //
-// invite is a TensorParallelGroup frame (actors/wire/control_codec.hpp): the group's id,
-// size and this shard's rank, which must be the shard's own. A GPU shard of a stage split
-// over NCCL builds only then (connecting to its peers); until then it refuses steps. A
-// shard that cannot be built ends, after aborting the group so that its peers stop
-// waiting for it.
+//   (link_out_atom, invite), (link_in_atom, invite) -> () once this GPU shard has joined a
+//   device link to the next stage (as its sender, rank 0) or from the previous one (as a
+//   receiver)
+//
+// invite is an NcclInvite frame (actors/wire/control_codec.hpp): the group's id, size and
+// this shard's rank, which for its stage's group must be the shard's own. A GPU shard of a
+// stage split over NCCL builds only then (connecting to its peers); until then it refuses
+// steps. A shard that cannot be built ends, after aborting the group so that its peers
+// stop waiting for it. A link that cannot be joined leaves the shard on the host path.
 //
 // plan is a StepPlan frame; activations is the previous stage's hidden states (ignored by
-// the first stage). The reply is this stage's hidden states, or, from rank 0 of the last
+// the first stage), or a linked_activations frame when they came over the device link.
+// The reply is this stage's hidden states (linked_activations when sent over a link), or,
+// from rank 0 of the last
 // stage, the tokens it chose (a StepResult, when the plan asks it to choose every sampled
 // row) or the logits of the sampled rows ([num_samples][vocab]); other ranks of the last
 // stage reply with an empty message. Shards of a stage all-reduce through the stage's
@@ -30,7 +36,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/wire/step_codec.hpp"
-#include "engine/forward/gpu_tp_group.hpp"
+#include "engine/forward/nccl_group.hpp"
 #include "engine/forward/transformer_shard.hpp"
 
 namespace troupe {

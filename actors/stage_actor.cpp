@@ -1,6 +1,9 @@
 #include "actors/stage_actor.hpp"
 
 #include <cstdio>
+#include <string>
+
+#include <unistd.h>
 
 #include <caf/all.hpp>
 
@@ -15,13 +18,85 @@ namespace {
 struct stage_state {
   static inline const char* name = "troupe.stage";
   std::vector<caf::actor> shards;
+  bool on_gpus = false;
   std::shared_ptr<local_collective_group> group;
-  std::shared_ptr<gpu_tp_group> gpu_group;
+  std::shared_ptr<nccl_group> gpu_group;
+  // Device links: from the previous stage (drawn here, its invitation sent back) and to
+  // the next (joined from the next stage's invitation).
+  std::shared_ptr<nccl_group> link_in, link_out;
 };
 
-caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector<caf::actor> shards,
-                             std::shared_ptr<local_collective_group> group, std::shared_ptr<gpu_tp_group> gpu_group) {
+using stage_ptr = caf::stateful_actor<stage_state>*;
+
+// The host this process runs on: device links join stages of one node only.
+std::string this_node() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+wire_message invite_message(const nccl_group& g, int32_t rank, const std::string& node = {}) {
+  return wire_message(wire_kind::nccl_invite, wire::encode_nccl_invite({g.id(), g.size(), rank, node}));
+}
+
+// Ends a device link: its shards drop it before their next step (or fail the one they are
+// in, when it waits on the link).
+void unlink(std::shared_ptr<nccl_group>& link) {
+  if (link) link->abort();
+  link.reset();
+}
+
+caf::error no_device_links(stage_ptr self) {
+  if (!self->state.on_gpus) return caf::make_error(caf::sec::feature_disabled, "a CPU stage has no device links");
+  return caf::none;
+}
+
+// (link_in_atom): a new input link, its invitation for the previous stage's rank 0.
+caf::result<wire_message> draw_link_in(stage_ptr self) {
+  if (auto e = no_device_links(self)) return e;
+  auto& st = self->state;
+  auto g = nccl_group::create(1 + static_cast<int32_t>(st.shards.size()));
+  if (!g) return caf::make_error(caf::sec::runtime_error, g.err().message);
+  unlink(st.link_in);
+  st.link_in = *g;
+  return invite_message(*st.link_in, 0, this_node());
+}
+
+// (link_out_atom, invite): rank 0 joins the next stage's input link as its sender.
+caf::result<void> join_link_out(stage_ptr self, const wire_message& msg) {
+  if (auto e = no_device_links(self)) return e;
+  auto& st = self->state;
+  if (msg.kind != wire_kind::nccl_invite || !msg.bytes) return caf::make_error(caf::sec::invalid_argument, "expected an NCCL invitation");
+  auto invite = wire::decode_nccl_invite(*msg.bytes);
+  if (!invite) return caf::make_error(caf::sec::invalid_argument, invite.err().message);
+  if (invite->rank != 0) return caf::make_error(caf::sec::invalid_argument, "a device link's sender is its rank 0");
+  if (const std::string here = this_node(); invite->node != here)
+    return caf::make_error(caf::sec::feature_disabled, "the next stage runs on " + invite->node + ", this one on " + here);
+  auto g = nccl_group::join(invite->size, invite->id);
+  if (!g) return caf::make_error(caf::sec::runtime_error, g.err().message);
+  unlink(st.link_out);
+  st.link_out = *g;
+  self->send(st.shards[0], link_out_atom_v, msg);
+  return caf::unit;
+}
+
+// (link_in_atom, invite): the input link drawn here, its sender invited: every shard joins
+// as a receiver (rank 1 + its own).
+caf::result<void> connect_link_in(stage_ptr self, const wire_message& msg) {
+  auto& st = self->state;
+  auto invite = msg.kind == wire_kind::nccl_invite && msg.bytes ? wire::decode_nccl_invite(*msg.bytes)
+                                                                : expected<wire::nccl_invite>(error{"expected an NCCL invitation"});
+  if (!invite) return caf::make_error(caf::sec::invalid_argument, invite.err().message);
+  if (!st.link_in || invite->id.bytes != st.link_in->id().bytes)
+    return caf::make_error(caf::sec::invalid_argument, "not this stage's input link (drawn again, or ended, since)");
+  for (size_t r = 0; r < st.shards.size(); ++r) self->send(st.shards[r], link_in_atom_v, invite_message(*st.link_in, 1 + static_cast<int32_t>(r)));
+  return caf::unit;
+}
+
+caf::behavior stage_behavior(stage_ptr self, std::vector<caf::actor> shards, bool on_gpus,
+                             std::shared_ptr<local_collective_group> group, std::shared_ptr<nccl_group> gpu_group) {
   self->state.shards = std::move(shards);
+  self->state.on_gpus = on_gpus;
   self->state.group = std::move(group);
   self->state.gpu_group = std::move(gpu_group);
   for (auto& s : self->state.shards) self->link_to(s);
@@ -29,8 +104,7 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
   // this actor's messages to a shard arrive in the order sent.
   if (const auto& g = self->state.gpu_group) {
     for (size_t r = 0; r < self->state.shards.size(); ++r) {
-      wire::tp_group_invite invite{g->id(), g->size(), static_cast<int32_t>(r)};
-      self->send(self->state.shards[r], connect_atom_v, wire_message(wire_kind::tp_group, wire::encode_tp_group_invite(invite)));
+      self->send(self->state.shards[r], connect_atom_v, invite_message(*g, static_cast<int32_t>(r)));
     }
   }
   self->set_exit_handler([self](const caf::exit_msg& em) {
@@ -38,6 +112,8 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
     // Peers of a dead shard may wait inside the all-reduce for it: release them.
     if (self->state.group) self->state.group->abort();
     if (self->state.gpu_group) self->state.gpu_group->abort();
+    unlink(self->state.link_in);
+    unlink(self->state.link_out);
     self->quit(em.reason);
   });
   return {
@@ -68,6 +144,13 @@ caf::behavior stage_behavior(caf::stateful_actor<stage_state>* self, std::vector
         if (shards.size() != 1) return caf::make_error(caf::sec::feature_disabled, "a tensor-parallel stage has no step link");
         return self->make_response_promise<uint16_t>().delegate(shards[0], link_atom_v);
       },
+      [self](link_in_atom) -> caf::result<wire_message> { return draw_link_in(self); },
+      [self](link_in_atom, const wire_message& invite) -> caf::result<void> { return connect_link_in(self, invite); },
+      [self](link_out_atom, const wire_message& invite) -> caf::result<void> { return join_link_out(self, invite); },
+      [self](unlink_atom) {
+        unlink(self->state.link_in);
+        unlink(self->state.link_out);
+      },
   };
 }
 
@@ -79,7 +162,7 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
   const bool on_gpus = !layout.devices.empty() && layout.devices[0] != "cpu";
   if (layout.tp > 1 && !on_gpus) out.group = std::make_shared<local_collective_group>(layout.tp);
   if (layout.tp > 1 && on_gpus) {
-    if (auto g = gpu_tp_group::create(layout.tp)) {
+    if (auto g = nccl_group::create(layout.tp)) {
       out.gpu_group = *g;
     } else {
       std::fprintf(stderr, "troupe: stage of layers %d-%d: %s; its GPU shards sum through host memory instead (slow)\n",
@@ -102,7 +185,7 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     s.kv_type = layout.kv_type;
     out.shards.push_back(spawn_shard(sys, s));
   }
-  out.stage = sys.spawn(stage_behavior, out.shards, out.group, out.gpu_group);
+  out.stage = sys.spawn(stage_behavior, out.shards, on_gpus, out.group, out.gpu_group);
   return out;
 }
 

@@ -1,16 +1,27 @@
 // stage_actor: one pipeline stage: a layer range run by its tensor-parallel shards. It
 // fans each step out to its shards and answers with rank 0's output (after the all-reduce
 // every rank holds the same hidden states; from the last stage, the chosen tokens or the
-// logits of the sampled rows). The scheduler carries each step from stage to stage, so a restarted stage only
-// has to be found again, never re-linked to its neighbours.
+// logits of the sampled rows). The scheduler carries each step from stage to stage, so a
+// restarted stage only has to be found again, never re-linked to its neighbours.
 //
 //   (step_atom, plan, activations) -> this stage's output
 //   (link_atom) -> the port of its lone shard's step link (actors/step_link.hpp)
 //
+// Device links between neighbouring GPU stages of one node (hidden states over NCCL; the
+// scheduler sets them up, in this order):
+//
+//   (link_in_atom) -> invite      draws an input link; the invitation is for the sender
+//   (link_out_atom, invite) -> () joins it: rank 0 sends its output there (same host only)
+//   (link_in_atom, invite) -> ()  its shards join as the receivers
+//   (unlink_atom)                 ends both links (shards drop them before their next step)
+//
+// A CPU stage refuses the first two with sec::feature_disabled, as does a stage on another
+// host than the invitation's.
+//
 // A stage and its shards are one failure unit: they are linked, and a shard that dies
 // takes the stage with it (after releasing its peers from the all-reduce). Shards on the
 // CPU all-reduce through a local collective, shards on GPUs through an NCCL group
-// (engine/forward/gpu_tp_group.hpp) that the stage creates and invites each shard into
+// (engine/forward/nccl_group.hpp) that the stage creates and invites each shard into
 // with a message carrying its id, or, where NCCL cannot be loaded, through the local
 // collective in host memory (with a warning: it is slow).
 #pragma once
@@ -24,7 +35,7 @@
 #include <caf/fwd.hpp>
 
 #include "engine/forward/collective.hpp"
-#include "engine/forward/gpu_tp_group.hpp"
+#include "engine/forward/nccl_group.hpp"
 #include "engine/model/model.hpp"
 
 namespace troupe {
@@ -44,7 +55,7 @@ struct stage_group {
   caf::actor stage;
   std::vector<caf::actor> shards;
   std::shared_ptr<local_collective_group> group;  // when tp > 1 on the CPU, or on GPUs without NCCL
-  std::shared_ptr<gpu_tp_group> gpu_group;        // when tp > 1 on GPUs, over NCCL
+  std::shared_ptr<nccl_group> gpu_group;        // when tp > 1 on GPUs, over NCCL
 };
 
 stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,

@@ -39,10 +39,12 @@ struct KillActor {
   reason @1 :Text;
 }
 
-# What a GPU shard of a tensor-parallel stage connects to its peers with: the stage's NCCL
-# unique id (128 bytes), the group's size and this shard's rank in it.
-struct TensorParallelGroup {
+# What GPU shards connect to each other with over NCCL: a tensor-parallel stage's ranks,
+# or a device link between neighbouring stages (the earlier stage's rank 0 and the later
+# stage's ranks): the group's unique id (128 bytes), its size and the receiver's rank in it.
+struct NcclInvite {
   ncclId @0 :Data;
   size @1 :UInt32;
   rank @2 :UInt32;
+  node @3 :Text;                   # device links: the host the group was drawn on
 }

@@ -36,7 +36,8 @@ struct StepPlan {
 }
 
 # Hidden states handed from one stage to the next: [numTokens][dim] float32,
-# little-endian, in batch order.
+# little-endian, in batch order. Between GPU stages joined by a device link the data goes
+# over NCCL, and the frame that follows the step carries none.
 struct Activations {
   stepId @0 :UInt64;
   numTokens @1 :UInt32;

@@ -26,8 +26,9 @@ enum class wire_kind : uint16_t {
   kill_actor = 6,   // KillActor
   kv_step = 7,      // schema/kv.capnp KvStep
   kv_grants = 8,    // KvGrants
-  tp_group = 9,     // schema/control.capnp TensorParallelGroup
-  last = tp_group,
+  nccl_invite = 9,  // schema/control.capnp NcclInvite
+  linked_activations = 10,  // Activations without data: they went over a device link
+  last = linked_activations,
 };
 
 struct wire_message {

@@ -22,9 +22,12 @@ std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, in
   return to_bytes(msg);
 }
 
-expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens) {
+namespace {
+
+// An Activations frame of width `dim` with its data (linked: without it).
+expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens, bool linked) {
   frame_limits fl;
-  fl.max_bytes = static_cast<size_t>(max_tokens) * dim * 4 + 4096;
+  fl.max_bytes = (linked ? 0 : static_cast<size_t>(max_tokens) * dim * 4) + 4096;
   fl.traversal_words = fl.max_bytes / 8 + 64;
   fl.nesting = 4;
   auto frame = frame_reader::parse(bytes, fl);
@@ -40,6 +43,10 @@ expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes,
     out.num_tokens = static_cast<int32_t>(root.getNumTokens());
     out.dim = dim;
     const auto d = root.getData();
+    if (linked) {
+      if (d.size() != 0) return error{"activations sent over a device link carry " + std::to_string(d.size()) + " bytes"};
+      return out;
+    }
     if (d.size() != static_cast<size_t>(out.num_tokens) * dim * 4)
       return error{"activations carry " + std::to_string(d.size()) + " bytes for " + std::to_string(out.num_tokens) +
                    " x " + std::to_string(dim) + " floats"};
@@ -49,6 +56,25 @@ expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes,
   } catch (const kj::Exception& e) {
     return error{std::string("malformed activations: ") + e.getDescription().cStr()};
   }
+}
+
+}  // namespace
+
+expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens) {
+  return decode(bytes, dim, max_tokens, false);
+}
+
+std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::Activations>();
+  root.setStepId(step_id);
+  root.setNumTokens(static_cast<uint32_t>(num_tokens));
+  root.setDim(static_cast<uint32_t>(dim));
+  return to_bytes(msg);
+}
+
+expected<decoded_activations> decode_linked_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens) {
+  return decode(bytes, dim, max_tokens, true);
 }
 
 }  // namespace troupe::wire

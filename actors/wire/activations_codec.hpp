@@ -1,5 +1,8 @@
 // activations_codec: hidden states between pipeline stages, and the last stage's logits
-// back to the scheduler (schema/step.capnp Activations): [num_tokens][dim] float32.
+// back to the scheduler (schema/step.capnp Activations): [num_tokens][dim] float32. Between
+// GPU stages joined by a device link the hidden states go over NCCL instead, and the frame
+// that travels on (wire_kind::linked_activations) says only which step and how many
+// tokens: its data is empty.
 #pragma once
 
 #include <cstdint>
@@ -21,5 +24,10 @@ struct decoded_activations {
 
 // Checks the shape against what the receiver expects (dim) and its limits.
 expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens);
+
+// The frame of hidden states sent over a device link, and its reading (data stays empty,
+// and is refused when present).
+std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim);
+expected<decoded_activations> decode_linked_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens);
 
 }  // namespace troupe::wire

@@ -63,16 +63,17 @@ expected<node_health> decode_node_health(std::span<const uint8_t> bytes) {
   }
 }
 
-std::vector<uint8_t> encode_tp_group_invite(const tp_group_invite& g) {
+std::vector<uint8_t> encode_nccl_invite(const nccl_invite& g) {
   capnp::MallocMessageBuilder msg;
-  auto r = msg.initRoot<schema::TensorParallelGroup>();
+  auto r = msg.initRoot<schema::NcclInvite>();
   r.setNcclId(kj::arrayPtr(reinterpret_cast<const kj::byte*>(g.id.bytes.data()), g.id.bytes.size()));
   r.setSize(static_cast<uint32_t>(g.size));
   r.setRank(static_cast<uint32_t>(g.rank));
+  r.setNode(g.node);
   return to_bytes(msg);
 }
 
-expected<tp_group_invite> decode_tp_group_invite(std::span<const uint8_t> bytes) {
+expected<nccl_invite> decode_nccl_invite(std::span<const uint8_t> bytes) {
   frame_limits lim;
   lim.max_bytes = 4096;
   lim.traversal_words = 1024;
@@ -80,23 +81,26 @@ expected<tp_group_invite> decode_tp_group_invite(std::span<const uint8_t> bytes)
   auto frame = frame_reader::parse(bytes, lim);
   if (!frame) return frame.err();
   try {
-    auto r = (*frame)->root<schema::TensorParallelGroup>();
-    tp_group_invite g;
+    auto r = (*frame)->root<schema::NcclInvite>();
+    nccl_invite g;
     auto id = r.getNcclId();
     if (id.size() != g.id.bytes.size())
-      return error{"tensor-parallel group: the NCCL id has " + std::to_string(id.size()) + " bytes, not " +
+      return error{"NCCL group: the NCCL id has " + std::to_string(id.size()) + " bytes, not " +
                    std::to_string(g.id.bytes.size())};
     std::memcpy(g.id.bytes.data(), id.begin(), id.size());
     const uint32_t size = r.getSize(), rank = r.getRank();
-    if (size < 1 || size > static_cast<uint32_t>(max_tp_group_size))
-      return error{"tensor-parallel group: " + std::to_string(size) + " ranks (1 to " + std::to_string(max_tp_group_size) +
+    if (size < 1 || size > static_cast<uint32_t>(max_nccl_group_size))
+      return error{"NCCL group: " + std::to_string(size) + " ranks (1 to " + std::to_string(max_nccl_group_size) +
                    " allowed)"};
-    if (rank >= size) return error{"tensor-parallel group: rank " + std::to_string(rank) + " of " + std::to_string(size)};
+    if (rank >= size) return error{"NCCL group: rank " + std::to_string(rank) + " of " + std::to_string(size)};
     g.size = static_cast<int32_t>(size);
     g.rank = static_cast<int32_t>(rank);
+    const auto node = r.getNode();
+    if (node.size() > 255) return error{"NCCL group: a node name of " + std::to_string(node.size()) + " bytes"};
+    g.node = node.cStr();
     return g;
   } catch (const kj::Exception& e) {
-    return error{std::string("malformed tensor-parallel group: ") + e.getDescription().cStr()};
+    return error{std::string("malformed NCCL invitation: ") + e.getDescription().cStr()};
   }
 }
 

@@ -1,6 +1,6 @@
 // control_codec: node agents' health reports (schema/control.capnp NodeHealth: every
 // supervised actor of a node process, alive or not, and how often it was restarted), and
-// the NCCL group a stage's GPU shards connect to (TensorParallelGroup).
+// the NCCL group a stage's GPU shards connect to (NcclInvite).
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/forward/gpu_tp_group.hpp"
+#include "engine/forward/nccl_group.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::wire {
@@ -33,18 +33,20 @@ struct node_health {
 std::vector<uint8_t> encode_node_health(const node_health& h);
 expected<node_health> decode_node_health(std::span<const uint8_t> bytes);
 
-// One rank's invitation into a tensor-parallel group on GPUs.
-struct tp_group_invite {
+// One rank's invitation into an NCCL group of GPU shards (a tensor-parallel stage, or a
+// device link between stages).
+struct nccl_invite {
   nccl_unique_id id;
   int32_t size = 0;
   int32_t rank = 0;
+  std::string node;  // device links: the host the group was drawn on (at most 255 bytes)
 };
 
-inline constexpr int32_t max_tp_group_size = 256;
+inline constexpr int32_t max_nccl_group_size = 256;
 
-std::vector<uint8_t> encode_tp_group_invite(const tp_group_invite& g);
-// Refuses an id that is not exactly 128 bytes, a size outside [1, max_tp_group_size] and a
-// rank outside the group.
-expected<tp_group_invite> decode_tp_group_invite(std::span<const uint8_t> bytes);
+std::vector<uint8_t> encode_nccl_invite(const nccl_invite& g);
+// Refuses an id that is not exactly 128 bytes, a size outside [1, max_nccl_group_size], a
+// rank outside the group and a node name over 255 bytes.
+expected<nccl_invite> decode_nccl_invite(std::span<const uint8_t> bytes);
 
 }  // namespace troupe::wire

@@ -3,7 +3,7 @@
 // device memory once, at construction: f32, or bf16/f16 for the tensor cores (Q8_0 and
 // 16-bit checkpoints are dequantized on the host first). The KV cache lives in device
 // memory in the CPU's block layout. Hidden states and logits cross to the host at the
-// shard's edges only.
+// shard's edges only (hidden states not even there over a device link, below).
 //
 // Per layer: Q, K and V come from one GEMM over the stacked wq/wk/wv, gate and up from one
 // over w1/w3; one launch turns the Q and K heads of that output and writes K and V to the
@@ -21,10 +21,18 @@
 // the others write theirs in its place, and an all-reduce over the stage's ranks (NCCL,
 // or staged through host memory) leaves every rank with the residual plus all the
 // partials. Rank 0 alone runs the head.
+//
+// Between neighbouring GPU stages a device link (nccl_group.hpp) carries the hidden states
+// over NCCL instead of through the host: the earlier stage's rank 0 queues a send to every
+// rank of the next and answers once its computation is done, without waiting for the send
+// (the receivers post theirs only when the step reaches them); the next step's work queues
+// behind it.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <initializer_list>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "engine/forward/collective.hpp"
@@ -99,7 +107,7 @@ class host_staged_collective final : public gpu_collective {
     comm_.all_reduce_sum(staging_.get(), n);  // collective_aborted when a peer died
     cuda::check(cudaMemcpyAsync(data, staging_.get(), bytes, cudaMemcpyHostToDevice, stream), "copy to the device");
   }
-  void wait(CUstream_st* stream) override { cuda::check(cudaStreamSynchronize(stream), "forward step"); }
+  void check() override {}  // its all-reduce waits, and fails, in all_reduce_sum
 
  private:
   collective& comm_;
@@ -192,19 +200,24 @@ class cuda_transformer_shard final : public forward_shard {
     // The uploads and memsets ran on the default stream, which a non-blocking stream does
     // not wait for: finish them all before the first step.
     cuda::check(cudaDeviceSynchronize(), "shard set-up");
+    cuda::check(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming), "cudaEventCreate");
     // Last, once everything else is in place: connecting waits for the other ranks.
     if (tp.size > 1 && o.tp_group)
-      tp_ = std::make_unique<gpu_tp_member>(o.tp_group, tp.rank, o.device);
+      tp_ = std::make_unique<nccl_member>(o.tp_group, tp.rank, o.device);
     else if (tp.size > 1)
       tp_ = std::make_unique<host_staged_collective>(o.host_group->member(tp.rank), size_t(n) * cfg_.dim);
   }
 
   ~cuda_transformer_shard() override {
     cudaSetDevice(opt_.device);
-    // No step is in flight here; dropping the communicator first also ends any NCCL kernel
-    // a failed step left waiting for a dead peer, so that the stream can drain.
+    // No step is in flight here; dropping the communicators first also ends any NCCL
+    // kernel a failed step (or a send no one received) left waiting, so that the stream
+    // can drain.
     tp_.reset();
+    link_in_.reset();
+    link_out_.reset();
     if (stream_) cudaStreamSynchronize(stream_);
+    if (computed_) cudaEventDestroy(computed_);
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     gemm_.reset();  // its cuBLAS handle uses the stream
     if (stream_) cudaStreamDestroy(stream_);
@@ -224,6 +237,23 @@ class cuda_transformer_shard final : public forward_shard {
     return true;
   }
 
+  status connect_link(link_side side, std::shared_ptr<nccl_group> group, int32_t rank) override {
+    const bool input = side == link_side::input;
+    if (input && is_first_stage()) return error{"the first stage takes no input link"};
+    if (!input && (is_last_stage() || spec_.tp.rank != 0)) return error{"only rank 0 of a stage before the last sends"};
+    if (!group || (input ? rank < 1 : rank != 0) || rank >= group->size())
+      return error{"device link: rank " + std::to_string(rank) + " does not fit this side"};
+    try {
+      auto member = std::make_unique<nccl_member>(std::move(group), rank, opt_.device, link_connect_timeout);
+      (input ? link_in_ : link_out_) = std::move(member);
+    } catch (const std::runtime_error& e) {  // collective_aborted too
+      return error{std::string("device link: ") + e.what()};
+    }
+    return ok();
+  }
+
+  bool has_link(link_side side) const override { return (side == link_side::input ? link_in_ : link_out_) != nullptr; }
+
  private:
   // One step; the last stage returns logits (when logits is set) or chosen ids (when next is).
   void step(const step_batch& batch, float* hidden, float* logits, const token_choice* choices, int32_t* next) {
@@ -231,6 +261,10 @@ class cuda_transformer_shard final : public forward_shard {
     if (n == 0) return;
     TROUPE_ASSERT(n <= opt_.max_step_tokens, n, opt_.max_step_tokens);
     cuda::check(cudaSetDevice(opt_.device), "cudaSetDevice");
+    // Links the stage has ended since (a new link is coming, or a peer failed) are dropped
+    // before they are used; dropping one ends a send of the last step no one will receive.
+    if (link_in_ && link_in_->group().aborted()) link_in_.reset();
+    if (link_out_ && link_out_->group().aborted()) link_out_.reset();
     // The step's tokens, positions, sequences, logit rows, query tiles and block tables,
     // staged in the layout of inputs_.
     const int32_t cap = opt_.max_step_tokens;
@@ -276,7 +310,10 @@ class cuda_transformer_shard final : public forward_shard {
     // Steps carrying a prompt chunk take the tiled attention kernel; decode steps the split
     // one, which spreads a long context over the device.
     num_tiles_ = widest_tile >= 4 ? num_tiles : 0;
-    if (!is_first_stage()) copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
+    if (!is_first_stage() && hidden != nullptr)
+      copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
+    else if (!is_first_stage())
+      on_link(link_in_, [&](nccl_member& l) { l.receive_from_first(x_.get(), int64_t{n} * cfg_.dim, stream_); });
     const bool want_logits = runs_head() && (logits != nullptr || next != nullptr);
     if (!want_logits) num_rows = 0;
     choosing_ = next != nullptr;
@@ -295,12 +332,49 @@ class cuda_transformer_shard final : public forward_shard {
       copy_out(next, ids_.get(), size_t(num_rows));
     else if (num_rows > 0)
       copy_out(logits, logits_.get(), size_t(num_rows) * cfg_.vocab_size);
-    else if (!is_last_stage())
+    else if (!is_last_stage() && link_out_) {
+      // The receivers post their side only once this step has answered: wait for the
+      // computation, not the send (the next step's work queues behind it).
+      cuda::check(cudaEventRecord(computed_, stream_), "cudaEventRecord");
+      on_link(link_out_, [&](nccl_member& l) { l.send_to_all(x_.get(), int64_t{n} * cfg_.dim, stream_); });
+      return wait_for(computed_);
+    } else if (!is_last_stage())
       copy_out(hidden, x_.get(), size_t(n) * cfg_.dim);
-    if (tp_)
-      tp_->wait(stream_);
-    else
-      cuda::check(cudaStreamSynchronize(stream_), "forward step");
+    wait_for(nullptr);
+  }
+
+  // Until the stream has run up to `until` (an event; null: all of it). Where NCCL is in
+  // use, polling each group this shard is in: a failed or aborted tensor-parallel group
+  // throws collective_aborted, a failed or aborted device link device_link_broken.
+  void wait_for(cudaEvent_t until) {
+    if (!tp_ && !link_in_ && !link_out_) {
+      cuda::check(until ? cudaEventSynchronize(until) : cudaStreamSynchronize(stream_), "forward step");
+      return;
+    }
+    using namespace std::chrono_literals;
+    // Spin briefly (a step's end is usually near), then poll more gently.
+    for (int polls = 0;; ++polls) {
+      const cudaError_t q = until ? cudaEventQuery(until) : cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) cuda::check(q, "forward step");
+      if (tp_) tp_->check();
+      if (link_in_) on_link(link_in_, [](nccl_member& l) { l.check(); });
+      if (link_out_) on_link(link_out_, [](nccl_member& l) { l.check(); });
+      if (polls > 2000) std::this_thread::sleep_for(20us);
+    }
+  }
+
+  // Runs `op` on `link`; a failure drops the link (aborting its communicator ends any of
+  // its kernels still waiting) and throws device_link_broken.
+  template <typename Op>
+  void on_link(std::unique_ptr<nccl_member>& link, Op&& op) {
+    if (!link) throw device_link_broken("this stage has no device link to take its hidden states from");
+    try {
+      op(*link);
+    } catch (const collective_aborted& e) {
+      link.reset();
+      throw device_link_broken(std::string("device link: ") + e.what());
+    }
   }
 
   // Rank 0 of the last stage: the final norm, the classifier and the choice of tokens.
@@ -442,6 +516,9 @@ class cuda_transformer_shard final : public forward_shard {
   const model_config& cfg_;
   shard_spec spec_;
   cuda_shard_options opt_;
+  // How long a device link's ranks wait for each other to connect.
+  static constexpr std::chrono::milliseconds link_connect_timeout{30000};
+
   int32_t heads_ = 0, kv_heads_ = 0, hidden_ = 0;  // this rank's slice
   int32_t q_dim_ = 0, kv_dim_ = 0, qkv_dim_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -465,6 +542,8 @@ class cuda_transformer_shard final : public forward_shard {
   bool choosing_ = false;  // this step ends in the choice of tokens on the device
   std::map<std::tuple<int32_t, int32_t, int32_t, bool, int32_t>, cudaGraphExec_t> graphs_;
   std::unique_ptr<gpu_collective> tp_;  // this rank's all-reduce, when tensor-parallel
+  std::unique_ptr<nccl_member> link_in_, link_out_;  // device links to the neighbouring stages
+  cudaEvent_t computed_ = nullptr;                   // a sending step's work, before its send
 };
 
 }  // namespace

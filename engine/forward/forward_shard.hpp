@@ -2,17 +2,19 @@
 // a layer range of one tensor-parallel slice over a step_batch.
 //
 //   hidden: [num_tokens][dim] in host memory, in place: filled from the embedding by the
-//           first stage, handed from stage to stage.
+//           first stage, handed from stage to stage (or, between GPU stages joined by a
+//           device link, sent over NCCL: see connect_link).
 //   logits: [num_logits][vocab] in host memory, from the last stage's rank 0.
 //
 // transformer_shard runs on the CPU; cuda_transformer_shard (built with CUDA) on a GPU.
 #pragma once
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "engine/forward/collective.hpp"
-#include "engine/forward/gpu_tp_group.hpp"
+#include "engine/forward/nccl_group.hpp"
 #include "engine/forward/step_batch.hpp"
 #include "engine/forward/tp_slice.hpp"
 #include "engine/model/model.hpp"
@@ -20,6 +22,16 @@
 #include "kernels/cpu/sample.hpp"
 
 namespace troupe {
+
+// Which neighbour a device link joins a shard to: the previous stage (whose rank 0 sends
+// this stage its input) or the next (to whose ranks this shard, rank 0, sends its output).
+enum class link_side { input, output };
+
+// A device link failed during a step (its peer gone, or its group aborted): the link is
+// dropped, and the step's hidden states are lost. The shard itself is sound.
+struct device_link_broken : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct shard_spec {
   int32_t first_layer = 0;
@@ -38,6 +50,21 @@ class forward_shard {
   // caller runs forward() and chooses itself).
   virtual bool forward_choose(const step_batch& batch, float* hidden, const token_choice* choices, int32_t* next) {
     (void)batch, (void)hidden, (void)choices, (void)next;
+    return false;
+  }
+  // Device links between neighbouring GPU stages (nccl_group.hpp): the previous stage's
+  // rank 0 sends its hidden states over NCCL to every rank of the next. connect_link joins
+  // this shard to `group` as `rank` (the sender is rank 0, the receiving stage's ranks 1
+  // and up) and returns once every rank has connected, or with the reason it could not.
+  // With an output link, forward() sends the hidden states there instead of writing
+  // `hidden`; called with hidden == nullptr, it receives them from the input link. A link
+  // that fails during a step is dropped, and the step throws device_link_broken.
+  virtual status connect_link(link_side side, std::shared_ptr<nccl_group> group, int32_t rank) {
+    (void)side, (void)group, (void)rank;
+    return error{"only GPU shards have device links"};
+  }
+  virtual bool has_link(link_side side) const {
+    (void)side;
     return false;
   }
   virtual bool is_first_stage() const = 0;
@@ -66,7 +93,7 @@ struct cuda_shard_options {
   // or, without one, through host memory in host_group: each partial copied out, summed
   // by the CPU collective in rank order and copied back (any devices, the same one
   // included; no NCCL, and slow). Tensor-parallel steps run kernel by kernel (no graphs).
-  std::shared_ptr<gpu_tp_group> tp_group;
+  std::shared_ptr<nccl_group> tp_group;
   std::shared_ptr<local_collective_group> host_group;
 };
 

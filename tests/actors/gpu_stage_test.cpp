@@ -1,8 +1,8 @@
 // A stage split over GPUs with NCCL invites its shards into the group with a message
 // carrying the group's id. On devices that do not exist (cuda:998, cuda:999, on any
 // machine) the shards take the invitation, fail to build, and abort the group; before that,
-// a shard refuses steps and invitations that are not its own. (Connecting and summing on
-// real devices is in the GPU suite.)
+// a shard refuses steps and invitations that are not its own. A CPU stage refuses device
+// links. (Connecting, summing and linking on real devices are in the GPU suite.)
 #include <caf/all.hpp>
 #include <doctest/doctest.h>
 
@@ -27,8 +27,8 @@ std::string answer_to(caf::scoped_actor& self, const caf::actor& shard, const wi
   return out;
 }
 
-wire_message invite(const gpu_tp_group& g, int32_t size, int32_t rank) {
-  return wire_message(wire_kind::tp_group, wire::encode_tp_group_invite({g.id(), size, rank}));
+wire_message invite(const nccl_group& g, int32_t size, int32_t rank) {
+  return wire_message(wire_kind::nccl_invite, wire::encode_nccl_invite({g.id(), size, rank, ""}));
 }
 
 // Waits (up to 30 s) for the down message of the monitored `who`.
@@ -47,7 +47,7 @@ TEST_CASE("a GPU shard of an NCCL stage builds on its own invitation and refuses
   system_config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto group = gpu_tp_group::create(2);
+  auto group = nccl_group::create(2);
   REQUIRE(group.has_value());
 
   shard_setup s;
@@ -71,7 +71,7 @@ TEST_CASE("a GPU shard of an NCCL stage builds on its own invitation and refuses
   CHECK(answer_to(self, shard, invite(**group, 4, 1)).find("rank 1 of 4") != std::string::npos);
   CHECK(answer_to(self, shard, wire_message(wire_kind::step_plan, {1, 2, 3})).find("expected a tensor-parallel group") !=
         std::string::npos);
-  CHECK(answer_to(self, shard, wire_message(wire_kind::tp_group, std::vector<uint8_t>(40, 0xff))) != "");
+  CHECK(answer_to(self, shard, wire_message(wire_kind::nccl_invite, std::vector<uint8_t>(40, 0xff))) != "");
   CHECK_FALSE((*group)->aborted());
 
   // Its own: it joins the group, cannot build on a device that is not there, and aborts
@@ -102,5 +102,29 @@ TEST_CASE("an NCCL stage invites each shard as its rank: shards that cannot buil
 }
 
 #endif
+
+TEST_CASE("a CPU stage has no device links: asked for one, it says so, and goes on serving") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  stage_layout layout;
+  layout.first_layer = 1;
+  layout.end_layer = l.m.config.num_layers;
+  stage_group g = spawn_stage_group(sys, l.m, layout, 16, 16, 64);
+  const auto t = std::chrono::seconds(30);
+  std::string drawn = "answered", joined = "answered", connected = "answered", link = "answered";
+  self->request(g.stage, t, link_in_atom_v).receive([](const wire_message&) {}, [&](caf::error& e) { drawn = sys.render(e); });
+  const wire_message invite(wire_kind::nccl_invite, wire::encode_nccl_invite({nccl_unique_id{}, 2, 0, "here"}));
+  self->request(g.stage, t, link_out_atom_v, invite).receive([] {}, [&](caf::error& e) { joined = sys.render(e); });
+  self->request(g.stage, t, link_in_atom_v, invite).receive([] {}, [&](caf::error& e) { connected = sys.render(e); });
+  CHECK(drawn.find("a CPU stage has no device links") != std::string::npos);
+  CHECK(joined.find("a CPU stage has no device links") != std::string::npos);
+  CHECK(connected.find("not this stage's input link") != std::string::npos);
+  self->send(g.stage, unlink_atom_v);
+  // Still there: a lone CPU shard without a node host has no step link, and says so.
+  self->request(g.stage, t, link_atom_v).receive([](uint16_t) {}, [&](caf::error& e) { link = sys.render(e); });
+  CHECK(link.find("no step link") != std::string::npos);
+}
 
 }  // namespace troupe

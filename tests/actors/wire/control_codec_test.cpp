@@ -1,5 +1,5 @@
-// The tensor-parallel group invitation a stage sends its GPU shards: what it carries, and
-// what a frame that is not one gets.
+// The NCCL invitation a stage sends its GPU shards (and a neighbouring stage, for a device
+// link): what it carries, and what a frame that is not one gets.
 #include "actors/wire/control_codec.hpp"
 
 #include <capnp/message.h>
@@ -12,10 +12,10 @@ namespace troupe::wire {
 
 namespace {
 
-// A TensorParallelGroup frame with any values, the encoder's checks bypassed.
+// A NcclInvite frame with any values, the encoder's checks bypassed.
 std::vector<uint8_t> raw_invite(size_t id_bytes, uint32_t size, uint32_t rank) {
   capnp::MallocMessageBuilder msg;
-  auto r = msg.initRoot<schema::TensorParallelGroup>();
+  auto r = msg.initRoot<schema::NcclInvite>();
   r.initNcclId(static_cast<unsigned>(id_bytes));
   r.setSize(size);
   r.setRank(rank);
@@ -24,16 +24,25 @@ std::vector<uint8_t> raw_invite(size_t id_bytes, uint32_t size, uint32_t rank) {
 
 }  // namespace
 
-TEST_CASE("a tensor-parallel group invitation carries the id's 128 bytes, the size and the rank") {
-  tp_group_invite in;
+TEST_CASE("an NCCL invitation carries the id's 128 bytes, the size, the rank and the node") {
+  nccl_invite in;
   for (size_t i = 0; i < in.id.bytes.size(); ++i) in.id.bytes[i] = static_cast<char>(i * 7 + 1);
   in.size = 4;
   in.rank = 3;
-  auto out = decode_tp_group_invite(encode_tp_group_invite(in));
+  auto out = decode_nccl_invite(encode_nccl_invite(in));
   REQUIRE(out.has_value());
   CHECK(out->id.bytes == in.id.bytes);
   CHECK(out->size == 4);
   CHECK(out->rank == 3);
+  CHECK(out->node.empty());
+  in.node = "gpu-node-7";  // a device link's, naming the host it was drawn on
+  auto linked = decode_nccl_invite(encode_nccl_invite(in));
+  REQUIRE(linked.has_value());
+  CHECK(linked->node == "gpu-node-7");
+  in.node = std::string(256, 'x');
+  auto long_name = decode_nccl_invite(encode_nccl_invite(in));
+  REQUIRE_FALSE(long_name.has_value());
+  CHECK(long_name.err().message.find("node name of 256 bytes") != std::string::npos);
 }
 
 TEST_CASE("invitations that name no place in a group are refused with the reason") {
@@ -52,7 +61,7 @@ TEST_CASE("invitations that name no place in a group are refused with the reason
       {std::vector<uint8_t>(64, 0xff), ""},
   };
   for (const auto& c : cases) {
-    auto out = decode_tp_group_invite(c.bytes);
+    auto out = decode_nccl_invite(c.bytes);
     REQUIRE_FALSE(out.has_value());
     CHECK_MESSAGE(out.err().message.find(c.why) != std::string::npos, out.err().message);
   }

@@ -6,6 +6,7 @@
 #include <capnp/message.h>
 #include <doctest/doctest.h>
 
+#include "actors/wire/activations_codec.hpp"
 #include "actors/wire/frame.hpp"
 #include "engine/sample/rng.hpp"
 #include "engine/sched/scheduler.hpp"
@@ -316,6 +317,25 @@ TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows
     if (x)
       for (const auto& t : *x) CHECK((t.token >= 0 && t.token < 512));
   }
+}
+
+TEST_CASE("activations sent over a device link travel as their step and size alone, and a frame with data is refused") {
+  const auto bytes = encode_linked_activations(41, 5, 16);
+  auto d = decode_linked_activations(bytes, 16, 8);
+  REQUIRE(d.has_value());
+  CHECK(d->step_id == 41);
+  CHECK(d->num_tokens == 5);
+  CHECK(d->data.empty());
+  CHECK_FALSE(decode_linked_activations(bytes, 32, 8).has_value());  // another width
+  CHECK_FALSE(decode_linked_activations(bytes, 16, 4).has_value());  // more tokens than a step holds
+  // Activations with their data are not linked ones, nor the other way round.
+  const std::vector<float> data(5 * 16, 0.5f);
+  const auto full = encode_activations(41, 5, 16, data.data());
+  auto refused = decode_linked_activations(full, 16, 8);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.err().message.find("over a device link carry 320 bytes") != std::string::npos);
+  CHECK_FALSE(decode_activations(bytes, 16, 8).has_value());
+  for (size_t n = 0; n < bytes.size(); ++n) CHECK_FALSE(decode_linked_activations(std::span(bytes).first(n), 16, 8).has_value());
 }
 
 }  // namespace troupe::wire

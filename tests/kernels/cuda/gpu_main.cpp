@@ -5,7 +5,7 @@
 
 #include <doctest/doctest.h>
 
-#include "engine/forward/gpu_tp_group.hpp"
+#include "engine/forward/nccl_group.hpp"
 #include "kernels/cuda/device.hpp"
 
 int main(int argc, char** argv) {
@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("CUDA device 0: %s (%d device(s))\n", troupe::cuda::device_name(0).c_str(), devices);
-  // The tensor-parallel cases over NCCL need it, and two devices for a real split.
+  // The tensor-parallel and device-link cases over NCCL need it, and two devices.
   if (const troupe::status nccl = troupe::nccl_usable(); !nccl)
     std::printf("%s: the NCCL cases are skipped\n", nccl.err().message.c_str());
   else if (devices < 2)

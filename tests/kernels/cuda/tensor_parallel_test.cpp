@@ -33,11 +33,11 @@ using test::tp_run;
 tp_run run_tp(const model& m, int32_t tp, dtype weights, std::vector<int32_t> prompt, int32_t steps,
               reduce how = reduce::nccl) {
   const std::vector<uint32_t> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
-  std::shared_ptr<gpu_tp_group> group;
+  std::shared_ptr<nccl_group> group;
   std::shared_ptr<local_collective_group> host;
   if (tp > 1 && how == reduce::host) host = std::make_shared<local_collective_group>(tp);
   if (tp > 1 && how == reduce::nccl) {
-    auto g = gpu_tp_group::create(tp);
+    auto g = nccl_group::create(tp);
     REQUIRE_MESSAGE(g.has_value(), (g ? "" : g.err().message));
     group = *g;
   }
@@ -128,13 +128,13 @@ TEST_CASE("GPU TP=2 over NCCL (two devices): stories260K reference ids in FP32, 
 
 TEST_CASE("a GPU rank whose peer never connects is released by abort(), and its shard is refused" *
           doctest::skip(no_nccl())) {
-  auto g = gpu_tp_group::create(2);
+  auto g = nccl_group::create(2);
   REQUIRE_MESSAGE(g.has_value(), (g ? "" : g.err().message));
-  std::shared_ptr<gpu_tp_group> group = *g;
+  std::shared_ptr<nccl_group> group = *g;
   // Rank 0 alone: connecting waits for rank 1 until the group is aborted.
   auto waiting = std::async(std::launch::async, [group]() -> std::string {
     try {
-      gpu_tp_member member(group, 0, 0);
+      nccl_member member(group, 0, 0);
       return "connected without its peer";
     } catch (const collective_aborted&) {
       return "aborted";
