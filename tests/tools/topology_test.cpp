@@ -61,7 +61,7 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(validate_topology(*t, stories(), 0).has_value());
     ++n;
   }
-  CHECK(n == 6);
+  CHECK(n == 7);
   auto two = parse_topology(dir + "/pp2x2.toml");
   REQUIRE(two.has_value());
   CHECK(two->replicas.size() == 2);
