@@ -2,7 +2,8 @@
 # The GPU check, for a machine with an NVIDIA GPU: runs the GPU suite (every CUDA kernel
 # against its CPU reference; the GPU shard against the stories260K reference), then a
 # troupe-node serving stories260K from cuda:0 against troupe-run on the CPU (the node test
-# of tests/tools/), then the decode benchmark on a synthetic 1B model (BF16, batch 1, 8 and
+# of tests/tools/), the same with two GPU stages in two processes (deploy/pp2-gpu.toml,
+# joined by a device link where there are two devices), then the decode benchmark on a synthetic 1B model (BF16, batch 1, 8 and
 # 64) beside the device's copy bandwidth. Bounded to 8 minutes.
 #   tools/gpu-check.sh [BUILD_DIR]     builds the CUDA targets in BUILD_DIR (default build)
 #                                      when this machine has CMake and nvcc, else uses it as it is
@@ -68,6 +69,20 @@ if [[ -x $root/tools/troupe-node && -x $root/tools/troupe-client && -x $root/too
     echo "gpu-check: troupe-node served from cuda:0 as troupe-run does on the CPU"
   else
     echo "gpu-check: serving from cuda:0 failed"
+    rc=1
+  fi
+  rm -f "$topology"
+  # Two stages in two processes (deploy/pp2-gpu.toml): on two devices their hidden states
+  # go over a device link (NCCL); on one, both stages share cuda:0, NCCL refuses a link
+  # within one device, and they go through the host. The same output either way.
+  second=$([[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]] && echo 1 || echo 0)
+  topology=$(mktemp --suffix=.toml)
+  sed -e "s|\.\./\.\./shared|$shared|" -e "s|cuda:1|cuda:$second|" -e 's|weights = "bf16"|weights = "f32"|' \
+    deploy/pp2-gpu.toml >"$topology"
+  if timeout "$(left)" tests/tools/node_client_test.sh "$root" "$topology" "$shared/models/stories260K"; then
+    echo "gpu-check: two GPU stages (cuda:0, cuda:$second) served as troupe-run does on the CPU"
+  else
+    echo "gpu-check: serving two GPU stages failed"
     rc=1
   fi
   rm -f "$topology"
