@@ -59,33 +59,31 @@ case $rc in
   77) echo "gpu-check: no CUDA device visible; nothing ran"; exit 77 ;;
   *) echo "gpu-check: GPU tests failed (exit $rc)" ;;
 esac
-# Serving through the actors on the device: deploy/single.toml with its stage on cuda:0
-# and FP32 weights, against troupe-run's greedy output on the CPU (the node test).
+# Serving through the actors on the device against troupe-run's greedy output on the CPU
+# (the node test): a deploy/ topology with FP32 weights, rewritten by the sed arguments
+# that follow its name (and what to call it).
+serve_check() {
+  local what=$1 file=$2 topology
+  shift 2
+  topology=$(mktemp --suffix=.toml)
+  sed -e "s|\.\./\.\./shared|$shared|" "$@" "deploy/$file" >"$topology"
+  grep -q '^\[gpu\]' "$topology" || printf '\n[gpu]\n' >>"$topology"
+  sed -i -e '/^weights *=/d' -e 's|^\[gpu\]|[gpu]\nweights = "f32"|' "$topology"
+  if timeout "$(left)" tests/tools/node_client_test.sh "$root" "$topology" "$shared/models/stories260K"; then
+    echo "gpu-check: troupe-node served $what as troupe-run does on the CPU"
+  else
+    echo "gpu-check: serving $what failed"
+    rc=1
+  fi
+  rm -f "$topology"
+}
 if [[ -x $root/tools/troupe-node && -x $root/tools/troupe-client && -x $root/tools/troupe-run ]]; then
-  topology=$(mktemp --suffix=.toml)
-  sed -e "s|\.\./\.\./shared|$shared|" -e 's|devices = \["cpu"\]|devices = ["cuda:0"]|' deploy/single.toml >"$topology"
-  printf '\n[gpu]\nweights = "f32"\n' >>"$topology"
-  if timeout "$(left)" tests/tools/node_client_test.sh "$root" "$topology" "$shared/models/stories260K"; then
-    echo "gpu-check: troupe-node served from cuda:0 as troupe-run does on the CPU"
-  else
-    echo "gpu-check: serving from cuda:0 failed"
-    rc=1
-  fi
-  rm -f "$topology"
-  # Two stages in two processes (deploy/pp2-gpu.toml): on two devices their hidden states
-  # go over a device link (NCCL); on one, both stages share cuda:0, NCCL refuses a link
-  # within one device, and they go through the host. The same output either way.
+  serve_check "one stage on cuda:0" single.toml -e 's|devices = \["cpu"\]|devices = ["cuda:0"]|'
+  # Two stages in two processes: on two devices their hidden states go over a device link
+  # (NCCL); on one, both stages share cuda:0, NCCL refuses a link within one device, and
+  # they go through the host. The same output either way.
   second=$([[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]] && echo 1 || echo 0)
-  topology=$(mktemp --suffix=.toml)
-  sed -e "s|\.\./\.\./shared|$shared|" -e "s|cuda:1|cuda:$second|" -e 's|weights = "bf16"|weights = "f32"|' \
-    deploy/pp2-gpu.toml >"$topology"
-  if timeout "$(left)" tests/tools/node_client_test.sh "$root" "$topology" "$shared/models/stories260K"; then
-    echo "gpu-check: two GPU stages (cuda:0, cuda:$second) served as troupe-run does on the CPU"
-  else
-    echo "gpu-check: serving two GPU stages failed"
-    rc=1
-  fi
-  rm -f "$topology"
+  serve_check "two stages on cuda:0 and cuda:$second" pp2-gpu.toml -e "s|cuda:1|cuda:$second|"
 fi
 if [[ -x $root/tools/troupe-perf && -x $root/tools/make-model ]]; then
   model=${TMPDIR:-/tmp}/troupe-syn1b.bf16.gguf
