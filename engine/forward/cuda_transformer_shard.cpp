@@ -36,8 +36,8 @@
 #include <tuple>
 
 #include "engine/forward/collective.hpp"
+#include "engine/forward/cuda_shard_parts.hpp"
 #include "engine/forward/forward_shard.hpp"
-#include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/rope.hpp"
 #include "kernels/cuda/sample.hpp"
 #include "kernels/cuda/convert.hpp"
@@ -54,71 +54,6 @@
 namespace troupe {
 
 namespace {
-
-// A weight matrix [rows][cols] in device memory, f32 or 16-bit: one stored matrix, or
-// several with the same columns stacked by rows (one GEMM computes all their outputs).
-struct device_matrix {
-  dtype type = dtype::f32;
-  int32_t rows = 0, cols = 0;
-  cuda::buffer<float> f32;
-  cuda::buffer<uint16_t> half;
-
-  device_matrix() = default;
-  device_matrix(std::initializer_list<const matrix_view*> parts, dtype to) : type(to) {
-    cols = (*parts.begin())->cols;
-    for (const matrix_view* w : parts) {
-      TROUPE_ASSERT(w->cols == cols, w->cols, cols);
-      rows += w->rows;
-    }
-    // Dequantize on the host (any stored type, slices included), then convert and upload.
-    std::vector<float> host(size_t(rows) * cols);
-    size_t at = 0;
-    for (const matrix_view* w : parts) {
-      std::vector<int32_t> all(w->rows);
-      for (int32_t r = 0; r < w->rows; ++r) all[r] = r;
-      embedding(*w, all.data(), w->rows, host.data() + at, cols);
-      at += size_t(w->rows) * cols;
-    }
-    if (to == dtype::f32) {
-      f32 = cuda::buffer<float>(host.size());
-      f32.upload(host);
-      return;
-    }
-    std::vector<uint16_t> h(host.size());
-    for (size_t i = 0; i < host.size(); ++i) h[i] = to == dtype::bf16 ? f32_to_bf16(host[i]) : f32_to_f16(host[i]);
-    half = cuda::buffer<uint16_t>(h.size());
-    half.upload(h);
-  }
-  const void* data() const { return type == dtype::f32 ? static_cast<const void*>(f32.get()) : half.get(); }
-};
-
-// The all-reduce through host memory: the partials copied out, summed by the CPU's
-// collective in rank order, copied back. For stages without NCCL (and for checking the
-// split on a single device): correct on any devices, but each reduction waits for the
-// stream and crosses the bus twice.
-class host_staged_collective final : public gpu_collective {
- public:
-  host_staged_collective(collective& comm, size_t max_elements) : comm_(comm), staging_(max_elements) {}
-  void all_reduce_sum(float* data, int64_t n, CUstream_st* stream) override {
-    TROUPE_ASSERT(n >= 0 && static_cast<size_t>(n) <= staging_.size(), n, staging_.size());
-    const size_t bytes = sizeof(float) * static_cast<size_t>(n);
-    cuda::check(cudaMemcpyAsync(staging_.get(), data, bytes, cudaMemcpyDeviceToHost, stream), "copy to the host");
-    cuda::check(cudaStreamSynchronize(stream), "tensor-parallel partials");
-    comm_.all_reduce_sum(staging_.get(), n);  // collective_aborted when a peer died
-    cuda::check(cudaMemcpyAsync(data, staging_.get(), bytes, cudaMemcpyHostToDevice, stream), "copy to the device");
-  }
-  void check() override {}  // its all-reduce waits, and fails, in all_reduce_sum
-
- private:
-  collective& comm_;
-  cuda::pinned<float> staging_;
-};
-
-cuda::buffer<float> upload_floats(const float* p, size_t n) {
-  cuda::buffer<float> b(n);
-  b.upload(p, n);
-  return b;
-}
 
 class cuda_transformer_shard final : public forward_shard {
  public:
