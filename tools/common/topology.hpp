@@ -18,7 +18,8 @@
 //               (layers may also be "FIRST-end", or "all" for the whole model; a
 //               stage's devices are all "cpu" or all distinct GPUs "cuda:N", one
 //               tensor-parallel shard each: GPU shards all-reduce over NCCL, or through
-//               host memory where libnccl.so.2 cannot be loaded)
+//               host memory where libnccl.so.2 cannot be loaded; neighbouring GPU stages
+//               on nodes of one host pass hidden states over NCCL too, a device link)
 //   [gpu]       weights = "bf16" | "f16" | "f32": what shards on cuda:N devices keep
 //               their weights as (bf16 by default; f32 for exact GEMMs)
 //   [failure]   heartbeat_ms (200), timeout_ms (400: a silent peer is dropped after this,
