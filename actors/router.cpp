@@ -400,7 +400,8 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
           return true;
         }
         it->second.cancelled = true;
-        self->send(st.replicas[it->second.replica].sched, cancel_atom_v, it->second.attempt);
+        // Anonymous: the scheduler's answer (whether it knew the request) has no use here.
+        caf::anon_send(st.replicas[it->second.replica].sched, cancel_atom_v, it->second.attempt);
         return true;
       },
       [self](chunk_atom, const wire_message& m) {

@@ -178,6 +178,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     uint32_t prompt_tokens = 0, output_tokens = 0;
     size_t done = 0;
     std::string error;
+    bool client_gone = false;  // a stream's client went away before its end
     clock_type::time_point first{}, last{};
   };
   auto st = std::make_shared<state>();
@@ -232,7 +233,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   auto finish_metrics = [this, st, t0, first_id = ids[0]]() {
     std::lock_guard<std::mutex> lock(m.mu);
     const auto now = clock_type::now();
-    ++m.outcomes[outcome_of(st->choices[0].reason, st->error)];
+    ++m.outcomes[st->client_gone ? "cancelled" : outcome_of(st->choices[0].reason, st->error)];
     m.tokens_in += st->prompt_tokens;
     m.tokens_out += st->output_tokens;
     if (st->first != clock_type::time_point{}) {
@@ -299,7 +300,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
         }
         return true;
       },
-      [this, sink, st, finish_metrics, cancel_all](bool) {
+      [this, sink, st, finish_metrics, cancel_all, n = ids.size()](bool) {
+        st->client_gone = st->done < n;  // the stream ended before its requests did
         cancel_all();  // no-op for finished choices
         caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
         finish_metrics();

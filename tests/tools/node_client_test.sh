@@ -82,4 +82,6 @@ for p in "${others[@]}"; do
   wait "$p" || { echo "a stage node exited with an error"; exit 1; }
 done
 others=()
+# No actor printed a message it has no handler for (CAF does so on stdout).
+if grep -h 'unexpected message' "$work"/*.out "$work"/*.err; then echo "an actor dropped a message it did not expect"; exit 1; fi
 echo "node and client agree for ${#prompts[@]} concurrent streams ($topology)"
