@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # troupe-launch against real processes on 127.0.0.1: up prints the endpoint and the
 # cluster answers; status lists every node and sees a SIGSTOPped one; down stops them all;
-# a topology with a mistake starts nothing. Bounded in time; leftovers are killed.
+# a topology with a mistake starts nothing; a node that cannot start is reported at once.
+# Bounded in time; leftovers are killed.
 # Usage: launcher_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 build=$1 src=$2 models=$3
@@ -45,4 +46,18 @@ sed -i "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$bad"
 if out=$(launch up "$bad" 2>&1); then echo "a bad topology was started"; exit 1; fi
 grep -q "overlaps" <<<"$out" || { echo "no reason given: $out"; exit 1; }
 [[ ! -f $state/bad.procs ]] || { echo "processes were started for a bad topology"; exit 1; }
-echo "launcher: up, status, SIGSTOP seen, down, bad topology refused"
+# A node that cannot start (its port is taken): up says which and why within seconds (the
+# gateway's node, waiting for a replica that cannot come, stops at once on SIGTERM), and
+# leaves nothing running.
+port1=$(sed -n '/^name *= *"n1"/,/^$/ s/^port *= *\([0-9]*\)/\1/p' "$topo")
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1); time.sleep(60)' "$port1" &
+squatter=$!
+sleep 0.5
+started=$SECONDS
+if out=$(launch up "$topo" --capnp 127.0.0.1:0 2>&1); then kill "$squatter"; echo "up succeeded without node n1"; exit 1; fi
+kill "$squatter"
+grep -q "node n1 exited" <<<"$out" && grep -q "cannot listen on 127.0.0.1:$port1" <<<"$out" || { echo "no reason given: $out"; exit 1; }
+(( SECONDS - started < 20 )) || { echo "up took $((SECONDS - started)) s to give up"; exit 1; }
+if pgrep -f "troupe-node $topo" >/dev/null; then echo "nodes left running: $(pgrep -af "troupe-node $topo")"; exit 1; fi
+echo "launcher: up, status, SIGSTOP seen, down, bad topology refused, a node that cannot start reported"

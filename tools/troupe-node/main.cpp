@@ -285,18 +285,24 @@ int main(int argc, char** argv) {
       std::printf("endpoint: http://%s:%u\n", http_ep.host.c_str(), static_cast<unsigned>(*hp));
     }
     // The endpoint is announced once a replica can serve (a canary step passed), or after
-    // the recovery timeout with a warning.
+    // the recovery timeout with a warning. A stop signal meanwhile ends the wait, and the
+    // node stops without serving.
     const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(topo->failure.recovery_timeout_s);
+    int stopped_early = 0;
     for (;;) {
       if (ask_health(sys, router, false).ready) break;
+      const timespec no_wait{0, 0};
+      if ((stopped_early = sigtimedwait(&stop_signals, nullptr, &no_wait)) > 0) break;
       if (std::chrono::steady_clock::now() > ready_by) {
         std::fprintf(stderr, "troupe-node %s: no replica is ready yet; serving anyway (health says why)\n", node_name.c_str());
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    auto port = gateway.start(ep.host, ep.port);
-    if (!port) {
+    if (stopped_early > 0) {
+      std::fprintf(stderr, "troupe-node %s: stopping (signal %d) before any replica was ready\n", node_name.c_str(),
+                   stopped_early);
+    } else if (auto port = gateway.start(ep.host, ep.port); !port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
     } else {
