@@ -89,7 +89,7 @@ void log_finished(const router_state& st, uint64_t id, const routed& r, const ch
                r.ttft_ms < 0 ? 0.0 : r.ttft_ms, e2e, r.resubmits);
 }
 
-void finish_with_error(self_ptr self, uint64_t id, const std::string& why) {
+void finish_with_error(self_ptr self, uint64_t id, const std::string& why, wire::error_kind kind) {
   auto& st = self->state;
   auto it = st.requests.find(id);
   if (it == st.requests.end()) return;
@@ -97,7 +97,8 @@ void finish_with_error(self_ptr self, uint64_t id, const std::string& why) {
   out.id = request_id{id};
   out.finished = true;
   out.num_output_tokens = static_cast<int32_t>(it->second.delivered.size());
-  self->send(it->second.sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, it->second.seq, why)));
+  self->send(it->second.sink, done_atom_v,
+             wire_message(wire_kind::none, wire::encode_generate_result(id, out, it->second.seq, why, kind)));
   log_finished(st, id, it->second, "error", 0, static_cast<uint32_t>(it->second.delivered.size()));
   if (it->second.attempt) st.attempts.erase(it->second.attempt);
   if (it->second.replica >= 0) --st.replicas[it->second.replica].active;
@@ -123,7 +124,7 @@ void submit(self_ptr self, uint64_t id) {
   wire_message frame = r.request;
   if (!r.delivered.empty()) {
     auto with = wire::with_delivered(*r.request.bytes, r.delivered);
-    if (!with) return finish_with_error(self, id, with.err().message);
+    if (!with) return finish_with_error(self, id, with.err().message, wire::error_kind::internal);
     frame = wire_message(wire_kind::none, std::move(with).value());
   }
   // A first attempt carries the client's id, so its chunks pass through unchanged.
@@ -142,8 +143,9 @@ void unpark(self_ptr self) {
     auto it = st.requests.find(id);
     if (it == st.requests.end() || it->second.attempt != 0) continue;
     if (clock_type::now() - it->second.waiting_since > st.setup.wait_timeout) {
-      finish_with_error(self, id, "no replica could serve the request within " +
-                                      std::to_string(st.setup.wait_timeout.count() / 1000) + " s");
+      finish_with_error(self, id,
+                        "no replica could serve the request within " + std::to_string(st.setup.wait_timeout.count() / 1000) + " s",
+                        wire::error_kind::unavailable);
       continue;
     }
     submit(self, id);
@@ -434,7 +436,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         const uint64_t id = a->second;
         routed& r = st.requests.at(id);
         auto parts = wire::split_final_result(*m.bytes, id, r.seq);
-        if (!parts) return finish_with_error(self, id, parts.err().message);
+        if (!parts) return finish_with_error(self, id, parts.err().message, wire::error_kind::internal);
         if (parts->last) self->send(r.sink, chunk_atom_v, wire_message(wire_kind::none, std::move(*parts->last)));
         self->send(r.sink, done_atom_v, wire_message(wire_kind::none, std::move(parts->result)));
         if (r.ttft_ms < 0 && !parts->last_tokens.empty())

@@ -11,13 +11,14 @@ namespace troupe {
 
 namespace sched {
 
-void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text) {
+void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text, wire::error_kind kind) {
   auto& st = self->state;
   auto it = st.sinks.find(id);
   if (it == st.sinks.end()) return;
   self->send(it->second.sink, done_atom_v,
-             wire_message(wire_kind::none, error_text.empty() ? wire::encode_final_result(id, it->second.seq, out)
-                                                              : wire::encode_generate_result(id, out, it->second.seq, error_text)));
+             wire_message(wire_kind::none, error_text.empty()
+                                               ? wire::encode_final_result(id, it->second.seq, out)
+                                               : wire::encode_generate_result(id, out, it->second.seq, error_text, kind)));
   st.sinks.erase(it);
 }
 
@@ -39,7 +40,7 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
 void fail_request(self_ptr self, request_id id, const std::string& why) {
   auto& st = self->state;
   if (auto out = st.sched->abort(id)) {
-    send_result(self, id.value, *out, why);
+    send_result(self, id.value, *out, why, wire::error_kind::unavailable);
     st.released.push_back(id);
   }
 }

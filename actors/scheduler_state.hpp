@@ -19,6 +19,7 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/step_link.hpp"
+#include "actors/wire/client_codec.hpp"
 #include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 
@@ -87,8 +88,11 @@ using self_ptr = caf::stateful_actor<scheduler_state>*;
 inline bool remote_kv(const scheduler_state& st) { return !st.setup.kv_manager.empty(); }
 
 // scheduler_actor.cpp
-void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text);
+void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text,
+                 wire::error_kind kind = wire::error_kind::invalid);
 void dispatch(self_ptr self, std::vector<step_output> outs);
+// Ends a request this replica cannot serve (it did not recover in time): the client may
+// try again later.
 void fail_request(self_ptr self, request_id id, const std::string& why);
 void announce(self_ptr self);
 

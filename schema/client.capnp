@@ -61,6 +61,15 @@ enum FinishReason {
   error @3;                             # see GenerateResult.error
 }
 
+# Why a request ended with an error: something about the request itself (the client should
+# not retry it as it is), no replica able to serve it in time (retry later), or a fault of
+# the server's.
+enum ErrorKind {
+  invalid @0;
+  unavailable @1;
+  internal @2;
+}
+
 struct GenerateResult {
   requestId @0 :UInt64;
   reason @1 :FinishReason;
@@ -73,6 +82,7 @@ struct GenerateResult {
                                         # inside the result, so a request's end is one
                                         # message (the router forwards it as a chunk)
   hasLast @8 :Bool;                     # last is set
+  errorKind @9 :ErrorKind;              # when reason is error
 }
 
 struct Health {

@@ -95,6 +95,19 @@ struct metrics {
   histogram ttft, tpot, itl, e2e;
 };
 
+// The HTTP answer to a request that ended in an error: the request's own fault is a 400, no
+// replica able to serve it in time a 503 (retry later), the server's fault a 500, and the
+// gateway's own deadline passing a 504.
+openai::api_error failure_of(const std::string& why, wire::error_kind kind, bool timed_out) {
+  if (timed_out) return {504, why, "timeout_error", "", "timeout"};
+  switch (kind) {
+    case wire::error_kind::unavailable: return {503, why, "server_error", "", "unavailable"};
+    case wire::error_kind::internal: return {500, why, "server_error", "", ""};
+    case wire::error_kind::invalid: break;
+  }
+  return {400, why, "invalid_request_error", "", ""};
+}
+
 std::string outcome_of(finish_reason r, const std::string& error) {
   if (!error.empty()) return "error";
   switch (r) {
@@ -178,6 +191,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     uint32_t prompt_tokens = 0, output_tokens = 0;
     size_t done = 0;
     std::string error;
+    wire::error_kind error_type = wire::error_kind::invalid;
+    bool timed_out = false;    // the gateway's own deadline passed
     bool client_gone = false;  // a stream's client went away before its end
     clock_type::time_point first{}, last{};
   };
@@ -206,7 +221,10 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       st->choices[i].reason = v->reason;
       st->prompt_tokens = v->prompt_tokens;
       st->output_tokens += v->output_tokens;
-      if (!v->error.empty() && st->error.empty()) st->error = v->error;
+      if (!v->error.empty() && st->error.empty()) {
+        st->error = v->error;
+        st->error_type = v->error_type;
+      }
       if (sse && v->error.empty()) sse->push_back(openai::chunk_body(cid, chat, model, created, i, "", v->reason, !st->started[i]));
     } else {
       auto c = wire::decode_token_chunk(*e.frame.bytes);
@@ -254,6 +272,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       if (!e) {
         cancel_all();
         st->error = "the request took longer than " + std::to_string(cfg.request_timeout_s) + " s";
+        st->timed_out = true;
         break;
       }
       apply(*e, nullptr);
@@ -261,7 +280,11 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
     finish_metrics();
     in_flight.fetch_sub(1);
-    if (!st->error.empty()) return send_error(res, {400, st->error, "invalid_request_error", "", ""});
+    if (!st->error.empty()) {
+      const openai::api_error e = failure_of(st->error, st->error_type, st->timed_out);
+      if (e.status == 503) res.set_header("Retry-After", "1");
+      return send_error(res, e);
+    }
     res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens, st->output_tokens,
                                             r.logprobs, text_of),
                     "application/json");
@@ -280,7 +303,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
         auto e = stream->pop(deadline);
         if (!e) {
           cancel_all();
-          write(openai::error_body({408, "the request timed out", "timeout_error", "", ""}));
+          write(openai::error_body(failure_of("the request took longer than " + std::to_string(cfg.request_timeout_s) + " s",
+                                              wire::error_kind::invalid, true)));
           write("[DONE]");
           out.done();
           return true;
@@ -293,7 +317,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
             return false;
           }
         if (st->done == ids.size()) {
-          if (!st->error.empty()) write(openai::error_body({400, st->error, "invalid_request_error", "", ""}));
+          if (!st->error.empty()) write(openai::error_body(failure_of(st->error, st->error_type, false)));
           if (include_usage) write(openai::usage_chunk_body(cid, chat, model, created, st->prompt_tokens, st->output_tokens));
           write("[DONE]");
           out.done();

@@ -175,7 +175,8 @@ namespace {
 
 // A result without its final chunk: counts, reason (error when error_text is set).
 schema::GenerateResult::Builder fill_result(capnp::MallocMessageBuilder& msg, uint64_t request, const step_output& last,
-                                            uint32_t chunks, const std::string& error_text) {
+                                            uint32_t chunks, const std::string& error_text,
+                                            error_kind kind = error_kind::invalid) {
   auto r = msg.initRoot<schema::GenerateResult>();
   r.setRequestId(request);
   r.setReason(error_text.empty() ? to_schema(last.reason) : schema::FinishReason::ERROR);
@@ -183,6 +184,7 @@ schema::GenerateResult::Builder fill_result(capnp::MallocMessageBuilder& msg, ui
   r.setOutputTokens(static_cast<uint32_t>(last.num_output_tokens));
   r.setCachedPromptTokens(static_cast<uint32_t>(last.num_cached_prompt_tokens));
   r.setError(error_text);
+  if (!error_text.empty()) r.setErrorKind(static_cast<schema::ErrorKind>(kind));
   r.setChunks(chunks);
   return r;
 }
@@ -201,9 +203,9 @@ std::vector<uint8_t> encode_final_result(uint64_t request, uint32_t seq, const s
 }
 
 std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output& last, uint32_t chunks,
-                                            const std::string& error_text) {
+                                            const std::string& error_text, error_kind kind) {
   capnp::MallocMessageBuilder msg;
-  fill_result(msg, request, last, chunks, error_text);
+  fill_result(msg, request, last, chunks, error_text, kind);
   return to_bytes(msg);
 }
 
@@ -258,6 +260,11 @@ expected<result_view> decode_generate_result(std::span<const uint8_t> bytes) {
     v.output_tokens = r.getOutputTokens();
     v.chunks = r.getChunks();
     v.error.assign(r.getError().cStr(), r.getError().size());
+    switch (r.getErrorKind()) {
+      case schema::ErrorKind::UNAVAILABLE: v.error_type = error_kind::unavailable; break;
+      case schema::ErrorKind::INTERNAL: v.error_type = error_kind::internal; break;
+      default: v.error_type = error_kind::invalid; break;  // an unknown kind is not worth a retry
+    }
     v.cached_prompt_tokens = r.getCachedPromptTokens();
     if (r.getHasLast()) {
       const auto c = r.getLast();

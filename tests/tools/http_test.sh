@@ -221,4 +221,19 @@ grep -q '^troupe_requests_total{outcome="rejected"} [1-9]' "$work/metrics" || fa
 grep -q '^troupe_requests_total{outcome="invalid"} [1-9]' "$work/metrics" || fail "invalid requests not counted"
 grep -q '^troupe_time_to_first_token_seconds_count [1-9]' "$work/metrics" || fail "no TTFT histogram"
 stop_node
-echo "http: completions, chat, streams, bad input, disconnects, 429, keys and metrics behave"
+
+# No replica can serve (the second node of a pipeline never starts): after the recovery
+# timeout a request gets 503 with Retry-After (a client may retry), not a 400 (which says
+# the request itself is wrong), whole or streamed.
+sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/pp2.toml" >"$work/pp2.toml"
+printf '\n[failure]\nrecovery_timeout_s = 1\n' >>"$work/pp2.toml"
+start_node "$work/pp2.toml" "$work"
+base=$http_url
+code=$(curl -s -o "$work/body" -D "$work/headers" -w '%{http_code}' "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":5}')
+[[ $code == 503 ]] || fail "no replica: status $code, wanted 503 ($(cat "$work/body"))"
+grep -q '"code":"unavailable"' "$work/body" && grep -q 'no replica could serve' "$work/body" || fail "no replica: $(cat "$work/body")"
+grep -qi '^Retry-After: 1' "$work/headers" || fail "no replica: no Retry-After"
+curl -sN "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":5,"stream":true}' >"$work/stream"
+grep -q '"code":"unavailable"' "$work/stream" && grep -q '^data: \[DONE\]' "$work/stream" || fail "no replica, streamed: $(cat "$work/stream")"
+stop_node
+echo "http: completions, chat, streams, bad input, disconnects, 429, keys, metrics and unavailability behave"
