@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 
 #include <nlohmann/json.hpp>
 
@@ -250,8 +251,14 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     if (!j[key].is_number()) return bad(std::string("'") + key + "' must be a number", key);
     const double v = j[key].get<double>();
+    // The bounds as a person writes them: 0, 2, 0.01.
+    auto shortest = [](double x) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%g", x);
+      return std::string(text);
+    };
     if (!(v >= lo && v <= hi))
-      return bad(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", key);
+      return bad(std::string("'") + key + "' must be in [" + shortest(lo) + ", " + shortest(hi) + "]", key);
     out = v;
     return std::nullopt;
   };

@@ -109,4 +109,15 @@ TEST_CASE("the sampling and stopping extensions reach the request, and unsupport
       false)));
 }
 
+TEST_CASE("a number out of range is refused with its bounds as written") {
+  for (const auto& [body, said] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"model":"m","prompt":"a","temperature":-1})", "'temperature' must be in [0, 2]"},
+           {R"({"model":"m","prompt":"a","repetition_penalty":0})", "'repetition_penalty' must be in [0.01, 10]"},
+           {R"({"model":"m","prompt":"a","presence_penalty":2.5})", "'presence_penalty' must be in [-2, 2]"}}) {
+    auto e = parse(body, false);
+    REQUIRE(std::holds_alternative<openai::api_error>(e));
+    CHECK(std::get<openai::api_error>(e).message == said);
+  }
+}
+
 }  // namespace troupe
