@@ -60,12 +60,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"260k", "15m", "110m", "1b"}));
   app.add_option("--dim", c.dim, "residual width")->capture_default_str();
   app.add_option("--hidden", c.hidden_dim, "FFN width")->capture_default_str();
-  app.add_option("--layers", c.num_layers)->capture_default_str();
-  app.add_option("--heads", c.num_heads)->capture_default_str();
+  app.add_option("--layers", c.num_layers, "transformer layers")->capture_default_str();
+  app.add_option("--heads", c.num_heads, "query heads (dim must be a multiple of it)")->capture_default_str();
   app.add_option("--kv-heads", c.num_kv_heads, "default: --heads");
-  app.add_option("--vocab", c.vocab_size)->capture_default_str();
-  app.add_option("--context", c.max_seq_len)->capture_default_str();
-  app.add_option("--seed", seed)->capture_default_str();
+  app.add_option("--vocab", c.vocab_size, "vocabulary size")->capture_default_str();
+  app.add_option("--context", c.max_seq_len, "context length in tokens")->capture_default_str();
+  app.add_option("--seed", seed, "weights' random seed: the same seed, the same file")->capture_default_str();
   app.add_option("--group-size", group_size, "Q8_0 group size of llama2.c version 2 files")->capture_default_str();
   app.add_flag("--separate-classifier", separate, "write an output matrix instead of sharing the embedding");
   app.add_option("--vocab-from", vocab_from, "llama2.c tokenizer.bin to embed in a GGUF (default: a synthetic vocabulary)");

@@ -379,7 +379,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-words", w.prompt_words)->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--output-tokens", w.output_tokens)->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(tools::non_negative());
-  app.add_option("--seed", w.seed)->capture_default_str();
+  app.add_option("--seed", w.seed, "prompts' random seed: the same seed, the same prompts")->capture_default_str();
   app.add_flag("--chat", w.chat, "use /v1/chat/completions");
   app.add_option("--turns", w.turns, "multi-turn chat: turns per conversation, each resending the growing history")
       ->check(CLI::Range(1, 100))->capture_default_str();
