@@ -251,7 +251,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   auto finish_metrics = [this, st, t0, first_id = ids[0]]() {
     std::lock_guard<std::mutex> lock(m.mu);
     const auto now = clock_type::now();
-    ++m.outcomes[st->client_gone ? "cancelled" : outcome_of(st->choices[0].reason, st->error)];
+    const bool unavailable = !st->error.empty() && !st->timed_out && st->error_type == wire::error_kind::unavailable;
+    ++m.outcomes[st->client_gone ? "cancelled" : unavailable ? "unavailable" : outcome_of(st->choices[0].reason, st->error)];
     m.tokens_in += st->prompt_tokens;
     m.tokens_out += st->output_tokens;
     if (st->first != clock_type::time_point{}) {
@@ -342,7 +343,7 @@ std::string http_gateway::impl::render_metrics() {
   std::lock_guard<std::mutex> lock(m.mu);
   std::string out;
   out += "# HELP troupe_requests_total HTTP completion requests by outcome.\n# TYPE troupe_requests_total counter\n";
-  for (const char* o : {"stop", "length", "cancelled", "error", "invalid", "rejected"})
+  for (const char* o : {"stop", "length", "cancelled", "error", "invalid", "rejected", "unavailable"})
     out += std::string("troupe_requests_total{outcome=\"") + o + "\"} " + std::to_string(m.outcomes[o]) + "\n";
   out += "# HELP troupe_prompt_tokens_total Prompt tokens of finished requests.\n# TYPE troupe_prompt_tokens_total counter\n";
   out += "troupe_prompt_tokens_total " + std::to_string(m.tokens_in) + "\n";

@@ -235,5 +235,6 @@ grep -q '"code":"unavailable"' "$work/body" && grep -q 'no replica could serve' 
 grep -qi '^Retry-After: 1' "$work/headers" || fail "no replica: no Retry-After"
 curl -sN "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":5,"stream":true}' >"$work/stream"
 grep -q '"code":"unavailable"' "$work/stream" && grep -q '^data: \[DONE\]' "$work/stream" || fail "no replica, streamed: $(cat "$work/stream")"
+curl -s "$base/metrics" | grep -q '^troupe_requests_total{outcome="unavailable"} 2$' || fail "unavailability not counted"
 stop_node
 echo "http: completions, chat, streams, bad input, disconnects, 429, keys, metrics and unavailability behave"
