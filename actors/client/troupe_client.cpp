@@ -11,8 +11,9 @@
 namespace troupe {
 
 struct troupe_client::impl {
-  impl(const std::string& address, std::string key)
-      : rpc(address), gateway(rpc.getMain<schema::Gateway>()), api_key(std::move(key)) {}
+  impl(const std::string& a, std::string key)
+      : address(a), rpc(a), gateway(rpc.getMain<schema::Gateway>()), api_key(std::move(key)) {}
+  std::string address;
   capnp::EzRpcClient rpc;
   schema::Gateway::Client gateway;
   std::string api_key;
@@ -64,7 +65,19 @@ class sink_server final : public schema::TokenSink::Server {
   kj::Own<kj::PromiseFulfiller<void>> done_;
 };
 
-std::string describe(const kj::Exception& e) { return std::string(e.getDescription().cStr()); }
+// A failed call in words: the gateway at `address`, and what went wrong (the network's
+// usual failures said plainly, anything else as KJ put it).
+std::string describe(const std::string& address, const kj::Exception& e) {
+  const std::string what = e.getDescription().cStr();
+  std::string why = what;
+  if (what.find("DNS lookup failed") != std::string::npos)
+    why = "cannot resolve the host name";
+  else if (what.find("Connection refused") != std::string::npos)
+    why = "connection refused (no troupe node serves there?)";
+  else if (e.getType() == kj::Exception::Type::DISCONNECTED)
+    why = "the connection was lost (" + what + ")";
+  return "troupe gateway at " + address + ": " + why;
+}
 
 }  // namespace
 
@@ -93,7 +106,7 @@ expected<client_result> troupe_client::generate(const std::string& prompt, const
     result.request = reply.getRequestId();
     paf.promise.wait(ws);
   } catch (const kj::Exception& e) {
-    return error{"troupe gateway: " + describe(e)};
+    return error{describe(impl_->address, e)};
   }
   if (result.reason == finish_reason::none) return error{result.error.empty() ? "request failed" : result.error};
   return result;
@@ -106,7 +119,7 @@ expected<bool> troupe_client::cancel(uint64_t request) {
     req.setApiKey(impl_->api_key);
     return req.send().wait(impl_->rpc.getWaitScope()).getFound();
   } catch (const kj::Exception& e) {
-    return error{"troupe gateway: " + describe(e)};
+    return error{describe(impl_->address, e)};
   }
 }
 
@@ -117,7 +130,7 @@ expected<client_health> troupe_client::health() {
     auto h = response.getHealth();
     return client_health{h.getReady(), h.getDetail().cStr(), h.getReplicas(), h.getReplicasReady(), h.getOutages()};
   } catch (const kj::Exception& e) {
-    return error{"troupe gateway: " + describe(e)};
+    return error{describe(impl_->address, e)};
   }
 }
 
@@ -129,7 +142,7 @@ expected<client_stats> troupe_client::stats() {
     auto s = response.getStats();
     return client_stats{s.getRequestsRunning(), s.getRequestsWaiting(), s.getKvBlocksUsed(), s.getKvBlocksFree()};
   } catch (const kj::Exception& e) {
-    return error{"troupe gateway: " + describe(e)};
+    return error{describe(impl_->address, e)};
   }
 }
 

@@ -1,5 +1,5 @@
-// Checks for command-line options whose refusals read well: CLI11's NonNegativeNumber
-// states its range up to the largest double (308 digits).
+// Checks for command-line options whose refusals read well (CLI11's NonNegativeNumber, for
+// one, states its range up to the largest double: 308 digits).
 #pragma once
 
 #include <cmath>
@@ -20,6 +20,23 @@ inline CLI::Validator non_negative() {
         return v >= 0 ? "" : "must be 0 or more, not " + s;
       },
       "NUMBER >= 0");
+}
+
+// HOST:PORT, the port a number up to 65535 (and above 0 unless any_port: 0 asks for a free
+// one where a server listens).
+inline CLI::Validator host_port(bool any_port = false) {
+  return CLI::Validator(
+      [any_port](std::string& s) -> std::string {
+        const size_t colon = s.rfind(':');
+        const bool digits = colon != std::string::npos && colon + 1 < s.size() && s.size() - colon <= 6 &&
+                            s.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+        if (!digits || colon == 0) return "'" + s + "' is not HOST:PORT";
+        const long port = std::strtol(s.c_str() + colon + 1, nullptr, 10);
+        if (port > 65535 || (port == 0 && !any_port))
+          return "'" + s + "': the port must be " + (any_port ? "0" : "1") + " to 65535";
+        return "";
+      },
+      "HOST:PORT");
 }
 
 }  // namespace troupe::tools

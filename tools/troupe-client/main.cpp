@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> stops;
   bool ids = false, health = false, stats = false, ignore_eos = false, timing = false;
   int64_t cancel = -1;
-  app.add_option("-c,--connect", address, "gateway HOST:PORT")->capture_default_str();
+  app.add_option("-c,--connect", address, "gateway HOST:PORT")->check(tools::host_port())->capture_default_str();
   app.add_option("-p,--prompt", prompt, "prompt text");
   app.add_option("-n,--steps", steps, "tokens after BOS, prompt included")->check(CLI::Range(1, 1 << 22))->capture_default_str();
   app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();

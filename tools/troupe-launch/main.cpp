@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/client/troupe_client.hpp"
+#include "tools/common/cli.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
 #include "tools/troupe-launch/chaos.hpp"
@@ -68,8 +69,9 @@ int main(int argc, char** argv) {
   }
   bool with_actors = false;
   status->add_flag("--actors", with_actors, "also list every node's supervised actors (alive, restarts)");
-  up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)");
-  up->add_option("--http", http, "serve the OpenAI-compatible HTTP API here (port 0: any)");
+  up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)")
+      ->check(tools::host_port(true));
+  up->add_option("--http", http, "serve the OpenAI-compatible HTTP API here (port 0: any)")->check(tools::host_port(true));
   up->add_option("--timeout", timeout_s, "seconds to wait for the cluster to answer")->check(CLI::Range(1, 3600))->capture_default_str();
   up->add_option("--node-binary", node_bin, "troupe-node to run (default: beside this tool)");
   CLI11_PARSE(app, argc, argv);

@@ -28,6 +28,7 @@
 #include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "tools/common/cli.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
 
@@ -47,8 +48,10 @@ int main(int argc, char** argv) {
   std::string topo_path, node_name, capnp_override, http_override;
   app.add_option("topology", topo_path, "topology file (deploy/*.toml)")->required();
   app.add_option("--node", node_name, "this process's node name (default: the gateway's node)");
-  app.add_option("--capnp", capnp_override, "serve the client API here instead (HOST:PORT; port 0 picks a free one)");
-  app.add_option("--http", http_override, "serve the OpenAI-compatible HTTP API here (HOST:PORT; port 0 picks a free one)");
+  app.add_option("--capnp", capnp_override, "serve the client API here instead (HOST:PORT; port 0 picks a free one)")
+      ->check(tools::host_port(true));
+  app.add_option("--http", http_override, "serve the OpenAI-compatible HTTP API here (HOST:PORT; port 0 picks a free one)")
+      ->check(tools::host_port(true));
   CLI11_PARSE(app, argc, argv);
 
   // Logs go to stderr (stdout carries the endpoint lines), one line each, timestamped.
@@ -78,20 +81,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-node: %s\n", v.err().message.c_str());
     return 1;
   }
-  auto override_endpoint = [](const std::string& text, const char* flag, tools::endpoint& ep) {
+  // (Checked as HOST:PORT when parsed.)
+  auto override_endpoint = [](const std::string& text, tools::endpoint& ep) {
     const size_t colon = text.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == text.size() || text.size() - colon > 6 ||
-        text.find_first_not_of("0123456789", colon + 1) != std::string::npos || std::stol(text.substr(colon + 1)) > 65535) {
-      std::fprintf(stderr, "troupe-node: %s '%s' is not HOST:PORT\n", flag, text.c_str());
-      return false;
-    }
     ep.host = text.substr(0, colon);
     ep.port = static_cast<uint16_t>(std::stol(text.substr(colon + 1)));
-    return true;
   };
   tools::endpoint ep = topo->capnp, http_ep = topo->http;
-  if (!capnp_override.empty() && !override_endpoint(capnp_override, "--capnp", ep)) return 1;
-  if (!http_override.empty() && !override_endpoint(http_override, "--http", http_ep)) return 1;
+  if (!capnp_override.empty()) override_endpoint(capnp_override, ep);
+  if (!http_override.empty()) override_endpoint(http_override, http_ep);
   const bool serve_http = !http_override.empty() || topo->http.port != 0;
   auto loopback = [](const std::string& h) { return h == "127.0.0.1" || h == "localhost" || h == "::1"; };
   std::vector<std::string> api_keys;
