@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # troupe-launch against real processes on 127.0.0.1: up prints the endpoint and the
 # cluster answers; status lists every node and sees a SIGSTOPped one; down stops them all;
-# a topology with a mistake starts nothing; a node that cannot start is reported at once.
+# a topology with a mistake starts nothing; a node that cannot start is reported at once;
+# an interrupted up stops what it started.
 # Bounded in time; leftovers are killed.
 # Usage: launcher_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
@@ -60,4 +61,19 @@ kill "$squatter"
 grep -q "node n1 exited" <<<"$out" && grep -q "cannot listen on 127.0.0.1:$port1" <<<"$out" || { echo "no reason given: $out"; exit 1; }
 (( SECONDS - started < 20 )) || { echo "up took $((SECONDS - started)) s to give up"; exit 1; }
 if pgrep -f "troupe-node $topo" >/dev/null; then echo "nodes left running: $(pgrep -af "troupe-node $topo")"; exit 1; fi
-echo "launcher: up, status, SIGSTOP seen, down, bad topology refused, a node that cannot start reported"
+# Interrupted while it waits (node n1 here never comes up: a stand-in that only sleeps), up
+# stops the nodes it started and says so.
+printf '#!/bin/sh\ncase "$*" in *"--node n1"*) exec sleep 60 ;; esac\nexec "%s" "$@"\n' "$build/tools/troupe-node" >"$state/node.sh"
+chmod +x "$state/node.sh"
+timeout 120 "$build/tools/troupe-launch" up "$topo" --capnp 127.0.0.1:0 --node-binary "$state/node.sh" --state-dir "$state" \
+  >"$state/up.out" 2>&1 &
+up_pid=$!
+for _ in $(seq 1 100); do grep -q "the gateway" "$state/up.out" && break; sleep 0.1; done
+kill -INT "$(pgrep -P "$up_pid")"
+rc=0
+wait "$up_pid" || rc=$?
+grep -q "interrupted (signal 2); stopping the nodes it started" "$state/up.out" || { echo "interrupted up: $(cat "$state/up.out")"; exit 1; }
+[[ $rc != 0 ]] || { echo "an interrupted up exited 0"; exit 1; }
+sleep 0.5
+if pgrep -f "$state/node.sh|sleep 60|troupe-node $topo" >/dev/null; then echo "left running: $(pgrep -af "$state/node.sh|sleep 60|troupe-node $topo")"; exit 1; fi
+echo "launcher: up, status, SIGSTOP seen, down, bad topology refused, a node that cannot start reported, an interrupted up cleaned up"

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +32,14 @@
 using namespace troupe;
 using namespace troupe::tools;
 namespace fs = std::filesystem;
+
+namespace {
+
+// A stop signal that came while `up` was starting the cluster (0: none).
+volatile std::sig_atomic_t interrupted = 0;
+void on_interrupt(int sig) { interrupted = sig; }
+
+}  // namespace
 
 
 int main(int argc, char** argv) {
@@ -153,6 +162,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string topo_abs = fs::absolute(topology).string();
+  // Interrupted (Ctrl-C, SIGTERM) while starting, up stops the nodes it started.
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
   std::vector<proc> procs;
   const tools::node_spec* gateway = nullptr;
   for (const auto& n : topo->nodes) {
@@ -199,9 +211,18 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+    if (interrupted) {
+      if (tty) std::fprintf(stderr, "\n");
+      std::fprintf(stderr, "troupe-launch: interrupted (signal %d); stopping the nodes it started\n", static_cast<int>(interrupted));
+      stop_all(procs, topo->gateway_node, false);
+      fs::remove(table, ec);
+      return 128 + interrupted;
+    }
     if (tty) std::fprintf(stderr, "\rtroupe-launch: waiting for the cluster to answer%.*s", (dots++ % 4), "...");
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
   if (tty) std::fprintf(stderr, "\n");
   if (endpoint.empty() || std::chrono::steady_clock::now() >= deadline) {
     std::fprintf(stderr, "troupe-launch: the cluster did not answer within %d s; see the logs in %s\n", timeout_s, state_dir.c_str());
