@@ -133,7 +133,9 @@ int main(int argc, char** argv) {
   }
   if (down->parsed()) {
     stop_supervisor(supervisor_file(state_dir, topology));
-    stop_all(read_state(table), topo->gateway_node, true);
+    const std::vector<proc> known = read_state(table);
+    if (known.empty()) std::fprintf(stderr, "troupe-launch: no nodes of %s are known; nothing to stop\n", topology.c_str());
+    stop_all(known, topo->gateway_node, true);
     fs::remove(table, ec);
     return 0;
   }
