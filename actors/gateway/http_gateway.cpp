@@ -2,7 +2,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -384,7 +386,15 @@ expected<uint16_t> http_gateway::start() {
   // then fails to parse as the next request, which ends the connection; a client that
   // sends nothing more is dropped after the keep-alive timeout.
   srv.set_pre_routing_handler([g](const httplib::Request& q, httplib::Response& r) {
-    if (!q.has_header("Content-Length")) return httplib::Server::HandlerResponse::Unhandled;
+    if (!q.has_header("Content-Length")) {
+      // A POST says how long its body is, or sends it chunked (the library would answer a
+      // bare "bad request").
+      std::string coding = q.get_header_value("Transfer-Encoding");
+      std::transform(coding.begin(), coding.end(), coding.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (q.method != "POST" || coding.find("chunked") != std::string::npos) return httplib::Server::HandlerResponse::Unhandled;
+      impl::send_error(r, {411, "a request body needs a Content-Length (or chunked encoding)", "invalid_request_error", "", ""});
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const std::string len = q.get_header_value("Content-Length");
     const bool digits = !len.empty() && len.size() <= 19 && len.find_first_not_of("0123456789") == std::string::npos;
     if (digits && std::stoull(len) <= g->cfg.max_body_bytes) return httplib::Server::HandlerResponse::Unhandled;
@@ -428,9 +438,17 @@ expected<uint16_t> http_gateway::start() {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     r.set_content(g->render_metrics(), "text/plain; version=0.0.4");
   });
-  srv.set_error_handler([](const httplib::Request&, httplib::Response& r) {
+  srv.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (!r.body.empty()) return;
-    const char* msg = r.status == 413 ? "the request body is too large" : r.status == 404 ? "no such route" : "bad request";
+    std::string msg = r.status == 413 ? "the request body is too large" : r.status == 404 ? "no such route" : "bad request";
+    // A route asked with the wrong method: 405, and the method it takes.
+    const bool posts = q.path == "/v1/completions" || q.path == "/v1/chat/completions";
+    const bool gets = q.path == "/v1/models" || q.path.rfind("/v1/models/", 0) == 0 || q.path == "/health" || q.path == "/metrics";
+    if (r.status == 404 && (posts || gets)) {
+      r.status = 405;
+      r.set_header("Allow", posts ? "POST" : "GET");
+      msg = q.method + " is not allowed here; use " + (posts ? "POST" : "GET");
+    }
     r.set_content(openai::error_body({r.status, msg, "invalid_request_error", "", ""}), "application/json");
   });
   int port = g->cfg.port;

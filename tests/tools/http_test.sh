@@ -29,6 +29,14 @@ start_node "$work/t.toml" "$work"
 base=$http_url
 auth=(-H 'Authorization: Bearer test-key-1')
 
+# A route asked with the wrong method: 405 and the method it takes; no route: 404.
+code=$(curl -s -o "$work/body" -D "$work/headers" -w '%{http_code}' "$base/v1/completions")
+[[ $code == 405 ]] && grep -qi '^Allow: POST' "$work/headers" || fail "GET /v1/completions: $code $(cat "$work/body")"
+code=$(curl -s -o "$work/body" -D "$work/headers" -w '%{http_code}' -d '{}' "$base/health")
+[[ $code == 405 ]] && grep -qi '^Allow: GET' "$work/headers" || fail "POST /health: $code $(cat "$work/body")"
+expect 404 'no such route' "an unknown route" "$(status "$base/v2/nothing")"
+expect 411 'needs a Content-Length' "a POST without a length" "$(status -X POST "$base/v1/completions")"
+
 # Health needs no key; everything else does.
 expect 200 '"ok"' "health" "$(status "$base/health")"
 expect 401 'invalid_api_key' "no key" "$(post /v1/completions '{"model":"stories260K","prompt":"a"}')"
