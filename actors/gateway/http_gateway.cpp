@@ -16,6 +16,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/api_keys.hpp"
+#include "actors/gateway/http_metrics.hpp"
 #include "actors/gateway/router_calls.hpp"
 #include "actors/wire/client_codec.hpp"
 
@@ -63,40 +64,6 @@ caf::behavior stream_sink(caf::event_based_actor*, std::shared_ptr<request_strea
   };
 }
 
-// A histogram with Prometheus's cumulative buckets, in seconds.
-struct histogram {
-  std::vector<double> bounds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
-  std::vector<uint64_t> counts = std::vector<uint64_t>(bounds.size() + 1, 0);
-  double sum = 0;
-  uint64_t n = 0;
-  void add(double s) {
-    size_t i = 0;
-    while (i < bounds.size() && s > bounds[i]) ++i;
-    ++counts[i];
-    sum += s;
-    ++n;
-  }
-  void write(std::string& out, const std::string& name, const std::string& help) const {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
-    uint64_t acc = 0;
-    for (size_t i = 0; i < bounds.size(); ++i) {
-      acc += counts[i];
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%g", bounds[i]);
-      out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(acc) + "\n";
-    }
-    out += name + "_bucket{le=\"+Inf\"} " + std::to_string(n) + "\n";
-    out += name + "_sum " + std::to_string(sum) + "\n" + name + "_count " + std::to_string(n) + "\n";
-  }
-};
-
-struct metrics {
-  std::mutex mu;
-  std::map<std::string, uint64_t> outcomes;  // requests by outcome
-  uint64_t tokens_in = 0, tokens_out = 0;
-  histogram ttft, tpot, itl, e2e;
-};
-
 // The HTTP answer to a request that ended in an error: the request's own fault is a 400, no
 // replica able to serve it in time a 503 (retry later), the server's fault a 500, and the
 // gateway's own deadline passing a 504.
@@ -130,7 +97,7 @@ struct http_gateway::impl {
   std::thread thread;
   std::atomic<int32_t> in_flight{0};
   std::atomic<bool> draining{false};
-  metrics m;
+  http_metrics m;
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
   impl(caf::actor_system& s, caf::actor rtr, http_config c) : sys(s), router(std::move(rtr)), cfg(std::move(c)) {}
@@ -157,18 +124,14 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   if (draining) return send_error(res, {503, "the server is shutting down", "server_error", "", ""});
   auto parsed = openai::parse_request(req.body, chat, cfg.model_id, cfg.chat, cfg.limits);
   if (auto* e = std::get_if<openai::api_error>(&parsed)) {
-    std::lock_guard<std::mutex> lock(m.mu);
-    ++m.outcomes["invalid"];
+    m.refused("invalid");
     return send_error(res, *e);
   }
   auto r = std::get<openai::api_request>(std::move(parsed));
   // Admission: a full server answers at once.
   if (in_flight.fetch_add(1) >= cfg.max_requests) {
     in_flight.fetch_sub(1);
-    {
-      std::lock_guard<std::mutex> lock(m.mu);
-      ++m.outcomes["rejected"];
-    }
+    m.refused("rejected");
     res.set_header("Retry-After", "1");
     return send_error(res, {429, "the server is at capacity; retry shortly", "rate_limit_error", "", "overloaded"});
   }
@@ -235,10 +198,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       if (i < 0) return;
       const auto now = clock_type::now();
       if (st->first == clock_type::time_point{}) st->first = now;
-      {
-        std::lock_guard<std::mutex> lock(m.mu);
-        if (st->last != clock_type::time_point{}) m.itl.add(std::chrono::duration<double>(now - st->last).count());
-      }
+      if (st->last != clock_type::time_point{}) m.gap(std::chrono::duration<double>(now - st->last).count());
       st->last = now;
       st->choices[i].text += c->text;
       st->choices[i].tokens.insert(st->choices[i].tokens.end(), c->tokens.begin(), c->tokens.end());
@@ -250,19 +210,16 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       }
     }
   };
-  auto finish_metrics = [this, st, t0, first_id = ids[0]]() {
-    std::lock_guard<std::mutex> lock(m.mu);
-    const auto now = clock_type::now();
+  auto finish_metrics = [this, st, t0]() {
+    using seconds = std::chrono::duration<double>;
     const bool unavailable = !st->error.empty() && !st->timed_out && st->error_type == wire::error_kind::unavailable;
-    ++m.outcomes[st->client_gone ? "cancelled" : unavailable ? "unavailable" : outcome_of(st->choices[0].reason, st->error)];
-    m.tokens_in += st->prompt_tokens;
-    m.tokens_out += st->output_tokens;
+    std::optional<double> ttft, tpot;
     if (st->first != clock_type::time_point{}) {
-      m.ttft.add(std::chrono::duration<double>(st->first - t0).count());
-      if (st->output_tokens > 1)
-        m.tpot.add(std::chrono::duration<double>(st->last - st->first).count() / (st->output_tokens - 1));
+      ttft = seconds(st->first - t0).count();
+      if (st->output_tokens > 1) tpot = seconds(st->last - st->first).count() / (st->output_tokens - 1);
     }
-    m.e2e.add(std::chrono::duration<double>(now - t0).count());
+    m.finished(st->client_gone ? "cancelled" : unavailable ? "unavailable" : outcome_of(st->choices[0].reason, st->error),
+               st->prompt_tokens, st->output_tokens, ttft, tpot, seconds(clock_type::now() - t0).count());
   };
   auto cancel_all = [this, ids, st]() {
     for (size_t i = 0; i < ids.size(); ++i)
@@ -342,27 +299,7 @@ std::string http_gateway::impl::render_metrics() {
   std::string router_metrics;
   self->request(router, std::chrono::seconds(1), metrics_atom_v)
       .receive([&](const std::string& text) { router_metrics = text; }, [&](caf::error&) {});
-  std::lock_guard<std::mutex> lock(m.mu);
-  std::string out;
-  out += "# HELP troupe_requests_total HTTP completion requests by outcome.\n# TYPE troupe_requests_total counter\n";
-  for (const char* o : {"stop", "length", "cancelled", "error", "invalid", "rejected", "unavailable"})
-    out += std::string("troupe_requests_total{outcome=\"") + o + "\"} " + std::to_string(m.outcomes[o]) + "\n";
-  out += "# HELP troupe_prompt_tokens_total Prompt tokens of finished requests.\n# TYPE troupe_prompt_tokens_total counter\n";
-  out += "troupe_prompt_tokens_total " + std::to_string(m.tokens_in) + "\n";
-  out += "# HELP troupe_generated_tokens_total Generated tokens of finished requests.\n# TYPE troupe_generated_tokens_total counter\n";
-  out += "troupe_generated_tokens_total " + std::to_string(m.tokens_out) + "\n";
-  out += "# HELP troupe_requests_running Requests in the running batch.\n# TYPE troupe_requests_running gauge\n";
-  out += "troupe_requests_running " + std::to_string(st.running) + "\n";
-  out += "# HELP troupe_requests_waiting Requests queued for the batch.\n# TYPE troupe_requests_waiting gauge\n";
-  out += "troupe_requests_waiting " + std::to_string(st.waiting) + "\n";
-  out += "# HELP troupe_kv_blocks KV blocks by state.\n# TYPE troupe_kv_blocks gauge\n";
-  out += "troupe_kv_blocks{state=\"used\"} " + std::to_string(st.kv_used) + "\n";
-  out += "troupe_kv_blocks{state=\"free\"} " + std::to_string(st.kv_free) + "\n";
-  m.ttft.write(out, "troupe_time_to_first_token_seconds", "Time from request to first token.");
-  m.tpot.write(out, "troupe_time_per_output_token_seconds", "Mean time per token after the first, per request.");
-  m.itl.write(out, "troupe_inter_token_latency_seconds", "Gaps between streamed chunks.");
-  m.e2e.write(out, "troupe_request_latency_seconds", "Time from request to its last token.");
-  return out + router_metrics;
+  return m.render(st) + router_metrics;
 }
 
 http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg)

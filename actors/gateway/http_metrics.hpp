@@ -1,0 +1,50 @@
+// http_metrics: what the HTTP gateway counts for /metrics (Prometheus text format):
+// completion requests by outcome, prompt and generated tokens, and histograms of time to
+// first token, time per output token, inter-token gaps and request latency. Safe to call
+// from every HTTP worker at once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/gateway/router_calls.hpp"
+
+namespace troupe {
+
+// A histogram with Prometheus's cumulative buckets, in seconds.
+struct histogram {
+  std::vector<double> bounds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  std::vector<uint64_t> counts = std::vector<uint64_t>(bounds.size() + 1, 0);
+  double sum = 0;
+  uint64_t n = 0;
+  void add(double seconds);
+  void write(std::string& out, const std::string& name, const std::string& help) const;
+};
+
+// How a request ended, as troupe_requests_total's outcome label says it.
+inline constexpr const char* request_outcomes[] = {"stop", "length", "cancelled", "error", "invalid", "rejected", "unavailable"};
+
+class http_metrics {
+ public:
+  // A request refused before it ran ("invalid", "rejected").
+  void refused(const char* outcome);
+  // The gap between two streamed chunks of one request.
+  void gap(double seconds);
+  // A request that ran, with its times in seconds (ttft and tpot when it produced tokens).
+  void finished(const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens, std::optional<double> ttft,
+                std::optional<double> tpot, double e2e);
+  // Everything, with the router's running, waiting and KV figures.
+  std::string render(const router_stats& st) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, uint64_t> outcomes_;
+  uint64_t tokens_in_ = 0, tokens_out_ = 0;
+  histogram ttft_, tpot_, itl_, e2e_;
+};
+
+}  // namespace troupe
