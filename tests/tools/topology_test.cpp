@@ -59,6 +59,7 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
     CHECK(std::filesystem::exists(t->model_path));
     CHECK(validate_topology(*t, stories(), 0).has_value());
+    CHECK(topology_warnings(*t, stories()).empty());
     ++n;
   }
   CHECK(n == 7);
@@ -231,6 +232,18 @@ name = "r"
 stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])", "g.toml", "/");
   REQUIRE_FALSE(g.has_value());
   CHECK(g.err().message.find("unknown node 'nx'") != std::string::npos);
+}
+
+TEST_CASE("a KV cache smaller than the model's context is warned of, with the figures") {
+  auto small = parse_topology_text(std::string(base) + ok_replica + "[kv]\nnum_blocks = 4\nblock_size = 16\n", "t.toml", "/d");
+  REQUIRE(small.has_value());
+  REQUIRE(validate_topology(*small, stories(), 0).has_value());  // valid: only limited
+  const std::string w = topology_warnings(*small, stories());
+  CHECK(w.find("holds 64 tokens") != std::string::npos);
+  CHECK(w.find("context of 512") != std::string::npos);
+  auto enough = parse_topology_text(std::string(base) + ok_replica + "[kv]\nnum_blocks = 32\nblock_size = 16\n", "t.toml", "/d");
+  REQUIRE(enough.has_value());
+  CHECK(topology_warnings(*enough, stories()).empty());  // 512 tokens: the whole context
 }
 
 }  // namespace troupe::tools

@@ -303,6 +303,14 @@ expected<topology> parse_topology(const std::string& path) {
   return parse_topology_text(*text, path, std::filesystem::path(path).parent_path().string());
 }
 
+std::string topology_warnings(const topology& t, const model_config& m) {
+  const int64_t kv_tokens = int64_t{t.num_blocks} * t.block_size;
+  if (kv_tokens >= m.max_seq_len) return "";
+  return "the KV cache holds " + std::to_string(kv_tokens) + " tokens ([kv] num_blocks " + std::to_string(t.num_blocks) +
+         " x block_size " + std::to_string(t.block_size) + "), fewer than the model's context of " +
+         std::to_string(m.max_seq_len) + ": a request that outgrows it ends early, with finish reason length";
+}
+
 status validate_topology(const topology& t, const model_config& m, int32_t q8_group_size) {
   for (const auto& r : t.replicas) {
     int32_t next = 0;

@@ -10,7 +10,8 @@
 //   [kv]        block_size, num_blocks, prefix_caching (true), cache_type = "f32" |
 //               "f16" | "q8_0" (what the shards keep K and V in; default: F32 for F32
 //               weights, else F16, or TROUPE_KV_TYPE; q8_0 is int8 with a scale per
-//               token and KV head, lossy)   (optional)
+//               token and KV head, lossy)   (optional; a cache of fewer tokens than
+//               the model's context is warned of when a node or troupe-launch starts)
 //   [scheduler] max_step_tokens, max_running  (optional)
 //   [[node]]    name, host, port, threads (optional)
 //   [[replica]] name, stages = [ { node, layers = "FIRST-LAST", devices = ["cpu", ...] }, ... ],
@@ -111,5 +112,10 @@ inline int32_t end_layer(const stage_spec& s, int32_t num_layers) {
 // Checks the topology against the model it serves: layer ranges cover every layer once,
 // in order, in each replica; tensor-parallel sizes divide the heads and FFN columns.
 status validate_topology(const topology& t, const model_config& model, int32_t q8_group_size);
+
+// What an operator should hear about a topology that is valid but limits its model: a KV
+// cache that holds fewer tokens than the model's context (requests that outgrow it end
+// early). Empty when there is nothing to say.
+std::string topology_warnings(const topology& t, const model_config& model);
 
 }  // namespace troupe::tools

@@ -157,6 +157,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-launch: %s\n", v.err().message.c_str());
     return 1;
   }
+  if (const std::string w = tools::topology_warnings(*topo, m->config); !w.empty())
+    std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), w.c_str());
   if (node_bin.empty()) node_bin = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "troupe-node" / "troupe-node").string();
   if (!fs::exists(node_bin)) node_bin = (fs::read_symlink("/proc/self/exe").parent_path() / "troupe-node").string();
   if (!fs::exists(node_bin)) {

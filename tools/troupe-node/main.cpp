@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-node: %s\n", v.err().message.c_str());
     return 1;
   }
+  if (const std::string w = tools::topology_warnings(*topo, m.config); !w.empty())
+    std::fprintf(stderr, "troupe-node %s: %s\n", node_name.c_str(), w.c_str());
   // (Checked as HOST:PORT when parsed.)
   auto override_endpoint = [](const std::string& text, tools::endpoint& ep) {
     const size_t colon = text.rfind(':');
