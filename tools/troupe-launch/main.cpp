@@ -41,7 +41,6 @@ void on_interrupt(int sig) { interrupted = sig; }
 
 }  // namespace
 
-
 int main(int argc, char** argv) {
   CLI::App app{
       "troupe-launch: start, inspect and stop the node processes of a topology.\n\n"
