@@ -1,6 +1,7 @@
 #include "actors/gateway/openai.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
@@ -264,8 +265,11 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   };
   auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) -> std::optional<api_error> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-    if (!j[key].is_number_integer()) return bad(std::string("'") + key + "' must be an integer", key);
-    const int64_t v = j[key].get<int64_t>();
+    // A whole number written as a float (5.0, as Python's json writes a float) counts.
+    const bool whole = j[key].is_number_float() && std::floor(j[key].get<double>()) == j[key].get<double>() &&
+                       std::fabs(j[key].get<double>()) < 9.0e15;
+    if (!j[key].is_number_integer() && !whole) return bad(std::string("'") + key + "' must be an integer", key);
+    const int64_t v = whole ? static_cast<int64_t>(j[key].get<double>()) : j[key].get<int64_t>();
     if (v < lo || v > hi)
       return bad(std::string("'") + key + "' must be in " + std::to_string(lo) + ".." + std::to_string(hi), key);
     out = v;

@@ -109,6 +109,19 @@ TEST_CASE("the sampling and stopping extensions reach the request, and unsupport
       false)));
 }
 
+TEST_CASE("an integer field takes a whole number written as a float, and nothing else") {
+  auto r = parse(R"({"model":"m","prompt":"a","max_tokens":5.0,"n":2.0})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(r));
+  CHECK(std::get<openai::api_request>(r).params.max_tokens == 5);
+  for (const char* body : {R"({"model":"m","prompt":"a","max_tokens":5.5})", R"({"model":"m","prompt":"a","max_tokens":"5"})",
+                           R"({"model":"m","prompt":"a","seed":1e30})"}) {
+    CAPTURE(body);
+    auto e = parse(body, false);
+    REQUIRE(std::holds_alternative<openai::api_error>(e));
+    CHECK(std::get<openai::api_error>(e).message.find("must be an integer") != std::string::npos);
+  }
+}
+
 TEST_CASE("a number out of range is refused with its bounds as written") {
   for (const auto& [body, said] : std::vector<std::pair<const char*, const char*>>{
            {R"({"model":"m","prompt":"a","temperature":-1})", "'temperature' must be in [0, 2]"},
