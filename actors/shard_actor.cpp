@@ -39,15 +39,13 @@ struct shard_core {
     if (!decoded) return error{"shard: " + decoded.err().message};
     const int32_t n = decoded->batch.num_tokens();
     hidden.resize(static_cast<size_t>(n) * c.dim);
-    // The hidden states in host memory, or (null) arriving over the device link.
-    float* in = hidden.data();
     if (!shard->is_first_stage() && act.kind == wire_kind::linked_activations) {
       auto sent = act.bytes ? wire::decode_linked_activations(*act.bytes, c.dim, setup.max_step_tokens)
                             : expected<wire::decoded_activations>(error{"an empty frame"});
       if (!sent) return error{"shard: " + sent.err().message};
       if (sent->num_tokens != n || sent->step_id != decoded->step_id) return error{"shard: linked activations do not match the plan"};
-      if (!shard->has_link(link_side::input)) return error{"shard: activations came over a device link this shard does not have"};
-      in = nullptr;
+      if (!shard->take_next_input_from_link())
+        return error{"shard: activations came over a device link this shard does not have"};
     } else if (!shard->is_first_stage()) {
       if (act.kind != wire_kind::activations || !act.bytes) return error{"shard: expected activations"};
       auto sent = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens);
@@ -57,9 +55,9 @@ struct shard_core {
     }
     const bool head = shard->is_last_stage() && shard->spec().tp.rank == 0;
     const int32_t rows = decoded->batch.num_logits();
-    if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded, in);
+    if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded);
     logits.resize(static_cast<size_t>(rows) * c.vocab_size);
-    shard->forward(decoded->batch, in, head ? logits.data() : nullptr);
+    shard->forward(decoded->batch, hidden.data(), head ? logits.data() : nullptr);
     if (head) return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data()));
     if (shard->is_last_stage()) return wire_message{};
     if (shard->has_link(link_side::output))
@@ -83,13 +81,13 @@ struct shard_core {
   // The last stage's head, when every sampled row asks it to choose: the shard chooses
   // where its logits are (a GPU shard on the device), else they come here and the same
   // definition picks each token; only the tokens go back.
-  wire_message choose(const wire::decoded_step& d, float* in) {
+  wire_message choose(const wire::decoded_step& d) {
     const int32_t vocab = setup.m->config.vocab_size;
     const auto rows = static_cast<int32_t>(d.choices.size());
     chosen.resize(rows);
-    if (!shard->forward_choose(d.batch, in, d.choices.data(), chosen.data())) {
+    if (!shard->forward_choose(d.batch, hidden.data(), d.choices.data(), chosen.data())) {
       logits.resize(static_cast<size_t>(rows) * vocab);
-      shard->forward(d.batch, in, logits.data());
+      shard->forward(d.batch, hidden.data(), logits.data());
       for (int32_t r = 0; r < rows; ++r)
         chosen[r] = troupe::choose(logits.data() + static_cast<size_t>(r) * vocab, vocab, d.choices[r], scratch);
     }

@@ -34,6 +34,7 @@
 #include <map>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "engine/forward/collective.hpp"
 #include "engine/forward/cuda_shard_parts.hpp"
@@ -189,11 +190,18 @@ class cuda_transformer_shard final : public forward_shard {
 
   bool has_link(link_side side) const override { return (side == link_side::input ? link_in_ : link_out_) != nullptr; }
 
+  bool take_next_input_from_link() override {
+    if (!link_in_) return false;
+    input_from_link_ = true;
+    return true;
+  }
+
  private:
   // One step; the last stage returns logits (when logits is set) or chosen ids (when next is).
   void step(const step_batch& batch, float* hidden, float* logits, const token_choice* choices, int32_t* next) {
+    const bool input_from_link = std::exchange(input_from_link_, false);  // this step's, whatever it holds
     const int32_t n = batch.num_tokens();
-    if (n == 0) return;
+    if (n == 0) return;  // (an empty step sends nothing over a link either)
     TROUPE_ASSERT(n <= opt_.max_step_tokens, n, opt_.max_step_tokens);
     cuda::check(cudaSetDevice(opt_.device), "cudaSetDevice");
     // Links the stage has ended since (a new link is coming, or a peer failed) are dropped
@@ -245,7 +253,7 @@ class cuda_transformer_shard final : public forward_shard {
     // Steps carrying a prompt chunk take the tiled attention kernel; decode steps the split
     // one, which spreads a long context over the device.
     num_tiles_ = widest_tile >= 4 ? num_tiles : 0;
-    if (!is_first_stage() && hidden != nullptr)
+    if (!is_first_stage() && !input_from_link)
       copy_in(x_.get(), hidden, size_t(n) * cfg_.dim);
     else if (!is_first_stage())
       on_link(link_in_, [&](nccl_member& l) { l.receive_from_first(x_.get(), int64_t{n} * cfg_.dim, stream_); });
@@ -478,6 +486,7 @@ class cuda_transformer_shard final : public forward_shard {
   std::map<std::tuple<int32_t, int32_t, int32_t, bool, int32_t>, cudaGraphExec_t> graphs_;
   std::unique_ptr<gpu_collective> tp_;  // this rank's all-reduce, when tensor-parallel
   std::unique_ptr<nccl_member> link_in_, link_out_;  // device links to the neighbouring stages
+  bool input_from_link_ = false;                     // the next step's input comes over link_in_
   cudaEvent_t computed_ = nullptr;                   // a sending step's work, before its send
 };
 

@@ -57,8 +57,9 @@ class forward_shard {
   // this shard to `group` as `rank` (the sender is rank 0, the receiving stage's ranks 1
   // and up) and returns once every rank has connected, or with the reason it could not.
   // With an output link, forward() sends the hidden states there instead of writing
-  // `hidden`; called with hidden == nullptr, it receives them from the input link. A link
-  // that fails during a step is dropped, and the step throws device_link_broken.
+  // `hidden`; after take_next_input_from_link(), the next step takes its input from the
+  // input link instead of `hidden` (which still receives an output that goes to the host).
+  // A link that fails during a step is dropped, and the step throws device_link_broken.
   virtual status connect_link(link_side side, std::shared_ptr<nccl_group> group, int32_t rank) {
     (void)side, (void)group, (void)rank;
     return error{"only GPU shards have device links"};
@@ -67,6 +68,8 @@ class forward_shard {
     (void)side;
     return false;
   }
+  // False, with nothing changed, for a shard without an input link.
+  virtual bool take_next_input_from_link() { return false; }
   virtual bool is_first_stage() const = 0;
   virtual bool is_last_stage() const = 0;
   virtual const shard_spec& spec() const = 0;

@@ -90,7 +90,8 @@ TEST_CASE("two GPU stages joined by a device link give one shard's logits and to
     first->forward(batch, hidden.data(), nullptr);
     CHECK(std::isnan(hidden[0]));
     std::vector<float> logits(c.vocab_size);
-    second->forward(batch, nullptr, logits.data());
+    REQUIRE(second->take_next_input_from_link());
+    second->forward(batch, hidden.data(), logits.data());
     computed = static_cast<int32_t>(tokens.size());
     tokens.push_back(argmax(logits.data(), c.vocab_size));
     two.tokens.push_back(tokens.back());
@@ -117,9 +118,11 @@ TEST_CASE("a receiver waiting on an aborted device link is released, and both st
 
   // Nothing was sent: the receiver waits until the link is aborted.
   std::vector<float> logits(c.vocab_size);
+  std::vector<float> hidden(tokens.size() * c.dim, std::numeric_limits<float>::quiet_NaN());
+  REQUIRE(second->take_next_input_from_link());
   auto waiting = std::async(std::launch::async, [&]() -> std::string {
     try {
-      second->forward(batch, nullptr, logits.data());
+      second->forward(batch, hidden.data(), logits.data());
       return "received nothing, yet went on";
     } catch (const device_link_broken&) {
       return "released";
@@ -131,11 +134,12 @@ TEST_CASE("a receiver waiting on an aborted device link is released, and both st
   CHECK(waiting.get() == "released");
   CHECK_FALSE(second->has_link(link_side::input));
 
-  // The sender drops the aborted link before its next step and writes the host buffer.
-  std::vector<float> hidden(tokens.size() * c.dim, std::numeric_limits<float>::quiet_NaN());
+  // The sender drops the aborted link before its next step and writes the host buffer; the
+  // receiver, its link gone, takes no input from one.
   first->forward(batch, hidden.data(), nullptr);
   CHECK_FALSE(first->has_link(link_side::output));
   CHECK(std::isfinite(hidden[0]));
+  CHECK_FALSE(second->take_next_input_from_link());
   second->forward(batch, hidden.data(), logits.data());
   CHECK(std::isfinite(logits[0]));
 }
@@ -158,6 +162,7 @@ TEST_CASE("device links a shard cannot have are refused with the reason") {
   CHECK(wrong_rank.err().message.find("rank 0") != std::string::npos);
   CHECK_FALSE(first->has_link(link_side::output));
   CHECK_FALSE(last->has_link(link_side::input));
+  CHECK_FALSE(last->take_next_input_from_link());
 }
 
 }  // namespace troupe
