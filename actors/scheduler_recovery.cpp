@@ -94,9 +94,9 @@ void connect_link(self_ptr self, size_t i, uint16_t port) {
 // Setting up the device link from stage i to stage i + 1 (GPU stages of one node: the
 // hidden states go over NCCL): stage i + 1 draws it, stage i joins as its sender, then
 // stage i + 1's shards join as receivers; each side's shards connect on their own threads
-// (and say so if they cannot). Where a stage refuses (a CPU stage, quietly; another node,
-// NCCL missing or failing, with the reason) the activations keep to the host. `done` is
-// called either way.
+// (and say so if they cannot). Where a stage refuses (a CPU stage or another node,
+// quietly, as ordinary; NCCL missing or failing, with the reason) the activations keep to
+// the host. `done` is called either way.
 struct device_link_setup {
   uint64_t epoch = 0;
   size_t i = 0;

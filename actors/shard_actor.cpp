@@ -7,7 +7,6 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/step_link.hpp"
-#include "actors/wire/control_codec.hpp"
 #include "actors/wire/activations_codec.hpp"
 #include "kernels/cpu/sample.hpp"
 
@@ -70,8 +69,7 @@ struct shard_core {
   status join_link(link_side side, const wire_message& msg) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!shard) return error{"not yet connected to its tensor-parallel group"};
-    if (msg.kind != wire_kind::nccl_invite || !msg.bytes) return error{"expected an NCCL invitation"};
-    auto invite = wire::decode_nccl_invite(*msg.bytes);
+    auto invite = read_nccl_invite(msg);
     if (!invite) return invite.err();
     auto group = nccl_group::join(invite->size, invite->id);
     if (!group) return group.err();
@@ -142,9 +140,7 @@ caf::result<void> accept_invite(shard_ptr self, const wire_message& msg) {
   shard_core& st = *self->state.core;
   if (!awaits_invite(st.setup)) return caf::make_error(caf::sec::invalid_argument, "this shard joins no NCCL group");
   if (st.shard) return caf::make_error(caf::sec::invalid_argument, "this shard has joined its group already");
-  if (msg.kind != wire_kind::nccl_invite || !msg.bytes)
-    return caf::make_error(caf::sec::invalid_argument, "shard: expected a tensor-parallel group");
-  auto invite = wire::decode_nccl_invite(*msg.bytes);
+  auto invite = read_nccl_invite(msg);
   if (!invite) return caf::make_error(caf::sec::invalid_argument, "shard: " + invite.err().message);
   const tp_slice& place = st.setup.spec.tp;
   if (invite->size != place.size || invite->rank != place.rank)
@@ -236,6 +232,11 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
 }
 
 }  // namespace
+
+expected<wire::nccl_invite> read_nccl_invite(const wire_message& msg) {
+  if (msg.kind != wire_kind::nccl_invite || !msg.bytes) return error{"expected an NCCL invitation"};
+  return wire::decode_nccl_invite(*msg.bytes);
+}
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup) {
   // Shards of a TP group wait for each other inside all_reduce, and a GPU shard waits for

@@ -35,6 +35,8 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "actors/caf/wire_message.hpp"
+#include "actors/wire/control_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 #include "engine/forward/nccl_group.hpp"
 #include "engine/forward/transformer_shard.hpp"
@@ -59,5 +61,9 @@ struct shard_setup {
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);
+
+// An NcclInvite message's contents, or why the message is not one (the shards' and the
+// stages' handlers read invitations with it).
+expected<wire::nccl_invite> read_nccl_invite(const wire_message& msg);
 
 }  // namespace troupe

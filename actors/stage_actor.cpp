@@ -9,7 +9,6 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/shard_actor.hpp"
-#include "actors/wire/control_codec.hpp"
 
 namespace troupe {
 
@@ -66,8 +65,7 @@ caf::result<wire_message> draw_link_in(stage_ptr self) {
 caf::result<void> join_link_out(stage_ptr self, const wire_message& msg) {
   if (auto e = no_device_links(self)) return e;
   auto& st = self->state;
-  if (msg.kind != wire_kind::nccl_invite || !msg.bytes) return caf::make_error(caf::sec::invalid_argument, "expected an NCCL invitation");
-  auto invite = wire::decode_nccl_invite(*msg.bytes);
+  auto invite = read_nccl_invite(msg);
   if (!invite) return caf::make_error(caf::sec::invalid_argument, invite.err().message);
   if (invite->rank != 0) return caf::make_error(caf::sec::invalid_argument, "a device link's sender is its rank 0");
   if (const std::string here = this_node(); invite->node != here)
@@ -84,12 +82,12 @@ caf::result<void> join_link_out(stage_ptr self, const wire_message& msg) {
 // as a receiver (rank 1 + its own).
 caf::result<void> connect_link_in(stage_ptr self, const wire_message& msg) {
   auto& st = self->state;
-  auto invite = msg.kind == wire_kind::nccl_invite && msg.bytes ? wire::decode_nccl_invite(*msg.bytes)
-                                                                : expected<wire::nccl_invite>(error{"expected an NCCL invitation"});
+  auto invite = read_nccl_invite(msg);
   if (!invite) return caf::make_error(caf::sec::invalid_argument, invite.err().message);
   if (!st.link_in || invite->id.bytes != st.link_in->id().bytes)
     return caf::make_error(caf::sec::invalid_argument, "not this stage's input link (drawn again, or ended, since)");
-  for (size_t r = 0; r < st.shards.size(); ++r) self->send(st.shards[r], link_in_atom_v, invite_message(*st.link_in, 1 + static_cast<int32_t>(r)));
+  for (size_t r = 0; r < st.shards.size(); ++r)
+    self->send(st.shards[r], link_in_atom_v, invite_message(*st.link_in, 1 + static_cast<int32_t>(r)));
   return caf::unit;
 }
 

@@ -77,8 +77,10 @@ openai::api_error failure_of(const std::string& why, wire::error_kind kind, bool
   return {400, why, "invalid_request_error", "", ""};
 }
 
-std::string outcome_of(finish_reason r, const std::string& error) {
-  if (!error.empty()) return "error";
+// How a request that ran ended, as troupe_requests_total counts it (a client that left is
+// counted apart, as cancelled).
+std::string outcome_of(finish_reason r, const std::string& error, wire::error_kind kind, bool timed_out) {
+  if (!error.empty()) return kind == wire::error_kind::unavailable && !timed_out ? "unavailable" : "error";
   switch (r) {
     case finish_reason::stop: return "stop";
     case finish_reason::length: return "length";
@@ -212,27 +214,30 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   };
   auto finish_metrics = [this, st, t0]() {
     using seconds = std::chrono::duration<double>;
-    const bool unavailable = !st->error.empty() && !st->timed_out && st->error_type == wire::error_kind::unavailable;
     std::optional<double> ttft, tpot;
     if (st->first != clock_type::time_point{}) {
       ttft = seconds(st->first - t0).count();
       if (st->output_tokens > 1) tpot = seconds(st->last - st->first).count() / (st->output_tokens - 1);
     }
-    m.finished(st->client_gone ? "cancelled" : unavailable ? "unavailable" : outcome_of(st->choices[0].reason, st->error),
+    m.finished(st->client_gone ? "cancelled" : outcome_of(st->choices[0].reason, st->error, st->error_type, st->timed_out),
                st->prompt_tokens, st->output_tokens, ttft, tpot, seconds(clock_type::now() - t0).count());
   };
   auto cancel_all = [this, ids, st]() {
     for (size_t i = 0; i < ids.size(); ++i)
       if (!st->finished[i]) caf::anon_send(router, cancel_atom_v, ids[i]);
   };
+  // The gateway's deadline passed: what is still running is cancelled.
+  auto time_out = [this, st, cancel_all]() {
+    cancel_all();
+    st->error = "the request took longer than " + std::to_string(cfg.request_timeout_s) + " s";
+    st->timed_out = true;
+  };
 
   if (!r.stream) {
     while (st->done < ids.size()) {
       auto e = stream->pop(deadline);
       if (!e) {
-        cancel_all();
-        st->error = "the request took longer than " + std::to_string(cfg.request_timeout_s) + " s";
-        st->timed_out = true;
+        time_out();
         break;
       }
       apply(*e, nullptr);
@@ -254,7 +259,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, stream, st, apply, ids, deadline, cancel_all, include_usage = r.include_usage, chat, cid, created,
+      [stream, st, apply, ids, deadline, cancel_all, time_out, include_usage = r.include_usage, chat, cid, created,
        model = r.model](size_t, httplib::DataSink& out) {
         auto write = [&](const std::string& payload) {
           const std::string line = "data: " + payload + "\n\n";
@@ -262,9 +267,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
         };
         auto e = stream->pop(deadline);
         if (!e) {
-          cancel_all();
-          write(openai::error_body(failure_of("the request took longer than " + std::to_string(cfg.request_timeout_s) + " s",
-                                              wire::error_kind::invalid, true)));
+          time_out();
+          write(openai::error_body(failure_of(st->error, st->error_type, st->timed_out)));
           write("[DONE]");
           out.done();
           return true;
@@ -277,7 +281,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
             return false;
           }
         if (st->done == ids.size()) {
-          if (!st->error.empty()) write(openai::error_body(failure_of(st->error, st->error_type, false)));
+          if (!st->error.empty()) write(openai::error_body(failure_of(st->error, st->error_type, st->timed_out)));
           if (include_usage) write(openai::usage_chunk_body(cid, chat, model, created, st->prompt_tokens, st->output_tokens));
           write("[DONE]");
           out.done();
@@ -285,7 +289,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
         return true;
       },
       [this, sink, st, finish_metrics, cancel_all, n = ids.size()](bool) {
-        st->client_gone = st->done < n;  // the stream ended before its requests did
+        st->client_gone = st->done < n && !st->timed_out;  // the stream ended before its requests did
         cancel_all();  // no-op for finished choices
         caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
         finish_metrics();

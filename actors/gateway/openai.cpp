@@ -126,6 +126,16 @@ std::string apply_template(chat_template t, const std::vector<std::pair<std::str
 
 namespace {
 
+// Appends the token ids of the JSON array `a` to `out`; false when one is not an integer of
+// 0 or more (in int32).
+bool append_token_ids(const json& a, std::vector<int32_t>& out) {
+  for (const auto& t : a) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) return false;
+    out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return true;
+}
+
 // A chat request's messages into r.prompt, through the template. A message's content is a
 // string, or an array of parts of which this server takes text parts (joined in order);
 // "developer" is the newer name of the system role.
@@ -173,11 +183,7 @@ std::optional<api_error> read_prompt(const json& j, const api_limits& lim, api_r
       return bad("the prompt has " + std::to_string(a.size()) + " tokens; the model's context is " +
                      std::to_string(lim.context),
                  "prompt");
-    for (const auto& t : a) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-        return bad("'prompt' token ids must be integers of 0 or more", "prompt");
-      r.params.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
-    }
+    if (!append_token_ids(a, r.params.prompt)) return bad("'prompt' token ids must be integers of 0 or more", "prompt");
     r.prompt_is_tokens = true;
     return std::nullopt;
   };
@@ -344,11 +350,8 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
     const auto& ids = j["stop_token_ids"];
     if (!ids.is_array() || ids.size() > 64) return bad("'stop_token_ids' must be an array of up to 64 token ids", "stop_token_ids");
-    for (const auto& t : ids) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-        return bad("'stop_token_ids' must hold integers of 0 or more", "stop_token_ids");
-      r.params.stop_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
-    }
+    if (!append_token_ids(ids, r.params.stop_tokens))
+      return bad("'stop_token_ids' must hold integers of 0 or more", "stop_token_ids");
   }
   r.params.sampling.temperature = static_cast<float>(temperature);
   r.params.sampling.top_p = static_cast<float>(top_p);

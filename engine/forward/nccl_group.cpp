@@ -102,14 +102,15 @@ expected<std::shared_ptr<nccl_group>> nccl_group::join(int32_t size, const nccl_
   static std::map<std::array<char, 128>, std::weak_ptr<nccl_group>> live;
   std::lock_guard<std::mutex> lock(mutex);
   std::erase_if(live, [](const auto& entry) { return entry.second.expired(); });
-  if (auto it = live.find(id.bytes); it != live.end()) {
-    auto group = it->second.lock();
-    if (group->size() != size)
-      return error{"this NCCL group has " + std::to_string(group->size()) + " ranks, not " + std::to_string(size)};
-    return group;
-  }
+  // (Its last holder may let go meanwhile, outside the lock: then it is gone.)
+  if (auto it = live.find(id.bytes); it != live.end())
+    if (auto group = it->second.lock()) {
+      if (group->size() != size)
+        return error{"this NCCL group has " + std::to_string(group->size()) + " ranks, not " + std::to_string(size)};
+      return group;
+    }
   auto group = std::shared_ptr<nccl_group>(new nccl_group(size, id));
-  live.emplace(id.bytes, group);
+  live[id.bytes] = group;
   return group;
 }
 

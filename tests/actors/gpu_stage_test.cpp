@@ -15,6 +15,18 @@
 
 namespace troupe {
 
+namespace {
+
+// stories260K and an actor system to spawn stages and shards of it in.
+struct stories_actors {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+};
+
+}  // namespace
+
 #if defined(TROUPE_HAVE_NCCL)
 
 namespace {
@@ -41,12 +53,8 @@ bool ended(caf::scoped_actor& self, const caf::actor& who) {
 
 }  // namespace
 
-TEST_CASE("a GPU shard of an NCCL stage builds on its own invitation and refuses others") {
+TEST_CASE_FIXTURE(stories_actors, "a GPU shard of an NCCL stage builds on its own invitation and refuses others") {
   REQUIRE(nccl_usable().has_value());
-  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
-  system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
   auto group = nccl_group::create(2);
   REQUIRE(group.has_value());
 
@@ -69,7 +77,7 @@ TEST_CASE("a GPU shard of an NCCL stage builds on its own invitation and refuses
   CHECK(answer_to(self, shard, invite(**group, 2, 0)).find("invited as rank 0 of 2, but this shard is rank 1 of 2") !=
         std::string::npos);
   CHECK(answer_to(self, shard, invite(**group, 4, 1)).find("rank 1 of 4") != std::string::npos);
-  CHECK(answer_to(self, shard, wire_message(wire_kind::step_plan, {1, 2, 3})).find("expected a tensor-parallel group") !=
+  CHECK(answer_to(self, shard, wire_message(wire_kind::step_plan, {1, 2, 3})).find("expected an NCCL invitation") !=
         std::string::npos);
   CHECK(answer_to(self, shard, wire_message(wire_kind::nccl_invite, std::vector<uint8_t>(40, 0xff))) != "");
   CHECK_FALSE((*group)->aborted());
@@ -82,12 +90,8 @@ TEST_CASE("a GPU shard of an NCCL stage builds on its own invitation and refuses
   CHECK((*group)->aborted());
 }
 
-TEST_CASE("an NCCL stage invites each shard as its rank: shards that cannot build abort the group and end the stage") {
+TEST_CASE_FIXTURE(stories_actors, "an NCCL stage invites each shard as its rank: shards that cannot build abort the group and end the stage") {
   REQUIRE(nccl_usable().has_value());
-  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
-  system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
   stage_layout layout;
   layout.first_layer = 0;
   layout.end_layer = l.m.config.num_layers;
@@ -103,11 +107,7 @@ TEST_CASE("an NCCL stage invites each shard as its rank: shards that cannot buil
 
 #endif
 
-TEST_CASE("a CPU stage has no device links: asked for one, it says so, and goes on serving") {
-  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
-  system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
+TEST_CASE_FIXTURE(stories_actors, "a CPU stage has no device links: asked for one, it says so, and goes on serving") {
   stage_layout layout;
   layout.first_layer = 1;
   layout.end_layer = l.m.config.num_layers;
