@@ -1,6 +1,7 @@
 #include "actors/gateway/http_gateway.hpp"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/api_keys.hpp"
+#include "actors/gateway/http_connections.hpp"
 #include "actors/gateway/http_metrics.hpp"
 #include "actors/gateway/router_calls.hpp"
 #include "actors/wire/client_codec.hpp"
@@ -89,17 +91,33 @@ std::string outcome_of(finish_reason r, const std::string& error, wire::error_ki
   }
 }
 
+// The HTTP library's server with a listening queue of the system's length: the library
+// listens with room for 5 connections not yet accepted, and a burst of clients beyond
+// that has its connections dropped and retried a second later.
+struct http_server final : httplib::Server {
+  void widen_listen_queue() { ::listen(svr_sock_, SOMAXCONN); }
+};
+
+// The connection threads as the HTTP library's task queue.
+struct connection_queue final : httplib::TaskQueue {
+  explicit connection_queue(size_t max_threads) : threads(max_threads) {}
+  void enqueue(std::function<void()> fn) override { threads.enqueue(std::move(fn)); }
+  void shutdown() override { threads.shutdown(); }
+  connection_threads threads;
+};
+
 }  // namespace
 
 struct http_gateway::impl {
   caf::actor_system& sys;
   caf::actor router;
   http_config cfg;
-  httplib::Server server;
+  http_server server;
   std::thread thread;
   std::atomic<int32_t> in_flight{0};
   std::atomic<bool> draining{false};
   http_metrics m;
+  std::unique_ptr<slow_request_guard> guard;  // from start()
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
   impl(caf::actor_system& s, caf::actor rtr, http_config c) : sys(s), router(std::move(rtr)), cfg(std::move(c)) {}
@@ -114,6 +132,11 @@ struct http_gateway::impl {
   static void send_error(httplib::Response& res, const openai::api_error& e) {
     res.status = e.status;
     res.set_content(openai::error_body(e), "application/json");
+  }
+
+  // The request has arrived whole (head and body): the slow-request deadline is met.
+  void arrived(const httplib::Request& req) const {
+    if (guard) guard->arrived(req.remote_addr, req.remote_port);
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -303,7 +326,12 @@ std::string http_gateway::impl::render_metrics() {
   std::string router_metrics;
   self->request(router, std::chrono::seconds(1), metrics_atom_v)
       .receive([&](const std::string& text) { router_metrics = text; }, [&](caf::error&) {});
-  return m.render(st) + router_metrics;
+  std::string slow;
+  if (guard)
+    slow = "# HELP troupe_http_slow_requests_total Connections answered 408 and closed for not sending a whole request "
+           "within the read timeout\n# TYPE troupe_http_slow_requests_total counter\ntroupe_http_slow_requests_total " +
+           std::to_string(guard->timed_out()) + "\n";
+  return m.render(st) + slow + router_metrics;
 }
 
 http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg)
@@ -315,12 +343,22 @@ expected<uint16_t> http_gateway::start() {
   impl* g = impl_.get();
   auto& srv = g->server;
   srv.set_payload_max_length(g->cfg.max_body_bytes);
-  // A request in flight holds its connection's thread until it ends; enough threads
-  // remain beyond the admitted ones that a surplus request is refused at once.
-  const size_t threads = static_cast<size_t>(g->cfg.max_requests) + 32;
-  srv.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  srv.set_read_timeout(30, 0);
+  // A request in flight holds its connection's thread until it ends, and so does a
+  // connection that has not sent its request yet; threads are started as connections
+  // come, far beyond the admitted requests, so that a surplus request is refused at once
+  // and idle connections do not crowd out working ones. A request that does not arrive
+  // whole in time is cut off by the guard (start(), below).
+  const auto threads = static_cast<size_t>(std::max(g->cfg.max_connections, g->cfg.max_requests + 32));
+  srv.new_task_queue = [threads] { return new connection_queue(threads); };
+  // (The library's own limit is on each read, and answers 400 when it passes: it stays
+  // behind the guard's, which answers 408 for the whole request.)
+  srv.set_read_timeout(g->cfg.read_timeout_s + 5, 0);
   srv.set_write_timeout(30, 0);
+  constexpr int keep_alive_s = 5;  // an idle connection is closed after it
+  srv.set_keep_alive_timeout(keep_alive_s);
+  srv.set_logger([g](const httplib::Request& q, const httplib::Response&) {
+    if (g->guard) g->guard->answered(q.remote_addr, q.remote_port);
+  });
   // A declared body length is judged before any of the body is read: one that is not a
   // number, or that exceeds the limit, is answered at once (the library would read, or
   // wait up to its read timeout for, every byte declared). Whatever of the body follows
@@ -333,19 +371,27 @@ expected<uint16_t> http_gateway::start() {
       std::string coding = q.get_header_value("Transfer-Encoding");
       std::transform(coding.begin(), coding.end(), coding.begin(), [](unsigned char c) { return std::tolower(c); });
       if (q.method != "POST" || coding.find("chunked") != std::string::npos) return httplib::Server::HandlerResponse::Unhandled;
+      g->arrived(q);
       impl::send_error(r, {411, "a request body needs a Content-Length (or chunked encoding)", "invalid_request_error", "", ""});
       return httplib::Server::HandlerResponse::Handled;
     }
     const std::string len = q.get_header_value("Content-Length");
     const bool digits = !len.empty() && len.size() <= 19 && len.find_first_not_of("0123456789") == std::string::npos;
     if (digits && std::stoull(len) <= g->cfg.max_body_bytes) return httplib::Server::HandlerResponse::Unhandled;
+    g->arrived(q);
     const int status = digits ? 413 : 400;
     impl::send_error(r, {status, digits ? "the request body is too large" : "Content-Length is not a length",
                          "invalid_request_error", "", ""});
     return httplib::Server::HandlerResponse::Handled;
   });
-  srv.Post("/v1/completions", [g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, false); });
-  srv.Post("/v1/chat/completions", [g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, true); });
+  srv.Post("/v1/completions", [g](const httplib::Request& q, httplib::Response& r) {
+    g->arrived(q);
+    g->completions(q, r, false);
+  });
+  srv.Post("/v1/chat/completions", [g](const httplib::Request& q, httplib::Response& r) {
+    g->arrived(q);
+    g->completions(q, r, true);
+  });
   srv.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
     std::string what = "internal error";
     try {
@@ -359,10 +405,12 @@ expected<uint16_t> http_gateway::start() {
     r.set_content(openai::error_body({500, "internal error", "server_error", "", ""}), "application/json");
   });
   srv.Get("/v1/models", [g](const httplib::Request& q, httplib::Response& r) {
+    g->arrived(q);
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     r.set_content(openai::models_body(g->cfg.model_id, g->started), "application/json");
   });
   srv.Get(R"(/v1/models/(.+))", [g](const httplib::Request& q, httplib::Response& r) {
+    g->arrived(q);
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     const std::string id = q.matches[1];
     if (id != g->cfg.model_id)
@@ -370,16 +418,19 @@ expected<uint16_t> http_gateway::start() {
                                   "invalid_request_error", "model", "model_not_found"});
     r.set_content(openai::model_body(g->cfg.model_id, g->started), "application/json");
   });
-  srv.Get("/health", [g](const httplib::Request&, httplib::Response& r) {
+  srv.Get("/health", [g](const httplib::Request& q, httplib::Response& r) {
+    g->arrived(q);
     const router_health h = ask_health(g->sys, g->router, g->draining);
     r.status = h.ready ? 200 : 503;
     r.set_content(openai::health_body(h.ready, h.replicas, h.replicas_ready, h.detail, h.outages), "application/json");
   });
   srv.Get("/metrics", [g](const httplib::Request& q, httplib::Response& r) {
+    g->arrived(q);
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     r.set_content(g->render_metrics(), "text/plain; version=0.0.4");
   });
-  srv.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
+  srv.set_error_handler([g](const httplib::Request& q, httplib::Response& r) {
+    g->arrived(q);
     if (!r.body.empty()) return;
     std::string msg = r.status == 413 ? "the request body is too large" : r.status == 404 ? "no such route" : "bad request";
     // A route asked with the wrong method: 405, and the method it takes.
@@ -399,6 +450,10 @@ expected<uint16_t> http_gateway::start() {
   } else if (!srv.bind_to_port(g->cfg.host.c_str(), port)) {
     return error{"http: cannot listen on " + g->cfg.host + ":" + std::to_string(port)};
   }
+  srv.widen_listen_queue();
+  g->guard = std::make_unique<slow_request_guard>(static_cast<uint16_t>(port), std::chrono::seconds(g->cfg.read_timeout_s),
+                                                  std::chrono::seconds(keep_alive_s));
+  g->guard->start();
   g->thread = std::thread([g] { g->server.listen_after_bind(); });
   return static_cast<uint16_t>(port);
 }
@@ -408,6 +463,7 @@ void http_gateway::drain() { impl_->draining = true; }
 void http_gateway::stop() {
   impl_->server.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_->guard) impl_->guard->stop();
 }
 
 }  // namespace troupe

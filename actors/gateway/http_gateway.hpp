@@ -5,8 +5,10 @@
 // when keys are configured; over capacity a request gets 429 with Retry-After at once.
 //
 // The HTTP server (cpp-httplib, from Debian: small, threaded, chunked responses for
-// SSE) runs its own threads; each request submits to the router actor with a sink
-// actor of its own that queues the chunks for the request's thread.
+// SSE) serves each connection on a thread (http_connections: started as connections
+// come, up to max_connections; a connection whose request has not arrived whole within
+// read_timeout_s is answered 408 and closed); each request submits to the router actor
+// with a sink actor of its own that queues the chunks for the request's thread.
 #pragma once
 
 #include <memory>
@@ -31,6 +33,8 @@ struct http_config {
   size_t max_body_bytes = size_t{1} << 20;  // larger bodies get 413
   int32_t max_requests = 64;             // in flight; more get 429
   int32_t request_timeout_s = 600;       // a request that takes longer ends with an error
+  int32_t max_connections = 1024;        // served at once (a thread each); more wait their turn
+  int32_t read_timeout_s = 30;           // a request (head and body) must arrive within it, or 408
   std::vector<std::string> api_keys;     // empty: no authentication
   const tokenizer* tok = nullptr;        // token texts in log-probability listings
 };

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The OpenAI-compatible HTTP API of a real troupe-node on 127.0.0.1: completions and chat
 # (whole and streamed) against troupe-run's text, every kind of bad input getting the
-# right 4xx and an OpenAI-style error body, a client that goes away mid-stream, 429 at
-# capacity, API keys, health and metrics. Bounded in time; the node is always killed.
+# right 4xx and an OpenAI-style error body, a client that goes away mid-stream, slow and
+# idle clients, 429 at capacity, API keys, health and metrics. Bounded in time; the node is always killed.
 # Usage: http_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -17,13 +17,14 @@ expect() {  # code, body-substring, description, curl result
   grep -q -- "$2" "$work/body" || fail "$3: body lacks '$2': $(cat "$work/body")"
 }
 
-# Topology: stories260K, a capacity of 4 requests (max_running 1 x 4), an API key file.
+# Topology: stories260K, a capacity of 4 requests (max_running 1 x 4), an API key file, a
+# read timeout of 2 s.
 cat >"$work/keys" <<KEYS
 # one key a line
 test-key-1
 KEYS
 single_topology "$src" "$work"
-sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' "$work/t.toml"
+sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"\nread_timeout_s = 2|' "$work/t.toml"
 printf '[scheduler]\nmax_running = 1\n' >>"$work/t.toml"
 start_node "$work/t.toml" "$work"
 base=$http_url
@@ -222,6 +223,53 @@ grep -qi '^Retry-After: 1' "$work"/h.* || fail "no Retry-After"
 rss_after=$(rss)
 (( rss_after - rss_before < 65536 )) || fail "memory grew by $(( (rss_after - rss_before) / 1024 )) MiB under overload"
 
+# Slow and idle clients: 200 connections that send half a request and wait, and one that
+# trickles its request a byte at a time, take no place from a working client (each
+# connection has a thread of its own), and each is answered 408 and closed once the read
+# timeout (2 s here) has passed.
+python3 - "$http_url" >"$work/slow" 2>&1 <<'PY' || fail "slow clients: $(cat "$work/slow")"
+import json, socket, subprocess, sys, time, urllib.parse
+url = urllib.parse.urlparse(sys.argv[1])
+addr = (url.hostname, url.port)
+half = [socket.create_connection(addr, timeout=10) for _ in range(200)]
+for s in half:
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+trickle = socket.create_connection(addr, timeout=10)
+t0 = time.time()
+working = subprocess.run(["curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}",
+                          "-H", "Authorization: Bearer test-key-1", sys.argv[1] + "/v1/completions",
+                          "-d", json.dumps({"model": "stories260K", "prompt": "Once", "max_tokens": 5})],
+                         capture_output=True, text=True).stdout
+if working != "200":
+    sys.exit(f"a working client beside 200 half requests got {working or 'no answer in 5 s'}")
+answer = b""
+for b in b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"[:-2]:
+    try:
+        trickle.send(bytes([b]))
+    except OSError:
+        break
+    trickle.settimeout(0.25)
+    try:
+        answer = trickle.recv(100)
+        break
+    except socket.timeout:
+        pass
+    if time.time() - t0 > 15:
+        break
+if not answer.startswith(b"HTTP/1.1 408"):
+    sys.exit(f"the trickling client got {answer[:40]!r} after {time.time() - t0:.1f} s")
+for s in half:
+    s.settimeout(10)
+    got = s.recv(100)
+    if not got.startswith(b"HTTP/1.1 408"):
+        sys.exit(f"a half request got {got[:40]!r}")
+if time.time() - t0 > 12:
+    sys.exit(f"the 408s took {time.time() - t0:.1f} s")
+PY
+curl -s "${auth[@]}" "$base/metrics" | grep -q '^troupe_http_slow_requests_total 20[1-9]$' || fail "slow clients not counted"
+grep -q 'closed [0-9]* connection(s) that had not sent a whole request within 2000 ms' "$work/node.err" ||
+  fail "the node did not say it closed slow connections"
+
 # Still serving; metrics count what happened.
 expect 200 '"text_completion"' "after abuse" "$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":5,"temperature":0}')"
 curl -s "${auth[@]}" "$base/metrics" >"$work/metrics"
@@ -243,6 +291,6 @@ grep -q '"code":"unavailable"' "$work/body" && grep -q 'no replica could serve' 
 grep -qi '^Retry-After: 1' "$work/headers" || fail "no replica: no Retry-After"
 curl -sN "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":5,"stream":true}' >"$work/stream"
 grep -q '"code":"unavailable"' "$work/stream" && grep -q '^data: \[DONE\]' "$work/stream" || fail "no replica, streamed: $(cat "$work/stream")"
-curl -s "$base/metrics" | grep -q '^troupe_requests_total{outcome="unavailable"} 2$' || fail "unavailability not counted"
+curl -s "$base/metrics" >"$work/metrics2"; grep -q "^troupe_requests_total{outcome=\"unavailable\"} 2$" "$work/metrics2" || fail "unavailability not counted: $(grep troupe_requests_total "$work/metrics2")"
 stop_node
-echo "http: completions, chat, streams, bad input, disconnects, 429, keys, metrics and unavailability behave"
+echo "http: completions, chat, streams, bad input, disconnects, slow clients, 429, keys, metrics and unavailability behave"

@@ -180,6 +180,35 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])"),
   has(problem(std::string("[model]\n") + ok_replica), "t.toml");  // a second [model] table
 }
 
+TEST_CASE("HTTP connection settings: defaults, what a topology sets, and values out of range") {
+  // The gateway table of `base` with `extra` added to it.
+  auto with_gateway = [](const std::string& extra) {
+    std::string text = std::string(base) + ok_replica;
+    const std::string at = "capnp = \"127.0.0.1:7400\"\n";
+    text.insert(text.find(at) + at.size(), extra);
+    return parse_topology_text(text, "t.toml", "/d");
+  };
+  auto t = with_gateway("");
+  REQUIRE(t.has_value());
+  CHECK(t->http_max_connections == 1024);
+  CHECK(t->http_read_timeout_s == 30);
+  auto u = with_gateway("max_connections = 200\nread_timeout_s = 5\n");
+  REQUIRE(u.has_value());
+  CHECK(u->http_max_connections == 200);
+  CHECK(u->http_read_timeout_s == 5);
+  for (const char* bad : {"max_connections = 0\n", "max_connections = 100000\n"}) {
+    auto v = with_gateway(bad);
+    REQUIRE_FALSE(v.has_value());
+    CHECK(v.err().message.find("max_connections must be in 1..65536") != std::string::npos);
+  }
+  auto w = with_gateway("read_timeout_s = 0\n");
+  REQUIRE_FALSE(w.has_value());
+  CHECK(w.err().message.find("read_timeout_s must be in 1..3600") != std::string::npos);
+  auto x = with_gateway("read_timeout_s = \"soon\"\n");
+  REQUIRE_FALSE(x.has_value());
+  CHECK(x.err().message.find("'read_timeout_s' must be an integer") != std::string::npos);
+}
+
 TEST_CASE("a stage split over two GPUs passes, as does one of two CPU shards") {
   CHECK(problem(R"([[replica]]
 name = "r0"

@@ -273,6 +273,8 @@ int main(int argc, char** argv) {
     hc.limits.context = m.config.max_seq_len;
     hc.limits.max_tokens = m.config.max_seq_len;
     hc.max_requests = std::max(1, topo->max_running * 4);
+    hc.max_connections = topo->http_max_connections;
+    hc.read_timeout_s = topo->http_read_timeout_s;
     hc.api_keys = api_keys;
     hc.tok = &*loaded->tok;
     http_gateway http(sys, router, hc);

@@ -1,0 +1,233 @@
+#include "actors/gateway/http_connections.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+
+namespace troupe {
+
+connection_threads::connection_threads(size_t max_threads, std::chrono::milliseconds idle_exit, size_t keep_threads)
+    : max_(max_threads < 1 ? 1 : max_threads), keep_(keep_threads), idle_exit_(idle_exit) {}
+
+connection_threads::~connection_threads() { shutdown(); }
+
+void connection_threads::enqueue(std::function<void()> fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  join_exited();
+  jobs_.push_back(std::move(fn));
+  // A thread that is idle takes it; otherwise a new one, while there is room. (Idle
+  // threads count what is queued against themselves: two jobs and one idle thread make
+  // one new thread.)
+  if (jobs_.size() > idle_ && threads_.size() < max_) {
+    std::thread t([this] { work(); });
+    const std::thread::id id = t.get_id();
+    threads_.emplace(id, std::move(t));
+  }
+  lock.unlock();
+  cv_.notify_one();
+}
+
+void connection_threads::work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    ++idle_;
+    const bool woke = cv_.wait_for(lock, idle_exit_, [&] { return !jobs_.empty() || stopping_; });
+    --idle_;
+    if (jobs_.empty()) {
+      // Stopping, or idle for long enough while enough others remain.
+      if (stopping_ || (!woke && threads_.size() - exited_.size() > keep_)) break;
+      continue;
+    }
+    std::function<void()> fn = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    fn();
+    lock.lock();
+  }
+  exited_.push_back(std::this_thread::get_id());
+}
+
+void connection_threads::join_exited() {
+  for (const std::thread::id id : exited_) {
+    auto it = threads_.find(id);
+    if (it == threads_.end()) continue;
+    it->second.join();  // it has left work(): only its return remains
+    threads_.erase(it);
+  }
+  exited_.clear();
+}
+
+void connection_threads::shutdown() {
+  std::map<std::thread::id, std::thread> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    all.swap(threads_);
+    exited_.clear();
+  }
+  cv_.notify_all();
+  for (auto& [id, t] : all) t.join();
+}
+
+size_t connection_threads::threads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return threads_.size() - exited_.size();
+}
+
+namespace {
+
+std::string peer_key(const std::string& addr, int port) { return addr + " " + std::to_string(port); }
+
+// The local port and the peer of a connected TCP socket (nothing for anything else).
+bool tcp_endpoints(int fd, uint16_t& local_port, std::string& addr, int& peer_port) {
+  sockaddr_storage a{};
+  socklen_t n = sizeof a;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) return false;
+  if (a.ss_family == AF_INET)
+    local_port = ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+  else if (a.ss_family == AF_INET6)
+    local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  else
+    return false;
+  n = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) return false;  // the listening socket
+  char host[NI_MAXHOST], serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&a), n, host, sizeof host, serv, sizeof serv,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return false;
+  addr = host;
+  peer_port = std::atoi(serv);
+  return true;
+}
+
+}  // namespace
+
+slow_request_guard::slow_request_guard(uint16_t port, std::chrono::milliseconds deadline,
+                                       std::chrono::milliseconds keep_alive)
+    : port_(port), deadline_(deadline), keep_alive_(keep_alive) {}
+
+slow_request_guard::~slow_request_guard() { stop(); }
+
+void slow_request_guard::start(std::chrono::milliseconds every) {
+  thread_ = std::thread([this, every] {
+    std::unique_lock<std::mutex> lock(stop_mu_);
+    while (!stop_cv_.wait_for(lock, every, [&] { return stop_; })) {
+      lock.unlock();
+      sweep(clock::now());
+      lock.lock();
+    }
+  });
+}
+
+void slow_request_guard::stop() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void slow_request_guard::arrived(const std::string& addr, int port) {
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_[peer_key(addr, port)].arrived = true;
+}
+
+void slow_request_guard::answered(const std::string& addr, int port) {
+  std::lock_guard<std::mutex> lock(mu_);
+  peer_state& p = peers_[peer_key(addr, port)];
+  p.arrived = false;
+  p.since = clock::now() + keep_alive_;
+}
+
+int slow_request_guard::sweep(clock::time_point now) {
+  // The process's descriptors, as the kernel lists them; the gateway's connections are
+  // the connected TCP sockets on its port. A descriptor is known by its number and the
+  // socket's inode, so a number closed and reused is a new connection.
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return 0;
+  std::set<int> present;
+  std::vector<std::pair<int, socket_seen>> late;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::string> live;
+    while (const dirent* e = readdir(dir)) {
+      char* end = nullptr;
+      const long fd = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end || fd == dirfd(dir)) continue;
+      struct stat st {};
+      if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+      present.insert(static_cast<int>(fd));
+      socket_seen& s = sockets_[static_cast<int>(fd)];
+      if (s.inode != st.st_ino) {
+        s = socket_seen{st.st_ino, false, false, {}};
+        uint16_t local = 0;
+        std::string addr;
+        int pport = 0;
+        if (tcp_endpoints(static_cast<int>(fd), local, addr, pport) && local == port_) {
+          s.ours = true;
+          s.peer = peer_key(addr, pport);
+          peers_.try_emplace(s.peer, peer_state{false, now});
+        }
+      }
+      if (!s.ours || s.closed) continue;
+      live.insert(s.peer);
+      const peer_state& p = peers_.try_emplace(s.peer, peer_state{false, now}).first->second;
+      if (!p.arrived && now - p.since > deadline_) late.emplace_back(static_cast<int>(fd), s);
+    }
+    for (auto it = sockets_.begin(); it != sockets_.end();) it = present.count(it->first) ? std::next(it) : sockets_.erase(it);
+    for (auto it = peers_.begin(); it != peers_.end();) it = live.count(it->first) ? std::next(it) : peers_.erase(it);
+  }
+  closedir(dir);
+
+  // Each late connection through a duplicate of its descriptor, checked to be the same
+  // socket: the server's thread may close the original meanwhile and the number be
+  // reused, but the duplicate holds on to the socket it was made from.
+  int closed = 0;
+  static const std::string answer = [] {
+    const std::string body =
+        R"({"error":{"message":"the request did not arrive in time","type":"invalid_request_error","param":null,"code":"timeout"}})";
+    return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  std::string first;
+  for (const auto& [fd, seen] : late) {
+    const int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) continue;
+    struct stat st {};
+    if (fstat(dup, &st) == 0 && st.st_ino == seen.inode) {
+      (void)send(dup, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      ::shutdown(dup, SHUT_RDWR);
+      ++closed;
+      if (first.empty()) first = seen.peer;
+      sockets_[fd].closed = true;  // its thread closes it in its own time
+    }
+    ::close(dup);
+  }
+  if (closed > 0) {
+    timed_out_ += static_cast<uint64_t>(closed);
+    unreported_ += static_cast<uint64_t>(closed);
+  }
+  // One line at most every ten seconds, however many there are.
+  if (unreported_ > 0 && now - last_report_ >= std::chrono::seconds(10)) {
+    const auto at = first.find(' ');
+    std::fprintf(stderr,
+                 "troupe-http: closed %llu connection(s) that had not sent a whole request within %lld ms (answered "
+                 "408)%s%s\n",
+                 static_cast<unsigned long long>(unreported_), static_cast<long long>(deadline_.count()),
+                 first.empty() ? "" : "; one from ", first.empty() ? "" : first.substr(0, at).c_str());
+    unreported_ = 0;
+    last_report_ = now;
+  }
+  return closed;
+}
+
+}  // namespace troupe

@@ -1,0 +1,122 @@
+// http_connections: what keeps slow or idle HTTP connections from starving the gateway.
+//
+// The HTTP server gives each connection a thread from accept to close, and a connection
+// that sends half a request and waits, or trickles it a byte at a time, holds its thread
+// for as long as it likes: a few hundred of them used to leave no thread for anyone else.
+// Two things bound that:
+//
+//  - connection_threads: threads started as connections arrive, up to a cap well above
+//    the requests admitted at once (an idle one ends after a while), so that idle and slow
+//    connections do not take the places of requests;
+//  - slow_request_guard: a connection must deliver its whole request (head and body)
+//    within a deadline, counted from when the guard first sees the connection or from the
+//    answer to its previous request (plus the keep-alive time); one that has not is
+//    answered 408 and shut down, which ends its thread's read.
+//
+// Neither depends on the HTTP library: the gateway adapts them to it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace troupe {
+
+class connection_threads {
+ public:
+  // At most max_threads at once; a thread idle for idle_exit ends (down to keep_threads).
+  explicit connection_threads(size_t max_threads, std::chrono::milliseconds idle_exit = std::chrono::seconds(30),
+                              size_t keep_threads = 4);
+  ~connection_threads();
+  connection_threads(const connection_threads&) = delete;
+  connection_threads& operator=(const connection_threads&) = delete;
+
+  // Runs fn on a free thread, a new one while under the cap, or queues it for the next.
+  void enqueue(std::function<void()> fn);
+  // Runs what is queued, then joins every thread; enqueue must not be called after.
+  void shutdown();
+
+  size_t threads() const;  // running now, busy or idle
+
+ private:
+  void work();
+  void join_exited();  // with mu_ held
+
+  const size_t max_, keep_;
+  const std::chrono::milliseconds idle_exit_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::map<std::thread::id, std::thread> threads_;
+  std::vector<std::thread::id> exited_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
+
+class slow_request_guard {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  // Watches the connections to local TCP port `port` of this process. A connection kept
+  // open after an answer has the server's keep-alive time (keep_alive) on top of the
+  // deadline for its next request: until then the server closes it quietly if nothing
+  // comes, and an answer then could cross a request the client has just sent.
+  slow_request_guard(uint16_t port, std::chrono::milliseconds deadline,
+                     std::chrono::milliseconds keep_alive = std::chrono::milliseconds(0));
+  ~slow_request_guard();
+  slow_request_guard(const slow_request_guard&) = delete;
+  slow_request_guard& operator=(const slow_request_guard&) = delete;
+
+  // Looks every `every` (from a thread of its own) until stopped.
+  void start(std::chrono::milliseconds every = std::chrono::milliseconds(500));
+  void stop();
+
+  // The request of the connection from peer `addr`:`port` has arrived whole / has been
+  // answered (the next request on the connection has the deadline from now).
+  void arrived(const std::string& addr, int port);
+  void answered(const std::string& addr, int port);
+
+  // One look at the connections: those past the deadline are answered 408 and shut down.
+  // Returns how many. (start() calls it; tests may call it directly.)
+  int sweep(clock::time_point now);
+
+  uint64_t timed_out() const { return timed_out_.load(); }
+  std::chrono::milliseconds deadline() const { return deadline_; }
+
+ private:
+  struct peer_state {
+    bool arrived = false;
+    clock::time_point since;
+  };
+  struct socket_seen {
+    ino_t inode = 0;
+    bool ours = false;    // a connection to the port watched
+    bool closed = false;  // timed out and shut down here
+    std::string peer;
+  };
+
+  const uint16_t port_;
+  const std::chrono::milliseconds deadline_, keep_alive_;
+  std::mutex mu_;
+  std::map<std::string, peer_state> peers_;  // by "addr port"
+  std::map<int, socket_seen> sockets_;       // by descriptor, only touched by sweep
+  std::atomic<uint64_t> timed_out_{0};
+  uint64_t unreported_ = 0;
+  clock::time_point last_report_{};
+  std::thread thread_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+};
+
+}  // namespace troupe
