@@ -112,9 +112,20 @@ bool tcp_endpoints(int fd, uint16_t& local_port, std::string& addr, int& peer_po
 
 slow_request_guard::slow_request_guard(uint16_t port, std::chrono::milliseconds deadline,
                                        std::chrono::milliseconds keep_alive)
-    : port_(port), deadline_(deadline), keep_alive_(keep_alive) {}
+    : port_(port), deadline_(deadline), keep_alive_(keep_alive) {
+  // Everything a sweep needs is opened now: when connections have taken every descriptor
+  // the process may have is when the sweep is needed most.
+  dir_ = opendir("/proc/self/fd");
+  null_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  spare_fd_ = null_fd_ < 0 ? -1 : fcntl(null_fd_, F_DUPFD_CLOEXEC, 0);
+}
 
-slow_request_guard::~slow_request_guard() { stop(); }
+slow_request_guard::~slow_request_guard() {
+  stop();
+  if (dir_) closedir(dir_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+  if (null_fd_ >= 0) ::close(null_fd_);
+}
 
 void slow_request_guard::start(std::chrono::milliseconds every) {
   thread_ = std::thread([this, every] {
@@ -152,17 +163,17 @@ int slow_request_guard::sweep(clock::time_point now) {
   // The process's descriptors, as the kernel lists them; the gateway's connections are
   // the connected TCP sockets on its port. A descriptor is known by its number and the
   // socket's inode, so a number closed and reused is a new connection.
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return 0;
+  if (!dir_ || spare_fd_ < 0) return 0;
+  rewinddir(dir_);  // the kernel lists the descriptors afresh
   std::set<int> present;
   std::vector<std::pair<int, socket_seen>> late;
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::set<std::string> live;
-    while (const dirent* e = readdir(dir)) {
+    while (const dirent* e = readdir(dir_)) {
       char* end = nullptr;
       const long fd = std::strtol(e->d_name, &end, 10);
-      if (end == e->d_name || *end || fd == dirfd(dir)) continue;
+      if (end == e->d_name || *end || fd == dirfd(dir_) || fd == spare_fd_ || fd == null_fd_) continue;
       struct stat st {};
       if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
       present.insert(static_cast<int>(fd));
@@ -186,11 +197,11 @@ int slow_request_guard::sweep(clock::time_point now) {
     for (auto it = sockets_.begin(); it != sockets_.end();) it = present.count(it->first) ? std::next(it) : sockets_.erase(it);
     for (auto it = peers_.begin(); it != peers_.end();) it = live.count(it->first) ? std::next(it) : peers_.erase(it);
   }
-  closedir(dir);
 
-  // Each late connection through a duplicate of its descriptor, checked to be the same
-  // socket: the server's thread may close the original meanwhile and the number be
-  // reused, but the duplicate holds on to the socket it was made from.
+  // Each late connection through a duplicate of its descriptor (made in the spare
+  // descriptor, so that none more is needed), checked to be the same socket: the server's
+  // thread may close the original meanwhile and the number be reused, but the duplicate
+  // holds on to the socket it was made from.
   int closed = 0;
   static const std::string answer = [] {
     const std::string body =
@@ -200,17 +211,16 @@ int slow_request_guard::sweep(clock::time_point now) {
   }();
   std::string first;
   for (const auto& [fd, seen] : late) {
-    const int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (dup < 0) continue;
+    if (dup2(fd, spare_fd_) < 0) continue;
     struct stat st {};
-    if (fstat(dup, &st) == 0 && st.st_ino == seen.inode) {
-      (void)send(dup, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      ::shutdown(dup, SHUT_RDWR);
+    if (fstat(spare_fd_, &st) == 0 && st.st_ino == seen.inode) {
+      (void)send(spare_fd_, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      ::shutdown(spare_fd_, SHUT_RDWR);
       ++closed;
       if (first.empty()) first = seen.peer;
       sockets_[fd].closed = true;  // its thread closes it in its own time
     }
-    ::close(dup);
+    dup2(null_fd_, spare_fd_);  // lets go of the socket
   }
   if (closed > 0) {
     timed_out_ += static_cast<uint64_t>(closed);

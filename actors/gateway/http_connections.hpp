@@ -16,6 +16,7 @@
 // Neither depends on the HTTP library: the gateway adapts them to it.
 #pragma once
 
+#include <dirent.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -110,6 +111,8 @@ class slow_request_guard {
   std::mutex mu_;
   std::map<std::string, peer_state> peers_;  // by "addr port"
   std::map<int, socket_seen> sockets_;       // by descriptor, only touched by sweep
+  DIR* dir_ = nullptr;                       // /proc/self/fd
+  int null_fd_ = -1, spare_fd_ = -1;         // /dev/null, and a place for a duplicate
   std::atomic<uint64_t> timed_out_{0};
   uint64_t unreported_ = 0;
   clock::time_point last_report_{};

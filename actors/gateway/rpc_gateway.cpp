@@ -1,6 +1,8 @@
 #include "actors/gateway/rpc_gateway.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -8,9 +10,10 @@
 #include <unordered_map>
 
 #include <caf/all.hpp>
-#include <capnp/ez-rpc.h>
 #include <capnp/message.h>
+#include <capnp/rpc-twoparty.h>
 #include <capnp/serialize.h>
+#include <kj/async-io.h>
 #include <kj/async.h>
 
 #include "actors/caf/type_ids.hpp"
@@ -204,6 +207,94 @@ class gateway_server final : public schema::Gateway::Server {
   kj::TaskSet tasks_;
 };
 
+// One client's connection: the RPC system over its stream, serving the gateway. The
+// client's bootstrap request (its first message, as every client sends it) marks it as
+// one.
+struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatId> {
+  rpc_connection(kj::Own<kj::AsyncIoStream>&& s, capnp::Capability::Client gateway)
+      : stream(kj::mv(s)),
+        bootstrap(kj::mv(gateway)),
+        network(*stream, capnp::rpc::twoparty::Side::SERVER, rpc_reader_options()),
+        rpc(capnp::makeRpcServer(network, *this)) {}
+
+  capnp::Capability::Client createFor(capnp::rpc::twoparty::VatId::Reader) override {
+    greeted = true;
+    return bootstrap;
+  }
+
+  kj::Own<kj::AsyncIoStream> stream;
+  capnp::Capability::Client bootstrap;
+  capnp::TwoPartyVatNetwork network;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+  bool greeted = false;
+};
+
+// Accepts connections for as long as it lives. A failed accept (the process out of file
+// descriptors, say) is said and tried again shortly, rather than ending the listening as
+// it would by itself; connections past the limit are closed at once, and one that has not
+// asked for the gateway within the greeting time is closed. Lines about either are
+// printed at most every ten seconds.
+class rpc_listener final : kj::TaskSet::ErrorHandler {
+ public:
+  rpc_listener(kj::ConnectionReceiver& listener, capnp::Capability::Client gateway, kj::Timer& timer,
+               const rpc_limits& limits)
+      : listener_(listener), gateway_(kj::mv(gateway)), timer_(timer), limits_(limits), tasks_(*this) {}
+
+  kj::Promise<void> accept_loop() {
+    // (The library may throw at once, when a connection is waiting but no descriptor is
+    // left for it: evalNow makes that a failed promise like the others.)
+    return kj::evalNow([this] { return listener_.accept(); })
+        .then(
+        [this](kj::Own<kj::AsyncIoStream>&& stream) {
+          admit(kj::mv(stream));
+          return accept_loop();
+        },
+        [this](kj::Exception&& e) {
+          note("cannot accept a connection (" + std::string(e.getDescription().cStr()) + "); trying again");
+          return timer_.afterDelay(100 * kj::MILLISECONDS).then([this] { return accept_loop(); });
+        });
+  }
+
+ private:
+  void admit(kj::Own<kj::AsyncIoStream>&& stream) {
+    if (live_ >= limits_.max_connections) {
+      note("refused a connection: " + std::to_string(live_) + " are open, the limit (max_connections)");
+      return;  // closed as it goes
+    }
+    ++live_;
+    auto c = kj::heap<rpc_connection>(kj::mv(stream), gateway_);
+    rpc_connection& conn = *c;
+    auto greeting = timer_.afterDelay(limits_.greeting_timeout_s * kj::SECONDS).then([&conn]() -> kj::Promise<void> {
+      if (conn.greeted) return kj::NEVER_DONE;
+      return kj::READY_NOW;
+    });
+    tasks_.add(conn.network.onDisconnect()
+                   .exclusiveJoin(kj::mv(greeting))
+                   .attach(kj::mv(c), kj::defer([this] { --live_; })));
+  }
+
+  void note(const std::string& what) {
+    ++unreported_;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report_ < std::chrono::seconds(10)) return;
+    std::fprintf(stderr, "troupe-capnp: %s%s\n", what.c_str(),
+                 unreported_ > 1 ? (" (and " + std::to_string(unreported_ - 1) + " more such)").c_str() : "");
+    unreported_ = 0;
+    last_report_ = now;
+  }
+
+  void taskFailed(kj::Exception&&) override {}  // a client that went away
+
+  kj::ConnectionReceiver& listener_;
+  capnp::Capability::Client gateway_;
+  kj::Timer& timer_;
+  const rpc_limits limits_;
+  int32_t live_ = 0;
+  uint64_t unreported_ = 0;
+  std::chrono::steady_clock::time_point last_report_{};
+  kj::TaskSet tasks_;  // last: its connections go first
+};
+
 }  // namespace
 
 rpc_gateway::rpc_gateway(caf::actor_system& sys, caf::actor router, std::vector<std::string> api_keys)
@@ -216,17 +307,22 @@ rpc_gateway::~rpc_gateway() {
   caf::anon_send_exit(impl_->sink_actor, caf::exit_reason::user_shutdown);
 }
 
-expected<uint16_t> rpc_gateway::start(const std::string& host, uint16_t port) {
+expected<uint16_t> rpc_gateway::start(const std::string& host, uint16_t port, rpc_limits limits) {
   std::promise<expected<uint16_t>> ready;
   auto started = ready.get_future();
   impl* g = impl_.get();
-  g->thread = std::thread([g, host, port, ready = std::move(ready)]() mutable {
+  g->thread = std::thread([g, host, port, limits, ready = std::move(ready)]() mutable {
     try {
+      auto io = kj::setupAsyncIo();
+      auto& ws = io.waitScope;
       auto server_obj = kj::heap<gateway_server>(*g);
       gateway_server& srv = *server_obj;
-      capnp::EzRpcServer server(kj::mv(server_obj), host + ":" + std::to_string(port), port, rpc_reader_options());
-      auto& ws = server.getWaitScope();
-      const uint16_t bound = static_cast<uint16_t>(server.getPort().wait(ws));
+      capnp::Capability::Client gateway(kj::mv(server_obj));
+      auto address = io.provider->getNetwork().parseAddress(host, port).wait(ws);
+      auto receiver = address->listen();
+      const auto bound = static_cast<uint16_t>(receiver->getPort());
+      rpc_listener listener(*receiver, gateway, io.provider->getTimer(), limits);
+      auto accepting = listener.accept_loop().eagerlyEvaluate([](kj::Exception&&) {});
       auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
       {
         std::lock_guard<std::mutex> lock(g->mu);

@@ -20,6 +20,11 @@
 
 namespace troupe {
 
+struct rpc_limits {
+  int32_t max_connections = 1024;   // open at once; more are closed as they come
+  int32_t greeting_timeout_s = 30;  // a connection that has not asked for the gateway by then is closed
+};
+
 class rpc_gateway {
  public:
   // api_keys: when not empty, every call but health must carry one of them.
@@ -29,7 +34,7 @@ class rpc_gateway {
   rpc_gateway& operator=(const rpc_gateway&) = delete;
 
   // Binds host:port (port 0: any free port) and serves; returns the port.
-  expected<uint16_t> start(const std::string& host, uint16_t port);
+  expected<uint16_t> start(const std::string& host, uint16_t port, rpc_limits limits = {});
   void stop();
   // From now on generate() is refused ("draining"); requests in flight continue.
   void drain();

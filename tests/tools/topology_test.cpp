@@ -190,12 +190,12 @@ TEST_CASE("HTTP connection settings: defaults, what a topology sets, and values 
   };
   auto t = with_gateway("");
   REQUIRE(t.has_value());
-  CHECK(t->http_max_connections == 1024);
-  CHECK(t->http_read_timeout_s == 30);
+  CHECK(t->max_connections == 1024);
+  CHECK(t->read_timeout_s == 30);
   auto u = with_gateway("max_connections = 200\nread_timeout_s = 5\n");
   REQUIRE(u.has_value());
-  CHECK(u->http_max_connections == 200);
-  CHECK(u->http_read_timeout_s == 5);
+  CHECK(u->max_connections == 200);
+  CHECK(u->read_timeout_s == 5);
   for (const char* bad : {"max_connections = 0\n", "max_connections = 100000\n"}) {
     auto v = with_gateway(bad);
     REQUIRE_FALSE(v.has_value());

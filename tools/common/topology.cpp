@@ -146,11 +146,11 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (rd.get(*gw, "[gateway]", "http", http, false)) rd.endpoint_of(http, "[gateway] http", t.http);
   rd.get(*gw, "[gateway]", "api_keys_file", t.api_keys_file, false);
   resolve(t.api_keys_file);
-  rd.get(*gw, "[gateway]", "max_connections", t.http_max_connections, false);
-  rd.get(*gw, "[gateway]", "read_timeout_s", t.http_read_timeout_s, false);
-  if (rd.ok() && (t.http_max_connections < 1 || t.http_max_connections > 65536))
+  rd.get(*gw, "[gateway]", "max_connections", t.max_connections, false);
+  rd.get(*gw, "[gateway]", "read_timeout_s", t.read_timeout_s, false);
+  if (rd.ok() && (t.max_connections < 1 || t.max_connections > 65536))
     rd.fail("[gateway]: max_connections must be in 1..65536");
-  if (rd.ok() && (t.http_read_timeout_s < 1 || t.http_read_timeout_s > 3600))
+  if (rd.ok() && (t.read_timeout_s < 1 || t.read_timeout_s > 3600))
     rd.fail("[gateway]: read_timeout_s must be in 1..3600");
 
   if (const toml::table* kv = root["kv"].as_table()) {

@@ -7,9 +7,11 @@
 //               model's own, from GGUF metadata; raw without one) | raw | llama2 | chatml
 //   [gateway]   node, capnp = "HOST:PORT", http = "HOST:PORT", api_keys_file (one key a
 //               line; required when an endpoint is not on loopback), max_connections
-//               (1024: HTTP connections served at once, a thread each; more wait),
+//               (1024, on each endpoint: HTTP connections served at once, a thread each,
+//               more wait; Cap'n Proto connections open at once, more are closed),
 //               read_timeout_s (30: an HTTP request, head and body, must arrive within
-//               it, or is answered 408 and its connection closed)
+//               it, or is answered 408 and its connection closed; a Cap'n Proto
+//               connection must ask for the gateway within it, or is closed)
 //   [kv]        block_size, num_blocks, prefix_caching (true), cache_type = "f32" |
 //               "f16" | "q8_0" (what the shards keep K and V in; default: F32 for F32
 //               weights, else F16, or TROUPE_KV_TYPE; q8_0 is int8 with a scale per
@@ -89,8 +91,8 @@ struct topology {
   std::string gateway_node;
   endpoint capnp;
   endpoint http;
-  int32_t http_max_connections = 1024;  // HTTP connections served at once
-  int32_t http_read_timeout_s = 30;     // for an HTTP request to arrive whole
+  int32_t max_connections = 1024;  // on each client endpoint, at once
+  int32_t read_timeout_s = 30;     // for an HTTP request to arrive whole, a Cap'n Proto client to greet
   int32_t block_size = 16;
   int32_t num_blocks = 1024;
   bool prefix_caching = true;

@@ -4,10 +4,13 @@
 // (CAF's middleman, heartbeats with the topology's timeouts). The gateway's node also runs
 // the router and the client APIs, and prints `endpoint: capnp://HOST:PORT`; others print
 // `node: NAME`. SIGINT or SIGTERM stops a node cleanly (the gateway drains first).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -33,6 +36,18 @@
 #include "tools/common/topology.hpp"
 
 using namespace troupe;
+
+// Raises the soft limit on open descriptors to the hard one; returns the limit now.
+static int64_t raise_open_file_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 1024;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit want = r;
+    want.rlim_cur = r.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) r = want;
+  }
+  return r.rlim_cur == RLIM_INFINITY ? int64_t{1} << 30 : static_cast<int64_t>(r.rlim_cur);
+}
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -113,6 +128,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-node: the HTTP endpoint %s is not on loopback: name an api_keys_file in [gateway]\n",
                  http_ep.str().c_str());
     return 1;
+  }
+
+  // Every client connection holds a descriptor: the soft limit on them goes up to the
+  // hard one (often 1024 of 500,000 or more), and a gateway says when even that leaves
+  // less room than its endpoints' max_connections.
+  if (node_name == topo->gateway_node) {
+    const int64_t room = raise_open_file_limit() - 256;  // the node's own files and peers
+    const int64_t wanted = int64_t{topo->max_connections} * (serve_http ? 2 : 1);
+    if (room < wanted)
+      std::fprintf(stderr,
+                   "troupe-node %s: the open-file limit (ulimit -n) leaves room for about %lld client connections, "
+                   "fewer than max_connections (%d) on %s; raise the hard limit or lower max_connections in [gateway]\n",
+                   node_name.c_str(), static_cast<long long>(std::max<int64_t>(room, 0)), topo->max_connections,
+                   serve_http ? "each of two endpoints" : "the endpoint");
   }
 
   // Block the stop signals before any thread starts, so only the wait below sees them.
@@ -273,8 +302,8 @@ int main(int argc, char** argv) {
     hc.limits.context = m.config.max_seq_len;
     hc.limits.max_tokens = m.config.max_seq_len;
     hc.max_requests = std::max(1, topo->max_running * 4);
-    hc.max_connections = topo->http_max_connections;
-    hc.read_timeout_s = topo->http_read_timeout_s;
+    hc.max_connections = topo->max_connections;
+    hc.read_timeout_s = topo->read_timeout_s;
     hc.api_keys = api_keys;
     hc.tok = &*loaded->tok;
     http_gateway http(sys, router, hc);
@@ -304,7 +333,7 @@ int main(int argc, char** argv) {
     if (stopped_early > 0) {
       std::fprintf(stderr, "troupe-node %s: stopping (signal %d) before any replica was ready\n", node_name.c_str(),
                    stopped_early);
-    } else if (auto port = gateway.start(ep.host, ep.port); !port) {
+    } else if (auto port = gateway.start(ep.host, ep.port, rpc_limits{topo->max_connections, topo->read_timeout_s}); !port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
     } else {

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A real troupe-node on 127.0.0.1 against clients that hold connections without using
+# them, more of them than [gateway] max_connections and than the file descriptors the
+# process may open (its limit set to 160 once it runs): both endpoints go on serving a
+# working client, idle connections are closed after read_timeout_s (2 s here), and the
+# Cap'n Proto endpoint keeps listening after running out of descriptors. Bounded in time;
+# the node is always stopped.
+# Usage: gateway_limits_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+build=$1 src=$2
+scratch
+
+single_topology "$src" "$work"
+sed -i 's|^capnp = .*|&\nmax_connections = 60\nread_timeout_s = 2|' "$work/t.toml"
+start_node "$work/t.toml" "$work"
+node=$(pgrep -P "$node_pid" troupe-node)
+prlimit --pid "$node" --nofile=160:160 || fail "cannot lower the node's descriptor limit"
+capnp_ep=${capnp_url#capnp://}
+client() { timeout 20 "$build/tools/troupe-client" --connect "$capnp_ep" "$@"; }
+
+# 250 idle connections to each endpoint, held open while a working client is served on
+# each; then every idle one must have been closed by the node, the Cap'n Proto ones
+# without a word (past the limit, or not greeting in time), the HTTP ones with a 408.
+python3 - "$capnp_ep" "${http_url#http://}" "$build/tools/troupe-client" >"$work/flood" 2>&1 <<'PY' ||
+import socket, subprocess, sys, time
+def addr(text):
+    host, port = text.rsplit(":", 1)
+    return host, int(port)
+capnp, http, client = addr(sys.argv[1]), addr(sys.argv[2]), sys.argv[3]
+t0 = time.time()
+idle = [socket.create_connection(capnp, timeout=10) for _ in range(250)]
+half = [socket.create_connection(http, timeout=10) for _ in range(250)]
+for s in half:
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+r = subprocess.run(["timeout", "20", client, "--connect", sys.argv[1], "-p", "Once", "-n", "5"], capture_output=True, text=True)
+if r.returncode != 0 or not r.stdout.startswith("Once"):
+    sys.exit(f"a Cap'n Proto client beside 250 idle connections: rc {r.returncode}: {r.stdout} {r.stderr}")
+r = subprocess.run(["curl", "-s", "-m", "20", "-o", "/dev/null", "-w", "%{http_code}", f"http://{sys.argv[2]}/health"],
+                   capture_output=True, text=True)
+if r.stdout != "200":
+    sys.exit(f"an HTTP client beside 250 half requests got {r.stdout or 'no answer'}")
+for s in idle:
+    s.settimeout(15)
+    try:
+        got = s.recv(100)
+    except ConnectionResetError:
+        got = b""
+    if got:
+        sys.exit(f"an idle Cap'n Proto connection was sent {got[:40]!r}")
+for s in half:
+    s.settimeout(15)
+    got = s.recv(100)
+    if not got.startswith(b"HTTP/1.1 408"):
+        sys.exit(f"a half HTTP request got {got[:40]!r}")
+print(f"all closed after {time.time() - t0:.1f} s")
+PY
+  fail "flood: $(cat "$work/flood")"
+grep -q 'troupe-capnp: ' "$work/node.err" || fail "the node did not say why it closed Cap'n Proto connections"
+
+# Afterwards both endpoints serve as before.
+out=$(client -p "Once upon a time" -n 8 2>&1) || fail "Cap'n Proto after the flood: $out"
+[[ $out == "Once upon a time"* ]] || fail "Cap'n Proto after the flood: $out"
+code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$http_url/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":4}')
+[[ $code == 200 ]] || fail "HTTP after the flood: $code"
+kill -0 "$node" || fail "the node died"
+echo "gateway limits: idle and surplus connections closed, both endpoints serving at the descriptor limit"
