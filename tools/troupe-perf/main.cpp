@@ -14,6 +14,7 @@
 #include "engine/generate/generator.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/gemm_w8a8.hpp"
+#include "tools/troupe-perf/attention_bench.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/stats.hpp"
 #include "tools/troupe-perf/gpu_bench.hpp"
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
       "  troupe-perf prefill MODEL                prompt tokens/s for one prompt\n"
       "  troupe-perf batch MODEL -b 1,4,16,32     aggregate decode tokens/s per batch size\n"
       "  troupe-perf gemm --type q8_0             one weight matrix, tokens per step\n"
+      "  troupe-perf attention -b 16 --context 200   decode attention alone: the cache's read rate\n"
       "  troupe-perf serve MODEL -c 1,4,16,64     the serving loop: throughput, TTFT, TPOT\n"
       "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n"
       "  troupe-perf gpu MODEL -b 1,8,64          GPU decode tokens/s and weight bandwidth per batch\n"
@@ -198,6 +200,17 @@ int main(int argc, char** argv) {
   gm->add_option("--rows", rows)->check(CLI::Range(1, 1 << 20))->capture_default_str();
   gm->add_option("--cols", cols)->check(CLI::Range(32, 1 << 20))->capture_default_str();
   gm->add_option("--tokens", m_tokens)->check(CLI::Range(1, 4096))->capture_default_str();
+  auto* att = app.add_subcommand("attention", "decode-step attention alone, over a cache scattered in blocks");
+  tools::attention_shape ash;
+  std::string cache_name = "f16";
+  att->add_option("-b,--sequences", ash.sequences, "sequences, one token each")->check(CLI::Range(1, 4096))->capture_default_str();
+  att->add_option("--context", ash.context, "positions each attends to")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  att->add_option("--layers", ash.layers)->check(CLI::Range(1, 1024))->capture_default_str();
+  att->add_option("--heads", ash.heads, "query heads")->check(CLI::Range(1, 1024))->capture_default_str();
+  att->add_option("--kv-heads", ash.kv_heads, "KV heads (dividing --heads)")->check(CLI::Range(1, 1024))->capture_default_str();
+  att->add_option("--head-dim", ash.head_dim)->check(CLI::Range(1, 1024))->capture_default_str();
+  att->add_option("--cache", cache_name, "the cache's type (q8_0: int8, a scale per token and KV head)")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
@@ -206,6 +219,26 @@ int main(int argc, char** argv) {
     auto b = tools::measure_bandwidth(pool, mib << 20, runs);
     report("triad bandwidth, " + std::to_string(threads) + " threads", b.triad_gbs, "GB/s");
     report("read bandwidth, " + std::to_string(threads) + " threads", b.read_gbs, "GB/s");
+  } else if (att->parsed()) {
+    if (ash.heads % ash.kv_heads != 0) {
+      std::fprintf(stderr, "troupe-perf: --kv-heads %d does not divide --heads %d\n", ash.kv_heads, ash.heads);
+      return 1;
+    }
+    const double cache_bytes = 2.0 * ash.sequences * ash.context * ash.layers * ash.kv_heads * ash.head_dim *
+                               (cache_name == "f32" ? 4 : cache_name == "f16" ? 2 : 1);
+    if (cache_bytes > 64e9) {
+      std::fprintf(stderr, "troupe-perf: that cache would hold %.0f GB; ask for less\n", cache_bytes / 1e9);
+      return 1;
+    }
+    ash.cache = cache_name == "f32" ? dtype::f32 : cache_name == "f16" ? dtype::f16 : dtype::q8_0;
+    std::fprintf(stderr, "troupe-perf: writing a %.0f MB cache\n", cache_bytes / 1e6);
+    thread_pool pool(threads);
+    const auto a = tools::measure_attention(ash, pool, runs);
+    char note[96];
+    std::snprintf(note, sizeof note, "%.2f ms per step of %d layers (%.0f MB read)", a.step_ms, ash.layers, a.cache_mb);
+    report("attention, " + std::to_string(ash.sequences) + " x " + std::to_string(ash.context) + " positions, " +
+               cache_name + " cache, " + std::to_string(threads) + " threads",
+           a.cache_gbs, "GB/s", note);
   } else if (gm->parsed()) {
     const dtype type = type_name == "f16" ? dtype::f16 : type_name == "bf16" ? dtype::bf16
                        : type_name == "q8_0" ? dtype::q8_0 : dtype::f32;
