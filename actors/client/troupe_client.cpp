@@ -74,6 +74,10 @@ std::string describe(const std::string& address, const kj::Exception& e) {
     why = "cannot resolve the host name";
   else if (what.find("Connection refused") != std::string::npos)
     why = "connection refused (no troupe node serves there?)";
+  else if (what.find("[1347703881 < ") != std::string::npos)
+    // Its answer began "HTTP" (read as a Cap'n Proto frame: that many segments, plus one).
+    why = "it answers in HTTP: that is an HTTP endpoint, and this client speaks Cap'n Proto (use the address the "
+          "node prints as endpoint: capnp://...)";
   else if (e.getType() == kj::Exception::Type::DISCONNECTED)
     why = "the connection was lost (" + what + ")";
   return "troupe gateway at " + address + ": " + why;

@@ -55,6 +55,12 @@ grep -q "API key" <<<"$out" || fail "capnp without a key: no reason given: $out"
 if TROUPE_API_KEY=nope timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" --stats >/dev/null 2>&1; then fail "capnp stats with a wrong key"; fi
 TROUPE_API_KEY=test-key-1 timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 >/dev/null || fail "capnp with the key failed"
 
+# Each endpoint's client pointed at the other one is told which it reached.
+if out=$(timeout 30 "$build/tools/troupe-client" --connect "${base#http://}" --health 2>&1); then fail "troupe-client served by HTTP: $out"; fi
+grep -q "it answers in HTTP: that is an HTTP endpoint" <<<"$out" || fail "troupe-client at the HTTP endpoint: $out"
+out=$(timeout 30 "$build/tools/troupe-bench" --endpoint "http://$capnp_ep" --requests 1 --concurrency 1 2>&1 >/dev/null || true)
+grep -q "no HTTP answer: if this is troupe's Cap'n Proto endpoint" <<<"$out" || fail "troupe-bench at the capnp endpoint: $out"
+
 post() { status "${auth[@]}" -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
 
 # A greedy completion continues the prompt exactly as troupe-run does.

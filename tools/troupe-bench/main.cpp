@@ -35,7 +35,9 @@ std::string transport_error(httplib::Error e) {
   switch (e) {
     case httplib::Error::Connection: return "cannot connect (refused, or no route to the endpoint)";
     case httplib::Error::ConnectionTimeout: return "timed out connecting";
-    case httplib::Error::Read: return "the connection failed or closed while reading the reply";
+    case httplib::Error::Read:
+      return "the connection failed or closed while reading the reply (no HTTP answer: if this is troupe's Cap'n "
+             "Proto endpoint, name it capnp://HOST:PORT)";
     case httplib::Error::Write: return "the connection failed while sending the request";
     case httplib::Error::Canceled: return "cancelled";
     default: return httplib::to_string(e);
@@ -169,7 +171,7 @@ sample run_capnp(const std::string& address, const workload& w, int i) {
   });
   const auto t1 = clock_type::now();
   if (!r) {
-    s.error = r.err().message.substr(0, 100);  // (it names the gateway's address, then what went wrong)
+    s.error = r.err().message.substr(0, 240);  // (it names the gateway's address, then what went wrong)
     return s;
   }
   s.e2e_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
