@@ -34,13 +34,18 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
       p.prompt = tok.encode(std::string_view(text.cStr(), text.size()), true);
     } else {
       const auto ids = prompt.getTokens();
-      if (ids.size() >= static_cast<unsigned>(lim.context)) return error{"prompt has more tokens than the context"};
+      if (ids.size() >= static_cast<unsigned>(lim.context))
+        return error{"the prompt is " + std::to_string(ids.size()) + " tokens; the model's context is " +
+                     std::to_string(lim.context)};
       for (int32_t t : ids) {
         if (t < 0 || t >= tok.size()) return error{"token id " + std::to_string(t) + " is outside the vocabulary"};
         p.prompt.push_back(t);
       }
     }
     if (p.prompt.empty()) return error{"the prompt is empty"};
+    if (p.prompt.size() >= static_cast<size_t>(lim.context))
+      return error{"the prompt is " + std::to_string(p.prompt.size()) + " tokens; the model's context is " +
+                   std::to_string(lim.context)};
     p.max_tokens = r.getMaxTokens();
     if (r.getStepsIncludePrompt()) {
       const int32_t after_bos = static_cast<int32_t>(p.prompt.size()) - 1;
@@ -49,7 +54,9 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
                      " steps leave no room to generate"};
       p.max_tokens -= after_bos;
     }
-    if (p.max_tokens < 1 || p.max_tokens > lim.context) return error{"maxTokens must be in 1.." + std::to_string(lim.context)};
+    if (p.max_tokens < 1 || p.max_tokens > lim.context)
+      return error{"maxTokens (" + std::to_string(p.max_tokens) + ") must be in 1.." + std::to_string(lim.context) +
+                   " (the model's context)"};
     const auto s = r.getSampling();
     p.sampling.temperature = s.getTemperature();
     p.sampling.top_k = s.getTopK();

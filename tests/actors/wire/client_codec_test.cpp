@@ -1,6 +1,7 @@
-// The end of a request as the client API carries it: an error's kind (the request's own
-// fault, no replica in time, the server's fault) survives the router's rewriting, and an
-// unknown kind reads as the request's own fault (not worth a retry).
+// The client API's requests and results as the gateway reads them: a prompt or an output
+// length the model cannot hold is refused with the figures; an error's kind (the
+// request's own fault, no replica in time, the server's fault) survives the router's
+// rewriting, and an unknown kind reads as the request's own fault (not worth a retry).
 #include "actors/wire/client_codec.hpp"
 
 #include <capnp/message.h>
@@ -8,8 +9,34 @@
 
 #include "actors/wire/frame.hpp"
 #include "schema/client.capnp.h"
+#include "tests/support/test_support.hpp"
 
 namespace troupe::wire {
+
+TEST_CASE("a request longer than the context is refused with its length and the context's") {
+  const tokenizer& tok = test::tok512();
+  request_limits lim;
+  lim.context = 64;
+  request_params p;
+  p.max_tokens = 8;
+  std::string words;
+  for (int i = 0; i < 100; ++i) words += "once ";
+  auto text = decode_generate_request(encode_generate_request_text(words, p), tok, lim);
+  REQUIRE_FALSE(text.has_value());
+  CHECK(text.err().message.find("the prompt is ") == 0);
+  CHECK(text.err().message.find("tokens; the model's context is 64") != std::string::npos);
+  p.prompt.assign(64, 5);
+  auto ids = decode_generate_request(encode_generate_request_tokens(p), tok, lim);
+  REQUIRE_FALSE(ids.has_value());
+  CHECK(ids.err().message == "the prompt is 64 tokens; the model's context is 64");
+  p.prompt.assign(3, 5);
+  p.max_tokens = 65;
+  auto many = decode_generate_request(encode_generate_request_tokens(p), tok, lim);
+  REQUIRE_FALSE(many.has_value());
+  CHECK(many.err().message == "maxTokens (65) must be in 1..64 (the model's context)");
+  p.max_tokens = 61;
+  CHECK(decode_generate_request(encode_generate_request_tokens(p), tok, lim).has_value());
+}
 
 TEST_CASE("a failed request's error kind travels with its text, through the router's split too") {
   step_output out;
