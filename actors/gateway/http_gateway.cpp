@@ -79,6 +79,13 @@ openai::api_error failure_of(const std::string& why, wire::error_kind kind, bool
   return {400, why, "invalid_request_error", "", ""};
 }
 
+// The method a route takes ("" for no route).
+std::string route_method(const std::string& path) {
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") return "GET";
+  return "";
+}
+
 // How a request that ran ended, as troupe_requests_total counts it (a client that left is
 // counted apart, as cancelled).
 std::string outcome_of(finish_reason r, const std::string& error, wire::error_kind kind, bool timed_out) {
@@ -356,6 +363,7 @@ expected<uint16_t> http_gateway::start() {
   srv.set_write_timeout(30, 0);
   constexpr int keep_alive_s = 5;  // an idle connection is closed after it
   srv.set_keep_alive_timeout(keep_alive_s);
+  srv.set_keep_alive_max_count(1000);  // requests on one connection (the library's default: 5)
   srv.set_logger([g](const httplib::Request& q, const httplib::Response&) {
     if (g->guard) g->guard->answered(q.remote_addr, q.remote_port);
   });
@@ -365,6 +373,29 @@ expected<uint16_t> http_gateway::start() {
   // then fails to parse as the next request, which ends the connection; a client that
   // sends nothing more is dropped after the keep-alive timeout.
   srv.set_pre_routing_handler([g](const httplib::Request& q, httplib::Response& r) {
+    // A page from an allowed origin may read every answer; a preflight (OPTIONS) learns
+    // what it may send. Without an allowed origin, OPTIONS still says the route's method.
+    const std::string origin = q.get_header_value("Origin");
+    const bool any = std::find(g->cfg.cors_origins.begin(), g->cfg.cors_origins.end(), "*") != g->cfg.cors_origins.end();
+    const bool cors = !origin.empty() && (any || std::find(g->cfg.cors_origins.begin(), g->cfg.cors_origins.end(),
+                                                           origin) != g->cfg.cors_origins.end());
+    if (cors) {
+      r.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+      if (!any) r.set_header("Vary", "Origin");
+    }
+    if (q.method == "OPTIONS") {
+      const std::string m = route_method(q.path);
+      if (m.empty()) return httplib::Server::HandlerResponse::Unhandled;  // no such route
+      g->arrived(q);
+      r.status = 204;
+      r.set_header("Allow", m + ", OPTIONS");
+      if (cors) {
+        r.set_header("Access-Control-Allow-Methods", m + ", OPTIONS");
+        r.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        r.set_header("Access-Control-Max-Age", "600");
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (!q.has_header("Content-Length")) {
       // A POST says how long its body is, or sends it chunked (the library would answer a
       // bare "bad request").
@@ -432,7 +463,8 @@ expected<uint16_t> http_gateway::start() {
   srv.set_error_handler([g](const httplib::Request& q, httplib::Response& r) {
     g->arrived(q);
     if (!r.body.empty()) return;
-    const bool posts = q.path == "/v1/completions" || q.path == "/v1/chat/completions";
+    const std::string method = route_method(q.path);
+    const bool posts = method == "POST";
     // A completion sent with a form's content type (what `curl -d` sends unless told
     // otherwise): the library refuses such bodies over 8 KiB, after reading them, with
     // 413. The body is the request's JSON all the same, within the gateway's own limit, so
@@ -444,11 +476,10 @@ expected<uint16_t> http_gateway::start() {
     }
     std::string msg = r.status == 413 ? "the request body is too large" : r.status == 404 ? "no such route" : "bad request";
     // A route asked with the wrong method: 405, and the method it takes.
-    const bool gets = q.path == "/v1/models" || q.path.rfind("/v1/models/", 0) == 0 || q.path == "/health" || q.path == "/metrics";
-    if (r.status == 404 && (posts || gets)) {
+    if (r.status == 404 && !method.empty() && q.method != method) {
       r.status = 405;
-      r.set_header("Allow", posts ? "POST" : "GET");
-      msg = q.method + " is not allowed here; use " + (posts ? "POST" : "GET");
+      r.set_header("Allow", method + ", OPTIONS");
+      msg = q.method + " is not allowed here; use " + method;
     }
     r.set_content(openai::error_body({r.status, msg, "invalid_request_error", "", ""}), "application/json");
   });

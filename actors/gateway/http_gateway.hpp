@@ -3,6 +3,8 @@
 // ending with `data: [DONE]`), GET /v1/models, GET /health (200 only while a replica can
 // serve: "ok", or "degraded" when some replica cannot), GET /metrics (Prometheus text). Bearer keys guard every route but /health
 // when keys are configured; over capacity a request gets 429 with Retry-After at once.
+// OPTIONS on a route answers 204 with the methods it takes; for a browser origin in
+// cors_origins, every answer carries the CORS headers that let its pages call the API.
 //
 // The HTTP server (cpp-httplib, from Debian: small, threaded, chunked responses for
 // SSE) serves each connection on a thread (http_connections: started as connections
@@ -36,6 +38,7 @@ struct http_config {
   int32_t max_connections = 1024;        // served at once (a thread each); more wait their turn
   int32_t read_timeout_s = 30;           // a request (head and body) must arrive within it, or 408
   std::vector<std::string> api_keys;     // empty: no authentication
+  std::vector<std::string> cors_origins;  // browser origins answered with CORS headers ("*": any)
   const tokenizer* tok = nullptr;        // token texts in log-probability listings
 };
 

@@ -18,13 +18,13 @@ expect() {  # code, body-substring, description, curl result
 }
 
 # Topology: stories260K, a capacity of 4 requests (max_running 1 x 4), an API key file, a
-# read timeout of 2 s.
+# read timeout of 2 s, one browser origin allowed.
 cat >"$work/keys" <<KEYS
 # one key a line
 test-key-1
 KEYS
 single_topology "$src" "$work"
-sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"\nread_timeout_s = 2|' "$work/t.toml"
+sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"\nread_timeout_s = 2\ncors_origins = ["http://app.example"]|' "$work/t.toml"
 printf '[scheduler]\nmax_running = 1\n' >>"$work/t.toml"
 start_node "$work/t.toml" "$work"
 base=$http_url
@@ -36,6 +36,19 @@ code=$(curl -s -o "$work/body" -D "$work/headers" -w '%{http_code}' "$base/v1/co
 code=$(curl -s -o "$work/body" -D "$work/headers" -w '%{http_code}' -d '{}' "$base/health")
 [[ $code == 405 ]] && grep -qi '^Allow: GET' "$work/headers" || fail "POST /health: $code $(cat "$work/body")"
 expect 404 'no such route' "an unknown route" "$(status "$base/v2/nothing")"
+expect 404 'model_not_found\|no such' "an empty model name" "$(status -H 'Authorization: Bearer test-key-1' "$base/v1/models/")"
+
+# OPTIONS says a route's methods; a browser page from the allowed origin gets the CORS
+# headers (the preflight, and every answer), one from another origin none.
+code=$(curl -s -o /dev/null -D "$work/headers" -w '%{http_code}' -X OPTIONS -H 'Origin: http://app.example' \
+  -H 'Access-Control-Request-Method: POST' "$base/v1/chat/completions")
+[[ $code == 204 ]] && grep -qi '^Access-Control-Allow-Origin: http://app.example' "$work/headers" &&
+  grep -qi '^Access-Control-Allow-Headers: .*Authorization' "$work/headers" && grep -qi '^Allow: POST' "$work/headers" ||
+  fail "preflight from the allowed origin: $code $(cat "$work/headers")"
+code=$(curl -s -o /dev/null -D "$work/headers" -w '%{http_code}' -X OPTIONS -H 'Origin: http://other.example' "$base/v1/completions")
+[[ $code == 204 ]] && ! grep -qi '^Access-Control' "$work/headers" || fail "preflight from another origin: $code $(cat "$work/headers")"
+curl -s -o /dev/null -D "$work/headers" -H 'Origin: http://app.example' "$base/health"
+grep -qi '^Access-Control-Allow-Origin: http://app.example' "$work/headers" || fail "no CORS header on an answer: $(cat "$work/headers")"
 expect 411 'needs a Content-Length' "a POST without a length" "$(status -X POST "$base/v1/completions")"
 
 # Health needs no key; everything else does.

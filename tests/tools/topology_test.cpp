@@ -180,7 +180,7 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])"),
   has(problem(std::string("[model]\n") + ok_replica), "t.toml");  // a second [model] table
 }
 
-TEST_CASE("HTTP connection settings: defaults, what a topology sets, and values out of range") {
+TEST_CASE("HTTP gateway settings: defaults, what a topology sets, and values out of range") {
   // The gateway table of `base` with `extra` added to it.
   auto with_gateway = [](const std::string& extra) {
     std::string text = std::string(base) + ok_replica;
@@ -207,6 +207,20 @@ TEST_CASE("HTTP connection settings: defaults, what a topology sets, and values 
   auto x = with_gateway("read_timeout_s = \"soon\"\n");
   REQUIRE_FALSE(x.has_value());
   CHECK(x.err().message.find("'read_timeout_s' must be an integer") != std::string::npos);
+  // Browser origins: scheme and host (and port), or "*".
+  CHECK(t->cors_origins.empty());
+  auto o = with_gateway("cors_origins = [\"https://app.example\", \"http://localhost:3000\", \"*\"]\n");
+  REQUIRE(o.has_value());
+  CHECK(o->cors_origins == std::vector<std::string>{"https://app.example", "http://localhost:3000", "*"});
+  for (const char* bad : {"cors_origins = [\"app.example\"]\n", "cors_origins = [\"https://app.example/ui\"]\n",
+                          "cors_origins = [5]\n"}) {
+    auto v = with_gateway(bad);
+    REQUIRE_FALSE(v.has_value());
+    CHECK(v.err().message.find("cors_origins entry 0 must be an origin") != std::string::npos);
+  }
+  auto y = with_gateway("cors_origins = \"*\"\n");
+  REQUIRE_FALSE(y.has_value());
+  CHECK(y.err().message.find("'cors_origins' must be an array") != std::string::npos);
 }
 
 TEST_CASE("a stage split over two GPUs passes, as does one of two CPU shards") {

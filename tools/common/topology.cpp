@@ -146,6 +146,20 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (rd.get(*gw, "[gateway]", "http", http, false)) rd.endpoint_of(http, "[gateway] http", t.http);
   rd.get(*gw, "[gateway]", "api_keys_file", t.api_keys_file, false);
   resolve(t.api_keys_file);
+  if (const toml::node* origins = gw->get("cors_origins")) {
+    const toml::array* a = origins->as_array();
+    if (!a) rd.fail("[gateway]: 'cors_origins' must be an array of origins (\"https://host[:port]\") or [\"*\"]");
+    for (size_t i = 0; a && rd.ok() && i < a->size(); ++i) {
+      auto v = (*a)[i].value<std::string>();
+      const bool origin = v && (*v == "*" || ((v->rfind("http://", 0) == 0 || v->rfind("https://", 0) == 0) &&
+                                              v->find('/', v->find("//") + 2) == std::string::npos));
+      if (!origin)
+        rd.fail("[gateway]: cors_origins entry " + std::to_string(i) +
+                " must be an origin (scheme and host, no path: \"https://app.example\") or \"*\"");
+      else
+        t.cors_origins.push_back(*v);
+    }
+  }
   rd.get(*gw, "[gateway]", "max_connections", t.max_connections, false);
   rd.get(*gw, "[gateway]", "read_timeout_s", t.read_timeout_s, false);
   if (rd.ok() && (t.max_connections < 1 || t.max_connections > 65536))

@@ -11,7 +11,9 @@
 //               more wait; Cap'n Proto connections open at once, more are closed),
 //               read_timeout_s (30: an HTTP request, head and body, must arrive within
 //               it, or is answered 408 and its connection closed; a Cap'n Proto
-//               connection must ask for the gateway within it, or is closed)
+//               connection must ask for the gateway within it, or is closed),
+//               cors_origins (browser origins allowed to call the HTTP API, as
+//               ["https://app.example"], or ["*"]; none by default)
 //   [kv]        block_size, num_blocks, prefix_caching (true), cache_type = "f32" |
 //               "f16" | "q8_0" (what the shards keep K and V in; default: F32 for F32
 //               weights, else F16, or TROUPE_KV_TYPE; q8_0 is int8 with a scale per
@@ -91,6 +93,7 @@ struct topology {
   std::string gateway_node;
   endpoint capnp;
   endpoint http;
+  std::vector<std::string> cors_origins;  // browser origins the HTTP API answers ("*": any)
   int32_t max_connections = 1024;  // on each client endpoint, at once
   int32_t read_timeout_s = 30;     // for an HTTP request to arrive whole, a Cap'n Proto client to greet
   int32_t block_size = 16;

@@ -303,6 +303,7 @@ int main(int argc, char** argv) {
     hc.limits.max_tokens = m.config.max_seq_len;
     hc.max_requests = std::max(1, topo->max_running * 4);
     hc.max_connections = topo->max_connections;
+    hc.cors_origins = topo->cors_origins;
     hc.read_timeout_s = topo->read_timeout_s;
     hc.api_keys = api_keys;
     hc.tok = &*loaded->tok;
