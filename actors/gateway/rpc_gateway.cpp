@@ -245,14 +245,14 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
     // left for it: evalNow makes that a failed promise like the others.)
     return kj::evalNow([this] { return listener_.accept(); })
         .then(
-        [this](kj::Own<kj::AsyncIoStream>&& stream) {
-          admit(kj::mv(stream));
-          return accept_loop();
-        },
-        [this](kj::Exception&& e) {
-          note("cannot accept a connection (" + std::string(e.getDescription().cStr()) + "); trying again");
-          return timer_.afterDelay(100 * kj::MILLISECONDS).then([this] { return accept_loop(); });
-        });
+            [this](kj::Own<kj::AsyncIoStream>&& stream) {
+              admit(kj::mv(stream));
+              return accept_loop();
+            },
+            [this](kj::Exception&& e) {
+              note("cannot accept a connection (" + std::string(e.getDescription().cStr()) + "); trying again");
+              return timer_.afterDelay(100 * kj::MILLISECONDS).then([this] { return accept_loop(); });
+            });
   }
 
  private:
@@ -277,8 +277,8 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
     ++unreported_;
     const auto now = std::chrono::steady_clock::now();
     if (now - last_report_ < std::chrono::seconds(10)) return;
-    std::fprintf(stderr, "troupe-capnp: %s%s\n", what.c_str(),
-                 unreported_ > 1 ? (" (and " + std::to_string(unreported_ - 1) + " more such)").c_str() : "");
+    const std::string more = unreported_ > 1 ? " (" + std::to_string(unreported_ - 1) + " more since the last line)" : "";
+    std::fprintf(stderr, "troupe-capnp: %s%s\n", what.c_str(), more.c_str());
     unreported_ = 0;
     last_report_ = now;
   }
