@@ -80,6 +80,8 @@ std::string describe(const std::string& address, const kj::Exception& e) {
           "node prints as endpoint: capnp://...)";
   else if (e.getType() == kj::Exception::Type::DISCONNECTED)
     why = "the connection was lost (" + what + ")";
+  else if (what.rfind("remote exception: ", 0) == 0)
+    why = what.substr(18);  // the gateway's own words
   return "troupe gateway at " + address + ": " + why;
 }
 

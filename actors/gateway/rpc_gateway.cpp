@@ -115,12 +115,17 @@ namespace {
 
 class gateway_server final : public schema::Gateway::Server {
  public:
-  explicit gateway_server(rpc_gateway::impl& g) : g_(g), tasks_(errors_) {}
+  gateway_server(rpc_gateway::impl& g, int32_t max_requests) : g_(g), max_requests_(max_requests), tasks_(errors_) {}
 
   kj::Promise<void> generate(GenerateContext context) override {
     if (g_.draining) return KJ_EXCEPTION(OVERLOADED, "the gateway is draining: it takes no new requests");
     auto params = context.getParams();
     if (!key_allowed(g_.api_keys, params.getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
+    // Admission: past the requests in flight it takes, the gateway refuses at once (the
+    // client may retry) rather than queue without bound.
+    if (static_cast<int64_t>(sinks_.size()) >= max_requests_)
+      return kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+                           kj::str("the gateway is at capacity: ", max_requests_, " requests in flight; retry shortly"));
     const uint64_t id = next_id_++;
     capnp::MallocMessageBuilder copy;
     copy.setRoot(params.getRequest());
@@ -188,7 +193,9 @@ class gateway_server final : public schema::Gateway::Server {
       if (it == sinks_.end()) return;
       auto req = it->second.chunkRequest();
       req.setChunk(chunk);
-      tasks_.add(req.send());
+      // A chunk that cannot be delivered (the client has gone) ends its request: the
+      // replica stops generating for no one.
+      tasks_.add(req.send().catch_([this, id = chunk.getRequestId()](kj::Exception&&) { client_gone(id); }));
     } else {
       auto result = (*f)->root<schema::GenerateResult>();
       auto it = sinks_.find(result.getRequestId());
@@ -200,7 +207,12 @@ class gateway_server final : public schema::Gateway::Server {
     }
   }
 
+  void client_gone(uint64_t id) {
+    if (sinks_.erase(id) > 0) caf::anon_send(g_.router, cancel_atom_v, id);
+  }
+
   rpc_gateway::impl& g_;
+  const int32_t max_requests_;
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, schema::TokenSink::Client> sinks_;
   error_handler errors_;
@@ -315,7 +327,7 @@ expected<uint16_t> rpc_gateway::start(const std::string& host, uint16_t port, rp
     try {
       auto io = kj::setupAsyncIo();
       auto& ws = io.waitScope;
-      auto server_obj = kj::heap<gateway_server>(*g);
+      auto server_obj = kj::heap<gateway_server>(*g, limits.max_requests);
       gateway_server& srv = *server_obj;
       capnp::Capability::Client gateway(kj::mv(server_obj));
       auto address = io.provider->getNetwork().parseAddress(host, port).wait(ws);

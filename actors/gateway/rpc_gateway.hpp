@@ -2,7 +2,8 @@
 // the CAF actors. The RPC system runs on a thread of its own (KJ's event loop); a call
 // becomes a message to the router actor, and the chunks it relays come back through
 // a bridge actor that queues them and wakes the KJ thread, which forwards them to the
-// client's TokenSink in order (streaming calls, so a slow client slows only itself).
+// client's TokenSink in order (streaming calls, so a slow client slows only itself). A
+// client that goes away has its requests cancelled at the next chunk that cannot reach it.
 //
 // Lifecycle: constructed -> start() (listening; the port is known) -> stop() / destructor
 // (the KJ thread closes every connection and exits). Methods are called from one thread.
@@ -21,6 +22,7 @@
 namespace troupe {
 
 struct rpc_limits {
+  int32_t max_requests = 256;       // in flight; more are refused (OVERLOADED) at once
   int32_t max_connections = 1024;   // open at once; more are closed as they come
   int32_t greeting_timeout_s = 30;  // a connection that has not asked for the gateway by then is closed
 };

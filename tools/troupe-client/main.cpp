@@ -1,6 +1,8 @@
 // troupe-client: generate text through a troupe gateway (Cap'n Proto RPC), printing what
 // troupe-run prints for the same request: the prompt, then the continuation as it streams.
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -105,7 +107,14 @@ int main(int argc, char** argv) {
       for (int32_t t : c.tokens) std::printf("%d ", t);
     else
       std::fwrite(c.text.data(), 1, c.text.size(), stdout);
-    std::fflush(stdout);
+    // Whoever reads the output has gone (`| head`, a closed terminal): end as a program
+    // that writes to a closed pipe does, at once, rather than receive the rest for no one
+    // (the RPC library ignores SIGPIPE, so the write only fails). The gateway then ends
+    // the request.
+    if (std::fflush(stdout) != 0 && errno == EPIPE) {
+      std::signal(SIGPIPE, SIG_DFL);
+      std::raise(SIGPIPE);
+    }
   });
   if (r) echo();
   if (echoed) std::printf("\n");

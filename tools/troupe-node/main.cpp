@@ -334,7 +334,7 @@ int main(int argc, char** argv) {
     if (stopped_early > 0) {
       std::fprintf(stderr, "troupe-node %s: stopping (signal %d) before any replica was ready\n", node_name.c_str(),
                    stopped_early);
-    } else if (auto port = gateway.start(ep.host, ep.port, rpc_limits{topo->max_connections, topo->read_timeout_s}); !port) {
+    } else if (auto port = gateway.start(ep.host, ep.port, rpc_limits{std::max(1, topo->max_running * 4), topo->max_connections, topo->read_timeout_s}); !port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
     } else {
