@@ -110,7 +110,7 @@ bool tcp_endpoints(int fd, uint16_t& local_port, std::string& addr, int& peer_po
 
 }  // namespace
 
-slow_request_guard::slow_request_guard(uint16_t port, std::chrono::milliseconds deadline,
+connection_watch::connection_watch(uint16_t port, std::chrono::milliseconds deadline,
                                        std::chrono::milliseconds keep_alive)
     : port_(port), deadline_(deadline), keep_alive_(keep_alive) {
   // Everything a sweep needs is opened now: when connections have taken every descriptor
@@ -120,14 +120,14 @@ slow_request_guard::slow_request_guard(uint16_t port, std::chrono::milliseconds 
   spare_fd_ = null_fd_ < 0 ? -1 : fcntl(null_fd_, F_DUPFD_CLOEXEC, 0);
 }
 
-slow_request_guard::~slow_request_guard() {
+connection_watch::~connection_watch() {
   stop();
   if (dir_) closedir(dir_);
   if (spare_fd_ >= 0) ::close(spare_fd_);
   if (null_fd_ >= 0) ::close(null_fd_);
 }
 
-void slow_request_guard::start(std::chrono::milliseconds every) {
+void connection_watch::start(std::chrono::milliseconds every) {
   thread_ = std::thread([this, every] {
     std::unique_lock<std::mutex> lock(stop_mu_);
     while (!stop_cv_.wait_for(lock, every, [&] { return stop_; })) {
@@ -138,7 +138,7 @@ void slow_request_guard::start(std::chrono::milliseconds every) {
   });
 }
 
-void slow_request_guard::stop() {
+void connection_watch::stop() {
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
     stop_ = true;
@@ -147,26 +147,33 @@ void slow_request_guard::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void slow_request_guard::arrived(const std::string& addr, int port) {
+void connection_watch::arrived(const std::string& addr, int port) {
   std::lock_guard<std::mutex> lock(mu_);
   peers_[peer_key(addr, port)].arrived = true;
 }
 
-void slow_request_guard::answered(const std::string& addr, int port) {
+bool connection_watch::gone(const std::string& addr, int port) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(peer_key(addr, port));
+  return it != peers_.end() && it->second.gone;
+}
+
+void connection_watch::answered(const std::string& addr, int port) {
   std::lock_guard<std::mutex> lock(mu_);
   peer_state& p = peers_[peer_key(addr, port)];
   p.arrived = false;
+  p.gone = false;
   p.since = clock::now() + keep_alive_;
 }
 
-int slow_request_guard::sweep(clock::time_point now) {
+int connection_watch::sweep(clock::time_point now) {
   // The process's descriptors, as the kernel lists them; the gateway's connections are
   // the connected TCP sockets on its port. A descriptor is known by its number and the
   // socket's inode, so a number closed and reused is a new connection.
   if (!dir_ || spare_fd_ < 0) return 0;
   rewinddir(dir_);  // the kernel lists the descriptors afresh
   std::set<int> present;
-  std::vector<std::pair<int, socket_seen>> late;
+  std::vector<std::pair<int, socket_seen>> late, served;
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::set<std::string> live;
@@ -186,13 +193,14 @@ int slow_request_guard::sweep(clock::time_point now) {
         if (tcp_endpoints(static_cast<int>(fd), local, addr, pport) && local == port_) {
           s.ours = true;
           s.peer = peer_key(addr, pport);
-          peers_.try_emplace(s.peer, peer_state{false, now});
+          peers_.try_emplace(s.peer, peer_state{false, false, now});
         }
       }
       if (!s.ours || s.closed) continue;
       live.insert(s.peer);
-      const peer_state& p = peers_.try_emplace(s.peer, peer_state{false, now}).first->second;
+      const peer_state& p = peers_.try_emplace(s.peer, peer_state{false, false, now}).first->second;
       if (!p.arrived && now - p.since > deadline_) late.emplace_back(static_cast<int>(fd), s);
+      if (p.arrived && !p.gone) served.emplace_back(static_cast<int>(fd), s);
     }
     for (auto it = sockets_.begin(); it != sockets_.end();) it = present.count(it->first) ? std::next(it) : sockets_.erase(it);
     for (auto it = peers_.begin(); it != peers_.end();) it = live.count(it->first) ? std::next(it) : peers_.erase(it);
@@ -221,6 +229,18 @@ int slow_request_guard::sweep(clock::time_point now) {
       sockets_[fd].closed = true;  // its thread closes it in its own time
     }
     dup2(null_fd_, spare_fd_);  // lets go of the socket
+  }
+  // A served connection the client has closed reads as its end (a peek finds no byte and
+  // no wait); one that has sent more (the next request) or nothing is still there.
+  for (const auto& [fd, seen] : served) {
+    if (dup2(fd, spare_fd_) < 0) continue;
+    struct stat st {};
+    char b;
+    if (fstat(spare_fd_, &st) == 0 && st.st_ino == seen.inode && recv(spare_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = peers_.find(seen.peer); it != peers_.end()) it->second.gone = true;
+    }
+    dup2(null_fd_, spare_fd_);
   }
   if (closed > 0) {
     timed_out_ += static_cast<uint64_t>(closed);

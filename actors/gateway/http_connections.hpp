@@ -1,17 +1,21 @@
-// http_connections: what keeps slow or idle HTTP connections from starving the gateway.
+// http_connections: what keeps slow, idle or departed HTTP clients from costing the
+// gateway.
 //
 // The HTTP server gives each connection a thread from accept to close, and a connection
 // that sends half a request and waits, or trickles it a byte at a time, holds its thread
 // for as long as it likes: a few hundred of them used to leave no thread for anyone else.
-// Two things bound that:
+// And while a whole (not streamed) answer is being generated the server does not read the
+// connection, so it cannot tell that the client has given up. Two things see to that:
 //
 //  - connection_threads: threads started as connections arrive, up to a cap well above
 //    the requests admitted at once (an idle one ends after a while), so that idle and slow
 //    connections do not take the places of requests;
-//  - slow_request_guard: a connection must deliver its whole request (head and body)
-//    within a deadline, counted from when the guard first sees the connection or from the
-//    answer to its previous request (plus the keep-alive time); one that has not is
-//    answered 408 and shut down, which ends its thread's read.
+//  - connection_watch: looks at the process's connections on the HTTP port twice a
+//    second. A connection must deliver its whole request (head and body) within a
+//    deadline, counted from when the watch first sees it or from the answer to its
+//    previous request (plus the keep-alive time); one that has not is answered 408 and
+//    shut down, which ends its thread's read. A connection whose request is being served
+//    and whose client has closed it is noted as gone, so that the request can end.
 //
 // Neither depends on the HTTP library: the gateway adapts them to it.
 #pragma once
@@ -64,7 +68,7 @@ class connection_threads {
   bool stopping_ = false;
 };
 
-class slow_request_guard {
+class connection_watch {
  public:
   using clock = std::chrono::steady_clock;
 
@@ -72,11 +76,11 @@ class slow_request_guard {
   // open after an answer has the server's keep-alive time (keep_alive) on top of the
   // deadline for its next request: until then the server closes it quietly if nothing
   // comes, and an answer then could cross a request the client has just sent.
-  slow_request_guard(uint16_t port, std::chrono::milliseconds deadline,
+  connection_watch(uint16_t port, std::chrono::milliseconds deadline,
                      std::chrono::milliseconds keep_alive = std::chrono::milliseconds(0));
-  ~slow_request_guard();
-  slow_request_guard(const slow_request_guard&) = delete;
-  slow_request_guard& operator=(const slow_request_guard&) = delete;
+  ~connection_watch();
+  connection_watch(const connection_watch&) = delete;
+  connection_watch& operator=(const connection_watch&) = delete;
 
   // Looks every `every` (from a thread of its own) until stopped.
   void start(std::chrono::milliseconds every = std::chrono::milliseconds(500));
@@ -87,8 +91,13 @@ class slow_request_guard {
   void arrived(const std::string& addr, int port);
   void answered(const std::string& addr, int port);
 
-  // One look at the connections: those past the deadline are answered 408 and shut down.
-  // Returns how many. (start() calls it; tests may call it directly.)
+  // Whether the client whose request has arrived has since closed its connection (as
+  // of the last look).
+  bool gone(const std::string& addr, int port);
+
+  // One look at the connections: those past the deadline are answered 408 and shut down,
+  // and served ones whose client has closed are noted. Returns how many were shut down.
+  // (start() calls it; tests may call it directly.)
   int sweep(clock::time_point now);
 
   uint64_t timed_out() const { return timed_out_.load(); }
@@ -97,6 +106,7 @@ class slow_request_guard {
  private:
   struct peer_state {
     bool arrived = false;
+    bool gone = false;  // arrived, and closed by the client since
     clock::time_point since;
   };
   struct socket_seen {

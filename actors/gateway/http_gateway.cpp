@@ -124,7 +124,7 @@ struct http_gateway::impl {
   std::atomic<int32_t> in_flight{0};
   std::atomic<bool> draining{false};
   http_metrics m;
-  std::unique_ptr<slow_request_guard> guard;  // from start()
+  std::unique_ptr<connection_watch> watch;  // from start()
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
   impl(caf::actor_system& s, caf::actor rtr, http_config c) : sys(s), router(std::move(rtr)), cfg(std::move(c)) {}
@@ -143,7 +143,7 @@ struct http_gateway::impl {
 
   // The request has arrived whole (head and body): the slow-request deadline is met.
   void arrived(const httplib::Request& req) const {
-    if (guard) guard->arrived(req.remote_addr, req.remote_port);
+    if (watch) watch->arrived(req.remote_addr, req.remote_port);
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -264,13 +264,25 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   };
 
   if (!r.stream) {
+    // A whole answer: the connection is not read meanwhile, so the watch says whether the
+    // client has left (looked at every quarter second); if it has, the requests end.
+    auto next_look = clock_type::now();
     while (st->done < ids.size()) {
-      auto e = stream->pop(deadline);
-      if (!e) {
+      if (auto e = stream->pop(std::min(deadline, next_look + std::chrono::milliseconds(250)))) apply(*e, nullptr);
+      const auto now = clock_type::now();
+      if (st->done == ids.size()) break;
+      if (now >= deadline) {
         time_out();
         break;
       }
-      apply(*e, nullptr);
+      if (now >= next_look + std::chrono::milliseconds(250)) {
+        next_look = now;
+        if (watch && watch->gone(req.remote_addr, req.remote_port)) {
+          cancel_all();
+          st->client_gone = true;
+          break;
+        }
+      }
     }
     caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
     finish_metrics();
@@ -334,10 +346,10 @@ std::string http_gateway::impl::render_metrics() {
   self->request(router, std::chrono::seconds(1), metrics_atom_v)
       .receive([&](const std::string& text) { router_metrics = text; }, [&](caf::error&) {});
   std::string slow;
-  if (guard)
+  if (watch)
     slow = "# HELP troupe_http_slow_requests_total Connections answered 408 and closed for not sending a whole request "
            "within the read timeout\n# TYPE troupe_http_slow_requests_total counter\ntroupe_http_slow_requests_total " +
-           std::to_string(guard->timed_out()) + "\n";
+           std::to_string(watch->timed_out()) + "\n";
   return m.render(st) + slow + router_metrics;
 }
 
@@ -354,18 +366,18 @@ expected<uint16_t> http_gateway::start() {
   // connection that has not sent its request yet; threads are started as connections
   // come, far beyond the admitted requests, so that a surplus request is refused at once
   // and idle connections do not crowd out working ones. A request that does not arrive
-  // whole in time is cut off by the guard (start(), below).
+  // whole in time is cut off by the watch (start(), below).
   const auto threads = static_cast<size_t>(std::max(g->cfg.max_connections, g->cfg.max_requests + 32));
   srv.new_task_queue = [threads] { return new connection_queue(threads); };
   // (The library's own limit is on each read, and answers 400 when it passes: it stays
-  // behind the guard's, which answers 408 for the whole request.)
+  // behind the watch's, which answers 408 for the whole request.)
   srv.set_read_timeout(g->cfg.read_timeout_s + 5, 0);
   srv.set_write_timeout(30, 0);
   constexpr int keep_alive_s = 5;  // an idle connection is closed after it
   srv.set_keep_alive_timeout(keep_alive_s);
   srv.set_keep_alive_max_count(1000);  // requests on one connection (the library's default: 5)
   srv.set_logger([g](const httplib::Request& q, const httplib::Response&) {
-    if (g->guard) g->guard->answered(q.remote_addr, q.remote_port);
+    if (g->watch) g->watch->answered(q.remote_addr, q.remote_port);
   });
   // A declared body length is judged before any of the body is read: one that is not a
   // number, or that exceeds the limit, is answered at once (the library would read, or
@@ -491,9 +503,9 @@ expected<uint16_t> http_gateway::start() {
     return error{"http: cannot listen on " + g->cfg.host + ":" + std::to_string(port)};
   }
   srv.widen_listen_queue();
-  g->guard = std::make_unique<slow_request_guard>(static_cast<uint16_t>(port), std::chrono::seconds(g->cfg.read_timeout_s),
+  g->watch = std::make_unique<connection_watch>(static_cast<uint16_t>(port), std::chrono::seconds(g->cfg.read_timeout_s),
                                                   std::chrono::seconds(keep_alive_s));
-  g->guard->start();
+  g->watch->start();
   g->thread = std::thread([g] { g->server.listen_after_bind(); });
   return static_cast<uint16_t>(port);
 }
@@ -503,7 +515,7 @@ void http_gateway::drain() { impl_->draining = true; }
 void http_gateway::stop() {
   impl_->server.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
-  if (impl_->guard) impl_->guard->stop();
+  if (impl_->watch) impl_->watch->stop();
 }
 
 }  // namespace troupe

@@ -3,8 +3,9 @@
 # them, more of them than [gateway] max_connections and than the file descriptors the
 # process may open (its limit set to 160 once it runs): both endpoints go on serving a
 # working client, idle connections are closed after read_timeout_s (2 s here), and the
-# Cap'n Proto endpoint keeps listening after running out of descriptors. Bounded in time;
-# the node is always stopped.
+# Cap'n Proto endpoint keeps listening after running out of descriptors; and a client that
+# leaves before its whole answer has its request cancelled. Bounded in time; the nodes are
+# always stopped.
 # Usage: gateway_limits_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -64,4 +65,18 @@ out=$(client -p "Once upon a time" -n 8 2>&1) || fail "Cap'n Proto after the flo
 code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$http_url/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":4}')
 [[ $code == 200 ]] || fail "HTTP after the flood: $code"
 kill -0 "$node" || fail "the node died"
-echo "gateway limits: idle and surplus connections closed, both endpoints serving at the descriptor limit"
+stop_tree "$node_pid"
+node_pid=
+
+# A client that gives up waiting for a whole answer (curl's own time limit) has its request
+# cancelled, not run to its 600 tokens (several seconds on this synthetic model).
+"$build/tools/make-model" "$work/slow.gguf" --dim 512 --hidden 1376 --layers 8 --heads 8 --vocab 512 --context 1024 >/dev/null
+sed -e "s|^path .*|path = \"$work/slow.gguf\"|; /^tokenizer/d; s|layers = \"0-4\"|layers = \"all\"|" "$work/t.toml" >"$work/slow.toml"
+start_node "$work/slow.toml" "$work"
+curl -s -m 1 -o /dev/null "$http_url/v1/completions" -d '{"model":"slow","prompt":"a","max_tokens":600,"ignore_eos":true}' || true
+for _ in $(seq 1 100); do grep -q ' outcome=' "$work/node.err" && break; sleep 0.1; done
+line=$(grep ' outcome=' "$work/node.err" | head -1)
+[[ $line == *outcome=cancelled* ]] || fail "a client that left a whole answer: ${line:-no request line}"
+out=$(sed -n 's/.* tokens_out=\([0-9]*\).*/\1/p' <<<"$line")
+((out < 600)) || fail "the request ran to its end: $line"
+echo "gateway limits: idle and surplus connections closed, both endpoints serving at the descriptor limit, departed clients' requests cancelled"

@@ -169,11 +169,11 @@ TEST_CASE("connection threads: shutdown runs what is queued first") {
   CHECK(after == 4);
 }
 
-TEST_CASE("slow request guard: a request that has not arrived by the deadline gets 408 and its connection is shut") {
+TEST_CASE("connection watch: a request that has not arrived by the deadline gets 408 and its connection is shut") {
   listener l;
   connection slow(l);
-  slow_request_guard guard(l.port, 100ms);
-  const auto t0 = slow_request_guard::clock::now();
+  connection_watch guard(l.port, 100ms);
+  const auto t0 = connection_watch::clock::now();
   CHECK(guard.sweep(t0) == 0);  // first seen now
   CHECK(guard.sweep(t0 + 50ms) == 0);
   CHECK_FALSE(slow.server_shut());
@@ -188,11 +188,11 @@ TEST_CASE("slow request guard: a request that has not arrived by the deadline ge
   CHECK(guard.timed_out() == 1);
 }
 
-TEST_CASE("slow request guard: a request that arrived is left alone, and other ports are not its business") {
+TEST_CASE("connection watch: a request that arrived is left alone, and other ports are not its business") {
   listener l, other;
   connection fine(l), elsewhere(other);
-  slow_request_guard guard(l.port, 100ms);
-  const auto t0 = slow_request_guard::clock::now();
+  connection_watch guard(l.port, 100ms);
+  const auto t0 = connection_watch::clock::now();
   guard.sweep(t0);
   guard.arrived("127.0.0.1", fine.client_port);
   CHECK(guard.sweep(t0 + 1s) == 0);
@@ -201,16 +201,39 @@ TEST_CASE("slow request guard: a request that arrived is left alone, and other p
   CHECK(guard.timed_out() == 0);
 }
 
-TEST_CASE("slow request guard: after an answer the next request has the keep-alive time and the deadline") {
+TEST_CASE("connection watch: after an answer the next request has the keep-alive time and the deadline") {
   listener l;
   connection c(l);
-  slow_request_guard guard(l.port, 100ms, 1s);
-  guard.sweep(slow_request_guard::clock::now());
+  connection_watch guard(l.port, 100ms, 1s);
+  guard.sweep(connection_watch::clock::now());
   guard.arrived("127.0.0.1", c.client_port);
-  const auto answered = slow_request_guard::clock::now();
+  const auto answered = connection_watch::clock::now();
   guard.answered("127.0.0.1", c.client_port);
   CHECK(guard.sweep(answered + 1050ms) == 0);
   CHECK_FALSE(c.server_shut());
   CHECK(guard.sweep(answered + 1200ms) == 1);
   CHECK(c.server_shut());
+}
+
+TEST_CASE("connection watch: a served connection whose client has closed it is noted as gone, one still open is not") {
+  listener l;
+  connection left(l), stays(l);
+  connection_watch watch(l.port, 10s);
+  watch.sweep(connection_watch::clock::now());
+  watch.arrived("127.0.0.1", left.client_port);
+  watch.arrived("127.0.0.1", stays.client_port);
+  watch.sweep(connection_watch::clock::now());
+  CHECK_FALSE(watch.gone("127.0.0.1", left.client_port));
+  ::shutdown(left.client, SHUT_RDWR);
+  // What the client sent before is still unread: the connection's end comes after it.
+  char buf[256];
+  while (recv(left.server, buf, sizeof buf, MSG_DONTWAIT) > 0) {
+  }
+  watch.sweep(connection_watch::clock::now());
+  CHECK(watch.gone("127.0.0.1", left.client_port));
+  CHECK_FALSE(watch.gone("127.0.0.1", stays.client_port));
+  CHECK(watch.timed_out() == 0);
+  // The next request on a connection starts afresh.
+  watch.answered("127.0.0.1", left.client_port);
+  CHECK_FALSE(watch.gone("127.0.0.1", left.client_port));
 }
