@@ -103,21 +103,22 @@ std::string apply_template(chat_template t, const std::vector<std::pair<std::str
       for (const auto& [role, content] : messages) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
       return out + "<|im_start|>assistant\n";
     case chat_template::llama2: {
+      // <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {answer} </s><s>[INST] ...
+      // (the first <s> is the BOS every prompt gets; the tokenizer reads the others, and
+      // </s>, as those tokens).
       std::string system;
-      bool open = false;
-      for (const auto& [role, content] : messages) {
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const auto& [role, content] = messages[i];
         if (role == "system") {
           system = "<<SYS>>\n" + content + "\n<</SYS>>\n\n";
         } else if (role == "user") {
           out += "[INST] " + system + content + " [/INST]";
           system.clear();
-          open = true;
         } else {
           out += " " + content + " ";
-          open = false;
+          if (i + 1 < messages.size()) out += "</s><s>";
         }
       }
-      (void)open;
       return out;
     }
   }

@@ -1,5 +1,6 @@
 #include "engine/tokenizer/tokenizer.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <queue>
 
@@ -26,7 +27,13 @@ tokenizer::tokenizer(vocabulary v) : v_(std::move(v)) {
       default:
         decoded_[i] = p;
     }
+    if ((v_.kinds[i] == token_kind::control || v_.kinds[i] == token_kind::user_defined) && !p.empty()) {
+      specials_.emplace_back(p, i);
+      special_starts_[static_cast<unsigned char>(p[0])] = true;
+    }
   }
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
 int32_t tokenizer::find(std::string_view piece) const {
@@ -66,7 +73,33 @@ struct candidate {
 std::vector<int32_t> tokenizer::encode(std::string_view raw, bool add_bos) const {
   std::vector<int32_t> out;
   if (add_bos) out.push_back(v_.bos_id);
-  if (raw.empty()) return out;
+  // Special pieces in the text stand for their tokens; the text between them is merged on
+  // its own, each stretch with the dummy prefix.
+  size_t from = 0;
+  for (size_t i = 0; i < raw.size();) {
+    size_t len = 0;
+    int32_t id = -1;
+    if (special_starts_[static_cast<unsigned char>(raw[i])])
+      for (const auto& [piece, sid] : specials_)
+        if (raw.compare(i, piece.size(), piece) == 0) {
+          len = piece.size();
+          id = sid;
+          break;  // the longest first
+        }
+    if (id < 0) {
+      ++i;
+      continue;
+    }
+    if (i > from) encode_text(raw.substr(from, i - from), out);
+    out.push_back(id);
+    i += len;
+    from = i;
+  }
+  if (from < raw.size()) encode_text(raw.substr(from), out);
+  return out;
+}
+
+void tokenizer::encode_text(std::string_view raw, std::vector<int32_t>& out) const {
   std::string text;
   text.reserve(raw.size() + 1);
   if (v_.add_space_prefix) text.push_back(' ');
@@ -122,7 +155,6 @@ std::vector<int32_t> tokenizer::encode(std::string_view raw, bool add_bos) const
     consider(c.left);
   }
   for (int32_t s = syms.empty() ? -1 : 0; s >= 0; s = syms[s].next) out.push_back(syms[s].id);
-  return out;
 }
 
 std::string_view tokenizer::decode(int32_t prev, int32_t token) const {

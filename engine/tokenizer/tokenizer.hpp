@@ -1,9 +1,12 @@
 // tokenizer: SentencePiece-style BPE over a vocabulary (engine/tokenizer/vocabulary.hpp).
 //
-// encode: the text (with SentencePiece's dummy-prefix space when the vocabulary asks for
-// it) is split into UTF-8 characters; a character missing from the vocabulary falls back
-// to its bytes as <0xNN> tokens; then adjacent pairs whose concatenation is a piece are
-// merged, the highest-scoring pair first (the leftmost on ties), until none is left.
+// encode: the pieces of control and user-defined tokens found in the text ("<s>",
+// "<|im_start|>", ... as chat templates write them) become those tokens, the longest
+// first; each stretch of text between them (with SentencePiece's dummy-prefix space when
+// the vocabulary asks for it, as llama.cpp does) is split into UTF-8 characters; a
+// character missing from the vocabulary falls back to its bytes as <0xNN> tokens; then
+// adjacent pairs whose concatenation is a piece are merged, the highest-scoring pair first
+// (the leftmost on ties), until none is left.
 // decode: a token's piece as bytes; <0xNN> pieces become the byte; control tokens (BOS,
 // EOS) become nothing; after BOS a leading space is dropped (the dummy prefix).
 //
@@ -13,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/tokenizer/vocabulary.hpp"
@@ -37,7 +41,11 @@ class tokenizer {
 
  private:
   vocabulary v_;
+  void encode_text(std::string_view text, std::vector<int32_t>& out) const;
+
   std::unordered_map<std::string, int32_t> ids_;
+  std::vector<std::pair<std::string, int32_t>> specials_;  // control and user-defined pieces, longest first
+  bool special_starts_[256] = {};                          // first bytes of those pieces
   int32_t byte_ids_[256];
   std::vector<std::string> decoded_;  // what decode() yields for each token
 };

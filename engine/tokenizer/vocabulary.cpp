@@ -1,6 +1,7 @@
 #include "engine/tokenizer/vocabulary.hpp"
 
 #include <cstdio>
+#include <tuple>
 
 #include "engine/util/byte_reader.hpp"
 #include "engine/util/mapped_file.hpp"
@@ -49,6 +50,10 @@ expected<vocabulary> load_llama2c_vocabulary(const std::string& path, int32_t vo
     return error{path + ": " + std::to_string(r.remaining()) + " bytes follow the " +
                  std::to_string(vocab_size) +
                  " tokens the model expects; the tokenizer does not belong to this model"};
+  // llama2.c's exporter writes BOS and EOS as "\n<s>\n" and "\n</s>\n"; as control tokens
+  // they are "<s>" and "</s>", the pieces chat templates write and GGUF files hold.
+  for (auto [id, was, piece] : {std::tuple{v.bos_id, "\n<s>\n", "<s>"}, std::tuple{v.eos_id, "\n</s>\n", "</s>"}})
+    if (id >= 0 && id < vocab_size && v.pieces[id] == was) v.pieces[id] = piece;
   if (auto e = validate(v)) return error{path + ": " + *e};
   return v;
 }

@@ -19,7 +19,7 @@ TEST_CASE("a model's Jinja chat template picks the family, and anything else is 
   CHECK(openai::template_named("auto") == std::nullopt);  // resolved by the node, not a family
 }
 
-TEST_CASE("ChatML and Llama 2 render a system prompt, a user turn and the assistant's cue") {
+TEST_CASE("ChatML and Llama 2 render a system prompt, user and assistant turns, and the assistant's cue") {
   using openai::chat_template;
   const std::vector<std::pair<std::string, std::string>> msgs{{"system", "Be brief."}, {"user", "Hi"}};
   const std::string chatml = openai::apply_template(chat_template::chatml, msgs);
@@ -28,6 +28,11 @@ TEST_CASE("ChatML and Llama 2 render a system prompt, a user turn and the assist
   CHECK(llama2.find("[INST]") != std::string::npos);
   CHECK(llama2.find("<<SYS>>\nBe brief.\n<</SYS>>") != std::string::npos);
   CHECK(llama2.find("Hi [/INST]") != std::string::npos);
+  // Turns after the first are closed with EOS and opened with BOS, as Llama 2 was trained.
+  const std::vector<std::pair<std::string, std::string>> turns{
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+  CHECK(openai::apply_template(chat_template::llama2, turns) ==
+        "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] Bye [/INST]");
 }
 
 namespace {

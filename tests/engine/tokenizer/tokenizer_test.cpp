@@ -63,6 +63,41 @@ TEST_CASE("merges take the highest score first, the leftmost on ties") {
   CHECK(t.encode("ba", false) == std::vector<int32_t>{4, 3});
 }
 
+TEST_CASE("control and user-defined pieces in the text are their tokens, the text around them merged apart") {
+  vocabulary v;
+  v.pieces = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im", " ", "u", "s", "\n", " u", " us", "<", "|", "i", "m"};
+  v.scores = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0};
+  v.kinds.assign(v.pieces.size(), token_kind::normal);
+  v.kinds[0] = token_kind::unknown;
+  v.kinds[1] = v.kinds[2] = token_kind::control;
+  v.kinds[3] = token_kind::user_defined;
+  v.kinds[4] = token_kind::control;  // a shorter special that the longer one begins with
+  REQUIRE_FALSE(validate(v).has_value());
+  const tokenizer t(v);
+  // Each stretch of text gets the dummy prefix: " us" merges whole.
+  CHECK(t.encode("<|im_start|>us\n", true) == std::vector<int32_t>{1, 3, 10, 8});
+  CHECK(t.encode("us</s><s>", false) == std::vector<int32_t>{10, 2, 1});
+  // The longest special wins where two start at one place; "<|i" alone is text.
+  CHECK(t.encode("<|im", false) == std::vector<int32_t>{4});
+  CHECK(t.encode("<|i", false) == std::vector<int32_t>{5, 11, 12, 13});
+  // Control tokens decode to nothing, user-defined ones to their piece.
+  CHECK(t.decode_all(t.encode("</s>us", false)) == " us");
+  CHECK(t.decode_all(t.encode("<|im_start|>us", false)) == "<|im_start|> us");
+}
+
+TEST_CASE("a llama2.c vocabulary's BOS and EOS read as <s> and </s>") {
+  const tokenizer& t = tok512();
+  CHECK(t.vocab().pieces[1] == "<s>");
+  CHECK(t.vocab().pieces[2] == "</s>");
+  const auto ids = t.encode("Hi</s><s>Hi", false);
+  const auto hi = t.encode("Hi", false);
+  std::vector<int32_t> want = hi;
+  want.push_back(2);
+  want.push_back(1);
+  want.insert(want.end(), hi.begin(), hi.end());
+  CHECK(ids == want);
+}
+
 TEST_CASE("long inputs encode in reasonable time and round-trip") {
   const tokenizer t = tok512();
   std::string text;
