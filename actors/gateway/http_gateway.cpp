@@ -160,6 +160,10 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     return send_error(res, *e);
   }
   auto r = std::get<openai::api_request>(std::move(parsed));
+  // A ChatML model ends its turn with <|im_end|>, which need not be its EOS: the turn's end
+  // ends the answer.
+  if (chat && cfg.tok)
+    if (auto end = openai::turn_end_token(cfg.chat, *cfg.tok)) r.params.stop_tokens.push_back(*end);
   // Admission: a full server answers at once.
   if (in_flight.fetch_add(1) >= cfg.max_requests) {
     in_flight.fetch_sub(1);

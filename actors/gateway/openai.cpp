@@ -125,6 +125,13 @@ std::string apply_template(chat_template t, const std::vector<std::pair<std::str
   return out;
 }
 
+std::optional<int32_t> turn_end_token(chat_template t, const tokenizer& tok) {
+  if (t != chat_template::chatml) return std::nullopt;
+  const int32_t id = tok.find("<|im_end|>");
+  if (id < 0 || id == tok.eos_id()) return std::nullopt;
+  return id;
+}
+
 namespace {
 
 // Appends the token ids of the JSON array `a` to `out`; false when one is not an integer of

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/sched/request.hpp"
+#include "engine/tokenizer/tokenizer.hpp"
 
 namespace troupe::openai {
 
@@ -53,6 +54,9 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
                                                    chat_template tmpl, const api_limits& lim);
 
 std::string apply_template(chat_template t, const std::vector<std::pair<std::string, std::string>>& messages);
+// The token that ends an assistant's turn in template t where it is not EOS (ChatML's
+// <|im_end|>), if the vocabulary has it: a chat answer stops there.
+std::optional<int32_t> turn_end_token(chat_template t, const tokenizer& tok);
 std::optional<chat_template> template_named(const std::string& name);
 // The family a model's own template (GGUF tokenizer.chat_template, Jinja) belongs to:
 // ChatML, Llama 2, or raw when it is neither (or there is none).

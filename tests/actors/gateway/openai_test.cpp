@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "tests/support/test_support.hpp"
+
 namespace troupe {
 
 TEST_CASE("a model's Jinja chat template picks the family, and anything else is raw") {
@@ -33,6 +35,22 @@ TEST_CASE("ChatML and Llama 2 render a system prompt, user and assistant turns, 
       {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
   CHECK(openai::apply_template(chat_template::llama2, turns) ==
         "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] Bye [/INST]");
+}
+
+TEST_CASE("a ChatML answer ends at <|im_end|> when the vocabulary has it and it is not EOS") {
+  using openai::chat_template;
+  vocabulary v;
+  v.pieces = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "a"};
+  v.scores.assign(v.pieces.size(), 0.0f);
+  v.kinds.assign(v.pieces.size(), token_kind::normal);
+  v.kinds[1] = v.kinds[2] = v.kinds[3] = v.kinds[4] = token_kind::control;
+  REQUIRE_FALSE(validate(v).has_value());
+  const tokenizer chatml(v);
+  CHECK(openai::turn_end_token(chat_template::chatml, chatml) == 4);
+  CHECK_FALSE(openai::turn_end_token(chat_template::llama2, chatml).has_value());
+  v.eos_id = 4;  // a vocabulary whose EOS is the turn's end already
+  CHECK_FALSE(openai::turn_end_token(chat_template::chatml, tokenizer(v)).has_value());
+  CHECK_FALSE(openai::turn_end_token(chat_template::chatml, test::tok512()).has_value());
 }
 
 namespace {
