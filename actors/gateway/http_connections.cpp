@@ -111,7 +111,7 @@ bool tcp_endpoints(int fd, uint16_t& local_port, std::string& addr, int& peer_po
 }  // namespace
 
 connection_watch::connection_watch(uint16_t port, std::chrono::milliseconds deadline,
-                                       std::chrono::milliseconds keep_alive)
+                                   std::chrono::milliseconds keep_alive)
     : port_(port), deadline_(deadline), keep_alive_(keep_alive) {
   // Everything a sweep needs is opened now: when connections have taken every descriptor
   // the process may have is when the sweep is needed most.
@@ -221,7 +221,11 @@ int connection_watch::sweep(clock::time_point now) {
   for (const auto& [fd, seen] : late) {
     if (dup2(fd, spare_fd_) < 0) continue;
     struct stat st {};
-    if (fstat(spare_fd_, &st) == 0 && st.st_ino == seen.inode) {
+    // (Under the lock: a request that has arrived since the look above is left alone,
+    // and one arriving now waits until its connection has been answered.)
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto p = peers_.find(seen.peer);
+    if (fstat(spare_fd_, &st) == 0 && st.st_ino == seen.inode && p != peers_.end() && !p->second.arrived) {
       (void)send(spare_fd_, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       ::shutdown(spare_fd_, SHUT_RDWR);
       ++closed;

@@ -77,7 +77,7 @@ class connection_watch {
   // deadline for its next request: until then the server closes it quietly if nothing
   // comes, and an answer then could cross a request the client has just sent.
   connection_watch(uint16_t port, std::chrono::milliseconds deadline,
-                     std::chrono::milliseconds keep_alive = std::chrono::milliseconds(0));
+                   std::chrono::milliseconds keep_alive = std::chrono::milliseconds(0));
   ~connection_watch();
   connection_watch(const connection_watch&) = delete;
   connection_watch& operator=(const connection_watch&) = delete;

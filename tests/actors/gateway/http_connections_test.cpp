@@ -61,7 +61,7 @@ struct listener {
   ~listener() { close(fd); }
 };
 
-// Both ends of one connection to a listener; the client's port names it to the guard.
+// Both ends of one connection to a listener; the client's port names it to the watch.
 struct connection {
   int client = -1, server = -1;
   int client_port = 0;
@@ -172,46 +172,46 @@ TEST_CASE("connection threads: shutdown runs what is queued first") {
 TEST_CASE("connection watch: a request that has not arrived by the deadline gets 408 and its connection is shut") {
   listener l;
   connection slow(l);
-  connection_watch guard(l.port, 100ms);
+  connection_watch watch(l.port, 100ms);
   const auto t0 = connection_watch::clock::now();
-  CHECK(guard.sweep(t0) == 0);  // first seen now
-  CHECK(guard.sweep(t0 + 50ms) == 0);
+  CHECK(watch.sweep(t0) == 0);  // first seen now
+  CHECK(watch.sweep(t0 + 50ms) == 0);
   CHECK_FALSE(slow.server_shut());
-  CHECK(guard.sweep(t0 + 150ms) == 1);
-  CHECK(guard.timed_out() == 1);
+  CHECK(watch.sweep(t0 + 150ms) == 1);
+  CHECK(watch.timed_out() == 1);
   CHECK(slow.server_shut());
   const std::string got = slow.client_reads();
   CHECK(got.rfind("HTTP/1.1 408 Request Timeout\r\n", 0) == 0);
   CHECK(got.find("\"code\":\"timeout\"") != std::string::npos);
   // Counted once, however often it is looked at before its thread closes it.
-  CHECK(guard.sweep(t0 + 300ms) == 0);
-  CHECK(guard.timed_out() == 1);
+  CHECK(watch.sweep(t0 + 300ms) == 0);
+  CHECK(watch.timed_out() == 1);
 }
 
 TEST_CASE("connection watch: a request that arrived is left alone, and other ports are not its business") {
   listener l, other;
   connection fine(l), elsewhere(other);
-  connection_watch guard(l.port, 100ms);
+  connection_watch watch(l.port, 100ms);
   const auto t0 = connection_watch::clock::now();
-  guard.sweep(t0);
-  guard.arrived("127.0.0.1", fine.client_port);
-  CHECK(guard.sweep(t0 + 1s) == 0);
+  watch.sweep(t0);
+  watch.arrived("127.0.0.1", fine.client_port);
+  CHECK(watch.sweep(t0 + 1s) == 0);
   CHECK_FALSE(fine.server_shut());
   CHECK_FALSE(elsewhere.server_shut());
-  CHECK(guard.timed_out() == 0);
+  CHECK(watch.timed_out() == 0);
 }
 
 TEST_CASE("connection watch: after an answer the next request has the keep-alive time and the deadline") {
   listener l;
   connection c(l);
-  connection_watch guard(l.port, 100ms, 1s);
-  guard.sweep(connection_watch::clock::now());
-  guard.arrived("127.0.0.1", c.client_port);
+  connection_watch watch(l.port, 100ms, 1s);
+  watch.sweep(connection_watch::clock::now());
+  watch.arrived("127.0.0.1", c.client_port);
   const auto answered = connection_watch::clock::now();
-  guard.answered("127.0.0.1", c.client_port);
-  CHECK(guard.sweep(answered + 1050ms) == 0);
+  watch.answered("127.0.0.1", c.client_port);
+  CHECK(watch.sweep(answered + 1050ms) == 0);
   CHECK_FALSE(c.server_shut());
-  CHECK(guard.sweep(answered + 1200ms) == 1);
+  CHECK(watch.sweep(answered + 1200ms) == 1);
   CHECK(c.server_shut());
 }
 
