@@ -288,6 +288,8 @@ int main(int argc, char** argv) {
     sigwait(&stop_signals, &sig);
     std::fprintf(stderr, "troupe-node %s: stopping (signal %d)\n", node_name.c_str(), sig);
   } else {
+    // Requests in flight each endpoint admits (more are refused at once).
+    const int32_t max_requests = std::max(1, topo->max_running * 4);
     rpc_gateway gateway(sys, router, api_keys);
     http_config hc;
     hc.host = http_ep.host;
@@ -301,7 +303,7 @@ int main(int argc, char** argv) {
                                                  : "from the topology");
     hc.limits.context = m.config.max_seq_len;
     hc.limits.max_tokens = m.config.max_seq_len;
-    hc.max_requests = std::max(1, topo->max_running * 4);
+    hc.max_requests = max_requests;
     hc.max_connections = topo->max_connections;
     hc.cors_origins = topo->cors_origins;
     hc.read_timeout_s = topo->read_timeout_s;
@@ -334,7 +336,8 @@ int main(int argc, char** argv) {
     if (stopped_early > 0) {
       std::fprintf(stderr, "troupe-node %s: stopping (signal %d) before any replica was ready\n", node_name.c_str(),
                    stopped_early);
-    } else if (auto port = gateway.start(ep.host, ep.port, rpc_limits{std::max(1, topo->max_running * 4), topo->max_connections, topo->read_timeout_s}); !port) {
+    } else if (auto port = gateway.start(ep.host, ep.port, {max_requests, topo->max_connections, topo->read_timeout_s});
+               !port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
     } else {
