@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The OpenAI-compatible HTTP API of a real troupe-node on 127.0.0.1: completions and chat
 # (whole and streamed) against troupe-run's text, every kind of bad input getting the
-# right 4xx and an OpenAI-style error body, a client that goes away mid-stream, slow and
-# idle clients, 429 at capacity, API keys, health and metrics. Bounded in time; the node is always killed.
+# right 4xx and an OpenAI-style error body, clients that go away, slow and idle clients,
+# 429 at capacity, API keys, CORS, health and metrics. Bounded in time; the node is always
+# killed.
 # Usage: http_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
