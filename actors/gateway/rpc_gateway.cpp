@@ -130,7 +130,7 @@ class gateway_server final : public schema::Gateway::Server {
     capnp::MallocMessageBuilder copy;
     copy.setRoot(params.getRequest());
     copy.getRoot<schema::GenerateRequest>().disownDelivered();  // only the router resubmits
-    sinks_.emplace(id, params.getSink());
+    sinks_.emplace(id, request_sink{params.getSink(), params.getApiKey().cStr()});
     caf::anon_send(g_.router, generate_atom_v, id, wire_message(wire_kind::none, wire::to_bytes(copy)), g_.sink_actor);
     context.getResults().setRequestId(id);
     return kj::READY_NOW;
@@ -138,8 +138,11 @@ class gateway_server final : public schema::Gateway::Server {
 
   kj::Promise<void> cancel(CancelContext context) override {
     if (!key_allowed(g_.api_keys, context.getParams().getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
+    // Only the key that made a request may cancel it (another client's request reads as
+    // unknown).
     const uint64_t id = context.getParams().getRequestId();
-    const bool known = sinks_.count(id) > 0;
+    const auto it = sinks_.find(id);
+    const bool known = it != sinks_.end() && it->second.api_key == context.getParams().getApiKey().cStr();
     if (known) caf::anon_send(g_.router, cancel_atom_v, id);
     context.getResults().setFound(known);
     return kj::READY_NOW;
@@ -191,7 +194,7 @@ class gateway_server final : public schema::Gateway::Server {
       auto chunk = (*f)->root<schema::TokenChunk>();
       auto it = sinks_.find(chunk.getRequestId());
       if (it == sinks_.end()) return;
-      auto req = it->second.chunkRequest();
+      auto req = it->second.sink.chunkRequest();
       req.setChunk(chunk);
       // A chunk that cannot be delivered (the client has gone) ends its request: the
       // replica stops generating for no one.
@@ -200,7 +203,7 @@ class gateway_server final : public schema::Gateway::Server {
       auto result = (*f)->root<schema::GenerateResult>();
       auto it = sinks_.find(result.getRequestId());
       if (it == sinks_.end()) return;
-      auto req = it->second.doneRequest();
+      auto req = it->second.sink.doneRequest();
       req.setResult(result);
       tasks_.add(req.send().ignoreResult());
       sinks_.erase(it);
@@ -214,7 +217,11 @@ class gateway_server final : public schema::Gateway::Server {
   rpc_gateway::impl& g_;
   const int32_t max_requests_;
   uint64_t next_id_ = 1;
-  std::unordered_map<uint64_t, schema::TokenSink::Client> sinks_;
+  struct request_sink {
+    schema::TokenSink::Client sink;
+    std::string api_key;  // the key it was made with
+  };
+  std::unordered_map<uint64_t, request_sink> sinks_;
   error_handler errors_;
   kj::TaskSet tasks_;
 };

@@ -4,7 +4,8 @@
 # process may open (its limit set to 160 once it runs): both endpoints go on serving a
 # working client, idle connections are closed after read_timeout_s (2 s here), and the
 # Cap'n Proto endpoint keeps listening after running out of descriptors; and a client that
-# leaves before its whole answer has its request cancelled. Bounded in time; the nodes are
+# leaves before its whole answer has its request cancelled, and a request is cancelled only
+# with the key that made it. Bounded in time; the nodes are
 # always stopped.
 # Usage: gateway_limits_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -79,4 +80,25 @@ line=$(grep ' outcome=' "$work/node.err" | head -1)
 [[ $line == *outcome=cancelled* ]] || fail "a client that left a whole answer: ${line:-no request line}"
 out=$(sed -n 's/.* tokens_out=\([0-9]*\).*/\1/p' <<<"$line")
 ((out < 600)) || fail "the request ran to its end: $line"
-echo "gateway limits: idle and surplus connections closed, both endpoints serving at the descriptor limit, departed clients' requests cancelled"
+stop_tree "$node_pid"
+node_pid=
+
+# A request can be cancelled with the key that made it, and not with another: a client of
+# another key is told there is no such request. (The gateway's first request has id 1.)
+printf 'key-one\nkey-two\n' >"$work/keys"
+sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"|' "$work/slow.toml"
+start_node "$work/slow.toml" "$work"
+capnp_ep=${capnp_url#capnp://}
+TROUPE_API_KEY=key-one timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p a -n 600 --ignore-eos \
+  >"$work/long" 2>&1 &
+long_pid=$!
+others+=("$long_pid")
+for _ in $(seq 1 100); do [[ -s $work/long ]] && break; sleep 0.1; done
+out=$(TROUPE_API_KEY=key-two timeout 10 "$build/tools/troupe-client" --connect "$capnp_ep" --cancel 1 2>&1 || true)
+[[ $out == "no such request" ]] || fail "another key's cancel: $out"
+out=$(TROUPE_API_KEY=key-one timeout 10 "$build/tools/troupe-client" --connect "$capnp_ep" --cancel 1 2>&1 || true)
+[[ $out == "cancelled" ]] || fail "the same key's cancel: $out"
+wait "$long_pid" || true
+for _ in $(seq 1 50); do grep -q 'request id=1 ' "$work/node.err" && break; sleep 0.1; done
+grep -q 'request id=1 outcome=cancelled' "$work/node.err" || fail "the cancelled request: $(grep 'request id=1 ' "$work/node.err")"
+echo "gateway limits: idle and surplus connections closed, both endpoints serving at the descriptor limit, departed clients' requests cancelled, cancels only by the requester's key"
