@@ -5,8 +5,7 @@
 # working client, idle connections are closed after read_timeout_s (2 s here), and the
 # Cap'n Proto endpoint keeps listening after running out of descriptors; and a client that
 # leaves before its whole answer has its request cancelled, and a request is cancelled only
-# with the key that made it. Bounded in time; the nodes are
-# always stopped.
+# with the key that made it. Bounded in time; the nodes are always stopped.
 # Usage: gateway_limits_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
