@@ -18,7 +18,7 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/api_keys.hpp"
 #include "actors/gateway/http_connections.hpp"
-#include "actors/gateway/http_metrics.hpp"
+#include "actors/gateway/gateway_metrics.hpp"
 #include "actors/gateway/router_calls.hpp"
 #include "actors/wire/client_codec.hpp"
 
@@ -86,18 +86,6 @@ std::string route_method(const std::string& path) {
   return "";
 }
 
-// How a request that ran ended, as troupe_requests_total counts it (a client that left is
-// counted apart, as cancelled).
-std::string outcome_of(finish_reason r, const std::string& error, wire::error_kind kind, bool timed_out) {
-  if (!error.empty()) return kind == wire::error_kind::unavailable && !timed_out ? "unavailable" : "error";
-  switch (r) {
-    case finish_reason::stop: return "stop";
-    case finish_reason::length: return "length";
-    case finish_reason::aborted: return "cancelled";
-    default: return "error";
-  }
-}
-
 // The HTTP library's server with a listening queue of the system's length: the library
 // listens with room for 5 connections not yet accepted, and a burst of clients beyond
 // that has its connections dropped and retried a second later.
@@ -123,11 +111,13 @@ struct http_gateway::impl {
   std::thread thread;
   std::atomic<int32_t> in_flight{0};
   std::atomic<bool> draining{false};
-  http_metrics m;
+  std::shared_ptr<gateway_metrics> m;  // shared with the Cap'n Proto gateway
   std::unique_ptr<connection_watch> watch;  // from start()
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
-  impl(caf::actor_system& s, caf::actor rtr, http_config c) : sys(s), router(std::move(rtr)), cfg(std::move(c)) {}
+  impl(caf::actor_system& s, caf::actor rtr, http_config c)
+      : sys(s), router(std::move(rtr)), cfg(std::move(c)),
+        m(cfg.metrics ? cfg.metrics : std::make_shared<gateway_metrics>()) {}
 
   bool authorized(const httplib::Request& req) const {
     if (cfg.api_keys.empty()) return true;
@@ -156,7 +146,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   if (draining) return send_error(res, {503, "the server is shutting down", "server_error", "", ""});
   auto parsed = openai::parse_request(req.body, chat, cfg.model_id, cfg.chat, cfg.limits);
   if (auto* e = std::get_if<openai::api_error>(&parsed)) {
-    m.refused("invalid");
+    m->refused("invalid");
     return send_error(res, *e);
   }
   auto r = std::get<openai::api_request>(std::move(parsed));
@@ -167,7 +157,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   // Admission: a full server answers at once.
   if (in_flight.fetch_add(1) >= cfg.max_requests) {
     in_flight.fetch_sub(1);
-    m.refused("rejected");
+    m->refused("rejected");
     res.set_header("Retry-After", "1");
     return send_error(res, {429, "the server is at capacity; retry shortly", "rate_limit_error", "", "overloaded"});
   }
@@ -234,7 +224,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       if (i < 0) return;
       const auto now = clock_type::now();
       if (st->first == clock_type::time_point{}) st->first = now;
-      if (st->last != clock_type::time_point{}) m.gap(std::chrono::duration<double>(now - st->last).count());
+      if (st->last != clock_type::time_point{}) m->gap(std::chrono::duration<double>(now - st->last).count());
       st->last = now;
       st->choices[i].text += c->text;
       st->choices[i].tokens.insert(st->choices[i].tokens.end(), c->tokens.begin(), c->tokens.end());
@@ -253,7 +243,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       ttft = seconds(st->first - t0).count();
       if (st->output_tokens > 1) tpot = seconds(st->last - st->first).count() / (st->output_tokens - 1);
     }
-    m.finished(st->client_gone ? "cancelled" : outcome_of(st->choices[0].reason, st->error, st->error_type, st->timed_out),
+    m->finished(st->client_gone ? "cancelled" : request_outcome(st->choices[0].reason, st->error, st->error_type, st->timed_out),
                st->prompt_tokens, st->output_tokens, ttft, tpot, seconds(clock_type::now() - t0).count());
   };
   auto cancel_all = [this, ids, st]() {
@@ -354,7 +344,7 @@ std::string http_gateway::impl::render_metrics() {
     slow = "# HELP troupe_http_slow_requests_total Connections answered 408 and closed for not sending a whole request "
            "within the read timeout\n# TYPE troupe_http_slow_requests_total counter\ntroupe_http_slow_requests_total " +
            std::to_string(watch->timed_out()) + "\n";
-  return m.render(st) + slow + router_metrics;
+  return m->render(st) + slow + router_metrics;
 }
 
 http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg)

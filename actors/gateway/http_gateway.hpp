@@ -26,6 +26,8 @@
 
 namespace troupe {
 
+class gateway_metrics;
+
 struct http_config {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;                  // 0: any free port
@@ -40,6 +42,7 @@ struct http_config {
   std::vector<std::string> api_keys;     // empty: no authentication
   std::vector<std::string> cors_origins;  // browser origins answered with CORS headers ("*": any)
   const tokenizer* tok = nullptr;        // token texts in log-probability listings
+  std::shared_ptr<gateway_metrics> metrics;  // what /metrics counts (none: the gateway's own)
 };
 
 class http_gateway {

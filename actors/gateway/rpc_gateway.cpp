@@ -18,7 +18,9 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/api_keys.hpp"
+#include "actors/gateway/gateway_metrics.hpp"
 #include "actors/gateway/router_calls.hpp"
+#include "actors/wire/client_codec.hpp"
 #include "actors/wire/frame.hpp"
 #include "schema/client.capnp.h"
 
@@ -106,14 +108,25 @@ struct rpc_gateway::impl {
   std::atomic<bool> draining{false};
 
   std::vector<std::string> api_keys;
+  std::shared_ptr<gateway_metrics> metrics;
 
-  impl(caf::actor_system& s, caf::actor rtr, std::vector<std::string> keys)
-      : sys(s), router(std::move(rtr)), api_keys(std::move(keys)) {}
+  impl(caf::actor_system& s, caf::actor rtr, std::vector<std::string> keys, std::shared_ptr<gateway_metrics> m)
+      : sys(s), router(std::move(rtr)), api_keys(std::move(keys)),
+        metrics(m ? std::move(m) : std::make_shared<gateway_metrics>()) {}
 };
 
 namespace {
 
 class gateway_server final : public schema::Gateway::Server {
+  using clock = std::chrono::steady_clock;
+  using seconds = std::chrono::duration<double>;
+  struct request_sink {
+    schema::TokenSink::Client sink;
+    std::string api_key;  // the key it was made with
+    clock::time_point start, first{}, last{};
+    uint32_t output_tokens = 0;  // relayed so far
+  };
+
  public:
   gateway_server(rpc_gateway::impl& g, int32_t max_requests) : g_(g), max_requests_(max_requests), tasks_(errors_) {}
 
@@ -123,14 +136,16 @@ class gateway_server final : public schema::Gateway::Server {
     if (!key_allowed(g_.api_keys, params.getApiKey().cStr())) return KJ_EXCEPTION(FAILED, "missing or wrong API key");
     // Admission: past the requests in flight it takes, the gateway refuses at once (the
     // client may retry) rather than queue without bound.
-    if (static_cast<int64_t>(sinks_.size()) >= max_requests_)
+    if (static_cast<int64_t>(sinks_.size()) >= max_requests_) {
+      g_.metrics->refused("rejected");
       return kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
                            kj::str("the gateway is at capacity: ", max_requests_, " requests in flight; retry shortly"));
+    }
     const uint64_t id = next_id_++;
     capnp::MallocMessageBuilder copy;
     copy.setRoot(params.getRequest());
     copy.getRoot<schema::GenerateRequest>().disownDelivered();  // only the router resubmits
-    sinks_.emplace(id, request_sink{params.getSink(), params.getApiKey().cStr()});
+    sinks_.emplace(id, request_sink{params.getSink(), params.getApiKey().cStr(), clock::now()});
     caf::anon_send(g_.router, generate_atom_v, id, wire_message(wire_kind::none, wire::to_bytes(copy)), g_.sink_actor);
     context.getResults().setRequestId(id);
     return kj::READY_NOW;
@@ -194,7 +209,13 @@ class gateway_server final : public schema::Gateway::Server {
       auto chunk = (*f)->root<schema::TokenChunk>();
       auto it = sinks_.find(chunk.getRequestId());
       if (it == sinks_.end()) return;
-      auto req = it->second.sink.chunkRequest();
+      request_sink& r = it->second;
+      const auto now = clock::now();
+      if (r.first == clock::time_point{}) r.first = now;
+      if (r.last != clock::time_point{}) g_.metrics->gap(seconds(now - r.last).count());
+      r.last = now;
+      r.output_tokens += chunk.getTokens().size();
+      auto req = r.sink.chunkRequest();
       req.setChunk(chunk);
       // A chunk that cannot be delivered (the client has gone) ends its request: the
       // replica stops generating for no one.
@@ -203,6 +224,8 @@ class gateway_server final : public schema::Gateway::Server {
       auto result = (*f)->root<schema::GenerateResult>();
       auto it = sinks_.find(result.getRequestId());
       if (it == sinks_.end()) return;
+      if (auto v = wire::decode_generate_result(*e.frame.bytes))
+        count(it->second, request_outcome(v->reason, v->error, v->error_type, false), v->prompt_tokens, v->output_tokens);
       auto req = it->second.sink.doneRequest();
       req.setResult(result);
       tasks_.add(req.send().ignoreResult());
@@ -211,16 +234,26 @@ class gateway_server final : public schema::Gateway::Server {
   }
 
   void client_gone(uint64_t id) {
-    if (sinks_.erase(id) > 0) caf::anon_send(g_.router, cancel_atom_v, id);
+    auto it = sinks_.find(id);
+    if (it == sinks_.end()) return;
+    count(it->second, "cancelled", 0, it->second.output_tokens);
+    sinks_.erase(it);
+    caf::anon_send(g_.router, cancel_atom_v, id);
+  }
+
+  // A request's end, as the metrics count it (the times as this gateway saw them).
+  void count(const request_sink& r, const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens) {
+    std::optional<double> ttft, tpot;
+    if (r.first != clock::time_point{}) {
+      ttft = seconds(r.first - r.start).count();
+      if (output_tokens > 1) tpot = seconds(r.last - r.first).count() / (output_tokens - 1);
+    }
+    g_.metrics->finished(outcome, prompt_tokens, output_tokens, ttft, tpot, seconds(clock::now() - r.start).count());
   }
 
   rpc_gateway::impl& g_;
   const int32_t max_requests_;
   uint64_t next_id_ = 1;
-  struct request_sink {
-    schema::TokenSink::Client sink;
-    std::string api_key;  // the key it was made with
-  };
   std::unordered_map<uint64_t, request_sink> sinks_;
   error_handler errors_;
   kj::TaskSet tasks_;
@@ -316,8 +349,9 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
 
 }  // namespace
 
-rpc_gateway::rpc_gateway(caf::actor_system& sys, caf::actor router, std::vector<std::string> api_keys)
-    : impl_(std::make_unique<impl>(sys, std::move(router), std::move(api_keys))) {
+rpc_gateway::rpc_gateway(caf::actor_system& sys, caf::actor router, std::vector<std::string> api_keys,
+                         std::shared_ptr<gateway_metrics> metrics)
+    : impl_(std::make_unique<impl>(sys, std::move(router), std::move(api_keys), std::move(metrics))) {
   impl_->sink_actor = sys.spawn(sink_behavior, impl_->events);
 }
 

@@ -21,6 +21,8 @@
 
 namespace troupe {
 
+class gateway_metrics;
+
 struct rpc_limits {
   int32_t max_requests = 256;       // in flight; more are refused (OVERLOADED) at once
   int32_t max_connections = 1024;   // open at once; more are closed as they come
@@ -29,8 +31,10 @@ struct rpc_limits {
 
 class rpc_gateway {
  public:
-  // api_keys: when not empty, every call but health must carry one of them.
-  rpc_gateway(caf::actor_system& sys, caf::actor router, std::vector<std::string> api_keys = {});
+  // api_keys: when not empty, every call but health must carry one of them. metrics: where
+  // requests are counted (shared with the HTTP gateway's /metrics; none: its own).
+  rpc_gateway(caf::actor_system& sys, caf::actor router, std::vector<std::string> api_keys = {},
+              std::shared_ptr<gateway_metrics> metrics = nullptr);
   ~rpc_gateway();
   rpc_gateway(const rpc_gateway&) = delete;
   rpc_gateway& operator=(const rpc_gateway&) = delete;

@@ -69,6 +69,13 @@ grep -q "API key" <<<"$out" || fail "capnp without a key: no reason given: $out"
 if TROUPE_API_KEY=nope timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" --stats >/dev/null 2>&1; then fail "capnp stats with a wrong key"; fi
 TROUPE_API_KEY=test-key-1 timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 >/dev/null || fail "capnp with the key failed"
 
+# /metrics counts the Cap'n Proto API's requests with HTTP's.
+lengths() { curl -s "${auth[@]}" "$base/metrics" | sed -n 's/^troupe_requests_total{outcome="length"} //p'; }
+before=$(lengths)
+TROUPE_API_KEY=test-key-1 timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 >/dev/null
+after=$(lengths)
+((after == before + 1)) || fail "a Cap'n Proto request was not counted: $before -> $after"
+
 # Each endpoint's client pointed at the other one is told which it reached.
 if out=$(timeout 30 "$build/tools/troupe-client" --connect "${base#http://}" --health 2>&1); then fail "troupe-client served by HTTP: $out"; fi
 grep -q "it answers in HTTP: that is an HTTP endpoint" <<<"$out" || fail "troupe-client at the HTTP endpoint: $out"

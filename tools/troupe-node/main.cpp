@@ -23,6 +23,7 @@
 
 #include "actors/caf/system_config.hpp"
 #include "actors/caf/type_ids.hpp"
+#include "actors/gateway/gateway_metrics.hpp"
 #include "actors/gateway/http_gateway.hpp"
 #include "actors/gateway/router_calls.hpp"
 #include "actors/gateway/rpc_gateway.hpp"
@@ -290,7 +291,9 @@ int main(int argc, char** argv) {
   } else {
     // Requests in flight each endpoint admits (more are refused at once).
     const int32_t max_requests = std::max(1, topo->max_running * 4);
-    rpc_gateway gateway(sys, router, api_keys);
+    // Both APIs' requests counted together, for /metrics.
+    auto metrics = std::make_shared<gateway_metrics>();
+    rpc_gateway gateway(sys, router, api_keys, metrics);
     http_config hc;
     hc.host = http_ep.host;
     hc.port = http_ep.port;
@@ -309,6 +312,7 @@ int main(int argc, char** argv) {
     hc.read_timeout_s = topo->read_timeout_s;
     hc.api_keys = api_keys;
     hc.tok = &*loaded->tok;
+    hc.metrics = metrics;
     http_gateway http(sys, router, hc);
     if (serve_http) {
       auto hp = http.start();

@@ -1,4 +1,4 @@
-#include "actors/gateway/http_metrics.hpp"
+#include "actors/gateway/gateway_metrics.hpp"
 
 #include <cstdio>
 
@@ -25,17 +25,27 @@ void histogram::write(std::string& out, const std::string& name, const std::stri
   out += name + "_sum " + std::to_string(sum) + "\n" + name + "_count " + std::to_string(n) + "\n";
 }
 
-void http_metrics::refused(const char* outcome) {
+std::string request_outcome(finish_reason r, const std::string& error, wire::error_kind kind, bool timed_out) {
+  if (!error.empty()) return kind == wire::error_kind::unavailable && !timed_out ? "unavailable" : "error";
+  switch (r) {
+    case finish_reason::stop: return "stop";
+    case finish_reason::length: return "length";
+    case finish_reason::aborted: return "cancelled";
+    default: return "error";
+  }
+}
+
+void gateway_metrics::refused(const char* outcome) {
   std::lock_guard<std::mutex> lock(mu_);
   ++outcomes_[outcome];
 }
 
-void http_metrics::gap(double seconds) {
+void gateway_metrics::gap(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   itl_.add(seconds);
 }
 
-void http_metrics::finished(const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens,
+void gateway_metrics::finished(const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens,
                             std::optional<double> ttft, std::optional<double> tpot, double e2e) {
   std::lock_guard<std::mutex> lock(mu_);
   ++outcomes_[outcome];
@@ -46,10 +56,10 @@ void http_metrics::finished(const std::string& outcome, uint32_t prompt_tokens, 
   e2e_.add(e2e);
 }
 
-std::string http_metrics::render(const router_stats& st) const {
+std::string gateway_metrics::render(const router_stats& st) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  out += "# HELP troupe_requests_total HTTP completion requests by outcome.\n# TYPE troupe_requests_total counter\n";
+  out += "# HELP troupe_requests_total Completion requests (HTTP and Cap'n Proto) by outcome.\n# TYPE troupe_requests_total counter\n";
   for (const char* o : request_outcomes) {
     auto it = outcomes_.find(o);
     out += std::string("troupe_requests_total{outcome=\"") + o + "\"} " + std::to_string(it == outcomes_.end() ? 0 : it->second) + "\n";

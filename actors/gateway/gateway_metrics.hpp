@@ -1,7 +1,8 @@
-// http_metrics: what the HTTP gateway counts for /metrics (Prometheus text format):
+// gateway_metrics: what the gateways count for /metrics (Prometheus text format):
 // completion requests by outcome, prompt and generated tokens, and histograms of time to
-// first token, time per output token, inter-token gaps and request latency. Safe to call
-// from every HTTP worker at once.
+// first token, time per output token, inter-token gaps and request latency, over the HTTP
+// and the Cap'n Proto APIs together (one object, shared). Safe to call from every HTTP
+// worker and the RPC thread at once.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "actors/gateway/router_calls.hpp"
+#include "actors/wire/client_codec.hpp"
 
 namespace troupe {
 
@@ -25,10 +27,14 @@ struct histogram {
   void write(std::string& out, const std::string& name, const std::string& help) const;
 };
 
+// How a request that ran ended, as troupe_requests_total counts it (a client that left is
+// counted apart, as cancelled; the gateway's own deadline passing is an error).
+std::string request_outcome(finish_reason r, const std::string& error, wire::error_kind kind, bool timed_out);
+
 // How a request ended, as troupe_requests_total's outcome label says it.
 inline constexpr const char* request_outcomes[] = {"stop", "length", "cancelled", "error", "invalid", "rejected", "unavailable"};
 
-class http_metrics {
+class gateway_metrics {
  public:
   // A request refused before it ran ("invalid", "rejected").
   void refused(const char* outcome);
