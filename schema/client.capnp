@@ -36,6 +36,9 @@ struct GenerateRequest {
                                         # router resubmits a request from a failed replica
                                         # with it; replayed, never streamed again (the
                                         # gateway clears it in client requests)
+  cacheNamespace @10 :UInt64 = 0;       # prefix-cache isolation: cached prompt blocks are
+                                        # shared only within one namespace; the gateway sets
+                                        # it (from the API key), whatever a client sent
 }
 
 struct TokenLogprob {

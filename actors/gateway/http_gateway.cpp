@@ -119,11 +119,15 @@ struct http_gateway::impl {
       : sys(s), router(std::move(rtr)), cfg(std::move(c)),
         m(cfg.metrics ? cfg.metrics : std::make_shared<gateway_metrics>()) {}
 
+  // The bearer key a request carries ("" for none).
+  static std::string key_of(const httplib::Request& req) {
+    const std::string h = req.get_header_value("Authorization");
+    return h.rfind("Bearer ", 0) == 0 ? h.substr(7) : std::string();
+  }
   bool authorized(const httplib::Request& req) const {
     if (cfg.api_keys.empty()) return true;
-    const std::string h = req.get_header_value("Authorization");
-    if (h.rfind("Bearer ", 0) != 0) return false;
-    return key_allowed(cfg.api_keys, std::string_view(h).substr(7));
+    const std::string key = key_of(req);
+    return !key.empty() && key_allowed(cfg.api_keys, key);
   }
 
   static void send_error(httplib::Response& res, const openai::api_error& e) {
@@ -154,6 +158,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   // ends the answer.
   if (chat && cfg.tok)
     if (auto end = openai::turn_end_token(cfg.chat, *cfg.tok)) r.params.stop_tokens.push_back(*end);
+  if (!cfg.api_keys.empty()) r.params.cache_namespace = cache_namespace_of(key_of(req), cfg.prefix_cache_per_key);
   // Admission: a full server answers at once.
   if (in_flight.fetch_add(1) >= cfg.max_requests) {
     in_flight.fetch_sub(1);
@@ -179,7 +184,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   struct state {
     std::vector<openai::choice_result> choices;
     std::vector<bool> finished, started;
-    uint32_t prompt_tokens = 0, output_tokens = 0;
+    uint32_t prompt_tokens = 0, output_tokens = 0, cached_tokens = 0;
     size_t done = 0;
     std::string error;
     wire::error_kind error_type = wire::error_kind::invalid;
@@ -212,6 +217,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       st->choices[i].reason = v->reason;
       st->prompt_tokens = v->prompt_tokens;
       st->output_tokens += v->output_tokens;
+      st->cached_tokens = std::max(st->cached_tokens, v->cached_prompt_tokens);  // (n choices share a prompt)
       if (!v->error.empty() && st->error.empty()) {
         st->error = v->error;
         st->error_type = v->error_type;
@@ -286,8 +292,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       if (e.status == 503) res.set_header("Retry-After", "1");
       return send_error(res, e);
     }
-    res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens, st->output_tokens,
-                                            r.logprobs, text_of),
+    res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens,
+                                            st->output_tokens, st->cached_tokens, r.logprobs, text_of),
                     "application/json");
     return;
   }
@@ -318,7 +324,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
           }
         if (st->done == ids.size()) {
           if (!st->error.empty()) write(openai::error_body(failure_of(st->error, st->error_type, st->timed_out)));
-          if (include_usage) write(openai::usage_chunk_body(cid, chat, model, created, st->prompt_tokens, st->output_tokens));
+          if (include_usage)
+            write(openai::usage_chunk_body(cid, chat, model, created, st->prompt_tokens, st->output_tokens, st->cached_tokens));
           write("[DONE]");
           out.done();
         }

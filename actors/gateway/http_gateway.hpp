@@ -40,6 +40,7 @@ struct http_config {
   int32_t max_connections = 1024;        // served at once (a thread each); more wait their turn
   int32_t read_timeout_s = 30;           // a request (head and body) must arrive within it, or 408
   std::vector<std::string> api_keys;     // empty: no authentication
+  bool prefix_cache_per_key = true;      // each key's requests in a prefix-cache namespace of their own
   std::vector<std::string> cors_origins;  // browser origins answered with CORS headers ("*": any)
   const tokenizer* tok = nullptr;        // token texts in log-probability listings
   std::shared_ptr<gateway_metrics> metrics;  // what /metrics counts (none: the gateway's own)

@@ -389,9 +389,21 @@ std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, 
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+namespace {
+
+// Token counts as OpenAI reports them; cached_tokens: prompt tokens the prefix cache served.
+json usage_json(uint32_t prompt_tokens, uint32_t output_tokens, uint32_t cached_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", output_tokens},
+          {"total_tokens", prompt_tokens + output_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+}  // namespace
+
 std::string completion_body(const std::string& id, bool chat, const std::string& model, int64_t created,
                             const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens,
-                            bool logprobs, const token_text& text_of) {
+                            uint32_t cached_tokens, bool logprobs, const token_text& text_of) {
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     json c = {{"index", i}, {"finish_reason", reason_name(choices[i].reason)},
@@ -407,8 +419,7 @@ std::string completion_body(const std::string& id, bool chat, const std::string&
             {"created", created},
             {"model", model},
             {"choices", cs},
-            {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", output_tokens},
-                       {"total_tokens", prompt_tokens + output_tokens}}}};
+            {"usage", usage_json(prompt_tokens, output_tokens, cached_tokens)}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -431,14 +442,13 @@ std::string chunk_body(const std::string& id, bool chat, const std::string& mode
 }
 
 std::string usage_chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created,
-                             uint32_t prompt_tokens, uint32_t output_tokens) {
+                             uint32_t prompt_tokens, uint32_t output_tokens, uint32_t cached_tokens) {
   json j = {{"id", id},
             {"object", chat ? "chat.completion.chunk" : "text_completion"},
             {"created", created},
             {"model", model},
             {"choices", json::array()},
-            {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", output_tokens},
-                       {"total_tokens", prompt_tokens + output_tokens}}}};
+            {"usage", usage_json(prompt_tokens, output_tokens, cached_tokens)}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

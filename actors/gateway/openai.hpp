@@ -78,15 +78,16 @@ struct choice_result {
 // The text of one token, for log-probability listings.
 using token_text = std::function<std::string(int32_t)>;
 
+// usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served.
 std::string completion_body(const std::string& id, bool chat, const std::string& model, int64_t created,
-                             const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens,
-                             bool logprobs, const token_text& text_of);
+                            const std::vector<choice_result>& choices, uint32_t prompt_tokens, uint32_t output_tokens,
+                            uint32_t cached_tokens, bool logprobs, const token_text& text_of);
 // One server-sent event's JSON for a streamed delta (chat: {"delta": {"content": ...}}).
 std::string chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created, int index,
                        const std::string& text, const std::optional<finish_reason>& reason, bool first,
                        const std::vector<sample_result>* logprobs = nullptr, const token_text& text_of = {});
 std::string usage_chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created,
-                             uint32_t prompt_tokens, uint32_t output_tokens);
+                             uint32_t prompt_tokens, uint32_t output_tokens, uint32_t cached_tokens);
 std::string models_body(const std::string& model, int64_t created);
 // GET /v1/models/{id}: the one model.
 std::string model_body(const std::string& model, int64_t created);

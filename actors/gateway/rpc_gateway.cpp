@@ -128,7 +128,8 @@ class gateway_server final : public schema::Gateway::Server {
   };
 
  public:
-  gateway_server(rpc_gateway::impl& g, int32_t max_requests) : g_(g), max_requests_(max_requests), tasks_(errors_) {}
+  gateway_server(rpc_gateway::impl& g, const rpc_limits& limits)
+      : g_(g), max_requests_(limits.max_requests), per_key_(limits.prefix_cache_per_key), tasks_(errors_) {}
 
   kj::Promise<void> generate(GenerateContext context) override {
     if (g_.draining) return KJ_EXCEPTION(OVERLOADED, "the gateway is draining: it takes no new requests");
@@ -145,6 +146,8 @@ class gateway_server final : public schema::Gateway::Server {
     capnp::MallocMessageBuilder copy;
     copy.setRoot(params.getRequest());
     copy.getRoot<schema::GenerateRequest>().disownDelivered();  // only the router resubmits
+    copy.getRoot<schema::GenerateRequest>().setCacheNamespace(  // never the client's choice
+        g_.api_keys.empty() ? 0 : cache_namespace_of(params.getApiKey().cStr(), per_key_));
     sinks_.emplace(id, request_sink{params.getSink(), params.getApiKey().cStr(), clock::now()});
     caf::anon_send(g_.router, generate_atom_v, id, wire_message(wire_kind::none, wire::to_bytes(copy)), g_.sink_actor);
     context.getResults().setRequestId(id);
@@ -157,7 +160,7 @@ class gateway_server final : public schema::Gateway::Server {
     // unknown).
     const uint64_t id = context.getParams().getRequestId();
     const auto it = sinks_.find(id);
-    const bool known = it != sinks_.end() && it->second.api_key == context.getParams().getApiKey().cStr();
+    const bool known = it != sinks_.end() && same_key(it->second.api_key, context.getParams().getApiKey().cStr());
     if (known) caf::anon_send(g_.router, cancel_atom_v, id);
     context.getResults().setFound(known);
     return kj::READY_NOW;
@@ -253,6 +256,7 @@ class gateway_server final : public schema::Gateway::Server {
 
   rpc_gateway::impl& g_;
   const int32_t max_requests_;
+  const bool per_key_;
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, request_sink> sinks_;
   error_handler errors_;
@@ -368,7 +372,7 @@ expected<uint16_t> rpc_gateway::start(const std::string& host, uint16_t port, rp
     try {
       auto io = kj::setupAsyncIo();
       auto& ws = io.waitScope;
-      auto server_obj = kj::heap<gateway_server>(*g, limits.max_requests);
+      auto server_obj = kj::heap<gateway_server>(*g, limits);
       gateway_server& srv = *server_obj;
       capnp::Capability::Client gateway(kj::mv(server_obj));
       auto address = io.provider->getNetwork().parseAddress(host, port).wait(ws);

@@ -77,6 +77,7 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     }
     p.priority = r.getPriority();
     p.ignore_eos = r.getIgnoreEos();
+    p.cache_namespace = r.getCacheNamespace();
     const auto delivered = r.getDelivered();
     if (delivered.size() >= static_cast<unsigned>(lim.context)) return error{"more delivered tokens than the context"};
     for (int32_t t : delivered) {
@@ -117,6 +118,7 @@ void fill_request_params(schema::GenerateRequest::Builder r, const request_param
   for (size_t i = 0; i < p.stop_tokens.size(); ++i) st.set(static_cast<unsigned>(i), p.stop_tokens[i]);
   r.setPriority(p.priority);
   r.setIgnoreEos(p.ignore_eos);
+  r.setCacheNamespace(p.cache_namespace);
   r.setStepsIncludePrompt(steps_include_prompt);
 }
 

@@ -23,6 +23,7 @@ expect() {  # code, body-substring, description, curl result
 cat >"$work/keys" <<KEYS
 # one key a line
 test-key-1
+test-key-2
 KEYS
 single_topology "$src" "$work"
 sed -i 's|^capnp = .*|&\napi_keys_file = "'"$work"'/keys"\nread_timeout_s = 2\ncors_origins = ["http://app.example"]|' "$work/t.toml"
@@ -75,6 +76,16 @@ before=$(lengths)
 TROUPE_API_KEY=test-key-1 timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 >/dev/null
 after=$(lengths)
 ((after == before + 1)) || fail "a Cap'n Proto request was not counted: $before -> $after"
+
+# The prefix cache serves a prompt's cached blocks again to the same key (usage says how
+# many prompt tokens it served), never to another key's requests.
+story='Once upon a time there was a little girl named Lily. She loved to play in the park with her friends every day, and one day she found a big red ball under a tree.'
+cached() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens_details"]["cached_tokens"])' "$work/body"; }
+ask() { status -H "Authorization: Bearer $1" "$base/v1/completions" -d '{"model":"stories260K","prompt":"'"$story"'","max_tokens":1}'; }
+expect 200 '"cached_tokens":0' "a prompt the first time" "$(ask test-key-1)"
+expect 200 'cached_tokens' "the same prompt again" "$(ask test-key-1)"
+(($(cached) >= 32)) || fail "the same key's prompt again was not served from the cache: $(cat "$work/body")"
+expect 200 '"cached_tokens":0' "the same prompt under another key" "$(ask test-key-2)"
 
 # Each endpoint's client pointed at the other one is told which it reached.
 if out=$(timeout 30 "$build/tools/troupe-client" --connect "${base#http://}" --health 2>&1); then fail "troupe-client served by HTTP: $out"; fi

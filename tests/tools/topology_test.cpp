@@ -177,6 +177,7 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])"),
   has(problem(std::string("[failure]\nrecovery_timeout_s = 0\n") + ok_replica), "recovery_timeout_s must be in");
   has(problem(std::string("[gpu]\nweights = \"int4\"\n") + ok_replica), "weights must be bf16, f16 or f32");
   has(problem(std::string("[kv]\ncache_type = \"int4\"\n") + ok_replica), "cache_type \"int4\": not a KV cache type");
+  has(problem(std::string("[kv]\nprefix_cache_scope = \"tenant\"\n") + ok_replica), "prefix_cache_scope must be \"key\"");
   has(problem(std::string("[model]\n") + ok_replica), "t.toml");  // a second [model] table
 }
 
@@ -242,8 +243,9 @@ TEST_CASE("failure, GPU and KV cache settings: defaults, and what a topology set
   CHECK(t->chat_template == "auto");
   CHECK(t->replicas[0].scheduler_node == "n0");
   CHECK_FALSE(t->kv_cache_type.has_value());
+  CHECK(t->prefix_cache_per_key);
   auto u = parse_topology_text(std::string(base) + "[failure]\nheartbeat_ms = 100\ntimeout_ms = 250\nrestart = \"never\"\n"
-                                                  "[gpu]\nweights = \"f32\"\n[kv]\ncache_type = \"q8_0\"\n" + R"([[replica]]
+                                                  "[gpu]\nweights = \"f32\"\n[kv]\ncache_type = \"q8_0\"\nprefix_cache_scope = \"all\"\n" + R"([[replica]]
 name = "r0"
 scheduler = "n1"
 stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
@@ -254,6 +256,7 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
   CHECK_FALSE(u->failure.restart);
   CHECK(u->gpu_weights == "f32");
   CHECK(u->kv_cache_type == dtype::q8_0);
+  CHECK_FALSE(u->prefix_cache_per_key);
   CHECK(u->replicas[0].scheduler_node == "n1");
 }
 

@@ -174,6 +174,11 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
       if (auto b = pc->value<bool>()) t.prefix_caching = *b;
       else rd.fail("[kv]: 'prefix_caching' must be true or false");
     }
+    std::string scope;
+    if (rd.get(*kv, "[kv]", "prefix_cache_scope", scope, false) && rd.ok()) {
+      if (scope == "key" || scope == "all") t.prefix_cache_per_key = scope == "key";
+      else rd.fail("[kv]: prefix_cache_scope must be \"key\" (cached prompts shared within one API key) or \"all\"");
+    }
     std::string cache_type;
     if (rd.get(*kv, "[kv]", "cache_type", cache_type, false) && rd.ok()) {
       if (auto d = transformer_shard::kv_type_named(cache_type, "[kv]: cache_type \"" + cache_type + "\""))

@@ -14,7 +14,9 @@
 //               connection must ask for the gateway within it, or is closed),
 //               cors_origins (browser origins allowed to call the HTTP API, as
 //               ["https://app.example"], or ["*"]; none by default)
-//   [kv]        block_size, num_blocks, prefix_caching (true), cache_type = "f32" |
+//   [kv]        block_size, num_blocks, prefix_caching (true), prefix_cache_scope =
+//               "key" (the default: cached prompt blocks serve only requests of the same
+//               API key) | "all" (every request's), cache_type = "f32" |
 //               "f16" | "q8_0" (what the shards keep K and V in; default: F32 for F32
 //               weights, else F16, or TROUPE_KV_TYPE; q8_0 is int8 with a scale per
 //               token and KV head, lossy)   (optional; a cache of fewer tokens than
@@ -99,6 +101,7 @@ struct topology {
   int32_t block_size = 16;
   int32_t num_blocks = 1024;
   bool prefix_caching = true;
+  bool prefix_cache_per_key = true;  // cached prompts shared only among one API key's requests
   std::optional<dtype> kv_cache_type;  // none: the model's default
   int32_t max_step_tokens = 512;
   int32_t max_running = 64;

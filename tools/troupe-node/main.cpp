@@ -313,6 +313,7 @@ int main(int argc, char** argv) {
     hc.api_keys = api_keys;
     hc.tok = &*loaded->tok;
     hc.metrics = metrics;
+    hc.prefix_cache_per_key = topo->prefix_cache_per_key;
     http_gateway http(sys, router, hc);
     if (serve_http) {
       auto hp = http.start();
@@ -340,7 +341,7 @@ int main(int argc, char** argv) {
     if (stopped_early > 0) {
       std::fprintf(stderr, "troupe-node %s: stopping (signal %d) before any replica was ready\n", node_name.c_str(),
                    stopped_early);
-    } else if (auto port = gateway.start(ep.host, ep.port, {max_requests, topo->max_connections, topo->read_timeout_s});
+    } else if (auto port = gateway.start(ep.host, ep.port, {max_requests, topo->max_connections, topo->read_timeout_s, topo->prefix_cache_per_key});
                !port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;

@@ -7,6 +7,7 @@
 #include <capnp/message.h>
 #include <doctest/doctest.h>
 
+#include "actors/gateway/api_keys.hpp"
 #include "actors/wire/frame.hpp"
 #include "schema/client.capnp.h"
 #include "tests/support/test_support.hpp"
@@ -36,6 +37,33 @@ TEST_CASE("a request longer than the context is refused with its length and the 
   CHECK(many.err().message == "maxTokens (65) must be in 1..64 (the model's context)");
   p.max_tokens = 61;
   CHECK(decode_generate_request(encode_generate_request_tokens(p), tok, lim).has_value());
+}
+
+TEST_CASE("a request's prefix-cache namespace travels with it, 0 when unset") {
+  const tokenizer& tok = test::tok512();
+  request_limits lim;
+  lim.context = 64;
+  request_params p;
+  p.max_tokens = 4;
+  p.cache_namespace = 0x1234567890abcdefull;
+  auto text = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+  REQUIRE(text.has_value());
+  CHECK(text->cache_namespace == 0x1234567890abcdefull);
+  p.prompt = {1, 5};
+  p.cache_namespace = 0;
+  auto ids = decode_generate_request(encode_generate_request_tokens(p), tok, lim);
+  REQUIRE(ids.has_value());
+  CHECK(ids->cache_namespace == 0);
+}
+
+TEST_CASE("each API key has a prefix-cache namespace of its own, unless the cache is shared") {
+  const uint64_t a = cache_namespace_of("key-one", true), b = cache_namespace_of("key-two", true);
+  CHECK(a != 0);
+  CHECK(b != 0);
+  CHECK(a != b);
+  CHECK(cache_namespace_of("key-one", true) == a);
+  CHECK(cache_namespace_of("key-one", false) == 0);
+  CHECK(cache_namespace_of("", true) == 0);
 }
 
 TEST_CASE("a failed request's error kind travels with its text, through the router's split too") {
