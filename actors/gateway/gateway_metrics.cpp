@@ -40,20 +40,32 @@ void gateway_metrics::refused(const char* outcome) {
   ++outcomes_[outcome];
 }
 
-void gateway_metrics::gap(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  itl_.add(seconds);
+namespace {
+using seconds = std::chrono::duration<double>;
+}  // namespace
+
+void gateway_metrics::chunk(request_times& t) {
+  const auto now = request_times::clock::now();
+  if (t.first == request_times::clock::time_point{}) t.first = now;
+  if (t.last != request_times::clock::time_point{}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    itl_.add(seconds(now - t.last).count());
+  }
+  t.last = now;
 }
 
 void gateway_metrics::finished(const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens,
-                            std::optional<double> ttft, std::optional<double> tpot, double e2e) {
+                               const request_times& t) {
+  const auto now = request_times::clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   ++outcomes_[outcome];
   tokens_in_ += prompt_tokens;
   tokens_out_ += output_tokens;
-  if (ttft) ttft_.add(*ttft);
-  if (tpot) tpot_.add(*tpot);
-  e2e_.add(e2e);
+  if (t.first != request_times::clock::time_point{}) {
+    ttft_.add(seconds(t.first - t.start).count());
+    if (output_tokens > 1) tpot_.add(seconds(t.last - t.first).count() / (output_tokens - 1));
+  }
+  e2e_.add(seconds(now - t.start).count());
 }
 
 std::string gateway_metrics::render(const router_stats& st) const {

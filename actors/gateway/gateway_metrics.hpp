@@ -5,6 +5,7 @@
 // worker and the RPC thread at once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -34,15 +35,21 @@ std::string request_outcome(finish_reason r, const std::string& error, wire::err
 // How a request ended, as troupe_requests_total's outcome label says it.
 inline constexpr const char* request_outcomes[] = {"stop", "length", "cancelled", "error", "invalid", "rejected", "unavailable"};
 
+// When a request arrived, and when its first and its latest chunks did (none yet: {}).
+struct request_times {
+  using clock = std::chrono::steady_clock;
+  clock::time_point start = clock::now(), first{}, last{};
+};
+
 class gateway_metrics {
  public:
   // A request refused before it ran ("invalid", "rejected").
   void refused(const char* outcome);
-  // The gap between two streamed chunks of one request.
-  void gap(double seconds);
-  // A request that ran, with its times in seconds (ttft and tpot when it produced tokens).
-  void finished(const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens, std::optional<double> ttft,
-                std::optional<double> tpot, double e2e);
+  // A chunk of the request timed by t arrived now: its gap after the one before counts.
+  void chunk(request_times& t);
+  // A request that ran, ending now: time to first token and time per output token when it
+  // produced tokens, and its whole time.
+  void finished(const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens, const request_times& t);
   // Everything, with the router's running, waiting and KV figures.
   std::string render(const router_stats& st) const;
 

@@ -115,9 +115,17 @@ struct http_gateway::impl {
   std::unique_ptr<connection_watch> watch;  // from start()
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
+  // From the configuration: whether any origin may call, and the token ending a chat turn
+  // besides EOS (ChatML's <|im_end|>), which ends a chat answer.
+  bool any_origin = false;
+  std::optional<int32_t> turn_end;
+
   impl(caf::actor_system& s, caf::actor rtr, http_config c)
       : sys(s), router(std::move(rtr)), cfg(std::move(c)),
-        m(cfg.metrics ? cfg.metrics : std::make_shared<gateway_metrics>()) {}
+        m(cfg.metrics ? cfg.metrics : std::make_shared<gateway_metrics>()) {
+    any_origin = std::find(cfg.cors_origins.begin(), cfg.cors_origins.end(), "*") != cfg.cors_origins.end();
+    if (cfg.tok) turn_end = openai::turn_end_token(cfg.chat, *cfg.tok);
+  }
 
   // The bearer key a request carries ("" for none).
   static std::string key_of(const httplib::Request& req) {
@@ -154,10 +162,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     return send_error(res, *e);
   }
   auto r = std::get<openai::api_request>(std::move(parsed));
-  // A ChatML model ends its turn with <|im_end|>, which need not be its EOS: the turn's end
-  // ends the answer.
-  if (chat && cfg.tok)
-    if (auto end = openai::turn_end_token(cfg.chat, *cfg.tok)) r.params.stop_tokens.push_back(*end);
+  if (chat && turn_end) r.params.stop_tokens.push_back(*turn_end);
   if (!cfg.api_keys.empty()) r.params.cache_namespace = cache_namespace_of(key_of(req), cfg.prefix_cache_per_key);
   // Admission: a full server answers at once.
   if (in_flight.fetch_add(1) >= cfg.max_requests) {
@@ -190,9 +195,10 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     wire::error_kind error_type = wire::error_kind::invalid;
     bool timed_out = false;    // the gateway's own deadline passed
     bool client_gone = false;  // a stream's client went away before its end
-    clock_type::time_point first{}, last{};
+    request_times times;
   };
   auto st = std::make_shared<state>();
+  st->times.start = t0;
   st->choices.resize(ids.size());
   st->finished.assign(ids.size(), false);
   st->started.assign(ids.size(), false);
@@ -228,10 +234,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       if (!c) return;
       const int i = index_of(c->request);
       if (i < 0) return;
-      const auto now = clock_type::now();
-      if (st->first == clock_type::time_point{}) st->first = now;
-      if (st->last != clock_type::time_point{}) m->gap(std::chrono::duration<double>(now - st->last).count());
-      st->last = now;
+      m->chunk(st->times);
       st->choices[i].text += c->text;
       st->choices[i].tokens.insert(st->choices[i].tokens.end(), c->tokens.begin(), c->tokens.end());
       st->choices[i].logprobs.insert(st->choices[i].logprobs.end(), c->logprobs.begin(), c->logprobs.end());
@@ -242,15 +245,9 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       }
     }
   };
-  auto finish_metrics = [this, st, t0]() {
-    using seconds = std::chrono::duration<double>;
-    std::optional<double> ttft, tpot;
-    if (st->first != clock_type::time_point{}) {
-      ttft = seconds(st->first - t0).count();
-      if (st->output_tokens > 1) tpot = seconds(st->last - st->first).count() / (st->output_tokens - 1);
-    }
+  auto finish_metrics = [this, st]() {
     m->finished(st->client_gone ? "cancelled" : request_outcome(st->choices[0].reason, st->error, st->error_type, st->timed_out),
-               st->prompt_tokens, st->output_tokens, ttft, tpot, seconds(clock_type::now() - t0).count());
+                st->prompt_tokens, st->output_tokens, st->times);
   };
   auto cancel_all = [this, ids, st]() {
     for (size_t i = 0; i < ids.size(); ++i)
@@ -367,7 +364,7 @@ expected<uint16_t> http_gateway::start() {
   // connection that has not sent its request yet; threads are started as connections
   // come, far beyond the admitted requests, so that a surplus request is refused at once
   // and idle connections do not crowd out working ones. A request that does not arrive
-  // whole in time is cut off by the watch (start(), below).
+  // whole in time is cut off by the watch (below).
   const auto threads = static_cast<size_t>(std::max(g->cfg.max_connections, g->cfg.max_requests + 32));
   srv.new_task_queue = [threads] { return new connection_queue(threads); };
   // (The library's own limit is on each read, and answers 400 when it passes: it stays
@@ -389,12 +386,11 @@ expected<uint16_t> http_gateway::start() {
     // A page from an allowed origin may read every answer; a preflight (OPTIONS) learns
     // what it may send. Without an allowed origin, OPTIONS still says the route's method.
     const std::string origin = q.get_header_value("Origin");
-    const bool any = std::find(g->cfg.cors_origins.begin(), g->cfg.cors_origins.end(), "*") != g->cfg.cors_origins.end();
-    const bool cors = !origin.empty() && (any || std::find(g->cfg.cors_origins.begin(), g->cfg.cors_origins.end(),
-                                                           origin) != g->cfg.cors_origins.end());
+    const auto& allowed = g->cfg.cors_origins;
+    const bool cors = !origin.empty() && (g->any_origin || std::find(allowed.begin(), allowed.end(), origin) != allowed.end());
     if (cors) {
-      r.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
-      if (!any) r.set_header("Vary", "Origin");
+      r.set_header("Access-Control-Allow-Origin", g->any_origin ? "*" : origin);
+      if (!g->any_origin) r.set_header("Vary", "Origin");
     }
     if (q.method == "OPTIONS") {
       const std::string m = route_method(q.path);
@@ -428,14 +424,16 @@ expected<uint16_t> http_gateway::start() {
                          "invalid_request_error", "", ""});
     return httplib::Server::HandlerResponse::Handled;
   });
-  srv.Post("/v1/completions", [g](const httplib::Request& q, httplib::Response& r) {
-    g->arrived(q);
-    g->completions(q, r, false);
-  });
-  srv.Post("/v1/chat/completions", [g](const httplib::Request& q, httplib::Response& r) {
-    g->arrived(q);
-    g->completions(q, r, true);
-  });
+  // A route's handler runs once its request has arrived whole: the watch's deadline is met.
+  auto arrived = [g](auto handler) {
+    return [g, handler](const httplib::Request& q, httplib::Response& r) {
+      g->arrived(q);
+      handler(q, r);
+    };
+  };
+  srv.Post("/v1/completions", arrived([g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, false); }));
+  srv.Post("/v1/chat/completions",
+           arrived([g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, true); }));
   srv.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
     std::string what = "internal error";
     try {
@@ -448,31 +446,27 @@ expected<uint16_t> http_gateway::start() {
     r.status = 500;
     r.set_content(openai::error_body({500, "internal error", "server_error", "", ""}), "application/json");
   });
-  srv.Get("/v1/models", [g](const httplib::Request& q, httplib::Response& r) {
-    g->arrived(q);
+  srv.Get("/v1/models", arrived([g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     r.set_content(openai::models_body(g->cfg.model_id, g->started), "application/json");
-  });
-  srv.Get(R"(/v1/models/(.+))", [g](const httplib::Request& q, httplib::Response& r) {
-    g->arrived(q);
+  }));
+  srv.Get(R"(/v1/models/(.+))", arrived([g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     const std::string id = q.matches[1];
     if (id != g->cfg.model_id)
       return impl::send_error(r, {404, "The model '" + id + "' does not exist; this server serves '" + g->cfg.model_id + "'",
                                   "invalid_request_error", "model", "model_not_found"});
     r.set_content(openai::model_body(g->cfg.model_id, g->started), "application/json");
-  });
-  srv.Get("/health", [g](const httplib::Request& q, httplib::Response& r) {
-    g->arrived(q);
+  }));
+  srv.Get("/health", arrived([g](const httplib::Request&, httplib::Response& r) {
     const router_health h = ask_health(g->sys, g->router, g->draining);
     r.status = h.ready ? 200 : 503;
     r.set_content(openai::health_body(h.ready, h.replicas, h.replicas_ready, h.detail, h.outages), "application/json");
-  });
-  srv.Get("/metrics", [g](const httplib::Request& q, httplib::Response& r) {
-    g->arrived(q);
+  }));
+  srv.Get("/metrics", arrived([g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
     r.set_content(g->render_metrics(), "text/plain; version=0.0.4");
-  });
+  }));
   srv.set_error_handler([g](const httplib::Request& q, httplib::Response& r) {
     g->arrived(q);
     if (!r.body.empty()) return;

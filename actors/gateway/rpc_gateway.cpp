@@ -118,12 +118,10 @@ struct rpc_gateway::impl {
 namespace {
 
 class gateway_server final : public schema::Gateway::Server {
-  using clock = std::chrono::steady_clock;
-  using seconds = std::chrono::duration<double>;
   struct request_sink {
     schema::TokenSink::Client sink;
     std::string api_key;  // the key it was made with
-    clock::time_point start, first{}, last{};
+    request_times times;
     uint32_t output_tokens = 0;  // relayed so far
   };
 
@@ -148,7 +146,7 @@ class gateway_server final : public schema::Gateway::Server {
     copy.getRoot<schema::GenerateRequest>().disownDelivered();  // only the router resubmits
     copy.getRoot<schema::GenerateRequest>().setCacheNamespace(  // never the client's choice
         g_.api_keys.empty() ? 0 : cache_namespace_of(params.getApiKey().cStr(), per_key_));
-    sinks_.emplace(id, request_sink{params.getSink(), params.getApiKey().cStr(), clock::now()});
+    sinks_.emplace(id, request_sink{params.getSink(), params.getApiKey().cStr(), {}});
     caf::anon_send(g_.router, generate_atom_v, id, wire_message(wire_kind::none, wire::to_bytes(copy)), g_.sink_actor);
     context.getResults().setRequestId(id);
     return kj::READY_NOW;
@@ -213,10 +211,7 @@ class gateway_server final : public schema::Gateway::Server {
       auto it = sinks_.find(chunk.getRequestId());
       if (it == sinks_.end()) return;
       request_sink& r = it->second;
-      const auto now = clock::now();
-      if (r.first == clock::time_point{}) r.first = now;
-      if (r.last != clock::time_point{}) g_.metrics->gap(seconds(now - r.last).count());
-      r.last = now;
+      g_.metrics->chunk(r.times);
       r.output_tokens += chunk.getTokens().size();
       auto req = r.sink.chunkRequest();
       req.setChunk(chunk);
@@ -227,8 +222,9 @@ class gateway_server final : public schema::Gateway::Server {
       auto result = (*f)->root<schema::GenerateResult>();
       auto it = sinks_.find(result.getRequestId());
       if (it == sinks_.end()) return;
-      if (auto v = wire::decode_generate_result(*e.frame.bytes))
-        count(it->second, request_outcome(v->reason, v->error, v->error_type, false), v->prompt_tokens, v->output_tokens);
+      if (auto v = wire::read_generate_result(result))
+        g_.metrics->finished(request_outcome(v->reason, v->error, v->error_type, false), v->prompt_tokens,
+                             v->output_tokens, it->second.times);
       auto req = it->second.sink.doneRequest();
       req.setResult(result);
       tasks_.add(req.send().ignoreResult());
@@ -239,19 +235,9 @@ class gateway_server final : public schema::Gateway::Server {
   void client_gone(uint64_t id) {
     auto it = sinks_.find(id);
     if (it == sinks_.end()) return;
-    count(it->second, "cancelled", 0, it->second.output_tokens);
+    g_.metrics->finished("cancelled", 0, it->second.output_tokens, it->second.times);
     sinks_.erase(it);
     caf::anon_send(g_.router, cancel_atom_v, id);
-  }
-
-  // A request's end, as the metrics count it (the times as this gateway saw them).
-  void count(const request_sink& r, const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens) {
-    std::optional<double> ttft, tpot;
-    if (r.first != clock::time_point{}) {
-      ttft = seconds(r.first - r.start).count();
-      if (output_tokens > 1) tpot = seconds(r.last - r.first).count() / (output_tokens - 1);
-    }
-    g_.metrics->finished(outcome, prompt_tokens, output_tokens, ttft, tpot, seconds(clock::now() - r.start).count());
   }
 
   rpc_gateway::impl& g_;

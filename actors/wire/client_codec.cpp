@@ -33,11 +33,7 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
       if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
       p.prompt = tok.encode(std::string_view(text.cStr(), text.size()), true);
     } else {
-      const auto ids = prompt.getTokens();
-      if (ids.size() >= static_cast<unsigned>(lim.context))
-        return error{"the prompt is " + std::to_string(ids.size()) + " tokens; the model's context is " +
-                     std::to_string(lim.context)};
-      for (int32_t t : ids) {
+      for (int32_t t : prompt.getTokens()) {
         if (t < 0 || t >= tok.size()) return error{"token id " + std::to_string(t) + " is outside the vocabulary"};
         p.prompt.push_back(t);
       }
@@ -255,8 +251,11 @@ expected<chunk_view> peek_token_chunk(std::span<const uint8_t> bytes) { return r
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes) {
   auto frame = frame_reader::parse(bytes, client_limits(size_t{1} << 22));
   if (!frame) return frame.err();
+  return read_generate_result((*frame)->root<schema::GenerateResult>());
+}
+
+expected<result_view> read_generate_result(schema::GenerateResult::Reader r) {
   try {
-    auto r = (*frame)->root<schema::GenerateResult>();
     result_view v;
     v.request = r.getRequestId();
     switch (r.getReason()) {

@@ -63,6 +63,8 @@ struct result_view {
   std::optional<chunk_view> last;  // the final chunk, inside a scheduler's result
 };
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes);
+// The same, from a result already parsed.
+expected<result_view> read_generate_result(schema::GenerateResult::Reader r);
 
 // The router's rewrites. A request frame with the output already delivered set; a chunk
 // renumbered for the client (request id and seq); a scheduler's final result split into

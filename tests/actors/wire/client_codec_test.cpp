@@ -14,10 +14,19 @@
 
 namespace troupe::wire {
 
+namespace {
+
+request_limits with_context(int32_t context) {
+  request_limits lim;
+  lim.context = context;
+  return lim;
+}
+
+}  // namespace
+
 TEST_CASE("a request longer than the context is refused with its length and the context's") {
   const tokenizer& tok = test::tok512();
-  request_limits lim;
-  lim.context = 64;
+  const request_limits lim = with_context(64);
   request_params p;
   p.max_tokens = 8;
   std::string words;
@@ -41,8 +50,7 @@ TEST_CASE("a request longer than the context is refused with its length and the 
 
 TEST_CASE("a request's prefix-cache namespace travels with it, 0 when unset") {
   const tokenizer& tok = test::tok512();
-  request_limits lim;
-  lim.context = 64;
+  const request_limits lim = with_context(64);
   request_params p;
   p.max_tokens = 4;
   p.cache_namespace = 0x1234567890abcdefull;
