@@ -14,19 +14,36 @@
 
 namespace troupe {
 
-connection_threads::connection_threads(size_t max_threads, std::chrono::milliseconds idle_exit, size_t keep_threads)
-    : max_(max_threads < 1 ? 1 : max_threads), keep_(keep_threads), idle_exit_(idle_exit) {}
+connection_threads::connection_threads(size_t max_threads, std::function<void()> make_room,
+                                       std::chrono::milliseconds idle_exit, size_t keep_threads)
+    : max_(max_threads < 1 ? 1 : max_threads),
+      keep_(keep_threads),
+      make_room_(std::move(make_room)),
+      idle_exit_(idle_exit) {}
 
 connection_threads::~connection_threads() { shutdown(); }
+
+bool connection_threads::full() const {
+  // Idle threads count what is queued against themselves: two jobs and one idle thread
+  // leave none free.
+  return jobs_.size() >= idle_ && threads_.size() - exited_.size() >= max_;
+}
 
 void connection_threads::enqueue(std::function<void()> fn) {
   std::unique_lock<std::mutex> lock(mu_);
   join_exited();
+  while (full() && !released_ && !stopping_) {
+    if (make_room_) {
+      lock.unlock();
+      make_room_();
+      lock.lock();
+    }
+    room_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    join_exited();
+  }
   jobs_.push_back(std::move(fn));
-  // A thread that is idle takes it; otherwise a new one, while there is room. (Idle
-  // threads count what is queued against themselves: two jobs and one idle thread make
-  // one new thread.)
-  if (jobs_.size() > idle_ && threads_.size() < max_) {
+  // A thread that is idle takes it; otherwise a new one, while there is room.
+  if (jobs_.size() > idle_ && threads_.size() - exited_.size() < max_) {
     std::thread t([this] { work(); });
     const std::thread::id id = t.get_id();
     threads_.emplace(id, std::move(t));
@@ -35,10 +52,19 @@ void connection_threads::enqueue(std::function<void()> fn) {
   cv_.notify_one();
 }
 
+void connection_threads::release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+  }
+  room_cv_.notify_all();
+}
+
 void connection_threads::work() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     ++idle_;
+    room_cv_.notify_one();
     const bool woke = cv_.wait_for(lock, idle_exit_, [&] { return !jobs_.empty() || stopping_; });
     --idle_;
     if (jobs_.empty()) {
@@ -74,6 +100,7 @@ void connection_threads::shutdown() {
     exited_.clear();
   }
   cv_.notify_all();
+  room_cv_.notify_all();
   for (auto& [id, t] : all) t.join();
 }
 
@@ -167,49 +194,90 @@ void connection_watch::answered(const std::string& addr, int port) {
 }
 
 int connection_watch::sweep(clock::time_point now) {
+  std::lock_guard<std::mutex> scanning(scan_mu_);
+  if (!dir_ || spare_fd_ < 0) return 0;
+  const look_result seen = look(now);
+  std::string first;
+  const int closed = cut_off(seen.late, first);
+  timed_out_ += static_cast<uint64_t>(closed);
+  unreported_ += static_cast<uint64_t>(closed);
+  // A served connection the client has closed reads as its end (a peek finds no byte and
+  // no wait); one that has sent more (the next request) or nothing is still there.
+  for (const auto& [fd, s] : seen.served) {
+    if (dup2(fd, spare_fd_) < 0) continue;
+    struct stat st {};
+    char b;
+    if (fstat(spare_fd_, &st) == 0 && st.st_ino == s.inode && recv(spare_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = peers_.find(s.peer); it != peers_.end()) it->second.gone = true;
+    }
+    dup2(null_fd_, spare_fd_);
+  }
+  report(now, first);
+  return closed;
+}
+
+bool connection_watch::shed(clock::time_point now) {
+  std::lock_guard<std::mutex> scanning(scan_mu_);
+  if (!dir_ || spare_fd_ < 0) return false;
+  std::string first;
+  const int closed = cut_off(look(now).oldest, first);
+  shed_ += static_cast<uint64_t>(closed);
+  unreported_shed_ += static_cast<uint64_t>(closed);
+  report(now, first);
+  return closed > 0;
+}
+
+connection_watch::look_result connection_watch::look(clock::time_point now) {
   // The process's descriptors, as the kernel lists them; the gateway's connections are
   // the connected TCP sockets on its port. A descriptor is known by its number and the
   // socket's inode, so a number closed and reused is a new connection.
-  if (!dir_ || spare_fd_ < 0) return 0;
   rewinddir(dir_);  // the kernel lists the descriptors afresh
+  look_result r;
   std::set<int> present;
-  std::vector<std::pair<int, socket_seen>> late, served;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::set<std::string> live;
-    while (const dirent* e = readdir(dir_)) {
-      char* end = nullptr;
-      const long fd = std::strtol(e->d_name, &end, 10);
-      if (end == e->d_name || *end || fd == dirfd(dir_) || fd == spare_fd_ || fd == null_fd_) continue;
-      struct stat st {};
-      if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-      present.insert(static_cast<int>(fd));
-      socket_seen& s = sockets_[static_cast<int>(fd)];
-      if (s.inode != st.st_ino) {
-        s = socket_seen{st.st_ino, false, false, {}};
-        uint16_t local = 0;
-        std::string addr;
-        int pport = 0;
-        if (tcp_endpoints(static_cast<int>(fd), local, addr, pport) && local == port_) {
-          s.ours = true;
-          s.peer = peer_key(addr, pport);
-          peers_.try_emplace(s.peer, peer_state{false, false, now});
-        }
+  std::set<std::string> live;
+  std::lock_guard<std::mutex> lock(mu_);
+  clock::time_point oldest_since = clock::time_point::max();
+  while (const dirent* e = readdir(dir_)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end || fd == dirfd(dir_) || fd == spare_fd_ || fd == null_fd_) continue;
+    struct stat st {};
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    present.insert(static_cast<int>(fd));
+    socket_seen& s = sockets_[static_cast<int>(fd)];
+    bool first_seen = false;
+    if (s.inode != st.st_ino) {
+      s = socket_seen{st.st_ino, false, false, {}};
+      uint16_t local = 0;
+      std::string addr;
+      int pport = 0;
+      if (tcp_endpoints(static_cast<int>(fd), local, addr, pport) && local == port_) {
+        s.ours = true;
+        s.peer = peer_key(addr, pport);
+        first_seen = peers_.try_emplace(s.peer, peer_state{false, false, now}).second;
       }
-      if (!s.ours || s.closed) continue;
-      live.insert(s.peer);
-      const peer_state& p = peers_.try_emplace(s.peer, peer_state{false, false, now}).first->second;
-      if (!p.arrived && now - p.since > deadline_) late.emplace_back(static_cast<int>(fd), s);
-      if (p.arrived && !p.gone) served.emplace_back(static_cast<int>(fd), s);
     }
-    for (auto it = sockets_.begin(); it != sockets_.end();) it = present.count(it->first) ? std::next(it) : sockets_.erase(it);
-    for (auto it = peers_.begin(); it != peers_.end();) it = live.count(it->first) ? std::next(it) : peers_.erase(it);
+    if (!s.ours || s.closed) continue;
+    live.insert(s.peer);
+    const peer_state& p = peers_.try_emplace(s.peer, peer_state{false, false, now}).first->second;
+    if (!p.arrived && now - p.since > deadline_) r.late.emplace_back(static_cast<int>(fd), s);
+    if (!p.arrived && !first_seen && p.since < oldest_since) {
+      oldest_since = p.since;
+      r.oldest.assign(1, {static_cast<int>(fd), s});
+    }
+    if (p.arrived && !p.gone) r.served.emplace_back(static_cast<int>(fd), s);
   }
+  for (auto it = sockets_.begin(); it != sockets_.end();) it = present.count(it->first) ? std::next(it) : sockets_.erase(it);
+  for (auto it = peers_.begin(); it != peers_.end();) it = live.count(it->first) ? std::next(it) : peers_.erase(it);
+  return r;
+}
 
-  // Each late connection through a duplicate of its descriptor (made in the spare
-  // descriptor, so that none more is needed), checked to be the same socket: the server's
-  // thread may close the original meanwhile and the number be reused, but the duplicate
-  // holds on to the socket it was made from.
+int connection_watch::cut_off(const found& which, std::string& first) {
+  // Each connection through a duplicate of its descriptor (made in the spare descriptor,
+  // so that none more is needed), checked to be the same socket: the server's thread may
+  // close the original meanwhile and the number be reused, but the duplicate holds on to
+  // the socket it was made from.
   int closed = 0;
   static const std::string answer = [] {
     const std::string body =
@@ -217,12 +285,11 @@ int connection_watch::sweep(clock::time_point now) {
     return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body;
   }();
-  std::string first;
-  for (const auto& [fd, seen] : late) {
+  for (const auto& [fd, seen] : which) {
     if (dup2(fd, spare_fd_) < 0) continue;
     struct stat st {};
-    // (Under the lock: a request that has arrived since the look above is left alone,
-    // and one arriving now waits until its connection has been answered.)
+    // (Under the lock: a request that has arrived since the look is left alone, and one
+    // arriving now waits until its connection has been answered.)
     std::lock_guard<std::mutex> lock(mu_);
     const auto p = peers_.find(seen.peer);
     if (fstat(spare_fd_, &st) == 0 && st.st_ino == seen.inode && p != peers_.end() && !p->second.arrived) {
@@ -234,34 +301,27 @@ int connection_watch::sweep(clock::time_point now) {
     }
     dup2(null_fd_, spare_fd_);  // lets go of the socket
   }
-  // A served connection the client has closed reads as its end (a peek finds no byte and
-  // no wait); one that has sent more (the next request) or nothing is still there.
-  for (const auto& [fd, seen] : served) {
-    if (dup2(fd, spare_fd_) < 0) continue;
-    struct stat st {};
-    char b;
-    if (fstat(spare_fd_, &st) == 0 && st.st_ino == seen.inode && recv(spare_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = peers_.find(seen.peer); it != peers_.end()) it->second.gone = true;
-    }
-    dup2(null_fd_, spare_fd_);
-  }
-  if (closed > 0) {
-    timed_out_ += static_cast<uint64_t>(closed);
-    unreported_ += static_cast<uint64_t>(closed);
-  }
-  // One line at most every ten seconds, however many there are.
-  if (unreported_ > 0 && now - last_report_ >= std::chrono::seconds(10)) {
-    const auto at = first.find(' ');
-    std::fprintf(stderr,
-                 "troupe-http: closed %llu connection(s) that had not sent a whole request within %lld ms (answered "
-                 "408)%s%s\n",
-                 static_cast<unsigned long long>(unreported_), static_cast<long long>(deadline_.count()),
-                 first.empty() ? "" : "; one from ", first.empty() ? "" : first.substr(0, at).c_str());
-    unreported_ = 0;
-    last_report_ = now;
-  }
   return closed;
+}
+
+void connection_watch::report(clock::time_point now, const std::string& first) {
+  // One line at most every ten seconds, however many there are.
+  if ((unreported_ == 0 && unreported_shed_ == 0) || now - last_report_ < std::chrono::seconds(10)) return;
+  const auto at = first.find(' ');
+  std::string line = "troupe-http: closed ";
+  if (unreported_ > 0)
+    line += std::to_string(unreported_) + " connection(s) that had not sent a whole request within " +
+            std::to_string(deadline_.count()) + " ms";
+  if (unreported_ > 0 && unreported_shed_ > 0) line += ", and ";
+  if (unreported_shed_ > 0)
+    line += std::to_string(unreported_shed_) +
+            " waiting for their request to make room for new ones (every connection thread busy: max_connections)";
+  line += " (answered 408)";
+  if (!first.empty()) line += "; one from " + first.substr(0, at);
+  std::fprintf(stderr, "%s\n", line.c_str());
+  unreported_ = 0;
+  unreported_shed_ = 0;
+  last_report_ = now;
 }
 
 }  // namespace troupe

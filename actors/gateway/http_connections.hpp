@@ -9,13 +9,18 @@
 //
 //  - connection_threads: threads started as connections arrive, up to a cap well above
 //    the requests admitted at once (an idle one ends after a while), so that idle and slow
-//    connections do not take the places of requests;
+//    connections do not take the places of requests. At the cap a new connection waits
+//    for a thread (and those after it in the system's listening queue, holding no
+//    descriptor of the process), while room is made for it;
 //  - connection_watch: looks at the process's connections on the HTTP port twice a
 //    second. A connection must deliver its whole request (head and body) within a
 //    deadline, counted from when the watch first sees it or from the answer to its
 //    previous request (plus the keep-alive time); one that has not is answered 408 and
 //    shut down, which ends its thread's read. A connection whose request is being served
-//    and whose client has closed it is noted as gone, so that the request can end.
+//    and whose client has closed it is noted as gone, so that the request can end. Asked
+//    to make room, it does the same to the connection that has waited longest for its
+//    request: a flood of idle connections then costs each of them its place, not a
+//    working client its answer.
 //
 // Neither depends on the HTTP library: the gateway adapts them to it.
 #pragma once
@@ -40,14 +45,20 @@ namespace troupe {
 class connection_threads {
  public:
   // At most max_threads at once; a thread idle for idle_exit ends (down to keep_threads).
-  explicit connection_threads(size_t max_threads, std::chrono::milliseconds idle_exit = std::chrono::seconds(30),
-                              size_t keep_threads = 4);
+  // make_room: called while a connection waits for a thread (every 100 ms until one is
+  // free), to end a connection that is not being served.
+  explicit connection_threads(size_t max_threads, std::function<void()> make_room = {},
+                              std::chrono::milliseconds idle_exit = std::chrono::seconds(30), size_t keep_threads = 4);
   ~connection_threads();
   connection_threads(const connection_threads&) = delete;
   connection_threads& operator=(const connection_threads&) = delete;
 
-  // Runs fn on a free thread, a new one while under the cap, or queues it for the next.
+  // Runs fn on a free thread or a new one while under the cap; at the cap, waits for a
+  // thread to be free (after release(): queues fn for the next one instead).
   void enqueue(std::function<void()> fn);
+  // From now on enqueue does not wait (the server is stopping: its listening thread must
+  // not be held).
+  void release();
   // Runs what is queued, then joins every thread; enqueue must not be called after.
   void shutdown();
 
@@ -56,16 +67,18 @@ class connection_threads {
  private:
   void work();
   void join_exited();  // with mu_ held
+  bool full() const;   // with mu_ held: no thread free and none may start
 
   const size_t max_, keep_;
+  const std::function<void()> make_room_;
   const std::chrono::milliseconds idle_exit_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, room_cv_;
   std::deque<std::function<void()>> jobs_;
   std::map<std::thread::id, std::thread> threads_;
   std::vector<std::thread::id> exited_;
   size_t idle_ = 0;
-  bool stopping_ = false;
+  bool stopping_ = false, released_ = false;
 };
 
 class connection_watch {
@@ -100,7 +113,13 @@ class connection_watch {
   // (start() calls it; tests may call it directly.)
   int sweep(clock::time_point now);
 
+  // Answers 408 and shuts down the connection that has waited longest for its request
+  // (one first seen by this very look is spared: it may be the newcomer room is made
+  // for). Returns whether there was one.
+  bool shed(clock::time_point now);
+
   uint64_t timed_out() const { return timed_out_.load(); }
+  uint64_t shed_count() const { return shed_.load(); }
   std::chrono::milliseconds deadline() const { return deadline_; }
 
  private:
@@ -115,16 +134,26 @@ class connection_watch {
     bool closed = false;  // timed out and shut down here
     std::string peer;
   };
+  using found = std::vector<std::pair<int, socket_seen>>;  // by descriptor
+  struct look_result {
+    found late, served;
+    found oldest;  // the connection waiting longest for its request, if any
+  };
+
+  look_result look(clock::time_point now);  // with scan_mu_ held
+  int cut_off(const found& which, std::string& first);  // 408 and shutdown; with scan_mu_ held
+  void report(clock::time_point now, const std::string& first);  // with scan_mu_ held
 
   const uint16_t port_;
   const std::chrono::milliseconds deadline_, keep_alive_;
   std::mutex mu_;
   std::map<std::string, peer_state> peers_;  // by "addr port"
-  std::map<int, socket_seen> sockets_;       // by descriptor, only touched by sweep
+  std::mutex scan_mu_;                       // one look at a time (sweep, shed)
+  std::map<int, socket_seen> sockets_;       // by descriptor, under scan_mu_
   DIR* dir_ = nullptr;                       // /proc/self/fd
   int null_fd_ = -1, spare_fd_ = -1;         // /dev/null, and a place for a duplicate
-  std::atomic<uint64_t> timed_out_{0};
-  uint64_t unreported_ = 0;
+  std::atomic<uint64_t> timed_out_{0}, shed_{0};
+  uint64_t unreported_ = 0, unreported_shed_ = 0;
   clock::time_point last_report_{};
   std::thread thread_;
   std::mutex stop_mu_;

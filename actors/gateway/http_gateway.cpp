@@ -93,12 +93,13 @@ struct http_server final : httplib::Server {
   void widen_listen_queue() { ::listen(svr_sock_, SOMAXCONN); }
 };
 
-// The connection threads as the HTTP library's task queue.
+// The connection threads as the HTTP library's task queue (the gateway holds them too,
+// to release a listening thread waiting for one when it stops).
 struct connection_queue final : httplib::TaskQueue {
-  explicit connection_queue(size_t max_threads) : threads(max_threads) {}
-  void enqueue(std::function<void()> fn) override { threads.enqueue(std::move(fn)); }
-  void shutdown() override { threads.shutdown(); }
-  connection_threads threads;
+  explicit connection_queue(std::shared_ptr<connection_threads> t) : threads(std::move(t)) {}
+  void enqueue(std::function<void()> fn) override { threads->enqueue(std::move(fn)); }
+  void shutdown() override { threads->shutdown(); }
+  std::shared_ptr<connection_threads> threads;
 };
 
 }  // namespace
@@ -113,6 +114,7 @@ struct http_gateway::impl {
   std::atomic<bool> draining{false};
   std::shared_ptr<gateway_metrics> m;  // shared with the Cap'n Proto gateway
   std::unique_ptr<connection_watch> watch;  // from start()
+  std::shared_ptr<connection_threads> threads;  // from start()
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
   // From the configuration: whether any origin may call, and the token ending a chat turn
@@ -347,7 +349,11 @@ std::string http_gateway::impl::render_metrics() {
   if (watch)
     slow = "# HELP troupe_http_slow_requests_total Connections answered 408 and closed for not sending a whole request "
            "within the read timeout\n# TYPE troupe_http_slow_requests_total counter\ntroupe_http_slow_requests_total " +
-           std::to_string(watch->timed_out()) + "\n";
+           std::to_string(watch->timed_out()) + "\n" +
+           "# HELP troupe_http_connections_shed_total Connections answered 408 and closed, while every connection "
+           "thread was busy, to make room for a new one (the connection that had waited longest for its request)\n"
+           "# TYPE troupe_http_connections_shed_total counter\ntroupe_http_connections_shed_total " +
+           std::to_string(watch->shed_count()) + "\n";
   return m->render(st) + slow + router_metrics;
 }
 
@@ -355,6 +361,8 @@ http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_confi
     : impl_(std::make_unique<impl>(sys, std::move(router), std::move(cfg))) {}
 
 http_gateway::~http_gateway() { stop(); }
+
+int32_t connection_cap(const http_config& cfg) { return std::max(cfg.max_connections, cfg.max_requests + 32); }
 
 expected<uint16_t> http_gateway::start() {
   impl* g = impl_.get();
@@ -364,9 +372,10 @@ expected<uint16_t> http_gateway::start() {
   // connection that has not sent its request yet; threads are started as connections
   // come, far beyond the admitted requests, so that a surplus request is refused at once
   // and idle connections do not crowd out working ones. A request that does not arrive
-  // whole in time is cut off by the watch (below).
-  const auto threads = static_cast<size_t>(std::max(g->cfg.max_connections, g->cfg.max_requests + 32));
-  srv.new_task_queue = [threads] { return new connection_queue(threads); };
+  // whole in time is cut off by the watch (below), and with every thread busy a newcomer
+  // takes the place of the connection that has waited longest for its request.
+  g->threads = std::make_shared<connection_threads>(static_cast<size_t>(connection_cap(g->cfg)), [g] { g->watch->shed(connection_watch::clock::now()); });
+  srv.new_task_queue = [t = g->threads] { return new connection_queue(t); };
   // (The library's own limit is on each read, and answers 400 when it passes: it stays
   // behind the watch's, which answers 408 for the whole request.)
   srv.set_read_timeout(g->cfg.read_timeout_s + 5, 0);
@@ -508,6 +517,7 @@ expected<uint16_t> http_gateway::start() {
 void http_gateway::drain() { impl_->draining = true; }
 
 void http_gateway::stop() {
+  if (impl_->threads) impl_->threads->release();
   impl_->server.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
   if (impl_->watch) impl_->watch->stop();

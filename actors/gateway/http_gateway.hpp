@@ -9,7 +9,8 @@
 // The HTTP server (cpp-httplib, from Debian: small, threaded, chunked responses for
 // SSE) serves each connection on a thread (http_connections: started as connections
 // come, up to max_connections; a connection whose request has not arrived whole within
-// read_timeout_s is answered 408 and closed); each request submits to the router actor
+// read_timeout_s is answered 408 and closed, and so is the one that has waited longest
+// for its request when every thread is busy and another connection comes); each request submits to the router actor
 // with a sink actor of its own that queues the chunks for the request's thread.
 #pragma once
 
@@ -38,6 +39,7 @@ struct http_config {
   int32_t max_requests = 64;             // in flight; more get 429
   int32_t request_timeout_s = 600;       // a request that takes longer ends with an error
   int32_t max_connections = 1024;        // served at once (a thread each); more wait their turn
+                                         // (at least max_requests + 32: see connection_cap)
   int32_t read_timeout_s = 30;           // a request (head and body) must arrive within it, or 408
   std::vector<std::string> api_keys;     // empty: no authentication
   bool prefix_cache_per_key = true;      // each key's requests in a prefix-cache namespace of their own
@@ -45,6 +47,10 @@ struct http_config {
   const tokenizer* tok = nullptr;        // token texts in log-probability listings
   std::shared_ptr<gateway_metrics> metrics;  // what /metrics counts (none: the gateway's own)
 };
+
+// The connections served at once: max_connections, and never fewer than the requests
+// admitted plus room to refuse more with a 429.
+int32_t connection_cap(const http_config& cfg);
 
 class http_gateway {
  public:

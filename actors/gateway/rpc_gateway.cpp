@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <deque>
 #include <future>
+#include <list>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -249,33 +250,71 @@ class gateway_server final : public schema::Gateway::Server {
   kj::TaskSet tasks_;
 };
 
+struct rpc_connection;
+
+// The connections a listener holds: how many, and those that have not yet asked for the
+// gateway, oldest first (the ones to close when room is needed).
+struct connection_book {
+  int32_t live = 0;
+  std::list<rpc_connection*> waiting;
+};
+
 // One client's connection: the RPC system over its stream, serving the gateway. The
 // client's bootstrap request (its first message, as every client sends it) marks it as
-// one.
+// one. It counts itself in its listener's book for as long as it lives or until it is
+// closed to make room (evict).
 struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatId> {
-  rpc_connection(kj::Own<kj::AsyncIoStream>&& s, capnp::Capability::Client gateway)
-      : stream(kj::mv(s)),
+  rpc_connection(kj::Own<kj::AsyncIoStream>&& s, capnp::Capability::Client gateway, connection_book& b)
+      : book(b),
+        stream(kj::mv(s)),
         bootstrap(kj::mv(gateway)),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, rpc_reader_options()),
-        rpc(capnp::makeRpcServer(network, *this)) {}
+        rpc(capnp::makeRpcServer(network, *this)) {
+    ++book.live;
+    place = book.waiting.insert(book.waiting.end(), this);
+  }
+  ~rpc_connection() {
+    if (waiting) book.waiting.erase(place);
+    if (counted) --book.live;
+  }
+  rpc_connection(const rpc_connection&) = delete;
+  rpc_connection& operator=(const rpc_connection&) = delete;
 
   capnp::Capability::Client createFor(capnp::rpc::twoparty::VatId::Reader) override {
-    greeted = true;
+    if (waiting) book.waiting.erase(place);
+    waiting = false;
     return bootstrap;
   }
 
+  // Closes the connection (at the event loop's next turn) and gives up its place at once.
+  void evict() {
+    if (waiting) book.waiting.erase(place);
+    waiting = false;
+    if (counted) --book.live;
+    counted = false;
+    closing.fulfiller->fulfill();
+  }
+
+  connection_book& book;
+  std::list<rpc_connection*>::iterator place;
+  bool waiting = true;  // not yet greeted
+  bool counted = true;
+  kj::PromiseFulfillerPair<void> closing = kj::newPromiseAndFulfiller<void>();
   kj::Own<kj::AsyncIoStream> stream;
   capnp::Capability::Client bootstrap;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
-  bool greeted = false;
 };
 
 // Accepts connections for as long as it lives. A failed accept (the process out of file
 // descriptors, say) is said and tried again shortly, rather than ending the listening as
-// it would by itself; connections past the limit are closed at once, and one that has not
-// asked for the gateway within the greeting time is closed. Lines about either are
-// printed at most every ten seconds.
+// it would by itself. A connection that has not asked for the gateway within the greeting
+// time is closed. When room is needed (max_connections open, or no descriptor left for
+// a waiting connection) the connection that has waited longest without asking for the
+// gateway is closed for it: a client greets in milliseconds, so that one is the likeliest
+// to be idle, and a flood of idle connections cannot hold every place until its greeting
+// time runs out. With every place held by clients that have greeted, a newcomer is
+// closed. Lines about any of this are printed at most every ten seconds, each kind.
 class rpc_listener final : kj::TaskSet::ErrorHandler {
  public:
   rpc_listener(kj::ConnectionReceiver& listener, capnp::Capability::Client gateway, kj::Timer& timer,
@@ -292,37 +331,48 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
               return accept_loop();
             },
             [this](kj::Exception&& e) {
-              note("cannot accept a connection (" + std::string(e.getDescription().cStr()) + "); trying again");
-              return timer_.afterDelay(100 * kj::MILLISECONDS).then([this] { return accept_loop(); });
+              note(accept_failed, "cannot accept a connection (" + std::string(e.getDescription().cStr()) + "); trying again");
+              // (Soon when a connection has been closed to free a descriptor.)
+              const auto delay = evict_oldest_waiting() ? 1 * kj::MILLISECONDS : 100 * kj::MILLISECONDS;
+              return timer_.afterDelay(delay).then([this] { return accept_loop(); });
             });
   }
 
  private:
   void admit(kj::Own<kj::AsyncIoStream>&& stream) {
-    if (live_ >= limits_.max_connections) {
-      note("refused a connection: " + std::to_string(live_) + " are open, the limit (max_connections)");
+    if (book_.live >= limits_.max_connections && !evict_oldest_waiting()) {
+      note(refused, "refused a connection: " + std::to_string(book_.live) +
+           " are open (max_connections), every one greeted");
       return;  // closed as it goes
     }
-    ++live_;
-    auto c = kj::heap<rpc_connection>(kj::mv(stream), gateway_);
+    auto c = kj::heap<rpc_connection>(kj::mv(stream), gateway_, book_);
     rpc_connection& conn = *c;
     auto greeting = timer_.afterDelay(limits_.greeting_timeout_s * kj::SECONDS).then([&conn]() -> kj::Promise<void> {
-      if (conn.greeted) return kj::NEVER_DONE;
+      if (!conn.waiting) return kj::NEVER_DONE;
       return kj::READY_NOW;
     });
-    tasks_.add(conn.network.onDisconnect()
-                   .exclusiveJoin(kj::mv(greeting))
-                   .attach(kj::mv(c), kj::defer([this] { --live_; })));
+    auto closing = kj::mv(conn.closing.promise);
+    tasks_.add(conn.network.onDisconnect().exclusiveJoin(kj::mv(greeting)).exclusiveJoin(kj::mv(closing)).attach(kj::mv(c)));
   }
 
-  void note(const std::string& what) {
-    ++unreported_;
+  bool evict_oldest_waiting() {
+    if (book_.waiting.empty()) return false;
+    book_.waiting.front()->evict();
+    note(made_room, "closed the connection that had waited longest without asking for the gateway, to make room");
+    return true;
+  }
+
+  // Each kind of line on its own clock, so that a stream of one does not hide another.
+  enum note_kind { accept_failed, refused, made_room, note_kinds };
+  void note(note_kind kind, const std::string& what) {
+    uint64_t& unreported = unreported_[kind];
+    ++unreported;
     const auto now = std::chrono::steady_clock::now();
-    if (now - last_report_ < std::chrono::seconds(10)) return;
-    const std::string more = unreported_ > 1 ? " (" + std::to_string(unreported_ - 1) + " more since the last line)" : "";
+    if (now - last_report_[kind] < std::chrono::seconds(10)) return;
+    const std::string more = unreported > 1 ? " (" + std::to_string(unreported - 1) + " more since the last line)" : "";
     std::fprintf(stderr, "troupe-capnp: %s%s\n", what.c_str(), more.c_str());
-    unreported_ = 0;
-    last_report_ = now;
+    unreported = 0;
+    last_report_[kind] = now;
   }
 
   void taskFailed(kj::Exception&&) override {}  // a client that went away
@@ -331,9 +381,9 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
   capnp::Capability::Client gateway_;
   kj::Timer& timer_;
   const rpc_limits limits_;
-  int32_t live_ = 0;
-  uint64_t unreported_ = 0;
-  std::chrono::steady_clock::time_point last_report_{};
+  connection_book book_;
+  uint64_t unreported_[note_kinds] = {};
+  std::chrono::steady_clock::time_point last_report_[note_kinds] = {};
   kj::TaskSet tasks_;  // last: its connections go first
 };
 

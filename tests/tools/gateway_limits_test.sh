@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A real troupe-node on 127.0.0.1 against clients that hold connections without using
 # them, more of them than [gateway] max_connections and than the file descriptors the
-# process may open (its limit set to 160 once it runs): both endpoints go on serving a
-# working client, idle connections are closed after read_timeout_s (2 s here), and the
-# Cap'n Proto endpoint keeps listening after running out of descriptors; and a client that
+# process may open (its limit lowered once it runs): both endpoints go on serving a
+# working client while the idle ones are still there (the idle connection waiting longest
+# makes room), idle connections are closed after read_timeout_s (6 s here), and the Cap'n
+# Proto endpoint keeps listening after running out of descriptors; and a client that
 # leaves before its whole answer has its request cancelled, and a request is cancelled only
 # with the key that made it. Bounded in time; the nodes are always stopped.
 # Usage: gateway_limits_test.sh BUILD_DIR SOURCE_DIR
@@ -13,34 +14,55 @@ build=$1 src=$2
 scratch
 
 single_topology "$src" "$work"
-sed -i 's|^capnp = .*|&\nmax_connections = 60\nread_timeout_s = 2|' "$work/t.toml"
+sed -i 's|^capnp = .*|&\nmax_connections = 60\nread_timeout_s = 6|' "$work/t.toml"
+printf '[scheduler]\nmax_running = 4\n' >>"$work/t.toml"  # so that HTTP serves 60 at once too
 start_node "$work/t.toml" "$work"
 node=$(pgrep -P "$node_pid" troupe-node)
-prlimit --pid "$node" --nofile=160:160 || fail "cannot lower the node's descriptor limit"
 capnp_ep=${capnp_url#capnp://}
 client() { timeout 20 "$build/tools/troupe-client" --connect "$capnp_ep" "$@"; }
 
-# 250 idle connections to each endpoint, held open while a working client is served on
-# each; then every idle one must have been closed by the node, the Cap'n Proto ones
-# without a word (past the limit, or not greeting in time), the HTTP ones with a 408.
-python3 - "$capnp_ep" "${http_url#http://}" "$build/tools/troupe-client" >"$work/flood" 2>&1 <<'PY' ||
+# flood N_CAPNP N_HTTP: that many idle connections to each endpoint (the HTTP ones with
+# half a request), then a working client on each endpoint that has any, served while idle
+# ones are still held (not only once they have timed out); then every idle one must be
+# closed by the node, the Cap'n Proto ones without a word (to make room, or not greeting
+# in time), the HTTP ones with a 408.
+cat >"$work/flood.py" <<'PY'
 import socket, subprocess, sys, time
 def addr(text):
     host, port = text.rsplit(":", 1)
     return host, int(port)
 capnp, http, client = addr(sys.argv[1]), addr(sys.argv[2]), sys.argv[3]
+n_capnp, n_http = int(sys.argv[4]), int(sys.argv[5])
+def held(socks):
+    n = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            n += s.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            n += 1
+        except OSError:
+            pass
+        s.setblocking(True)
+    return n
 t0 = time.time()
-idle = [socket.create_connection(capnp, timeout=10) for _ in range(250)]
-half = [socket.create_connection(http, timeout=10) for _ in range(250)]
+idle = [socket.create_connection(capnp, timeout=10) for _ in range(n_capnp)]
+half = [socket.create_connection(http, timeout=10) for _ in range(n_http)]
 for s in half:
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
-r = subprocess.run(["timeout", "20", client, "--connect", sys.argv[1], "-p", "Once", "-n", "5"], capture_output=True, text=True)
-if r.returncode != 0 or not r.stdout.startswith("Once"):
-    sys.exit(f"a Cap'n Proto client beside 250 idle connections: rc {r.returncode}: {r.stdout} {r.stderr}")
-r = subprocess.run(["curl", "-s", "-m", "20", "-o", "/dev/null", "-w", "%{http_code}", f"http://{sys.argv[2]}/health"],
-                   capture_output=True, text=True)
-if r.stdout != "200":
-    sys.exit(f"an HTTP client beside 250 half requests got {r.stdout or 'no answer'}")
+if idle:
+    r = subprocess.run(["timeout", "20", client, "--connect", sys.argv[1], "-p", "Once", "-n", "5"], capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.startswith("Once"):
+        sys.exit(f"a Cap'n Proto client beside {n_capnp} idle connections: rc {r.returncode}: {r.stdout} {r.stderr}")
+    if held(idle) == 0:
+        sys.exit("the Cap'n Proto client was served only once every idle connection had been closed")
+if half:
+    r = subprocess.run(["curl", "-s", "-m", "20", "-o", "/dev/null", "-w", "%{http_code}", f"http://{sys.argv[2]}/health"],
+                       capture_output=True, text=True)
+    if r.stdout != "200":
+        sys.exit(f"an HTTP client beside {n_http} half requests got {r.stdout or 'no answer'}")
+    if held(half) == 0:
+        sys.exit("the HTTP client was served only once every half request had been closed")
 for s in idle:
     s.settimeout(15)
     try:
@@ -56,8 +78,21 @@ for s in half:
         sys.exit(f"a half HTTP request got {got[:40]!r}")
 print(f"all closed after {time.time() - t0:.1f} s")
 PY
-  fail "flood: $(cat "$work/flood")"
-grep -q 'troupe-capnp: ' "$work/node.err" || fail "the node did not say why it closed Cap'n Proto connections"
+flood() { python3 "$work/flood.py" "$capnp_ep" "${http_url#http://}" "$build/tools/troupe-client" "$@" >"$work/flood" 2>&1; }
+
+# More idle connections than max_connections (60 on each endpoint).
+flood 250 250 || fail "flood: $(cat "$work/flood")"
+grep -q 'troupe-capnp: closed the connection that had waited longest' "$work/node.err" ||
+  fail "the node did not say why it closed Cap'n Proto connections"
+metrics=$(curl -s -m 10 "$http_url/metrics")
+grep -Eq '^troupe_http_connections_shed_total [1-9]' <<<"$metrics" || fail "no HTTP connection counted as shed"
+
+# Out of descriptors: the process may open a dozen more than it has open. The Cap'n Proto
+# endpoint goes on listening, closing idle connections to take the next.
+open_now=$(ls "/proc/$node/fd" | wc -l)
+prlimit --pid "$node" --nofile=$((open_now + 12)):$((open_now + 12)) || fail "cannot lower the node's descriptor limit"
+flood 80 0 || fail "flood at the descriptor limit: $(cat "$work/flood")"
+grep -q 'troupe-capnp: cannot accept a connection' "$work/node.err" || fail "the node never ran out of descriptors"
 
 # Afterwards both endpoints serve as before.
 out=$(client -p "Once upon a time" -n 8 2>&1) || fail "Cap'n Proto after the flood: $out"

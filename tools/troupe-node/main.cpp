@@ -131,18 +131,27 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // Requests in flight each endpoint admits (more are refused at once).
+  const int32_t max_requests = std::max(1, topo->max_running * 4);
+
   // Every client connection holds a descriptor: the soft limit on them goes up to the
   // hard one (often 1024 of 500,000 or more), and a gateway says when even that leaves
-  // less room than its endpoints' max_connections.
+  // less room than its endpoints may hold at once. (Short of that, endpoints out of
+  // descriptors take them from each other as they are freed, and a flood on one can keep
+  // the other's clients waiting until its idle connections time out.)
   if (node_name == topo->gateway_node) {
     const int64_t room = raise_open_file_limit() - 256;  // the node's own files and peers
-    const int64_t wanted = int64_t{topo->max_connections} * (serve_http ? 2 : 1);
+    http_config caps;
+    caps.max_connections = topo->max_connections;
+    caps.max_requests = max_requests;
+    const int64_t wanted = int64_t{topo->max_connections} + (serve_http ? connection_cap(caps) : 0);
     if (room < wanted)
       std::fprintf(stderr,
                    "troupe-node %s: the open-file limit (ulimit -n) leaves room for about %lld client connections, "
-                   "fewer than max_connections (%d) on %s; raise the hard limit or lower max_connections in [gateway]\n",
-                   node_name.c_str(), static_cast<long long>(std::max<int64_t>(room, 0)), topo->max_connections,
-                   serve_http ? "each of two endpoints" : "the endpoint");
+                   "fewer than the %lld the gateway's endpoints may hold at once (max_connections %d%s); raise the "
+                   "hard limit or lower max_connections in [gateway]\n",
+                   node_name.c_str(), static_cast<long long>(std::max<int64_t>(room, 0)), static_cast<long long>(wanted),
+                   topo->max_connections, serve_http ? " on each of two endpoints" : "");
   }
 
   // Block the stop signals before any thread starts, so only the wait below sees them.
@@ -289,8 +298,6 @@ int main(int argc, char** argv) {
     sigwait(&stop_signals, &sig);
     std::fprintf(stderr, "troupe-node %s: stopping (signal %d)\n", node_name.c_str(), sig);
   } else {
-    // Requests in flight each endpoint admits (more are refused at once).
-    const int32_t max_requests = std::max(1, topo->max_running * 4);
     // Both APIs' requests counted together, for /metrics.
     auto metrics = std::make_shared<gateway_metrics>();
     rpc_gateway gateway(sys, router, api_keys, metrics);

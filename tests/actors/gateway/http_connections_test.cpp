@@ -119,28 +119,37 @@ TEST_CASE("connection threads: as many connections at once as the cap allows, ea
   CHECK(g.started == jobs);
 }
 
-TEST_CASE("connection threads: past the cap a connection waits for a thread, and none is lost") {
-  connection_threads pool(3);
+TEST_CASE("connection threads: past the cap a connection waits for a thread while room is asked for, and none is lost") {
+  std::atomic<int> asked{0};
+  connection_threads pool(3, [&] { ++asked; });
   gate g;
   std::atomic<int> done{0};
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < 3; ++i)
     pool.enqueue([&] {
       g.enter();
       ++done;
     });
   REQUIRE(g.wait_started(3));
-  {
-    std::lock_guard<std::mutex> lock(g.mu);
-    CHECK(g.started == 3);  // the other two wait: three threads, each busy
-  }
+  CHECK(asked == 0);
+  // A fourth waits in enqueue (as the listening thread would) and asks for room.
+  std::atomic<bool> queued{false};
+  std::thread listener([&] {
+    pool.enqueue([&] { ++done; });
+    queued = true;
+  });
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (asked == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  CHECK(asked >= 1);
+  CHECK_FALSE(queued);  // every thread is busy until the gate opens
   CHECK(pool.threads() == 3);
   g.release();
+  listener.join();
   pool.shutdown();
-  CHECK(done == 5);
+  CHECK(done == 4);
 }
 
 TEST_CASE("connection threads: idle threads end, down to the number kept") {
-  connection_threads pool(16, 20ms, 2);
+  connection_threads pool(16, {}, 20ms, 2);
   gate g;
   for (int i = 0; i < 8; ++i) pool.enqueue([&] { g.enter(); });
   REQUIRE(g.wait_started(8));
@@ -156,11 +165,12 @@ TEST_CASE("connection threads: idle threads end, down to the number kept") {
   CHECK(ran);
 }
 
-TEST_CASE("connection threads: shutdown runs what is queued first") {
+TEST_CASE("connection threads: released, enqueue queues past the cap, and shutdown runs what is queued first") {
   connection_threads pool(1);
   gate g;
   std::atomic<int> after{0};
   pool.enqueue([&] { g.enter(); });
+  pool.release();
   for (int i = 0; i < 4; ++i) pool.enqueue([&] { ++after; });
   REQUIRE(g.wait_started(1));
   std::thread stopper([&] { pool.shutdown(); });
@@ -236,4 +246,30 @@ TEST_CASE("connection watch: a served connection whose client has closed it is n
   // The next request on a connection starts afresh.
   watch.answered("127.0.0.1", left.client_port);
   CHECK_FALSE(watch.gone("127.0.0.1", left.client_port));
+}
+
+TEST_CASE("connection watch: making room shuts the connection waiting longest for its request, never a served one") {
+  listener l;
+  connection_watch watch(l.port, 10s);
+  const auto t0 = connection_watch::clock::now();
+  connection oldest(l), served(l);
+  watch.sweep(t0);
+  watch.arrived("127.0.0.1", served.client_port);
+  connection later(l);
+  watch.sweep(t0 + 10ms);
+  connection newcomer(l);
+  CHECK(watch.shed(t0 + 20ms));  // the newcomer is first seen now: spared
+  CHECK(oldest.server_shut());
+  CHECK(oldest.client_reads().rfind("HTTP/1.1 408 Request Timeout\r\n", 0) == 0);
+  CHECK_FALSE(later.server_shut());
+  CHECK_FALSE(newcomer.server_shut());
+  CHECK(watch.shed(t0 + 30ms));
+  CHECK(later.server_shut());
+  CHECK_FALSE(newcomer.server_shut());
+  CHECK(watch.shed(t0 + 40ms));
+  CHECK(newcomer.server_shut());
+  CHECK_FALSE(watch.shed(t0 + 50ms));  // only the served one is left
+  CHECK_FALSE(served.server_shut());
+  CHECK(watch.shed_count() == 3);
+  CHECK(watch.timed_out() == 0);
 }
