@@ -193,12 +193,27 @@ void connection_watch::answered(const std::string& addr, int port) {
   p.since = clock::now() + keep_alive_;
 }
 
+namespace {
+
+// What a connection whose request did not arrive in time is told.
+const std::string& late_answer() {
+  static const std::string a = [] {
+    const std::string body =
+        R"({"error":{"message":"the request did not arrive in time","type":"invalid_request_error","param":null,"code":"timeout"}})";
+    return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  return a;
+}
+
+}  // namespace
+
 int connection_watch::sweep(clock::time_point now) {
   std::lock_guard<std::mutex> scanning(scan_mu_);
   if (!dir_ || spare_fd_ < 0) return 0;
   const look_result seen = look(now);
   std::string first;
-  const int closed = cut_off(seen.late, first);
+  const int closed = cut_off(seen.late, late_answer(), first);
   timed_out_ += static_cast<uint64_t>(closed);
   unreported_ += static_cast<uint64_t>(closed);
   // A served connection the client has closed reads as its end (a peek finds no byte and
@@ -221,11 +236,20 @@ bool connection_watch::shed(clock::time_point now) {
   std::lock_guard<std::mutex> scanning(scan_mu_);
   if (!dir_ || spare_fd_ < 0) return false;
   std::string first;
-  const int closed = cut_off(look(now).oldest, first);
+  const int closed = cut_off(look(now).oldest, late_answer(), first);
   shed_ += static_cast<uint64_t>(closed);
   unreported_shed_ += static_cast<uint64_t>(closed);
   report(now, first);
   return closed > 0;
+}
+
+int connection_watch::close_waiting() {
+  std::lock_guard<std::mutex> scanning(scan_mu_);
+  if (!dir_ || spare_fd_ < 0) return 0;
+  // (Closed without an answer, as a server closes an idle connection: a client retries
+  // a request on a connection closed before any answer to it.)
+  std::string first;
+  return cut_off(look(clock::now()).waiting, "", first);
 }
 
 connection_watch::look_result connection_watch::look(clock::time_point now) {
@@ -262,6 +286,7 @@ connection_watch::look_result connection_watch::look(clock::time_point now) {
     live.insert(s.peer);
     const peer_state& p = peers_.try_emplace(s.peer, peer_state{false, false, now}).first->second;
     if (!p.arrived && now - p.since > deadline_) r.late.emplace_back(static_cast<int>(fd), s);
+    if (!p.arrived) r.waiting.emplace_back(static_cast<int>(fd), s);
     if (!p.arrived && !first_seen && p.since < oldest_since) {
       oldest_since = p.since;
       r.oldest.assign(1, {static_cast<int>(fd), s});
@@ -273,18 +298,12 @@ connection_watch::look_result connection_watch::look(clock::time_point now) {
   return r;
 }
 
-int connection_watch::cut_off(const found& which, std::string& first) {
+int connection_watch::cut_off(const found& which, const std::string& answer, std::string& first) {
   // Each connection through a duplicate of its descriptor (made in the spare descriptor,
   // so that none more is needed), checked to be the same socket: the server's thread may
   // close the original meanwhile and the number be reused, but the duplicate holds on to
   // the socket it was made from.
   int closed = 0;
-  static const std::string answer = [] {
-    const std::string body =
-        R"({"error":{"message":"the request did not arrive in time","type":"invalid_request_error","param":null,"code":"timeout"}})";
-    return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\n\r\n" + body;
-  }();
   for (const auto& [fd, seen] : which) {
     if (dup2(fd, spare_fd_) < 0) continue;
     struct stat st {};
@@ -293,7 +312,7 @@ int connection_watch::cut_off(const found& which, std::string& first) {
     std::lock_guard<std::mutex> lock(mu_);
     const auto p = peers_.find(seen.peer);
     if (fstat(spare_fd_, &st) == 0 && st.st_ino == seen.inode && p != peers_.end() && !p->second.arrived) {
-      (void)send(spare_fd_, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (!answer.empty()) (void)send(spare_fd_, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       ::shutdown(spare_fd_, SHUT_RDWR);
       ++closed;
       if (first.empty()) first = seen.peer;

@@ -118,6 +118,11 @@ class connection_watch {
   // for). Returns whether there was one.
   bool shed(clock::time_point now);
 
+  // Shuts down, without an answer, every connection whose request has not arrived: the
+  // server is stopping, and their threads end now rather than at the deadline. Returns
+  // how many.
+  int close_waiting();
+
   uint64_t timed_out() const { return timed_out_.load(); }
   uint64_t shed_count() const { return shed_.load(); }
   std::chrono::milliseconds deadline() const { return deadline_; }
@@ -136,12 +141,13 @@ class connection_watch {
   };
   using found = std::vector<std::pair<int, socket_seen>>;  // by descriptor
   struct look_result {
-    found late, served;
+    found late, served, waiting;  // waiting: every one whose request has not arrived
     found oldest;  // the connection waiting longest for its request, if any
   };
 
   look_result look(clock::time_point now);  // with scan_mu_ held
-  int cut_off(const found& which, std::string& first);  // 408 and shutdown; with scan_mu_ held
+  // Sends `answer` (if any) to each and shuts it down; with scan_mu_ held.
+  int cut_off(const found& which, const std::string& answer, std::string& first);
   void report(clock::time_point now, const std::string& first);  // with scan_mu_ held
 
   const uint16_t port_;

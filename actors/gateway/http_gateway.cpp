@@ -519,6 +519,9 @@ void http_gateway::drain() { impl_->draining = true; }
 void http_gateway::stop() {
   if (impl_->threads) impl_->threads->release();
   impl_->server.stop();
+  // Connections waiting for a request would hold their threads, and the stop, until their
+  // deadline: they are closed now.
+  if (impl_->watch) impl_->watch->close_waiting();
   if (impl_->thread.joinable()) impl_->thread.join();
   if (impl_->watch) impl_->watch->stop();
 }

@@ -100,6 +100,25 @@ out=$(client -p "Once upon a time" -n 8 2>&1) || fail "Cap'n Proto after the flo
 code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$http_url/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":4}')
 [[ $code == 200 ]] || fail "HTTP after the flood: $code"
 kill -0 "$node" || fail "the node died"
+
+# Stopping is not held up by connections waiting for their request (each would hold its
+# thread, and the stop, until read_timeout_s).
+python3 - "${http_url#http://}" >"$work/holder" 2>&1 <<'PY' &
+import socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+half = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
+for s in half:
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+print("holding", flush=True)
+time.sleep(30)
+PY
+holder=$!
+others+=("$holder")
+for _ in $(seq 1 100); do grep -q holding "$work/holder" && break; sleep 0.1; done
+kill -TERM "$node"
+for _ in $(seq 1 40); do kill -0 "$node" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$node" 2>/dev/null && fail "the node was still stopping 4 s later, with connections waiting for their request"
+kill "$holder" 2>/dev/null || true
 stop_tree "$node_pid"
 node_pid=
 

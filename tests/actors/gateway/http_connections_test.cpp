@@ -273,3 +273,18 @@ TEST_CASE("connection watch: making room shuts the connection waiting longest fo
   CHECK(watch.shed_count() == 3);
   CHECK(watch.timed_out() == 0);
 }
+
+TEST_CASE("connection watch: at a stop, connections waiting for their request are closed without an answer") {
+  listener l;
+  connection waiting(l), served(l);
+  connection_watch watch(l.port, 10s);
+  watch.sweep(connection_watch::clock::now());
+  watch.arrived("127.0.0.1", served.client_port);
+  connection newcomer(l);  // not yet seen by the watch
+  CHECK(watch.close_waiting() == 2);
+  CHECK(waiting.server_shut());
+  CHECK(newcomer.server_shut());
+  CHECK(waiting.client_reads().empty());
+  CHECK_FALSE(served.server_shut());
+  CHECK(watch.timed_out() == 0);
+}
