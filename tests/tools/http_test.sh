@@ -241,8 +241,11 @@ expect 400 "'min_p' must be in" "min_p above 1" "$(post /v1/completions '{"model
 # message it has no handler for (as CAF does, on stdout).
 long='{"model":"stories260K","prompt":"Once","max_tokens":450,"temperature":1,"ignore_eos":true,"stream":true}'
 timeout 30 curl -sN "${auth[@]}" "$base/v1/completions" -d "$long" | head -c 1 >/dev/null || true
-sleep 0.3
-curl -s "${auth[@]}" "$base/metrics" >"$work/metrics"
+for _ in $(seq 1 50); do
+  curl -s "${auth[@]}" "$base/metrics" >"$work/metrics"
+  grep -q '^troupe_requests_total{outcome="cancelled"} [1-9]' "$work/metrics" && break
+  sleep 0.1
+done
 grep -q '^troupe_requests_total{outcome="cancelled"} [1-9]' "$work/metrics" || fail "the disconnected stream was not cancelled"
 if grep -q 'unexpected message' "$work/node.out" "$work/node.err"; then
   fail "the node printed: $(grep -h -m1 'unexpected message' "$work/node.out" "$work/node.err")"

@@ -52,9 +52,10 @@ grep -q "overlaps" <<<"$out" || { echo "no reason given: $out"; exit 1; }
 # leaves nothing running.
 port1=$(sed -n '/^name *= *"n1"/,/^$/ s/^port *= *\([0-9]*\)/\1/p' "$topo")
 python3 -c 'import socket, sys, time
-s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1); time.sleep(60)' "$port1" &
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1); print("bound", flush=True); time.sleep(60)' \
+  "$port1" >"$state/squatter" &
 squatter=$!
-sleep 0.5
+for _ in $(seq 1 100); do grep -q bound "$state/squatter" && break; sleep 0.1; done
 started=$SECONDS
 if out=$(launch up "$topo" --capnp 127.0.0.1:0 2>&1); then kill "$squatter"; echo "up succeeded without node n1"; exit 1; fi
 kill "$squatter"
@@ -74,6 +75,6 @@ rc=0
 wait "$up_pid" || rc=$?
 grep -q "interrupted (signal 2); stopping the nodes it started" "$state/up.out" || { echo "interrupted up: $(cat "$state/up.out")"; exit 1; }
 [[ $rc != 0 ]] || { echo "an interrupted up exited 0"; exit 1; }
-sleep 0.5
+for _ in $(seq 1 50); do pgrep -f "$state/node.sh|sleep 60|troupe-node $topo" >/dev/null || break; sleep 0.1; done
 if pgrep -f "$state/node.sh|sleep 60|troupe-node $topo" >/dev/null; then echo "left running: $(pgrep -af "$state/node.sh|sleep 60|troupe-node $topo")"; exit 1; fi
 echo "launcher: up, status, SIGSTOP seen, down, bad topology refused, a node that cannot start reported, an interrupted up cleaned up"
