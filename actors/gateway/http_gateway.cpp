@@ -491,6 +491,8 @@ expected<uint16_t> http_gateway::start() {
       return g->completions(q, r, q.path == "/v1/chat/completions");
     }
     std::string msg = r.status == 413 ? "the request body is too large" : r.status == 404 ? "no such route" : "bad request";
+    // (The library fills in the peer only once it has read a request's head.)
+    if (r.status == 400 && q.remote_addr.empty()) msg = "the request's head is not HTTP/1.1 (a request line, then headers)";
     // A route asked with the wrong method: 405, and the method it takes.
     if (r.status == 404 && !method.empty() && q.method != method) {
       r.status = 405;

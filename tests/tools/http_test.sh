@@ -223,6 +223,15 @@ code=$(post /v1/completions "$(head -c 100000 /dev/zero | tr '\0' '[')x")
 expect 400 'not valid JSON' "deeply nested garbage" "$code"
 (($(wc -c <"$work/body") < 1000)) || fail "a JSON parse error echoed $(wc -c <"$work/body") bytes of the body"
 expect 404 'no such route' "unknown route" "$(post /v1/nothing '{}')"
+# What is not HTTP at all is told so.
+python3 - "${base#http://}" >"$work/body" <<'PY'
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=10)
+s.sendall(b"HELLO\r\n\r\n")
+print(s.recv(4096).decode(errors="replace"))
+PY
+grep -q '^HTTP/1.1 400' "$work/body" && grep -q 'is not HTTP/1.1' "$work/body" || fail "not HTTP: $(cat "$work/body")"
 # Fields this server does not implement are refused, not ignored; their neutral values pass.
 expect 400 "'echo' other than false" "echo" "$(post /v1/completions '{"model":"stories260K","prompt":"a","echo":true}')"
 expect 400 "'logit_bias' with entries" "logit_bias" "$(post /v1/completions '{"model":"stories260K","prompt":"a","logit_bias":{"5":100}}')"
