@@ -87,6 +87,15 @@ std::string gateway_metrics::render(const router_stats& st) const {
   out += "# HELP troupe_kv_blocks KV blocks by state.\n# TYPE troupe_kv_blocks gauge\n";
   out += "troupe_kv_blocks{state=\"used\"} " + std::to_string(st.kv_used) + "\n";
   out += "troupe_kv_blocks{state=\"free\"} " + std::to_string(st.kv_free) + "\n";
+  out += "# HELP troupe_connections_open Client connections each API holds (HTTP: those on a connection thread).\n"
+         "# TYPE troupe_connections_open gauge\n";
+  out += "troupe_connections_open{api=\"http\"} " + std::to_string(connections_open(api::http)) + "\n";
+  out += "troupe_connections_open{api=\"capnp\"} " + std::to_string(connections_open(api::capnp)) + "\n";
+  out += "# HELP troupe_connections_shed_total Client connections closed to make room for a newcomer (the endpoint at "
+         "max_connections or out of descriptors): each the one that had waited longest for its request.\n"
+         "# TYPE troupe_connections_shed_total counter\n";
+  out += "troupe_connections_shed_total{api=\"http\"} " + std::to_string(connections_shed(api::http)) + "\n";
+  out += "troupe_connections_shed_total{api=\"capnp\"} " + std::to_string(connections_shed(api::capnp)) + "\n";
   ttft_.write(out, "troupe_time_to_first_token_seconds", "Time from request to first token.");
   tpot_.write(out, "troupe_time_per_output_token_seconds", "Mean time per token after the first, per request.");
   itl_.write(out, "troupe_inter_token_latency_seconds", "Gaps between streamed chunks.");

@@ -1,10 +1,12 @@
 // gateway_metrics: what the gateways count for /metrics (Prometheus text format):
 // completion requests by outcome, prompt and generated tokens, and histograms of time to
 // first token, time per output token, inter-token gaps and request latency, over the HTTP
-// and the Cap'n Proto APIs together (one object, shared). Safe to call from every HTTP
+// and the Cap'n Proto APIs together (one object, shared); and each API's client
+// connections: open now, and closed to make room for others. Safe to call from every HTTP
 // worker and the RPC thread at once.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -50,6 +52,15 @@ class gateway_metrics {
   // A request that ran, ending now: time to first token and time per output token when it
   // produced tokens, and its whole time.
   void finished(const std::string& outcome, uint32_t prompt_tokens, uint32_t output_tokens, const request_times& t);
+  // A client connection of an API opened, closed, or closed to make room for a newcomer
+  // (counted as closed too).
+  enum class api { http, capnp };
+  void connection_opened(api a) { connections_[index(a)].open.fetch_add(1, std::memory_order_relaxed); }
+  void connection_closed(api a) { connections_[index(a)].open.fetch_sub(1, std::memory_order_relaxed); }
+  void connection_shed(api a) { connections_[index(a)].shed.fetch_add(1, std::memory_order_relaxed); }
+  int64_t connections_open(api a) const { return connections_[index(a)].open.load(); }
+  uint64_t connections_shed(api a) const { return connections_[index(a)].shed.load(); }
+
   // Everything, with the router's running, waiting and KV figures.
   std::string render(const router_stats& st) const;
 
@@ -58,6 +69,12 @@ class gateway_metrics {
   std::map<std::string, uint64_t> outcomes_;
   uint64_t tokens_in_ = 0, tokens_out_ = 0;
   histogram ttft_, tpot_, itl_, e2e_;
+  struct connection_counts {
+    std::atomic<int64_t> open{0};
+    std::atomic<uint64_t> shed{0};
+  };
+  static size_t index(api a) { return a == api::http ? 0 : 1; }
+  connection_counts connections_[2];
 };
 
 }  // namespace troupe

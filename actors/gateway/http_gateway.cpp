@@ -96,10 +96,18 @@ struct http_server final : httplib::Server {
 // The connection threads as the HTTP library's task queue (the gateway holds them too,
 // to release a listening thread waiting for one when it stops).
 struct connection_queue final : httplib::TaskQueue {
-  explicit connection_queue(std::shared_ptr<connection_threads> t) : threads(std::move(t)) {}
-  void enqueue(std::function<void()> fn) override { threads->enqueue(std::move(fn)); }
+  connection_queue(std::shared_ptr<connection_threads> t, std::shared_ptr<gateway_metrics> m)
+      : threads(std::move(t)), metrics(std::move(m)) {}
+  void enqueue(std::function<void()> fn) override {
+    threads->enqueue([fn = std::move(fn), m = metrics] {
+      m->connection_opened(gateway_metrics::api::http);
+      fn();
+      m->connection_closed(gateway_metrics::api::http);
+    });
+  }
   void shutdown() override { threads->shutdown(); }
   std::shared_ptr<connection_threads> threads;
+  std::shared_ptr<gateway_metrics> metrics;
 };
 
 }  // namespace
@@ -349,11 +357,7 @@ std::string http_gateway::impl::render_metrics() {
   if (watch)
     slow = "# HELP troupe_http_slow_requests_total Connections answered 408 and closed for not sending a whole request "
            "within the read timeout\n# TYPE troupe_http_slow_requests_total counter\ntroupe_http_slow_requests_total " +
-           std::to_string(watch->timed_out()) + "\n" +
-           "# HELP troupe_http_connections_shed_total Connections answered 408 and closed, while every connection "
-           "thread was busy, to make room for a new one (the connection that had waited longest for its request)\n"
-           "# TYPE troupe_http_connections_shed_total counter\ntroupe_http_connections_shed_total " +
-           std::to_string(watch->shed_count()) + "\n";
+           std::to_string(watch->timed_out()) + "\n";
   return m->render(st) + slow + router_metrics;
 }
 
@@ -374,8 +378,10 @@ expected<uint16_t> http_gateway::start() {
   // and idle connections do not crowd out working ones. A request that does not arrive
   // whole in time is cut off by the watch (below), and with every thread busy a newcomer
   // takes the place of the connection that has waited longest for its request.
-  g->threads = std::make_shared<connection_threads>(static_cast<size_t>(connection_cap(g->cfg)), [g] { g->watch->shed(connection_watch::clock::now()); });
-  srv.new_task_queue = [t = g->threads] { return new connection_queue(t); };
+  g->threads = std::make_shared<connection_threads>(static_cast<size_t>(connection_cap(g->cfg)), [g] {
+    if (g->watch->shed(connection_watch::clock::now())) g->m->connection_shed(gateway_metrics::api::http);
+  });
+  srv.new_task_queue = [t = g->threads, m = g->m] { return new connection_queue(t, m); };
   // (The library's own limit is on each read, and answers 400 when it passes: it stays
   // behind the watch's, which answers 408 for the whole request.)
   srv.set_read_timeout(g->cfg.read_timeout_s + 5, 0);

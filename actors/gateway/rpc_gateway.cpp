@@ -257,6 +257,7 @@ struct rpc_connection;
 struct connection_book {
   int32_t live = 0;
   std::list<rpc_connection*> waiting;
+  gateway_metrics& metrics;
 };
 
 // One client's connection: the RPC system over its stream, serving the gateway. The
@@ -271,11 +272,12 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
         network(*stream, capnp::rpc::twoparty::Side::SERVER, rpc_reader_options()),
         rpc(capnp::makeRpcServer(network, *this)) {
     ++book.live;
+    book.metrics.connection_opened(gateway_metrics::api::capnp);
     place = book.waiting.insert(book.waiting.end(), this);
   }
   ~rpc_connection() {
     if (waiting) book.waiting.erase(place);
-    if (counted) --book.live;
+    uncount();
   }
   rpc_connection(const rpc_connection&) = delete;
   rpc_connection& operator=(const rpc_connection&) = delete;
@@ -290,9 +292,15 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
   void evict() {
     if (waiting) book.waiting.erase(place);
     waiting = false;
-    if (counted) --book.live;
-    counted = false;
+    uncount();
+    book.metrics.connection_shed(gateway_metrics::api::capnp);
     closing.fulfiller->fulfill();
+  }
+  void uncount() {
+    if (!counted) return;
+    --book.live;
+    book.metrics.connection_closed(gateway_metrics::api::capnp);
+    counted = false;
   }
 
   connection_book& book;
@@ -318,8 +326,13 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
 class rpc_listener final : kj::TaskSet::ErrorHandler {
  public:
   rpc_listener(kj::ConnectionReceiver& listener, capnp::Capability::Client gateway, kj::Timer& timer,
-               const rpc_limits& limits)
-      : listener_(listener), gateway_(kj::mv(gateway)), timer_(timer), limits_(limits), tasks_(*this) {}
+               const rpc_limits& limits, gateway_metrics& metrics)
+      : listener_(listener),
+        gateway_(kj::mv(gateway)),
+        timer_(timer),
+        limits_(limits),
+        book_{0, {}, metrics},
+        tasks_(*this) {}
 
   kj::Promise<void> accept_loop() {
     // (The library may throw at once, when a connection is waiting but no descriptor is
@@ -414,7 +427,7 @@ expected<uint16_t> rpc_gateway::start(const std::string& host, uint16_t port, rp
       auto address = io.provider->getNetwork().parseAddress(host, port).wait(ws);
       auto receiver = address->listen();
       const auto bound = static_cast<uint16_t>(receiver->getPort());
-      rpc_listener listener(*receiver, gateway, io.provider->getTimer(), limits);
+      rpc_listener listener(*receiver, gateway, io.provider->getTimer(), limits, *g->metrics);
       auto accepting = listener.accept_loop().eagerlyEvaluate([](kj::Exception&&) {});
       auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
       {

@@ -85,7 +85,11 @@ flood 250 250 || fail "flood: $(cat "$work/flood")"
 grep -q 'troupe-capnp: closed the connection that had waited longest' "$work/node.err" ||
   fail "the node did not say why it closed Cap'n Proto connections"
 metrics=$(curl -s -m 10 "$http_url/metrics")
-grep -Eq '^troupe_http_connections_shed_total [1-9]' <<<"$metrics" || fail "no HTTP connection counted as shed"
+for api in http capnp; do
+  grep -Eq "^troupe_connections_shed_total\{api=\"$api\"\} [1-9]" <<<"$metrics" || fail "no $api connection counted as shed"
+done
+grep -q '^troupe_connections_open{api="capnp"} 0$' <<<"$metrics" ||
+  fail "Cap'n Proto connections still counted open: $(grep troupe_connections_open <<<"$metrics")"
 
 # Out of descriptors: the process may open a dozen more than it has open. The Cap'n Proto
 # endpoint goes on listening, closing idle connections to take the next.
