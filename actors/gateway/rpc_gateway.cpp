@@ -252,8 +252,8 @@ class gateway_server final : public schema::Gateway::Server {
 
 struct rpc_connection;
 
-// The connections a listener holds: how many, and those that have not yet asked for the
-// gateway, oldest first (the ones to close when room is needed).
+// The connections a listener holds: how many, and those that have not yet made a call
+// with a valid API key, oldest first (the ones to close when room is needed).
 struct connection_book {
   int32_t live = 0;
   std::list<rpc_connection*> waiting;
@@ -261,14 +261,18 @@ struct connection_book {
 };
 
 // One client's connection: the RPC system over its stream, serving the gateway. The
-// client's bootstrap request (its first message, as every client sends it) marks it as
-// one. It counts itself in its listener's book for as long as it lives or until it is
-// closed to make room (evict).
+// client's bootstrap request (its first message, as every client sends it) greets; a
+// call with a valid API key (any call, where no keys are set) proves it a client, and
+// until then it is among the connections closed first when room is needed. It counts
+// itself in its listener's book for as long as it lives or until it is closed to make
+// room (evict).
 struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatId> {
-  rpc_connection(kj::Own<kj::AsyncIoStream>&& s, capnp::Capability::Client gateway, connection_book& b)
+  rpc_connection(kj::Own<kj::AsyncIoStream>&& s, gateway_server& g, const std::vector<std::string>& keys,
+                 connection_book& b)
       : book(b),
+        gateway(g),
+        api_keys(keys),
         stream(kj::mv(s)),
-        bootstrap(kj::mv(gateway)),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, rpc_reader_options()),
         rpc(capnp::makeRpcServer(network, *this)) {
     ++book.live;
@@ -276,22 +280,26 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
     place = book.waiting.insert(book.waiting.end(), this);
   }
   ~rpc_connection() {
-    if (waiting) book.waiting.erase(place);
+    proven();
     uncount();
   }
   rpc_connection(const rpc_connection&) = delete;
   rpc_connection& operator=(const rpc_connection&) = delete;
 
-  capnp::Capability::Client createFor(capnp::rpc::twoparty::VatId::Reader) override {
+  capnp::Capability::Client createFor(capnp::rpc::twoparty::VatId::Reader) override;
+
+  // A call with this key came: a valid one (any, where no keys are set) proves the client.
+  void called_with(std::string_view key) {
+    if (waiting && key_allowed(api_keys, key)) proven();
+  }
+  void proven() {
     if (waiting) book.waiting.erase(place);
     waiting = false;
-    return bootstrap;
   }
 
   // Closes the connection (at the event loop's next turn) and gives up its place at once.
   void evict() {
-    if (waiting) book.waiting.erase(place);
-    waiting = false;
+    proven();
     uncount();
     book.metrics.connection_shed(gateway_metrics::api::capnp);
     closing.fulfiller->fulfill();
@@ -304,31 +312,67 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
   }
 
   connection_book& book;
+  gateway_server& gateway;
+  const std::vector<std::string>& api_keys;
   std::list<rpc_connection*>::iterator place;
-  bool waiting = true;  // not yet greeted
+  bool greeted = false;  // has asked for the gateway
+  bool waiting = true;   // has made no call with a valid key yet
   bool counted = true;
   kj::PromiseFulfillerPair<void> closing = kj::newPromiseAndFulfiller<void>();
   kj::Own<kj::AsyncIoStream> stream;
-  capnp::Capability::Client bootstrap;
   capnp::TwoPartyVatNetwork network;
-  capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;  // last: its capabilities go first
 };
+
+// The gateway as one connection sees it: each call goes to the one gateway, after telling
+// the connection which key it carried.
+class connection_gateway final : public schema::Gateway::Server {
+ public:
+  explicit connection_gateway(rpc_connection& c) : c_(c) {}
+
+  kj::Promise<void> generate(GenerateContext context) override {
+    c_.called_with(context.getParams().getApiKey().cStr());
+    return c_.gateway.generate(context);
+  }
+  kj::Promise<void> cancel(CancelContext context) override {
+    c_.called_with(context.getParams().getApiKey().cStr());
+    return c_.gateway.cancel(context);
+  }
+  kj::Promise<void> health(HealthContext context) override {
+    if (c_.api_keys.empty()) c_.proven();
+    return c_.gateway.health(context);
+  }
+  kj::Promise<void> stats(StatsContext context) override {
+    c_.called_with(context.getParams().getApiKey().cStr());
+    return c_.gateway.stats(context);
+  }
+
+ private:
+  rpc_connection& c_;
+};
+
+capnp::Capability::Client rpc_connection::createFor(capnp::rpc::twoparty::VatId::Reader) {
+  greeted = true;
+  return kj::heap<connection_gateway>(*this);
+}
 
 // Accepts connections for as long as it lives. A failed accept (the process out of file
 // descriptors, say) is said and tried again shortly, rather than ending the listening as
 // it would by itself. A connection that has not asked for the gateway within the greeting
 // time is closed. When room is needed (max_connections open, or no descriptor left for
-// a waiting connection) the connection that has waited longest without asking for the
-// gateway is closed for it: a client greets in milliseconds, so that one is the likeliest
-// to be idle, and a flood of idle connections cannot hold every place until its greeting
-// time runs out. With every place held by clients that have greeted, a newcomer is
-// closed. Lines about any of this are printed at most every ten seconds, each kind.
+// a waiting connection) the connection that has waited longest without making a call
+// with a valid API key is closed for it: a client calls in milliseconds, so that one is
+// the likeliest to be idle, and neither a flood of idle connections nor one of
+// connections that greet and wait, without a key, can hold every place. With every place
+// held by proven clients, a newcomer is closed. Lines about any of this are printed at
+// most every ten seconds, each kind.
 class rpc_listener final : kj::TaskSet::ErrorHandler {
  public:
-  rpc_listener(kj::ConnectionReceiver& listener, capnp::Capability::Client gateway, kj::Timer& timer,
-               const rpc_limits& limits, gateway_metrics& metrics)
+  rpc_listener(kj::ConnectionReceiver& listener, gateway_server& gateway, const std::vector<std::string>& api_keys,
+               kj::Timer& timer, const rpc_limits& limits, gateway_metrics& metrics)
       : listener_(listener),
-        gateway_(kj::mv(gateway)),
+        gateway_(gateway),
+        api_keys_(api_keys),
         timer_(timer),
         limits_(limits),
         book_{0, {}, metrics},
@@ -355,13 +399,13 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
   void admit(kj::Own<kj::AsyncIoStream>&& stream) {
     if (book_.live >= limits_.max_connections && !evict_oldest_waiting()) {
       note(refused, "refused a connection: " + std::to_string(book_.live) +
-           " are open (max_connections), every one greeted");
+           " are open (max_connections), every one a client that has made a call");
       return;  // closed as it goes
     }
-    auto c = kj::heap<rpc_connection>(kj::mv(stream), gateway_, book_);
+    auto c = kj::heap<rpc_connection>(kj::mv(stream), gateway_, api_keys_, book_);
     rpc_connection& conn = *c;
     auto greeting = timer_.afterDelay(limits_.greeting_timeout_s * kj::SECONDS).then([&conn]() -> kj::Promise<void> {
-      if (!conn.waiting) return kj::NEVER_DONE;
+      if (conn.greeted) return kj::NEVER_DONE;
       return kj::READY_NOW;
     });
     auto closing = kj::mv(conn.closing.promise);
@@ -371,7 +415,7 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
   bool evict_oldest_waiting() {
     if (book_.waiting.empty()) return false;
     book_.waiting.front()->evict();
-    note(made_room, "closed the connection that had waited longest without asking for the gateway, to make room");
+    note(made_room, "closed the connection that had waited longest without a call (with a valid API key), to make room");
     return true;
   }
 
@@ -391,7 +435,8 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
   void taskFailed(kj::Exception&&) override {}  // a client that went away
 
   kj::ConnectionReceiver& listener_;
-  capnp::Capability::Client gateway_;
+  gateway_server& gateway_;
+  const std::vector<std::string>& api_keys_;
   kj::Timer& timer_;
   const rpc_limits limits_;
   connection_book book_;
@@ -423,11 +468,11 @@ expected<uint16_t> rpc_gateway::start(const std::string& host, uint16_t port, rp
       auto& ws = io.waitScope;
       auto server_obj = kj::heap<gateway_server>(*g, limits);
       gateway_server& srv = *server_obj;
-      capnp::Capability::Client gateway(kj::mv(server_obj));
+      capnp::Capability::Client owner(kj::mv(server_obj));  // keeps the one gateway
       auto address = io.provider->getNetwork().parseAddress(host, port).wait(ws);
       auto receiver = address->listen();
       const auto bound = static_cast<uint16_t>(receiver->getPort());
-      rpc_listener listener(*receiver, gateway, io.provider->getTimer(), limits, *g->metrics);
+      rpc_listener listener(*receiver, srv, g->api_keys, io.provider->getTimer(), limits, *g->metrics);
       auto accepting = listener.accept_loop().eagerlyEvaluate([](kj::Exception&&) {});
       auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
       {

@@ -158,4 +158,35 @@ out=$(TROUPE_API_KEY=key-one timeout 10 "$build/tools/troupe-client" --connect "
 wait "$long_pid" || true
 for _ in $(seq 1 50); do grep -q 'request id=1 ' "$work/node.err" && break; sleep 0.1; done
 grep -q 'request id=1 outcome=cancelled' "$work/node.err" || fail "the cancelled request: $(grep 'request id=1 ' "$work/node.err")"
-echo "gateway limits: idle and surplus connections closed, both endpoints serving at the descriptor limit, departed clients' requests cancelled, cancels only by the requester's key"
+
+# Connections that ask for the gateway and then wait, without a key, more of them than
+# max_connections (60): a client with a key is still served while they are held.
+python3 - "$capnp_ep" "$build/tools/troupe-client" >"$work/greeted" 2>&1 <<'PY' ||
+import os, socket, struct, subprocess, sys
+host, port = sys.argv[1].rsplit(":", 1)
+# A Cap'n Proto RPC Bootstrap message (question 0), as every client sends first.
+bootstrap = struct.pack("<II", 0, 5) + struct.pack("<5Q", 0x0001000100000000, 8, 0x0001000100000000, 0, 0)
+held = []
+for _ in range(80):
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(bootstrap)
+    held.append(s)
+r = subprocess.run(["timeout", "20", sys.argv[2], "--connect", sys.argv[1], "-p", "a", "-n", "3"],
+                   capture_output=True, text=True, env=dict(os.environ, TROUPE_API_KEY="key-one"))
+if r.returncode != 0:
+    sys.exit(f"a client with a key beside 80 greeted connections: rc {r.returncode}: {r.stdout} {r.stderr}")
+alive = 0
+for s in held:
+    s.setblocking(False)
+    try:
+        while s.recv(4096):
+            pass
+    except BlockingIOError:
+        alive += 1  # open, nothing more to read
+    except OSError:
+        pass
+if alive == 0:
+    sys.exit("the client was served only once every greeted connection had been closed")
+PY
+  fail "greeted connections: $(cat "$work/greeted")"
+echo "gateway limits: idle and surplus connections closed, both endpoints serving at the descriptor limit, departed clients' requests cancelled, cancels only by the requester's key, keyless connections making room for clients"
