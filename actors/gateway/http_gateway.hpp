@@ -10,8 +10,9 @@
 // SSE) serves each connection on a thread (http_connections: started as connections
 // come, up to max_connections; a connection whose request has not arrived whole within
 // read_timeout_s is answered 408 and closed, and so is the one that has waited longest
-// for its request when every thread is busy and another connection comes); each request submits to the router actor
-// with a sink actor of its own that queues the chunks for the request's thread.
+// for its request when every thread is busy and another connection comes); each request
+// submits to the router actor with a sink actor of its own that queues the chunks for the
+// request's thread.
 #pragma once
 
 #include <memory>

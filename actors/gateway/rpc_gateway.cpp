@@ -280,7 +280,7 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
     place = book.waiting.insert(book.waiting.end(), this);
   }
   ~rpc_connection() {
-    proven();
+    leave_waiting();
     uncount();
   }
   rpc_connection(const rpc_connection&) = delete;
@@ -290,16 +290,16 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
 
   // A call with this key came: a valid one (any, where no keys are set) proves the client.
   void called_with(std::string_view key) {
-    if (waiting && key_allowed(api_keys, key)) proven();
+    if (waiting && key_allowed(api_keys, key)) leave_waiting();
   }
-  void proven() {
+  void leave_waiting() {
     if (waiting) book.waiting.erase(place);
     waiting = false;
   }
 
   // Closes the connection (at the event loop's next turn) and gives up its place at once.
   void evict() {
-    proven();
+    leave_waiting();
     uncount();
     book.metrics.connection_shed(gateway_metrics::api::capnp);
     closing.fulfiller->fulfill();
@@ -339,7 +339,7 @@ class connection_gateway final : public schema::Gateway::Server {
     return c_.gateway.cancel(context);
   }
   kj::Promise<void> health(HealthContext context) override {
-    if (c_.api_keys.empty()) c_.proven();
+    if (c_.api_keys.empty()) c_.leave_waiting();
     return c_.gateway.health(context);
   }
   kj::Promise<void> stats(StatsContext context) override {
