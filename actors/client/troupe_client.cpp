@@ -66,8 +66,9 @@ class sink_server final : public schema::TokenSink::Server {
 };
 
 // A failed call in words: the gateway at `address`, and what went wrong (the network's
-// usual failures said plainly, anything else as KJ put it).
-std::string describe(const std::string& address, const kj::Exception& e) {
+// usual failures said plainly, anything else as KJ put it; a refused key with whether
+// there was one to send).
+std::string describe(const std::string& address, const std::string& api_key, const kj::Exception& e) {
   const std::string what = e.getDescription().cStr();
   std::string why = what;
   if (what.find("DNS lookup failed") != std::string::npos)
@@ -82,6 +83,9 @@ std::string describe(const std::string& address, const kj::Exception& e) {
     why = "the connection was lost (" + what + ")";
   else if (what.rfind("remote exception: ", 0) == 0)
     why = what.substr(18);  // the gateway's own words
+  if (why.find("missing or wrong API key") != std::string::npos)
+    why += api_key.empty() ? " (none was sent: set TROUPE_API_KEY to one of the gateway's keys)"
+                           : " (the key sent is not among the gateway's keys)";
   return "troupe gateway at " + address + ": " + why;
 }
 
@@ -112,7 +116,7 @@ expected<client_result> troupe_client::generate(const std::string& prompt, const
     result.request = reply.getRequestId();
     paf.promise.wait(ws);
   } catch (const kj::Exception& e) {
-    return error{describe(impl_->address, e)};
+    return error{describe(impl_->address, impl_->api_key, e)};
   }
   if (result.reason == finish_reason::none) return error{result.error.empty() ? "request failed" : result.error};
   return result;
@@ -125,7 +129,7 @@ expected<bool> troupe_client::cancel(uint64_t request) {
     req.setApiKey(impl_->api_key);
     return req.send().wait(impl_->rpc.getWaitScope()).getFound();
   } catch (const kj::Exception& e) {
-    return error{describe(impl_->address, e)};
+    return error{describe(impl_->address, impl_->api_key, e)};
   }
 }
 
@@ -136,7 +140,7 @@ expected<client_health> troupe_client::health() {
     auto h = response.getHealth();
     return client_health{h.getReady(), h.getDetail().cStr(), h.getReplicas(), h.getReplicasReady(), h.getOutages()};
   } catch (const kj::Exception& e) {
-    return error{describe(impl_->address, e)};
+    return error{describe(impl_->address, impl_->api_key, e)};
   }
 }
 
@@ -148,7 +152,7 @@ expected<client_stats> troupe_client::stats() {
     auto s = response.getStats();
     return client_stats{s.getRequestsRunning(), s.getRequestsWaiting(), s.getKvBlocksUsed(), s.getKvBlocksFree()};
   } catch (const kj::Exception& e) {
-    return error{describe(impl_->address, e)};
+    return error{describe(impl_->address, impl_->api_key, e)};
   }
 }
 

@@ -66,8 +66,9 @@ expect 401 'invalid_api_key' "one model without a key" "$(status "$base/v1/model
 capnp_ep=${capnp_url#capnp://}
 timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" --health >/dev/null || fail "capnp health needs no key"
 if out=$(timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 2>&1); then fail "capnp without a key served: $out"; fi
-grep -q "API key" <<<"$out" || fail "capnp without a key: no reason given: $out"
-if TROUPE_API_KEY=nope timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" --stats >/dev/null 2>&1; then fail "capnp stats with a wrong key"; fi
+grep -q "API key (none was sent: set TROUPE_API_KEY" <<<"$out" || fail "capnp without a key: no reason given: $out"
+if out=$(TROUPE_API_KEY=nope timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" --stats 2>&1); then fail "capnp stats with a wrong key"; fi
+grep -q "not among the gateway's keys" <<<"$out" || fail "capnp with a wrong key: $out"
 TROUPE_API_KEY=test-key-1 timeout 30 "$build/tools/troupe-client" --connect "$capnp_ep" -p "Once" -n 5 >/dev/null || fail "capnp with the key failed"
 
 # /metrics counts the Cap'n Proto API's requests with HTTP's.
