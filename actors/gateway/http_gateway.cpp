@@ -1,6 +1,7 @@
 #include "actors/gateway/http_gateway.hpp"
 
 #include <httplib.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -137,15 +138,27 @@ struct http_gateway::impl {
     if (cfg.tok) turn_end = openai::turn_end_token(cfg.chat, *cfg.tok);
   }
 
-  // The bearer key a request carries ("" for none).
+  // The bearer key a request carries ("" for none): "Authorization: Bearer KEY", the
+  // scheme in any case (RFC 9110).
   static std::string key_of(const httplib::Request& req) {
     const std::string h = req.get_header_value("Authorization");
-    return h.rfind("Bearer ", 0) == 0 ? h.substr(7) : std::string();
+    if (h.size() < 7 || strncasecmp(h.c_str(), "bearer ", 7) != 0) return {};
+    const size_t b = h.find_first_not_of(' ', 7), e = h.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : h.substr(b, e + 1 - b);
   }
-  bool authorized(const httplib::Request& req) const {
+  // Whether the request may pass; if not, res holds the 401 that says why (never the key).
+  bool authorized(const httplib::Request& req, httplib::Response& res) const {
     if (cfg.api_keys.empty()) return true;
     const std::string key = key_of(req);
-    return !key.empty() && key_allowed(cfg.api_keys, key);
+    if (!key.empty() && key_allowed(cfg.api_keys, key)) return true;
+    std::string why = "the API key is not one of this server's keys";
+    if (!req.has_header("Authorization"))
+      why = "no API key: send one as the header 'Authorization: Bearer KEY'";
+    else if (key.empty())
+      why = "the Authorization header must read 'Bearer KEY'";
+    send_error(res, {401, why, "invalid_request_error", "", "invalid_api_key"});
+    res.set_header("WWW-Authenticate", req.has_header("Authorization") ? "Bearer error=\"invalid_token\"" : "Bearer");
+    return false;
   }
 
   static void send_error(httplib::Response& res, const openai::api_error& e) {
@@ -164,7 +177,7 @@ struct http_gateway::impl {
 
 void http_gateway::impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   const auto t0 = clock_type::now();
-  if (!authorized(req)) return send_error(res, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+  if (!authorized(req, res)) return;
   if (draining) return send_error(res, {503, "the server is shutting down", "server_error", "", ""});
   auto parsed = openai::parse_request(req.body, chat, cfg.model_id, cfg.chat, cfg.limits);
   if (auto* e = std::get_if<openai::api_error>(&parsed)) {
@@ -462,11 +475,11 @@ expected<uint16_t> http_gateway::start() {
     r.set_content(openai::error_body({500, "internal error", "server_error", "", ""}), "application/json");
   });
   srv.Get("/v1/models", arrived([g](const httplib::Request& q, httplib::Response& r) {
-    if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+    if (!g->authorized(q, r)) return;
     r.set_content(openai::models_body(g->cfg.model_id, g->started), "application/json");
   }));
   srv.Get(R"(/v1/models/(.+))", arrived([g](const httplib::Request& q, httplib::Response& r) {
-    if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+    if (!g->authorized(q, r)) return;
     const std::string id = q.matches[1];
     if (id != g->cfg.model_id)
       return impl::send_error(r, {404, "The model '" + id + "' does not exist; this server serves '" + g->cfg.model_id + "'",
@@ -479,7 +492,7 @@ expected<uint16_t> http_gateway::start() {
     r.set_content(openai::health_body(h.ready, h.replicas, h.replicas_ready, h.detail, h.outages), "application/json");
   }));
   srv.Get("/metrics", arrived([g](const httplib::Request& q, httplib::Response& r) {
-    if (!g->authorized(q)) return impl::send_error(r, {401, "missing or wrong API key", "invalid_request_error", "", "invalid_api_key"});
+    if (!g->authorized(q, r)) return;
     r.set_content(g->render_metrics(), "text/plain; version=0.0.4");
   }));
   srv.set_error_handler([g](const httplib::Request& q, httplib::Response& r) {

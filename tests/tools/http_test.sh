@@ -55,8 +55,14 @@ expect 411 'needs a Content-Length' "a POST without a length" "$(status -X POST 
 
 # Health needs no key; everything else does.
 expect 200 '"ok"' "health" "$(status "$base/health")"
-expect 401 'invalid_api_key' "no key" "$(post /v1/completions '{"model":"stories260K","prompt":"a"}')"
-expect 401 'invalid_api_key' "wrong key" "$(status -H 'Authorization: Bearer nope' "$base/v1/models")"
+expect 401 'no API key: send one as the header' "no key" "$(post /v1/completions '{"model":"stories260K","prompt":"a"}')"
+expect 401 "not one of this server's keys" "wrong key" "$(status -H 'Authorization: Bearer nope' "$base/v1/models")"
+grep -q 'invalid_api_key' "$work/body" || fail "a wrong key's error code: $(cat "$work/body")"
+expect 401 "must read 'Bearer KEY'" "a key without its scheme" "$(status -H "Authorization: ${auth[1]#Authorization: Bearer }" "$base/v1/models")"
+curl -s -o /dev/null -D "$work/headers" "$base/v1/models"
+grep -qi '^WWW-Authenticate: Bearer' "$work/headers" || fail "a 401 without WWW-Authenticate: $(cat "$work/headers")"
+# The scheme's name in any case, as HTTP has it.
+expect 200 '"stories260K"' "models, 'bearer' in lower case" "$(status -H "authorization: bearer ${auth[1]#Authorization: Bearer }" "$base/v1/models")"
 expect 200 '"stories260K"' "models" "$(status "${auth[@]}" "$base/v1/models")"
 expect 200 '"object":"model"' "one model" "$(status "${auth[@]}" "$base/v1/models/stories260K")"
 expect 404 'model_not_found' "an unknown model" "$(status "${auth[@]}" "$base/v1/models/gpt-9")"
