@@ -237,7 +237,6 @@ bool connection_watch::shed(clock::time_point now) {
   if (!dir_ || spare_fd_ < 0) return false;
   std::string first;
   const int closed = cut_off(look(now).oldest, late_answer(), first);
-  shed_ += static_cast<uint64_t>(closed);
   unreported_shed_ += static_cast<uint64_t>(closed);
   report(now, first);
   return closed > 0;

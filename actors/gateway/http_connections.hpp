@@ -124,7 +124,6 @@ class connection_watch {
   int close_waiting();
 
   uint64_t timed_out() const { return timed_out_.load(); }
-  uint64_t shed_count() const { return shed_.load(); }
   std::chrono::milliseconds deadline() const { return deadline_; }
 
  private:
@@ -158,7 +157,7 @@ class connection_watch {
   std::map<int, socket_seen> sockets_;       // by descriptor, under scan_mu_
   DIR* dir_ = nullptr;                       // /proc/self/fd
   int null_fd_ = -1, spare_fd_ = -1;         // /dev/null, and a place for a duplicate
-  std::atomic<uint64_t> timed_out_{0}, shed_{0};
+  std::atomic<uint64_t> timed_out_{0};
   uint64_t unreported_ = 0, unreported_shed_ = 0;
   clock::time_point last_report_{};
   std::thread thread_;

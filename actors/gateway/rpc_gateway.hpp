@@ -25,7 +25,8 @@ class gateway_metrics;
 
 struct rpc_limits {
   int32_t max_requests = 256;       // in flight; more are refused (OVERLOADED) at once
-  int32_t max_connections = 1024;   // open at once; more are closed as they come
+  int32_t max_connections = 1024;   // open at once; past it a newcomer takes the place of
+                                    // the connection longest without a keyed call, if any
   int32_t greeting_timeout_s = 30;  // a connection that has not asked for the gateway by then is closed
   bool prefix_cache_per_key = true;  // each key's requests in a prefix-cache namespace of their own
 };

@@ -27,29 +27,13 @@ client() { timeout 20 "$build/tools/troupe-client" --connect "$capnp_ep" "$@"; }
 # closed by the node, the Cap'n Proto ones without a word (to make room, or not greeting
 # in time), the HTTP ones with a 408.
 cat >"$work/flood.py" <<'PY'
-import socket, subprocess, sys, time
-def addr(text):
-    host, port = text.rsplit(":", 1)
-    return host, int(port)
-capnp, http, client = addr(sys.argv[1]), addr(sys.argv[2]), sys.argv[3]
+import subprocess, sys, time
+from raw_conns import HALF_GET, address, connect, held
+capnp, http, client = address(sys.argv[1]), address(sys.argv[2]), sys.argv[3]
 n_capnp, n_http = int(sys.argv[4]), int(sys.argv[5])
-def held(socks):
-    n = 0
-    for s in socks:
-        s.setblocking(False)
-        try:
-            n += s.recv(1, socket.MSG_PEEK) != b""
-        except BlockingIOError:
-            n += 1
-        except OSError:
-            pass
-        s.setblocking(True)
-    return n
 t0 = time.time()
-idle = [socket.create_connection(capnp, timeout=10) for _ in range(n_capnp)]
-half = [socket.create_connection(http, timeout=10) for _ in range(n_http)]
-for s in half:
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+idle = connect(capnp, n_capnp)
+half = connect(http, n_http, HALF_GET)
 if idle:
     r = subprocess.run(["timeout", "20", client, "--connect", sys.argv[1], "-p", "Once", "-n", "5"], capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.startswith("Once"):
@@ -63,19 +47,14 @@ if half:
         sys.exit(f"an HTTP client beside {n_http} half requests got {r.stdout or 'no answer'}")
     if held(half) == 0:
         sys.exit("the HTTP client was served only once every half request had been closed")
-for s in idle:
-    s.settimeout(15)
-    try:
-        got = s.recv(100)
-    except ConnectionResetError:
-        got = b""
-    if got:
-        sys.exit(f"an idle Cap'n Proto connection was sent {got[:40]!r}")
-for s in half:
-    s.settimeout(15)
-    got = s.recv(100)
-    if not got.startswith(b"HTTP/1.1 408"):
-        sys.exit(f"a half HTTP request got {got[:40]!r}")
+for c in idle:
+    got = c.until_closed(15)
+    if got != b"":
+        sys.exit(f"an idle Cap'n Proto connection was {'sent ' + repr(got[:40]) if got else 'not closed'}")
+for c in half:
+    got = c.until_closed(15)
+    if not (got or b"").startswith(b"HTTP/1.1 408"):
+        sys.exit(f"a half HTTP request got {got[:40] if got is not None else 'no answer, its connection open'}")
 print(f"all closed after {time.time() - t0:.1f} s")
 PY
 flood() { python3 "$work/flood.py" "$capnp_ep" "${http_url#http://}" "$build/tools/troupe-client" "$@" >"$work/flood" 2>&1; }
@@ -107,12 +86,10 @@ kill -0 "$node" || fail "the node died"
 
 # Stopping is not held up by connections waiting for their request (each would hold its
 # thread, and the stop, until read_timeout_s).
-python3 - "${http_url#http://}" >"$work/holder" 2>&1 <<'PY' &
-import socket, sys, time
-host, port = sys.argv[1].rsplit(":", 1)
-half = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
-for s in half:
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+python3 - "$http_url" >"$work/holder" 2>&1 <<'PY' &
+import sys, time
+from raw_conns import HALF_GET, address, connect
+half = connect(address(sys.argv[1]), 20, HALF_GET)
 print("holding", flush=True)
 time.sleep(30)
 PY
@@ -162,30 +139,14 @@ grep -q 'request id=1 outcome=cancelled' "$work/node.err" || fail "the cancelled
 # Connections that ask for the gateway and then wait, without a key, more of them than
 # max_connections (60): a client with a key is still served while they are held.
 python3 - "$capnp_ep" "$build/tools/troupe-client" >"$work/greeted" 2>&1 <<'PY' ||
-import os, socket, struct, subprocess, sys
-host, port = sys.argv[1].rsplit(":", 1)
-# A Cap'n Proto RPC Bootstrap message (question 0), as every client sends first.
-bootstrap = struct.pack("<II", 0, 5) + struct.pack("<5Q", 0x0001000100000000, 8, 0x0001000100000000, 0, 0)
-held = []
-for _ in range(80):
-    s = socket.create_connection((host, int(port)), timeout=10)
-    s.sendall(bootstrap)
-    held.append(s)
+import os, subprocess, sys
+from raw_conns import BOOTSTRAP, address, connect, held
+greeted = connect(address(sys.argv[1]), 80, BOOTSTRAP)
 r = subprocess.run(["timeout", "20", sys.argv[2], "--connect", sys.argv[1], "-p", "a", "-n", "3"],
                    capture_output=True, text=True, env=dict(os.environ, TROUPE_API_KEY="key-one"))
 if r.returncode != 0:
     sys.exit(f"a client with a key beside 80 greeted connections: rc {r.returncode}: {r.stdout} {r.stderr}")
-alive = 0
-for s in held:
-    s.setblocking(False)
-    try:
-        while s.recv(4096):
-            pass
-    except BlockingIOError:
-        alive += 1  # open, nothing more to read
-    except OSError:
-        pass
-if alive == 0:
+if held(greeted) == 0:
     sys.exit("the client was served only once every greeted connection had been closed")
 PY
   fail "greeted connections: $(cat "$work/greeted")"

@@ -231,12 +231,11 @@ expect 400 'not valid JSON' "deeply nested garbage" "$code"
 (($(wc -c <"$work/body") < 1000)) || fail "a JSON parse error echoed $(wc -c <"$work/body") bytes of the body"
 expect 404 'no such route' "unknown route" "$(post /v1/nothing '{}')"
 # What is not HTTP at all is told so.
-python3 - "${base#http://}" >"$work/body" <<'PY'
-import socket, sys
-host, port = sys.argv[1].rsplit(":", 1)
-s = socket.create_connection((host, int(port)), timeout=10)
-s.sendall(b"HELLO\r\n\r\n")
-print(s.recv(4096).decode(errors="replace"))
+python3 - "$base" >"$work/body" <<'PY'
+import sys
+from raw_conns import Conn, address
+c = Conn(address(sys.argv[1]), b"HELLO\r\n\r\n")
+print(c.sock.recv(4096).decode(errors="replace"))
 PY
 grep -q '^HTTP/1.1 400' "$work/body" && grep -q 'is not HTTP/1.1' "$work/body" || fail "not HTTP: $(cat "$work/body")"
 # Fields this server does not implement are refused, not ignored; their neutral values pass.
@@ -305,12 +304,10 @@ rss_after=$(rss)
 # connection has a thread of its own), and each is answered 408 and closed once the read
 # timeout (2 s here) has passed.
 python3 - "$http_url" >"$work/slow" 2>&1 <<'PY' || fail "slow clients: $(cat "$work/slow")"
-import json, socket, subprocess, sys, time, urllib.parse
-url = urllib.parse.urlparse(sys.argv[1])
-addr = (url.hostname, url.port)
-half = [socket.create_connection(addr, timeout=10) for _ in range(200)]
-for s in half:
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+import json, socket, subprocess, sys, time
+from raw_conns import HALF_POST, address, connect
+addr = address(sys.argv[1])
+half = connect(addr, 200, HALF_POST)
 trickle = socket.create_connection(addr, timeout=10)
 t0 = time.time()
 working = subprocess.run(["curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}",
@@ -335,11 +332,10 @@ for b in b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"[:-2]:
         break
 if not answer.startswith(b"HTTP/1.1 408"):
     sys.exit(f"the trickling client got {answer[:40]!r} after {time.time() - t0:.1f} s")
-for s in half:
-    s.settimeout(10)
-    got = s.recv(100)
-    if not got.startswith(b"HTTP/1.1 408"):
-        sys.exit(f"a half request got {got[:40]!r}")
+for c in half:
+    got = c.until_closed(10)
+    if not (got or b"").startswith(b"HTTP/1.1 408"):
+        sys.exit(f"a half request got {got[:40] if got is not None else 'no answer, its connection open'}")
 if time.time() - t0 > 12:
     sys.exit(f"the 408s took {time.time() - t0:.1f} s")
 PY

@@ -1,6 +1,10 @@
-# Shared by the process tests. Background servers run under `timeout`, so the pid a test
-# holds is timeout's; SIGKILL on it would orphan the server. stop_tree stops the server
-# (timeout's children) and timeout itself: TERM first, KILL after 3 s.
+# Shared by the process tests. Their Python finds its helpers (raw_conns.py) beside this
+# file.
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+
+# Background servers run under `timeout`, so the pid a test holds is timeout's; SIGKILL on
+# it would orphan the server. stop_tree stops the server (timeout's children) and timeout
+# itself: TERM first, KILL after 3 s.
 stop_tree() {
   local pid=$1
   [[ -n $pid ]] || return 0
