@@ -61,6 +61,28 @@ class Conn:
             self.closed = True
         return self.received
 
+    def answer(self, timeout=10):
+        """The server's first HTTP answer, its head and its body (as long as its
+        Content-Length says), as text: it may arrive in several pieces. None if it has not
+        arrived whole within timeout seconds."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                head, blank, body = self.received.partition(b"\r\n\r\n")
+                if blank:
+                    length = 0
+                    for line in head.split(b"\r\n")[1:]:
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            length = int(value)
+                    if len(body) >= length:
+                        return (head + blank + body[:length]).decode(errors="replace")
+                if self.closed:
+                    return None
+                self._read()
+        except OSError:  # the timeout among them
+            return None
+
 
 def connect(addr, n, send=b""):
     return [Conn(addr, send) for _ in range(n)]

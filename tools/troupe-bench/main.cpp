@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -38,7 +39,9 @@ std::string transport_error(httplib::Error e) {
     case httplib::Error::Read:
       return "the connection failed or closed while reading the reply (no HTTP answer: if this is troupe's Cap'n "
              "Proto endpoint, name it capnp://HOST:PORT)";
-    case httplib::Error::Write: return "the connection failed while sending the request";
+    case httplib::Error::Write:
+      return "the connection closed while the request was being sent (if this is troupe's Cap'n Proto endpoint, "
+             "name it capnp://HOST:PORT)";
     case httplib::Error::Canceled: return "cancelled";
     default: return httplib::to_string(e);
   }
@@ -360,6 +363,10 @@ void write_svg(const std::string& path, const std::vector<json>& levels, const s
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A server that closes a connection while a request is being written to it (a Cap'n
+  // Proto endpoint given as http://, a server stopping) is that request's error, not the
+  // end of the run: the HTTP library writes without MSG_NOSIGNAL.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
       "troupe-bench: measure a serving endpoint as its clients see it.\n\n"
       "Targets: http://HOST:PORT (any OpenAI-compatible server: streamed completions, tokens\n"

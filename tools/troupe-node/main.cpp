@@ -154,6 +154,9 @@ int main(int argc, char** argv) {
                    topo->max_connections, serve_http ? " on each of two endpoints" : "");
   }
 
+  // A peer that closes its connection while this node writes to it is an error of that
+  // write, never the end of the node (the HTTP library writes without MSG_NOSIGNAL).
+  std::signal(SIGPIPE, SIG_IGN);
   // Block the stop signals before any thread starts, so only the wait below sees them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
