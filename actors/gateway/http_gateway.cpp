@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -187,9 +188,12 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   auto r = std::get<openai::api_request>(std::move(parsed));
   if (chat && turn_end) r.params.stop_tokens.push_back(*turn_end);
   if (!cfg.api_keys.empty()) r.params.cache_namespace = cache_namespace_of(key_of(req), cfg.prefix_cache_per_key);
-  // Admission: a full server answers at once.
-  if (in_flight.fetch_add(1) >= cfg.max_requests) {
-    in_flight.fetch_sub(1);
+  // Admission: a full server answers at once. Every choice is a request of the engine's
+  // and counts as one; a request with more than the server admits counts as all of it
+  // (it is let in when nothing else is in flight).
+  const int32_t weight = std::min(static_cast<int32_t>(r.prompts.size()) * r.n, cfg.max_requests);
+  if (in_flight.fetch_add(weight) + weight > cfg.max_requests) {
+    in_flight.fetch_sub(weight);
     m->refused("rejected");
     res.set_header("Retry-After", "1");
     return send_error(res, {429, "the server is at capacity; retry shortly", "rate_limit_error", "", "overloaded"});
@@ -197,14 +201,17 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   auto stream = std::make_shared<request_stream>();
   auto sink = sys.spawn(stream_sink, stream);
   std::vector<uint64_t> ids;
-  for (int32_t i = 0; i < r.n; ++i) {
-    request_params p = r.params;
-    p.sampling.seed += static_cast<uint64_t>(i);  // n different samples
-    const uint64_t id = next_http_id++;
-    ids.push_back(id);
-    auto frame = r.prompt_is_tokens ? wire::encode_generate_request_tokens(p) : wire::encode_generate_request_text(r.prompt, p);
-    caf::anon_send(router, generate_atom_v, id, wire_message(wire_kind::none, std::move(frame)), sink);
-  }
+  for (const auto& prompt : r.prompts)
+    for (int32_t i = 0; i < r.n; ++i) {
+      request_params p = r.params;
+      p.sampling.seed += static_cast<uint64_t>(i);  // n different samples; a prompt's are the same in any company
+      const uint64_t id = next_http_id++;
+      ids.push_back(id);
+      if (prompt.is_tokens) p.prompt = prompt.tokens;
+      auto frame = prompt.is_tokens ? wire::encode_generate_request_tokens(p)
+                                    : wire::encode_generate_request_text(prompt.text, p);
+      caf::anon_send(router, generate_atom_v, id, wire_message(wire_kind::none, std::move(frame)), sink);
+    }
   const std::string cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(ids[0]);
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const auto deadline = t0 + std::chrono::seconds(cfg.request_timeout_s);
@@ -212,7 +219,11 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   struct state {
     std::vector<openai::choice_result> choices;
     std::vector<bool> finished, started;
-    uint32_t prompt_tokens = 0, output_tokens = 0, cached_tokens = 0;
+    // Per prompt (its choices share it): its tokens, and those the prefix cache served.
+    std::vector<uint32_t> prompt_tokens_of, cached_tokens_of;
+    uint32_t output_tokens = 0;
+    uint32_t prompt_tokens() const { return std::accumulate(prompt_tokens_of.begin(), prompt_tokens_of.end(), 0u); }
+    uint32_t cached_tokens() const { return std::accumulate(cached_tokens_of.begin(), cached_tokens_of.end(), 0u); }
     size_t done = 0;
     std::string error;
     wire::error_kind error_type = wire::error_kind::invalid;
@@ -225,6 +236,8 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   st->choices.resize(ids.size());
   st->finished.assign(ids.size(), false);
   st->started.assign(ids.size(), false);
+  st->prompt_tokens_of.assign(r.prompts.size(), 0);
+  st->cached_tokens_of.assign(r.prompts.size(), 0);
   auto index_of = [ids](uint64_t id) {
     for (size_t i = 0; i < ids.size(); ++i)
       if (ids[i] == id) return static_cast<int>(i);
@@ -234,7 +247,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   const openai::token_text text_of = [tok = cfg.tok](int32_t t) {
     return tok ? std::string(tok->decode(-1, t)) : std::to_string(t);
   };
-  auto apply = [this, st, index_of, chat, cid, created, model = r.model, text_of](const stream_event& e,
+  auto apply = [this, st, index_of, chat, cid, created, model = r.model, text_of, n = r.n](const stream_event& e,
                                                                                  std::vector<std::string>* sse) {
     if (e.done) {
       auto v = wire::decode_generate_result(*e.frame.bytes);
@@ -244,9 +257,9 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       st->finished[i] = true;
       ++st->done;
       st->choices[i].reason = v->reason;
-      st->prompt_tokens = v->prompt_tokens;
+      st->prompt_tokens_of[i / n] = v->prompt_tokens;
       st->output_tokens += v->output_tokens;
-      st->cached_tokens = std::max(st->cached_tokens, v->cached_prompt_tokens);  // (n choices share a prompt)
+      st->cached_tokens_of[i / n] = std::max(st->cached_tokens_of[i / n], v->cached_prompt_tokens);
       if (!v->error.empty() && st->error.empty()) {
         st->error = v->error;
         st->error_type = v->error_type;
@@ -270,7 +283,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   };
   auto finish_metrics = [this, st]() {
     m->finished(st->client_gone ? "cancelled" : request_outcome(st->choices[0].reason, st->error, st->error_type, st->timed_out),
-                st->prompt_tokens, st->output_tokens, st->times);
+                st->prompt_tokens(), st->output_tokens, st->times);
   };
   auto cancel_all = [this, ids, st]() {
     for (size_t i = 0; i < ids.size(); ++i)
@@ -306,14 +319,14 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     }
     caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
     finish_metrics();
-    in_flight.fetch_sub(1);
+    in_flight.fetch_sub(weight);
     if (!st->error.empty()) {
       const openai::api_error e = failure_of(st->error, st->error_type, st->timed_out);
       if (e.status == 503) res.set_header("Retry-After", "1");
       return send_error(res, e);
     }
-    res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens,
-                                            st->output_tokens, st->cached_tokens, r.logprobs, text_of),
+    res.set_content(openai::completion_body(cid, chat, r.model, created, st->choices, st->prompt_tokens(),
+                                            st->output_tokens, st->cached_tokens(), r.logprobs, text_of),
                     "application/json");
     return;
   }
@@ -345,18 +358,18 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
         if (st->done == ids.size()) {
           if (!st->error.empty()) write(openai::error_body(failure_of(st->error, st->error_type, st->timed_out)));
           if (include_usage)
-            write(openai::usage_chunk_body(cid, chat, model, created, st->prompt_tokens, st->output_tokens, st->cached_tokens));
+            write(openai::usage_chunk_body(cid, chat, model, created, st->prompt_tokens(), st->output_tokens, st->cached_tokens()));
           write("[DONE]");
           out.done();
         }
         return true;
       },
-      [this, sink, st, finish_metrics, cancel_all, n = ids.size()](bool) {
+      [this, sink, st, finish_metrics, cancel_all, n = ids.size(), weight](bool) {
         st->client_gone = st->done < n && !st->timed_out;  // the stream ended before its requests did
         cancel_all();  // no-op for finished choices
         caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
         finish_metrics();
-        in_flight.fetch_sub(1);
+        in_flight.fetch_sub(weight);
       });
 }
 

@@ -144,7 +144,7 @@ bool append_token_ids(const json& a, std::vector<int32_t>& out) {
   return true;
 }
 
-// A chat request's messages into r.prompt, through the template. A message's content is a
+// A chat request's messages into its one prompt, through the template. A message's content is a
 // string, or an array of parts of which this server takes text parts (joined in order);
 // "developer" is the newer name of the system role.
 std::optional<api_error> read_messages(const json& j, chat_template tmpl, api_request& r) {
@@ -176,35 +176,48 @@ std::optional<api_error> read_messages(const json& j, chat_template tmpl, api_re
     }
     msgs.emplace_back(role, std::move(text));
   }
-  r.prompt = apply_template(tmpl, msgs);
+  r.prompts.push_back({apply_template(tmpl, msgs), {}, false});
   return std::nullopt;
 }
 
-// A completion request's prompt: text (a string, or an array of one), or token ids as given,
-// no BOS added (an array of integers, or an array of one such array).
-std::optional<api_error> read_prompt(const json& j, const api_limits& lim, api_request& r) {
+// A completion request's prompts, in OpenAI's four shapes: a string, an array of strings,
+// an array of token ids, or an array of such arrays. Token ids are taken as given (no BOS
+// added).
+std::optional<api_error> read_prompts(const json& j, const api_limits& lim, api_request& r) {
   if (!j.contains("prompt")) return bad("'prompt' is required", "prompt");
   const auto& p = j["prompt"];
+  const std::string shapes = "'prompt' must be a string, an array of strings, an array of token ids, or an array of such arrays";
   auto ids_of = [&](const json& a) -> std::optional<api_error> {
     if (a.empty()) return bad("'prompt' holds no token ids", "prompt");
     if (a.size() >= static_cast<size_t>(std::max(lim.context, 1)))
       return bad("the prompt has " + std::to_string(a.size()) + " tokens; the model's context is " +
                      std::to_string(lim.context),
                  "prompt");
-    if (!append_token_ids(a, r.params.prompt)) return bad("'prompt' token ids must be integers of 0 or more", "prompt");
-    r.prompt_is_tokens = true;
+    prompt_input in;
+    in.is_tokens = true;
+    if (!append_token_ids(a, in.tokens)) return bad("'prompt' token ids must be integers of 0 or more", "prompt");
+    r.prompts.push_back(std::move(in));
     return std::nullopt;
   };
   if (p.is_string()) {
-    r.prompt = p.get<std::string>();
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    r.prompt = p[0].get<std::string>();
-  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-    return ids_of(p);
-  } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
-    return ids_of(p[0]);
-  } else {
-    return bad("'prompt' must be a string or token ids (or an array of one of either)", "prompt");
+    r.prompts.push_back({p.get<std::string>(), {}, false});
+    return std::nullopt;
+  }
+  if (!p.is_array() || p.empty()) return bad(p.is_array() ? "'prompt' is an empty array" : shapes, "prompt");
+  if (p[0].is_number()) return ids_of(p);
+  if (p.size() > static_cast<size_t>(lim.max_choices))
+    return bad("'prompt' has " + std::to_string(p.size()) + " prompts; this server takes at most " +
+                   std::to_string(lim.max_choices) + " in one request",
+               "prompt");
+  for (const auto& one : p) {
+    if (one.is_string() && p[0].is_string()) {
+      r.prompts.push_back({one.get<std::string>(), {}, false});
+    } else if (one.is_array() && p[0].is_array()) {
+      if (auto e = ids_of(one)) return e;
+    } else {
+      const bool mixed = (p[0].is_string() || p[0].is_array()) && (one.is_string() || one.is_array());
+      return bad(mixed ? "'prompt' must not mix texts and token-id arrays" : shapes, "prompt");
+    }
   }
   return std::nullopt;
 }
@@ -257,10 +270,15 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   if (chat) {
     if (auto e = read_messages(j, tmpl, r)) return *e;
   } else {
-    if (auto e = read_prompt(j, lim, r)) return *e;
+    if (auto e = read_prompts(j, lim, r)) return *e;
   }
-  if (r.prompt.size() > lim.max_prompt_bytes) return bad("the prompt is longer than this server accepts", chat ? "messages" : "prompt", 413);
-  if (!valid_utf8(r.prompt)) return bad("the prompt is not valid UTF-8", chat ? "messages" : "prompt");
+  const std::string which = chat ? "messages" : "prompt";
+  for (size_t k = 0; k < r.prompts.size(); ++k) {
+    const std::string& text = r.prompts[k].text;
+    const std::string whose = r.prompts.size() == 1 ? "the prompt" : "prompt " + std::to_string(k);
+    if (text.size() > lim.max_prompt_bytes) return bad(whose + " is longer than this server accepts", which, 413);
+    if (!valid_utf8(text)) return bad(whose + " is not valid UTF-8", which);
+  }
 
   auto number = [&](const char* key, double lo, double hi, double& out) -> std::optional<api_error> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
@@ -309,6 +327,11 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   if (auto e = integer("seed", INT64_MIN, INT64_MAX, seed)) return *e;
   if (auto e = integer("n", 1, lim.max_n, n)) return *e;
   r.n = static_cast<int32_t>(n);
+  if (static_cast<int64_t>(r.prompts.size()) * n > lim.max_choices)
+    return bad(std::to_string(r.prompts.size()) + " prompts with 'n' " + std::to_string(n) + " ask for " +
+                   std::to_string(static_cast<int64_t>(r.prompts.size()) * n) + " completions; this server takes at most " +
+                   std::to_string(lim.max_choices) + " in one request",
+               "n");
   // Log-probabilities: an integer (how many alternatives) for completions; a boolean plus
   // top_logprobs for chat.
   if (chat) {

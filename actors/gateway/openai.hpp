@@ -3,9 +3,10 @@
 // reports the first problem the way OpenAI's API does ({"error": {message, type, param,
 // code}}, with the HTTP status to send). Beside OpenAI's sampling fields it takes the
 // extensions vLLM and llama.cpp's server take (top_k, min_p, repetition_penalty,
-// ignore_eos, stop_token_ids); fields whose meaning it does not implement (echo, best_of,
-// suffix, logit_bias, tools, functions, response_format other than text) are refused
-// unless they hold their neutral value, never silently ignored.
+// ignore_eos, stop_token_ids), and a completion's several prompts in one request (texts or
+// token-id arrays), each with its own choices. Fields whose meaning it does not implement
+// (echo, best_of, suffix, logit_bias, tools, functions, response_format other than text)
+// are refused unless they hold their neutral value, never silently ignored.
 #pragma once
 
 #include <cstdint>
@@ -25,16 +26,26 @@ enum class chat_template : uint8_t { raw, llama2, chatml };
 struct api_limits {
   int32_t context = 0;            // the model's context
   int32_t max_tokens = 4096;      // a request may ask for at most this many
-  int32_t max_n = 8;              // completions per request
-  size_t max_prompt_bytes = 1 << 20;
+  int32_t max_n = 8;              // completions per prompt
+  int32_t max_choices = 64;       // completions per request: prompts x n
+  size_t max_prompt_bytes = 1 << 20;  // each prompt's text
+};
+
+// One prompt: text (BOS is added when it is tokenized), or token ids taken as given.
+struct prompt_input {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
 };
 
 struct api_request {
   bool chat = false;
   std::string model;
-  std::string prompt;             // the text the model continues (chat: after the template)
-  request_params params;          // prompt tokens are filled by the server, unless...
-  bool prompt_is_tokens = false;  // ...the prompt came as token ids (params.prompt, as given)
+  // What the model continues: a chat's messages after the template (one), or a
+  // completion's prompts (one or more; each gets n choices, prompt k's j-th at index
+  // k * n + j).
+  std::vector<prompt_input> prompts;
+  request_params params;          // shared by every choice; the prompt is each one's own
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage

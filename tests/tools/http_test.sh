@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The OpenAI-compatible HTTP API of a real troupe-node on 127.0.0.1: completions and chat
-# (whole and streamed) against troupe-run's text, every kind of bad input getting the
+# The OpenAI-compatible HTTP API of a real troupe-node on 127.0.0.1: completions (one
+# prompt or several) and chat (whole and streamed) against troupe-run's text, every kind of bad input getting the
 # right 4xx and an OpenAI-style error body, clients that go away, slow and idle clients,
 # 429 at capacity, API keys, CORS, health and metrics. Bounded in time; the node is always
 # killed.
@@ -164,6 +164,55 @@ print(out, end="")' "$work/sse")
 [[ $streamed == "$text" ]] || fail "streamed text differs: '$streamed'"
 grep -q '"usage"' "$work/sse" || fail "no usage chunk"
 
+# Several prompts in one request (texts, or token-id arrays), n choices each: prompt k's
+# j-th choice is at index k * n + j, each is what that prompt gets alone (greedy, and
+# seeded sampling: the same seed, the same tokens), and usage counts every prompt. Here
+# 3 x 2 choices are more than the server's capacity of 4: they count as all of it.
+several='"prompt":["Once upon a time","The cat sat"],"n":2,"max_tokens":24,"temperature":1,"seed":5'
+k=0
+for one in "Once upon a time" "The cat sat"; do
+  expect 200 '"text_completion"' "one prompt, two choices" \
+    "$(post /v1/completions '{"model":"stories260K","prompt":"'"$one"'","n":2,"max_tokens":24,"temperature":1,"seed":5}')"
+  cp "$work/body" "$work/alone-$((k++))"
+done
+expect 200 '"text_completion"' "several text prompts" "$(post /v1/completions '{"model":"stories260K",'"$several"'}')"
+cp "$work/body" "$work/several"
+expect 200 '"text_completion"' "several prompts as token ids" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":[['"$prompt_ids"'],['"$prompt_ids"'],['"$prompt_ids"']],"n":2,"max_tokens":40,"temperature":0}')"
+python3 - "$work" "$text" <<'PY' || fail "several prompts: $(cat "$work/several")"
+import json, sys
+work, greedy = sys.argv[1], sys.argv[2]
+both = json.load(open(f"{work}/several"))
+alone = [json.load(open(f"{work}/alone-{k}")) for k in range(2)]
+assert [c["index"] for c in both["choices"]] == [0, 1, 2, 3], both["choices"]
+for k in range(2):
+    for j in range(2):
+        assert both["choices"][2 * k + j]["text"] == alone[k]["choices"][j]["text"], (k, j)
+assert both["choices"][0]["text"] != both["choices"][2]["text"]
+for key in ("prompt_tokens", "completion_tokens"):
+    assert both["usage"][key] == sum(a["usage"][key] for a in alone), key
+ids = json.load(open(f"{work}/body"))
+assert [c["text"] for c in ids["choices"]] == [greedy] * 6
+assert ids["usage"]["prompt_tokens"] == 3 * alone[0]["usage"]["prompt_tokens"]
+PY
+curl -sN "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K",'"$several"',"stream":true}' >"$work/sse"
+python3 - "$work" <<'PY' || fail "several prompts, streamed: $(cat "$work/sse")"
+import json, sys
+work = sys.argv[1]
+texts, ends = {}, {}
+for line in open(f"{work}/sse"):
+    if line.startswith("data: {"):
+        for c in json.loads(line[6:])["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+            if c["finish_reason"]: ends[c["index"]] = c["finish_reason"]
+whole = json.load(open(f"{work}/several"))["choices"]
+assert sorted(ends) == [0, 1, 2, 3]
+assert [texts[i] for i in range(4)] == [c["text"] for c in whole]
+PY
+expect 400 'must not mix' "texts and token ids mixed" "$(post /v1/completions '{"model":"stories260K","prompt":["a",[1,2]]}')"
+expect 400 'at most 64' "too many completions" \
+  "$(post /v1/completions '{"model":"stories260K","n":8,"prompt":["a","b","c","d","e","f","g","h","i"]}')"
+
 # Log-probabilities: per token, the chosen one and the top alternatives, each <= 0, and
 # the greedy choice is the most likely.
 expect 200 '"token_logprobs"' "completion logprobs" \
@@ -292,6 +341,18 @@ rejected=$(cat "$work"/c.* | grep -c '^429' || true)
 median=$(cat "$work"/c.* | awk '$1 == 429 {print $2}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
 awk -v s="$median" 'BEGIN { exit !(s < 0.05) }' || fail "429s took ${median}s (median)"
 grep -qi '^Retry-After: 1' "$work"/h.* || fail "no Retry-After"
+# Every choice counts: one streamed request for 8 prompts x n 8 (64 completions of 400
+# tokens, one at a time here) fills the server while it runs, and a single completion
+# meanwhile gets 429; the request's client leaving cancels all 64.
+curl -sN "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","n":8,"max_tokens":400,"ignore_eos":true,"stream":true,
+  "prompt":["Once","Lily","Tom","The dog","A cat","One day","Sue","Ben"]}' >"$work/many" &
+many=$!
+for _ in $(seq 1 100); do [[ -s $work/many ]] && break; sleep 0.1; done
+[[ -s $work/many ]] || fail "the 64-completion stream did not start"
+expect 429 'at capacity' "a request beside 64 completions in flight" \
+  "$(post /v1/completions '{"model":"stories260K","prompt":"a","max_tokens":1}')"
+kill "$many" 2>/dev/null || true
+wait "$many" 2>/dev/null || true
 # The Cap'n Proto gateway has its own 4: past them a request is refused at once, in words.
 out=$(TROUPE_API_KEY=test-key-1 timeout 60 "$build/tools/troupe-bench" --endpoint "capnp://$capnp_ep" --requests 24 \
   --concurrency 12 --output-tokens 400 2>&1 >/dev/null || true)

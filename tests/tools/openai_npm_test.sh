@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The official `openai` npm package (installed from the npm registry into a scratch
-# directory) against a real troupe-node: completion, chat and a streamed chat; the
-# completion's text equals troupe-client's for the same greedy request.
+# directory) against a real troupe-node: completion, two prompts in one, chat and a
+# streamed chat; the completion's text equals troupe-client's for the same greedy request.
 # Usage: openai_npm_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -22,9 +22,12 @@ py() { python3 -c "import json,sys; d=json.load(open('$work/got.json')); print($
 want=$(TROUPE_API_KEY=key-for-npm timeout 60 "$build/tools/troupe-client" --connect "$capnp" -p "Once upon a time" -n 44 -t 0)
 [[ "Once upon a time$(py 'd["completion"]')" == "$want" ]] || fail "completion differs from troupe-client: $(py 'd["completion"]')"
 [[ $(py 'd["completion_tokens"]') == 40 ]] || fail "usage"
+[[ $(py '[i for i, _ in d["several"]]') == "[0, 1]" ]] || fail "two prompts: $(py 'd["several"]')"
+[[ $(py 'd["several"][0][1]') == "$(py 'd["completion"]')" ]] || fail "the first of two prompts differs from it alone"
+[[ $(py 'd["several"][1][1]') != "$(py 'd["completion"]')" ]] || fail "the second of two prompts was answered as the first"
 [[ -n $(py 'd["chat"]') ]] || fail "empty chat"
 [[ $(py 'd["streamed"]') == "$(py 'd["chat"]')" ]] || fail "streamed chat differs from the whole one"
 [[ $(py 'd["stream_usage"]["completion_tokens"]') == 24 ]] || fail "stream usage"
 [[ $(py '",".join(d["models"])') == stories260K ]] || fail "models"
 kill -TERM "$node_pid"; wait "$node_pid" || true; node_pid=
-echo "openai npm client: completion equals troupe-client's, chat and stream agree"
+echo "openai npm client: completion equals troupe-client's, two prompts in one request, chat and stream agree"

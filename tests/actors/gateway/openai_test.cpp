@@ -70,7 +70,8 @@ TEST_CASE("chat content as text parts is the joined string, developer is system,
                      true);
   REQUIRE(std::holds_alternative<openai::api_request>(plain));
   REQUIRE(std::holds_alternative<openai::api_request>(parts));
-  CHECK(std::get<openai::api_request>(parts).prompt == std::get<openai::api_request>(plain).prompt);
+  REQUIRE(std::get<openai::api_request>(parts).prompts.size() == 1);
+  CHECK(std::get<openai::api_request>(parts).prompts[0].text == std::get<openai::api_request>(plain).prompts.at(0).text);
   auto image = parse(R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", true);
   REQUIRE(std::holds_alternative<openai::api_error>(image));
   CHECK(std::get<openai::api_error>(image).message.find("text parts") != std::string::npos);
@@ -83,14 +84,18 @@ TEST_CASE("a completion's prompt as token ids is taken as given, in both shapes,
     auto r = parse(body, false);
     REQUIRE(std::holds_alternative<openai::api_request>(r));
     const auto& req = std::get<openai::api_request>(r);
-    CHECK(req.prompt_is_tokens);
-    CHECK(req.params.prompt == std::vector<int32_t>{1, 7, 9});
+    REQUIRE(req.prompts.size() == 1);
+    CHECK(req.prompts[0].is_tokens);
+    CHECK(req.prompts[0].tokens == std::vector<int32_t>{1, 7, 9});
   }
   auto text = parse(R"({"model":"m","prompt":"abc"})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(text));
-  CHECK_FALSE(std::get<openai::api_request>(text).prompt_is_tokens);
+  REQUIRE(std::get<openai::api_request>(text).prompts.size() == 1);
+  CHECK_FALSE(std::get<openai::api_request>(text).prompts[0].is_tokens);
+  CHECK(std::get<openai::api_request>(text).prompts[0].text == "abc");
   for (const char* body : {R"({"model":"m","prompt":[]})", R"({"model":"m","prompt":[1,-2]})", R"({"model":"m","prompt":[1,2.5]})",
-                           R"({"model":"m","prompt":[1,"a"]})", R"({"model":"m","prompt":[[1],[2]]})"}) {
+                           R"({"model":"m","prompt":[1,"a"]})", R"({"model":"m","prompt":[[1],[]]})",
+                           R"({"model":"m","prompt":[[1],[2,-1]]})", R"({"model":"m","prompt":{"text":"a"}})"}) {
     CAPTURE(body);
     CHECK(std::holds_alternative<openai::api_error>(parse(body, false)));
   }
@@ -99,6 +104,47 @@ TEST_CASE("a completion's prompt as token ids is taken as given, in both shapes,
   auto too_long = parse(long_ids + "]}", false);
   REQUIRE(std::holds_alternative<openai::api_error>(too_long));
   CHECK(std::get<openai::api_error>(too_long).message.find("context is 64") != std::string::npos);
+}
+
+TEST_CASE("a completion takes several prompts, texts or token-id arrays, in order, but not mixed or too many") {
+  auto texts = parse(R"({"model":"m","prompt":["one","two","three"],"n":2})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(texts));
+  const auto& t = std::get<openai::api_request>(texts);
+  REQUIRE(t.prompts.size() == 3);
+  CHECK(t.prompts[0].text == "one");
+  CHECK(t.prompts[2].text == "three");
+  CHECK_FALSE(t.prompts[1].is_tokens);
+  CHECK(t.n == 2);
+
+  auto ids = parse(R"({"model":"m","prompt":[[1,2],[3],[4,5,6]]})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(ids));
+  const auto& i = std::get<openai::api_request>(ids);
+  REQUIRE(i.prompts.size() == 3);
+  CHECK(i.prompts[1].is_tokens);
+  CHECK(i.prompts[1].tokens == std::vector<int32_t>{3});
+  CHECK(i.prompts[2].tokens == std::vector<int32_t>{4, 5, 6});
+
+  auto message_of = [](const std::string& body) {
+    auto r = parse(body, false);
+    REQUIRE(std::holds_alternative<openai::api_error>(r));
+    return std::get<openai::api_error>(r).message;
+  };
+  CHECK(message_of(R"({"model":"m","prompt":["a",[1]]})").find("must not mix") != std::string::npos);
+  CHECK(message_of(R"({"model":"m","prompt":[[1],"a"]})").find("must not mix") != std::string::npos);
+  CHECK(message_of(R"({"model":"m","prompt":["a",5]})").find("an array of strings") != std::string::npos);
+  CHECK(message_of(R"({"model":"m","prompt":["a",null]})").find("an array of strings") != std::string::npos);
+  // Which prompt is at fault is said.
+  const std::string huge(openai::api_limits{}.max_prompt_bytes + 1, 'x');
+  CHECK(message_of(R"({"model":"m","prompt":["a",")" + huge + "\"]}").find("prompt 1 is longer") != std::string::npos);
+
+  // At most max_choices completions in one request: prompts x n.
+  std::string many = R"({"model":"m","prompt":[)";
+  for (int k = 0; k < 65; ++k) many += (k ? ",\"p\"" : "\"p\"");
+  CHECK(message_of(many + "]}").find("at most 64") != std::string::npos);
+  std::string nine = R"({"model":"m","n":8,"prompt":[)";
+  for (int k = 0; k < 9; ++k) nine += (k ? ",\"p\"" : "\"p\"");
+  CHECK(message_of(nine + "]}").find("ask for 72 completions") != std::string::npos);
+  CHECK(std::holds_alternative<openai::api_request>(parse(nine.substr(0, nine.size() - 4) + "]}", false)));  // 8 x 8
 }
 
 TEST_CASE("the sampling and stopping extensions reach the request, and unsupported fields are refused unless neutral") {
