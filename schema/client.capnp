@@ -17,6 +17,12 @@ struct Sampling {
   presencePenalty @6 :Float32 = 0.0;    # once if present in the output, in [-2, 2]
   seed @7 :UInt64;                      # the request's random stream
   logprobs @8 :Int32 = -1;              # -1: none; 0: the chosen token's; n: also the top n (<= 20)
+  logitBias @9 :List(TokenBias);        # added to the tokens' logits before each choice
+}
+
+struct TokenBias {
+  token @0 :Int32;
+  bias @1 :Float32;                     # in [-100, 100]
 }
 
 struct GenerateRequest {

@@ -234,8 +234,6 @@ std::optional<api_error> refuse_unsupported(const json& j) {
     return unsupported("best_of", "other than 1");
   if (present("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
     return unsupported("suffix", "(insertion)");
-  if (present("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
-    return unsupported("logit_bias", "with entries");
   for (const char* key : {"tools", "functions"})
     if (present(key) && !(j[key].is_array() && j[key].empty())) return unsupported(key, "(tool calls)");
   if (present("response_format") &&
@@ -377,6 +375,23 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
     if (!j["ignore_eos"].is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
     r.params.ignore_eos = j["ignore_eos"].get<bool>();
+  }
+  // logit_bias: {"TOKEN_ID": BIAS, ...}, each bias in [-100, 100] (the ids are checked
+  // against the vocabulary by the router).
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
+    const auto& lb = j["logit_bias"];
+    if (!lb.is_object()) return bad("'logit_bias' must be an object of token ids and biases", "logit_bias");
+    if (lb.size() > max_logit_bias)
+      return bad("'logit_bias' has " + std::to_string(lb.size()) + " entries; at most " + std::to_string(max_logit_bias),
+                 "logit_bias");
+    for (const auto& [key, value] : lb.items()) {
+      const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stoll(key) > INT32_MAX)
+        return bad("'logit_bias' keys must be token ids (\"50256\"), not '" + key.substr(0, 40) + "'", "logit_bias");
+      if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0))
+        return bad("'logit_bias' values must be numbers in [-100, 100]", "logit_bias");
+      r.params.sampling.logit_bias.push_back({static_cast<int32_t>(std::stoll(key)), value.get<float>()});
+    }
   }
   if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
     const auto& ids = j["stop_token_ids"];

@@ -5,8 +5,8 @@
 // extensions vLLM and llama.cpp's server take (top_k, min_p, repetition_penalty,
 // ignore_eos, stop_token_ids), and a completion's several prompts in one request (texts or
 // token-id arrays), each with its own choices. Fields whose meaning it does not implement
-// (echo, best_of, suffix, logit_bias, tools, functions, response_format other than text)
-// are refused unless they hold their neutral value, never silently ignored.
+// (echo, best_of, suffix, tools, functions, response_format other than text) are refused
+// unless they hold their neutral value, never silently ignored.
 #pragma once
 
 #include <cstdint>

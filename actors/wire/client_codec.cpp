@@ -63,6 +63,14 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     p.sampling.presence_penalty = s.getPresencePenalty();
     p.sampling.seed = s.getSeed();
     p.sampling.logprobs = s.getLogprobs();
+    const auto biases = s.getLogitBias();
+    if (biases.size() > max_logit_bias)
+      return error{"logit bias has " + std::to_string(biases.size()) + " entries; at most " + std::to_string(max_logit_bias)};
+    for (auto b : biases) {
+      if (b.getToken() < 0 || b.getToken() >= tok.size())
+        return error{"logit bias: token " + std::to_string(b.getToken()) + " is outside the vocabulary"};
+      p.sampling.logit_bias.push_back({b.getToken(), b.getBias()});
+    }
     if (auto e = validate(p.sampling)) return error{*e};
     const auto stops = r.getStopStrings();
     if (stops.size() > static_cast<unsigned>(lim.max_stop_strings)) return error{"too many stop strings"};
@@ -108,6 +116,11 @@ void fill_request_params(schema::GenerateRequest::Builder r, const request_param
   s.setPresencePenalty(p.sampling.presence_penalty);
   s.setSeed(p.sampling.seed);
   s.setLogprobs(p.sampling.logprobs);
+  auto biases = s.initLogitBias(static_cast<unsigned>(p.sampling.logit_bias.size()));
+  for (size_t i = 0; i < p.sampling.logit_bias.size(); ++i) {
+    biases[static_cast<unsigned>(i)].setToken(p.sampling.logit_bias[i].token);
+    biases[static_cast<unsigned>(i)].setBias(p.sampling.logit_bias[i].bias);
+  }
   auto stops = r.initStopStrings(static_cast<unsigned>(p.stop_strings.size()));
   for (size_t i = 0; i < p.stop_strings.size(); ++i) stops.set(static_cast<unsigned>(i), p.stop_strings[i]);
   auto st = r.initStopTokens(static_cast<unsigned>(p.stop_tokens.size()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include "kernels/cpu/argmax.hpp"
 #include "kernels/cpu/sample.hpp"
@@ -21,8 +22,18 @@ std::optional<std::string> validate(const sampling_params& p) {
   if (!std::isfinite(p.presence_penalty) || std::fabs(p.presence_penalty) > 2.0f)
     return "presence_penalty must be in [-2, 2]";
   if (p.logprobs < -1 || p.logprobs > 20) return "logprobs must be in 0..20";
+  if (p.logit_bias.size() > max_logit_bias)
+    return "logit bias has " + std::to_string(p.logit_bias.size()) + " entries; at most " + std::to_string(max_logit_bias);
+  std::unordered_set<int32_t> biased;
+  for (const auto& b : p.logit_bias) {
+    if (b.token < 0) return "logit bias: token id " + std::to_string(b.token) + " is negative";
+    if (!(b.bias >= -100.0f && b.bias <= 100.0f)) return "logit bias: a bias must be in [-100, 100]";
+    if (!biased.insert(b.token).second) return "logit bias: token " + std::to_string(b.token) + " appears twice";
+  }
   return std::nullopt;
 }
+
+bool operator==(const token_bias& a, const token_bias& b) { return a.token == b.token && a.bias == b.bias; }
 
 sampler::sampler(const sampling_params& p, std::span<const int32_t> prompt)
     : p_(p), rng_(p.seed) {
@@ -30,7 +41,8 @@ sampler::sampler(const sampling_params& p, std::span<const int32_t> prompt)
 }
 
 bool sampler::needs_only_logits() const {
-  return p_.repetition_penalty == 1.0f && p_.frequency_penalty == 0.0f && p_.presence_penalty == 0.0f && p_.logprobs < 0;
+  return p_.repetition_penalty == 1.0f && p_.frequency_penalty == 0.0f && p_.presence_penalty == 0.0f &&
+         p_.logprobs < 0 && p_.logit_bias.empty();
 }
 
 token_choice sampler::next_choice() const {
@@ -52,7 +64,7 @@ int32_t sampler::draw(const float* logits, int32_t vocab) {
   return troupe::sample(logits, vocab, how(), rng_.uniform(), scratch_);
 }
 
-void sampler::apply_penalties(float* logits, int32_t vocab) const {
+void sampler::adjust_logits(float* logits, int32_t vocab) const {
   if (p_.repetition_penalty != 1.0f)
     for (auto [t, n] : seen_) {
       if (t < 0 || t >= vocab) continue;
@@ -64,10 +76,12 @@ void sampler::apply_penalties(float* logits, int32_t vocab) const {
       if (t < 0 || t >= vocab) continue;
       logits[t] -= static_cast<float>(n) * p_.frequency_penalty + p_.presence_penalty;
     }
+  for (const auto& b : p_.logit_bias)
+    if (b.token < vocab) logits[b.token] += b.bias;
 }
 
 sample_result sampler::sample(float* logits, int32_t vocab) {
-  apply_penalties(logits, vocab);
+  adjust_logits(logits, vocab);
   sample_result r;
 
   // Log-probabilities of the penalised logits.

@@ -5,6 +5,7 @@
 // Order of operations on the logits of a step:
 //   1. penalties: repetition (over prompt and output: positive logits divided by it,
 //      negative multiplied), frequency and presence (over the output only, as OpenAI's);
+//      then each logit_bias entry added to its token's logit;
 //   2. log-probabilities, if asked, from these logits (before temperature and truncation);
 //   3. temperature 0: argmax. Otherwise softmax(logits / temperature), then top-k, top-p
 //      and min-p truncation, and a draw from what is left.
@@ -37,7 +38,7 @@ class sampler {
  public:
   sampler(const sampling_params& p, std::span<const int32_t> prompt);
 
-  // Chooses the next token from logits [vocab] (penalties are applied in place) and
+  // Chooses the next token from logits [vocab] (penalties and biases are applied in place) and
   // records it.
   sample_result sample(float* logits, int32_t vocab);
   // Records `token` as if sample() had chosen it: the counts its penalties need, and one
@@ -47,7 +48,7 @@ class sampler {
 
   const sampling_params& params() const { return p_; }
 
-  // Whether the next choice needs nothing but the logits (no penalties, no
+  // Whether the next choice needs nothing but the logits (no penalties, biases or
   // log-probabilities), so that whoever holds them can make it: then next_choice() says
   // how, with the uniform sample() would draw (not drawn yet; replay(token) draws it when
   // the token comes back, so a step that is lost and recomputed draws the same).
@@ -56,7 +57,7 @@ class sampler {
 
  private:
   truncation how() const { return {p_.temperature, p_.top_k, p_.top_p, p_.min_p}; }
-  void apply_penalties(float* logits, int32_t vocab) const;
+  void adjust_logits(float* logits, int32_t vocab) const;
   int32_t draw(const float* logits, int32_t vocab);
 
   sampling_params p_;

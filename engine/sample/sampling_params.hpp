@@ -5,8 +5,15 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace troupe {
+
+// A fixed amount added to one token's logit before every choice (OpenAI's logit_bias).
+struct token_bias {
+  int32_t token = 0;
+  float bias = 0.0f;  // in [-100, 100]: -100 in effect bans the token, 100 all but forces it
+};
 
 struct sampling_params {
   float temperature = 1.0f;         // 0: greedy; otherwise logits are divided by it
@@ -18,9 +25,14 @@ struct sampling_params {
   float presence_penalty = 0.0f;    // subtracted once if the token occurred in the output
   uint64_t seed = 0;                // the request's own random stream
   int32_t logprobs = -1;            // -1: none; 0: the chosen token's; n: also the top n
+  std::vector<token_bias> logit_bias;  // each token at most once
 };
 
-// Checks ranges; returns the first problem in words.
+inline constexpr size_t max_logit_bias = 1024;  // entries of logit_bias
+
+bool operator==(const token_bias& a, const token_bias& b);
+
+// Checks ranges (not token ids against a vocabulary); returns the first problem in words.
 std::optional<std::string> validate(const sampling_params& p);
 
 }  // namespace troupe

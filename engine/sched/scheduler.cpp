@@ -47,6 +47,9 @@ status scheduler::add(request_id id, request_params p) {
                    std::to_string(cfg_.vocab) + ")"};
   for (int32_t t : p.stop_tokens)
     if (t < 0 || t >= cfg_.vocab) return error{who + "stop token " + std::to_string(t) + " is outside the vocabulary"};
+  for (const auto& b : p.sampling.logit_bias)
+    if (b.token >= cfg_.vocab)
+      return error{who + "logit bias: token " + std::to_string(b.token) + " is outside the vocabulary"};
   if (p.max_tokens < 1) return error{who + "max_tokens must be at least 1"};
   if (auto e = validate(p.sampling)) return error{who + *e};
   const int64_t blocks = (static_cast<int64_t>(p.prompt.size()) + cfg_.block_size) / cfg_.block_size;

@@ -31,14 +31,22 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
     p.max_tokens = 48;
     const size_t i = reqs.size();
     if (i % 4 == 1) {  // drawn by the last stage
-      p.sampling = {0.8f, 40, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, 100 + i, -1};
+      p.sampling = {0.8f, 40, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, 100 + i, -1, {}};
     } else if (i % 4 == 3) {  // a penalty needs the scheduler's sampler: steps return logits until these end
-      p.sampling = {0.7f, 0, 1.0f, 0.05f, 1.2f, 0.0f, 0.0f, 200 + i, -1};
+      p.sampling = {0.7f, 0, 1.0f, 0.05f, 1.2f, 0.0f, 0.0f, 200 + i, -1, {}};
+      p.max_tokens = 12;
+    } else if (i % 8 == 6) {  // so does a logit bias (below; it travels in the request's frame)
       p.max_tokens = 12;
     }
     reqs.push_back(p);
   }
+  // The biased requests' greedy first token is banned.
+  const auto plain = test::alone_tokens(l, {reqs[6], reqs[14]});
+  reqs[6].sampling.logit_bias = {{plain[0].tokens.at(0), -100.0f}, {400, 2.5f}};
+  reqs[14].sampling.logit_bias = {{plain[1].tokens.at(0), -100.0f}, {13, -1.0f}};
   const auto alone = test::alone_tokens(l, reqs);
+  CHECK(alone[6].tokens.at(0) != plain[0].tokens[0]);
+  CHECK(alone[14].tokens.at(0) != plain[1].tokens[0]);
 
   system_config cfg;
   caf::actor_system sys{cfg};

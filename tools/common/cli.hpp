@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "engine/sample/sampling_params.hpp"
 
 namespace troupe::tools {
 
@@ -37,6 +40,33 @@ inline CLI::Validator host_port(bool any_port = false) {
         return "";
       },
       "HOST:PORT");
+}
+
+// TOKEN=BIAS, as --logit-bias takes it: a token id and a number in [-100, 100].
+inline CLI::Validator token_bias_entry() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const size_t eq = s.find('=');
+        char* end = nullptr;
+        const long token = eq == std::string::npos ? -1 : std::strtol(s.c_str(), &end, 10);
+        if (eq == 0 || eq == std::string::npos || end != s.c_str() + eq || token < 0 || token > INT32_MAX)
+          return "'" + s + "' is not TOKEN=BIAS (a token id, '=', a number)";
+        const double bias = std::strtod(s.c_str() + eq + 1, &end);
+        if (eq + 1 == s.size() || *end != '\0' || !(bias >= -100 && bias <= 100))
+          return "'" + s + "': the bias must be a number in [-100, 100]";
+        return "";
+      },
+      "TOKEN=BIAS");
+}
+
+// Entries that token_bias_entry() has checked.
+inline std::vector<token_bias> parse_token_biases(const std::vector<std::string>& entries) {
+  std::vector<token_bias> out;
+  for (const auto& e : entries) {
+    const size_t eq = e.find('=');
+    out.push_back({static_cast<int32_t>(std::strtol(e.c_str(), nullptr, 10)), std::strtof(e.c_str() + eq + 1, nullptr)});
+  }
+  return out;
 }
 
 }  // namespace troupe::tools

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   int32_t steps = 256, top_k = 0;
   float temperature = 1.0f, top_p = 0.9f, min_p = 0.0f;
   uint64_t seed = 0;
-  std::vector<std::string> stops;
+  std::vector<std::string> stops, biases;
   bool ids = false, health = false, stats = false, ignore_eos = false, timing = false;
   int64_t cancel = -1;
   app.add_option("-c,--connect", address, "gateway HOST:PORT")->check(tools::host_port())->capture_default_str();
@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--min-p", min_p, "drop tokens below this fraction of the top probability")->capture_default_str();
   app.add_option("-s,--seed", seed, "random seed: the same seed, the same tokens")->capture_default_str();
   app.add_option("--stop", stops, "stop string (repeatable)");
+  app.add_option("--logit-bias", biases, "TOKEN=BIAS (repeatable): add BIAS, in [-100, 100], to the token's logit before each choice")
+      ->check(tools::token_bias_entry());
   app.add_flag("--ids", ids, "print the generated token ids instead of text");
   app.add_flag("--ignore-eos", ignore_eos, "generate until -n even past EOS (benchmarks)");
   app.add_flag("--time", timing, "print first-token latency and tokens/s on stderr");
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
   p.sampling.top_k = top_k;
   p.sampling.min_p = min_p;
   p.sampling.seed = seed;
+  p.sampling.logit_bias = tools::parse_token_biases(biases);
   p.stop_strings = stops;
   p.max_tokens = steps;
   p.ignore_eos = ignore_eos;

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   int32_t steps = 256, threads = 0, top_k = 0, logprobs = -1;
   float temperature = 1.0f, top_p = 0.9f, min_p = 0.0f, rep = 1.0f, freq = 0.0f, pres = 0.0f;
   int64_t seed = -1;
-  std::vector<std::string> stops;
+  std::vector<std::string> stops, biases;
   bool ids = false, quiet = false;
   app.add_option("model", model_path, "checkpoint: llama2.c .bin or .gguf")->required();
   app.add_option("-z,--tokenizer", tokenizer_path,
@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeat-penalty", rep, "repetition penalty over prompt and output; 1: off")->capture_default_str();
   app.add_option("--frequency-penalty", freq, "in [-2, 2]")->capture_default_str();
   app.add_option("--presence-penalty", pres, "in [-2, 2]")->capture_default_str();
+  app.add_option("--logit-bias", biases, "TOKEN=BIAS (repeatable): add BIAS, in [-100, 100], to the token's logit before each choice")
+      ->check(tools::token_bias_entry());
   app.add_option("-s,--seed", seed, "random seed (default: from the clock)");
   app.add_option("--stop", stops, "stop string (repeatable); the output ends before it");
   app.add_option("--logprobs", logprobs, "print the log-probability of each token and of the N most likely (0..20)")
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
   req.sampling.presence_penalty = pres;
   req.sampling.seed = static_cast<uint64_t>(seed);
   req.sampling.logprobs = logprobs;
+  req.sampling.logit_bias = tools::parse_token_biases(biases);
   req.stop_strings = stops;
   // Positions after BOS; the sequence with BOS must fit the model's context.
   const int32_t limit = steps == 0 || steps >= m.config.max_seq_len ? m.config.max_seq_len - 1 : steps;
@@ -98,6 +101,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-run: %s\n", bad->c_str());
     return 1;
   }
+  for (const auto& b : req.sampling.logit_bias)
+    if (b.token >= tok.size()) {
+      std::fprintf(stderr, "troupe-run: --logit-bias: token %d is outside the vocabulary (%d tokens)\n", b.token, tok.size());
+      return 1;
+    }
 
   // Echo the prompt.
   if (ids) {

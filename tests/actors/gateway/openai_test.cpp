@@ -3,6 +3,8 @@
 // send, the sampling extensions, and the fields refused rather than ignored.
 #include "actors/gateway/openai.hpp"
 
+#include <algorithm>
+
 #include <doctest/doctest.h>
 
 #include "tests/support/test_support.hpp"
@@ -106,6 +108,31 @@ TEST_CASE("a completion's prompt as token ids is taken as given, in both shapes,
   CHECK(std::get<openai::api_error>(too_long).message.find("context is 64") != std::string::npos);
 }
 
+TEST_CASE("logit_bias maps token ids (as strings) to biases in [-100, 100], in chat and completions alike") {
+  for (bool chat : {false, true}) {
+    CAPTURE(chat);
+    const std::string head = chat ? R"({"model":"m","messages":[{"role":"user","content":"x"}],)" : R"({"model":"m","prompt":"a",)";
+    auto r = parse(head + R"("logit_bias":{"3":-100,"50256":2.5,"0":100}})", chat);
+    REQUIRE(std::holds_alternative<openai::api_request>(r));
+    auto got = std::get<openai::api_request>(r).params.sampling.logit_bias;
+    std::sort(got.begin(), got.end(), [](auto& a, auto& b) { return a.token < b.token; });
+    CHECK(got == std::vector<token_bias>{{0, 100.0f}, {3, -100.0f}, {50256, 2.5f}});
+    for (const char* bad : {R"("logit_bias":{"x":1})", R"("logit_bias":{"-3":1})", R"("logit_bias":{"3.5":1})",
+                            R"("logit_bias":{"99999999999":1})", R"("logit_bias":{"3":100.5})", R"("logit_bias":{"3":"1"})",
+                            R"("logit_bias":[3,1])", R"("logit_bias":{"":1})"}) {
+      CAPTURE(bad);
+      auto e = parse(head + bad + "}", chat);
+      REQUIRE(std::holds_alternative<openai::api_error>(e));
+      CHECK(std::get<openai::api_error>(e).param == "logit_bias");
+    }
+  }
+  std::string many = R"({"model":"m","prompt":"a","logit_bias":{)";
+  for (size_t t = 0; t <= max_logit_bias; ++t) many += (t ? ",\"" : "\"") + std::to_string(t) + "\":1";
+  auto e = parse(many + "}}", false);
+  REQUIRE(std::holds_alternative<openai::api_error>(e));
+  CHECK(std::get<openai::api_error>(e).message.find("entries; at most 1024") != std::string::npos);
+}
+
 TEST_CASE("a completion takes several prompts, texts or token-id arrays, in order, but not mixed or too many") {
   auto texts = parse(R"({"model":"m","prompt":["one","two","three"],"n":2})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(texts));
@@ -164,7 +191,7 @@ TEST_CASE("the sampling and stopping extensions reach the request, and unsupport
   REQUIRE(std::holds_alternative<openai::api_request>(off));
   CHECK(std::get<openai::api_request>(off).params.sampling.top_k == 0);
   for (const char* body : {R"({"model":"m","prompt":"a","echo":true})", R"({"model":"m","prompt":"a","best_of":2})",
-                           R"({"model":"m","prompt":"a","suffix":"end"})", R"({"model":"m","prompt":"a","logit_bias":{"3":1}})",
+                           R"({"model":"m","prompt":"a","suffix":"end"})",
                            R"({"model":"m","prompt":"a","response_format":{"type":"json_object"}})"}) {
     CAPTURE(body);
     auto e = parse(body, false);

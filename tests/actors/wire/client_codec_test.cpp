@@ -1,5 +1,6 @@
 // The client API's requests and results as the gateway reads them: a prompt or an output
-// length the model cannot hold is refused with the figures; an error's kind (the
+// length the model cannot hold is refused with the figures, and a logit bias outside the
+// vocabulary or its range in words; an error's kind (the
 // request's own fault, no replica in time, the server's fault) survives the router's
 // rewriting, and an unknown kind reads as the request's own fault (not worth a retry).
 #include "actors/wire/client_codec.hpp"
@@ -62,6 +63,27 @@ TEST_CASE("a request's prefix-cache namespace travels with it, 0 when unset") {
   auto ids = decode_generate_request(encode_generate_request_tokens(p), tok, lim);
   REQUIRE(ids.has_value());
   CHECK(ids->cache_namespace == 0);
+}
+
+TEST_CASE("a request's logit biases travel with it, and a token outside the vocabulary or a bad bias is refused") {
+  const tokenizer& tok = test::tok512();
+  const request_limits lim = with_context(64);
+  request_params p;
+  p.max_tokens = 4;
+  p.sampling.logit_bias = {{7, -100.0f}, {511, 2.5f}, {0, 100.0f}};
+  auto got = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+  REQUIRE(got.has_value());
+  CHECK(got->sampling.logit_bias == p.sampling.logit_bias);
+  p.sampling.logit_bias = {{512, 1.0f}};
+  auto outside = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+  REQUIRE_FALSE(outside.has_value());
+  CHECK(outside.err().message == "logit bias: token 512 is outside the vocabulary");
+  p.sampling.logit_bias = {{5, 1.0f}, {5, 2.0f}};
+  auto twice = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+  REQUIRE_FALSE(twice.has_value());
+  CHECK(twice.err().message == "logit bias: token 5 appears twice");
+  p.sampling.logit_bias = {{5, -101.0f}};
+  CHECK_FALSE(decode_generate_request(encode_generate_request_text("Once", p), tok, lim).has_value());
 }
 
 TEST_CASE("each API key has a prefix-cache namespace of its own, unless the cache is shared") {

@@ -98,6 +98,41 @@ TEST_CASE("log-probabilities are those of the softmax, top-n sorted") {
   CHECK(r.top[1].logprob == doctest::Approx(2.9 - std::log(z)).epsilon(1e-5));
 }
 
+TEST_CASE("a logit bias moves its tokens' logits: -100 bans, +100 forces, and log-probabilities see it") {
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.logit_bias = {{1, -100.0f}};  // the argmax banned: the runner-up
+  CHECK(draw(p, logits_fixture()) == 4);
+  p.logit_bias = {{2, 1.5f}};  // 2 + 1.5 passes 3
+  CHECK(draw(p, logits_fixture()) == 2);
+  p.logit_bias = {{5, 100.0f}, {1, -3.0f}, {77, 5.0f}};  // (an id past these logits is skipped)
+  p.temperature = 1.0f;
+  p.logprobs = 2;
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    p.seed = seed;
+    sampler s(p, {});
+    auto l = logits_fixture();
+    const auto r = s.sample(l.data(), 6);
+    CHECK(r.token == 5);
+    CHECK(r.logprob > -1e-6f);  // of the biased logits: all the mass is on 5
+    REQUIRE(r.top.size() == 2);
+    CHECK(r.top[1].token == 4);  // 1 fell below 4 by its bias
+  }
+  // The bias applies at every step, beside the penalties.
+  sampling_params q;
+  q.temperature = 0.0f;
+  q.presence_penalty = 2.0f;
+  q.logit_bias = {{0, 2.5f}};  // 1 + 2.5 passes 3: chosen, penalised, then 1 and 4 come back
+  sampler s(q, {});
+  std::vector<int32_t> got;
+  for (int i = 0; i < 3; ++i) {
+    auto l = logits_fixture();
+    got.push_back(s.sample(l.data(), 6).token);
+  }
+  CHECK(got == std::vector<int32_t>{0, 1, 4});
+  CHECK_FALSE(s.needs_only_logits());
+}
+
 TEST_CASE("invalid parameters are named") {
   sampling_params p;
   p.top_p = 0.0f;
@@ -111,6 +146,20 @@ TEST_CASE("invalid parameters are named") {
   p = {};
   p.logprobs = 21;
   CHECK(validate(p).has_value());
+  p = {};
+  p.logit_bias = {{3, 100.5f}};
+  CHECK(validate(p).value().find("[-100, 100]") != std::string::npos);
+  p.logit_bias = {{3, NAN}};
+  CHECK(validate(p).has_value());
+  p.logit_bias = {{-1, 1.0f}};
+  CHECK(validate(p).value().find("negative") != std::string::npos);
+  p.logit_bias = {{3, 1.0f}, {4, 1.0f}, {3, -1.0f}};
+  CHECK(validate(p).value().find("token 3 appears twice") != std::string::npos);
+  p.logit_bias.assign(max_logit_bias + 1, {});
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) p.logit_bias[i].token = static_cast<int32_t>(i);
+  CHECK(validate(p).value().find("at most") != std::string::npos);
+  p.logit_bias.pop_back();
+  CHECK_FALSE(validate(p).has_value());
   CHECK_FALSE(validate(sampling_params{}).has_value());
 }
 
