@@ -19,7 +19,7 @@ namespace troupe {
 namespace {
 
 constexpr int block = 16;           // rows of a packed block; tokens of an AMX tile
-constexpr int vnni_tokens = 4;      // tokens per pass of the VNNI kernel
+constexpr int vnni_tokens = 8;      // tokens per pass of the VNNI kernel (16 accumulators)
 constexpr int amx_min_tokens = 5;   // fewer go through VNNI: a tile's 16 would mostly idle
 
 // Linux: tile data is off until a process asks for it.
@@ -85,32 +85,37 @@ inline __mmask16 row_mask(int32_t b, int32_t rb, int32_t re) {
 #define TROUPE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
 // MT tokens from t0, sixteen rows per vector: a group's products accumulate over its
-// column quads with one VNNI instruction per quad and token.
+// column quads with one VNNI instruction per quad and token. The activations are offset to
+// unsigned bytes, (x + 128) . w = x . w + 128 sum(w), so each group's sums start from
+// -128 sum(w) and end as x . w exactly.
 template <int MT>
 TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t0, float* y,
                            int64_t ys) {
   const int quads = a.group / 4;
+  const uint8_t* xu = a.u.data() + int64_t{t0} * a.cols;
   for (int32_t b = rb / block; b * block < re; ++b) {
     __m512 acc[MT];
     for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
     for (int32_t g = 0; g < a.groups; ++g) {
       const int8_t* wt = w.tile(b, g);
       prefetch_ahead(wt, a.group * block);
+      const __m512i start =
+          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_load_si512(w.sums(b, g)), 7));
       __m512i p[MT];
-      for (int t = 0; t < MT; ++t) p[t] = _mm512_setzero_si512();
+      for (int t = 0; t < MT; ++t) p[t] = start;
+      const uint8_t* xg = xu + g * a.group;
+#pragma GCC unroll 16
       for (int j = 0; j < quads; ++j) {
         const __m512i wv = _mm512_load_si512(wt + j * 64);
         for (int t = 0; t < MT; ++t) {
           int32_t xq;
-          std::memcpy(&xq, a.u.data() + int64_t{t0 + t} * a.cols + g * a.group + j * 4, 4);
+          std::memcpy(&xq, xg + int64_t{t} * a.cols + j * 4, 4);
           p[t] = _mm512_dpbusd_epi32(p[t], _mm512_set1_epi32(xq), wv);
         }
       }
-      // (x + 128) . w = x . w + 128 sum(w)
-      const __m512i offset = _mm512_slli_epi32(_mm512_load_si512(w.sums(b, g)), 7);
       const __m512 ws = _mm512_load_ps(w.scales(b, g));
       for (int t = 0; t < MT; ++t) {
-        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(p[t], offset)), ws);
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(p[t]), ws);
         acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.scale_at(t0 + t, g)), acc[t]);
       }
     }
@@ -123,6 +128,10 @@ void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int
                     int64_t ys) {
   for (; t + vnni_tokens <= a.num_tokens; t += vnni_tokens) rows_vnni<vnni_tokens>(a, w, rb, re, t, y, ys);
   switch (a.num_tokens - t) {
+    case 7: rows_vnni<7>(a, w, rb, re, t, y, ys); break;
+    case 6: rows_vnni<6>(a, w, rb, re, t, y, ys); break;
+    case 5: rows_vnni<5>(a, w, rb, re, t, y, ys); break;
+    case 4: rows_vnni<4>(a, w, rb, re, t, y, ys); break;
     case 3: rows_vnni<3>(a, w, rb, re, t, y, ys); break;
     case 2: rows_vnni<2>(a, w, rb, re, t, y, ys); break;
     case 1: rows_vnni<1>(a, w, rb, re, t, y, ys); break;
