@@ -38,7 +38,9 @@ sitting() {
   echo "## Machine"
   echo
   echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-  echo "- troupe: $(git rev-parse --short HEAD), TROUPE_ISA=native"
+  echo "- troupe: $(git rev-parse --short HEAD), TROUPE_ISA=native; $("$perf" decode "$BENCH_DIR/syn110m.q8_0.gguf" -n 2 -r 1 2>&1 >/dev/null |
+    grep -o "q8_0 weights with [^,;]*" | head -1)"
+  echo "- CPU flags: $(grep -o -w 'avx512_vnni\|amx_tile\|amx_int8' /proc/cpuinfo | sort -u | xargs)"
   if [[ -n ${LLAMA_CPP:-} ]]; then
     echo "- llama.cpp: build $("$LLAMA_CPP/llama-bench" -m "$stories/stories260K.gguf" -p 0 -n 1 -r 1 -o csv 2>/dev/null |
       tail -1 | awk -F, '{gsub(/"/, ""); print $1 " (" $2 ")"}'), default settings (llama-bench reports means)"
