@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/common/assert.hpp"
 #include "kernels/common/dtype.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/cpu/softmax.hpp"
@@ -268,6 +269,74 @@ void attend_heads(const float* const* q, float* const* out, const attention_toke
     values_heads<T, H, G, 1>(scores, n, tok, kv_head0, kv, out);
 }
 
+// A run of R consecutive tokens of one sequence (a prefill chunk's), G query heads each,
+// against one KV head: R * G rows, row r * G + j being query head j of token r. Each
+// block of the cache is read (and widened) once for every row, where one token at a time
+// reads it once per token; each row's result is the same bits as attend_heads gives that
+// token alone (the same sums in the same order: scores over the head dimension, values
+// over its own positions).
+//
+// out[row] = sum_p weights[row][p] * v_p over p < ns[row], positions in order, C
+// sixteen-element stretches of the head at a time, each value stretch loaded once for
+// every row that reaches it.
+template <class T, int Rows, int C>
+void values_rows(const float* const* weights, const int32_t* ns, const attention_token& tok, int32_t kv_head,
+                 const paged_kv_layer& kv, float* const* out) {
+  const int32_t hd = kv.head_dim;
+  int32_t n = 0;
+  for (int i = 0; i < Rows; ++i) n = std::max(n, ns[i]);
+  for (int i = 0; i < Rows; ++i) std::memset(out[i], 0, sizeof(float) * hd);
+  for (int32_t p0 = 0; p0 < n; p0 += simd::width) {
+    const uint32_t block = tok.block_table[p0 / simd::width];
+    const T* vb = values(kv, T{}) + kv.offset(block, kv_head);
+    const float* vs = scaled<T> ? kv.v_scale + kv.scale_offset(block, kv_head) : nullptr;
+    int32_t count[Rows], most = 0;
+    for (int i = 0; i < Rows; ++i) {
+      count[i] = std::clamp(ns[i] - p0, 0, simd::width);
+      most = std::max(most, count[i]);
+    }
+    for (int32_t c0 = 0; c0 < hd; c0 += C * simd::width) {
+      simd::v16f acc[Rows][C];
+      for (int i = 0; i < Rows; ++i)
+        for (int c = 0; c < C; ++c) acc[i][c] = simd::load(out[i] + c0 + c * simd::width);
+      for (int32_t s = 0; s < most; ++s) {
+        simd::v16f v[C];
+        for (int c = 0; c < C; ++c) v[c] = load16(vb + s * hd + c0 + c * simd::width);
+        for (int i = 0; i < Rows; ++i) {
+          if (s >= count[i]) continue;
+          const simd::v16f a = simd::splat(scaled<T> ? weights[i][p0 + s] * vs[s] : weights[i][p0 + s]);
+          for (int c = 0; c < C; ++c) acc[i][c] = simd::fma(a, v[c], acc[i][c]);
+        }
+      }
+      for (int i = 0; i < Rows; ++i)
+        for (int c = 0; c < C; ++c) simd::store(out[i] + c0 + c * simd::width, acc[i][c]);
+    }
+  }
+}
+
+template <class T, int G, int R>
+void attend_run(const float* const* q, float* const* out, const attention_token* toks, int32_t kv_head,
+                const paged_kv_layer& kv, std::vector<float>& scratch) {
+  constexpr int Rows = R * G;
+  const int32_t n = toks[R - 1].position + 1;  // the last token sees the most
+  const int32_t padded = (n + simd::width - 1) / simd::width * simd::width + simd::width;
+  if (static_cast<int32_t>(scratch.size()) < Rows * padded) scratch.resize(Rows * padded);
+  float* scores[Rows];
+  int32_t ns[Rows];
+  for (int i = 0; i < Rows; ++i) {
+    scores[i] = scratch.data() + i * padded;
+    ns[i] = toks[i / G].position + 1;
+  }
+  // Every row scored over the last token's positions (the extra ones are not used).
+  scores_heads<T, (Rows >= 8 ? 1 : 8 / Rows), 1, Rows>(q, toks[R - 1], kv_head, kv, n, scores);
+  for (int i = 0; i < Rows; ++i) softmax(scores[i], ns[i]);
+  constexpr int C = Rows >= 8 ? 1 : Rows >= 4 ? 2 : 4;
+  if ((kv.head_dim / simd::width) % C == 0)
+    values_rows<T, Rows, C>(scores, ns, toks[R - 1], kv_head, kv, out);
+  else
+    values_rows<T, Rows, 1>(scores, ns, toks[R - 1], kv_head, kv, out);
+}
+
 // One item: the sixteen-slot kernels where `blocked`, the general loops otherwise.
 template <class T>
 void attend(bool blocked, int kv_heads_per_item, int group, const float* const* q, float* const* out,
@@ -281,6 +350,20 @@ void attend(bool blocked, int kv_heads_per_item, int group, const float* const* 
     case 1 * 16 + 4: return attend_heads<T, 1, 4>(q, out, tok, kv_head0, kv, scratch);
     case 1 * 16 + 8: return attend_heads<T, 1, 8>(q, out, tok, kv_head0, kv, scratch);
     default: return attend_group<T>(q, out, group, tok, kv_head0, kv, scratch);
+  }
+}
+
+// A run of `len` tokens (2 to 8 / group) for one KV head.
+template <class T>
+void attend_run_of(int group, int len, const float* const* q, float* const* out, const attention_token* toks,
+                   int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
+  switch (group * 16 + len) {
+#define TROUPE_RUN(G, R) \
+  case (G) * 16 + (R): return attend_run<T, G, R>(q, out, toks, kv_head, kv, scratch);
+    TROUPE_RUN(1, 2) TROUPE_RUN(1, 3) TROUPE_RUN(1, 4) TROUPE_RUN(1, 5) TROUPE_RUN(1, 6) TROUPE_RUN(1, 7)
+    TROUPE_RUN(1, 8) TROUPE_RUN(2, 2) TROUPE_RUN(2, 3) TROUPE_RUN(2, 4) TROUPE_RUN(4, 2)
+#undef TROUPE_RUN
+    default: TROUPE_ASSERT(false, group, len);
   }
 }
 
@@ -317,30 +400,64 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
   const int32_t group = num_heads / kv.num_kv_heads;
   const item_shape shape = shape_for(kv, group, num_tokens, pool.num_threads());
   const int32_t chunks = kv.num_kv_heads / shape.kv_heads;
-  const int64_t per_token = int64_t{chunks} * shape.passes;
-  const int64_t items = num_tokens * per_token;
+  // Items: a lone token's query heads of `shape.kv_heads` KV heads (one pass of at most
+  // max_group per KV head), or a run of a prefill chunk's consecutive tokens (up to eight
+  // query heads in all) for one KV head, which reads each block of the cache once for all
+  // of them.
+  struct item {
+    int32_t t, len, kv_head0, pass;
+  };
+  const int run_max = shape.blocked && (group == 1 || group == 2 || group == 4) ? 8 / group : 1;
+  thread_local std::vector<item> items;
+  items.clear();
+  for (int32_t t = 0; t < num_tokens;) {
+    int32_t len = 1;
+    while (len < run_max && t + len < num_tokens && tokens[t + len].block_table == tokens[t].block_table &&
+           tokens[t + len].position == tokens[t].position + len)
+      ++len;
+    if (len > 1) {
+      for (int32_t h = 0; h < kv.num_kv_heads; ++h) items.push_back({t, len, h, 0});
+    } else {
+      for (int32_t c = 0; c < chunks; ++c)
+        for (int32_t pass = 0; pass < shape.passes; ++pass) items.push_back({t, 1, c * shape.kv_heads, pass});
+    }
+    t += len;
+  }
   // Items differ in cost (a prefill chunk's tokens see more positions than a new
   // sequence's), so threads take them as they become free.
-  pool.parallel_for_dynamic(items, [&](int64_t it, int) {
+  pool.parallel_for_dynamic(static_cast<int64_t>(items.size()), [&, its = items.data()](int64_t at, int) {
     thread_local std::vector<float> scratch;
-    const auto t = static_cast<int32_t>(it / per_token);
-    const auto rest = static_cast<int32_t>(it % per_token);
-    const int32_t g0 = rest / shape.passes * shape.kv_heads, pass = rest % shape.passes;
-    const int count = std::min(shape.group, group - pass * shape.group);
+    const item& it = its[at];
     const float* qs[4 * max_group];
     float* outs[4 * max_group];
+    if (it.len > 1) {
+      for (int32_t r = 0; r < it.len; ++r)
+        for (int32_t j = 0; j < group; ++j) {
+          const int32_t head = it.kv_head0 * group + j;
+          qs[r * group + j] = q + (it.t + r) * q_stride + head * kv.head_dim;
+          outs[r * group + j] = out + (it.t + r) * out_stride + head * kv.head_dim;
+        }
+      if (kv.k8)
+        attend_run_of<int8_t>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
+      else if (kv.k16)
+        attend_run_of<uint16_t>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
+      else
+        attend_run_of<float>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
+      return;
+    }
+    const int count = std::min(shape.group, group - it.pass * shape.group);
     for (int h = 0; h < shape.kv_heads; ++h)
       for (int j = 0; j < count; ++j) {
-        const int32_t head = (g0 + h) * group + pass * shape.group + j;
-        qs[h * count + j] = q + t * q_stride + head * kv.head_dim;
-        outs[h * count + j] = out + t * out_stride + head * kv.head_dim;
+        const int32_t head = (it.kv_head0 + h) * group + it.pass * shape.group + j;
+        qs[h * count + j] = q + it.t * q_stride + head * kv.head_dim;
+        outs[h * count + j] = out + it.t * out_stride + head * kv.head_dim;
       }
     if (kv.k8)
-      attend<int8_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[t], g0, kv, scratch);
+      attend<int8_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
     else if (kv.k16)
-      attend<uint16_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[t], g0, kv, scratch);
+      attend<uint16_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
     else
-      attend<float>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[t], g0, kv, scratch);
+      attend<float>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
   });
 }
 

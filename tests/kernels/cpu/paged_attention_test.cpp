@@ -268,6 +268,62 @@ TEST_CASE("a token's attention is the same bits alone and in a batch, however he
     }
 }
 
+TEST_CASE("a prefill chunk's tokens, read a block at a time for several of them, are the same bits as each alone") {
+  // Consecutive positions of one sequence form runs (up to eight query heads in all), one
+  // KV head an item; the chunk starts inside a block and ends inside another, and a lone
+  // token of another sequence sits between two chunks of this one. 1, 2 and 4 query heads
+  // per KV head take runs; 3 and 8 do not (each token alone).
+  struct shape {
+    int32_t heads, kv_heads, head_dim;
+  };
+  for (shape sh : {shape{4, 4, 64}, shape{6, 3, 32}, shape{8, 2, 16}, shape{6, 2, 48}, shape{8, 1, 32}})
+    for (cache_type type : {cache_type::f32, cache_type::f16, cache_type::i8}) {
+      CAPTURE(sh.heads);
+      CAPTURE(sh.kv_heads);
+      CAPTURE(sh.head_dim);
+      CAPTURE(static_cast<int>(type));
+      const int32_t heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.head_dim, block = 16, blocks = 12, len = 90;
+      const test_cache cache(type, blocks, kv_heads, block, hd);
+      const paged_kv_layer& kv = cache.layer;
+      const std::vector<uint32_t> table = shuffled_table(blocks, 9), other = shuffled_table(blocks, 10);
+      const auto keys = test::random_floats(size_t(len) * kv_heads * hd, 31);
+      const auto vals = test::random_floats(keys.size(), 32);
+      for (int32_t p = 0; p < len; ++p)
+        paged_kv_write(kv, table.data(), p, keys.data() + size_t(p) * kv_heads * hd, vals.data() + size_t(p) * kv_heads * hd);
+      // Positions 5..41, then another sequence's token (its table shares the pool), then 42..88.
+      std::vector<attention_token> toks;
+      for (int32_t p = 5; p < 42; ++p) toks.push_back({p, table.data()});
+      toks.push_back({17, other.data()});
+      for (int32_t p = 42; p < 89; ++p) toks.push_back({p, table.data()});
+      const auto batch = static_cast<int32_t>(toks.size());
+      const int32_t row = heads * hd;
+      const auto q = test::random_floats(size_t(batch) * row, 33);
+      thread_pool pool(2);
+      std::vector<float> together(q.size(), NAN);
+      paged_attention(q.data(), row, together.data(), row, toks.data(), batch, heads, kv, pool);
+      for (int32_t t = 0; t < batch; ++t) {
+        CAPTURE(t);
+        std::vector<float> alone(row, NAN);
+        paged_attention(q.data() + t * row, row, alone.data(), row, &toks[t], 1, heads, kv, pool);
+        CHECK(std::memcmp(alone.data(), together.data() + t * row, sizeof(float) * row) == 0);
+      }
+      if (type == cache_type::f32) {
+        std::vector<int32_t> positions;
+        std::vector<float> q_own;
+        for (int32_t t = 0; t < batch; ++t)
+          if (toks[t].block_table == table.data()) {
+            positions.push_back(toks[t].position);
+            q_own.insert(q_own.end(), q.begin() + t * row, q.begin() + (t + 1) * row);
+          }
+        const auto want = dense_attention(q_own, keys, vals, positions, heads, kv_heads, hd);
+        size_t j = 0;
+        for (int32_t t = 0; t < batch; ++t)
+          if (toks[t].block_table == table.data())
+            for (int32_t i = 0; i < row; ++i, ++j) CHECK(together[t * row + i] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
+      }
+    }
+}
+
 TEST_CASE("an int8 cache row of zeros stays zeros, and a non-finite row reads as NaN") {
   const int32_t block = 16, hd = 16, kv_heads = 1, blocks = 1;
   std::vector<int8_t> k8(block * hd, 5), v8(block * hd, 5);
