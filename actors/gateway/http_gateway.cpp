@@ -83,7 +83,8 @@ openai::api_error failure_of(const std::string& why, wire::error_kind kind, bool
 
 // The method a route takes ("" for no route).
 std::string route_method(const std::string& path) {
-  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize")
+    return "POST";
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") return "GET";
   return "";
 }
@@ -173,6 +174,9 @@ struct http_gateway::impl {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  void tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+  // A POST route's handler, by its path (none for an unknown path).
+  void post(const httplib::Request& req, httplib::Response& res);
   std::string render_metrics();
 };
 
@@ -373,6 +377,32 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       });
 }
 
+// The model's tokenizer, as the completions routes use it: text to ids (BOS first unless
+// add_special_tokens is false), or ids to text (BOS and EOS left out).
+void http_gateway::impl::tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize) {
+  if (!authorized(req, res)) return;
+  if (!cfg.tok) return send_error(res, {503, "this gateway has no tokenizer", "server_error", "", ""});
+  if (detokenize) {
+    auto parsed = openai::parse_detokenize(req.body, cfg.model_id, cfg.tok->size());
+    if (auto* e = std::get_if<openai::api_error>(&parsed)) return send_error(res, *e);
+    std::vector<int32_t> ids;
+    for (int32_t t : std::get<std::vector<int32_t>>(parsed))
+      if (t != cfg.tok->bos_id() && t != cfg.tok->eos_id()) ids.push_back(t);
+    return res.set_content(openai::detokenize_body(cfg.tok->decode_all(ids)), "application/json");
+  }
+  auto parsed = openai::parse_tokenize(req.body, cfg.model_id, cfg.chat, cfg.limits);
+  if (auto* e = std::get_if<openai::api_error>(&parsed)) return send_error(res, *e);
+  const auto& t = std::get<openai::tokenize_request>(parsed);
+  res.set_content(openai::tokenize_body(cfg.tok->encode(t.text, t.add_bos), cfg.limits.context), "application/json");
+}
+
+void http_gateway::impl::post(const httplib::Request& req, httplib::Response& res) {
+  if (req.path == "/v1/completions" || req.path == "/v1/chat/completions")
+    completions(req, res, req.path == "/v1/chat/completions");
+  else if (req.path == "/tokenize" || req.path == "/detokenize")
+    tokenize(req, res, req.path == "/detokenize");
+}
+
 std::string http_gateway::impl::render_metrics() {
   const router_stats st = ask_stats(sys, router);
   caf::scoped_actor self{sys};
@@ -472,9 +502,8 @@ expected<uint16_t> http_gateway::start() {
       handler(q, r);
     };
   };
-  srv.Post("/v1/completions", arrived([g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, false); }));
-  srv.Post("/v1/chat/completions",
-           arrived([g](const httplib::Request& q, httplib::Response& r) { g->completions(q, r, true); }));
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
+    srv.Post(path, arrived([g](const httplib::Request& q, httplib::Response& r) { g->post(q, r); }));
   srv.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
     std::string what = "internal error";
     try {
@@ -513,14 +542,14 @@ expected<uint16_t> http_gateway::start() {
     if (!r.body.empty()) return;
     const std::string method = route_method(q.path);
     const bool posts = method == "POST";
-    // A completion sent with a form's content type (what `curl -d` sends unless told
+    // A request sent with a form's content type (what `curl -d` sends unless told
     // otherwise): the library refuses such bodies over 8 KiB, after reading them, with
     // 413. The body is the request's JSON all the same, within the gateway's own limit, so
     // it is served.
     if (r.status == 413 && posts && q.method == "POST" && q.body.size() <= g->cfg.max_body_bytes &&
         q.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0) {
       r.status = 200;
-      return g->completions(q, r, q.path == "/v1/chat/completions");
+      return g->post(q, r);
     }
     std::string msg = r.status == 413 ? "the request body is too large" : r.status == 404 ? "no such route" : "bad request";
     // (The library fills in the peer only once it has read a request's head.)

@@ -213,8 +213,10 @@ std::optional<api_error> refuse_unsupported(const json& j) {
 
 }  // namespace
 
-std::variant<api_request, api_error> parse_request(const std::string& body, bool chat, const std::string& model_id,
-                                                   chat_template tmpl, const api_limits& lim) {
+namespace {
+
+// The body as a JSON object, or why it is not one.
+std::variant<json, api_error> body_object(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
@@ -226,13 +228,34 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
     return bad("the body is not valid JSON: " + what, "");
   }
   if (!j.is_object()) return bad("the body must be a JSON object", "");
+  return j;
+}
+
+api_error unknown_model(const std::string& asked, const std::string& model_id) {
+  return bad("The model '" + asked + "' does not exist; this server serves '" + model_id + "'", "model", 404,
+             "model_not_found");
+}
+
+// An optional "model": absent, or the one served.
+std::optional<api_error> optional_model(const json& j, const std::string& model_id) {
+  if (!j.contains("model") || j["model"].is_null()) return std::nullopt;
+  if (!j["model"].is_string()) return bad("'model' must be a string", "model");
+  if (j["model"].get<std::string>() != model_id) return unknown_model(j["model"].get<std::string>(), model_id);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<api_request, api_error> parse_request(const std::string& body, bool chat, const std::string& model_id,
+                                                   chat_template tmpl, const api_limits& lim) {
+  auto parsed = body_object(body);
+  if (auto* e = std::get_if<api_error>(&parsed)) return *e;
+  json j = std::move(std::get<json>(parsed));
   api_request r;
   r.chat = chat;
   if (!j.contains("model") || !j["model"].is_string()) return bad("'model' must be a string", "model");
   r.model = j["model"].get<std::string>();
-  if (r.model != model_id)
-    return bad("The model '" + r.model + "' does not exist; this server serves '" + model_id + "'", "model", 404,
-               "model_not_found");
+  if (r.model != model_id) return unknown_model(r.model, model_id);
 
   if (chat) {
     if (auto e = read_messages(j, tmpl, r)) return *e;
@@ -378,6 +401,49 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   r.params.sampling.seed = static_cast<uint64_t>(seed);
   r.params.max_tokens = static_cast<int32_t>(max_tokens);
   return r;
+}
+
+std::variant<tokenize_request, api_error> parse_tokenize(const std::string& body, const std::string& model_id,
+                                                         chat_template tmpl, const api_limits& lim) {
+  auto parsed = body_object(body);
+  if (auto* e = std::get_if<api_error>(&parsed)) return *e;
+  json j = std::move(std::get<json>(parsed));
+  if (auto e = optional_model(j, model_id)) return *e;
+  tokenize_request t;
+  if (j.contains("messages") == j.contains("prompt")) return bad("send either 'prompt' (text) or 'messages'", "prompt");
+  if (j.contains("prompt")) {
+    if (!j["prompt"].is_string()) return bad("'prompt' must be a string", "prompt");
+    t.text = j["prompt"].get<std::string>();
+  } else {
+    api_request r;
+    if (auto e = read_messages(j, tmpl, r)) return *e;
+    t.text = r.prompts.at(0).text;
+    if (j.contains("add_generation_prompt") && !j["add_generation_prompt"].is_null() &&
+        !(j["add_generation_prompt"].is_boolean() && j["add_generation_prompt"].get<bool>()))
+      return bad("'add_generation_prompt' other than true is not supported by this server", "add_generation_prompt");
+  }
+  if (t.text.size() > lim.max_prompt_bytes) return bad("the prompt is longer than this server accepts", "prompt", 413);
+  if (j.contains("add_special_tokens") && !j["add_special_tokens"].is_null()) {
+    if (!j["add_special_tokens"].is_boolean()) return bad("'add_special_tokens' must be a boolean", "add_special_tokens");
+    t.add_bos = j["add_special_tokens"].get<bool>();
+  }
+  return t;
+}
+
+std::variant<std::vector<int32_t>, api_error> parse_detokenize(const std::string& body, const std::string& model_id,
+                                                               int32_t vocab) {
+  auto parsed = body_object(body);
+  if (auto* e = std::get_if<api_error>(&parsed)) return *e;
+  json j = std::move(std::get<json>(parsed));
+  if (auto e = optional_model(j, model_id)) return *e;
+  if (!j.contains("tokens") || !j["tokens"].is_array()) return bad("'tokens' must be an array of token ids", "tokens");
+  std::vector<int32_t> ids;
+  if (!append_token_ids(j["tokens"], ids)) return bad("'tokens' must hold integers of 0 or more", "tokens");
+  for (int32_t t : ids)
+    if (t >= vocab)
+      return bad("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) + " tokens)",
+                 "tokens");
+  return ids;
 }
 
 }  // namespace troupe::openai

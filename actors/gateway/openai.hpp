@@ -74,6 +74,23 @@ std::optional<chat_template> template_named(const std::string& name);
 chat_template template_for_model(const std::string& jinja);
 const char* template_name(chat_template t);
 
+// POST /tokenize and /detokenize, in vLLM's shapes. /tokenize takes a completion's
+// "prompt" (text) or a chat's "messages" (the text the template makes of them, which ends
+// where the assistant's answer starts), and add_special_tokens (BOS; default true);
+// /detokenize takes "tokens" (ids inside the vocabulary). "model", when given, must be
+// the model served.
+struct tokenize_request {
+  std::string text;
+  bool add_bos = true;
+};
+std::variant<tokenize_request, api_error> parse_tokenize(const std::string& body, const std::string& model_id,
+                                                         chat_template tmpl, const api_limits& lim);
+std::variant<std::vector<int32_t>, api_error> parse_detokenize(const std::string& body, const std::string& model_id,
+                                                               int32_t vocab);
+// {"count", "max_model_len", "tokens"}; {"prompt"}.
+std::string tokenize_body(const std::vector<int32_t>& tokens, int32_t context);
+std::string detokenize_body(const std::string& text);
+
 std::string error_body(const api_error& e);
 // GET /health: "ok" (every replica ready), "degraded" (some), "unavailable" (none; 503).
 std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail,

@@ -1,5 +1,5 @@
 // The OpenAI-compatible API's answers as JSON: completions whole and streamed, errors,
-// health, models.
+// health, models, tokenizing.
 #include "actors/gateway/openai.hpp"
 
 #include <nlohmann/json.hpp>
@@ -137,6 +137,14 @@ std::string models_body(const std::string& model, int64_t created) {
 
 std::string model_body(const std::string& model, int64_t created) {
   return model_object(model, created).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string tokenize_body(const std::vector<int32_t>& tokens, int32_t context) {
+  return json{{"count", tokens.size()}, {"max_model_len", context}, {"tokens", tokens}}.dump();
+}
+
+std::string detokenize_body(const std::string& text) {
+  return json{{"prompt", text}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace troupe::openai

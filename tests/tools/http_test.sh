@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The OpenAI-compatible HTTP API of a real troupe-node on 127.0.0.1: completions (one
-# prompt or several) and chat (whole and streamed) against troupe-run's text, every kind of bad input getting the
-# right 4xx and an OpenAI-style error body, clients that go away, slow and idle clients,
-# 429 at capacity, API keys, CORS, health and metrics. Bounded in time; the node is always
-# killed.
+# prompt or several) and chat (whole and streamed) against troupe-run's text, every kind
+# of bad input getting the right 4xx and an OpenAI-style error body, clients that go
+# away, slow and idle clients, 429 at capacity, API keys, CORS, tokenize, health and
+# metrics. Bounded in time; the node is always killed.
 # Usage: http_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -108,6 +108,7 @@ expect 200 '"text_completion"' "completion" \
 text=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body")
 want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 44 -t 0 -q)
 [[ "Once upon a time$text" == "$want" ]] || fail "completion text differs: '$text'"
+want_greedy=$want
 grep -q '"completion_tokens":40' "$work/body" || fail "usage"
 
 # The prompt as token ids (BOS and troupe-run's ids of the same words) gives the same text.
@@ -121,6 +122,24 @@ for shape in "[$prompt_ids]" "[[$prompt_ids]]"; do
 done
 expect 400 'outside the vocabulary' "a token id past the vocabulary" "$(post /v1/completions '{"model":"stories260K","prompt":[1,99999]}')"
 expect 400 'integers of 0 or more' "a negative token id" "$(post /v1/completions '{"model":"stories260K","prompt":[1,-4]}')"
+
+# /tokenize gives the ids the completion above saw (BOS first, as troupe-run has them;
+# none with add_special_tokens false), /detokenize turns the greedy ids back into its text
+# (BOS left out); they take the same keys, and a model that is not served is a 404.
+expect 200 '"max_model_len":512' "tokenize" "$(post /tokenize '{"model":"stories260K","prompt":"Once upon a time"}')"
+grep -q "\"tokens\":\[$prompt_ids\]" "$work/body" || fail "tokenize: $(cat "$work/body") against troupe-run's [$prompt_ids]"
+expect 200 "\"tokens\":\[${prompt_ids#1,}\]" "tokenize without BOS" \
+  "$(post /tokenize '{"prompt":"Once upon a time","add_special_tokens":false}')"
+expect 200 '"count":' "tokenize messages" "$(post /tokenize '{"messages":[{"role":"user","content":"Once upon a time"}]}')"
+generated=$(tr ' ' ',' <<<"$ids" | sed 's/,$//')
+expect 200 '"prompt":' "detokenize" "$(post /detokenize '{"tokens":[1,'"$generated"']}')"
+[[ $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prompt"], end="")' "$work/body") == "$want_greedy" ]] ||
+  fail "detokenize: $(cat "$work/body") against '$want_greedy'"
+expect 400 'outside the vocabulary' "detokenize past the vocabulary" "$(post /detokenize '{"tokens":[1,512]}')"
+expect 404 'model_not_found' "tokenize for another model" "$(post /tokenize '{"model":"gpt-4","prompt":"a"}')"
+expect 401 'no API key' "tokenize without a key" \
+  "$(status -H 'Content-Type: application/json' "$base/tokenize" --data-binary '{"prompt":"a"}')"
+expect 405 'use POST' "GET /tokenize" "$(status "${auth[@]}" "$base/tokenize")"
 
 # Sampling extensions: top_k 1 (and min_p near 1) at temperature 1 keep only the most
 # likely token, so they give the greedy text; repetition_penalty reaches the sampler as

@@ -133,6 +133,38 @@ TEST_CASE("logit_bias maps token ids (as strings) to biases in [-100, 100], in c
   CHECK(std::get<openai::api_error>(e).message.find("entries; at most 1024") != std::string::npos);
 }
 
+TEST_CASE("tokenize takes a prompt or messages and add_special_tokens, detokenize token ids inside the vocabulary") {
+  const openai::api_limits lim;
+  auto tok = [&](const std::string& body) { return openai::parse_tokenize(body, "m", openai::chat_template::chatml, lim); };
+  auto text = tok(R"({"prompt":"Once upon","add_special_tokens":false})");
+  REQUIRE(std::holds_alternative<openai::tokenize_request>(text));
+  CHECK(std::get<openai::tokenize_request>(text).text == "Once upon");
+  CHECK_FALSE(std::get<openai::tokenize_request>(text).add_bos);
+  auto chat = tok(R"({"model":"m","messages":[{"role":"user","content":"Hi"}]})");
+  REQUIRE(std::holds_alternative<openai::tokenize_request>(chat));
+  CHECK(std::get<openai::tokenize_request>(chat).text ==
+        openai::apply_template(openai::chat_template::chatml, {{"user", "Hi"}}));
+  CHECK(std::get<openai::tokenize_request>(chat).add_bos);
+  for (const char* body : {R"({})", R"({"prompt":"a","messages":[{"role":"user","content":"x"}]})", R"({"prompt":5})",
+                           R"({"prompt":"a","add_special_tokens":"no"})", R"([1])", R"({"prompt":"a","model":7})",
+                           R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false})"}) {
+    CAPTURE(body);
+    CHECK(std::holds_alternative<openai::api_error>(tok(body)));
+  }
+  auto other = tok(R"({"model":"other","prompt":"a"})");
+  REQUIRE(std::holds_alternative<openai::api_error>(other));
+  CHECK(std::get<openai::api_error>(other).status == 404);
+
+  auto ids = openai::parse_detokenize(R"({"tokens":[1,5,511]})", "m", 512);
+  REQUIRE(std::holds_alternative<std::vector<int32_t>>(ids));
+  CHECK(std::get<std::vector<int32_t>>(ids) == std::vector<int32_t>{1, 5, 511});
+  for (const char* body : {R"({"tokens":[512]})", R"({"tokens":[-1]})", R"({"tokens":"1 2"})", R"({})", R"({"tokens":[1.5]})"}) {
+    CAPTURE(body);
+    CHECK(std::holds_alternative<openai::api_error>(openai::parse_detokenize(body, "m", 512)));
+  }
+  CHECK(openai::tokenize_body({1, 5}, 64) == R"({"count":2,"max_model_len":64,"tokens":[1,5]})");
+}
+
 TEST_CASE("a completion takes several prompts, texts or token-id arrays, in order, but not mixed or too many") {
   auto texts = parse(R"({"model":"m","prompt":["one","two","three"],"n":2})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(texts));
