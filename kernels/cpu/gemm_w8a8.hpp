@@ -14,9 +14,10 @@
 // consecutive columns of each row together: the operand layout of both VNNI and AMX.
 // AMX multiplies 16 tokens by 16 rows per instruction (steps of 5 tokens or more, when the
 // CPU has AMX-INT8 and the kernel grants this process tile data); VNNI takes up to eight
-// tokens at a time (decode steps, and everything without AMX), with the activations
-// offset to unsigned bytes and the offset's share taken back with each group's weight
-// sum. gemm() runs a matrix_view this way when it carries a packed copy.
+// tokens at a time against two row blocks (decode steps, and everything without AMX),
+// with the activations offset to unsigned bytes and the offset's share taken back with
+// each group's weight sum. gemm() runs a matrix_view this way when it carries a packed
+// copy.
 #pragma once
 
 #include <cstdint>
