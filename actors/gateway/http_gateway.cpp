@@ -174,7 +174,10 @@ struct http_gateway::impl {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
-  void tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
+  // Whether the request may use the tokenizer; if not, res holds why.
+  bool tokenizer_for(const httplib::Request& req, httplib::Response& res) const;
   // A POST route's handler, by its path (none for an unknown path).
   void post(const httplib::Request& req, httplib::Response& res);
   std::string render_metrics();
@@ -377,30 +380,40 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
       });
 }
 
+bool http_gateway::impl::tokenizer_for(const httplib::Request& req, httplib::Response& res) const {
+  if (!authorized(req, res)) return false;
+  if (cfg.tok) return true;
+  send_error(res, {503, "this gateway has no tokenizer", "server_error", "", ""});
+  return false;
+}
+
 // The model's tokenizer, as the completions routes use it: text to ids (BOS first unless
-// add_special_tokens is false), or ids to text (BOS and EOS left out).
-void http_gateway::impl::tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize) {
-  if (!authorized(req, res)) return;
-  if (!cfg.tok) return send_error(res, {503, "this gateway has no tokenizer", "server_error", "", ""});
-  if (detokenize) {
-    auto parsed = openai::parse_detokenize(req.body, cfg.model_id, cfg.tok->size());
-    if (auto* e = std::get_if<openai::api_error>(&parsed)) return send_error(res, *e);
-    std::vector<int32_t> ids;
-    for (int32_t t : std::get<std::vector<int32_t>>(parsed))
-      if (t != cfg.tok->bos_id() && t != cfg.tok->eos_id()) ids.push_back(t);
-    return res.set_content(openai::detokenize_body(cfg.tok->decode_all(ids)), "application/json");
-  }
+// add_special_tokens is false), and ids to text (BOS and EOS left out).
+void http_gateway::impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+  if (!tokenizer_for(req, res)) return;
   auto parsed = openai::parse_tokenize(req.body, cfg.model_id, cfg.chat, cfg.limits);
   if (auto* e = std::get_if<openai::api_error>(&parsed)) return send_error(res, *e);
   const auto& t = std::get<openai::tokenize_request>(parsed);
   res.set_content(openai::tokenize_body(cfg.tok->encode(t.text, t.add_bos), cfg.limits.context), "application/json");
 }
 
+void http_gateway::impl::detokenize(const httplib::Request& req, httplib::Response& res) {
+  if (!tokenizer_for(req, res)) return;
+  auto parsed = openai::parse_detokenize(req.body, cfg.model_id, cfg.tok->size());
+  if (auto* e = std::get_if<openai::api_error>(&parsed)) return send_error(res, *e);
+  std::vector<int32_t> ids;
+  for (int32_t t : std::get<std::vector<int32_t>>(parsed))
+    if (t != cfg.tok->bos_id() && t != cfg.tok->eos_id()) ids.push_back(t);
+  res.set_content(openai::detokenize_body(cfg.tok->decode_all(ids)), "application/json");
+}
+
 void http_gateway::impl::post(const httplib::Request& req, httplib::Response& res) {
   if (req.path == "/v1/completions" || req.path == "/v1/chat/completions")
     completions(req, res, req.path == "/v1/chat/completions");
-  else if (req.path == "/tokenize" || req.path == "/detokenize")
-    tokenize(req, res, req.path == "/detokenize");
+  else if (req.path == "/tokenize")
+    tokenize(req, res);
+  else if (req.path == "/detokenize")
+    detokenize(req, res);
 }
 
 std::string http_gateway::impl::render_metrics() {

@@ -24,19 +24,6 @@ api_error bad(const std::string& message, const std::string& param, int status =
   return e;
 }
 
-bool valid_utf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    i += n;
-  }
-  return true;
-}
-
 }  // namespace
 
 std::optional<chat_template> template_named(const std::string& name) {
@@ -211,10 +198,6 @@ std::optional<api_error> refuse_unsupported(const json& j) {
   return std::nullopt;
 }
 
-}  // namespace
-
-namespace {
-
 // The body as a JSON object, or why it is not one.
 std::variant<json, api_error> body_object(const std::string& body) {
   json j;
@@ -262,13 +245,12 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   } else {
     if (auto e = read_prompts(j, lim, r)) return *e;
   }
-  const std::string which = chat ? "messages" : "prompt";
-  for (size_t k = 0; k < r.prompts.size(); ++k) {
-    const std::string& text = r.prompts[k].text;
-    const std::string whose = r.prompts.size() == 1 ? "the prompt" : "prompt " + std::to_string(k);
-    if (text.size() > lim.max_prompt_bytes) return bad(whose + " is longer than this server accepts", which, 413);
-    if (!valid_utf8(text)) return bad(whose + " is not valid UTF-8", which);
-  }
+  // (Text is UTF-8: the JSON parser refuses anything else.)
+  for (size_t k = 0; k < r.prompts.size(); ++k)
+    if (r.prompts[k].text.size() > lim.max_prompt_bytes)
+      return bad((r.prompts.size() == 1 ? "the prompt" : "prompt " + std::to_string(k)) +
+                     " is longer than this server accepts",
+                 chat ? "messages" : "prompt", 413);
 
   auto number = [&](const char* key, double lo, double hi, double& out) -> std::optional<api_error> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;

@@ -33,8 +33,6 @@ std::optional<std::string> validate(const sampling_params& p) {
   return std::nullopt;
 }
 
-bool operator==(const token_bias& a, const token_bias& b) { return a.token == b.token && a.bias == b.bias; }
-
 sampler::sampler(const sampling_params& p, std::span<const int32_t> prompt)
     : p_(p), rng_(p.seed) {
   for (int32_t t : prompt) ++seen_[t];

@@ -13,6 +13,7 @@ namespace troupe {
 struct token_bias {
   int32_t token = 0;
   float bias = 0.0f;  // in [-100, 100]: -100 in effect bans the token, 100 all but forces it
+  bool operator==(const token_bias&) const = default;
 };
 
 struct sampling_params {
@@ -29,8 +30,6 @@ struct sampling_params {
 };
 
 inline constexpr size_t max_logit_bias = 1024;  // entries of logit_bias
-
-bool operator==(const token_bias& a, const token_bias& b);
 
 // Checks ranges (not token ids against a vocabulary); returns the first problem in words.
 std::optional<std::string> validate(const sampling_params& p);

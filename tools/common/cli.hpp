@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cmath>
+#include <climits>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,19 +44,24 @@ inline CLI::Validator host_port(bool any_port = false) {
       "HOST:PORT");
 }
 
-// TOKEN=BIAS, as --logit-bias takes it: a token id and a number in [-100, 100].
+// TOKEN=BIAS as --logit-bias takes it: a token id, '=', a number (nullopt if s is not).
+inline std::optional<token_bias> token_bias_of(const std::string& s) {
+  const size_t eq = s.find('=');
+  if (eq == 0 || eq == std::string::npos || eq + 1 == s.size()) return std::nullopt;
+  char* end = nullptr;
+  const long token = std::strtol(s.c_str(), &end, 10);
+  if (end != s.c_str() + eq || token < 0 || token > INT32_MAX) return std::nullopt;
+  const float bias = std::strtof(s.c_str() + eq + 1, &end);
+  if (*end != '\0') return std::nullopt;
+  return token_bias{static_cast<int32_t>(token), bias};
+}
+
 inline CLI::Validator token_bias_entry() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
-        const size_t eq = s.find('=');
-        char* end = nullptr;
-        const long token = eq == std::string::npos ? -1 : std::strtol(s.c_str(), &end, 10);
-        if (eq == 0 || eq == std::string::npos || end != s.c_str() + eq || token < 0 || token > INT32_MAX)
-          return "'" + s + "' is not TOKEN=BIAS (a token id, '=', a number)";
-        const double bias = std::strtod(s.c_str() + eq + 1, &end);
-        if (eq + 1 == s.size() || *end != '\0' || !(bias >= -100 && bias <= 100))
-          return "'" + s + "': the bias must be a number in [-100, 100]";
-        return "";
+        const auto b = token_bias_of(s);
+        if (!b) return "'" + s + "' is not TOKEN=BIAS (a token id, '=', a number)";
+        return b->bias >= -100 && b->bias <= 100 ? "" : "'" + s + "': the bias must be a number in [-100, 100]";
       },
       "TOKEN=BIAS");
 }
@@ -62,10 +69,7 @@ inline CLI::Validator token_bias_entry() {
 // Entries that token_bias_entry() has checked.
 inline std::vector<token_bias> parse_token_biases(const std::vector<std::string>& entries) {
   std::vector<token_bias> out;
-  for (const auto& e : entries) {
-    const size_t eq = e.find('=');
-    out.push_back({static_cast<int32_t>(std::strtol(e.c_str(), nullptr, 10)), std::strtof(e.c_str() + eq + 1, nullptr)});
-  }
+  for (const auto& e : entries) out.push_back(*token_bias_of(e));
   return out;
 }
 

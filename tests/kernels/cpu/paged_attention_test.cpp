@@ -89,6 +89,57 @@ struct test_cache {
   }
 };
 
+// A cache of 16-slot blocks holding `len` positions of random keys and values, written
+// through `table`.
+struct written_cache {
+  int32_t kv_heads, head_dim;
+  test_cache cache;
+  std::vector<float> keys, vals;
+
+  written_cache(cache_type type, int32_t blocks, int32_t kv_heads_, int32_t head_dim_, int32_t len,
+                const std::vector<uint32_t>& table, uint64_t seed)
+      : kv_heads(kv_heads_), head_dim(head_dim_), cache(type, blocks, kv_heads_, 16, head_dim_),
+        keys(test::random_floats(size_t(len) * kv_heads_ * head_dim_, seed)),
+        vals(test::random_floats(keys.size(), seed + 1)) {
+    const size_t stride = size_t(kv_heads) * head_dim;
+    for (int32_t p = 0; p < len; ++p)
+      paged_kv_write(cache.layer, table.data(), p, keys.data() + p * stride, vals.data() + p * stride);
+  }
+};
+
+// The batch's attention, and for each token in `check` that token's alone, the same bits;
+// over an F32 cache, the rows of the tokens that read `written` (the table the cache was
+// written through) within 1e-5 of dense attention.
+void check_alone_as_in_batch(const written_cache& c, cache_type type, const std::vector<attention_token>& toks,
+                             const std::vector<int32_t>& check, int32_t heads, const uint32_t* written,
+                             uint64_t q_seed) {
+  const auto batch = static_cast<int32_t>(toks.size());
+  const int32_t row = heads * c.head_dim;
+  const auto q = test::random_floats(size_t(batch) * row, q_seed);
+  thread_pool pool(2);
+  std::vector<float> together(q.size(), NAN);
+  paged_attention(q.data(), row, together.data(), row, toks.data(), batch, heads, c.cache.layer, pool);
+  for (int32_t t : check) {
+    CAPTURE(t);
+    std::vector<float> alone(row, NAN);
+    paged_attention(q.data() + t * row, row, alone.data(), row, &toks[t], 1, heads, c.cache.layer, pool);
+    CHECK(std::memcmp(alone.data(), together.data() + t * row, sizeof(float) * row) == 0);
+  }
+  if (type != cache_type::f32) return;
+  std::vector<int32_t> rows, positions;
+  std::vector<float> qs;
+  for (int32_t t = 0; t < batch; ++t)
+    if (toks[t].block_table == written) {
+      rows.push_back(t);
+      positions.push_back(toks[t].position);
+      qs.insert(qs.end(), q.begin() + t * row, q.begin() + (t + 1) * row);
+    }
+  const auto want = dense_attention(qs, c.keys, c.vals, positions, heads, c.kv_heads, c.head_dim);
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int32_t i = 0; i < row; ++i)
+      CHECK(together[rows[r] * row + i] == doctest::Approx(want[r * row + i]).epsilon(1e-5).scale(1.0));
+}
+
 }  // namespace
 
 TEST_CASE("paged attention over shuffled blocks equals dense causal GQA attention") {
@@ -238,40 +289,19 @@ TEST_CASE("a token's attention is the same bits alone and in a batch, however he
       CAPTURE(sh.kv_heads);
       CAPTURE(sh.head_dim);
       CAPTURE(static_cast<int>(type));
-      const int32_t heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.head_dim, block = 16, blocks = 8, len = 100;
-      const test_cache cache(type, blocks, kv_heads, block, hd);
-      const paged_kv_layer& kv = cache.layer;
-      const std::vector<uint32_t> table = shuffled_table(blocks, 5);
-      const auto keys = test::random_floats(size_t(len) * kv_heads * hd, 21);
-      const auto vals = test::random_floats(keys.size(), 22);
-      for (int32_t p = 0; p < len; ++p)
-        paged_kv_write(kv, table.data(), p, keys.data() + size_t(p) * kv_heads * hd, vals.data() + size_t(p) * kv_heads * hd);
-      const int32_t batch = 24, row = heads * hd;
-      const auto q = test::random_floats(size_t(batch) * row, 23);
+      const int32_t len = 100;
+      const std::vector<uint32_t> table = shuffled_table(8, 5);
+      const written_cache c(type, 8, sh.kv_heads, sh.head_dim, len, table, 21);
       std::vector<attention_token> toks;
-      for (int32_t t = 0; t < batch; ++t) toks.push_back({(t * 37 + 5) % len, table.data()});
-      thread_pool pool(2);
-      std::vector<float> together(q.size(), NAN);
-      paged_attention(q.data(), row, together.data(), row, toks.data(), batch, heads, kv, pool);
-      for (int32_t t : {0, 7, 23}) {
-        CAPTURE(t);
-        std::vector<float> alone(row, NAN);
-        paged_attention(q.data() + t * row, row, alone.data(), row, &toks[t], 1, heads, kv, pool);
-        CHECK(std::memcmp(alone.data(), together.data() + t * row, sizeof(float) * row) == 0);
-      }
-      if (type == cache_type::f32) {
-        std::vector<int32_t> positions;
-        for (const auto& tok : toks) positions.push_back(tok.position);
-        const auto want = dense_attention(q, keys, vals, positions, heads, kv_heads, hd);
-        for (size_t j = 0; j < want.size(); ++j) CHECK(together[j] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
-      }
+      for (int32_t t = 0; t < 24; ++t) toks.push_back({(t * 37 + 5) % len, table.data()});
+      check_alone_as_in_batch(c, type, toks, {0, 7, 23}, sh.heads, table.data(), 23);
     }
 }
 
 TEST_CASE("a prefill chunk's tokens, read a block at a time for several of them, are the same bits as each alone") {
   // Consecutive positions of one sequence form runs (up to eight query heads in all), one
   // KV head an item; the chunk starts inside a block and ends inside another, and a lone
-  // token of another sequence sits between two chunks of this one. 1, 2 and 4 query heads
+  // token of another sequence sits between two runs of this one. 1, 2 and 4 query heads
   // per KV head take runs; 3 and 8 do not (each token alone).
   struct shape {
     int32_t heads, kv_heads, head_dim;
@@ -282,45 +312,17 @@ TEST_CASE("a prefill chunk's tokens, read a block at a time for several of them,
       CAPTURE(sh.kv_heads);
       CAPTURE(sh.head_dim);
       CAPTURE(static_cast<int>(type));
-      const int32_t heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.head_dim, block = 16, blocks = 12, len = 90;
-      const test_cache cache(type, blocks, kv_heads, block, hd);
-      const paged_kv_layer& kv = cache.layer;
-      const std::vector<uint32_t> table = shuffled_table(blocks, 9), other = shuffled_table(blocks, 10);
-      const auto keys = test::random_floats(size_t(len) * kv_heads * hd, 31);
-      const auto vals = test::random_floats(keys.size(), 32);
-      for (int32_t p = 0; p < len; ++p)
-        paged_kv_write(kv, table.data(), p, keys.data() + size_t(p) * kv_heads * hd, vals.data() + size_t(p) * kv_heads * hd);
-      // Positions 5..41, then another sequence's token (its table shares the pool), then 42..88.
+      const std::vector<uint32_t> table = shuffled_table(12, 9), other = shuffled_table(12, 10);
+      const written_cache c(type, 12, sh.kv_heads, sh.head_dim, 90, table, 31);
+      // Positions 5..41, then 42 of another sequence (the next position, but another
+      // table: its blocks in another order), then 43..88.
       std::vector<attention_token> toks;
       for (int32_t p = 5; p < 42; ++p) toks.push_back({p, table.data()});
-      toks.push_back({17, other.data()});
-      for (int32_t p = 42; p < 89; ++p) toks.push_back({p, table.data()});
-      const auto batch = static_cast<int32_t>(toks.size());
-      const int32_t row = heads * hd;
-      const auto q = test::random_floats(size_t(batch) * row, 33);
-      thread_pool pool(2);
-      std::vector<float> together(q.size(), NAN);
-      paged_attention(q.data(), row, together.data(), row, toks.data(), batch, heads, kv, pool);
-      for (int32_t t = 0; t < batch; ++t) {
-        CAPTURE(t);
-        std::vector<float> alone(row, NAN);
-        paged_attention(q.data() + t * row, row, alone.data(), row, &toks[t], 1, heads, kv, pool);
-        CHECK(std::memcmp(alone.data(), together.data() + t * row, sizeof(float) * row) == 0);
-      }
-      if (type == cache_type::f32) {
-        std::vector<int32_t> positions;
-        std::vector<float> q_own;
-        for (int32_t t = 0; t < batch; ++t)
-          if (toks[t].block_table == table.data()) {
-            positions.push_back(toks[t].position);
-            q_own.insert(q_own.end(), q.begin() + t * row, q.begin() + (t + 1) * row);
-          }
-        const auto want = dense_attention(q_own, keys, vals, positions, heads, kv_heads, hd);
-        size_t j = 0;
-        for (int32_t t = 0; t < batch; ++t)
-          if (toks[t].block_table == table.data())
-            for (int32_t i = 0; i < row; ++i, ++j) CHECK(together[t * row + i] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
-      }
+      toks.push_back({42, other.data()});
+      for (int32_t p = 43; p < 89; ++p) toks.push_back({p, table.data()});
+      std::vector<int32_t> every(toks.size());
+      std::iota(every.begin(), every.end(), 0);
+      check_alone_as_in_batch(c, type, toks, every, sh.heads, table.data(), 33);
     }
 }
 
