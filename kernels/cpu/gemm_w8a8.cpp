@@ -19,7 +19,7 @@ namespace troupe {
 namespace {
 
 constexpr int block = 16;           // rows of a packed block; tokens of an AMX tile
-constexpr int vnni_tokens = 8;      // tokens per pass of the VNNI kernel (16 accumulators)
+constexpr int vnni_tokens = q8_activations::interleave;  // tokens per pass of the VNNI kernel
 constexpr int amx_min_tokens = 5;   // fewer go through VNNI: a tile's 16 would mostly idle
 
 // Linux: tile data is off until a process asks for it.
@@ -84,39 +84,40 @@ inline __mmask16 row_mask(int32_t b, int32_t rb, int32_t re) {
 
 #define TROUPE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
-// MT tokens from t0, sixteen rows per vector: a group's products accumulate over its
-// column quads with one VNNI instruction per quad and token. The activations are offset to
-// unsigned bytes, (x + 128) . w = x . w + 128 sum(w), so each group's sums start from
-// -128 sum(w) and end as x . w exactly.
-template <int MT>
+// MT tokens from t0 (a multiple of vnni_tokens), sixteen rows per vector, groups of Q
+// column quads: a group's products accumulate over its quads with one VNNI instruction
+// per quad and token. The activations are offset to unsigned bytes, (x + 128) . w =
+// x . w + 128 sum(w), so each group's sums start from -128 sum(w) and end as x . w
+// exactly. The tokens' bytes of one quad lie side by side (q8_activations::quads), so
+// every broadcast is one pointer plus a constant.
+template <int MT, int Q>
 TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t0, float* y,
                            int64_t ys) {
-  const int quads = a.group / 4;
-  const uint8_t* xu = a.u.data() + int64_t{t0} * a.cols;
   for (int32_t b = rb / block; b * block < re; ++b) {
     __m512 acc[MT];
     for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
-    for (int32_t g = 0; g < a.groups; ++g) {
+    const uint8_t* xg = a.quads(t0);
+    const float* xs = a.block_scales(t0 - t0 % block, 0) + t0 % block;
+    for (int32_t g = 0; g < a.groups; ++g, xg += Q * 4 * vnni_tokens, xs += block) {
       const int8_t* wt = w.tile(b, g);
-      prefetch_ahead(wt, a.group * block);
+      prefetch_ahead(wt, Q * 64 + 128);
       const __m512i start =
           _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_load_si512(w.sums(b, g)), 7));
       __m512i p[MT];
       for (int t = 0; t < MT; ++t) p[t] = start;
-      const uint8_t* xg = xu + g * a.group;
 #pragma GCC unroll 16
-      for (int j = 0; j < quads; ++j) {
+      for (int j = 0; j < Q; ++j) {
         const __m512i wv = _mm512_load_si512(wt + j * 64);
         for (int t = 0; t < MT; ++t) {
           int32_t xq;
-          std::memcpy(&xq, xg + int64_t{t} * a.cols + j * 4, 4);
+          std::memcpy(&xq, xg + (j * vnni_tokens + t) * 4, 4);
           p[t] = _mm512_dpbusd_epi32(p[t], _mm512_set1_epi32(xq), wv);
         }
       }
       const __m512 ws = _mm512_load_ps(w.scales(b, g));
       for (int t = 0; t < MT; ++t) {
         const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(p[t]), ws);
-        acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.scale_at(t0 + t, g)), acc[t]);
+        acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(xs[t]), acc[t]);
       }
     }
     const __mmask16 m = row_mask(b, rb, re);
@@ -124,24 +125,32 @@ TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t 
   }
 }
 
+// Bytes the pair kernel asks for while it works, per_group of them in each group from
+// `from` on (in step with its reads, so that the requests never queue up).
+struct fetch_plan {
+  const int8_t* from = nullptr;
+  int32_t per_group = 0;
+};
+
 // MT tokens from t0 against two row blocks at a time, b and b + 1: each activation quad,
 // broadcast once, feeds both blocks' sums, so 2 * MT sums advance independently (eight
 // chains of dependent VNNI instructions, each fed from memory, reach about 4.0 a ns on
 // this CPU class; sixteen sharing eight broadcasts, about 5.6). The same sums and folds as
 // rows_vnni, so the same bits. (Its own code rather than rows_vnni with a block count as a
 // template parameter: that generic form ran 16-sequence decode and prefill about 8% slower.)
-template <int MT>
+template <int MT, int Q>
 TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int32_t b, int32_t rb, int32_t re,
-                                int32_t t0, float* y, int64_t ys) {
-  const int quads = a.group / 4;
-  const uint8_t* xu = a.u.data() + int64_t{t0} * a.cols;
+                                int32_t t0, float* y, int64_t ys, const fetch_plan& fetch) {
   __m512 acc[MT][2];
   for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  for (int32_t g = 0; g < a.groups; ++g) {
+  const uint8_t* xg = a.quads(t0);
+  const float* xs = a.block_scales(t0 - t0 % block, 0) + t0 % block;
+  for (int32_t g = 0; g < a.groups; ++g, xg += Q * 4 * vnni_tokens, xs += block) {
     const int8_t* w0 = w.tile(b, g);
     const int8_t* w1 = w.tile(b + 1, g);
-    prefetch_ahead(w0, a.group * block);
-    prefetch_ahead(w1, a.group * block);
+    // Into L2 (the L1 holds this pair for the later passes).
+    for (int32_t off = 0; off < fetch.per_group; off += 64)
+      __builtin_prefetch(fetch.from + int64_t{g} * fetch.per_group + off, 0, 1);
     const __m512i start0 =
         _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_load_si512(w.sums(b, g)), 7));
     const __m512i start1 =
@@ -151,13 +160,12 @@ TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int
       p[t][0] = start0;
       p[t][1] = start1;
     }
-    const uint8_t* xg = xu + g * a.group;
 #pragma GCC unroll 16
-    for (int j = 0; j < quads; ++j) {
+    for (int j = 0; j < Q; ++j) {
       const __m512i wv0 = _mm512_load_si512(w0 + j * 64), wv1 = _mm512_load_si512(w1 + j * 64);
       for (int t = 0; t < MT; ++t) {
         int32_t xq;
-        std::memcpy(&xq, xg + int64_t{t} * a.cols + j * 4, 4);
+        std::memcpy(&xq, xg + (j * vnni_tokens + t) * 4, 4);
         const __m512i xv = _mm512_set1_epi32(xq);
         p[t][0] = _mm512_dpbusd_epi32(p[t][0], xv, wv0);
         p[t][1] = _mm512_dpbusd_epi32(p[t][1], xv, wv1);
@@ -165,9 +173,9 @@ TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int
     }
     const __m512 ws0 = _mm512_load_ps(w.scales(b, g)), ws1 = _mm512_load_ps(w.scales(b + 1, g));
     for (int t = 0; t < MT; ++t) {
-      const __m512 xs = _mm512_set1_ps(a.scale_at(t0 + t, g));
-      acc[t][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p[t][0]), ws0), xs, acc[t][0]);
-      acc[t][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p[t][1]), ws1), xs, acc[t][1]);
+      const __m512 x = _mm512_set1_ps(xs[t]);
+      acc[t][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p[t][0]), ws0), x, acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p[t][1]), ws1), x, acc[t][1]);
     }
   }
   const __mmask16 m0 = row_mask(b, rb, re), m1 = row_mask(b + 1, rb, re);
@@ -177,29 +185,66 @@ TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int
   }
 }
 
-// Rows [rb, re) for MT tokens from t0: row blocks in pairs, a last odd one alone.
-template <int MT>
-TROUPE_VNNI void rows_vnni_blocks(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t0,
-                                  float* y, int64_t ys) {
-  int32_t b = rb / block;
+// One pass of `count` tokens (1 to vnni_tokens) from t over rows [rb, re), which lie in
+// one pair of row blocks from b (the pair kernel, taking its fetch plan) or in block b
+// alone.
+template <int Q>
+void rows_vnni_pass(const q8_activations& a, const q8_packed& w, bool pair, int32_t b, int32_t rb, int32_t re,
+                    int32_t t, int32_t count, float* y, int64_t ys, const fetch_plan& fetch) {
+  static_assert(vnni_tokens == 8, "the passes below go up to eight tokens");
+  switch (count * 2 + pair) {
+#define TROUPE_PASS(MT)                                                           \
+  case (MT) * 2 + 1: return rows_vnni_pair<MT, Q>(a, w, b, rb, re, t, y, ys, fetch); \
+  case (MT) * 2: return rows_vnni<MT, Q>(a, w, rb, re, t, y, ys);
+    TROUPE_PASS(1) TROUPE_PASS(2) TROUPE_PASS(3) TROUPE_PASS(4) TROUPE_PASS(5) TROUPE_PASS(6) TROUPE_PASS(7)
+    TROUPE_PASS(8)
+#undef TROUPE_PASS
+    default: TROUPE_ASSERT(false, count);
+  }
+}
+
+// Tokens [t, num_tokens) against rows [rb, re), t a multiple of vnni_tokens. One token
+// goes block by block (a matrix-vector product waits on memory, not on arithmetic).
+// More go a pair of row blocks at a time (a last odd block alone), every pass of up to
+// eight tokens over the pair before the next pair: the pair's weights come from memory
+// once and stay in L1 for the later passes. Meanwhile the passes fetch the next pair's
+// weights, spread evenly over all of them, so that memory streams beside the arithmetic
+// of every pass rather than only the first one's.
+template <int Q>
+void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t, float* y,
+                    int64_t ys) {
+  const int32_t tokens = a.num_tokens - t;
+  if (tokens == 1) return rows_vnni<1, Q>(a, w, rb, re, t, y, ys);
+  const int32_t passes = (tokens + vnni_tokens - 1) / vnni_tokens;
   const int32_t b_end = (re + block - 1) / block;
-  for (; b + 2 <= b_end; b += 2) rows_vnni_pair<MT>(a, w, b, rb, re, t0, y, ys);
-  if (b < b_end) rows_vnni<MT>(a, w, std::max(b * block, rb), re, t0, y, ys);
+  const int64_t block_bytes = a.groups * w.record_bytes();
+  for (int32_t b = rb / block; b < b_end; b += 2) {
+    const bool pair = b + 2 <= b_end;
+    const int32_t lo = std::max(b * block, rb), hi = std::min((b + 2) * block, re);
+    // The next pair inside the range (past it, the rows may be another thread's).
+    const int64_t next = std::max(0, std::min(b + 4, b_end) - (b + 2)) * block_bytes;
+    const int64_t share = (next / passes + 63) / 64 * 64;
+    for (int32_t p = 0; p < passes; ++p) {
+      fetch_plan fetch;
+      if (next > p * share) {
+        fetch.from = w.tile(b + 2, 0) + p * share;
+        const int64_t bytes = std::min(share, next - p * share);
+        fetch.per_group = static_cast<int32_t>((bytes + a.groups - 1) / a.groups + 63) / 64 * 64;
+      }
+      const int32_t u = t + p * vnni_tokens;
+      rows_vnni_pass<Q>(a, w, pair, b, lo, hi, u, std::min(vnni_tokens, a.num_tokens - u), y, ys, fetch);
+    }
+  }
 }
 
 void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t, float* y,
                     int64_t ys) {
-  for (; t + vnni_tokens <= a.num_tokens; t += vnni_tokens) rows_vnni_blocks<vnni_tokens>(a, w, rb, re, t, y, ys);
-  switch (a.num_tokens - t) {
-    case 7: rows_vnni_blocks<7>(a, w, rb, re, t, y, ys); break;
-    case 6: rows_vnni_blocks<6>(a, w, rb, re, t, y, ys); break;
-    case 5: rows_vnni_blocks<5>(a, w, rb, re, t, y, ys); break;
-    case 4: rows_vnni_blocks<4>(a, w, rb, re, t, y, ys); break;
-    case 3: rows_vnni_blocks<3>(a, w, rb, re, t, y, ys); break;
-    case 2: rows_vnni_blocks<2>(a, w, rb, re, t, y, ys); break;
-    case 1: rows_vnni<1>(a, w, rb, re, t, y, ys); break;
-    default: break;
-  }
+  TROUPE_ASSERT(t % vnni_tokens == 0, t);
+  if (t >= a.num_tokens) return;
+  if (a.group == 32)
+    rows_vnni_from<8>(a, w, rb, re, t, y, ys);
+  else
+    rows_vnni_from<16>(a, w, rb, re, t, y, ys);
 }
 
 // A tile of products (16 tokens x 16 rows) of one group into the tokens' accumulators,
@@ -312,7 +357,7 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
 #define TROUPE_MULTIPLY(C, X, W)                                                               \
   do {                                                                                         \
     const int8_t* wt_ = w.tile(mul.b, mul.g);                                                  \
-    if (mul.t0 == 0) prefetch_ahead(wt_, grp * block);                                         \
+    if (mul.t0 == 0) prefetch_ahead(wt_, grp * block + 128);                                         \
     TROUPE_TILE_MULTIPLY(C, X, W, a.q.data() + int64_t{mul.t0} * xs + mul.g * grp, xs, wt_); \
     advance(mul);                                                                              \
   } while (0)
@@ -399,28 +444,31 @@ q8_packed pack_q8(const matrix_view& w) {
   p.group = w.group_size;
   p.groups = w.cols / w.group_size;
   p.blocks = (w.rows + block - 1) / block;
-  p.q.assign(static_cast<size_t>(p.blocks) * block * w.cols, 0);
-  p.scale.assign(static_cast<size_t>(p.blocks) * p.groups * block, 0.0f);
-  p.sum.assign(p.scale.size(), 0);
+  p.data.assign(static_cast<size_t>(int64_t{p.blocks} * p.groups * p.record_bytes()), 0);
   for (int32_t r = 0; r < w.rows; ++r)
     for (int32_t g = 0; g < p.groups; ++g) {
       const int8_t* src = w.q + r * w.q_row_stride + g * w.q_group_stride;
-      int8_t* dst = p.q.data() + (int64_t{r / block} * p.groups + g) * p.group * block;
+      int8_t* dst = const_cast<int8_t*>(p.tile(r / block, g));
       for (int32_t j = 0; j < p.group / 4; ++j) std::memcpy(dst + j * 64 + (r % block) * 4, src + j * 4, 4);
       int32_t s = 0;
       for (int32_t k = 0; k < p.group; ++k) s += src[k];
-      const size_t at = (static_cast<size_t>(r / block) * p.groups + g) * block + r % block;
-      p.scale[at] = w.scale_at(r, g);
-      p.sum[at] = s;
+      const float scale = w.scale_at(r, g);
+      std::memcpy(dst + p.group * block + (r % block) * 4, &s, 4);
+      std::memcpy(dst + p.group * block + 64 + (r % block) * 4, &scale, 4);
     }
   return p;
 }
 
 namespace {
 
+// Where column k of a token's unsigned bytes goes, from the token's first column quad:
+// quads of the eight tokens of its block lie side by side.
+inline int64_t interleaved(int32_t k) { return int64_t{k / 4} * 4 * vnni_tokens + k % 4; }
+
 // One token's groups: the definition (scalar), and the same values sixteen lanes at a time.
-// Group g's scale goes to scale[g * block], the token's place in its block's layout. A group
-// holding a NaN or an infinity gets a NaN scale and zeros.
+// Group g's scale goes to scale[g * block], the token's place in its block's layout, and
+// its unsigned bytes to u[interleaved(column)]. A group holding a NaN or an infinity gets a
+// NaN scale and zeros.
 void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8_t* u, float* scale) {
   for (int32_t g = 0; g < cols / grp; ++g) {
     const float* xg = x + g * grp;
@@ -436,7 +484,7 @@ void quantize_scalar(const float* x, int32_t cols, int32_t grp, int8_t* q, uint8
     for (int32_t k = 0; k < grp; ++k) {
       const float v = usable ? std::clamp(std::nearbyint(xg[k] / s), -127.0f, 127.0f) : 0.0f;
       q[g * grp + k] = static_cast<int8_t>(v);
-      u[g * grp + k] = static_cast<uint8_t>(static_cast<int32_t>(v) + 128);
+      u[interleaved(g * grp + k)] = static_cast<uint8_t>(static_cast<int32_t>(v) + 128);
     }
   }
 }
@@ -495,8 +543,13 @@ TROUPE_VNNI void quantize_vnni(const float* x, int32_t cols, int32_t grp, int8_t
           qv = _mm512_cvtsepi32_epi8(_mm512_cvt_roundps_epi32(quot, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         }
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * grp + c * 16), qv);
-        // q + 128 as an unsigned byte is q with its top bit flipped.
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(u + g * grp + c * 16), _mm_xor_si128(qv, flip));
+        // q + 128 as an unsigned byte is q with its top bit flipped; four column quads.
+        const __m128i uv = _mm_xor_si128(qv, flip);
+        uint8_t* uq = u + interleaved(g * grp + c * 16);
+        _mm_storeu_si32(uq, uv);
+        _mm_storeu_si32(uq + 4 * vnni_tokens, _mm_srli_si128(uv, 4));
+        _mm_storeu_si32(uq + 8 * vnni_tokens, _mm_srli_si128(uv, 8));
+        _mm_storeu_si32(uq + 12 * vnni_tokens, _mm_srli_si128(uv, 12));
       }
     }
   }
@@ -512,23 +565,25 @@ void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32
   groups = c / grp;
   const int32_t padded = (n + block - 1) / block * block;
   q.resize(static_cast<size_t>(padded) * c);
-  u.resize(static_cast<size_t>(n) * c);
+  u.resize(static_cast<size_t>((n + vnni_tokens - 1) / vnni_tokens * vnni_tokens) * c);
   scale.resize(static_cast<size_t>(padded) * groups);
   std::fill(q.begin() + static_cast<int64_t>(n) * c, q.end(), 0);
   std::fill(scale.begin() + static_cast<int64_t>(n - n % block) * groups, scale.end(), 0.0f);
   const bool vector = vnni_available() && grp % 16 == 0;
   // Threads take ranges of groups across every token, not ranges of tokens: the scales of
   // one group for 16 tokens share a cache line, which two threads writing neighbouring
-  // tokens would pass back and forth. Ranges cover 64 bytes of a token's q and u or more.
+  // tokens would pass back and forth. Ranges cover 64 bytes of a token's q, and of its
+  // eight's u, or more.
   auto groups_of = [&](int64_t gb, int64_t ge, int) {
     const auto g0 = static_cast<int32_t>(gb), width = static_cast<int32_t>(ge - gb) * grp;
     for (int32_t t = 0; t < n; ++t) {
       const size_t at = static_cast<size_t>(t) * c + static_cast<size_t>(g0) * grp;
+      uint8_t* ut = u.data() + int64_t{t - t % vnni_tokens} * c + t % vnni_tokens * 4 + interleaved(g0 * grp);
       float* s = scale.data() + (t - t % block) * groups + t % block + g0 * block;
       if (vector)
-        quantize_vnni(x + t * x_stride + g0 * grp, width, grp, q.data() + at, u.data() + at, s);
+        quantize_vnni(x + t * x_stride + g0 * grp, width, grp, q.data() + at, ut, s);
       else
-        quantize_scalar(x + t * x_stride + g0 * grp, width, grp, q.data() + at, u.data() + at, s);
+        quantize_scalar(x + t * x_stride + g0 * grp, width, grp, q.data() + at, ut, s);
     }
   };
   if (pool && n > 1)

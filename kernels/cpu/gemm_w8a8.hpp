@@ -28,18 +28,22 @@
 
 namespace troupe {
 
-// A q8_0 matrix repacked: per block of 16 rows and group, [column / 4][row][4] int8; per
-// block and group, the rows' scales as floats and the sums of their int8 values. Rows
-// past `rows` are zero.
+// A q8_0 matrix repacked, one record per block of 16 rows and group, block by block: the
+// int8 values [column / 4][row][4], then the rows' sums of those values (int32), then
+// their scales (float), so that a kernel reads one stream front to back. Rows past `rows`
+// are zero.
 struct q8_packed {
   int32_t rows = 0, cols = 0, group = 0, groups = 0, blocks = 0;
-  aligned_vector<int8_t> q;
-  aligned_vector<float> scale;
-  aligned_vector<int32_t> sum;
+  aligned_vector<int8_t> data;
 
-  const int8_t* tile(int32_t b, int32_t g) const { return q.data() + (int64_t{b} * groups + g) * group * 16; }
-  const float* scales(int32_t b, int32_t g) const { return scale.data() + (int64_t{b} * groups + g) * 16; }
-  const int32_t* sums(int32_t b, int32_t g) const { return sum.data() + (int64_t{b} * groups + g) * 16; }
+  int64_t record_bytes() const { return int64_t{group} * 16 + 128; }
+  const int8_t* tile(int32_t b, int32_t g) const { return data.data() + (int64_t{b} * groups + g) * record_bytes(); }
+  const int32_t* sums(int32_t b, int32_t g) const {
+    return reinterpret_cast<const int32_t*>(tile(b, g) + int64_t{group} * 16);
+  }
+  const float* scales(int32_t b, int32_t g) const {
+    return reinterpret_cast<const float*>(tile(b, g) + int64_t{group} * 16 + 64);
+  }
   int8_t at(int32_t r, int32_t c) const {
     const int32_t k = c % group;
     return tile(r / 16, c / group)[(k / 4) * 64 + (r % 16) * 4 + k % 4];
@@ -53,9 +57,13 @@ q8_packed pack_q8(const matrix_view& w);
 // Activations quantized for one GEMM input: [token][cols] int8 and one float scale per
 // token and group, [token / 16][group][token % 16] (both zero-padded to a multiple of 16
 // tokens, for AMX's 16-token tiles, whose fold reads a group's 16 scales together), and
-// the values plus 128 as unsigned bytes (for VNNI). A group holding a NaN or an infinity
-// gets a NaN scale and zeros, so that its token's outputs are NaN, as they would be in F32.
+// the values plus 128 as unsigned bytes for VNNI, by eights of tokens and quads of
+// columns, [token / 8][col / 4][token % 8][col % 4], so that the bytes of one column quad
+// for a pass's eight tokens lie together (zero-padded to a multiple of 8 tokens). A group
+// holding a NaN or an infinity gets a NaN scale and zeros, so that its token's outputs
+// are NaN, as they would be in F32.
 struct q8_activations {
+  static constexpr int interleave = 8;  // tokens side by side in u
   int32_t num_tokens = 0, cols = 0, group = 0, groups = 0;
   aligned_vector<int8_t> q;
   aligned_vector<uint8_t> u;
@@ -65,6 +73,12 @@ struct q8_activations {
   void quantize(const float* x, int64_t x_stride, int32_t num_tokens, int32_t cols, int32_t group,
                 thread_pool* pool = nullptr);
   int8_t at(int32_t token, int32_t col) const { return q[int64_t{token} * cols + col]; }
+  // The unsigned bytes of tokens [t0, t0 + 8), t0 a multiple of 8: column quad j of token
+  // t0 + i at [(j * 8 + i) * 4, + 4).
+  const uint8_t* quads(int32_t t0) const { return u.data() + int64_t{t0} * cols; }
+  uint8_t unsigned_at(int32_t token, int32_t col) const {
+    return quads(token - token % interleave)[(col / 4 * interleave + token % interleave) * 4 + col % 4];
+  }
   float scale_at(int32_t token, int32_t g) const { return block_scales(token - token % 16, g)[token % 16]; }
   // The scales of group g for tokens [t0, t0 + 16), t0 a multiple of 16.
   const float* block_scales(int32_t t0, int32_t g) const { return scale.data() + (int64_t{t0} * groups + g * 16); }
