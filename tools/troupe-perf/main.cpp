@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
       "  troupe-perf prefill MODEL                prompt tokens/s for one prompt\n"
       "  troupe-perf batch MODEL -b 1,4,16,32     aggregate decode tokens/s per batch size\n"
       "  troupe-perf gemm --type q8_0             one weight matrix, tokens per step\n"
+      "  troupe-perf gemm --tokens 16 --copies 100   the same with the weights from memory\n"
       "  troupe-perf attention -b 16 --context 200   decode attention alone: the cache's read rate\n"
       "  troupe-perf serve MODEL -c 1,4,16,64     the serving loop: throughput, TTFT, TPOT\n"
       "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n"
@@ -200,6 +201,12 @@ int main(int argc, char** argv) {
   gm->add_option("--rows", rows)->check(CLI::Range(1, 1 << 20))->capture_default_str();
   gm->add_option("--cols", cols)->check(CLI::Range(32, 1 << 20))->capture_default_str();
   gm->add_option("--tokens", m_tokens)->check(CLI::Range(1, 4096))->capture_default_str();
+  int copies = 1;
+  gm->add_option("--copies", copies,
+                 "copies of the matrix, taken in turn: enough that together they outgrow the caches reads "
+                 "the weights from memory, as a model's forward pass does")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   auto* att = app.add_subcommand("attention", "decode-step attention alone, over a cache scattered in blocks");
   tools::attention_shape ash;
   std::string cache_name = "f16";
@@ -243,28 +250,37 @@ int main(int argc, char** argv) {
     const dtype type = type_name == "f16" ? dtype::f16 : type_name == "bf16" ? dtype::bf16
                        : type_name == "q8_0" ? dtype::q8_0 : dtype::f32;
     cols = cols / 32 * 32;
-    std::vector<uint8_t> buf(int64_t{rows} * cols * 4 + 64, 1);
-    matrix_view w;
-    if (type == dtype::q8_0) {
-      w.type = type;
-      w.rows = rows;
-      w.cols = cols;
-      w.group_size = 32;
-      w.q_row_stride = cols / 32 * 34;
-      w.q_group_stride = 34;
-      w.q = reinterpret_cast<const int8_t*>(buf.data() + 2);
-      w.scale = buf.data();
-      w.s_row_stride = w.q_row_stride;
-      w.s_group_stride = 34;
-      w.scale_is_f16 = true;
-    } else {
-      w = matrix_view::dense(type, buf.data(), rows, cols);
+    const double copy_bytes = double(rows) * cols * 4 * copies;
+    if (copy_bytes > 16e9) {
+      std::fprintf(stderr, "troupe-perf: %d copies would hold %.0f GB; ask for fewer\n", copies, copy_bytes / 1e9);
+      return 1;
     }
-    // As a shard runs it: q8_0 packed for the int8 kernels where the CPU has them.
-    q8_packed packed;
-    if (vnni_available() && w8a8_layout(w)) {
-      packed = pack_q8(w);
-      w.packed = &packed;
+    // Distinct buffers of the same bytes, and (q8_0) their packed forms, as a shard runs
+    // them where the CPU has the int8 kernels.
+    std::vector<std::vector<uint8_t>> bufs(copies, std::vector<uint8_t>(int64_t{rows} * cols * 4 + 64, 1));
+    std::vector<matrix_view> ws(copies);
+    std::vector<q8_packed> packed(copies);
+    for (int c = 0; c < copies; ++c) {
+      matrix_view& w = ws[c];
+      if (type == dtype::q8_0) {
+        w.type = type;
+        w.rows = rows;
+        w.cols = cols;
+        w.group_size = 32;
+        w.q_row_stride = cols / 32 * 34;
+        w.q_group_stride = 34;
+        w.q = reinterpret_cast<const int8_t*>(bufs[c].data() + 2);
+        w.scale = bufs[c].data();
+        w.s_row_stride = w.q_row_stride;
+        w.s_group_stride = 34;
+        w.scale_is_f16 = true;
+      } else {
+        w = matrix_view::dense(type, bufs[c].data(), rows, cols);
+      }
+      if (vnni_available() && w8a8_layout(w)) {
+        packed[c] = pack_q8(w);
+        w.packed = &packed[c];
+      }
     }
     std::vector<float> x(int64_t{m_tokens} * cols, 0.5f), y(int64_t{m_tokens} * rows);
     thread_pool pool(threads);
@@ -273,13 +289,15 @@ int main(int argc, char** argv) {
       auto t0 = clock_type::now();
       int iters = 0;
       do {
-        gemm(x.data(), cols, m_tokens, w, y.data(), rows, pool);
+        gemm(x.data(), cols, m_tokens, ws[iters % copies], y.data(), rows, pool);
         ++iters;
-      } while (seconds_since(t0) < 0.2);
+      } while (seconds_since(t0) < 0.2 || iters < copies);
       if (r > 0) t.push_back(seconds_since(t0) / iters);
     }
+    const matrix_view& w = ws[0];
     const double s = median(t);
-    report("gemm " + type_name + " " + std::to_string(rows) + "x" + std::to_string(cols) + " x " + std::to_string(m_tokens) + " tokens",
+    report("gemm " + type_name + " " + std::to_string(rows) + "x" + std::to_string(cols) + " x " + std::to_string(m_tokens) + " tokens" +
+               (copies > 1 ? ", " + std::to_string(copies) + " copies" : ""),
            2.0 * rows * cols * m_tokens / s / 1e9, "GFLOP/s", std::to_string(w.bytes() / s / 1e9) + " GB/s of weights");
   } else {
     auto loaded = tools::load_model_and_tokenizer(model_path, tokenizer_path);
