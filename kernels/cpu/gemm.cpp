@@ -367,17 +367,18 @@ void gemm_multi(const float* x, int64_t x_stride, int32_t num_tokens, const gemm
       acts = &quantized;
     }
   const w8a8_kernel kernel = amx_available() ? w8a8_kernel::amx : w8a8_kernel::vnni;
-  // Rows of all outputs, one after another, in chunks to whichever thread is free (every
-  // kernel gives a row the same bits whoever computes it).
-  pool.parallel_for_chunks(total, row_chunk, [&](int64_t b, int64_t e, int) {
+  // Rows of all outputs, one after another, in chunks, each thread running through a
+  // stripe of them (every kernel gives a row the same bits whoever computes it).
+  pool.parallel_for_stripes(total, row_chunk, [&](int64_t b, int64_t e, int64_t stripe_end, int) {
     int64_t first = 0;
     for (int i = 0; i < num_outs && first < e; ++i) {
       const matrix_view& w = *outs[i].w;
       const int64_t lo = std::max(b, first), hi = std::min(e, first + w.rows);
       if (lo < hi) {
         const auto rb = static_cast<int32_t>(lo - first), re = static_cast<int32_t>(hi - first);
+        const auto fetch_end = static_cast<int32_t>(std::min(stripe_end, first + w.rows) - first);
         if (w.packed)
-          gemm_w8a8_rows(*acts, *w.packed, rb, re, outs[i].y, outs[i].y_stride, kernel);
+          gemm_w8a8_rows(*acts, *w.packed, rb, re, outs[i].y, outs[i].y_stride, kernel, fetch_end);
         else
           rows_of(w, rb, re, x, x_stride, num_tokens, outs[i].y, outs[i].y_stride);
       }

@@ -211,18 +211,18 @@ void rows_vnni_pass(const q8_activations& a, const q8_packed& w, bool pair, int3
 // weights, spread evenly over all of them, so that memory streams beside the arithmetic
 // of every pass rather than only the first one's.
 template <int Q>
-void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t, float* y,
-                    int64_t ys) {
+void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t fetch_end,
+                    int32_t t, float* y, int64_t ys) {
   const int32_t tokens = a.num_tokens - t;
   if (tokens == 1) return rows_vnni<1, Q>(a, w, rb, re, t, y, ys);
   const int32_t passes = (tokens + vnni_tokens - 1) / vnni_tokens;
-  const int32_t b_end = (re + block - 1) / block;
+  const int32_t b_end = (re + block - 1) / block, fetch_b_end = (fetch_end + block - 1) / block;
   const int64_t block_bytes = a.groups * w.record_bytes();
   for (int32_t b = rb / block; b < b_end; b += 2) {
     const bool pair = b + 2 <= b_end;
     const int32_t lo = std::max(b * block, rb), hi = std::min((b + 2) * block, re);
-    // The next pair inside the range (past it, the rows may be another thread's).
-    const int64_t next = std::max(0, std::min(b + 4, b_end) - (b + 2)) * block_bytes;
+    // The next pair, up to fetch_end (past it, the rows may be another thread's).
+    const int64_t next = std::max(0, std::min(b + 4, fetch_b_end) - (b + 2)) * block_bytes;
     const int64_t share = (next / passes + 63) / 64 * 64;
     for (int32_t p = 0; p < passes; ++p) {
       fetch_plan fetch;
@@ -237,14 +237,14 @@ void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int
   }
 }
 
-void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t, float* y,
-                    int64_t ys) {
+void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t fetch_end,
+                    int32_t t, float* y, int64_t ys) {
   TROUPE_ASSERT(t % vnni_tokens == 0, t);
   if (t >= a.num_tokens) return;
   if (a.group == 32)
-    rows_vnni_from<8>(a, w, rb, re, t, y, ys);
+    rows_vnni_from<8>(a, w, rb, re, fetch_end, t, y, ys);
   else
-    rows_vnni_from<16>(a, w, rb, re, t, y, ys);
+    rows_vnni_from<16>(a, w, rb, re, fetch_end, t, y, ys);
 }
 
 // A tile of products (16 tokens x 16 rows) of one group into the tokens' accumulators,
@@ -593,7 +593,7 @@ void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32
 }
 
 void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys,
-                    w8a8_kernel k) {
+                    w8a8_kernel k, int32_t fetch_end) {
   TROUPE_ASSERT(a.group == w.group && a.cols == w.cols && 0 <= rb && rb <= re && re <= w.rows, a.group, w.group,
                 a.cols, w.cols, rb, re, w.rows);
   TROUPE_ASSERT(k == w8a8_kernel::scalar || vnni_available(), "no VNNI on this CPU");
@@ -602,7 +602,7 @@ void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t rb, int
   if (k == w8a8_kernel::scalar) return rows_scalar(a, w, rb, re, y, ys);
   int32_t t = 0;
   if (k == w8a8_kernel::amx && a.num_tokens >= amx_min_tokens) t = tokens_amx(a, w, rb, re, y, ys);
-  rows_vnni_from(a, w, rb, re, t, y, ys);
+  rows_vnni_from(a, w, rb, re, std::clamp(fetch_end, re, w.rows), t, y, ys);
 }
 
 }  // namespace troupe

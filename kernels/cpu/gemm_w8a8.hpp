@@ -96,8 +96,10 @@ enum class w8a8_kernel : uint8_t { scalar, vnni, amx };
 // Rows [row_begin, row_end) of y for activations `a` (quantized with w's group size):
 // y[t][r] for every token t, with kernel `k` (amx: AMX tiles where the step is long
 // enough, VNNI for the rest; vnni needs vnni_available(), amx amx_available()). The
-// results are the same bits whichever kernel runs.
+// results are the same bits whichever kernel runs. The kernels ask for the weights of
+// rows up to fetch_end (at least row_end) ahead of their turn: the rows the caller takes
+// next on this thread.
 void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t row_begin, int32_t row_end, float* y,
-                    int64_t y_stride, w8a8_kernel k);
+                    int64_t y_stride, w8a8_kernel k, int32_t fetch_end = 0);
 
 }  // namespace troupe

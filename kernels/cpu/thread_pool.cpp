@@ -17,7 +17,8 @@ namespace {
 constexpr int spin_iterations = 4000;
 }  // namespace
 
-thread_pool::thread_pool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
+thread_pool::thread_pool(int num_threads)
+    : num_threads_(num_threads < 1 ? 1 : num_threads), stripes_(std::make_unique<stripe[]>(num_threads_)) {
   threads_.reserve(num_threads_ - 1);
   for (int i = 1; i < num_threads_; ++i) threads_.emplace_back([this, i] { worker_loop(i); });
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -25,22 +27,49 @@ TEST_CASE("parallel_for covers every index exactly once, in grain-aligned ranges
       }
 }
 
-TEST_CASE("parallel_for_chunks hands out each grain-sized range exactly once, the last cut at n") {
+TEST_CASE("parallel_for_stripes hands out each grain-sized range exactly once, with the end of its thread's stripe") {
   for (int threads : {1, 2, 3})
-    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{1000}}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{40}, int64_t{1000}}) {
       CAPTURE(threads);
       CAPTURE(n);
-      const int64_t grain = 16;
+      const int64_t grain = 16, chunks = (n + grain - 1) / grain;
+      const int used = static_cast<int>(std::min<int64_t>(chunks, threads));
+      // The stripes: whole ranges, as even as they come, the last one ending at n.
+      std::vector<int64_t> ends;
+      for (int i = 1; i <= used; ++i) ends.push_back(std::min(chunks * i / used * grain, n));
       thread_pool pool(threads);
-      std::vector<std::atomic<int>> hits(n);
-      std::atomic<int> bad{0};
-      pool.parallel_for_chunks(n, grain, [&](int64_t b, int64_t e, int idx) {
-        if (b % grain != 0 || e != std::min(b + grain, n) || idx < 0 || idx >= threads) ++bad;
-        for (int64_t i = b; i < e; ++i) ++hits[i];
-      });
-      for (int64_t i = 0; i < n; ++i) CHECK(hits[i] == 1);
-      CHECK(bad == 0);
+      for (int rep = 0; rep < 3; ++rep) {  // the cursors start afresh each time
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int> bad{0};
+        pool.parallel_for_stripes(n, grain, [&](int64_t b, int64_t e, int64_t stripe_end, int idx) {
+          const int64_t want = *std::upper_bound(ends.begin(), ends.end(), b);
+          if (b % grain != 0 || e != std::min(b + grain, n) || stripe_end != want || idx < 0 || idx >= threads)
+            ++bad;
+          for (int64_t i = b; i < e; ++i) ++hits[i];
+        });
+        for (int64_t i = 0; i < n; ++i) CHECK(hits[i] == 1);
+        CHECK(bad == 0);
+      }
     }
+}
+
+TEST_CASE("parallel_for_stripes: a thread held up leaves its stripe to the others") {
+  // Thread 0 waits until the other has taken every range but its first (or ten seconds
+  // have passed): it must have taken the rest of thread 0's stripe too.
+  thread_pool pool(2);
+  const int64_t n = 64 * 16;
+  std::atomic<int64_t> done{0};
+  std::vector<std::atomic<int>> by(n / 16);
+  pool.parallel_for_stripes(n, 16, [&](int64_t b, int64_t, int64_t, int idx) {
+    by[b / 16] = idx;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    if (idx == 0 && b == 0)
+      while (done.load() < n / 16 - 1 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    ++done;
+  });
+  int taken_by_other = 0;
+  for (int64_t c = 1; c < n / 32; ++c) taken_by_other += by[c] == 1;
+  CHECK(taken_by_other == n / 32 - 1);
 }
 
 TEST_CASE("many short regions in a row complete (no lost wake-ups)") {
