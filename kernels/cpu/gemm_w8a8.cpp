@@ -229,7 +229,7 @@ void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int
       if (next > p * share) {
         fetch.from = w.tile(b + 2, 0) + p * share;
         const int64_t bytes = std::min(share, next - p * share);
-        fetch.per_group = static_cast<int32_t>((bytes + a.groups - 1) / a.groups + 63) / 64 * 64;
+        fetch.per_group = static_cast<int32_t>(((bytes + a.groups - 1) / a.groups + 63) / 64 * 64);
       }
       const int32_t u = t + p * vnni_tokens;
       rows_vnni_pass<Q>(a, w, pair, b, lo, hi, u, std::min(vnni_tokens, a.num_tokens - u), y, ys, fetch);
@@ -357,7 +357,7 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
 #define TROUPE_MULTIPLY(C, X, W)                                                               \
   do {                                                                                         \
     const int8_t* wt_ = w.tile(mul.b, mul.g);                                                  \
-    if (mul.t0 == 0) prefetch_ahead(wt_, grp * block + 128);                                         \
+    if (mul.t0 == 0) prefetch_ahead(wt_, grp * block + 128);                                   \
     TROUPE_TILE_MULTIPLY(C, X, W, a.q.data() + int64_t{mul.t0} * xs + mul.g * grp, xs, wt_); \
     advance(mul);                                                                              \
   } while (0)
@@ -448,7 +448,7 @@ q8_packed pack_q8(const matrix_view& w) {
   for (int32_t r = 0; r < w.rows; ++r)
     for (int32_t g = 0; g < p.groups; ++g) {
       const int8_t* src = w.q + r * w.q_row_stride + g * w.q_group_stride;
-      int8_t* dst = const_cast<int8_t*>(p.tile(r / block, g));
+      int8_t* dst = p.data.data() + (int64_t{r / block} * p.groups + g) * p.record_bytes();
       for (int32_t j = 0; j < p.group / 4; ++j) std::memcpy(dst + j * 64 + (r % block) * 4, src + j * 4, 4);
       int32_t s = 0;
       for (int32_t k = 0; k < p.group; ++k) s += src[k];

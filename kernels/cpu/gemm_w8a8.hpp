@@ -15,8 +15,8 @@
 // AMX multiplies 16 tokens by 16 rows per instruction (steps of 5 tokens or more, when the
 // CPU has AMX-INT8 and the kernel grants this process tile data); VNNI takes up to eight
 // tokens at a time against two row blocks (decode steps, and everything without AMX),
-// with the activations offset to unsigned bytes and the offset's share taken back with
-// each group's weight sum. gemm() runs a matrix_view this way when it carries a packed
+// every pass over a pair of blocks before the next pair, with the activations offset to
+// unsigned bytes and the offset's share taken back with each group's weight sum. gemm() runs a matrix_view this way when it carries a packed
 // copy.
 #pragma once
 
@@ -59,7 +59,8 @@ q8_packed pack_q8(const matrix_view& w);
 // tokens, for AMX's 16-token tiles, whose fold reads a group's 16 scales together), and
 // the values plus 128 as unsigned bytes for VNNI, by eights of tokens and quads of
 // columns, [token / 8][col / 4][token % 8][col % 4], so that the bytes of one column quad
-// for a pass's eight tokens lie together (zero-padded to a multiple of 8 tokens). A group
+// for a pass's eight tokens lie together (room for a multiple of 8 tokens; the kernels
+// read only the tokens there are). A group
 // holding a NaN or an infinity gets a NaN scale and zeros, so that its token's outputs
 // are NaN, as they would be in F32.
 struct q8_activations {
@@ -97,8 +98,8 @@ enum class w8a8_kernel : uint8_t { scalar, vnni, amx };
 // y[t][r] for every token t, with kernel `k` (amx: AMX tiles where the step is long
 // enough, VNNI for the rest; vnni needs vnni_available(), amx amx_available()). The
 // results are the same bits whichever kernel runs. The kernels ask for the weights of
-// rows up to fetch_end (at least row_end) ahead of their turn: the rows the caller takes
-// next on this thread.
+// rows up to fetch_end ahead of their turn: the rows the caller takes next on this thread
+// (row_end or less: none past the range).
 void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t row_begin, int32_t row_end, float* y,
                     int64_t y_stride, w8a8_kernel k, int32_t fetch_end = 0);
 
