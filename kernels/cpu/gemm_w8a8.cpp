@@ -63,7 +63,7 @@ void rows_scalar(const q8_activations& a, const q8_packed& w, int32_t rb, int32_
       for (int32_t g = 0; g < a.groups; ++g) {
         int32_t isum = 0;
         for (int32_t k = g * a.group; k < (g + 1) * a.group; ++k) isum += int32_t{a.at(t, k)} * int32_t{w.at(r, k)};
-        acc = accumulate(acc, isum, w.scales(r / block, g)[r % block], a.scale_at(t, g));
+        acc = accumulate(acc, isum, w.scale_at(r, g), a.scale_at(t, g));
       }
       y[t * ys + r] = acc;
     }
@@ -84,13 +84,31 @@ inline __mmask16 row_mask(int32_t b, int32_t rb, int32_t re) {
 
 #define TROUPE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
+// A record's sixteen scales and the start of its sums, -128 sum(w) (see rows_vnni).
+template <bool Compact>
+TROUPE_VNNI inline __m512 record_scales(const q8_packed& w, int32_t b, int32_t g) {
+  if constexpr (Compact)
+    return _mm512_cvtph_ps(_mm256_load_si256(static_cast<const __m256i*>(w.scales(b, g))));
+  else
+    return _mm512_load_ps(static_cast<const float*>(w.scales(b, g)));
+}
+template <bool Compact>
+TROUPE_VNNI inline __m512i record_start(const q8_packed& w, int32_t b, int32_t g) {
+  __m512i sums;
+  if constexpr (Compact)
+    sums = _mm512_cvtepi16_epi32(_mm256_load_si256(static_cast<const __m256i*>(w.sums(b, g))));
+  else
+    sums = _mm512_load_si512(w.sums(b, g));
+  return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
+}
+
 // MT tokens from t0 (a multiple of vnni_tokens), sixteen rows per vector, groups of Q
 // column quads: a group's products accumulate over its quads with one VNNI instruction
 // per quad and token. The activations are offset to unsigned bytes, (x + 128) . w =
 // x . w + 128 sum(w), so each group's sums start from -128 sum(w) and end as x . w
 // exactly. The tokens' bytes of one quad lie side by side (q8_activations::quads), so
 // every broadcast is one pointer plus a constant.
-template <int MT, int Q>
+template <int MT, int Q, bool Compact>
 TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t t0, float* y,
                            int64_t ys) {
   for (int32_t b = rb / block; b * block < re; ++b) {
@@ -100,9 +118,8 @@ TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t 
     const float* xs = a.block_scales(t0 - t0 % block, 0) + t0 % block;
     for (int32_t g = 0; g < a.groups; ++g, xg += Q * 4 * vnni_tokens, xs += block) {
       const int8_t* wt = w.tile(b, g);
-      prefetch_ahead(wt, Q * 64 + 128);
-      const __m512i start =
-          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_load_si512(w.sums(b, g)), 7));
+      prefetch_ahead(wt, w.record_bytes());
+      const __m512i start = record_start<Compact>(w, b, g);
       __m512i p[MT];
       for (int t = 0; t < MT; ++t) p[t] = start;
 #pragma GCC unroll 16
@@ -114,7 +131,7 @@ TROUPE_VNNI void rows_vnni(const q8_activations& a, const q8_packed& w, int32_t 
           p[t] = _mm512_dpbusd_epi32(p[t], _mm512_set1_epi32(xq), wv);
         }
       }
-      const __m512 ws = _mm512_load_ps(w.scales(b, g));
+      const __m512 ws = record_scales<Compact>(w, b, g);
       for (int t = 0; t < MT; ++t) {
         const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(p[t]), ws);
         acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(xs[t]), acc[t]);
@@ -138,7 +155,7 @@ struct fetch_plan {
 // this CPU class; sixteen sharing eight broadcasts, about 5.6). The same sums and folds as
 // rows_vnni, so the same bits. (Its own code rather than rows_vnni with a block count as a
 // template parameter: that generic form ran 16-sequence decode and prefill about 8% slower.)
-template <int MT, int Q>
+template <int MT, int Q, bool Compact>
 TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int32_t b, int32_t rb, int32_t re,
                                 int32_t t0, float* y, int64_t ys, const fetch_plan& fetch) {
   __m512 acc[MT][2];
@@ -151,10 +168,7 @@ TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int
     // Into L2 (the L1 holds this pair for the later passes).
     for (int32_t off = 0; off < fetch.per_group; off += 64)
       __builtin_prefetch(fetch.from + int64_t{g} * fetch.per_group + off, 0, 1);
-    const __m512i start0 =
-        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_load_si512(w.sums(b, g)), 7));
-    const __m512i start1 =
-        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_load_si512(w.sums(b + 1, g)), 7));
+    const __m512i start0 = record_start<Compact>(w, b, g), start1 = record_start<Compact>(w, b + 1, g);
     __m512i p[MT][2];
     for (int t = 0; t < MT; ++t) {
       p[t][0] = start0;
@@ -171,7 +185,7 @@ TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int
         p[t][1] = _mm512_dpbusd_epi32(p[t][1], xv, wv1);
       }
     }
-    const __m512 ws0 = _mm512_load_ps(w.scales(b, g)), ws1 = _mm512_load_ps(w.scales(b + 1, g));
+    const __m512 ws0 = record_scales<Compact>(w, b, g), ws1 = record_scales<Compact>(w, b + 1, g);
     for (int t = 0; t < MT; ++t) {
       const __m512 x = _mm512_set1_ps(xs[t]);
       acc[t][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p[t][0]), ws0), x, acc[t][0]);
@@ -188,14 +202,14 @@ TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int
 // One pass of `count` tokens (1 to vnni_tokens) from t over rows [rb, re), which lie in
 // one pair of row blocks from b (the pair kernel, taking its fetch plan) or in block b
 // alone.
-template <int Q>
+template <int Q, bool Compact>
 void rows_vnni_pass(const q8_activations& a, const q8_packed& w, bool pair, int32_t b, int32_t rb, int32_t re,
                     int32_t t, int32_t count, float* y, int64_t ys, const fetch_plan& fetch) {
   static_assert(vnni_tokens == 8, "the passes below go up to eight tokens");
   switch (count * 2 + pair) {
 #define TROUPE_PASS(MT)                                                           \
-  case (MT) * 2 + 1: return rows_vnni_pair<MT, Q>(a, w, b, rb, re, t, y, ys, fetch); \
-  case (MT) * 2: return rows_vnni<MT, Q>(a, w, rb, re, t, y, ys);
+  case (MT) * 2 + 1: return rows_vnni_pair<MT, Q, Compact>(a, w, b, rb, re, t, y, ys, fetch); \
+  case (MT) * 2: return rows_vnni<MT, Q, Compact>(a, w, rb, re, t, y, ys);
     TROUPE_PASS(1) TROUPE_PASS(2) TROUPE_PASS(3) TROUPE_PASS(4) TROUPE_PASS(5) TROUPE_PASS(6) TROUPE_PASS(7)
     TROUPE_PASS(8)
 #undef TROUPE_PASS
@@ -210,11 +224,11 @@ void rows_vnni_pass(const q8_activations& a, const q8_packed& w, bool pair, int3
 // once and stay in L1 for the later passes. Meanwhile the passes fetch the next pair's
 // weights, spread evenly over all of them, so that memory streams beside the arithmetic
 // of every pass rather than only the first one's.
-template <int Q>
+template <int Q, bool Compact>
 void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, int32_t fetch_end,
                     int32_t t, float* y, int64_t ys) {
   const int32_t tokens = a.num_tokens - t;
-  if (tokens == 1) return rows_vnni<1, Q>(a, w, rb, re, t, y, ys);
+  if (tokens == 1) return rows_vnni<1, Q, Compact>(a, w, rb, re, t, y, ys);
   const int32_t passes = (tokens + vnni_tokens - 1) / vnni_tokens;
   const int32_t b_end = (re + block - 1) / block, fetch_b_end = (fetch_end + block - 1) / block;
   const int64_t block_bytes = a.groups * w.record_bytes();
@@ -232,7 +246,7 @@ void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int
         fetch.per_group = static_cast<int32_t>(((bytes + a.groups - 1) / a.groups + 63) / 64 * 64);
       }
       const int32_t u = t + p * vnni_tokens;
-      rows_vnni_pass<Q>(a, w, pair, b, lo, hi, u, std::min(vnni_tokens, a.num_tokens - u), y, ys, fetch);
+      rows_vnni_pass<Q, Compact>(a, w, pair, b, lo, hi, u, std::min(vnni_tokens, a.num_tokens - u), y, ys, fetch);
     }
   }
 }
@@ -241,16 +255,17 @@ void rows_vnni_from(const q8_activations& a, const q8_packed& w, int32_t rb, int
                     int32_t t, float* y, int64_t ys) {
   TROUPE_ASSERT(t % vnni_tokens == 0, t);
   if (t >= a.num_tokens) return;
-  if (a.group == 32)
-    rows_vnni_from<8>(a, w, rb, re, fetch_end, t, y, ys);
-  else
-    rows_vnni_from<16>(a, w, rb, re, fetch_end, t, y, ys);
+  switch ((a.group == 32 ? 2 : 0) + w.compact) {
+    case 3: return rows_vnni_from<8, true>(a, w, rb, re, fetch_end, t, y, ys);
+    case 2: return rows_vnni_from<8, false>(a, w, rb, re, fetch_end, t, y, ys);
+    case 1: return rows_vnni_from<16, true>(a, w, rb, re, fetch_end, t, y, ys);
+    default: return rows_vnni_from<16, false>(a, w, rb, re, fetch_end, t, y, ys);
+  }
 }
 
 // A tile of products (16 tokens x 16 rows) of one group into the tokens' accumulators,
 // with the rows' and the tokens' scales of that group.
-TROUPE_VNNI inline void fold_products(const int32_t* pr, const float* w_scales, const float* x_scales, __m512* acc) {
-  const __m512 ws = _mm512_load_ps(w_scales);
+TROUPE_VNNI inline void fold_products(const int32_t* pr, __m512 ws, const float* x_scales, __m512* acc) {
   for (int i = 0; i < block; ++i) {
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(pr + i * block)), ws);
     acc[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(x_scales[i]), acc[i]);
@@ -357,7 +372,7 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
 #define TROUPE_MULTIPLY(C, X, W)                                                               \
   do {                                                                                         \
     const int8_t* wt_ = w.tile(mul.b, mul.g);                                                  \
-    if (mul.t0 == 0) prefetch_ahead(wt_, grp * block + 128);                                   \
+    if (mul.t0 == 0) prefetch_ahead(wt_, w.record_bytes());                                    \
     TROUPE_TILE_MULTIPLY(C, X, W, a.q.data() + int64_t{mul.t0} * xs + mul.g * grp, xs, wt_); \
     advance(mul);                                                                              \
   } while (0)
@@ -365,7 +380,9 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
   // Folds unit u, and writes its block's sums out after its last group.
 #define TROUPE_FOLD(u)                                                                                    \
   do {                                                                                                    \
-    fold_products(ring[(u) % fold_ring], w.scales(fold.b, fold.g), a.block_scales(fold.t0, fold.g), acc); \
+    const __m512 ws_ = w.compact ? record_scales<true>(w, fold.b, fold.g)                                 \
+                                 : record_scales<false>(w, fold.b, fold.g);                               \
+    fold_products(ring[(u) % fold_ring], ws_, a.block_scales(fold.t0, fold.g), acc);                      \
     if (fold.g == groups - 1) {                                                                           \
       const __mmask16 m = row_mask(fold.b, rb, re);                                                       \
       write_rows(acc, y + int64_t{fold.t0} * ys + fold.b * block, ys, m, a.num_tokens - fold.t0);        \
@@ -444,6 +461,14 @@ q8_packed pack_q8(const matrix_view& w) {
   p.group = w.group_size;
   p.groups = w.cols / w.group_size;
   p.blocks = (w.rows + block - 1) / block;
+  // Compact when every scale survives F16 bit for bit (|sum| <= 64 * 128 fits int16).
+  p.compact = true;
+  for (int32_t r = 0; r < w.rows && p.compact; ++r)
+    for (int32_t g = 0; g < p.groups && p.compact; ++g) {
+      const float scale = w.scale_at(r, g), back = f16_to_f32(f32_to_f16(scale));
+      p.compact = std::memcmp(&scale, &back, sizeof scale) == 0;
+    }
+  const int32_t sum_bytes = p.compact ? 2 : 4;
   p.data.assign(static_cast<size_t>(int64_t{p.blocks} * p.groups * p.record_bytes()), 0);
   for (int32_t r = 0; r < w.rows; ++r)
     for (int32_t g = 0; g < p.groups; ++g) {
@@ -452,9 +477,18 @@ q8_packed pack_q8(const matrix_view& w) {
       for (int32_t j = 0; j < p.group / 4; ++j) std::memcpy(dst + j * 64 + (r % block) * 4, src + j * 4, 4);
       int32_t s = 0;
       for (int32_t k = 0; k < p.group; ++k) s += src[k];
+      int8_t* sums = dst + p.group * block;
+      int8_t* scales = sums + block * sum_bytes;
       const float scale = w.scale_at(r, g);
-      std::memcpy(dst + p.group * block + (r % block) * 4, &s, 4);
-      std::memcpy(dst + p.group * block + 64 + (r % block) * 4, &scale, 4);
+      if (p.compact) {
+        const auto s16 = static_cast<int16_t>(s);
+        const uint16_t h = f32_to_f16(scale);
+        std::memcpy(sums + (r % block) * 2, &s16, 2);
+        std::memcpy(scales + (r % block) * 2, &h, 2);
+      } else {
+        std::memcpy(sums + (r % block) * 4, &s, 4);
+        std::memcpy(scales + (r % block) * 4, &scale, 4);
+      }
     }
   return p;
 }

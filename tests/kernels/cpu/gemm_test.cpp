@@ -211,6 +211,9 @@ TEST_CASE("w8a8: AMX tiles, VNNI and the scalar loop give the same bits, for any
     const int32_t rows = 45, cols = 192;  // two 16-row blocks and a partial one
     const test_matrix t = make_matrix(l, rows, cols, 11);
     const q8_packed w = pack_q8(t.view);
+    // GGUF's F16 scales pack into compact records, llama2.c's float ones into full ones:
+    // both kinds are checked.
+    CHECK(w.compact == (l == layout::q8_gguf));
     const auto x = test::random_floats(size_t(37) * cols, 12);
     // Every VNNI pass width (1 to 8) alone, and after whole passes over the same blocks.
     for (int32_t m : {1, 3, 4, 5, 6, 7, 8, 9, 14, 16, 17, 21, 37}) {
