@@ -10,6 +10,10 @@ namespace {
 
 using nlohmann::json;
 
+// Compact JSON; text that is not UTF-8 (a token's bytes cut inside a character) comes out
+// with U+FFFD in its place instead of failing the answer.
+std::string serialized(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 const char* reason_name(finish_reason r) {
   switch (r) {
     case finish_reason::stop: return "stop";
@@ -48,7 +52,7 @@ json logprobs_json(bool chat, const std::vector<sample_result>& lps, const token
 std::string error_body(const api_error& e) {
   json j = {{"error", {{"message", e.message}, {"type", e.type}, {"param", e.param.empty() ? json(nullptr) : json(e.param)},
                        {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(j);
 }
 
 std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail,
@@ -58,7 +62,7 @@ std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, 
             {"replicas_ready", replicas_ready},
             {"outages", outages}};
   if (!detail.empty()) j["detail"] = detail;
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(j);
 }
 
 namespace {
@@ -92,7 +96,7 @@ std::string completion_body(const std::string& id, bool chat, const std::string&
             {"model", model},
             {"choices", cs},
             {"usage", usage_json(prompt_tokens, output_tokens, cached_tokens)}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(j);
 }
 
 std::string chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created, int index,
@@ -110,7 +114,7 @@ std::string chunk_body(const std::string& id, bool chat, const std::string& mode
   }
   json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
             {"model", model}, {"choices", json::array({c})}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(j);
 }
 
 std::string usage_chunk_body(const std::string& id, bool chat, const std::string& model, int64_t created,
@@ -121,7 +125,7 @@ std::string usage_chunk_body(const std::string& id, bool chat, const std::string
             {"model", model},
             {"choices", json::array()},
             {"usage", usage_json(prompt_tokens, output_tokens, cached_tokens)}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(j);
 }
 
 namespace {
@@ -132,19 +136,19 @@ json model_object(const std::string& model, int64_t created) {
 
 std::string models_body(const std::string& model, int64_t created) {
   json j = {{"object", "list"}, {"data", json::array({model_object(model, created)})}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(j);
 }
 
 std::string model_body(const std::string& model, int64_t created) {
-  return model_object(model, created).dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(model_object(model, created));
 }
 
 std::string tokenize_body(const std::vector<int32_t>& tokens, int32_t context) {
-  return json{{"count", tokens.size()}, {"max_model_len", context}, {"tokens", tokens}}.dump();
+  return serialized(json{{"count", tokens.size()}, {"max_model_len", context}, {"tokens", tokens}});
 }
 
 std::string detokenize_body(const std::string& text) {
-  return json{{"prompt", text}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return serialized(json{{"prompt", text}});
 }
 
 }  // namespace troupe::openai

@@ -428,36 +428,32 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
   pool.parallel_for_dynamic(static_cast<int64_t>(items.size()), [&, its = items.data()](int64_t at, int) {
     thread_local std::vector<float> scratch;
     const item& it = its[at];
+    // Rows in the kernels' order: token r of the item, then KV head h, then query head j
+    // of this pass (a run: one KV head, every query head; a lone token: one pass).
+    const int32_t heads = it.len > 1 ? 1 : shape.kv_heads;
+    const int count = it.len > 1 ? group : std::min(shape.group, group - it.pass * shape.group);
     const float* qs[4 * max_group];
     float* outs[4 * max_group];
-    if (it.len > 1) {
-      for (int32_t r = 0; r < it.len; ++r)
-        for (int32_t j = 0; j < group; ++j) {
-          const int32_t head = it.kv_head0 * group + j;
-          qs[r * group + j] = q + (it.t + r) * q_stride + head * kv.head_dim;
-          outs[r * group + j] = out + (it.t + r) * out_stride + head * kv.head_dim;
+    for (int32_t r = 0; r < it.len; ++r)
+      for (int32_t h = 0; h < heads; ++h)
+        for (int32_t j = 0; j < count; ++j) {
+          const int32_t head = (it.kv_head0 + h) * group + it.pass * shape.group + j;
+          qs[(r * heads + h) * count + j] = q + (it.t + r) * q_stride + head * kv.head_dim;
+          outs[(r * heads + h) * count + j] = out + (it.t + r) * out_stride + head * kv.head_dim;
         }
-      if (kv.k8)
-        attend_run_of<int8_t>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
-      else if (kv.k16)
-        attend_run_of<uint16_t>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
+    const auto run = [&](auto element) {
+      using T = decltype(element);
+      if (it.len > 1)
+        attend_run_of<T>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
       else
-        attend_run_of<float>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
-      return;
-    }
-    const int count = std::min(shape.group, group - it.pass * shape.group);
-    for (int h = 0; h < shape.kv_heads; ++h)
-      for (int j = 0; j < count; ++j) {
-        const int32_t head = (it.kv_head0 + h) * group + it.pass * shape.group + j;
-        qs[h * count + j] = q + it.t * q_stride + head * kv.head_dim;
-        outs[h * count + j] = out + it.t * out_stride + head * kv.head_dim;
-      }
+        attend<T>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
+    };
     if (kv.k8)
-      attend<int8_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
+      run(int8_t{});
     else if (kv.k16)
-      attend<uint16_t>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
+      run(uint16_t{});
     else
-      attend<float>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
+      run(float{});
   });
 }
 
