@@ -94,6 +94,10 @@ double prefill_rate(const model& m, const tokenizer& tok, int threads, int promp
     auto t0 = clock_type::now();
     auto res = gen.generate({req});
     const double secs = seconds_since(t0);
+    if (!res) {
+      std::fprintf(stderr, "troupe-perf: %s\n", res.err().message.c_str());
+      std::exit(1);
+    }
     if (r > 0) rates.push_back(prompt_tokens / secs);
   }
   return median(rates);
