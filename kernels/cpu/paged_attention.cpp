@@ -295,6 +295,7 @@ void values_rows(const float* const* weights, const int32_t* ns, const attention
       count[i] = std::clamp(ns[i] - p0, 0, simd::width);
       most = std::max(most, count[i]);
     }
+    const bool full = count[0] == simd::width;  // (rows see more positions as i grows)
     for (int32_t c0 = 0; c0 < hd; c0 += C * simd::width) {
       simd::v16f acc[Rows][C];
       for (int i = 0; i < Rows; ++i)
@@ -303,7 +304,7 @@ void values_rows(const float* const* weights, const int32_t* ns, const attention
         simd::v16f v[C];
         for (int c = 0; c < C; ++c) v[c] = load16(vb + s * hd + c0 + c * simd::width);
         for (int i = 0; i < Rows; ++i) {
-          if (s >= count[i]) continue;
+          if (!full && s >= count[i]) continue;
           const simd::v16f a = simd::splat(scaled<T> ? weights[i][p0 + s] * vs[s] : weights[i][p0 + s]);
           for (int c = 0; c < C; ++c) acc[i][c] = simd::fma(a, v[c], acc[i][c]);
         }
@@ -328,9 +329,9 @@ void attend_run(const float* const* q, float* const* out, const attention_token*
     ns[i] = toks[i / G].position + 1;
   }
   // Every row scored over the last token's positions (the extra ones are not used).
-  scores_heads<T, (Rows >= 8 ? 1 : 8 / Rows), 1, Rows>(q, toks[R - 1], kv_head, kv, n, scores);
+  scores_heads<T, (Rows >= 8 ? 2 : 16 / Rows), 1, Rows>(q, toks[R - 1], kv_head, kv, n, scores);
   for (int i = 0; i < Rows; ++i) softmax(scores[i], ns[i]);
-  constexpr int C = Rows >= 8 ? 1 : Rows >= 4 ? 2 : 4;
+  constexpr int C = Rows >= 8 ? 2 : 4;
   if ((kv.head_dim / simd::width) % C == 0)
     values_rows<T, Rows, C>(scores, ns, toks[R - 1], kv_head, kv, out);
   else

@@ -33,9 +33,12 @@ void softmax(float* x, int32_t n) {
       sum += tail[j];
     }
   }
-  const simd::v16f vs = simd::splat(sum);
-  for (i = 0; i + simd::width <= n; i += simd::width) simd::store(x + i, simd::load(x + i) / vs);
-  for (; i < n; ++i) x[i] /= sum;
+  // Times the reciprocal (the sum is at least 1, the maximum's own term): dividing each
+  // element took about a quarter of the whole softmax's time.
+  const float inv = 1.0f / sum;
+  const simd::v16f vs = simd::splat(inv);
+  for (i = 0; i + simd::width <= n; i += simd::width) simd::store(x + i, simd::load(x + i) * vs);
+  for (; i < n; ++i) x[i] *= inv;
 }
 
 }  // namespace troupe
