@@ -604,13 +604,10 @@ void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32
   std::fill(q.begin() + static_cast<int64_t>(n) * c, q.end(), 0);
   std::fill(scale.begin() + static_cast<int64_t>(n - n % block) * groups, scale.end(), 0.0f);
   const bool vector = vnni_available() && grp % 16 == 0;
-  // Threads take ranges of groups across every token, not ranges of tokens: the scales of
-  // one group for 16 tokens share a cache line, which two threads writing neighbouring
-  // tokens would pass back and forth. Ranges cover 64 bytes of a token's q, and of its
-  // eight's u, or more.
-  auto groups_of = [&](int64_t gb, int64_t ge, int) {
+  // Tokens [tb, te), groups [gb, ge).
+  auto quantize_range = [&](int32_t tb, int32_t te, int64_t gb, int64_t ge) {
     const auto g0 = static_cast<int32_t>(gb), width = static_cast<int32_t>(ge - gb) * grp;
-    for (int32_t t = 0; t < n; ++t) {
+    for (int32_t t = tb; t < te; ++t) {
       const size_t at = static_cast<size_t>(t) * c + static_cast<size_t>(g0) * grp;
       uint8_t* ut = u.data() + int64_t{t - t % vnni_tokens} * c + t % vnni_tokens * 4 + interleaved(g0 * grp);
       float* s = scale.data() + (t - t % block) * groups + t % block + g0 * block;
@@ -620,10 +617,20 @@ void q8_activations::quantize(const float* x, int64_t x_stride, int32_t n, int32
         quantize_scalar(x + t * x_stride + g0 * grp, width, grp, q.data() + at, ut, s);
     }
   };
-  if (pool && n > 1)
-    pool->parallel_for(groups, std::max(1, 64 / grp), groups_of);
+  // Threads never write the same cache line: the scales of one group for sixteen tokens
+  // share one. So many tokens go by sixteens, each thread reading whole rows of x front
+  // to back (ranges of groups across them would read every row in strides, which the
+  // hardware prefetchers do not follow, and wait on memory for most of the time); a few
+  // go by ranges of groups, each covering 64 bytes of a token's q, and of its eight's u,
+  // or more.
+  if (pool && n >= 2 * block)
+    pool->parallel_for((n + block - 1) / block, 1, [&](int64_t bb, int64_t be, int) {
+      quantize_range(static_cast<int32_t>(bb * block), static_cast<int32_t>(std::min<int64_t>(n, be * block)), 0, groups);
+    });
+  else if (pool && n > 1)
+    pool->parallel_for(groups, std::max(1, 64 / grp), [&](int64_t gb, int64_t ge, int) { quantize_range(0, n, gb, ge); });
   else
-    groups_of(0, groups, 0);
+    quantize_range(0, n, 0, groups);
 }
 
 void gemm_w8a8_rows(const q8_activations& a, const q8_packed& w, int32_t rb, int32_t re, float* y, int64_t ys,
