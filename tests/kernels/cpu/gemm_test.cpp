@@ -297,7 +297,7 @@ TEST_CASE("w8a8: activations quantized on a pool's threads are the bytes of one 
   thread_pool pool(3);
   for (int32_t group : {32, 64})
     for (int32_t cols : {group, 3 * group, 2048})
-      for (int32_t tokens : {2, 5, 16, 17, 40}) {
+      for (int32_t tokens : {2, 5, 16, 17, 32, 40, 100}) {
         CAPTURE(group);
         CAPTURE(cols);
         CAPTURE(tokens);
