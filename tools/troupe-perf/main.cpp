@@ -344,8 +344,8 @@ int main(int argc, char** argv) {
       report("prefill, " + std::to_string(prompt_tokens) + " tokens, " + std::to_string(threads) + " threads",
              prefill_rate(m, tok, threads, prompt_tokens, runs), "tok/s");
     } else if (srv->parsed()) {
-      std::printf("%-34s %8s %10s %9s %9s %9s %9s\n", "workload", "requests", "out tok/s", "TTFT p50", "TTFT p99",
-                  "TPOT p50", "TPOT p99");
+      std::printf("%-34s %8s %10s %9s %9s %9s %9s %9s\n", "workload", "requests", "out tok/s", "TTFT p50", "TTFT p99",
+                  "TPOT p50", "TPOT p99", "ITL p99");
       // Every (concurrency, caching) workload once per round; one engine each.
       struct workload {
         int c;
@@ -376,10 +376,11 @@ int main(int argc, char** argv) {
         llm_engine engine(m, tok, cfg);
         const auto r = tools::run_serve(engine, w, m.config.vocab_size, tok.bos_id());
         l.rates.push_back(r.output_tokens_per_s);
-        std::printf("%-34s %8d %10.1f %7.0fms %7.0fms %7.1fms %7.1fms   mean TTFT %.0f ms, prompt tokens computed %llu\n",
+        std::printf("%-34s %8d %10.1f %7.0fms %7.0fms %7.1fms %7.1fms %7.1fms   mean TTFT %.0f ms, prompt tokens computed %llu\n",
                     l.name.c_str(), w.num_requests, r.output_tokens_per_s, tools::percentile(r.ttft_ms, 50),
                     tools::percentile(r.ttft_ms, 99), tools::percentile(r.tpot_ms, 50), tools::percentile(r.tpot_ms, 99),
-                    tools::mean(r.ttft_ms), static_cast<unsigned long long>(r.prompt_tokens_computed));
+                    tools::percentile(r.itl_ms, 99), tools::mean(r.ttft_ms),
+                    static_cast<unsigned long long>(r.prompt_tokens_computed));
         std::fflush(stdout);
         results.push_back({l.name + " output tok/s", r.output_tokens_per_s, "tok/s", ""});
         results.push_back({l.name + " TTFT p50", tools::percentile(r.ttft_ms, 50), "ms", ""});
@@ -387,6 +388,7 @@ int main(int argc, char** argv) {
         results.push_back({l.name + " TTFT mean", tools::mean(r.ttft_ms), "ms", ""});
         results.push_back({l.name + " TPOT p50", tools::percentile(r.tpot_ms, 50), "ms", ""});
         results.push_back({l.name + " TPOT p99", tools::percentile(r.tpot_ms, 99), "ms", ""});
+        results.push_back({l.name + " ITL p99", tools::percentile(r.itl_ms, 99), "ms", ""});
       };
       for (int round = 0; round < rounds; ++round) {
         if (rounds > 1) std::printf("round %d of %d\n", round + 1, rounds);

@@ -60,7 +60,10 @@ serve_result run_serve(llm_engine& engine, const serve_workload& w, int32_t voca
     for (const auto& o : outs) {
       timing& x = t[o.id.value];
       if (!o.new_tokens.empty()) {
-        if (x.tokens == 0) x.first = now;
+        if (x.tokens == 0)
+          x.first = now;
+        else
+          res.itl_ms.push_back(ms(x.last, now));
         x.last = now;
         x.tokens += static_cast<int64_t>(o.new_tokens.size());
         res.output_tokens += static_cast<int64_t>(o.new_tokens.size());

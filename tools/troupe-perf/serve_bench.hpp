@@ -1,6 +1,8 @@
 // The serving benchmark of one engine instance: a closed loop that keeps `concurrency`
 // requests in the engine (a new one as each finishes) and times every request's first
-// token and the gaps after it, as a client of the engine loop would see them.
+// token and the gaps after it, as a client of the engine loop would see them: their mean per
+// request (TPOT) and each one (ITL, where a step that prefills a long chunk shows as a
+// stall of every running request).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@ struct serve_result {
   double output_tokens_per_s = 0;
   std::vector<double> ttft_ms;   // per request
   std::vector<double> tpot_ms;   // per request: (last - first token) / (tokens - 1)
+  std::vector<double> itl_ms;    // every gap between two tokens of a request
   uint64_t prompt_tokens_computed = 0;
   uint64_t prefix_hit_tokens = 0;
 };
