@@ -4,7 +4,9 @@
 # troupe-node serving stories260K from cuda:0 against troupe-run on the CPU (the node test
 # of tests/tools/), the same with two GPU stages in two processes (deploy/pp2-gpu.toml,
 # joined by a device link where there are two devices), then the decode benchmark on a synthetic 1B model (BF16, batch 1, 8 and
-# 64) beside the device's copy bandwidth. Bounded to 8 minutes.
+# 64) beside the device's copy bandwidth, and the serving benchmark (troupe-perf serve, c=1
+# and c=16 in three rounds) on the synthetic 110M Q8_0 model with BF16 weights on the
+# device. Bounded to 8 minutes.
 #   tools/gpu-check.sh [BUILD_DIR]     builds the CUDA targets in BUILD_DIR (default build)
 #                                      when this machine has CMake and nvcc, else uses it as it is
 #   tools/gpu-check.sh --bundle DIR    runs a folder made by tools/gpu-bundle.sh elsewhere
@@ -89,5 +91,10 @@ if [[ -x $root/tools/troupe-perf && -x $root/tools/make-model ]]; then
   model=${TMPDIR:-/tmp}/troupe-syn1b.bf16.gguf
   [[ -f $model ]] || timeout "$(left)" "$root/tools/make-model" "$model" --preset 1b --type bf16
   timeout "$(left)" "$root/tools/troupe-perf" gpu "$model" -b 1,8,64 -n 64 --weights bf16 ${GPU_BENCH_FLAGS:-} || rc=$?
+  # The serving benchmark of BENCHMARKS.md (the engine loop: 128-token prompts, 128
+  # outputs) with the forward pass on cuda:0: throughput at 16 requests against 1.
+  model=${TMPDIR:-/tmp}/troupe-syn110m.q8_0.gguf
+  [[ -f $model ]] || timeout "$(left)" "$root/tools/make-model" "$model" --preset 110m --separate-classifier --type q8_0
+  timeout "$(left)" "$root/tools/troupe-perf" serve "$model" --device cuda:0 --weights bf16 -c 1,16 --rounds 3 || rc=$?
 fi
 exit "$rc"

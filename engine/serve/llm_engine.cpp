@@ -8,14 +8,35 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
   return cfg;
 }
 
-llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
-    : model_(m),
-      cfg_(complete(cfg, m)),
-      sched_(cfg_.sched, tok),
-      pool_(cfg_.num_threads),
-      cache_(transformer_shard::cache_shape(m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.num_blocks),
-                                            cfg_.sched.block_size, cfg_.kv_type.value_or(transformer_shard::kv_type_for(m)))),
-      shard_(m, shard_spec{}, cache_, pool_, solo_) {}
+llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg) : llm_engine(m, tok, cfg, nullptr) {}
+
+llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> gpu)
+    : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(gpu ? 1 : cfg_.num_threads) {
+  if (gpu) {
+    shard_ = std::move(gpu);
+    return;
+  }
+  TROUPE_ASSERT(!cfg_.gpu, "an engine on a GPU comes from llm_engine::on_gpu");
+  cache_ = std::make_unique<kv_cache>(transformer_shard::cache_shape(
+      m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.num_blocks), cfg_.sched.block_size,
+      cfg_.kv_type.value_or(transformer_shard::kv_type_for(m))));
+  shard_ = std::make_unique<transformer_shard>(m, shard_spec{}, *cache_, pool_, solo_);
+}
+
+expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const tokenizer& tok, engine_config cfg) {
+  TROUPE_ASSERT(cfg.gpu.has_value(), "on_gpu without a GPU placement");
+  if (cfg.kv_type) return error{"a KV cache type applies to the CPU; a GPU shard keeps its cache in its own type"};
+  cfg = complete(cfg, m);
+  cuda_shard_options o;
+  o.device = cfg.gpu->device;
+  o.weights = cfg.gpu->weights;
+  o.num_blocks = static_cast<int32_t>(cfg.sched.num_blocks);
+  o.block_size = cfg.sched.block_size;
+  o.max_step_tokens = cfg.sched.max_step_tokens;
+  auto shard = make_cuda_shard(m, shard_spec{}, o);
+  if (!shard) return shard.err();
+  return std::unique_ptr<llm_engine>(new llm_engine(m, tok, cfg, std::move(*shard)));
+}
 
 status llm_engine::add_request(request_id id, request_params params) {
   return sched_.add(id, std::move(params));
@@ -37,7 +58,7 @@ std::vector<step_output> llm_engine::step() {
     const int32_t vocab = model_.config.vocab_size;
     hidden_.resize(static_cast<size_t>(batch_.num_tokens()) * model_.config.dim);
     logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
-    shard_.forward(batch_, hidden_.data(), logits_.data());
+    shard_->forward(batch_, hidden_.data(), logits_.data());
     ++stats_.steps;
     stats_.tokens_computed += batch_.num_tokens();
     size_t row = 0;

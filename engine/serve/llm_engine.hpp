@@ -1,16 +1,19 @@
 // llm_engine: the serving loop of one engine instance, in one thread: the scheduler
-// decides a step, one shard with every layer runs it, each request's sampler picks its
-// token, and the scheduler applies the results. The scheduler and kv manager actors
-// drive the same pieces across processes; this loop is what they do inside one.
+// decides a step, one shard with every layer runs it (on the CPU, or on a GPU: see
+// on_gpu), each request's sampler picks its token, and the scheduler applies the
+// results. The scheduler and kv manager actors drive the same pieces across processes;
+// this loop is what they do inside one.
 //
 // API (one thread at a time): add_request, abort, step. step() returns what each request
 // got: its new tokens, the text that became final, and whether it finished.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/sched/scheduler.hpp"
 #include "kernels/common/aligned.hpp"
@@ -18,11 +21,20 @@
 
 namespace troupe {
 
+// The forward pass on a GPU: a shard with every layer on device cuda:`device`, its
+// weights in `weights` (f32, bf16 or f16; quantized checkpoints dequantized on the host
+// first) and its KV cache in device memory, the scheduler's blocks by the same ids.
+struct gpu_placement {
+  int device = 0;
+  dtype weights = dtype::bf16;
+};
+
 struct engine_config {
   scheduler_config sched;  // context and vocab are filled from the model when zero
   int32_t num_threads = 1;
-  std::optional<dtype> kv_type;  // the KV cache's: f32, f16 or q8_0 (default: the
+  std::optional<dtype> kv_type;  // the CPU KV cache's: f32, f16 or q8_0 (default: the
                                  // model's, transformer_shard::kv_type_for)
+  std::optional<gpu_placement> gpu;  // set: the engine comes from llm_engine::on_gpu
 };
 
 struct engine_stats {
@@ -34,7 +46,12 @@ struct engine_stats {
 
 class llm_engine {
  public:
+  // On the CPU, with cfg.num_threads threads (cfg.gpu unset).
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg);
+  // On the GPU cfg.gpu names; an error when its shard cannot be made there (this build has
+  // no CUDA, no such device, not enough device memory). The logits come back to the host,
+  // where each request's sampler picks its token, as on the CPU.
+  static expected<std::unique_ptr<llm_engine>> on_gpu(const model& m, const tokenizer& tok, engine_config cfg);
 
   status add_request(request_id id, request_params params);
   std::optional<step_output> abort(request_id id);
@@ -51,14 +68,16 @@ class llm_engine {
 
  private:
   static engine_config complete(engine_config cfg, const model& m);
+  // gpu: the GPU shard on_gpu made; null: a CPU shard, made here.
+  llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> gpu);
 
   const model& model_;
   engine_config cfg_;
   scheduler sched_;
   thread_pool pool_;
-  kv_cache cache_;
+  std::unique_ptr<kv_cache> cache_;  // the CPU shard's (none for a GPU's)
   no_collective solo_;
-  transformer_shard shard_;
+  std::unique_ptr<forward_shard> shard_;
   engine_stats stats_;
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;

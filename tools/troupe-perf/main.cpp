@@ -164,6 +164,12 @@ int main(int argc, char** argv) {
   srv->add_option("--shared-prefix", shared_prefix, "leading prompt tokens all requests share; runs with the prefix cache on and off")
       ->check(CLI::Range(0, 1 << 20));
   srv->add_option("--max-step-tokens", max_step, "token budget per engine step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  std::string serve_device = "cpu", serve_weights = "bf16";
+  srv->add_option("--device", serve_device, "where the forward pass runs: cpu, or cuda:N (a GPU shard, in a build with CUDA)")
+      ->capture_default_str();
+  srv->add_option("--weights", serve_weights, "with cuda:N, the weights on the device")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}))
+      ->capture_default_str();
   int rounds = 1;
   srv->add_option("--rounds", rounds,
                   "run the concurrency list this many times in turn, then print each level's median throughput and "
@@ -344,6 +350,17 @@ int main(int argc, char** argv) {
       report("prefill, " + std::to_string(prompt_tokens) + " tokens, " + std::to_string(threads) + " threads",
              prefill_rate(m, tok, threads, prompt_tokens, runs), "tok/s");
     } else if (srv->parsed()) {
+      std::optional<gpu_placement> on_gpu;
+      if (serve_device != "cpu") {
+        auto index = cuda_device_index(serve_device);
+        if (!index) {
+          std::fprintf(stderr, "troupe-perf: --device: %s (cpu or cuda:N)\n", index.err().message.c_str());
+          return 1;
+        }
+        on_gpu = gpu_placement{*index, serve_weights == "f32" ? dtype::f32 : serve_weights == "f16" ? dtype::f16 : dtype::bf16};
+        std::fprintf(stderr, "troupe-perf: serving on %s: %s weights and the KV cache in device memory, tokens chosen on the host\n",
+                     serve_device.c_str(), serve_weights.c_str());
+      }
       std::printf("%-34s %8s %10s %9s %9s %9s %9s %9s\n", "workload", "requests", "out tok/s", "TTFT p50", "TTFT p99",
                   "TPOT p50", "TPOT p99", "ITL p99");
       // Every (concurrency, caching) workload once per round; one engine each.
@@ -373,8 +390,19 @@ int main(int argc, char** argv) {
         cfg.sched.prefix_caching = l.caching;
         const int64_t per_request = (prompt_tokens + out_tokens + 15) / 16;
         cfg.sched.num_blocks = static_cast<uint32_t>(per_request * l.c + 16);
-        llm_engine engine(m, tok, cfg);
-        const auto r = tools::run_serve(engine, w, m.config.vocab_size, tok.bos_id());
+        std::unique_ptr<llm_engine> engine;
+        if (on_gpu) {
+          cfg.gpu = on_gpu;
+          auto made = llm_engine::on_gpu(m, tok, cfg);
+          if (!made) {
+            std::fprintf(stderr, "troupe-perf: %s\n", made.err().message.c_str());
+            std::exit(1);
+          }
+          engine = std::move(*made);
+        } else {
+          engine = std::make_unique<llm_engine>(m, tok, cfg);
+        }
+        const auto r = tools::run_serve(*engine, w, m.config.vocab_size, tok.bos_id());
         l.rates.push_back(r.output_tokens_per_s);
         std::printf("%-34s %8d %10.1f %7.0fms %7.0fms %7.1fms %7.1fms %7.1fms   mean TTFT %.0f ms, prompt tokens computed %llu\n",
                     l.name.c_str(), w.num_requests, r.output_tokens_per_s, tools::percentile(r.ttft_ms, 50),

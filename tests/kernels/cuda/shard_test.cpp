@@ -9,6 +9,7 @@
 #include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/model/checkpoint_writer.hpp"
+#include "engine/serve/llm_engine.hpp"
 #include "engine/sample/rng.hpp"
 #include "kernels/cpu/sample.hpp"
 #include "kernels/cuda/gemv.hpp"
@@ -122,6 +123,38 @@ TEST_CASE("GPU FP32 path: stories260K greedy ids equal the reference, with CUDA 
       CAPTURE(first_difference(ids, c.ids_after_bos));
       CHECK(ids == c.ids_after_bos);
     }
+  }
+}
+
+TEST_CASE("the engine loop on a GPU (FP32): every reference prompt at once, each greedy output the reference's") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const auto cases = test::read_reference(test::shared_path("reference/stories260K_greedy.jsonl"));
+  engine_config cfg;
+  cfg.gpu = gpu_placement{0, dtype::f32};
+  cfg.sched.num_blocks = static_cast<uint32_t>(cases.size() * ((l.m.config.max_seq_len + 15) / 16));
+  cfg.sched.max_step_tokens = 64;  // prompts in chunks, beside other requests' decode tokens
+  auto engine = llm_engine::on_gpu(l.m, l.tok, cfg);
+  REQUIRE_MESSAGE(engine.has_value(), (engine ? "" : engine.err().message));
+  std::vector<std::vector<int32_t>> ids(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    request_params p;
+    p.prompt = l.tok.encode(cases[i].prompt, true);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = cases[i].steps - static_cast<int32_t>(p.prompt.size() - 1);
+    ids[i].assign(p.prompt.begin() + 1, p.prompt.end());
+    REQUIRE((*engine)->add_request(request_id{i}, std::move(p)).has_value());
+  }
+  size_t finished = 0;
+  for (int step = 0; step < 10000 && (*engine)->has_unfinished(); ++step)
+    for (const step_output& o : (*engine)->step()) {
+      ids[o.id.value].insert(ids[o.id.value].end(), o.new_tokens.begin(), o.new_tokens.end());
+      finished += o.finished;
+    }
+  CHECK(finished == cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(cases[i].prompt);
+    CAPTURE(first_difference(ids[i], cases[i].ids_after_bos));
+    CHECK(ids[i] == cases[i].ids_after_bos);
   }
 }
 
