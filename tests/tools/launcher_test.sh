@@ -64,17 +64,28 @@ grep -q "node n1 exited" <<<"$out" && grep -q "cannot listen on 127.0.0.1:$port1
 if pgrep -f "troupe-node $topo" >/dev/null; then echo "nodes left running: $(pgrep -af "troupe-node $topo")"; exit 1; fi
 # Interrupted while it waits (node n1 here never comes up: a stand-in that only sleeps), up
 # stops the nodes it started and says so.
-printf '#!/bin/sh\ncase "$*" in *"--node n1"*) exec sleep 60 ;; esac\nexec "%s" "$@"\n' "$build/tools/troupe-node" >"$state/node.sh"
+# (The stand-in notes its pid, which exec keeps: the check below looks for that process,
+# not for any `sleep 60` on the machine.)
+printf '#!/bin/sh\ncase "$*" in *"--node n1"*) echo $$ >"%s"; exec sleep 60 ;; esac\nexec "%s" "$@"\n' \
+  "$state/stand-in.pid" "$build/tools/troupe-node" >"$state/node.sh"
 chmod +x "$state/node.sh"
 timeout 120 "$build/tools/troupe-launch" up "$topo" --capnp 127.0.0.1:0 --node-binary "$state/node.sh" --state-dir "$state" \
   >"$state/up.out" 2>&1 &
 up_pid=$!
-for _ in $(seq 1 100); do grep -q "the gateway" "$state/up.out" && break; sleep 0.1; done
+for _ in $(seq 1 100); do grep -q "the gateway" "$state/up.out" && [[ -s $state/stand-in.pid ]] && break; sleep 0.1; done
 kill -INT "$(pgrep -P "$up_pid")"
 rc=0
 wait "$up_pid" || rc=$?
 grep -q "interrupted (signal 2); stopping the nodes it started" "$state/up.out" || { echo "interrupted up: $(cat "$state/up.out")"; exit 1; }
 [[ $rc != 0 ]] || { echo "an interrupted up exited 0"; exit 1; }
-for _ in $(seq 1 50); do pgrep -f "$state/node.sh|sleep 60|troupe-node $topo" >/dev/null || break; sleep 0.1; done
-if pgrep -f "$state/node.sh|sleep 60|troupe-node $topo" >/dev/null; then echo "left running: $(pgrep -af "$state/node.sh|sleep 60|troupe-node $topo")"; exit 1; fi
+[[ -s $state/stand-in.pid ]] || { echo "the stand-in for node n1 never started"; exit 1; }
+stand_in=$(cat "$state/stand-in.pid")
+for _ in $(seq 1 50); do
+  pgrep -f "$state/node.sh|troupe-node $topo" >/dev/null || kill -0 "$stand_in" 2>/dev/null || break
+  sleep 0.1
+done
+if pgrep -f "$state/node.sh|troupe-node $topo" >/dev/null || kill -0 "$stand_in" 2>/dev/null; then
+  echo "left running: $(pgrep -af "$state/node.sh|troupe-node $topo") $(ps -o pid=,args= -p "$stand_in")"
+  exit 1
+fi
 echo "launcher: up, status, SIGSTOP seen, down, bad topology refused, a node that cannot start reported, an interrupted up cleaned up"
