@@ -317,8 +317,12 @@ int main(int argc, char** argv) {
     }
     const model& m = loaded->m;
     const tokenizer& tok = *loaded->tok;
-    std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
-                 describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
+    const bool on_device = gpu->parsed() || (srv->parsed() && serve_device != "cpu");
+    if (on_device)  // (the device and its weights are named below)
+      std::fprintf(stderr, "troupe-perf: %s: %s, %s\n", m.path.c_str(), m.format.c_str(), describe(m.config).c_str());
+    else
+      std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
+                   describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
     const double bytes = static_cast<double>(m.weights.streamed_bytes());
     if (gpu->parsed()) {
       bool copy_reported = false;
