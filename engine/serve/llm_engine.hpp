@@ -49,8 +49,10 @@ class llm_engine {
   // On the CPU, with cfg.num_threads threads (cfg.gpu unset).
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg);
   // On the GPU cfg.gpu names; an error when its shard cannot be made there (this build has
-  // no CUDA, no such device, not enough device memory). The logits come back to the host,
-  // where each request's sampler picks its token, as on the CPU.
+  // no CUDA, no such device, not enough device memory). A step whose every token choice
+  // needs only the logits (no penalties, biases or log-probabilities) is chosen on the
+  // device, only the ids coming back; otherwise the logits come back to the host, where
+  // each request's sampler picks its token, as on the CPU.
   static expected<std::unique_ptr<llm_engine>> on_gpu(const model& m, const tokenizer& tok, engine_config cfg);
 
   status add_request(request_id id, request_params params);
@@ -68,6 +70,7 @@ class llm_engine {
 
  private:
   static engine_config complete(engine_config cfg, const model& m);
+  bool choose_on_shard(const step_plan& plan);
   // gpu: the GPU shard on_gpu made; null: a CPU shard, made here.
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> gpu);
 
@@ -82,6 +85,8 @@ class llm_engine {
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;
   std::vector<sample_result> samples_;
+  std::vector<token_choice> choices_;
+  std::vector<int32_t> chosen_;
 };
 
 }  // namespace troupe

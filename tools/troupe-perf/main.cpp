@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
           return 1;
         }
         on_gpu = gpu_placement{*index, serve_weights == "f32" ? dtype::f32 : serve_weights == "f16" ? dtype::f16 : dtype::bf16};
-        std::fprintf(stderr, "troupe-perf: serving on %s: %s weights and the KV cache in device memory, tokens chosen on the host\n",
+        std::fprintf(stderr, "troupe-perf: serving on %s: %s weights and the KV cache in device memory, greedy tokens chosen there\n",
                      serve_device.c_str(), serve_weights.c_str());
       }
       std::printf("%-34s %8s %10s %9s %9s %9s %9s %9s\n", "workload", "requests", "out tok/s", "TTFT p50", "TTFT p99",

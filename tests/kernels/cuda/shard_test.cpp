@@ -126,7 +126,7 @@ TEST_CASE("GPU FP32 path: stories260K greedy ids equal the reference, with CUDA 
   }
 }
 
-TEST_CASE("the engine loop on a GPU (FP32): every reference prompt at once, each greedy output the reference's") {
+TEST_CASE("the engine loop on a GPU (FP32): every reference prompt at once, tokens chosen on the device, each the reference's") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const auto cases = test::read_reference(test::shared_path("reference/stories260K_greedy.jsonl"));
   engine_config cfg;
