@@ -8,14 +8,14 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
   return cfg;
 }
 
-llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg) : llm_engine(m, tok, cfg, nullptr) {}
+// (With a shard made elsewhere, the pool is not used: one thread.)
+llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> shard)
+    : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(1), shard_(std::move(shard)) {
+  TROUPE_ASSERT(shard_ && shard_->is_first_stage() && shard_->is_last_stage(), "the shard runs every layer");
+}
 
-llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> gpu)
-    : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(gpu ? 1 : cfg_.num_threads) {
-  if (gpu) {
-    shard_ = std::move(gpu);
-    return;
-  }
+llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
+    : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(cfg_.num_threads) {
   TROUPE_ASSERT(!cfg_.gpu, "an engine on a GPU comes from llm_engine::on_gpu");
   cache_ = std::make_unique<kv_cache>(transformer_shard::cache_shape(
       m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.num_blocks), cfg_.sched.block_size,

@@ -54,6 +54,9 @@ class llm_engine {
   // device, only the ids coming back; otherwise the logits come back to the host, where
   // each request's sampler picks its token, as on the CPU.
   static expected<std::unique_ptr<llm_engine>> on_gpu(const model& m, const tokenizer& tok, engine_config cfg);
+  // Over a shard made elsewhere (on_gpu's, or a test's): it runs every layer of m, and its
+  // KV cache holds cfg.sched.num_blocks blocks of cfg.sched.block_size positions.
+  llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> shard);
 
   status add_request(request_id id, request_params params);
   std::optional<step_output> abort(request_id id);
@@ -71,14 +74,12 @@ class llm_engine {
  private:
   static engine_config complete(engine_config cfg, const model& m);
   bool choose_on_shard(const step_plan& plan);
-  // gpu: the GPU shard on_gpu made; null: a CPU shard, made here.
-  llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> gpu);
 
   const model& model_;
   engine_config cfg_;
   scheduler sched_;
   thread_pool pool_;
-  std::unique_ptr<kv_cache> cache_;  // the CPU shard's (none for a GPU's)
+  std::unique_ptr<kv_cache> cache_;  // the CPU shard's, when made here
   no_collective solo_;
   std::unique_ptr<forward_shard> shard_;
   engine_stats stats_;

@@ -9,6 +9,7 @@
 
 #include "engine/generate/generator.hpp"
 #include "engine/sample/rng.hpp"
+#include "kernels/cpu/sample.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -236,6 +237,96 @@ TEST_CASE("an engine on a GPU that cannot be had is an error naming the device, 
   auto kv = llm_engine::on_gpu(l.m, l.tok, cfg);
   REQUIRE_FALSE(kv.has_value());
   CHECK(kv.err().message.find("KV cache type") != std::string::npos);
+}
+
+namespace {
+
+// A CPU shard that chooses tokens where its logits are, as a GPU shard does on the device:
+// forward_choose computes the logits and applies each row's choice (kernels/cpu/sample's
+// definition, which the GPU samplers follow). It counts the steps it chose.
+class choosing_shard final : public forward_shard {
+ public:
+  choosing_shard(const model& m, uint32_t num_blocks, int32_t block_size)
+      : m_(m),
+        pool_(1),
+        cache_(transformer_shard::cache_shape(m.config, shard_spec{}, static_cast<int32_t>(num_blocks), block_size,
+                                              transformer_shard::kv_type_for(m))),
+        inner_(m, shard_spec{}, cache_, pool_, solo_) {}
+  void forward(const step_batch& b, float* hidden, float* logits) override { inner_.forward(b, hidden, logits); }
+  bool forward_choose(const step_batch& b, float* hidden, const token_choice* choices, int32_t* next) override {
+    const int32_t vocab = m_.config.vocab_size;
+    logits_.resize(static_cast<size_t>(b.num_logits()) * vocab);
+    inner_.forward(b, hidden, logits_.data());
+    for (int32_t r = 0; r < b.num_logits(); ++r) next[r] = choose(logits_.data() + size_t(r) * vocab, vocab, choices[r], scratch_);
+    ++chose;
+    return true;
+  }
+  bool is_first_stage() const override { return true; }
+  bool is_last_stage() const override { return true; }
+  const shard_spec& spec() const override { return inner_.spec(); }
+  int chose = 0;
+
+ private:
+  const model& m_;
+  thread_pool pool_;
+  kv_cache cache_;
+  no_collective solo_;
+  transformer_shard inner_;
+  std::vector<float> logits_;
+  sample_scratch scratch_;
+};
+
+}  // namespace
+
+TEST_CASE("tokens chosen on the shard are the tokens each request's sampler would choose, steps with penalties excepted") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  std::vector<request_params> reqs;
+  const char* prompts[] = {"Once upon a time", "The little dog", "Lily and Tom", "One day"};
+  for (int i = 0; i < 4; ++i) {
+    request_params p;
+    p.prompt = l.tok.encode(prompts[i], true);
+    p.max_tokens = 40;
+    p.sampling.seed = 11 + i;
+    if (i == 0) p.sampling.temperature = 0.0f;
+    if (i == 1) p.sampling.temperature = 0.9f, p.sampling.top_p = 0.9f;
+    if (i == 2) p.sampling.temperature = 1.0f, p.sampling.top_k = 20, p.sampling.min_p = 0.05f;
+    reqs.push_back(std::move(p));
+  }
+  auto run = [&](llm_engine& e, const std::vector<request_params>& rs) {
+    std::map<uint64_t, std::vector<int32_t>> out;
+    for (size_t i = 0; i < rs.size(); ++i) REQUIRE(e.add_request(request_id{i}, rs[i]).has_value());
+    for (int step = 0; e.has_unfinished(); ++step) {
+      REQUIRE(step < 2000);
+      for (const step_output& o : e.step()) out[o.id.value].insert(out[o.id.value].end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+    return out;
+  };
+  engine_config cfg;
+  cfg.sched.num_blocks = 64;
+  cfg.sched.max_step_tokens = 16;  // prompts in chunks beside other requests' decode tokens
+  int chose_without_penalty = 0;
+  for (bool penalty : {false, true}) {
+    CAPTURE(penalty);
+    std::vector<request_params> rs = reqs;
+    if (penalty) rs[3].sampling.repetition_penalty = 1.3f;  // its steps go through the logits
+    llm_engine plain(l.m, l.tok, cfg);
+    auto shard = std::make_unique<choosing_shard>(l.m, cfg.sched.num_blocks, cfg.sched.block_size);
+    choosing_shard& chooser = *shard;
+    llm_engine choosing(l.m, l.tok, cfg, std::move(shard));
+    const auto want = run(plain, rs), got = run(choosing, rs);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(want.at(i).size() > 10);
+      CHECK(got.at(i) == want.at(i));
+    }
+    // Without the penalty every sampling step chose on the shard; with it, the steps that
+    // sample the penalized request go through the logits.
+    CHECK(chooser.chose > 0);
+    if (penalty)
+      CHECK(chooser.chose < chose_without_penalty);
+    else
+      chose_without_penalty = chooser.chose;
+  }
 }
 
 }  // namespace troupe
