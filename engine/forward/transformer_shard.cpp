@@ -36,8 +36,7 @@ kv_cache_shape transformer_shard::cache_shape(const model_config& c, const shard
 }
 
 expected<dtype> transformer_shard::kv_type_named(std::string_view name, const std::string& what) {
-  for (dtype d : {dtype::f32, dtype::f16, dtype::q8_0})
-    if (dtype_name(d) == name) return d;
+  if (auto d = dtype_named(name); d && *d != dtype::bf16) return *d;
   return error{what + ": not a KV cache type (f32, f16, or q8_0: int8 with a scale per token and KV head)"};
 }
 

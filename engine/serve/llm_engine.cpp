@@ -16,20 +16,19 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, 
 
 llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
     : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(cfg_.num_threads) {
-  TROUPE_ASSERT(!cfg_.gpu, "an engine on a GPU comes from llm_engine::on_gpu");
   cache_ = std::make_unique<kv_cache>(transformer_shard::cache_shape(
       m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.num_blocks), cfg_.sched.block_size,
       cfg_.kv_type.value_or(transformer_shard::kv_type_for(m))));
   shard_ = std::make_unique<transformer_shard>(m, shard_spec{}, *cache_, pool_, solo_);
 }
 
-expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const tokenizer& tok, engine_config cfg) {
-  TROUPE_ASSERT(cfg.gpu.has_value(), "on_gpu without a GPU placement");
+expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const tokenizer& tok, engine_config cfg,
+                                                         gpu_placement where) {
   if (cfg.kv_type) return error{"a KV cache type applies to the CPU; a GPU shard keeps its cache in its own type"};
   cfg = complete(cfg, m);
   cuda_shard_options o;
-  o.device = cfg.gpu->device;
-  o.weights = cfg.gpu->weights;
+  o.device = where.device;
+  o.weights = where.weights;
   o.num_blocks = static_cast<int32_t>(cfg.sched.num_blocks);
   o.block_size = cfg.sched.block_size;
   o.max_step_tokens = cfg.sched.max_step_tokens;

@@ -34,7 +34,6 @@ struct engine_config {
   int32_t num_threads = 1;
   std::optional<dtype> kv_type;  // the CPU KV cache's: f32, f16 or q8_0 (default: the
                                  // model's, transformer_shard::kv_type_for)
-  std::optional<gpu_placement> gpu;  // set: the engine comes from llm_engine::on_gpu
 };
 
 struct engine_stats {
@@ -46,14 +45,15 @@ struct engine_stats {
 
 class llm_engine {
  public:
-  // On the CPU, with cfg.num_threads threads (cfg.gpu unset).
+  // On the CPU, with cfg.num_threads threads.
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg);
-  // On the GPU cfg.gpu names; an error when its shard cannot be made there (this build has
+  // On the GPU `where` names; an error when its shard cannot be made there (this build has
   // no CUDA, no such device, not enough device memory). A step whose every token choice
   // needs only the logits (no penalties, biases or log-probabilities) is chosen on the
   // device, only the ids coming back; otherwise the logits come back to the host, where
   // each request's sampler picks its token, as on the CPU.
-  static expected<std::unique_ptr<llm_engine>> on_gpu(const model& m, const tokenizer& tok, engine_config cfg);
+  static expected<std::unique_ptr<llm_engine>> on_gpu(const model& m, const tokenizer& tok, engine_config cfg,
+                                                      gpu_placement where);
   // Over a shard made elsewhere (on_gpu's, or a test's): it runs every layer of m, and its
   // KV cache holds cfg.sched.num_blocks blocks of cfg.sched.block_size positions.
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> shard);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
 #if defined(__F16C__)
@@ -27,6 +28,13 @@ constexpr std::string_view dtype_name(dtype t) {
     case dtype::q8_0: return "q8_0";
   }
   return "?";
+}
+
+// The type dtype_name gives `name`, if any.
+constexpr std::optional<dtype> dtype_named(std::string_view name) {
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
+    if (dtype_name(t) == name) return t;
+  return std::nullopt;
 }
 
 inline float bits_to_f32(uint32_t u) {

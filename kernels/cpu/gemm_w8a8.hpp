@@ -16,8 +16,8 @@
 // CPU has AMX-INT8 and the kernel grants this process tile data); VNNI takes up to eight
 // tokens at a time against two row blocks (decode steps, and everything without AMX),
 // every pass over a pair of blocks before the next pair, with the activations offset to
-// unsigned bytes and the offset's share taken back with each group's weight sum. gemm() runs a matrix_view this way when it carries a packed
-// copy.
+// unsigned bytes and the offset's share taken back with each group's weight sum. gemm()
+// runs a matrix_view this way when it carries a packed copy.
 #pragma once
 
 #include <cstdint>
@@ -65,9 +65,8 @@ q8_packed pack_q8(const matrix_view& w);
 // the values plus 128 as unsigned bytes for VNNI, by eights of tokens and quads of
 // columns, [token / 8][col / 4][token % 8][col % 4], so that the bytes of one column quad
 // for a pass's eight tokens lie together (room for a multiple of 8 tokens; the kernels
-// read only the tokens there are). A group
-// holding a NaN or an infinity gets a NaN scale and zeros, so that its token's outputs
-// are NaN, as they would be in F32.
+// read only the tokens there are). A group holding a NaN or an infinity gets a NaN scale
+// and zeros, so that its token's outputs are NaN, as they would be in F32.
 struct q8_activations {
   static constexpr int interleave = 8;  // tokens side by side in u
   int32_t num_tokens = 0, cols = 0, group = 0, groups = 0;

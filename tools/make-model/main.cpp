@@ -85,8 +85,7 @@ int main(int argc, char** argv) {
     }
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   if (format.empty()) format = out.size() > 5 && out.substr(out.size() - 5) == ".gguf" ? "gguf" : "llama2c";
-  const dtype type = type_name == "f16" ? dtype::f16 : type_name == "bf16" ? dtype::bf16
-                     : type_name == "q8_0" ? dtype::q8_0 : dtype::f32;
+  const dtype type = dtype_named(type_name).value();  // (--type takes only these names)
 
   std::optional<tools::loaded_model> source;
   vocabulary vocab;

@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
       one.devices = s.devices;
       one.link_host = me->host;
       one.kv_type = topo->kv_cache_type;
-      one.gpu_weights = topo->gpu_weights == "f32" ? dtype::f32 : topo->gpu_weights == "f16" ? dtype::f16 : dtype::bf16;
+      one.gpu_weights = dtype_named(topo->gpu_weights).value();  // (checked when the topology was read)
       for (const auto& d : s.devices) {
         if (d == "cpu") continue;
         auto index = cuda_device_index(d);

@@ -68,7 +68,7 @@ expected<gpu_report> measure_gpu(const model& m, const gpu_bench_options& opt, c
     return error{e.what()};
   }
   const model_config& c = m.config;
-  const dtype wt = weights == "f32" ? dtype::f32 : weights == "f16" ? dtype::f16 : dtype::bf16;
+  const dtype wt = dtype_named(weights).value();  // (--weights takes only bf16, f16, f32)
   const int32_t prompt = 16;
   const int32_t per_seq = (prompt + tokens + 15) / 16;
   const int max_batch = *std::max_element(batches.begin(), batches.end());

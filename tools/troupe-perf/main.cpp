@@ -166,6 +166,13 @@ int main(int argc, char** argv) {
   srv->add_option("--max-step-tokens", max_step, "token budget per engine step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   std::string serve_device = "cpu", serve_weights = "bf16";
   srv->add_option("--device", serve_device, "where the forward pass runs: cpu, or cuda:N (a GPU shard, in a build with CUDA)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            if (s == "cpu") return "";
+            auto index = cuda_device_index(s);
+            return index ? "" : index.err().message + " (cpu or cuda:N)";
+          },
+          "cpu|cuda:N"))
       ->capture_default_str();
   srv->add_option("--weights", serve_weights, "with cuda:N, the weights on the device")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}))
@@ -241,13 +248,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-perf: --kv-heads %d does not divide --heads %d\n", ash.kv_heads, ash.heads);
       return 1;
     }
+    ash.cache = dtype_named(cache_name).value();  // (--cache takes only f32, f16, q8_0)
     const double cache_bytes = 2.0 * ash.sequences * ash.context * ash.layers * ash.kv_heads * ash.head_dim *
-                               (cache_name == "f32" ? 4 : cache_name == "f16" ? 2 : 1);
+                               (ash.cache == dtype::f32 ? 4 : ash.cache == dtype::f16 ? 2 : 1);
     if (cache_bytes > 64e9) {
       std::fprintf(stderr, "troupe-perf: that cache would hold %.0f GB; ask for less\n", cache_bytes / 1e9);
       return 1;
     }
-    ash.cache = cache_name == "f32" ? dtype::f32 : cache_name == "f16" ? dtype::f16 : dtype::q8_0;
     std::fprintf(stderr, "troupe-perf: writing a %.0f MB cache\n", cache_bytes / 1e6);
     thread_pool pool(threads);
     const auto a = tools::measure_attention(ash, pool, runs);
@@ -257,8 +264,7 @@ int main(int argc, char** argv) {
                cache_name + " cache, " + std::to_string(threads) + " threads",
            a.cache_gbs, "GB/s", note);
   } else if (gm->parsed()) {
-    const dtype type = type_name == "f16" ? dtype::f16 : type_name == "bf16" ? dtype::bf16
-                       : type_name == "q8_0" ? dtype::q8_0 : dtype::f32;
+    const dtype type = dtype_named(type_name).value();  // (--type takes only these names)
     cols = cols / 32 * 32;
     const double copy_bytes = double(rows) * cols * 4 * copies;
     if (copy_bytes > 16e9) {
@@ -356,12 +362,7 @@ int main(int argc, char** argv) {
     } else if (srv->parsed()) {
       std::optional<gpu_placement> on_gpu;
       if (serve_device != "cpu") {
-        auto index = cuda_device_index(serve_device);
-        if (!index) {
-          std::fprintf(stderr, "troupe-perf: --device: %s (cpu or cuda:N)\n", index.err().message.c_str());
-          return 1;
-        }
-        on_gpu = gpu_placement{*index, serve_weights == "f32" ? dtype::f32 : serve_weights == "f16" ? dtype::f16 : dtype::bf16};
+        on_gpu = gpu_placement{cuda_device_index(serve_device).value(), dtype_named(serve_weights).value()};
         std::fprintf(stderr, "troupe-perf: serving on %s: %s weights and the KV cache in device memory, greedy tokens chosen there\n",
                      serve_device.c_str(), serve_weights.c_str());
       }
@@ -396,8 +397,7 @@ int main(int argc, char** argv) {
         cfg.sched.num_blocks = static_cast<uint32_t>(per_request * l.c + 16);
         std::unique_ptr<llm_engine> engine;
         if (on_gpu) {
-          cfg.gpu = on_gpu;
-          auto made = llm_engine::on_gpu(m, tok, cfg);
+          auto made = llm_engine::on_gpu(m, tok, cfg, *on_gpu);
           if (!made) {
             std::fprintf(stderr, "troupe-perf: %s\n", made.err().message.c_str());
             std::exit(1);
