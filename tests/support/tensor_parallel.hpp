@@ -29,7 +29,8 @@ std::vector<uint32_t> blocks_for(int32_t tokens);
 tp_run run_steps(const std::vector<forward_shard*>& shards, const model_config& c, std::vector<int32_t> prompt,
                  int32_t steps, const std::vector<uint32_t>& blocks);
 
-// The largest logit difference of any step, relative to that step's largest logit.
+// The largest logit difference of any step, relative to that step's largest logit in `a`
+// (tolerance.hpp: infinite where a logit is not finite).
 double worst_relative_difference(const tp_run& a, const tp_run& b);
 
 }  // namespace troupe::test

@@ -72,12 +72,16 @@ size_t agreeing_tokens(const test::loaded& l, const std::string& reference, std:
     while (diverge < r.ids_after_bos.size() && diverge < c.ids_after_bos.size() &&
            r.ids_after_bos[diverge] == c.ids_after_bos[diverge])
       ++diverge;
+    // The prompt is encoded here and was by the reference: a difference inside it is a
+    // tokenizer's, not a generation's (and would leave no generated tokens to count).
+    REQUIRE_MESSAGE(diverge >= prompt_len, "the prompt's tokens differ from the reference's at " << diverge);
+    const size_t agreeing = diverge - prompt_len;
     const std::string where = diverge == c.ids_after_bos.size()
-                                  ? "none in " + std::to_string(diverge - prompt_len) + " generated tokens"
-                                  : "first difference at generated token " + std::to_string(diverge - prompt_len);
+                                  ? "none in " + std::to_string(agreeing) + " generated tokens"
+                                  : "first difference at generated token " + std::to_string(agreeing);
     MESSAGE(reference << ", '" << c.prompt << "': " << where);
     REQUIRE(r.ids_after_bos.size() >= prompt_len + 32);
-    least = std::min(least, diverge - prompt_len);
+    least = std::min(least, agreeing);
   }
   return least;
 }

@@ -1,11 +1,10 @@
-#include <cmath>
-
 #include <doctest/doctest.h>
 
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/model/checkpoint_writer.hpp"
 #include "engine/model/gguf_file.hpp"
 #include "tests/support/test_support.hpp"
+#include "tests/support/tolerance.hpp"
 
 namespace troupe {
 
@@ -24,15 +23,6 @@ std::vector<float> logits_of(const model& m, const std::vector<int32_t>& tokens)
   std::vector<float> hidden(tokens.size() * m.config.dim), logits(m.config.vocab_size);
   shard.forward(batch, hidden.data(), logits.data());
   return logits;
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double mx = 0, diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    mx = std::max(mx, std::fabs(double(a[i])));
-    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
-  }
-  return diff / mx;
 }
 
 }  // namespace
@@ -80,7 +70,7 @@ TEST_CASE("the .bin and .gguf files of stories260K compute the same logits") {
   const test::loaded a = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const test::loaded b = test::load(test::models_dir() + "/stories260K.gguf");
   const std::vector<int32_t> toks{1, 403, 407, 261, 378};
-  CHECK(logits_of(a.m, toks) == logits_of(b.m, toks));
+  CHECK(test::same_finite_bits(logits_of(a.m, toks), logits_of(b.m, toks)));
 }
 
 TEST_CASE("GGUF F16, BF16 and Q8_0 and llama2.c Q8_0 conversions stay close to F32") {
@@ -100,7 +90,7 @@ TEST_CASE("GGUF F16, BF16 and Q8_0 and llama2.c Q8_0 conversions stay close to F
     auto m = load_model(path);
     REQUIRE_MESSAGE(m.has_value(), (m ? "" : m.err().message));
     CHECK(m->weight_type == c.type);
-    CHECK(max_rel_diff(ref, logits_of(*m, toks)) <= c.tol);
+    CHECK(test::max_relative_difference(logits_of(*m, toks), ref) <= c.tol);
   }
 }
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -12,6 +11,7 @@
 
 #include "engine/sample/rng.hpp"
 #include "tests/support/test_support.hpp"
+#include "tests/support/tolerance.hpp"
 
 namespace troupe {
 namespace {
@@ -180,8 +180,8 @@ TEST_CASE("gemm results do not depend on batch size or thread count") {
     gemm(x.data(), cols, m, t.view, batched.data(), rows, one);
     gemm(x.data(), cols, m, t.view, threaded.data(), rows, three);
     for (int32_t i = 0; i < m; ++i) gemm(x.data() + size_t(i) * cols, cols, 1, t.view, alone.data() + size_t(i) * rows, rows, one);
-    CHECK(std::memcmp(batched.data(), alone.data(), batched.size() * 4) == 0);
-    CHECK(std::memcmp(batched.data(), threaded.data(), batched.size() * 4) == 0);
+    CHECK(test::same_finite_bits(batched, alone));
+    CHECK(test::same_finite_bits(batched, threaded));
   }
 }
 
@@ -231,14 +231,14 @@ TEST_CASE("w8a8: AMX tiles, VNNI and the scalar loop give the same bits, for any
         gemm_w8a8_rows(a, w, 3, 40, y.data(), rows, k);  // rows inside blocks, on both sides
         gemm_w8a8_rows(a, w, 0, 3, y.data(), rows, k);
         gemm_w8a8_rows(a, w, 40, rows, y.data(), rows, k);
-        CHECK(std::memcmp(scalar.data(), y.data(), scalar.size() * 4) == 0);
+        CHECK(test::same_finite_bits(scalar, y));
       }
       // Batch invariance: token 0 alone gives its row of the batch, bit for bit.
       q8_activations one;
       one.quantize(x.data(), cols, 1, cols, w.group);
       std::vector<float> alone(rows);
       gemm_w8a8_rows(one, w, 0, rows, alone.data(), rows, w8a8_kernel::scalar);
-      CHECK(std::memcmp(alone.data(), scalar.data(), rows * 4) == 0);
+      CHECK(test::same_finite_bits(alone, std::span(scalar).first(rows)));
     }
   }
 }
@@ -309,7 +309,7 @@ TEST_CASE("w8a8: activations quantized on a pool's threads are the bytes of one 
         CHECK(alone.q == shared.q);
         CHECK(alone.u == shared.u);
         REQUIRE(alone.scale.size() == shared.scale.size());
-        CHECK(std::memcmp(alone.scale.data(), shared.scale.data(), alone.scale.size() * 4) == 0);
+        CHECK(test::same_finite_bits(alone.scale, shared.scale));
       }
 }
 

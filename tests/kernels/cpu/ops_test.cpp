@@ -148,7 +148,8 @@ TEST_CASE("simd::exp is within 2 ulp of exp over the float range, 0 below it") {
       continue;
     }
     const double ulp = std::nextafter(wf, INFINITY) - wf;
-    worst = std::max(worst, std::fabs(got - want) / ulp);
+    const double err = std::fabs(got - want) / ulp;
+    if (!(err <= worst)) worst = err;  // a NaN stays, and fails the bound
   }
   CHECK(worst <= 2.0);
   CHECK(simd::exp(simd::splat(-200.0f))[3] == 0.0f);

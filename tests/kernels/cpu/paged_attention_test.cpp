@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <tuple>
 #include <vector>
@@ -11,6 +10,7 @@
 
 #include "engine/sample/rng.hpp"
 #include "tests/support/test_support.hpp"
+#include "tests/support/tolerance.hpp"
 
 namespace troupe {
 
@@ -123,7 +123,7 @@ void check_alone_as_in_batch(const written_cache& c, cache_type type, const std:
     CAPTURE(t);
     std::vector<float> alone(row, NAN);
     paged_attention(q.data() + t * row, row, alone.data(), row, &toks[t], 1, heads, c.cache.layer, pool);
-    CHECK(std::memcmp(alone.data(), together.data() + t * row, sizeof(float) * row) == 0);
+    CHECK(test::same_finite_bits(alone, std::span(together).subspan(size_t(t) * row, row)));
   }
   if (type != cache_type::f32) return;
   std::vector<int32_t> rows, positions;
@@ -211,7 +211,7 @@ TEST_CASE("an F16 cache gives exactly what an F32 cache holding the same rounded
     thread_pool pool(2);
     paged_attention(q.data(), heads * head_dim, a.data(), heads * head_dim, toks.data(), 4, heads, f32, pool);
     paged_attention(q.data(), heads * head_dim, b.data(), heads * head_dim, toks.data(), 4, heads, f16, pool);
-    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    CHECK(test::same_finite_bits(a, b));
   }
 }
 

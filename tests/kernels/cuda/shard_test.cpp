@@ -15,6 +15,7 @@
 #include "kernels/cuda/gemv.hpp"
 #include "kernels/cpu/argmax.hpp"
 #include "tests/support/test_support.hpp"
+#include "tests/support/tolerance.hpp"
 
 namespace troupe {
 
@@ -83,7 +84,7 @@ TEST_CASE("GPU FP32 path: logits follow the CPU's token by token along a referen
   auto gpu = make_cuda_shard(l.m, shard_spec{}, o);
   REQUIRE_MESSAGE(gpu.has_value(), (gpu ? "" : gpu.err().message));
   std::vector<float> hidden(c.dim), want(c.vocab_size), got(c.vocab_size);
-  float worst = 0.0f;
+  double worst = 0.0;
   int32_t worst_at = -1, first_flip = -1;
   for (int32_t pos = 0; pos + 1 < static_cast<int32_t>(ids.size()); ++pos) {
     step_batch b;
@@ -91,15 +92,13 @@ TEST_CASE("GPU FP32 path: logits follow the CPU's token by token along a referen
     b.add(token, pos, table, true);
     cpu.forward(b, hidden.data(), want.data());
     (*gpu)->forward(b, hidden.data(), got.data());
-    const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
-    float diff = 0.0f;
-    for (int32_t i = 0; i < c.vocab_size; ++i) diff = std::max(diff, std::fabs(got[i] - want[i]) / (*hi - *lo));
-    if (diff > worst) worst = diff, worst_at = pos;
+    const double diff = test::max_range_difference(got, want);
+    if (!(diff <= worst)) worst = diff, worst_at = pos;
     if (first_flip < 0 && argmax(got.data(), c.vocab_size) != argmax(want.data(), c.vocab_size)) first_flip = pos;
   }
   MESSAGE("FP32 worst logit difference ", worst, " of the range, at position ", worst_at, "; first argmax difference at ",
           first_flip, " of ", ids.size() - 1);
-  CHECK(worst <= 1e-4f);
+  CHECK(worst <= 1e-4);
   CHECK(first_flip == -1);
 }
 
@@ -245,11 +244,9 @@ TEST_CASE("GPU BF16 path: graph replays give the kernel-by-kernel logits bit for
            ids[r] == sample(row, c.vocab_size, drawn, std::min(0.99999f, us[r] + 1e-4f), scratch)));
   }
   CHECK(near_boundary <= 2);
-  const auto [lo, hi] = std::minmax_element(eager.begin(), eager.end());
-  float worst = 0.0f;
-  for (size_t i = 0; i < eager.size(); ++i) worst = std::max(worst, std::fabs(gemv_eager[i] - eager[i]));
-  MESSAGE("GEMV path against cuBLAS: worst logit difference ", worst, " of a range of ", *hi - *lo);
-  CHECK(worst <= 0.02f * (*hi - *lo));  // BF16 roundings of activations that differ in the last float bits
+  const double worst = test::max_range_difference(gemv_eager, eager);
+  MESSAGE("GEMV path against cuBLAS: worst logit difference ", worst, " of the logits' range");
+  CHECK(worst <= 0.02);  // BF16 roundings of activations that differ in the last float bits
 }
 
 TEST_CASE("GPU BF16 path: prompt logits within 5% of the logit range of the CPU's") {
@@ -275,12 +272,9 @@ TEST_CASE("GPU BF16 path: prompt logits within 5% of the logit range of the CPU'
   REQUIRE_MESSAGE(gpu.has_value(), (gpu ? "" : gpu.err().message));
   std::fill(hidden.begin(), hidden.end(), 0.0f);
   (*gpu)->forward(b, hidden.data(), got.data());
-  const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
-  const float range = *hi - *lo;
-  float worst = 0.0f;
-  for (int32_t i = 0; i < c.vocab_size; ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
-  MESSAGE("BF16 worst logit error ", worst, " of a range of ", range);
-  CHECK(worst <= 0.05f * range);
+  const double worst = test::max_range_difference(got, want);
+  MESSAGE("BF16 worst logit error ", worst, " of the logits' range");
+  CHECK(worst <= 0.05);
 }
 
 }  // namespace troupe
