@@ -56,10 +56,13 @@ dtype transformer_shard::kv_type_for(const model& m) {
 std::string transformer_shard::cpu_kernels(const model& m, std::optional<dtype> kv_type) {
   std::string out = std::string(dtype_name(m.weight_type)) + " weights";
   if (m.weight_type == dtype::q8_0 && !m.weights.layers.empty()) {
-    if (!vnni_available() || !w8a8_layout(m.weights.layers[0].wq))
+    const auto kernel = w8a8_kernel_in_use();
+    if (!kernel || !w8a8_layout(m.weights.layers[0].wq))
       out += " with float activations";
+    else if (*kernel == w8a8_kernel::amx)
+      out += " with int8 activations (AMX and VNNI)";
     else
-      out += amx_available() ? " with int8 activations (AMX and VNNI)" : " with int8 activations (VNNI)";
+      out += *kernel == w8a8_kernel::vnni ? " with int8 activations (VNNI)" : " with int8 activations (scalar, TROUPE_W8A8)";
   }
   switch (kv_type.value_or(kv_type_for(m))) {
     case dtype::f16: return out + ", F16 KV cache";
@@ -104,7 +107,7 @@ transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_
     layers_.push_back(s);
   }
   classifier_ = model_.weights.classifier;
-  if (vnni_available()) {
+  if (w8a8_kernel_in_use()) {
     // q8_0 weights run with int8 activations: each matrix repacked once per process (the
     // model keeps the copies), in parallel.
     std::vector<matrix_view*> todo;

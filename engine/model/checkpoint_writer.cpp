@@ -1,5 +1,6 @@
 #include "engine/model/checkpoint_writer.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -170,6 +171,19 @@ weight_source random_weights(uint64_t seed) {
     rng r(seed ^ (uint64_t(static_cast<int>(role)) << 56) ^ (uint64_t(layer + 1) << 40) ^ uint64_t(row));
     const float a = (role == tensor_role::embedding ? 1.0f : 1.7f / std::sqrt(static_cast<float>(cols)));
     for (int32_t i = 0; i < cols; ++i) out[i] = (2.0f * r.uniform() - 1.0f) * a;
+  };
+}
+
+weight_source with_ffn_padded(weight_source src, int32_t src_hidden) {
+  return [src = std::move(src), src_hidden](tensor_role role, int32_t layer, int32_t row, float* out, int32_t cols) {
+    if ((role == tensor_role::w1 || role == tensor_role::w3) && row >= src_hidden) {
+      std::fill(out, out + cols, 0.0f);
+    } else if (role == tensor_role::w2 && cols > src_hidden) {
+      src(role, layer, row, out, src_hidden);
+      std::fill(out + src_hidden, out + cols, 0.0f);
+    } else {
+      src(role, layer, row, out, cols);
+    }
   };
 }
 

@@ -29,6 +29,13 @@ weight_source random_weights(uint64_t seed);
 // The weights of a loaded model, dequantized to float.
 weight_source weights_of(const model& m);
 
+// `src`, a model whose FFN is `src_hidden` wide, widened to any wider FFN by zero weights:
+// rows of w1 and w3 past src_hidden, and the columns of w2 past it. The model computes
+// the same function (each added unit's gate and input are 0, silu(0) * 0 = 0, and w2
+// gives it no weight), so a Q8_0 group size that does not divide the FFN width fits:
+// stories260K's 172 becomes 192, groups of 32.
+weight_source with_ffn_padded(weight_source src, int32_t src_hidden);
+
 struct checkpoint_spec {
   model_config config;
   dtype type = dtype::f32;        // f32 or q8_0 for llama2.c; f32, f16, bf16, q8_0 for GGUF

@@ -366,7 +366,7 @@ void gemm_multi(const float* x, int64_t x_stride, int32_t num_tokens, const gemm
       quantized.quantize(x, x_stride, num_tokens, p->cols, p->group, &pool);
       acts = &quantized;
     }
-  const w8a8_kernel kernel = amx_available() ? w8a8_kernel::amx : w8a8_kernel::vnni;
+  const w8a8_kernel kernel = w8a8_kernel_in_use().value_or(w8a8_kernel::scalar);
   // Rows of all outputs, one after another, in chunks, each thread running through a
   // stripe of them (every kernel gives a row the same bits whoever computes it).
   pool.parallel_for_stripes(total, row_chunk, [&](int64_t b, int64_t e, int64_t stripe_end, int) {

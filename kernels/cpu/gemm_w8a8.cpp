@@ -449,6 +449,17 @@ bool amx_available() {
   return yes;
 }
 
+std::optional<w8a8_kernel> w8a8_kernel_in_use() {
+  static const std::optional<w8a8_kernel> k = []() -> std::optional<w8a8_kernel> {
+    if (amx_available()) return w8a8_kernel::amx;
+    if (vnni_available()) return w8a8_kernel::vnni;
+    const char* v = std::getenv("TROUPE_W8A8");
+    if (v && std::strcmp(v, "scalar") == 0 && !env_set("TROUPE_NO_W8A8")) return w8a8_kernel::scalar;
+    return std::nullopt;
+  }();
+  return k;
+}
+
 bool w8a8_layout(const matrix_view& w) {
   return w.type == dtype::q8_0 && (w.group_size == 32 || w.group_size == 64) && w.cols % w.group_size == 0;
 }

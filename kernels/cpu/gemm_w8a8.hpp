@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kernels/common/aligned.hpp"
 #include "kernels/common/dtype.hpp"
@@ -97,6 +98,13 @@ bool vnni_available();
 bool amx_available();
 
 enum class w8a8_kernel : uint8_t { scalar, vnni, amx };
+
+// The kernel gemm() runs packed q8_0 weights with, decided once per process: amx where
+// amx_available(), else vnni where vnni_available(); on a CPU without VNNI, scalar where
+// TROUPE_W8A8=scalar is set in the environment (the definition itself: the same bits,
+// many times slower; it lets a machine without VNNI check int8-activation output against
+// a W8A8 reference); none where q8_0 weights keep float activations.
+std::optional<w8a8_kernel> w8a8_kernel_in_use();
 
 // Rows [row_begin, row_end) of y for activations `a` (quantized with w's group size):
 // y[t][r] for every token t, with kernel `k` (amx: AMX tiles where the step is long

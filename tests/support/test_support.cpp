@@ -19,6 +19,7 @@ std::string shared_path(const std::string& rel) {
   return std::string(env != nullptr && *env != '\0' ? env : TROUPE_SHARED_DIR) + "/" + rel;
 }
 std::string models_dir() { return shared_path("models/stories260K"); }
+std::string data_path(const std::string& rel) { return std::string(TROUPE_TEST_DATA_DIR) + "/" + rel; }
 
 namespace {
 
@@ -51,6 +52,24 @@ std::string json_string(const std::string& line, const std::string& key) {
   return out;
 }
 
+// The elements of a flat array of numbers, as text.
+std::vector<std::string> json_array(const std::string& line, const std::string& key) {
+  const size_t k = line.find("\"" + key + "\"");
+  REQUIRE(k != std::string::npos);
+  const size_t a = line.find('[', k);
+  const size_t b = line.find(']', a);
+  REQUIRE((a != std::string::npos && b != std::string::npos));
+  const std::string items = line.substr(a + 1, b - a - 1);
+  std::vector<std::string> out;
+  for (size_t p = 0; p < items.size();) {
+    size_t q = items.find(',', p);
+    if (q == std::string::npos) q = items.size();
+    out.push_back(items.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<reference_case> read_reference(const std::string& path) {
@@ -65,15 +84,9 @@ std::vector<reference_case> read_reference(const std::string& path) {
     c.text = json_string(line, "text");
     const size_t s = line.find("\"steps\"");
     c.steps = std::stoi(line.substr(line.find(':', s) + 1));
-    const size_t a = line.find('[', line.find("\"ids_after_bos\""));
-    const size_t b = line.find(']', a);
-    std::string ids = line.substr(a + 1, b - a - 1);
-    for (size_t p = 0; p < ids.size();) {
-      size_t q = ids.find(',', p);
-      if (q == std::string::npos) q = ids.size();
-      c.ids_after_bos.push_back(std::stoi(ids.substr(p, q - p)));
-      p = q + 1;
-    }
+    for (const std::string& v : json_array(line, "ids_after_bos")) c.ids_after_bos.push_back(std::stoi(v));
+    if (line.find("\"logprobs\"") != std::string::npos)
+      for (const std::string& v : json_array(line, "logprobs")) c.logprobs.push_back(std::stof(v));
     out.push_back(std::move(c));
   }
   REQUIRE(!out.empty());

@@ -13,14 +13,17 @@ namespace troupe::test {
 
 std::string shared_path(const std::string& rel);  // under ../shared (or $TROUPE_SHARED_DIR)
 std::string models_dir();                         // ../shared/models/stories260K
+std::string data_path(const std::string& rel);    // tests/data of this repository
 
 struct reference_case {
   std::string prompt;
   int32_t steps;
   std::vector<int32_t> ids_after_bos;
   std::string text;
+  std::vector<float> logprobs;  // of each generated token, where the file has them
 };
-// Reads a reference .jsonl file (one object per line with prompt, steps, ids_after_bos, text).
+// Reads a reference .jsonl file (one object per line with prompt, steps, ids_after_bos,
+// text, and optionally logprobs).
 std::vector<reference_case> read_reference(const std::string& path);
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);

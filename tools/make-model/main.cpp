@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  make-model syn110m.gguf --preset 110m --type q8_0 --vocab-from tokenizer.bin\n"
       "  make-model tiny.bin --dim 64 --hidden 96 --layers 2 --heads 4 --vocab 300\n"
-      "  make-model stories.f16.gguf --from stories260K.bin -z tok512.bin --type f16\n",
+      "  make-model stories.f16.gguf --from stories260K.bin -z tok512.bin --type f16\n"
+      "  make-model stories_q8_g32.bin --from stories260K.bin --type q8_0 --group-size 32 --pad-ffn 192\n",
       "make-model"};
   std::string out, format, type_name = "f32", preset_name, vocab_from, from, from_tokenizer;
   model_config c;
@@ -71,6 +72,10 @@ int main(int argc, char** argv) {
   app.add_option("--vocab-from", vocab_from, "llama2.c tokenizer.bin to embed in a GGUF (default: a synthetic vocabulary)");
   app.add_option("--from", from, "convert this model instead of generating weights");
   app.add_option("-z,--tokenizer", from_tokenizer, "tokenizer.bin of the --from model, if it has none");
+  int32_t pad_ffn = 0;
+  app.add_option("--pad-ffn", pad_ffn,
+                 "with --from: widen the FFN to this many columns with zero weights, which changes no output (a Q8_0 "
+                 "group size that does not divide the model's FFN then fits: stories260K's 172 to 192 for groups of 32)");
   CLI11_PARSE(app, argc, argv);
 
   for (const auto& p : presets)
@@ -106,9 +111,20 @@ int main(int argc, char** argv) {
       source.emplace(std::move(l).value());
     }
     c = source->m.config;
+    if (pad_ffn != 0) {
+      if (pad_ffn < c.hidden_dim) {
+        std::fprintf(stderr, "make-model: --pad-ffn %d: the model's FFN is already %d wide; name a wider one\n", pad_ffn,
+                     c.hidden_dim);
+        return 1;
+      }
+      c.hidden_dim = pad_ffn;
+    }
     separate = source->m.weights.classifier.data != source->m.weights.token_embedding.data ||
                source->m.weights.classifier.q != source->m.weights.token_embedding.q;
     if (source->tok) vocab = source->tok->vocab();
+  } else if (pad_ffn != 0) {
+    std::fprintf(stderr, "make-model: --pad-ffn widens a model given with --from; a synthetic one takes --hidden\n");
+    return 1;
   } else if (auto e = validate(c)) {
     std::fprintf(stderr, "make-model: %s\n", e->c_str());
     return 1;
@@ -133,7 +149,8 @@ int main(int argc, char** argv) {
   }
 
   checkpoint_spec spec{c, type, group_size, !separate};
-  const weight_source src = source ? weights_of(source->m) : random_weights(seed);
+  weight_source src = source ? weights_of(source->m) : random_weights(seed);
+  if (source && c.hidden_dim != source->m.config.hidden_dim) src = with_ffn_padded(std::move(src), source->m.config.hidden_dim);
   const bool tty = isatty(STDERR_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
   auto progress = [&](double f) {

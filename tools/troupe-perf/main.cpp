@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
       } else {
         w = matrix_view::dense(type, bufs[c].data(), rows, cols);
       }
-      if (vnni_available() && w8a8_layout(w)) {
+      if (w8a8_kernel_in_use() && w8a8_layout(w)) {
         packed[c] = pack_q8(w);
         w.packed = &packed[c];
       }
