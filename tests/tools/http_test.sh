@@ -17,6 +17,21 @@ expect() {  # code, body-substring, description, curl result
   [[ $4 == "$1" ]] || fail "$3: status $4, wanted $1 ($(cat "$work/body"))"
   grep -q -- "$2" "$work/body" || fail "$3: body lacks '$2': $(cat "$work/body")"
 }
+# A stream that served its request: JSON chunks and no error among them, some text, a
+# finish reason, then data: [DONE] last (an error stream also ends with [DONE]).
+stream_served() {  # file, description
+  python3 - "$1" <<'PY' || fail "$2: $(head -c 600 "$1")"
+import json, sys
+events = [l[6:].rstrip("\n") for l in open(sys.argv[1]) if l.startswith("data: ")]
+assert events and events[-1] == "[DONE]", "no data: [DONE] at the end"
+chunks = [json.loads(e) for e in events[:-1]]
+assert not any("error" in c for c in chunks), "an error event"
+choices = [ch for c in chunks for ch in c.get("choices", [])]
+text = "".join(ch.get("text") or (ch.get("delta") or {}).get("content") or "" for ch in choices)
+assert text, "no text"
+assert any(ch.get("finish_reason") in ("stop", "length") for ch in choices), "no finish reason"
+PY
+}
 
 # Topology: stories260K, a capacity of 4 requests (max_running 1 x 4), an API key file, a
 # read timeout of 2 s, one browser origin allowed.
@@ -184,7 +199,7 @@ expect 400 'token 512 is outside the vocabulary' "a logit_bias token past the vo
 
 # Streamed: the concatenated deltas are the same text, and the stream ends with [DONE].
 curl -sN "${auth[@]}" "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$work/sse"
-[[ $(tail -n 2 "$work/sse" | head -n 1) == "data: [DONE]" ]] || fail "stream does not end with [DONE]"
+stream_served "$work/sse" "a completion stream"
 streamed=$(python3 -c '
 import json, sys
 out = ""
@@ -265,7 +280,8 @@ expect 400 "'top_logprobs' needs" "top_logprobs without logprobs" \
 # Chat, whole and streamed.
 expect 200 '"chat.completion"' "chat" \
   "$(post /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')"
-curl -sN "${auth[@]}" "$base/v1/chat/completions" -d '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' | grep -q '^data: \[DONE\]' || fail "chat stream"
+curl -sN "${auth[@]}" "$base/v1/chat/completions" -d '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' >"$work/sse"
+stream_served "$work/sse" "a chat stream"
 # Content as an array of text parts (as current OpenAI clients send it) is the joined
 # string; "developer" is the system role's newer name; other kinds of part are refused.
 chat_text() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"], end="")' "$work/body"; }
@@ -296,6 +312,7 @@ expect 200 '"completion_tokens":3' "a 20 kB body typed as a form" "$code"
 printf '{"model":"stories260K","prompt":"Once","stream":true,%20000s"max_tokens":3}' '' >"$work/spaced"
 code=$(curl -s -o "$work/body" -w '%{http_code}' "${auth[@]}" "$base/v1/completions" -d @"$work/spaced")
 expect 200 'data: \[DONE\]' "a 20 kB streamed request typed as a form" "$code"
+stream_served "$work/body" "a 20 kB streamed request typed as a form"
 head -c 10485760 /dev/zero | tr '\0' 'a' >"$work/big"
 code=$(curl -s -o "$work/body" -w '%{http_code}' "${auth[@]}" "$base/v1/completions" --data-binary @"$work/big")
 expect 413 'too large' "10 MB body" "$code"

@@ -13,6 +13,9 @@ start_node "$work/t.toml" "$work"
 base=$http_url
 
 # Known traffic: 5 finished completions of 12 tokens, 2 invalid requests.
+prompt_len=$(curl -sf "$base/tokenize" -d '{"model":"stories260K","prompt":"Once upon a time"}' |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["count"])')
+[[ $prompt_len -gt 0 ]] || fail "/tokenize gave no count"
 for i in 1 2 3 4 5; do
   curl -sf "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":12,"temperature":0}' >/dev/null
 done
@@ -43,7 +46,9 @@ done
 [[ $(query 'troupe_time_to_first_token_seconds_count') == 5 ]] || fail "TTFT count"
 [[ $(query 'troupe_kv_blocks{state="used"}') == 0 ]] || fail "KV blocks in use"
 # Every prompt was looked up in the prefix cache once (no request was preempted).
-[[ $(query 'troupe_prefix_cache_queried_tokens_total') == $(query 'troupe_prompt_tokens_total') ]] ||
-  fail "prefix-cache lookups $(query 'troupe_prefix_cache_queried_tokens_total') for $(query 'troupe_prompt_tokens_total') prompt tokens"
+[[ $(query 'troupe_prompt_tokens_total') == $((5 * prompt_len)) ]] ||
+  fail "prompt tokens: $(query 'troupe_prompt_tokens_total'), not 5 x $prompt_len"
+[[ $(query 'troupe_prefix_cache_queried_tokens_total') == $((5 * prompt_len)) ]] ||
+  fail "prefix-cache lookups $(query 'troupe_prefix_cache_queried_tokens_total') for $((5 * prompt_len)) prompt tokens"
 [[ $(query 'troupe_replicas_ready') == 1 ]] || fail "replicas ready: $(query 'troupe_replicas_ready')"
 echo "prometheus scraped the counters the test produced"
