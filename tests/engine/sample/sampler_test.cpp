@@ -49,20 +49,25 @@ TEST_CASE("the same seed gives the same tokens, and sampling follows the distrib
   CHECK(counts[5] < 60);
 }
 
-TEST_CASE("top-p and min-p keep only the head of the distribution") {
-  sampling_params p;
-  p.top_p = 0.5f;  // tokens 1 and 4 hold 0.67 of the mass; 1 alone 0.35
-  for (uint64_t seed = 0; seed < 200; ++seed) {
-    p.seed = seed;
-    const int32_t t = draw(p, logits_fixture());
-    CHECK((t == 1 || t == 4));
-  }
-  sampling_params q;
-  q.min_p = 0.5f;  // keeps tokens within 2x of the top: 1, 4 and 2 (e^-1 = 0.37 < 0.5: no)
-  for (uint64_t seed = 0; seed < 200; ++seed) {
-    q.seed = seed;
-    const int32_t t = draw(q, logits_fixture());
-    CHECK((t == 1 || t == 4));
+// Both keep tokens 1 and 4 and draw between them in proportion: 4 takes e^2.9 / (e^3 +
+// e^2.9) = 0.475 of the draws, 190 of 400 (binomial sd 10), so a sampler that always took
+// the argmax, or never truncated, fails.
+TEST_CASE("top-p and min-p keep only the head of the distribution, and draw within it") {
+  sampling_params top_p;
+  top_p.top_p = 0.5f;  // tokens 1 and 4 hold 0.67 of the mass; 1 alone 0.35
+  sampling_params min_p;
+  min_p.min_p = 0.5f;  // tokens within 2x of the top: 1 and 4 (2 has e^-1 = 0.37 of the top's)
+  for (sampling_params p : {top_p, min_p}) {
+    CAPTURE(p.top_p);
+    CAPTURE(p.min_p);
+    std::map<int32_t, int> counts;
+    for (uint64_t seed = 0; seed < 400; ++seed) {
+      p.seed = seed;
+      ++counts[draw(p, logits_fixture())];
+    }
+    CHECK(counts[1] + counts[4] == 400);
+    CHECK(counts[4] >= 150);
+    CHECK(counts[4] <= 230);
   }
 }
 
