@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -16,12 +17,31 @@
 namespace troupe {
 namespace {
 
-// A weight matrix in one of the stored layouts, built from random floats.
+// A weight matrix in one of the stored layouts, built from random floats, and the values
+// its bytes stand for, decoded here from what the test stored (not through matrix_view,
+// whose accessors share their decoding with the kernels).
 struct test_matrix {
   std::vector<uint8_t> bytes;
   std::vector<uint8_t> scales;
   matrix_view view;
+  std::vector<double> values;  // [rows][cols]
 };
+
+// IEEE half to double, bit by bit: sign, 5-bit exponent (bias 15), 10-bit fraction.
+double half_value(uint16_t h) {
+  const int exponent = (h >> 10) & 31, fraction = h & 1023;
+  const double magnitude = exponent == 0 ? std::ldexp(fraction, -24) : std::ldexp(1024 + fraction, exponent - 25);
+  REQUIRE(exponent != 31);  // the test stores no infinity or NaN
+  return (h & 0x8000) ? -magnitude : magnitude;
+}
+
+// bfloat16 to double: the upper half of a float's bits.
+double bf16_value(uint16_t h) {
+  const uint32_t bits = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 enum class layout { f32, f16, bf16, q8_gguf, q8_llama2c_gs64, q8_llama2c_gs4 };
 
@@ -33,6 +53,7 @@ test_matrix make_matrix(layout l, int32_t rows, int32_t cols, uint64_t seed) {
       t.bytes.resize(vals.size() * 4);
       std::memcpy(t.bytes.data(), vals.data(), t.bytes.size());
       t.view = matrix_view::dense(dtype::f32, t.bytes.data(), rows, cols);
+      t.values.assign(vals.begin(), vals.end());
       break;
     case layout::f16:
     case layout::bf16: {
@@ -40,17 +61,23 @@ test_matrix make_matrix(layout l, int32_t rows, int32_t cols, uint64_t seed) {
       auto* h = reinterpret_cast<uint16_t*>(t.bytes.data());
       for (size_t i = 0; i < vals.size(); ++i) h[i] = l == layout::f16 ? f32_to_f16(vals[i]) : f32_to_bf16(vals[i]);
       t.view = matrix_view::dense(l == layout::f16 ? dtype::f16 : dtype::bf16, t.bytes.data(), rows, cols);
+      for (size_t i = 0; i < vals.size(); ++i) t.values.push_back(l == layout::f16 ? half_value(h[i]) : bf16_value(h[i]));
       break;
     }
     case layout::q8_gguf: {
       const int32_t groups = cols / 32;
       t.bytes.resize(size_t(rows) * groups * 34);
+      t.values.resize(vals.size());
       for (int32_t r = 0; r < rows; ++r)
         for (int32_t g = 0; g < groups; ++g) {
           uint8_t* b = t.bytes.data() + (size_t(r) * groups + g) * 34;
           const uint16_t d = f32_to_f16(0.01f + 0.001f * ((r + g) % 7));
           std::memcpy(b, &d, 2);
-          for (int i = 0; i < 32; ++i) b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(vals[size_t(r) * cols + g * 32 + i] * 127)));
+          for (int i = 0; i < 32; ++i) {
+            const auto q = static_cast<int8_t>(std::lround(vals[size_t(r) * cols + g * 32 + i] * 127));
+            b[2 + i] = static_cast<uint8_t>(q);
+            t.values[size_t(r) * cols + g * 32 + i] = q * half_value(d);
+          }
         }
       matrix_view& v = t.view;
       v.type = dtype::q8_0;
@@ -73,6 +100,7 @@ test_matrix make_matrix(layout l, int32_t rows, int32_t cols, uint64_t seed) {
       for (size_t i = 0; i < vals.size(); ++i) t.bytes[i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(vals[i] * 127)));
       std::vector<float> s(vals.size() / gs);
       for (size_t i = 0; i < s.size(); ++i) s[i] = 0.02f + 0.003f * (i % 5);
+      for (size_t i = 0; i < vals.size(); ++i) t.values.push_back(static_cast<int8_t>(t.bytes[i]) * double(s[i / gs]));
       t.scales.resize(s.size() * 4);
       std::memcpy(t.scales.data(), s.data(), t.scales.size());
       matrix_view& v = t.view;
@@ -92,27 +120,41 @@ test_matrix make_matrix(layout l, int32_t rows, int32_t cols, uint64_t seed) {
   return t;
 }
 
-// y = x W^T in double, from the dequantized weights.
-std::vector<double> reference(const std::vector<float>& x, int32_t m, const matrix_view& w) {
-  std::vector<double> y(size_t(m) * w.rows);
+// y = x W^T in double, from the test's own values of the weights.
+std::vector<double> reference(const std::vector<float>& x, int32_t m, const test_matrix& w) {
+  const int32_t rows = w.view.rows, cols = w.view.cols;
+  std::vector<double> y(size_t(m) * rows);
   for (int32_t i = 0; i < m; ++i)
-    for (int32_t r = 0; r < w.rows; ++r) {
+    for (int32_t r = 0; r < rows; ++r) {
       double s = 0;
-      for (int32_t c = 0; c < w.cols; ++c) s += double(x[size_t(i) * w.cols + c]) * w.at(r, c);
-      y[size_t(i) * w.rows + r] = s;
+      for (int32_t c = 0; c < cols; ++c) s += double(x[size_t(i) * cols + c]) * w.values[size_t(r) * cols + c];
+      y[size_t(i) * rows + r] = s;
     }
   return y;
 }
 
 const float poison = std::numeric_limits<float>::quiet_NaN();
 
-// x as the int8 kernels multiply it: quantized per token and group.
+// The int8 activations' definition for one group: scale = max |x| / 127, q = x / scale
+// rounded to nearest even (0 where the scale is 0).
+float quantized_scale(const float* xg, int32_t group) {
+  float amax = 0.0f;
+  for (int32_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(xg[k]));
+  return amax / 127.0f;
+}
+int8_t quantized_value(float x, float scale) {
+  return static_cast<int8_t>(scale > 0.0f ? std::clamp(std::nearbyint(x / scale), -127.0f, 127.0f) : 0.0f);
+}
+
+// x as the int8 kernels multiply it, by the definition: quantized per token and group.
 std::vector<float> as_quantized(const std::vector<float>& x, int32_t m, int32_t cols, int32_t group) {
-  q8_activations a;
-  a.quantize(x.data(), cols, m, cols, group);
   std::vector<float> out(x.size());
   for (int32_t t = 0; t < m; ++t)
-    for (int32_t c = 0; c < cols; ++c) out[size_t(t) * cols + c] = float(a.at(t, c)) * a.scale_at(t, c / group);
+    for (int32_t g = 0; g < cols / group; ++g) {
+      const float* xg = x.data() + size_t(t) * cols + g * group;
+      const float scale = quantized_scale(xg, group);
+      for (int32_t k = 0; k < group; ++k) out[size_t(t) * cols + g * group + k] = float(quantized_value(xg[k], scale)) * scale;
+    }
   return out;
 }
 
@@ -139,7 +181,7 @@ void check_layout(layout l, std::initializer_list<int32_t> col_sizes, bool packe
         const int32_t ys = rows + 3;
         std::vector<float> y(size_t(m) * ys, poison);
         gemm(x.data(), cols, m, w, y.data(), ys, pool);
-        const auto ref = reference(w.packed ? as_quantized(x, m, cols, w.group_size) : x, m, t.view);
+        const auto ref = reference(w.packed ? as_quantized(x, m, cols, w.group_size) : x, m, t);
         for (int32_t i = 0; i < m; ++i) {
           double norm = 0;
           for (int32_t c = 0; c < cols; ++c) norm += std::fabs(x[size_t(i) * cols + c]);
@@ -195,7 +237,7 @@ TEST_CASE("gemm on row and column slices equals the slice of the full product") 
   gemm(x.data() + 32, 64, 1, part, y.data(), 8, pool);
   for (int32_t r = 0; r < 8; ++r) {
     double want = 0;
-    for (int32_t c = 32; c < 96; ++c) want += double(x[c]) * t.view.at(8 + r, c);
+    for (int32_t c = 32; c < 96; ++c) want += double(x[c]) * t.values[size_t(8 + r) * 128 + c];
     CHECK(y[r] == doctest::Approx(want).epsilon(1e-5));
   }
 }
@@ -279,14 +321,12 @@ TEST_CASE("w8a8: quantized activations are the definition's bits, values at half
     for (int32_t t = 0; t < tokens; ++t)
       for (int32_t g = 0; g < cols / group; ++g) {
         const float* xg = x.data() + size_t(t) * cols + g * group;
-        float amax = 0.0f;
-        for (int32_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(xg[k]));
-        const float scale = amax / 127.0f;
+        const float scale = quantized_scale(xg, group);
         wrong += a.scale_at(t, g) != scale;
         for (int32_t k = 0; k < group; ++k) {
-          const float q = scale > 0.0f ? std::clamp(std::nearbyint(xg[k] / scale), -127.0f, 127.0f) : 0.0f;
-          wrong += a.at(t, g * group + k) != static_cast<int8_t>(q);
-          wrong += a.unsigned_at(t, g * group + k) != static_cast<uint8_t>(static_cast<int>(q) + 128);
+          const int8_t q = quantized_value(xg[k], scale);
+          wrong += a.at(t, g * group + k) != q;
+          wrong += a.unsigned_at(t, g * group + k) != static_cast<uint8_t>(q + 128);
         }
       }
     CHECK(wrong == 0);
