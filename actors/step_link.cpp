@@ -369,6 +369,10 @@ void step_link_client::read_answers() {
       on_answer_(error{m.bytes ? std::string(m.bytes->begin(), m.bytes->end()) : std::string("the step failed")});
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // later sends are refused at once
+    if (failed_.empty()) failed_ = why;
+  }
   report(why);
 }
 

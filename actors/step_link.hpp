@@ -68,7 +68,8 @@ class step_link_server {
 // the stage: what the socket does not take at once (a large step while the stage is busy)
 // goes to the link's writer thread, and later steps queue behind it. Answers arrive in
 // order on the link's reader thread, through on_answer; a broken connection is reported
-// once through on_broken (not when the client is destroyed).
+// once through on_broken (not when the client is destroyed), and from then on send()
+// refuses at once.
 class step_link_client {
  public:
   using answer_fn = std::function<void(expected<wire_message>)>;
@@ -97,7 +98,7 @@ class step_link_client {
   std::mutex mutex_;  // guards backlog_ and failed_
   std::condition_variable wake_writer_;
   std::deque<std::vector<uint8_t>> backlog_;  // bytes the socket has not taken yet, in order
-  std::string failed_;                         // why the writer gave up
+  std::string failed_;                         // why the link broke (the writer or the reader saw it)
   std::thread reader_, writer_;
 };
 

@@ -79,6 +79,7 @@ void connection_threads::work() {
     lock.lock();
   }
   exited_.push_back(std::this_thread::get_id());
+  exit_cv_.notify_all();
 }
 
 void connection_threads::join_exited() {
@@ -107,6 +108,11 @@ void connection_threads::shutdown() {
 size_t connection_threads::threads() const {
   std::lock_guard<std::mutex> lock(mu_);
   return threads_.size() - exited_.size();
+}
+
+bool connection_threads::wait_threads_at_most(size_t n, std::chrono::milliseconds bound) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return exit_cv_.wait_for(lock, bound, [&] { return threads_.size() - exited_.size() <= n; });
 }
 
 namespace {

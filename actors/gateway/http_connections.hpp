@@ -63,6 +63,8 @@ class connection_threads {
   void shutdown();
 
   size_t threads() const;  // running now, busy or idle
+  // Waits until at most n threads run, or `bound` passes; whether they are that few.
+  bool wait_threads_at_most(size_t n, std::chrono::milliseconds bound) const;
 
  private:
   void work();
@@ -74,6 +76,7 @@ class connection_threads {
   const std::chrono::milliseconds idle_exit_;
   mutable std::mutex mu_;
   std::condition_variable cv_, room_cv_;
+  mutable std::condition_variable exit_cv_;  // a thread left work()
   std::deque<std::function<void()>> jobs_;
   std::map<std::thread::id, std::thread> threads_;
   std::vector<std::thread::id> exited_;

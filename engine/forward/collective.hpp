@@ -42,6 +42,9 @@ class local_collective_group {
   int32_t size() const { return size_; }
   void abort();
   bool aborted() const { return aborted_.load(); }
+  // Ranks waiting at the group's barrier now, for peers that have not come (diagnostics
+  // and tests).
+  int32_t num_waiting() const { return arrived_.load(std::memory_order_acquire); }
 
  private:
   class member_impl;

@@ -378,16 +378,22 @@ rss_before=$(rss)
 pids=()
 for i in $(seq 1 40); do
   curl -s -o /dev/null -w '%{http_code} %{time_total}\n' -D "$work/h.$i" "${auth[@]}" "$base/v1/completions" \
-    -d '{"model":"stories260K","prompt":"Once","max_tokens":400,"temperature":1}' >"$work/c.$i" &
+    -d '{"model":"stories260K","prompt":"Once","max_tokens":400,"temperature":1,"ignore_eos":true}' >"$work/c.$i" &
   pids+=($!)
 done
 wait "${pids[@]}"
 rejected=$(cat "$work"/c.* | grep -c '^429' || true)
 [[ $rejected -ge 1 ]] || fail "no 429 under overload: $(cat "$work"/c.*)"
-# The median refusal, as curl measures it (connection set-up of 40 clients at once on
-# this small machine included), is well under 50 ms.
-median=$(cat "$work"/c.* | awk '$1 == 429 {print $2}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-awk -v s="$median" 'BEGIN { exit !(s < 0.05) }' || fail "429s took ${median}s (median)"
+# Refused at once, not after waiting for room: every 429 came back before the first
+# admitted request finished its 400 tokens (times as curl measures them, connection set-up
+# of 40 clients included; each admitted request runs all its tokens. Measured on a 2-core
+# machine: the slowest 429 after 50 to 80 ms, the first 200 after 480 to 530 ms).
+latest_429=$(cat "$work"/c.* | awk '$1 == 429 {print $2}' | sort -g | tail -1)
+first_200=$(cat "$work"/c.* | awk '$1 == 200 {print $2}' | sort -g | head -1)
+echo "at capacity: the slowest 429 in ${latest_429} s, the first 200 in ${first_200:-none} s"
+[[ -n $first_200 ]] || fail "no admitted request finished: $(cat "$work"/c.*)"
+awk -v r="$latest_429" -v a="$first_200" 'BEGIN { exit !(r < a) }' ||
+  fail "a 429 took ${latest_429} s, longer than an admitted request's 400 tokens (${first_200} s)"
 grep -qi '^Retry-After: 1' "$work"/h.* || fail "no Retry-After"
 # Every choice counts: one streamed request for 8 prompts x n 8 (64 completions of 400
 # tokens, one at a time here) fills the server while it runs, and a single completion

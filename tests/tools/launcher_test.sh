@@ -47,20 +47,19 @@ sed -i "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$bad"
 if out=$(launch up "$bad" 2>&1); then echo "a bad topology was started"; exit 1; fi
 grep -q "overlaps" <<<"$out" || { echo "no reason given: $out"; exit 1; }
 [[ ! -f $state/bad.procs ]] || { echo "processes were started for a bad topology"; exit 1; }
-# A node that cannot start (its port is taken): up says which and why within seconds (the
-# gateway's node, waiting for a replica that cannot come, stops at once on SIGTERM), and
-# leaves nothing running.
+# A node that cannot start (its port is taken): up says which and why as soon as the node
+# exits, not when its wait for the cluster runs out (an hour here, past the test's own
+# time limit), and leaves nothing running (the gateway's node, waiting for a replica that
+# cannot come, stops at once on SIGTERM).
 port1=$(sed -n '/^name *= *"n1"/,/^$/ s/^port *= *\([0-9]*\)/\1/p' "$topo")
 python3 -c 'import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1); print("bound", flush=True); time.sleep(60)' \
   "$port1" >"$state/squatter" &
 squatter=$!
 for _ in $(seq 1 100); do grep -q bound "$state/squatter" && break; sleep 0.1; done
-started=$SECONDS
-if out=$(launch up "$topo" --capnp 127.0.0.1:0 2>&1); then kill "$squatter"; echo "up succeeded without node n1"; exit 1; fi
+if out=$(launch up "$topo" --capnp 127.0.0.1:0 --timeout 3600 2>&1); then kill "$squatter"; echo "up succeeded without node n1"; exit 1; fi
 kill "$squatter"
 grep -q "node n1 exited" <<<"$out" && grep -q "cannot listen on 127.0.0.1:$port1" <<<"$out" || { echo "no reason given: $out"; exit 1; }
-(( SECONDS - started < 20 )) || { echo "up took $((SECONDS - started)) s to give up"; exit 1; }
 if pgrep -f "troupe-node $topo" >/dev/null; then echo "nodes left running: $(pgrep -af "troupe-node $topo")"; exit 1; fi
 # Interrupted while it waits (node n1 here never comes up: a stand-in that only sleeps), up
 # stops the nodes it started and says so.

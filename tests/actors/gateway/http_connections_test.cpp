@@ -120,8 +120,14 @@ TEST_CASE("connection threads: as many connections at once as the cap allows, ea
 }
 
 TEST_CASE("connection threads: past the cap a connection waits for a thread while room is asked for, and none is lost") {
-  std::atomic<int> asked{0};
-  connection_threads pool(3, [&] { ++asked; });
+  std::mutex asked_mu;
+  std::condition_variable asked_cv;
+  int asked = 0;
+  connection_threads pool(3, [&] {
+    std::lock_guard<std::mutex> lock(asked_mu);
+    ++asked;
+    asked_cv.notify_all();
+  });
   gate g;
   std::atomic<int> done{0};
   for (int i = 0; i < 3; ++i)
@@ -130,16 +136,20 @@ TEST_CASE("connection threads: past the cap a connection waits for a thread whil
       ++done;
     });
   REQUIRE(g.wait_started(3));
-  CHECK(asked == 0);
+  {
+    std::lock_guard<std::mutex> lock(asked_mu);
+    CHECK(asked == 0);
+  }
   // A fourth waits in enqueue (as the listening thread would) and asks for room.
   std::atomic<bool> queued{false};
   std::thread listener([&] {
     pool.enqueue([&] { ++done; });
     queued = true;
   });
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (asked == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-  CHECK(asked >= 1);
+  {
+    std::unique_lock<std::mutex> lock(asked_mu);
+    CHECK(asked_cv.wait_for(lock, 10s, [&] { return asked >= 1; }));
+  }
   CHECK_FALSE(queued);  // every thread is busy until the gate opens
   CHECK(pool.threads() == 3);
   g.release();
@@ -155,8 +165,7 @@ TEST_CASE("connection threads: idle threads end, down to the number kept") {
   REQUIRE(g.wait_started(8));
   CHECK(pool.threads() == 8);
   g.release();
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (pool.threads() > 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  CHECK(pool.wait_threads_at_most(2, 10s));
   CHECK(pool.threads() == 2);
   // The threads left still serve.
   std::atomic<bool> ran{false};

@@ -1,7 +1,6 @@
 // TP=2 shards of one model, summed through the collective, against TP=1.
 #include <cmath>
 #include <atomic>
-#include <chrono>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -138,7 +137,7 @@ TEST_CASE("an aborted collective releases a rank waiting for a peer that died, a
     }
   };
   std::thread t0(rank, 0, std::ref(a)), t1(rank, 1, std::ref(b));  // rank 2 never comes
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (group.num_waiting() < 2) std::this_thread::yield();      // both wait for it
   group.abort();
   t0.join();
   t1.join();
