@@ -312,10 +312,13 @@ TEST_CASE("a prefill chunk's tokens, read a block at a time for several of them,
       CAPTURE(sh.kv_heads);
       CAPTURE(sh.head_dim);
       CAPTURE(static_cast<int>(type));
-      const std::vector<uint32_t> table = shuffled_table(12, 9), other = shuffled_table(12, 10);
+      const std::vector<uint32_t> table = shuffled_table(12, 9);
       const written_cache c(type, 12, sh.kv_heads, sh.head_dim, 90, table, 31);
       // Positions 5..41, then 42 of another sequence (the next position, but another
-      // table: its blocks in another order), then 43..88.
+      // table: the written blocks in another order, so that it too reads written slots),
+      // then 43..88.
+      std::vector<uint32_t> other = table;
+      std::rotate(other.begin(), other.begin() + 1, other.begin() + 6);
       std::vector<attention_token> toks;
       for (int32_t p = 5; p < 42; ++p) toks.push_back({p, table.data()});
       toks.push_back({42, other.data()});
