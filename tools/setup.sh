@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
-# Installs the Debian packages troupe builds with (when missing), configures and builds.
+# Installs the Debian packages troupe builds with (when missing), configures and builds,
+# and puts the npm package the OpenAI client test drives into the build folder.
 # Usage: tools/setup.sh [BUILD_DIR]   (default: build). Extra CMake flags: TROUPE_CMAKE_FLAGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 
-packages=(g++ cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusplus-dev capnproto libcapnp-dev libcaf-dev libspdlog-dev
-          libcpp-httplib-dev nlohmann-json3-dev curl python3 prometheus)
-# The HTTP API's test drives it with the official openai npm package.
-command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  sudo_cmd=()
-  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+tools/install-packages.sh
 
 echo "setup: configuring $build_dir"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${TROUPE_CMAKE_FLAGS:-} >/dev/null
 echo "setup: building ($(nproc) jobs)"
 cmake --build "$build_dir" -j "$(nproc)"
+
+# The official openai npm package that the HTTP API's test drives, at the version
+# tests/tools/npm pins, into the build folder (once; again when the pin changes). Without
+# the npm registry everything else still builds; that test then says what is missing.
+npm_dir=$build_dir/npm
+if ! cmp -s tests/tools/npm/package-lock.json "$npm_dir/package-lock.json" || [[ ! -f $npm_dir/node_modules/openai/package.json ]]; then
+  mkdir -p "$npm_dir"
+  cp tests/tools/npm/package.json tests/tools/npm/package-lock.json "$npm_dir/"
+  echo "setup: installing the openai npm package (pinned in tests/tools/npm) into $npm_dir"
+  if ! (cd "$npm_dir" && timeout 300 npm ci --no-audit --no-fund --loglevel=error >npm.log 2>&1); then
+    echo "setup: npm could not install it (is the registry, $(npm config get registry 2>/dev/null), reachable?);" \
+         "the OpenAI client test will fail; npm's words are in $npm_dir/npm.log" >&2
+    rm -f "$npm_dir/package-lock.json"  # tried again next time
+  fi
+fi

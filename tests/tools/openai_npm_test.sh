@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# The official `openai` npm package (installed from the npm registry into a scratch
-# directory) against a real troupe-node: completion, two prompts in one, chat and a
-# streamed chat; the completion's text equals troupe-client's for the same greedy request.
+# The official `openai` npm package, at the version tests/tools/npm pins (tools/setup.sh
+# installs it into BUILD_DIR/npm), against a real troupe-node: completion, two prompts in
+# one, chat and a streamed chat; the completion's text equals troupe-client's for the
+# same greedy request.
 # Usage: openai_npm_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 scratch
 
-(cd "$work" && timeout 300 npm install --no-audit --no-fund --loglevel=error openai@4 >/dev/null) || fail "npm install openai"
+installed=$build/npm/node_modules/openai/package.json
+if [[ ! -f $installed ]]; then
+  echo "FAIL: the openai npm package is not installed in $build/npm: tools/setup.sh installs it from the npm registry"
+  [[ -s $build/npm/npm.log ]] && { echo "npm said:"; tail -5 "$build/npm/npm.log"; }
+  exit 1
+fi
+pinned=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["dependencies"]["openai"])' "$src/tests/tools/npm/package.json")
+version=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["version"])' "$installed")
+[[ $version == "$pinned" ]] || fail "openai $version is installed in $build/npm, $pinned pinned: run tools/setup.sh"
 cp "$src/tests/tools/openai_client.mjs" "$work/"
+ln -s "$build/npm/node_modules" "$work/node_modules"
 
 echo "key-for-npm" >"$work/keys"
 single_topology "$src" "$work"

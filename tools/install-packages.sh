@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages troupe builds, tests and serves with, those that are missing
+# (with sudo when not root). tools/setup.sh and the CI build variants call it.
+set -euo pipefail
+packages=(g++ cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusplus-dev capnproto libcapnp-dev libcaf-dev libspdlog-dev
+          libcpp-httplib-dev nlohmann-json3-dev curl python3 prometheus)
+# The HTTP API's test drives it with the official openai npm package.
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
