@@ -56,67 +56,71 @@ void unit_down(self_ptr self, size_t i) {
                      static_cast<uint64_t>(i));
 }
 
+// (The node and units come as spawn arguments: CAF 0.17 binds a reference to a null
+// pointer when it starts an actor whose function takes no argument beyond self.)
+caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<unit_spec> units) {
+  auto& st = self->state;
+  st.node = std::move(node);
+  for (auto& spec : units) st.units.push_back(unit_state{spec, {}, false, 0, 0, {}});
+  for (size_t i = 0; i < st.units.size(); ++i) start_unit(self, i);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t i = 0; i < st.units.size(); ++i)
+      for (auto& m : st.units[i].now.members)
+        if (m.handle.address() == dm.source) return unit_down(self, i);
+  });
+  self->set_exit_handler([self](const caf::exit_msg& em) {
+    auto& st = self->state;
+    st.stopping = true;
+    // Last started first: a replica's scheduler goes before the stages it drives, so it
+    // does not report them lost while the node stops.
+    for (size_t i = st.units.size(); i-- > 0;) unit_down(self, i);
+    self->quit(em.reason);
+  });
+  return {
+      [self](respawn_atom, uint64_t i) {
+        auto& st = self->state;
+        if (st.stopping || i >= st.units.size() || st.units[i].up) return;
+        ++st.units[i].restarts;
+        start_unit(self, i);
+      },
+      [self](lookup_atom, const std::string& name) -> caf::result<caf::actor> {
+        for (auto& u : self->state.units)
+          if (u.up)
+            for (auto& m : u.now.members)
+              if (m.name == name) return m.handle;
+        return caf::make_error(caf::sec::invalid_argument, "no live actor named '" + name + "' on node " + self->state.node);
+      },
+      [self](kill_atom, const std::string& name) -> bool {
+        for (auto& u : self->state.units)
+          if (u.up)
+            for (auto& m : u.now.members)
+              if (m.name == name) {
+                self->send_exit(m.handle, caf::exit_reason::kill);
+                return true;
+              }
+        return false;
+      },
+      [self](health_atom) {
+        auto& st = self->state;
+        wire::node_health h;
+        h.node = st.node;
+        h.pid = static_cast<uint32_t>(getpid());
+        h.ready = true;
+        for (auto& u : st.units) {
+          h.ready = h.ready && u.up;
+          for (auto& m : u.now.members) h.actors.push_back({m.name, m.kind, u.up, u.restarts});
+        }
+        return wire_message(wire_kind::node_health, wire::encode_node_health(h));
+      },
+      [](ping_atom, uint64_t x) { return x; },
+  };
+}
+
 }  // namespace
 
 caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vector<unit_spec> units) {
-  return sys.spawn([node = std::move(node), units = std::move(units)](self_ptr self) -> caf::behavior {
-    auto& st = self->state;
-    st.node = node;
-    for (auto& spec : units) st.units.push_back(unit_state{spec, {}, false, 0, 0, {}});
-    for (size_t i = 0; i < st.units.size(); ++i) start_unit(self, i);
-    self->set_down_handler([self](const caf::down_msg& dm) {
-      auto& st = self->state;
-      for (size_t i = 0; i < st.units.size(); ++i)
-        for (auto& m : st.units[i].now.members)
-          if (m.handle.address() == dm.source) return unit_down(self, i);
-    });
-    self->set_exit_handler([self](const caf::exit_msg& em) {
-      auto& st = self->state;
-      st.stopping = true;
-      // Last started first: a replica's scheduler goes before the stages it drives, so it
-      // does not report them lost while the node stops.
-      for (size_t i = st.units.size(); i-- > 0;) unit_down(self, i);
-      self->quit(em.reason);
-    });
-    return {
-        [self](respawn_atom, uint64_t i) {
-          auto& st = self->state;
-          if (st.stopping || i >= st.units.size() || st.units[i].up) return;
-          ++st.units[i].restarts;
-          start_unit(self, i);
-        },
-        [self](lookup_atom, const std::string& name) -> caf::result<caf::actor> {
-          for (auto& u : self->state.units)
-            if (u.up)
-              for (auto& m : u.now.members)
-                if (m.name == name) return m.handle;
-          return caf::make_error(caf::sec::invalid_argument, "no live actor named '" + name + "' on node " + self->state.node);
-        },
-        [self](kill_atom, const std::string& name) -> bool {
-          for (auto& u : self->state.units)
-            if (u.up)
-              for (auto& m : u.now.members)
-                if (m.name == name) {
-                  self->send_exit(m.handle, caf::exit_reason::kill);
-                  return true;
-                }
-          return false;
-        },
-        [self](health_atom) {
-          auto& st = self->state;
-          wire::node_health h;
-          h.node = st.node;
-          h.pid = static_cast<uint32_t>(getpid());
-          h.ready = true;
-          for (auto& u : st.units) {
-            h.ready = h.ready && u.up;
-            for (auto& m : u.now.members) h.actors.push_back({m.name, m.kind, u.up, u.restarts});
-          }
-          return wire_message(wire_kind::node_health, wire::encode_node_health(h));
-        },
-        [](ping_atom, uint64_t x) { return x; },
-    };
-  });
+  return sys.spawn(node_agent_behavior, std::move(node), std::move(units));
 }
 
 }  // namespace troupe

@@ -190,12 +190,12 @@ TEST_CASE("a stage that fails every step keeps its replica unready, retried with
   unit_spec broken{"r0/stage0", [steps](caf::actor agent) {
                      unit_instance u;
                      u.members.push_back({"r0/stage0", wire::actor_kind::stage,
-                                          agent.home_system().spawn([steps]() -> caf::behavior {
+                                          agent.home_system().spawn([](std::shared_ptr<std::atomic<int>> steps) -> caf::behavior {
                                             return {[steps](step_atom, const wire_message&, const wire_message&) -> caf::result<wire_message> {
                                               ++*steps;
                                               return caf::make_error(caf::sec::runtime_error, "this stage is broken");
                                             }};
-                                          })});
+                                          }, steps)});
                      return u;
                    }};
   auto agent = spawn_node_agent(sys, "local", {broken, kv_manager_unit("r0", test::kv_manager_for(l))});
