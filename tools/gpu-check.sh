@@ -55,12 +55,22 @@ export TROUPE_SHARED_DIR=$shared
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 [[ -x $root/tests/gpu_kernels_test ]] || { echo "gpu-check: no gpu_kernels_test in $root/tests (build it with CUDA first)"; exit 1; }
 rc=0
-timeout "$(left)" "$root/tests/gpu_kernels_test" ${GPU_TEST_FLAGS:-} || rc=$?
-case $rc in
-  0) echo "gpu-check: every GPU test passed" ;;
-  77) echo "gpu-check: no CUDA device visible; nothing ran"; exit 77 ;;
-  *) echo "gpu-check: GPU tests failed (exit $rc)" ;;
-esac
+# The suite's three parts (tests/kernels/cuda/gpu_main.cpp): one device, NCCL, two devices.
+# Each ends with its counts of cases run, skipped and failed; a part this machine cannot
+# run says why and exits 77.
+summary=()
+for needs in device nccl two_devices; do
+  part_rc=0
+  timeout "$(left)" "$root/tests/gpu_kernels_test" --needs=$needs ${GPU_TEST_FLAGS:-} | tee "${TMPDIR:-/tmp}/gpu-part.out" || part_rc=${PIPESTATUS[0]}
+  case $part_rc in
+    0) summary+=("$(grep '^gpu suite' "${TMPDIR:-/tmp}/gpu-part.out" || echo "gpu suite (needs $needs): passed")") ;;
+    77) [[ $needs == device ]] && { echo "gpu-check: no CUDA device visible; nothing ran"; exit 77; }
+        summary+=("gpu suite (needs $needs): skipped, $(tail -1 "${TMPDIR:-/tmp}/gpu-part.out")") ;;
+    *) summary+=("$(grep '^gpu suite' "${TMPDIR:-/tmp}/gpu-part.out" || echo "gpu suite (needs $needs)"): FAILED (exit $part_rc)")
+       rc=1 ;;
+  esac
+done
+printf 'gpu-check: %s\n' "${summary[@]}"
 # Serving through the actors on the device against troupe-run's greedy output on the CPU
 # (the node test): a deploy/ topology with FP32 weights, rewritten by the sed arguments
 # that follow its name (and what to call it).

@@ -1,5 +1,7 @@
 #include "kernels/cuda/device.hpp"
 
+#include <dlfcn.h>
+
 namespace troupe::cuda {
 
 void check(cudaError_t status, const char* what) {
@@ -15,6 +17,24 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+device_survey survey_devices() {
+  device_survey s;
+  const cudaError_t status = cudaGetDeviceCount(&s.count);
+  if (status == cudaSuccess) return s;
+  (void)cudaGetLastError();
+  s.count = 0;
+  if (status == cudaErrorNoDevice) return s;
+  // No driver at all reads as an insufficient one: only a driver library that is there
+  // makes that a problem.
+  if (status == cudaErrorInsufficientDriver) {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver == nullptr) return s;
+    dlclose(driver);
+  }
+  s.error = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(status) + ": " + cudaGetErrorString(status);
+  return s;
 }
 
 std::string device_name(int device) {

@@ -29,6 +29,16 @@ void check_launch(const char* kernel);
 int device_count();
 std::string device_name(int device);
 
+// What the runtime says about this machine's devices. A machine without a GPU has no
+// NVIDIA driver library, or the driver finds no device: count 0, no error. Anything else
+// that stops the runtime from counting (a driver too old for this runtime, one that fails
+// to start, devices that are busy or lost) hides GPUs that are there: an error naming it.
+struct device_survey {
+  int count = 0;
+  std::string error;  // empty: count is the truth
+};
+device_survey survey_devices();
+
 namespace detail {
 
 // An owning array of n elements of T, from Memory::allocate (which throws on failure) and

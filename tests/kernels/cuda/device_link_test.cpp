@@ -2,8 +2,9 @@
 // hidden states over NCCL (send/recv) to the next stage instead of through the host. Two
 // stages on two devices against one shard of every layer; a receiver released when its
 // link is aborted (and both shards going on through the host); and the links a shard cannot
-// have, refused (one device). The two-device cases need NCCL and a second device: without
-// them they are reported skipped (the suite's first lines say what this machine has).
+// have, refused (one device). The two-device cases need NCCL and a second device: they are
+// the suite's part "two_devices", reported skipped where the machine lacks them
+// (gpu_main.cpp).
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -23,7 +24,6 @@ namespace troupe {
 
 namespace {
 
-bool no_two_devices() { return cuda::device_count() < 2 || !nccl_usable().has_value(); }
 
 model random_model(test::temp_dir& dir) {
   const model_config c = test::splittable_config();
@@ -63,7 +63,7 @@ std::shared_ptr<nccl_group> link(forward_shard& from, forward_shard& to) {
 }  // namespace
 
 TEST_CASE("two GPU stages joined by a device link give one shard's logits and tokens, nothing through the host" *
-          doctest::skip(no_two_devices())) {
+          doctest::test_suite("two_devices")) {
   test::temp_dir dir;
   const model m = random_model(dir);
   const model_config& c = m.config;
@@ -104,7 +104,7 @@ TEST_CASE("two GPU stages joined by a device link give one shard's logits and to
 }
 
 TEST_CASE("a receiver waiting on an aborted device link is released, and both stages go on through the host" *
-          doctest::skip(no_two_devices())) {
+          doctest::test_suite("two_devices")) {
   test::temp_dir dir;
   const model m = random_model(dir);
   const model_config& c = m.config;
