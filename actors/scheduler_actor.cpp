@@ -11,7 +11,7 @@ namespace troupe {
 
 namespace sched {
 
-void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text, wire::error_kind kind) {
+void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text, error_code kind) {
   auto& st = self->state;
   auto it = st.sinks.find(id);
   if (it == st.sinks.end()) return;
@@ -40,7 +40,7 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
 void fail_request(self_ptr self, request_id id, const std::string& why) {
   auto& st = self->state;
   if (auto out = st.sched->abort(id)) {
-    send_result(self, id.value, *out, why, wire::error_kind::unavailable);
+    send_result(self, id.value, *out, why, error_code::unavailable);
     st.released.push_back(id);
   }
 }

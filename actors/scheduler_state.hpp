@@ -89,7 +89,7 @@ inline bool remote_kv(const scheduler_state& st) { return !st.setup.kv_manager.e
 
 // scheduler_actor.cpp
 void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text,
-                 wire::error_kind kind = wire::error_kind::invalid);
+                 error_code kind = error_code::invalid);
 void dispatch(self_ptr self, std::vector<step_output> outs);
 // Ends a request this replica cannot serve (it did not recover in time): the client may
 // try again later.

@@ -16,23 +16,14 @@
 #include <vector>
 
 #include "actors/gateway/router_calls.hpp"
+#include "actors/metrics/prometheus_text.hpp"
 #include "actors/wire/client_codec.hpp"
 
 namespace troupe {
 
-// A histogram with Prometheus's cumulative buckets, in seconds.
-struct histogram {
-  std::vector<double> bounds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
-  std::vector<uint64_t> counts = std::vector<uint64_t>(bounds.size() + 1, 0);
-  double sum = 0;
-  uint64_t n = 0;
-  void add(double seconds);
-  void write(std::string& out, const std::string& name, const std::string& help) const;
-};
-
 // How a request that ran ended, as troupe_requests_total counts it (a client that left is
 // counted apart, as cancelled; the gateway's own deadline passing is an error).
-std::string request_outcome(finish_reason r, const std::string& error, wire::error_kind kind, bool timed_out);
+std::string request_outcome(finish_reason r, const std::string& error, error_code kind, bool timed_out);
 
 // How a request ended, as troupe_requests_total's outcome label says it.
 inline constexpr const char* request_outcomes[] = {"stop", "length", "cancelled", "error", "invalid", "rejected", "unavailable"};

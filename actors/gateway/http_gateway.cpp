@@ -71,14 +71,11 @@ caf::behavior stream_sink(caf::event_based_actor*, std::shared_ptr<request_strea
 // The HTTP answer to a request that ended in an error: the request's own fault is a 400, no
 // replica able to serve it in time a 503 (retry later), the server's fault a 500, and the
 // gateway's own deadline passing a 504.
-openai::api_error failure_of(const std::string& why, wire::error_kind kind, bool timed_out) {
+openai::api_error failure_of(const std::string& why, error_code kind, bool timed_out) {
   if (timed_out) return {504, why, "timeout_error", "", "timeout"};
-  switch (kind) {
-    case wire::error_kind::unavailable: return {503, why, "server_error", "", "unavailable"};
-    case wire::error_kind::internal: return {500, why, "server_error", "", ""};
-    case wire::error_kind::invalid: break;
-  }
-  return {400, why, "invalid_request_error", "", ""};
+  if (kind == error_code::invalid) return {400, why, "invalid_request_error", "", ""};
+  if (kind == error_code::unavailable) return {503, why, "server_error", "", "unavailable"};
+  return {500, why, "server_error", "", ""};
 }
 
 // The method a route takes ("" for no route).
@@ -233,7 +230,7 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
     uint32_t cached_tokens() const { return std::accumulate(cached_tokens_of.begin(), cached_tokens_of.end(), 0u); }
     size_t done = 0;
     std::string error;
-    wire::error_kind error_type = wire::error_kind::invalid;
+    error_code error_type = error_code::invalid;
     bool timed_out = false;    // the gateway's own deadline passed
     bool client_gone = false;  // a stream's client went away before its end
     request_times times;
@@ -422,12 +419,14 @@ std::string http_gateway::impl::render_metrics() {
   std::string router_metrics;
   self->request(router, std::chrono::seconds(1), metrics_atom_v)
       .receive([&](const std::string& text) { router_metrics = text; }, [&](caf::error&) {});
-  std::string slow;
+  prometheus_text out;
+  out.append(m->render(st));
   if (watch)
-    slow = "# HELP troupe_http_slow_requests_total Connections answered 408 and closed for not sending a whole request "
-           "within the read timeout\n# TYPE troupe_http_slow_requests_total counter\ntroupe_http_slow_requests_total " +
-           std::to_string(watch->timed_out()) + "\n";
-  return m->render(st) + slow + router_metrics;
+    out.counter("troupe_http_slow_requests_total",
+                "Connections answered 408 and closed for not sending a whole request within the read timeout",
+                static_cast<double>(watch->timed_out()));
+  out.append(router_metrics);
+  return out.str();
 }
 
 http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg)

@@ -157,6 +157,14 @@ schema::FinishReason to_schema(finish_reason r) {
   return schema::FinishReason::ERROR;
 }
 
+schema::ErrorKind to_schema(error_code c) {
+  switch (c) {
+    case error_code::invalid: return schema::ErrorKind::INVALID;
+    case error_code::unavailable: return schema::ErrorKind::UNAVAILABLE;
+    default: return schema::ErrorKind::INTERNAL;
+  }
+}
+
 void fill_token_chunk(schema::TokenChunk::Builder c, uint64_t request, uint32_t seq, const step_output& out) {
   c.setRequestId(request);
   c.setSeq(seq);
@@ -191,7 +199,7 @@ namespace {
 // A result without its final chunk: counts, reason (error when error_text is set).
 schema::GenerateResult::Builder fill_result(capnp::MallocMessageBuilder& msg, uint64_t request, const step_output& last,
                                             uint32_t chunks, const std::string& error_text,
-                                            error_kind kind = error_kind::invalid) {
+                                            error_code kind = error_code::invalid) {
   auto r = msg.initRoot<schema::GenerateResult>();
   r.setRequestId(request);
   r.setReason(error_text.empty() ? to_schema(last.reason) : schema::FinishReason::ERROR);
@@ -199,7 +207,7 @@ schema::GenerateResult::Builder fill_result(capnp::MallocMessageBuilder& msg, ui
   r.setOutputTokens(static_cast<uint32_t>(last.num_output_tokens));
   r.setCachedPromptTokens(static_cast<uint32_t>(last.num_cached_prompt_tokens));
   r.setError(error_text);
-  if (!error_text.empty()) r.setErrorKind(static_cast<schema::ErrorKind>(kind));
+  if (!error_text.empty()) r.setErrorKind(to_schema(kind));
   r.setChunks(chunks);
   return r;
 }
@@ -218,7 +226,7 @@ std::vector<uint8_t> encode_final_result(uint64_t request, uint32_t seq, const s
 }
 
 std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output& last, uint32_t chunks,
-                                            const std::string& error_text, error_kind kind) {
+                                            const std::string& error_text, error_code kind) {
   capnp::MallocMessageBuilder msg;
   fill_result(msg, request, last, chunks, error_text, kind);
   return to_bytes(msg);
@@ -279,9 +287,9 @@ expected<result_view> read_generate_result(schema::GenerateResult::Reader r) {
     v.chunks = r.getChunks();
     v.error.assign(r.getError().cStr(), r.getError().size());
     switch (r.getErrorKind()) {
-      case schema::ErrorKind::UNAVAILABLE: v.error_type = error_kind::unavailable; break;
-      case schema::ErrorKind::INTERNAL: v.error_type = error_kind::internal; break;
-      default: v.error_type = error_kind::invalid; break;  // an unknown kind is not worth a retry
+      case schema::ErrorKind::UNAVAILABLE: v.error_type = error_code::unavailable; break;
+      case schema::ErrorKind::INTERNAL: v.error_type = error_code::internal; break;
+      default: v.error_type = error_code::invalid; break;  // an unknown kind is not worth a retry
     }
     v.cached_prompt_tokens = r.getCachedPromptTokens();
     if (r.getHasLast()) {

@@ -12,6 +12,7 @@
 
 #include "engine/sched/step_plan.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
+#include "engine/util/error_code.hpp"
 #include "engine/util/expected.hpp"
 #include "schema/client.capnp.h"
 
@@ -33,12 +34,11 @@ void fill_generate_request(schema::GenerateRequest::Builder r, const std::string
                            bool steps_include_prompt);
 
 std::vector<uint8_t> encode_token_chunk(uint64_t request, uint32_t seq, const step_output& out);
-// Why a request ended with an error (schema/client.capnp ErrorKind): the request itself, no
-// replica able to serve it in time, or the server's own fault.
-enum class error_kind : uint8_t { invalid, unavailable, internal };
-
+// A failed request's result carries why and what kind of failure (schema/client.capnp's
+// ErrorKind: the request itself, no replica able to serve it in time, or the server's own
+// fault; the other error codes travel as internal).
 std::vector<uint8_t> encode_generate_result(uint64_t request, const step_output& last, uint32_t chunks,
-                                            const std::string& error_text = "", error_kind kind = error_kind::invalid);
+                                            const std::string& error_text = "", error_code kind = error_code::invalid);
 // A finished request's end as one message: its final output (tokens and text, if any)
 // rides inside the result as chunk `seq`, so the end cannot be half-delivered.
 std::vector<uint8_t> encode_final_result(uint64_t request, uint32_t seq, const step_output& out);
@@ -59,7 +59,7 @@ struct result_view {
   finish_reason reason = finish_reason::none;
   uint32_t prompt_tokens = 0, output_tokens = 0, chunks = 0, cached_prompt_tokens = 0;
   std::string error;
-  error_kind error_type = error_kind::invalid;  // when error is set
+  error_code error_type = error_code::invalid;  // when error is set: invalid, unavailable or internal
   std::optional<chunk_view> last;  // the final chunk, inside a scheduler's result
 };
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes);

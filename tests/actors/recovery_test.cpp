@@ -11,7 +11,7 @@
 #include "actors/caf/system_config.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/replica.hpp"
-#include "actors/router.hpp"
+#include "actors/router_actor.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
 #include "tests/actors/actor_test_support.hpp"

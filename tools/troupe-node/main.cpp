@@ -28,7 +28,7 @@
 #include "actors/gateway/router_calls.hpp"
 #include "actors/gateway/rpc_gateway.hpp"
 #include "actors/replica.hpp"
-#include "actors/router.hpp"
+#include "actors/router_actor.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "actors/scheduler_actor.hpp"

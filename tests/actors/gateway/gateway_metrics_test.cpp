@@ -42,8 +42,9 @@ TEST_CASE("gateway metrics: histogram buckets are cumulative, +Inf counting ever
   h.add(0.001);  // the first bucket
   h.add(0.3);    // le 0.5
   h.add(100);    // past the last bound
-  std::string out;
-  h.write(out, "x", "test");
+  prometheus_text text;
+  text.histogram("x", "test", h);
+  const std::string out = text.str();
   CHECK(value_of(out, R"(x_bucket{le="0.005"})") == "1");
   CHECK(value_of(out, R"(x_bucket{le="0.25"})") == "1");
   CHECK(value_of(out, R"(x_bucket{le="0.5"})") == "2");

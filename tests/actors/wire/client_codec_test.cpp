@@ -100,7 +100,7 @@ TEST_CASE("a failed request's error kind travels with its text, through the rout
   step_output out;
   out.id = request_id{7};
   out.finished = true;
-  for (const error_kind k : {error_kind::invalid, error_kind::unavailable, error_kind::internal}) {
+  for (const error_code k : {error_code::invalid, error_code::unavailable, error_code::internal}) {
     const auto bytes = encode_generate_result(7, out, 0, "why", k);
     auto v = decode_generate_result(bytes);
     REQUIRE(v.has_value());
@@ -124,7 +124,7 @@ TEST_CASE("a failed request's error kind travels with its text, through the rout
   r.setErrorKind(static_cast<schema::ErrorKind>(9));
   auto unknown = decode_generate_result(to_bytes(msg));
   REQUIRE(unknown.has_value());
-  CHECK(unknown->error_type == error_kind::invalid);
+  CHECK(unknown->error_type == error_code::invalid);
 }
 
 }  // namespace troupe::wire

@@ -1,0 +1,431 @@
+// The router actor: CAF messages and Cap'n Proto frames around request_router
+// (engine/serve/request_router.hpp), which makes every routing decision. Here: finding
+// the replicas' schedulers and polling them, carrying out the core's actions, and the one
+// function that ends a request with its final message.
+#include "actors/router_actor.hpp"
+
+#include <unordered_map>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/agent_link.hpp"
+#include "actors/caf/type_ids.hpp"
+#include "actors/metrics/prometheus_text.hpp"
+#include "actors/wire/client_codec.hpp"
+#include "actors/wire/control_codec.hpp"
+#include "engine/serve/request_router.hpp"
+
+namespace troupe {
+
+namespace {
+
+// A replica's scheduler as this actor knows it: how to reach it, and what it last said.
+struct replica_slot {
+  replica_address addr;
+  caf::actor sched = {};  // invalid while unknown or down
+  caf::actor agent = {};  // the agent that names it (remote ones are looked up once)
+  bool resolving = false;
+  // Prefix-cache counts: of the schedulers this replica had before (base), and of its
+  // scheduler now, which counts from zero when it restarts.
+  uint32_t cached = 0;
+  uint64_t hit_base = 0, queried_base = 0, hit_now = 0, queried_now = 0;
+  caf::actor_addr counted = {};  // the scheduler hit_now and queried_now are of
+};
+
+// Where a request's messages go, and the frame it came in (sent again on resubmission).
+struct client {
+  caf::actor sink;
+  wire_message request;
+};
+
+struct node_slot {
+  node_address addr;
+  caf::actor agent = {};
+  bool asking = false;
+  uint32_t restarts = 0;  // over the node's supervised actors, as its agent last said
+  bool answered = false;
+};
+
+struct router_state {
+  static inline const char* name = "troupe.router";
+  router_setup setup;
+  std::unique_ptr<request_router> core;
+  std::vector<replica_slot> replicas;
+  std::vector<std::string> names;  // of the replicas, for health
+  std::unordered_map<uint64_t, client> clients;
+  std::vector<node_slot> nodes;
+  uint64_t next_client = uint64_t{3} << 62;  // ids for callers that let the router choose
+  uint64_t ticks = 0;
+};
+
+using self_ptr = caf::stateful_actor<router_state>*;
+
+// What a finished request's scheduler said, for its log line.
+struct final_words {
+  const wire_message* result = nullptr;  // the scheduler's GenerateResult frame
+  const char* outcome = "stop";
+  uint32_t tokens_in = 0, tokens_out = 0;
+};
+
+// The end of a request, said to `sink`: the one place a request's final message is made.
+// A finished request's result is the scheduler's, split into its last chunk and the
+// result proper, both numbered for the client; a cancelled or failed one's is made here.
+// One log line per request, never its text.
+void end_request(self_ptr self, const caf::actor& sink, const route_end& e, const final_words& words = {}) {
+  const char* outcome = e.outcome == route_outcome::cancelled ? "cancelled" : "error";
+  uint32_t tokens_in = 0, tokens_out = e.delivered_tokens;
+  wire_message last, result;
+  if (e.outcome == route_outcome::finished && words.result && words.result->bytes) {
+    if (auto parts = wire::split_final_result(*words.result->bytes, e.request, e.seq)) {
+      if (parts->last) last = wire_message(wire_kind::none, std::move(*parts->last));
+      result = wire_message(wire_kind::none, std::move(parts->result));
+      outcome = words.outcome;
+      tokens_in = words.tokens_in;
+      tokens_out = words.tokens_out;
+    }
+  }
+  if (!result.bytes) {
+    step_output out;
+    out.id = request_id{e.request};
+    out.finished = true;
+    out.reason = e.outcome == route_outcome::cancelled ? finish_reason::aborted : finish_reason::none;
+    out.num_output_tokens = static_cast<int32_t>(e.delivered_tokens);
+    const bool failed = e.outcome != route_outcome::cancelled;
+    const std::string why = e.outcome == route_outcome::failed ? e.why : "the replica's final result could not be read";
+    result = wire_message(wire_kind::none, wire::encode_generate_result(e.request, out, e.seq, failed ? why : "",
+                                                                        e.outcome == route_outcome::failed ? e.code
+                                                                                                           : error_code::internal));
+  }
+  if (last.bytes) self->send(sink, chunk_atom_v, std::move(last));
+  self->send(sink, done_atom_v, std::move(result));
+  const auto& st = self->state;
+  spdlog::info("request id={} outcome={} replica={} tokens_in={} tokens_out={} ttft_ms={:.1f} e2e_ms={:.1f} resubmits={}",
+               e.request, outcome, e.replica >= 0 ? st.names[e.replica] : "-", tokens_in, tokens_out,
+               e.ttft_ms < 0 ? 0.0 : e.ttft_ms, e.e2e_ms, e.resubmits);
+}
+
+// A request the router never took (its id in use, no frame): said to its caller alone.
+void refuse(self_ptr self, const caf::actor& sink, uint64_t id, const std::string& why) {
+  route_end e;
+  e.request = id;
+  e.outcome = route_outcome::failed;
+  e.code = error_code::invalid;
+  e.why = why;
+  end_request(self, sink, e);
+}
+
+void carry_out(self_ptr self, route_actions acts);
+
+// The core gave up on a request it had sent: ended as failed.
+void fail(self_ptr self, uint64_t id, error_code code, const std::string& why) {
+  if (auto e = self->state.core->fail(id, code, why, router_clock::now())) {
+    route_actions acts;
+    acts.ends.push_back(std::move(*e));
+    carry_out(self, std::move(acts));
+  }
+}
+
+void carry_out(self_ptr self, route_actions acts) {
+  auto& st = self->state;
+  for (const route_end& e : acts.ends) {
+    auto it = st.clients.find(e.request);
+    if (it == st.clients.end()) continue;
+    end_request(self, it->second.sink, e);
+    st.clients.erase(it);
+  }
+  for (const route_send& s : acts.sends) {
+    const client& c = st.clients.at(s.request);
+    wire_message frame = c.request;
+    if (s.resubmission) {
+      auto with = wire::with_delivered(*c.request.bytes, st.core->delivered(s.request));
+      if (!with) {
+        fail(self, s.request, error_code::internal, with.err().message);
+        continue;
+      }
+      frame = wire_message(wire_kind::none, std::move(with).value());
+    }
+    self->send(st.replicas[s.replica].sched, generate_atom_v, s.attempt, frame, caf::actor_cast<caf::actor>(self));
+  }
+  // Anonymous: the scheduler's answer (whether it knew the request) has no use here.
+  for (const route_cancel& c : acts.cancels) caf::anon_send(st.replicas[c.replica].sched, cancel_atom_v, c.attempt);
+}
+
+void lose_replica(self_ptr self, size_t k, const std::string& why) {
+  auto& st = self->state;
+  replica_slot& rep = st.replicas[k];
+  if (rep.sched) self->demonitor(rep.sched);
+  rep.sched = caf::actor{};
+  auto acts = st.core->replica_lost(k, why, router_clock::now());
+  if (!acts.sends.empty() || !acts.ends.empty())
+    std::fprintf(stderr, "troupe: replica %s lost (%s): %zu request(s) resubmitted\n", rep.addr.name.c_str(), why.c_str(),
+                 acts.sends.size());
+  carry_out(self, std::move(acts));
+}
+
+void health_of(self_ptr self, size_t k, bool ready, const std::string& detail) {
+  carry_out(self, self->state.core->replica_health(k, ready, detail, router_clock::now()));
+}
+
+void poll_one(self_ptr self, size_t k);
+
+void find_scheduler(self_ptr self, size_t k) {
+  auto& st = self->state;
+  replica_slot& rep = st.replicas[k];
+  if (rep.resolving) return;
+  rep.resolving = true;
+  with_agent(
+      self, st.setup.agent, rep.agent, rep.addr.host, rep.addr.port,
+      [self, k](caf::actor agent, bool fresh) {
+        replica_slot& rep = self->state.replicas[k];
+        if (fresh) {
+          rep.agent = agent;
+          self->monitor(agent);
+        }
+        self->request(agent, std::chrono::seconds(2), lookup_atom_v, rep.addr.scheduler)
+            .then(
+                [self, k](const caf::actor& sched) {
+                  replica_slot& rep = self->state.replicas[k];
+                  rep.resolving = false;
+                  if (!sched) return;
+                  rep.sched = sched;
+                  self->monitor(sched);
+                  if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
+                    rep.hit_base += rep.hit_now;
+                    rep.queried_base += rep.queried_now;
+                    rep.hit_now = rep.queried_now = 0;
+                    rep.counted = sched.address();
+                  }
+                  self->state.core->replica_found(k);
+                  poll_one(self, k);
+                },
+                [self, k](caf::error& e) {
+                  replica_slot& rep = self->state.replicas[k];
+                  rep.resolving = false;
+                  self->state.core->replica_detail(k, "scheduler not found: " + self->system().render(e));
+                  rep.agent = caf::actor{};  // connect again next time
+                });
+      },
+      [self, k](caf::error& e) {
+        replica_slot& rep = self->state.replicas[k];
+        rep.resolving = false;
+        self->state.core->replica_detail(
+            k, "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + self->system().render(e));
+      });
+}
+
+void poll_one(self_ptr self, size_t k) {
+  replica_slot& rep = self->state.replicas[k];
+  if (!rep.sched) return find_scheduler(self, k);
+  const caf::actor_addr asked = rep.sched.address();
+  self->request(rep.sched, std::chrono::seconds(1), health_atom_v)
+      .then(
+          [self, k, asked](bool ready, uint32_t, uint32_t, uint32_t, uint32_t, const std::string& detail) {
+            if (self->state.replicas[k].sched.address() == asked) health_of(self, k, ready, detail);
+          },
+          [self, k, asked](caf::error&) {
+            if (self->state.replicas[k].sched.address() == asked) health_of(self, k, false, "the scheduler does not answer");
+          });
+  self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
+      .then(
+          [self, k](uint32_t cached, uint64_t hits, uint64_t queried) {
+            replica_slot& rep = self->state.replicas[k];
+            rep.cached = cached;
+            rep.hit_now = hits;
+            rep.queried_now = queried;
+          },
+          [](caf::error&) {});
+}
+
+// Every node agent's restart count, for /metrics.
+void poll_nodes(self_ptr self) {
+  auto& st = self->state;
+  for (size_t k = 0; k < st.nodes.size(); ++k) {
+    node_slot& n = st.nodes[k];
+    if (n.asking) continue;
+    n.asking = true;
+    with_agent(
+        self, st.setup.agent, n.agent, n.addr.host, n.addr.port,
+        [self, k](caf::actor agent, bool fresh) {
+          if (fresh) self->state.nodes[k].agent = agent;
+          self->request(agent, std::chrono::seconds(1), health_atom_v)
+              .then(
+                  [self, k](const wire_message& m) {
+                    node_slot& n = self->state.nodes[k];
+                    n.asking = false;
+                    auto h = m.bytes ? wire::decode_node_health(*m.bytes) : expected<wire::node_health>(error{"empty"});
+                    if (!h) return;
+                    n.restarts = 0;
+                    for (auto& a : h->actors) n.restarts = std::max(n.restarts, a.restarts);
+                    n.answered = true;
+                  },
+                  [self, k](caf::error&) {
+                    node_slot& n = self->state.nodes[k];
+                    n.asking = n.answered = false;
+                    n.agent = caf::actor{};  // connect again next time
+                  });
+        },
+        [self, k](caf::error&) { self->state.nodes[k].asking = self->state.nodes[k].answered = false; });
+  }
+}
+
+std::string render_metrics(const router_state& st) {
+  prometheus_text out;
+  out.gauge("troupe_replicas", "Replicas behind the router.", static_cast<double>(st.replicas.size()));
+  out.gauge("troupe_replicas_ready", "Replicas that can serve now.", st.core->num_ready());
+  out.counter("troupe_replica_failovers_total", "Replica schedulers lost (their requests moved to a ready replica).",
+              static_cast<double>(st.core->failovers()));
+  out.counter("troupe_requests_resubmitted_total", "Requests resubmitted to another replica.",
+              static_cast<double>(st.core->resubmitted()));
+  uint32_t cached = 0;
+  uint64_t hits = 0, queried = 0;
+  for (auto& rep : st.replicas) {
+    cached += rep.cached;
+    hits += rep.hit_base + rep.hit_now;
+    queried += rep.queried_base + rep.queried_now;
+  }
+  out.gauge("troupe_kv_blocks_cached", "KV blocks holding a cached prefix, in use or free.", cached);
+  out.counter("troupe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.", static_cast<double>(hits));
+  out.counter("troupe_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache.",
+              static_cast<double>(queried));
+  out.family("troupe_actor_restarts_total",
+             "Restarts of a node's supervised actors (the most of any unit), since the node process started.", "counter");
+  for (auto& n : st.nodes)
+    if (n.answered) out.sample("troupe_actor_restarts_total", {{"node", n.addr.name}}, n.restarts);
+  return out.str();
+}
+
+caf::behavior router_behavior(self_ptr self, router_setup setup) {
+  auto& st = self->state;
+  st.setup = setup;
+  st.core = std::make_unique<request_router>(setup.replicas.size(), setup.wait_timeout);
+  for (auto& a : setup.replicas) {
+    st.replicas.push_back(replica_slot{a});
+    st.names.push_back(a.name);
+  }
+  for (auto& n : setup.nodes) st.nodes.push_back(node_slot{n});
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t k = 0; k < st.replicas.size(); ++k) {
+      if (st.replicas[k].sched && st.replicas[k].sched.address() == dm.source)
+        return lose_replica(self, k, "scheduler down: " + self->system().render(dm.reason));
+      if (st.replicas[k].agent && st.replicas[k].agent.address() == dm.source) st.replicas[k].agent = caf::actor{};
+    }
+  });
+  self->send(self, tick_atom_v);
+  auto accept = [self](uint64_t id, const wire_message& req, const caf::actor& sink) {
+    auto& st = self->state;
+    if (st.core->has_request(id)) return refuse(self, sink, id, "request id in use");
+    if (!req.bytes) return refuse(self, sink, id, "empty request");
+    st.clients[id] = client{sink, req};
+    carry_out(self, st.core->accept(id, router_clock::now()));
+  };
+  return {
+      [accept](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) { accept(id, req, sink); },
+      [self, accept](generate_atom, const wire_message& req, const caf::actor& sink) -> uint64_t {
+        const uint64_t id = self->state.next_client++;
+        accept(id, req, sink);
+        return id;
+      },
+      [self](cancel_atom, uint64_t id) -> bool {
+        route_actions acts;
+        const bool found = self->state.core->cancel(id, router_clock::now(), acts);
+        carry_out(self, std::move(acts));
+        return found;
+      },
+      [self](chunk_atom, const wire_message& m) {
+        auto& st = self->state;
+        auto c = m.bytes ? wire::peek_token_chunk(*m.bytes) : expected<wire::chunk_view>(error{"empty"});
+        if (!c) return;
+        auto to = st.core->chunk(c->request, c->tokens, router_clock::now());
+        if (!to) return;  // an attempt the router gave up on
+        wire_message forward = m;
+        if (c->request != to->request || c->seq != to->seq) {
+          auto out = wire::renumber_chunk(*m.bytes, to->request, to->seq);
+          if (!out) return fail(self, to->request, error_code::internal, out.err().message);
+          forward = wire_message(wire_kind::none, std::move(out).value());
+        }
+        self->send(st.clients.at(to->request).sink, chunk_atom_v, std::move(forward));
+      },
+      [self](done_atom, const wire_message& m) {
+        auto& st = self->state;
+        auto res = m.bytes ? wire::decode_generate_result(*m.bytes) : expected<wire::result_view>(error{"empty"});
+        if (!res) return;
+        const std::vector<int32_t> last = res->last ? res->last->tokens : std::vector<int32_t>{};
+        auto e = st.core->done(res->request, last, router_clock::now());
+        if (!e) return;  // an attempt the router gave up on
+        final_words words;
+        words.result = &m;
+        words.outcome = !res->error.empty()                          ? "error"
+                        : res->reason == finish_reason::aborted ? "cancelled"
+                        : res->reason == finish_reason::length  ? "length"
+                                                                : "stop";
+        words.tokens_in = res->prompt_tokens;
+        words.tokens_out = res->output_tokens;
+        auto it = st.clients.find(e->request);
+        if (it == st.clients.end()) return;
+        end_request(self, it->second.sink, *e, words);
+        st.clients.erase(it);
+      },
+      [self](stats_atom) -> caf::result<uint32_t, uint32_t, uint32_t, uint32_t> {
+        // Asked afresh of every scheduler that is there (the polls lag by up to 100 ms).
+        auto& st = self->state;
+        auto rp = self->make_response_promise<uint32_t, uint32_t, uint32_t, uint32_t>();
+        struct sum {
+          uint32_t used = 0, free = 0, running = 0;
+          size_t pending = 0;
+        };
+        auto total = std::make_shared<sum>();
+        auto finish = [self, rp, total]() mutable {
+          if (--total->pending != 0) return;
+          // Waiting: everything admitted here and not running (exact).
+          const auto all = static_cast<uint32_t>(self->state.core->num_requests());
+          const uint32_t running = std::min(total->running, all);
+          rp.deliver(total->used, total->free, running, all - running);
+        };
+        total->pending = 1;
+        for (auto& rep : st.replicas) {
+          if (!rep.sched) continue;
+          ++total->pending;
+          self->request(rep.sched, std::chrono::seconds(1), stats_atom_v)
+              .then(
+                  [total, finish](uint32_t used, uint32_t free, uint32_t running, uint32_t) mutable {
+                    total->used += used;
+                    total->free += free;
+                    total->running += running;
+                    finish();
+                  },
+                  [finish](caf::error&) mutable { finish(); });
+        }
+        finish();
+        return rp;
+      },
+      [self](health_atom) {
+        const auto& core = *self->state.core;
+        const uint32_t ready = core.num_ready();
+        return caf::make_message(ready > 0, static_cast<uint32_t>(core.num_replicas()), ready,
+                                 core.not_ready_detail(self->state.names), core.outages());
+      },
+      [self](health_atom, bool ready) {
+        // A scheduler says it stopped or started being ready.
+        auto& st = self->state;
+        for (size_t k = 0; k < st.replicas.size(); ++k)
+          if (st.replicas[k].sched && st.replicas[k].sched.address() == self->current_sender())
+            health_of(self, k, ready, ready ? "" : "recovering");
+      },
+      [self](metrics_atom) { return render_metrics(self->state); },
+      [self](tick_atom) {
+        auto& st = self->state;
+        for (size_t k = 0; k < st.replicas.size(); ++k) poll_one(self, k);
+        carry_out(self, st.core->tick(router_clock::now()));
+        if (st.ticks++ % 10 == 0) poll_nodes(self);
+        self->delayed_send(self, std::chrono::milliseconds(100), tick_atom_v);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_router(caf::actor_system& sys, const router_setup& setup) { return sys.spawn(router_behavior, setup); }
+
+}  // namespace troupe

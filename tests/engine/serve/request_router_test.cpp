@@ -1,0 +1,235 @@
+// The router's decisions, event by event, on a clock the test moves: no actors, no sleeps.
+#include "engine/serve/request_router.hpp"
+
+#include <doctest/doctest.h>
+
+namespace troupe {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+const router_clock::time_point t0{};
+
+// Two replicas, both found and ready.
+request_router two_ready(std::chrono::milliseconds wait = 30s) {
+  request_router r(2, wait);
+  for (size_t k = 0; k < 2; ++k) {
+    r.replica_found(k);
+    CHECK(r.replica_health(k, true, "", t0).empty());
+  }
+  return r;
+}
+
+const std::vector<int32_t> none;
+
+}  // namespace
+
+TEST_CASE("router: a first attempt carries the client's id to the replica with the fewest requests") {
+  request_router r = two_ready();
+  auto a = r.accept(7, t0);
+  REQUIRE(a.sends.size() == 1);
+  CHECK(a.sends[0].request == 7);
+  CHECK(a.sends[0].attempt == 7);
+  CHECK(a.sends[0].replica == 0);  // a tie: the first
+  CHECK_FALSE(a.sends[0].resubmission);
+  auto b = r.accept(8, t0);
+  REQUIRE(b.sends.size() == 1);
+  CHECK(b.sends[0].replica == 1);
+  CHECK(r.replica(0).active == 1);
+  CHECK(r.replica(1).active == 1);
+  // The same id again is refused, to that caller alone; the first keeps going.
+  auto again = r.accept(7, t0);
+  REQUIRE(again.ends.size() == 1);
+  CHECK(again.ends[0].outcome == route_outcome::failed);
+  CHECK(again.ends[0].code == error_code::invalid);
+  CHECK(again.ends[0].why == "request id in use");
+  CHECK(r.has_request(7));
+  CHECK(r.num_requests() == 2);
+}
+
+TEST_CASE("router: chunks are numbered for the client, and the final result takes the next number") {
+  request_router r = two_ready();
+  REQUIRE(r.accept(3, t0).sends.size() == 1);
+  const std::vector<int32_t> a{10, 11}, b{12};
+  auto c0 = r.chunk(3, a, t0 + 5ms);
+  auto c1 = r.chunk(3, b, t0 + 9ms);
+  REQUIRE(c0);
+  REQUIRE(c1);
+  CHECK(c0->request == 3);
+  CHECK(c0->seq == 0);
+  CHECK(c1->seq == 1);
+  CHECK(r.delivered(3) == std::vector<int32_t>{10, 11, 12});
+  const std::vector<int32_t> last{13};
+  auto e = r.done(3, last, t0 + 20ms);
+  REQUIRE(e);
+  CHECK(e->outcome == route_outcome::finished);
+  CHECK(e->seq == 2);
+  CHECK(e->delivered_tokens == 4);
+  CHECK(e->ttft_ms == doctest::Approx(5.0));
+  CHECK(e->e2e_ms == doctest::Approx(20.0));
+  CHECK(e->replica == 0);
+  CHECK_FALSE(r.has_request(3));
+  CHECK(r.replica(0).active == 0);
+  // Nothing more of that attempt goes anywhere.
+  CHECK_FALSE(r.chunk(3, a, t0 + 21ms));
+  CHECK_FALSE(r.done(3, none, t0 + 22ms));
+}
+
+TEST_CASE("router: a replica lost mid-stream: the request goes on elsewhere with what it delivered, and the old attempt's late chunks are dropped") {
+  request_router r = two_ready();
+  REQUIRE(r.accept(1, t0).sends.at(0).replica == 0);
+  const std::vector<int32_t> a{5, 6, 7};
+  REQUIRE(r.chunk(1, a, t0 + 1ms));
+  auto lost = r.replica_lost(0, "scheduler down", t0 + 2ms);
+  REQUIRE(lost.sends.size() == 1);
+  const route_send s = lost.sends[0];
+  CHECK(s.request == 1);
+  CHECK(s.replica == 1);
+  CHECK(s.attempt >= request_router::first_resubmission_id);
+  CHECK(s.resubmission);
+  CHECK(r.delivered(1) == a);  // the frame is rebuilt with these: never streamed again
+  CHECK(r.resubmitted() == 1);
+  CHECK(r.failovers() == 1);
+  CHECK(r.outages() == 1);
+  // The lost replica's answers, arriving late, go nowhere.
+  const std::vector<int32_t> stale{99};
+  CHECK_FALSE(r.chunk(1, stale, t0 + 3ms));
+  CHECK_FALSE(r.done(1, stale, t0 + 3ms));
+  // The new attempt's chunks continue the client's numbering.
+  const std::vector<int32_t> b{8};
+  auto c = r.chunk(s.attempt, b, t0 + 4ms);
+  REQUIRE(c);
+  CHECK(c->request == 1);
+  CHECK(c->seq == 1);
+  CHECK(r.delivered(1) == std::vector<int32_t>{5, 6, 7, 8});
+  auto e = r.done(s.attempt, none, t0 + 5ms);
+  REQUIRE(e);
+  CHECK(e->seq == 2);
+  CHECK(e->resubmits == 1);
+  CHECK(e->replica == 1);
+}
+
+TEST_CASE("router: every replica down: requests wait, then go to the first that is ready again") {
+  request_router r = two_ready();
+  REQUIRE(r.accept(1, t0).sends.size() == 1);
+  REQUIRE(r.accept(2, t0).sends.size() == 1);
+  auto first = r.replica_lost(0, "gone", t0 + 1ms);
+  REQUIRE(first.sends.size() == 1);  // request 1 to replica 1
+  CHECK(first.sends[0].replica == 1);
+  auto second = r.replica_lost(1, "gone too", t0 + 2ms);
+  CHECK(second.sends.empty());  // nowhere to go: both wait
+  CHECK(second.ends.empty());
+  CHECK(r.num_ready() == 0);
+  CHECK(r.not_ready_detail(std::vector<std::string>{"r0", "r1"}) == "replica r0: gone; replica r1: gone too");
+  CHECK(r.tick(t0 + 1s).empty());
+  // Replica 1 comes back: found, then ready.
+  r.replica_found(1);
+  auto back = r.replica_health(1, true, "", t0 + 2s);
+  REQUIRE(back.sends.size() == 2);
+  for (const auto& s : back.sends) {
+    CHECK(s.replica == 1);
+    CHECK(s.attempt >= request_router::first_resubmission_id);
+  }
+  CHECK(r.replica(1).active == 2);
+}
+
+TEST_CASE("router: a request waiting past the wait timeout ends as unavailable, not a moment before") {
+  request_router r(1, 500ms);
+  REQUIRE(r.accept(4, t0).sends.empty());  // no replica found yet: parked
+  CHECK(r.tick(t0 + 500ms).empty());
+  auto late = r.tick(t0 + 501ms);
+  REQUIRE(late.ends.size() == 1);
+  CHECK(late.ends[0].request == 4);
+  CHECK(late.ends[0].outcome == route_outcome::failed);
+  CHECK(late.ends[0].code == error_code::unavailable);
+  CHECK(late.ends[0].why == "no replica could serve the request within 500 ms");
+  CHECK(late.ends[0].seq == 0);
+  CHECK_FALSE(r.has_request(4));
+  // A resubmitted request's wait counts from its loss, not its arrival.
+  r.replica_found(0);
+  REQUIRE(r.replica_health(0, true, "", t0 + 1s).empty());
+  REQUIRE(r.accept(5, t0 + 1s).sends.size() == 1);
+  REQUIRE(r.replica_lost(0, "gone", t0 + 2s).sends.empty());
+  CHECK(r.tick(t0 + 2500ms).empty());
+  CHECK(r.tick(t0 + 2501ms).ends.size() == 1);
+}
+
+TEST_CASE("router: cancelling a waiting request ends it at once; a sent one is cancelled on its replica") {
+  request_router r(1, 30s);
+  REQUIRE(r.accept(1, t0).sends.empty());
+  route_actions out;
+  CHECK(r.cancel(1, t0 + 1ms, out));
+  REQUIRE(out.ends.size() == 1);
+  CHECK(out.ends[0].outcome == route_outcome::cancelled);
+  CHECK_FALSE(r.has_request(1));
+  CHECK_FALSE(r.cancel(1, t0 + 2ms, out));  // no longer here
+  r.replica_found(0);
+  REQUIRE(r.replica_health(0, true, "", t0).empty());
+  REQUIRE(r.accept(2, t0).sends.size() == 1);
+  route_actions c;
+  CHECK(r.cancel(2, t0 + 3ms, c));
+  REQUIRE(c.cancels.size() == 1);
+  CHECK(c.cancels[0].replica == 0);
+  CHECK(c.cancels[0].attempt == 2);
+  CHECK(c.ends.empty());  // the replica ends it
+  CHECK(r.has_request(2));
+  CHECK(r.done(2, none, t0 + 4ms).has_value());
+}
+
+TEST_CASE("router: cancelled during a resubmission, a request ends once, as cancelled, and is never sent again") {
+  request_router r = two_ready();
+  REQUIRE(r.accept(1, t0).sends.at(0).replica == 0);
+  const std::vector<int32_t> a{5};
+  REQUIRE(r.chunk(1, a, t0 + 1ms));
+  // Cancelled while its replica was going down: the cancel went there, then the replica
+  // is lost before it answers.
+  route_actions c;
+  REQUIRE(r.cancel(1, t0 + 2ms, c));
+  REQUIRE(c.cancels.size() == 1);
+  auto lost = r.replica_lost(0, "down", t0 + 3ms);
+  CHECK(lost.sends.empty());
+  REQUIRE(lost.ends.size() == 1);
+  CHECK(lost.ends[0].outcome == route_outcome::cancelled);
+  CHECK(lost.ends[0].seq == 1);
+  CHECK(lost.ends[0].delivered_tokens == 1);
+  CHECK_FALSE(r.has_request(1));
+  // And cancelled while parked after a loss (no replica to go to): ended at once.
+  REQUIRE(r.accept(2, t0 + 4ms).sends.at(0).replica == 1);
+  REQUIRE(r.replica_lost(1, "down", t0 + 5ms).sends.empty());
+  route_actions p;
+  REQUIRE(r.cancel(2, t0 + 6ms, p));
+  REQUIRE(p.ends.size() == 1);
+  CHECK(p.ends[0].outcome == route_outcome::cancelled);
+  r.replica_found(0);
+  CHECK(r.replica_health(0, true, "", t0 + 7ms).sends.empty());  // nothing left to send
+}
+
+TEST_CASE("router: a request the actor cannot carry on ends once, as failed") {
+  request_router r = two_ready();
+  REQUIRE(r.accept(9, t0).sends.size() == 1);
+  auto e = r.fail(9, error_code::internal, "no frame", t0 + 1ms);
+  REQUIRE(e);
+  CHECK(e->outcome == route_outcome::failed);
+  CHECK(e->why == "no frame");
+  CHECK(r.replica(0).active == 0);
+  CHECK_FALSE(r.fail(9, error_code::internal, "again", t0 + 2ms));
+  CHECK_FALSE(r.done(9, none, t0 + 3ms));
+}
+
+TEST_CASE("router: a replica that stops being ready takes nothing new, and each stop counts as an outage") {
+  request_router r = two_ready();
+  CHECK(r.replica_health(0, false, "recovering", t0).empty());
+  CHECK(r.outages() == 1);
+  CHECK(r.replica_health(0, false, "recovering", t0).empty());  // still down: not another
+  CHECK(r.outages() == 1);
+  for (uint64_t id = 1; id <= 3; ++id) CHECK(r.accept(id, t0).sends.at(0).replica == 1);
+  CHECK(r.num_ready() == 1);
+  CHECK(r.not_ready_detail(std::vector<std::string>{"a", "b"}) == "replica a: recovering");
+  // News from a scheduler the router gave up on changes nothing.
+  REQUIRE(r.replica_lost(0, "down", t0).sends.empty());
+  CHECK(r.replica_health(0, true, "", t0).empty());
+  CHECK(r.num_ready() == 1);
+}
+
+}  // namespace troupe
