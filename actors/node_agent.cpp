@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
 
 namespace troupe {
@@ -89,7 +90,7 @@ caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<u
           if (u.up)
             for (auto& m : u.now.members)
               if (m.name == name) return m.handle;
-        return caf::make_error(caf::sec::invalid_argument, "no live actor named '" + name + "' on node " + self->state.node);
+        return make_error(error_code::not_found, "no live actor named '" + name + "' on node " + self->state.node);
       },
       [self](kill_atom, const std::string& name) -> bool {
         for (auto& u : self->state.units)

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/agent_link.hpp"
+#include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/metrics/prometheus_text.hpp"
 #include "actors/wire/client_codec.hpp"
@@ -57,6 +58,8 @@ struct router_state {
   std::vector<node_slot> nodes;
   uint64_t next_client = uint64_t{3} << 62;  // ids for callers that let the router choose
   uint64_t ticks = 0;
+  // Callers waiting for at least so many replicas to be ready.
+  std::vector<std::pair<uint32_t, caf::response_promise>> ready_waiters;
 };
 
 using self_ptr = caf::stateful_actor<router_state>*;
@@ -119,7 +122,7 @@ void carry_out(self_ptr self, route_actions acts);
 
 // The core gave up on a request it had sent: ended as failed.
 void fail(self_ptr self, uint64_t id, error_code code, const std::string& why) {
-  if (auto e = self->state.core->fail(id, code, why, router_clock::now())) {
+  if (auto e = self->state.core->fail(id, code, why, self->clock().now())) {
     route_actions acts;
     acts.ends.push_back(std::move(*e));
     carry_out(self, std::move(acts));
@@ -156,7 +159,7 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
   replica_slot& rep = st.replicas[k];
   if (rep.sched) self->demonitor(rep.sched);
   rep.sched = caf::actor{};
-  auto acts = st.core->replica_lost(k, why, router_clock::now());
+  auto acts = st.core->replica_lost(k, why, self->clock().now());
   if (!acts.sends.empty() || !acts.ends.empty())
     std::fprintf(stderr, "troupe: replica %s lost (%s): %zu request(s) resubmitted\n", rep.addr.name.c_str(), why.c_str(),
                  acts.sends.size());
@@ -164,7 +167,17 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
 }
 
 void health_of(self_ptr self, size_t k, bool ready, const std::string& detail) {
-  carry_out(self, self->state.core->replica_health(k, ready, detail, router_clock::now()));
+  auto& st = self->state;
+  carry_out(self, st.core->replica_health(k, ready, detail, self->clock().now()));
+  const uint32_t now_ready = st.core->num_ready();
+  auto& waiters = st.ready_waiters;
+  for (auto it = waiters.begin(); it != waiters.end();)
+    if (it->first <= now_ready) {
+      it->second.deliver(now_ready);
+      it = waiters.erase(it);
+    } else {
+      ++it;
+    }
 }
 
 void poll_one(self_ptr self, size_t k);
@@ -202,7 +215,7 @@ void find_scheduler(self_ptr self, size_t k) {
                 [self, k](caf::error& e) {
                   replica_slot& rep = self->state.replicas[k];
                   rep.resolving = false;
-                  self->state.core->replica_detail(k, "scheduler not found: " + self->system().render(e));
+                  self->state.core->replica_detail(k, "scheduler not found: " + reason_of(e));
                   rep.agent = caf::actor{};  // connect again next time
                 });
       },
@@ -210,7 +223,7 @@ void find_scheduler(self_ptr self, size_t k) {
         replica_slot& rep = self->state.replicas[k];
         rep.resolving = false;
         self->state.core->replica_detail(
-            k, "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + self->system().render(e));
+            k, "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + reason_of(e));
       });
 }
 
@@ -308,7 +321,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
     auto& st = self->state;
     for (size_t k = 0; k < st.replicas.size(); ++k) {
       if (st.replicas[k].sched && st.replicas[k].sched.address() == dm.source)
-        return lose_replica(self, k, "scheduler down: " + self->system().render(dm.reason));
+        return lose_replica(self, k, "scheduler down: " + reason_of(dm.reason));
       if (st.replicas[k].agent && st.replicas[k].agent.address() == dm.source) st.replicas[k].agent = caf::actor{};
     }
   });
@@ -318,7 +331,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
     if (st.core->has_request(id)) return refuse(self, sink, id, "request id in use");
     if (!req.bytes) return refuse(self, sink, id, "empty request");
     st.clients[id] = client{sink, req};
-    carry_out(self, st.core->accept(id, router_clock::now()));
+    carry_out(self, st.core->accept(id, self->clock().now()));
   };
   return {
       [accept](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) { accept(id, req, sink); },
@@ -329,7 +342,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
       },
       [self](cancel_atom, uint64_t id) -> bool {
         route_actions acts;
-        const bool found = self->state.core->cancel(id, router_clock::now(), acts);
+        const bool found = self->state.core->cancel(id, self->clock().now(), acts);
         carry_out(self, std::move(acts));
         return found;
       },
@@ -337,7 +350,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         auto& st = self->state;
         auto c = m.bytes ? wire::peek_token_chunk(*m.bytes) : expected<wire::chunk_view>(error{"empty"});
         if (!c) return;
-        auto to = st.core->chunk(c->request, c->tokens, router_clock::now());
+        auto to = st.core->chunk(c->request, c->tokens, self->clock().now());
         if (!to) return;  // an attempt the router gave up on
         wire_message forward = m;
         if (c->request != to->request || c->seq != to->seq) {
@@ -352,7 +365,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         auto res = m.bytes ? wire::decode_generate_result(*m.bytes) : expected<wire::result_view>(error{"empty"});
         if (!res) return;
         const std::vector<int32_t> last = res->last ? res->last->tokens : std::vector<int32_t>{};
-        auto e = st.core->done(res->request, last, router_clock::now());
+        auto e = st.core->done(res->request, last, self->clock().now());
         if (!e) return;  // an attempt the router gave up on
         final_words words;
         words.result = &m;
@@ -406,6 +419,15 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         return caf::make_message(ready > 0, static_cast<uint32_t>(core.num_replicas()), ready,
                                  core.not_ready_detail(self->state.names), core.outages());
       },
+      [self](health_atom, uint32_t at_least) -> caf::result<uint32_t> {
+        // Answered once at least that many replicas are ready (the caller's own timeout
+        // bounds the wait).
+        auto& st = self->state;
+        if (st.core->num_ready() >= at_least) return st.core->num_ready();
+        auto rp = self->make_response_promise<uint32_t>();
+        st.ready_waiters.emplace_back(at_least, rp);
+        return rp;
+      },
       [self](health_atom, bool ready) {
         // A scheduler says it stopped or started being ready.
         auto& st = self->state;
@@ -417,7 +439,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
       [self](tick_atom) {
         auto& st = self->state;
         for (size_t k = 0; k < st.replicas.size(); ++k) poll_one(self, k);
-        carry_out(self, st.core->tick(router_clock::now()));
+        carry_out(self, st.core->tick(self->clock().now()));
         if (st.ticks++ % 10 == 0) poll_nodes(self);
         self->delayed_send(self, std::chrono::milliseconds(100), tick_atom_v);
       },

@@ -1,11 +1,12 @@
-// router: the gateway's way to the replicas. It hands each request to the ready replica
-// with the fewest requests, relays the scheduler's chunks to the request's sink with its
-// own sequence numbers, and keeps the token ids it delivered. When a replica's scheduler
-// dies (its actor killed, its node gone or hung past the heartbeat timeout), the router
-// resubmits that replica's requests to another ready replica (or the same one, once it is
-// back) with the output already delivered, so each stream continues where it stopped: the
-// client sees every token once, in order. Requests wait for a ready replica for at most
-// `wait_timeout`, then end with an error.
+// router_actor: the gateway's way to the replicas. The decisions are request_router's
+// (engine/serve/request_router.hpp): each request to the ready replica with the fewest
+// requests; its chunks relayed to its sink with the router's own numbers; when a replica's
+// scheduler dies (its actor killed, its node gone or hung past the heartbeat timeout),
+// its requests resubmitted to another ready replica (or the same one, once it is back)
+// with the output already delivered, so that each stream continues where it stopped and
+// the client sees every token once, in order. Requests wait for a ready replica for at
+// most `wait_timeout`, then end with an error. This actor finds and polls the schedulers
+// and carries out those decisions.
 //
 //   (generate_atom, id, GenerateRequest frame, sink) -> ()   the caller's id
 //   (generate_atom, GenerateRequest frame, sink)     -> id
@@ -13,13 +14,16 @@
 //   (stats_atom)   -> (kv used, kv free, running, waiting), summed over the replicas
 //   (health_atom)  -> (ready, replicas, replicas ready, detail, outages: how often a
 //                     replica stopped being ready)
+//   (health_atom, n) -> replicas ready, answered once at least n are (the caller's
+//                     timeout bounds the wait)
 //   (metrics_atom) -> Prometheus text: replicas ready, failovers, resubmitted requests,
 //                     actor restarts per node (every node agent asked once a second)
 //
 // Each finished request is logged (spdlog, one line: id, outcome, replica, tokens in and
 // out, time to first token, end-to-end time, resubmissions; never prompt or output text).
-// Replicas are polled for health every 100 ms; a scheduler is found by name through the
-// node agent of its node, local or at HOST:PORT.
+// Replicas are polled for health every 100 ms, and schedulers say at once when they stop
+// or start being ready; a scheduler is found by name through the node agent of its node,
+// local or at HOST:PORT. Time is the actor system's clock (CAF's test clock in tests).
 #pragma once
 
 #include <chrono>

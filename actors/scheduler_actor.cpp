@@ -4,12 +4,13 @@
 
 #include <caf/all.hpp>
 
+#include "actors/caf/errors.hpp"
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/client_codec.hpp"
 
 namespace troupe {
 
-namespace sched {
+namespace scheduler_actor_impl {
 
 void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text, error_code kind) {
   auto& st = self->state;
@@ -52,7 +53,7 @@ void announce(self_ptr self) {
   for (const auto* set : {&st.watchers, &st.monitored_sinks})
     for (const auto& addr : *set)
       if (told.insert(addr).second)
-        if (auto a = caf::actor_cast<caf::actor>(addr)) self->send(a, health_atom_v, st.ready);
+        if (auto a = caf::actor_cast<caf::actor>(addr)) self->send(a, health_atom_v, st.ready());
 }
 
 namespace {
@@ -80,10 +81,10 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     if (st.kv && st.kv.address() == dm.source)
-      return lose_kv(self, "the kv manager went down (" + self->system().render(dm.reason) + ")");
+      return lose_kv(self, "the kv manager went down (" + reason_of(dm.reason) + ")");
     for (size_t i = 0; i < st.stages.size(); ++i)
       if (st.stages[i] && st.stages[i].address() == dm.source)
-        return lose(self, i, "stage " + std::to_string(i) + " went down (" + self->system().render(dm.reason) + ")");
+        return lose(self, i, "stage " + std::to_string(i) + " went down (" + reason_of(dm.reason) + ")");
     for (auto it = st.peers.begin(); it != st.peers.end(); ++it)
       if (it->second.address() == dm.source) {
         st.peers.erase(it);
@@ -101,7 +102,8 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
       }
     maybe_step(self);
   });
-  self->send(self, resolve_atom_v, st.epoch);
+  st.recovery = std::make_unique<replica_recovery>(setup.recovery_timeout, self->clock().now());
+  follow(self, st.recovery->start(self->clock().now()));
   self->send(self, tick_atom_v);
   auto add = [self](uint64_t id, const wire_message& req, const caf::actor& sink) -> status {
     auto& st = self->state;
@@ -120,7 +122,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   return {
       [self, add](generate_atom, const wire_message& req, const caf::actor& sink) -> caf::result<uint64_t> {
         const uint64_t id = self->state.next_id++;
-        if (auto s = add(id, req, sink); !s) return caf::make_error(caf::sec::invalid_argument, s.err().message);
+        if (auto s = add(id, req, sink); !s) return make_error(error_code::invalid, s.err().message);
         return id;
       },
       [self, add](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) {
@@ -144,7 +146,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         const kv_usage u = st.sched->usage();
         const auto running = static_cast<uint32_t>(st.sched->num_running());
         const auto waiting = static_cast<uint32_t>(st.sched->num_waiting());
-        if (!st.kv || !st.ready) return {u.used, u.free, running, waiting};
+        if (!st.kv || !st.ready()) return {u.used, u.free, running, waiting};
         // Asked of the kv manager, after every release sent to it before.
         auto rp = self->make_response_promise<uint32_t, uint32_t, uint32_t, uint32_t>();
         self->request(st.kv, std::chrono::seconds(2), stats_atom_v)
@@ -160,15 +162,15 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         if (auto asker = caf::actor_cast<caf::actor>(self->current_sender()))
           if (st.watchers.insert(asker.address()).second && !st.monitored_sinks.count(asker.address())) self->monitor(asker);
         const kv_usage u = st.sched->usage();
-        return caf::make_message(st.ready, u.used, u.free, static_cast<uint32_t>(st.sched->num_running()),
-                                 static_cast<uint32_t>(st.sched->num_waiting()), st.ready ? std::string{} : st.why);
+        return caf::make_message(st.ready(), u.used, u.free, static_cast<uint32_t>(st.sched->num_running()),
+                                 static_cast<uint32_t>(st.sched->num_waiting()), st.ready() ? std::string{} : st.recovery->why());
       },
       [self](metrics_atom) {
         const kv_usage u = self->state.sched->usage();
         return caf::make_message(u.cached, u.hit_tokens, u.queried_tokens);
       },
       [self](resolve_atom, uint64_t epoch) {
-        if (epoch == self->state.epoch && !self->state.ready) resolve(self);
+        if (epoch == self->state.epoch() && self->state.recovery->phase() == recovery_phase::looking_up) resolve(self);
       },
       [self](link_atom, uint64_t link, const wire_message& answer) { link_answer(self, link, answer); },
       [self](link_atom, uint64_t link, const std::string& why) { link_failed(self, link, why); },
@@ -183,10 +185,10 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
 
 }  // namespace
 
-}  // namespace sched
+}  // namespace scheduler_actor_impl
 
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup) {
-  return sys.spawn(sched::scheduler_behavior, setup);
+  return sys.spawn(scheduler_actor_impl::scheduler_behavior, setup);
 }
 
 }  // namespace troupe

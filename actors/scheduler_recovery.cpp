@@ -1,31 +1,33 @@
-// Losses and recovery of the scheduler actor: stages and the kv manager looked up again,
-// the kv manager reset, the canary step (scheduler_state.hpp).
+// Losses and recovery of the scheduler actor: what replica_recovery asks for, done with
+// actors (stages and the kv manager looked up, links made, the kv manager reset, the
+// canary step), and each outcome told back to it (scheduler_state.hpp).
 #include <cmath>
 #include <cstdio>
 
 #include "actors/agent_link.hpp"
+#include "actors/caf/errors.hpp"
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/activations_codec.hpp"
 
-namespace troupe::sched {
+namespace troupe::scheduler_actor_impl {
 
 namespace {
 
-void canary(self_ptr self);
-
-// The kv manager starts a new session empty, then the canary runs.
+// The kv manager starts a new session empty (a scheduler that keeps its blocks itself has
+// nothing to reset).
 void reset_kv_manager(self_ptr self) {
   auto& st = self->state;
-  if (!remote_kv(st)) return canary(self);
-  st.kv_sender->restart(st.session_base + st.epoch);
-  claim(self, kv_step_request{}, [self](kv_step_grants) { canary(self); });
+  const uint64_t epoch = st.epoch();
+  if (!remote_kv(st)) return follow(self, st.recovery->kv_reset(epoch));
+  st.kv_sender->restart(st.session_base + epoch);
+  claim(self, kv_step_request{}, [self, epoch](kv_step_grants) { follow(self, self->state.recovery->kv_reset(epoch)); });
 }
 
 // One token through every stage, into block 0 (free: nothing runs while not ready, and
 // the kv manager was just reset).
 void canary(self_ptr self) {
   auto& st = self->state;
-  st.encoder.restart(st.session_base + st.epoch);
+  st.encoder.restart(st.session_base + st.epoch());
   st.released.clear();
   step_plan plan;
   const std::vector<int32_t> token{st.setup.tok->bos_id() >= 0 ? st.setup.tok->bos_id() : 0};
@@ -41,8 +43,8 @@ void canary(self_ptr self) {
   plan.num_tokens = 1;
   const wire_message msg(wire_kind::step_plan, st.encoder.encode(plan, {}));
   st.released.push_back(request_id{canary_id});
-  const uint64_t epoch = st.epoch;
-  run_from(self, epoch, 0, msg, wire_message{}, [self](const wire_message& logits) {
+  const uint64_t epoch = st.epoch();
+  run_from(self, epoch, 0, msg, wire_message{}, [self, epoch](const wire_message& logits) {
     auto& st = self->state;
     const int32_t vocab = st.setup.m->config.vocab_size;
     auto lg = logits.bytes ? wire::decode_activations(*logits.bytes, vocab, 1) : expected<wire::decoded_activations>(error{"no logits"});
@@ -50,14 +52,7 @@ void canary(self_ptr self) {
     if (finite)
       for (float x : lg->data) finite = finite && std::isfinite(x);
     if (!finite) return lose(self, st.stages.size() - 1, "the canary step gave no usable logits");
-    const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - st.degraded_since).count();
-    std::fprintf(stderr, "troupe: replica %s ready (canary step passed; not ready for %.0f ms: %s)\n",
-                 st.setup.replica.c_str(), ms, st.why.c_str());
-    st.ready = true;
-    st.resolve_round = 0;
-    st.losses = 0;
-    announce(self);
-    maybe_step(self);
+    follow(self, st.recovery->canary_passed(epoch, self->clock().now()));
   });
 }
 
@@ -110,10 +105,10 @@ constexpr auto link_setup_timeout = std::chrono::seconds(10);
 // (A set-up overtaken by a loss ends here too, without a word: the loss ended every link,
 // and an unlink now could end the next set-up's.)
 void link_refused(self_ptr self, const link_setup_ptr& a, const caf::error& e) {
-  if (a->epoch == self->state.epoch) {
-    if (e != caf::sec::feature_disabled)
+  if (a->epoch == self->state.epoch()) {
+    if (code_of(e) != error_code::disabled)
       std::fprintf(stderr, "troupe: replica %s, stages %zu and %zu: no device link (%s); activations go through the host\n",
-                   self->state.setup.replica.c_str(), a->i, a->i + 1, self->system().render(e).c_str());
+                   self->state.setup.replica.c_str(), a->i, a->i + 1, reason_of(e).c_str());
     self->send(a->from, unlink_atom_v);
     self->send(a->to, unlink_atom_v);
   }
@@ -121,11 +116,11 @@ void link_refused(self_ptr self, const link_setup_ptr& a, const caf::error& e) {
 }
 
 void link_receivers(self_ptr self, const link_setup_ptr& a, const wire_message& invite) {
-  if (a->epoch != self->state.epoch) return a->done();
+  if (a->epoch != self->state.epoch()) return a->done();
   self->request(a->to, link_setup_timeout, link_in_atom_v, invite)
       .then(
           [self, a] {
-            if (a->epoch == self->state.epoch)
+            if (a->epoch == self->state.epoch())
               std::fprintf(stderr, "troupe: replica %s: stages %zu and %zu joined by a device link (NCCL)\n",
                            self->state.setup.replica.c_str(), a->i, a->i + 1);
             a->done();
@@ -134,7 +129,7 @@ void link_receivers(self_ptr self, const link_setup_ptr& a, const wire_message& 
 }
 
 void link_sender(self_ptr self, const link_setup_ptr& a, const wire_message& invite) {
-  if (a->epoch != self->state.epoch) return a->done();
+  if (a->epoch != self->state.epoch()) return a->done();
   self->request(a->from, link_setup_timeout, link_out_atom_v, invite)
       .then([self, a, invite] { link_receivers(self, a, invite); }, [self, a](caf::error& e) { link_refused(self, a, e); });
 }
@@ -155,7 +150,7 @@ void open_links(self_ptr self, uint64_t epoch) {
   auto& st = self->state;
   auto pending = std::make_shared<size_t>(1);
   auto finish_one = [self, epoch, pending] {
-    if (--*pending == 0 && epoch == self->state.epoch) reset_kv_manager(self);
+    if (--*pending == 0) follow(self, self->state.recovery->links_made(epoch));
   };
   for (size_t i = 0; i + 1 < st.stages.size(); ++i) {
     ++*pending;
@@ -167,7 +162,7 @@ void open_links(self_ptr self, uint64_t epoch) {
     self->request(st.stages[i], std::chrono::seconds(2), link_atom_v)
         .then(
             [self, epoch, i, finish_one](uint16_t port) {
-              if (epoch == self->state.epoch) connect_link(self, i, port);
+              if (epoch == self->state.epoch()) connect_link(self, i, port);
               finish_one();
             },
             [finish_one](caf::error&) { finish_one(); });
@@ -176,9 +171,8 @@ void open_links(self_ptr self, uint64_t epoch) {
 }
 
 // Plans in flight are dropped and the KV is forgotten: running requests recompute.
-void degrade(self_ptr self, const std::string& why) {
+void drop_in_flight(self_ptr self, bool was_ready) {
   auto& st = self->state;
-  ++st.epoch;
   for (auto& l : st.links) {  // their steps are dropped with the others; found again
     l.client.reset();
     l.pending.clear();
@@ -190,24 +184,40 @@ void degrade(self_ptr self, const std::string& why) {
   st.planning = false;
   st.released.clear();
   const size_t requeued = st.sched->reset_kv();
-  st.why = why;  // health says the latest reason
-  if (st.ready) {
-    st.ready = false;
-    st.degraded_since = clock_type::now();
+  if (was_ready)
     std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
-                 st.setup.replica.c_str(), why.c_str(), requeued);
-    announce(self);
-  }
-  // The first loss is repaired at once; repeated ones (a stage that fails every step) wait
-  // 50 ms, doubling to 2 s, so a broken stage does not spin the scheduler.
-  const int32_t n = ++st.losses;
-  if (n <= 1)
-    self->send(self, resolve_atom_v, st.epoch);
-  else
-    self->delayed_send(self, std::chrono::milliseconds(std::min(2000, 25 << std::min(n - 1, 7))), resolve_atom_v, st.epoch);
+                 st.setup.replica.c_str(), st.recovery->why().c_str(), requeued);
 }
 
 }  // namespace
+
+void follow(self_ptr self, const recovery_step& step) {
+  auto& st = self->state;
+  using next = recovery_step::next;
+  if (step.drop_in_flight) drop_in_flight(self, step.announce);
+  if (step.announce) {
+    if (st.ready())
+      std::fprintf(stderr, "troupe: replica %s ready (canary step passed; not ready for %lld ms: %s)\n",
+                   st.setup.replica.c_str(), static_cast<long long>(st.recovery->last_outage().count()),
+                   st.recovery->why().c_str());
+    announce(self);
+  }
+  switch (step.what) {
+    case next::nothing: break;
+    case next::look_up: {
+      const auto wait = step.at - self->clock().now();
+      if (wait <= recovery_clock::duration::zero())
+        self->send(self, resolve_atom_v, step.epoch);
+      else
+        self->delayed_send(self, std::chrono::ceil<std::chrono::milliseconds>(wait), resolve_atom_v, step.epoch);
+      break;
+    }
+    case next::open_links: return open_links(self, step.epoch);
+    case next::reset_kv: return reset_kv_manager(self);
+    case next::run_canary: return canary(self);
+  }
+  if (st.ready()) maybe_step(self);
+}
 
 void lose(self_ptr self, size_t stage, const std::string& why) {
   auto& st = self->state;
@@ -215,7 +225,7 @@ void lose(self_ptr self, size_t stage, const std::string& why) {
     self->demonitor(st.stages[stage]);
     st.stages[stage] = caf::actor{};
   }
-  degrade(self, why);
+  follow(self, st.recovery->lost(why, self->clock().now()));
 }
 
 // The kv manager is looked up again (a live one is reset like a new one).
@@ -225,22 +235,20 @@ void lose_kv(self_ptr self, const std::string& why) {
     self->demonitor(st.kv);
     st.kv = caf::actor{};
   }
-  degrade(self, why);
+  follow(self, st.recovery->lost(why, self->clock().now()));
 }
 
 // Looks up every missing stage; when all are there, runs the canary.
 void resolve(self_ptr self) {
   auto& st = self->state;
-  const uint64_t epoch = st.epoch;
+  const uint64_t epoch = st.epoch();
   auto pending = std::make_shared<size_t>(0);
   auto finish_one = [self, epoch, pending] {
     auto& st = self->state;
-    if (--*pending != 0 || epoch != st.epoch) return;
+    if (--*pending != 0 || epoch != st.epoch()) return;
     bool all = !remote_kv(st) || static_cast<bool>(st.kv);
     for (auto& s : st.stages) all = all && static_cast<bool>(s);
-    if (all) return open_links(self, epoch);
-    const auto backoff = std::chrono::milliseconds(std::min(1000, 25 << std::min(st.resolve_round++, 5)));
-    self->delayed_send(self, backoff, resolve_atom_v, epoch);
+    follow(self, st.recovery->looked_up(epoch, all, self->clock().now()));
   };
   const bool find_kv = remote_kv(st) && !st.kv;
   *pending = find_kv ? 1 : 0;
@@ -255,7 +263,7 @@ void resolve(self_ptr self) {
         .then(
             [self, epoch, finish_one](const caf::actor& kv) {
               auto& st = self->state;
-              if (epoch == st.epoch && kv) {
+              if (epoch == st.epoch() && kv) {
                 st.kv = kv;
                 self->monitor(kv);
               }
@@ -278,7 +286,7 @@ void resolve(self_ptr self) {
               .then(
                   [self, epoch, i, finish_one](const caf::actor& stage) {
                     auto& st = self->state;
-                    if (epoch == st.epoch && stage) {
+                    if (epoch == st.epoch() && stage) {
                       st.stages[i] = stage;
                       self->monitor(stage);
                     }
@@ -297,7 +305,7 @@ void resolve(self_ptr self) {
 // request times out by itself).
 void check_links(self_ptr self) {
   auto& st = self->state;
-  const auto now = clock_type::now();
+  const auto now = self->clock().now();
   for (size_t i = 0; i < st.links.size(); ++i) {
     const stage_link& l = st.links[i];
     if (l.client && !l.pending.empty() && now - l.pending.front().sent > st.setup.step_timeout)
@@ -309,12 +317,11 @@ void check_links(self_ptr self) {
 // Requests that waited past the recovery timeout end with an error.
 void check_deadline(self_ptr self) {
   auto& st = self->state;
-  if (st.ready || clock_type::now() - st.degraded_since < st.setup.recovery_timeout) return;
+  const auto why = st.recovery->overdue(self->clock().now(), st.setup.replica);
+  if (!why) return;
   std::vector<uint64_t> ids;
   for (auto& [id, s] : st.sinks) ids.push_back(id);
-  const std::string why = "replica " + st.setup.replica + " did not recover within " +
-                          std::to_string(st.setup.recovery_timeout.count() / 1000) + " s (" + st.why + ")";
-  for (uint64_t id : ids) fail_request(self, request_id{id}, why);
+  for (uint64_t id : ids) fail_request(self, request_id{id}, *why);
 }
 
-}  // namespace troupe::sched
+}  // namespace troupe::scheduler_actor_impl

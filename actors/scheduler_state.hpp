@@ -22,8 +22,9 @@
 #include "actors/wire/client_codec.hpp"
 #include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
+#include "engine/serve/replica_recovery.hpp"
 
-namespace troupe::sched {
+namespace troupe::scheduler_actor_impl {
 
 using clock_type = std::chrono::steady_clock;
 
@@ -68,19 +69,17 @@ struct scheduler_state {
   std::optional<wire::kv_claim_sender> kv_sender;
   bool planning = false;                             // claims of a step are out
 
-  // The pipeline, and recovery.
+  // The pipeline, and recovery (engine/serve/replica_recovery.hpp: its epoch changes on
+  // every loss, and replies of older epochs are dropped).
   std::vector<caf::actor> stages;                    // invalid while lost
   std::vector<stage_link> links;                     // by stage; closed on every loss
   uint64_t next_link_id = 1;
   std::unordered_map<std::string, caf::actor> peers; // other nodes' agents, by host:port
-  uint64_t epoch = 0;          // bumped on every loss: replies of older epochs are dropped
+  std::unique_ptr<replica_recovery> recovery;
   uint64_t session_base = 0;
-  bool ready = false;
-  int32_t resolve_round = 0;   // for the backoff of stage lookups
-  int32_t losses = 0;          // since the last time the replica was ready: a stage that
-                               // fails every step is retried with a growing pause
-  clock_type::time_point degraded_since = clock_type::now();
-  std::string why = "starting";
+
+  uint64_t epoch() const { return recovery->epoch(); }
+  bool ready() const { return recovery->ready(); }
 };
 
 using self_ptr = caf::stateful_actor<scheduler_state>*;
@@ -105,10 +104,12 @@ void link_answer(self_ptr self, uint64_t link, const wire_message& out);
 void link_failed(self_ptr self, uint64_t link, const std::string& why);
 
 // scheduler_recovery.cpp
+// Does what recovery asked for after an event.
+void follow(self_ptr self, const recovery_step& step);
 void lose(self_ptr self, size_t stage, const std::string& why);
 void lose_kv(self_ptr self, const std::string& why);
 void resolve(self_ptr self);
 void check_deadline(self_ptr self);
 void check_links(self_ptr self);
 
-}  // namespace troupe::sched
+}  // namespace troupe::scheduler_actor_impl

@@ -2,34 +2,36 @@
 // stages, samples back (scheduler_state.hpp).
 #include <cmath>
 
+#include "actors/caf/errors.hpp"
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/activations_codec.hpp"
+#include "engine/serve/step_choices.hpp"
 
-namespace troupe::sched {
+namespace troupe::scheduler_actor_impl {
 
 // Runs `plan` through stages i.. and calls `done` with the last stage's output: over the
 // stage's step link when it has one, else as an actor request.
 void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_message act,
               std::function<void(const wire_message&)> done) {
   auto& st = self->state;
-  if (epoch != st.epoch) return;
+  if (epoch != st.epoch()) return;
   if (!st.stages[i]) return lose(self, i, "stage " + std::to_string(i) + " is gone");
   auto next = [self, epoch, i, plan, done](const wire_message& out) {
     auto& st = self->state;
-    if (epoch != st.epoch) return;
+    if (epoch != st.epoch()) return;
     if (i + 1 < st.stages.size()) return run_from(self, epoch, i + 1, plan, out, done);
     done(out);
   };
   if (stage_link& l = st.links[i]; l.client) {
     if (auto sent = l.client->send(plan, act); !sent)
       return lose(self, i, "stage " + std::to_string(i) + ": " + sent.err().message);
-    l.pending.push_back(link_step{clock_type::now(), std::move(next)});
+    l.pending.push_back(link_step{self->clock().now(), std::move(next)});
     return;
   }
   self->request(st.stages[i], st.setup.step_timeout, step_atom_v, plan, act)
       .then(std::move(next), [self, epoch, i](caf::error& e) {
-        if (epoch != self->state.epoch) return;
-        lose(self, i, "stage " + std::to_string(i) + ": " + self->system().render(e));
+        if (epoch != self->state.epoch()) return;
+        lose(self, i, "stage " + std::to_string(i) + ": " + reason_of(e));
       });
 }
 
@@ -67,20 +69,20 @@ void link_failed(self_ptr self, uint64_t link, const std::string& why) {
 void claim(self_ptr self, const kv_step_request& q, std::function<void(kv_step_grants)> then) {
   auto& st = self->state;
   if (!st.kv) return lose_kv(self, "the kv manager is gone");
-  const uint64_t epoch = st.epoch;
+  const uint64_t epoch = st.epoch();
   const wire_message msg(wire_kind::kv_step, st.kv_sender->encode(q));
   self->request(st.kv, st.setup.step_timeout, claim_atom_v, msg)
       .then(
           [self, epoch, then](const wire_message& reply) {
             auto& st = self->state;
-            if (epoch != st.epoch) return;
+            if (epoch != st.epoch()) return;
             auto g = reply.bytes ? st.kv_sender->decode(*reply.bytes) : expected<kv_step_grants>(error{"an empty answer"});
             if (!g) return lose_kv(self, g.err().message);
             st.sched->set_kv_usage(g->usage);
             then(std::move(g).value());
           },
           [self, epoch](caf::error& e) {
-            if (epoch == self->state.epoch) lose_kv(self, "kv manager: " + self->system().render(e));
+            if (epoch == self->state.epoch()) lose_kv(self, "kv manager: " + reason_of(e));
           });
 }
 
@@ -90,7 +92,7 @@ namespace {
 // current.
 void hand_back(self_ptr self) {
   auto& st = self->state;
-  if (!remote_kv(st) || st.planning || !st.ready || !st.kv) return;
+  if (!remote_kv(st) || st.planning || !st.ready() || !st.kv) return;
   kv_step_request q;
   q.releases = st.sched->take_releases();
   if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
@@ -105,18 +107,15 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) 
                         : expected<std::vector<wire::chosen_token>>(error{"no tokens"});
   if (!toks || static_cast<int32_t>(toks->size()) != plan.num_samples())
     return lose(self, st.stages.size() - 1, toks ? "chosen tokens do not match the step" : toks.err().message);
-  std::vector<sample_result> samples;
+  std::vector<int32_t> chosen;
   size_t k = 0;
   for (const auto& c : plan.chunks) {
     if (!c.sample) continue;
     const wire::chosen_token& t = (*toks)[k++];
     if (t.id != c.id) return lose(self, st.stages.size() - 1, "chosen tokens are not in the step's order");
-    request* r = st.sched->find(c.id);
-    sample_result s;
-    s.token = t.token;
-    if (r != nullptr) r->smp.replay(t.token);  // a request cancelled while the step ran still takes its row
-    samples.push_back(s);
+    chosen.push_back(t.token);
   }
+  auto samples = replay_chosen(plan, *st.sched, chosen);
   dispatch(self, st.sched->update_from_output(plan, samples));
   maybe_step(self);
 }
@@ -130,18 +129,13 @@ void run_plan(self_ptr self, step_plan p) {
     dispatch(self, st.sched->update_from_output(*plan, {}));
     return;
   }
-  // Rows whose choice needs only the logits are chosen by the last stage (on a GPU, where
-  // the logits are), with the uniform each request's sampler would draw.
-  std::vector<std::optional<token_choice>> choices(plan->chunks.size());
-  for (size_t i = 0; i < plan->chunks.size(); ++i) {
-    const scheduled_chunk& c = plan->chunks[i];
-    const request* r = c.sample ? st.sched->find(c.id) : nullptr;
-    if (r != nullptr && r->smp.needs_only_logits()) choices[i] = r->smp.next_choice();
-  }
+  // Who chooses the tokens (engine/serve/step_choices.hpp): the last stage, where the
+  // logits are, when every row allows it; else the samplers here, from the logits.
+  const auto choices = shard_choices_by_chunk(*plan, *st.sched);
   const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released, choices));
   st.released.clear();
   ++st.in_flight;
-  run_from(self, st.epoch, 0, msg, wire_message{}, [self, plan](const wire_message& out) {
+  run_from(self, st.epoch(), 0, msg, wire_message{}, [self, plan](const wire_message& out) {
     auto& st = self->state;
     --st.in_flight;
     const int32_t vocab = st.setup.m->config.vocab_size;
@@ -150,15 +144,7 @@ void run_plan(self_ptr self, step_plan p) {
                         : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_samples())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
-    std::vector<sample_result> samples;
-    int32_t row = 0;
-    for (const auto& c : plan->chunks) {
-      if (!c.sample) continue;
-      float* l = lg->data.data() + static_cast<size_t>(row++) * vocab;
-      request* r = st.sched->find(c.id);
-      // A request cancelled while the step ran still takes its row.
-      samples.push_back(r ? r->smp.sample(l, vocab) : sample_result{});
-    }
+    auto samples = sample_rows(*plan, *st.sched, lg->data.data(), vocab);
     dispatch(self, st.sched->update_from_output(*plan, samples));
     maybe_step(self);
   });
@@ -175,7 +161,7 @@ void claim_round(self_ptr self, std::shared_ptr<step_draft> d) {
   st.planning = false;
   const int32_t before = st.in_flight;
   run_plan(self, st.sched->end_step(*d));
-  if (st.ready && st.in_flight > before)
+  if (st.ready() && st.in_flight > before)
     maybe_step(self);  // the next plan, while this one runs
   else
     hand_back(self);
@@ -185,7 +171,7 @@ void claim_round(self_ptr self, std::shared_ptr<step_draft> d) {
 
 void maybe_step(self_ptr self) {
   auto& st = self->state;
-  if (!st.ready) return;
+  if (!st.ready()) return;
   while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
     if (remote_kv(st)) {
       st.planning = true;
@@ -193,9 +179,9 @@ void maybe_step(self_ptr self) {
     }
     const int32_t before = st.in_flight;
     run_plan(self, st.sched->schedule());
-    if (!st.ready || st.in_flight == before) break;  // lost a stage, or nothing could be scheduled
+    if (!st.ready() || st.in_flight == before) break;  // lost a stage, or nothing could be scheduled
   }
   hand_back(self);
 }
 
-}  // namespace troupe::sched
+}  // namespace troupe::scheduler_actor_impl

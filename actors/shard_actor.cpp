@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/step_link.hpp"
 #include "actors/wire/activations_codec.hpp"
@@ -138,18 +139,18 @@ bool build_gpu_shard(shard_ptr self, std::shared_ptr<nccl_group> group) {
 // and the shard built (connecting to its peers).
 caf::result<void> accept_invite(shard_ptr self, const wire_message& msg) {
   shard_core& st = *self->state.core;
-  if (!awaits_invite(st.setup)) return caf::make_error(caf::sec::invalid_argument, "this shard joins no NCCL group");
-  if (st.shard) return caf::make_error(caf::sec::invalid_argument, "this shard has joined its group already");
+  if (!awaits_invite(st.setup)) return make_error(error_code::invalid, "this shard joins no NCCL group");
+  if (st.shard) return make_error(error_code::invalid, "this shard has joined its group already");
   auto invite = read_nccl_invite(msg);
-  if (!invite) return caf::make_error(caf::sec::invalid_argument, "shard: " + invite.err().message);
+  if (!invite) return make_error(error_code::invalid, "shard: " + invite.err().message);
   const tp_slice& place = st.setup.spec.tp;
   if (invite->size != place.size || invite->rank != place.rank)
-    return caf::make_error(caf::sec::invalid_argument, "shard: invited as rank " + std::to_string(invite->rank) + " of " +
+    return make_error(error_code::invalid, "shard: invited as rank " + std::to_string(invite->rank) + " of " +
                                                            std::to_string(invite->size) + ", but this shard is rank " +
                                                            std::to_string(place.rank) + " of " + std::to_string(place.size));
   auto group = nccl_group::join(invite->size, invite->id);
-  if (!group) return caf::make_error(caf::sec::runtime_error, "shard: " + group.err().message);
-  if (!build_gpu_shard(self, *group)) return caf::make_error(caf::sec::runtime_error, "shard: could not be built");
+  if (!group) return make_error(error_code::broken, "shard: " + group.err().message);
+  if (!build_gpu_shard(self, *group)) return make_error(error_code::internal, "shard: could not be built");
   return caf::unit;
 }
 
@@ -160,7 +161,7 @@ caf::result<void> link(shard_ptr self, link_side side, const wire_message& invit
     std::fprintf(stderr, "troupe: shard on %s, layers %d-%d: no device link %s: %s\n", s.device.c_str(), s.spec.first_layer,
                  s.spec.end_layer - 1,
                  side == link_side::input ? "from the previous stage" : "to the next stage", joined.err().message.c_str());
-    return caf::make_error(caf::sec::runtime_error, joined.err().message);
+    return make_error(error_code::broken, joined.err().message);
   }
   return caf::unit;
 }
@@ -190,18 +191,18 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
   return {
       [self](step_atom, const wire_message& plan, const wire_message& act) -> caf::result<wire_message> {
         if (!self->state.core->shard)
-          return caf::make_error(caf::sec::invalid_argument, "shard: not yet connected to its tensor-parallel group");
+          return make_error(error_code::unavailable, "shard: not yet connected to its tensor-parallel group");
         try {
           auto out = self->state.core->step(plan, act);
-          if (!out) return caf::make_error(caf::sec::invalid_argument, out.err().message);
+          if (!out) return make_error(error_code::invalid, out.err().message);
           return std::move(out).value();
         } catch (const collective_aborted& e) {
           // A peer died mid-step: this shard's stage is gone too; end quietly.
           self->quit(caf::exit_reason::user_shutdown);
-          return caf::make_error(caf::sec::runtime_error, e.what());
+          return make_error(error_code::broken, e.what());
         } catch (const device_link_broken& e) {
           // The step is lost (the scheduler recovers), the shard is not; its link is gone.
-          return caf::make_error(caf::sec::runtime_error, e.what());
+          return make_error(error_code::broken, e.what());
         }
       },
       // Device links to the neighbouring stages (stage_actor.hpp): joined on this thread,
@@ -217,11 +218,11 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
         auto& st = self->state;
         const shard_setup& s = st.core->setup;
         if (s.link_host.empty() || s.group || s.device != "cpu")
-          return caf::make_error(caf::sec::feature_disabled, "this shard has no step link");
+          return make_error(error_code::disabled, "this shard has no step link");
         if (!st.link) {
           auto server = step_link_server::start(
               s.link_host, [core = st.core](const wire_message& plan, const wire_message& act) { return core->step(plan, act); });
-          if (!server) return caf::make_error(caf::sec::runtime_error, server.err().message);
+          if (!server) return make_error(error_code::internal, server.err().message);
           st.link = std::move(server).value();
           std::fprintf(stderr, "troupe: step link for layers %d-%d on %s:%u\n", s.spec.first_layer, s.spec.end_layer - 1,
                        s.link_host.c_str(), static_cast<unsigned>(st.link->port()));

@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/shard_actor.hpp"
 
@@ -46,7 +47,7 @@ void unlink(std::shared_ptr<nccl_group>& link) {
 }
 
 caf::error no_device_links(stage_ptr self) {
-  if (!self->state.on_gpus) return caf::make_error(caf::sec::feature_disabled, "a CPU stage has no device links");
+  if (!self->state.on_gpus) return make_error(error_code::disabled, "a CPU stage has no device links");
   return caf::none;
 }
 
@@ -55,7 +56,7 @@ caf::result<wire_message> draw_link_in(stage_ptr self) {
   if (auto e = no_device_links(self)) return e;
   auto& st = self->state;
   auto g = nccl_group::create(1 + static_cast<int32_t>(st.shards.size()));
-  if (!g) return caf::make_error(caf::sec::runtime_error, g.err().message);
+  if (!g) return make_error(error_code::broken, g.err().message);
   unlink(st.link_in);
   st.link_in = *g;
   return invite_message(*st.link_in, 0, this_node());
@@ -66,12 +67,12 @@ caf::result<void> join_link_out(stage_ptr self, const wire_message& msg) {
   if (auto e = no_device_links(self)) return e;
   auto& st = self->state;
   auto invite = read_nccl_invite(msg);
-  if (!invite) return caf::make_error(caf::sec::invalid_argument, invite.err().message);
-  if (invite->rank != 0) return caf::make_error(caf::sec::invalid_argument, "a device link's sender is its rank 0");
+  if (!invite) return make_error(error_code::invalid, invite.err().message);
+  if (invite->rank != 0) return make_error(error_code::invalid, "a device link's sender is its rank 0");
   if (const std::string here = this_node(); invite->node != here)
-    return caf::make_error(caf::sec::feature_disabled, "the next stage runs on " + invite->node + ", this one on " + here);
+    return make_error(error_code::disabled, "the next stage runs on " + invite->node + ", this one on " + here);
   auto g = nccl_group::join(invite->size, invite->id);
-  if (!g) return caf::make_error(caf::sec::runtime_error, g.err().message);
+  if (!g) return make_error(error_code::broken, g.err().message);
   unlink(st.link_out);
   st.link_out = *g;
   self->send(st.shards[0], link_out_atom_v, msg);
@@ -83,9 +84,9 @@ caf::result<void> join_link_out(stage_ptr self, const wire_message& msg) {
 caf::result<void> connect_link_in(stage_ptr self, const wire_message& msg) {
   auto& st = self->state;
   auto invite = read_nccl_invite(msg);
-  if (!invite) return caf::make_error(caf::sec::invalid_argument, invite.err().message);
+  if (!invite) return make_error(error_code::invalid, invite.err().message);
   if (!st.link_in || invite->id.bytes != st.link_in->id().bytes)
-    return caf::make_error(caf::sec::invalid_argument, "not this stage's input link (drawn again, or ended, since)");
+    return make_error(error_code::invalid, "not this stage's input link (drawn again, or ended, since)");
   for (size_t r = 0; r < st.shards.size(); ++r)
     self->send(st.shards[r], link_in_atom_v, invite_message(*st.link_in, 1 + static_cast<int32_t>(r)));
   return caf::unit;
@@ -139,7 +140,7 @@ caf::behavior stage_behavior(stage_ptr self, std::vector<caf::actor> shards, boo
       // A lone shard's step link (actors/step_link.hpp); a stage of several has none.
       [self](link_atom) -> caf::result<uint16_t> {
         const auto& shards = self->state.shards;
-        if (shards.size() != 1) return caf::make_error(caf::sec::feature_disabled, "a tensor-parallel stage has no step link");
+        if (shards.size() != 1) return make_error(error_code::disabled, "a tensor-parallel stage has no step link");
         return self->make_response_promise<uint16_t>().delegate(shards[0], link_atom_v);
       },
       [self](link_in_atom) -> caf::result<wire_message> { return draw_link_in(self); },

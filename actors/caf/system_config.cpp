@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
 
 namespace troupe {
@@ -13,6 +14,9 @@ namespace troupe {
 system_config::system_config(const failure_detection& fd) {
   load<caf::io::middleman>();
   add_message_types<caf::id_block::troupe>();
+  add_error_category(error_category, [](uint8_t code, caf::atom_value, const caf::message& context) {
+    return "troupe: " + reason_of(caf::error(code, error_category, context));
+  });
   caf::put(content, "middleman.heartbeat-interval", caf::timespan{fd.heartbeat_interval});
   caf::put(content, "middleman.connection-timeout", caf::timespan{fd.connection_timeout});
   // Idle workers that poll with sleeps add tens of microseconds to every hop; a step

@@ -1,5 +1,7 @@
 #include "engine/serve/llm_engine.hpp"
 
+#include "engine/serve/step_choices.hpp"
+
 namespace troupe {
 
 engine_config llm_engine::complete(engine_config cfg, const model& m) {
@@ -58,44 +60,20 @@ std::vector<step_output> llm_engine::step() {
     hidden_.resize(static_cast<size_t>(batch_.num_tokens()) * model_.config.dim);
     ++stats_.steps;
     stats_.tokens_computed += batch_.num_tokens();
-    if (!choose_on_shard(plan)) {
+    // Who chooses the tokens (step_choices.hpp): the shard where its logits are, when
+    // every row allows it and the shard does (a CPU shard declines: its logits are
+    // already here); else each sampler from its row.
+    const std::vector<token_choice> choices = shard_choices(plan, sched_);
+    chosen_.assign(choices.size(), 0);
+    if (!choices.empty() && shard_->forward_choose(batch_, hidden_.data(), choices.data(), chosen_.data())) {
+      samples_ = replay_chosen(plan, sched_, chosen_);
+    } else {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
-      size_t row = 0;
-      for (const auto& c : plan.chunks) {
-        if (!c.sample) continue;
-        request* r = sched_.find(c.id);
-        samples_.push_back(r->smp.sample(logits_.data() + row++ * vocab, vocab));
-      }
+      samples_ = sample_rows(plan, sched_, logits_.data(), vocab);
     }
   }
   return sched_.update_from_output(plan, samples_);
-}
-
-// When every sampled row's choice needs only the logits, the shard may make them where
-// the logits are (a GPU's: only the ids come back), with the uniforms the samplers would
-// draw; each sampler then replays its token. False, with nothing run, otherwise (a CPU
-// shard never does: its logits are already on the host).
-bool llm_engine::choose_on_shard(const step_plan& plan) {
-  choices_.clear();
-  for (const auto& c : plan.chunks) {
-    if (!c.sample) continue;
-    const request* r = sched_.find(c.id);
-    if (!r->smp.needs_only_logits()) return false;
-    choices_.push_back(r->smp.next_choice());
-  }
-  if (choices_.empty()) return false;
-  chosen_.assign(choices_.size(), 0);
-  if (!shard_->forward_choose(batch_, hidden_.data(), choices_.data(), chosen_.data())) return false;
-  size_t k = 0;
-  for (const auto& c : plan.chunks) {
-    if (!c.sample) continue;
-    sched_.find(c.id)->smp.replay(chosen_[k]);
-    sample_result s;
-    s.token = chosen_[k++];
-    samples_.push_back(s);
-  }
-  return true;
 }
 
 }  // namespace troupe

@@ -48,10 +48,8 @@ class llm_engine {
   // On the CPU, with cfg.num_threads threads.
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg);
   // On the GPU `where` names; an error when its shard cannot be made there (this build has
-  // no CUDA, no such device, not enough device memory). A step whose every token choice
-  // needs only the logits (no penalties, biases or log-probabilities) is chosen on the
-  // device, only the ids coming back; otherwise the logits come back to the host, where
-  // each request's sampler picks its token, as on the CPU.
+  // no CUDA, no such device, not enough device memory). Tokens are chosen on the device
+  // where step_choices.hpp's rule allows, else on the host as on the CPU.
   static expected<std::unique_ptr<llm_engine>> on_gpu(const model& m, const tokenizer& tok, engine_config cfg,
                                                       gpu_placement where);
   // Over a shard made elsewhere (on_gpu's, or a test's): it runs every layer of m, and its
@@ -73,7 +71,6 @@ class llm_engine {
 
  private:
   static engine_config complete(engine_config cfg, const model& m);
-  bool choose_on_shard(const step_plan& plan);
 
   const model& model_;
   engine_config cfg_;
@@ -86,7 +83,6 @@ class llm_engine {
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;
   std::vector<sample_result> samples_;
-  std::vector<token_choice> choices_;
   std::vector<int32_t> chosen_;
 };
 

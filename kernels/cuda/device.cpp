@@ -4,11 +4,19 @@
 
 namespace troupe::cuda {
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw cuda_error(std::string(what) + ": " + cudaGetErrorString(status));
+std::string where_of(const std::source_location& where) {
+  std::string file = where.file_name();
+  if (const size_t slash = file.rfind('/'); slash != std::string::npos) file.erase(0, slash + 1);
+  return file + ":" + std::to_string(where.line());
 }
 
-void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+void check(cudaError_t status, const char* what, std::source_location where) {
+  if (status != cudaSuccess)
+    throw cuda_error(std::string(what) + ": " + cudaGetErrorName(status) + ": " + cudaGetErrorString(status) + " (" +
+                     where_of(where) + ")");
+}
+
+void check_launch(const char* kernel, std::source_location where) { check(cudaGetLastError(), kernel, where); }
 
 int device_count() {
   int n = 0;

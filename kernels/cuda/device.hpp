@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,10 +21,13 @@ struct cuda_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws cuda_error naming `what` unless status is cudaSuccess.
-void check(cudaError_t status, const char* what);
+// Throws cuda_error unless status is cudaSuccess, naming `what`, the error, and the file
+// and line of the call.
+void check(cudaError_t status, const char* what, std::source_location where = std::source_location::current());
 // The kernel launches queued since the last check, and their configuration.
-void check_launch(const char* kernel);
+void check_launch(const char* kernel, std::source_location where = std::source_location::current());
+// "file.cu:123": where a failure came from, for the messages above.
+std::string where_of(const std::source_location& where);
 
 // The number of CUDA devices this process can use (0 without a driver or a device).
 int device_count();

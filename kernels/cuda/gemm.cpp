@@ -11,8 +11,10 @@ namespace troupe::cuda {
 
 namespace {
 
-void check_blas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw cuda_error(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
+void check_blas(cublasStatus_t s, const char* what, std::source_location where = std::source_location::current()) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw cuda_error(std::string(what) + ": " + cublasGetStatusName(s) + ": " + cublasGetStatusString(s) + " (" +
+                     where_of(where) + ")");
 }
 
 }  // namespace

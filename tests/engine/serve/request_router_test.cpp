@@ -155,7 +155,7 @@ TEST_CASE("router: a request waiting past the wait timeout ends as unavailable, 
   CHECK(r.tick(t0 + 2501ms).ends.size() == 1);
 }
 
-TEST_CASE("router: cancelling a waiting request ends it at once; a sent one is cancelled on its replica") {
+TEST_CASE("router: cancelling a waiting request ends it at once, and a sent one is cancelled on its replica") {
   request_router r(1, 30s);
   REQUIRE(r.accept(1, t0).sends.empty());
   route_actions out;

@@ -1,0 +1,171 @@
+// The scheduler actor's recovery on CAF's deterministic test coordinator: a stand-in node
+// agent and stand-in stages, every message delivered when the test says, and time moved
+// by the test. No sleeps and no wall clock: the pauses between canary steps, the health
+// news a watcher hears, and the recovery deadline are checked to the millisecond.
+#include <map>
+#include <memory>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <doctest/doctest.h>
+
+#include "actors/caf/errors.hpp"
+#include "actors/caf/type_ids.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/wire/activations_codec.hpp"
+#include "actors/wire/client_codec.hpp"
+#include "tests/actors/actor_test_support.hpp"
+
+namespace troupe {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct deterministic_config : caf::actor_system_config {
+  deterministic_config() {
+    add_message_types<caf::id_block::troupe>();
+    set("scheduler.policy", caf::atom("testing"));
+  }
+};
+
+// An actor system whose messages run only in run(), and whose clock moves only in advance().
+struct deterministic_system {
+  deterministic_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& coordinator = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+
+  void run() { coordinator.run(); }
+  void advance(std::chrono::milliseconds d) {
+    coordinator.advance_time(d);
+    run();
+  }
+};
+
+// The node agent's lookups, from a table the test changes.
+using directory = std::shared_ptr<std::map<std::string, caf::actor>>;
+caf::behavior agent_behavior(caf::event_based_actor*, directory names) {
+  return {[names](lookup_atom, const std::string& name) -> caf::result<caf::actor> {
+    auto it = names->find(name);
+    if (it == names->end()) return make_error(error_code::not_found, "no such actor: " + name);
+    return it->second;
+  }};
+}
+
+// A stage that fails every step, counting them.
+caf::behavior broken_stage(caf::event_based_actor*, std::shared_ptr<int> steps) {
+  return {[steps](step_atom, const wire_message&, const wire_message&) -> caf::result<wire_message> {
+    ++*steps;
+    return make_error(error_code::broken, "this stage is broken");
+  }};
+}
+
+// A one-stage pipeline that answers a step of one token with finite logits.
+caf::behavior working_stage(caf::event_based_actor*, int32_t vocab) {
+  return {[vocab](step_atom, const wire_message&, const wire_message&) -> wire_message {
+    const std::vector<float> logits(vocab, 0.5f);
+    return wire_message(wire_kind::activations, wire::encode_activations(0, 1, vocab, logits.data()));
+  }};
+}
+
+// A scheduler of one stage ("r0/stage0") that keeps its blocks itself.
+scheduler_setup one_stage(const test::loaded& l, const caf::actor& agent, std::chrono::milliseconds recovery_timeout) {
+  scheduler_setup s = test::scheduler_for(l, "r0", 1);
+  s.kv_manager.clear();
+  s.agent = agent;
+  s.recovery_timeout = recovery_timeout;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("scheduler actor: a stage that fails every step is retried at once, then after 50 ms doubling to 2 s") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  deterministic_system d;
+  auto steps = std::make_shared<int>(0);
+  auto names = std::make_shared<std::map<std::string, caf::actor>>();
+  (*names)["r0/stage0"] = d.sys.spawn(broken_stage, steps);
+  auto sched = spawn_scheduler(d.sys, one_stage(l, d.sys.spawn(agent_behavior, names), 30s));
+  d.run();
+  CHECK(*steps == 2);  // the first canary, and the first retry at once
+  // Each later retry after a pause of 50, 100, 200, 400, 800, 1600, 2000, 2000 ms.
+  for (auto pause : {50ms, 100ms, 200ms, 400ms, 800ms, 1600ms, 2000ms, 2000ms}) {
+    CAPTURE(pause.count());
+    const int before = *steps;
+    d.advance(pause - 1ms);
+    CHECK(*steps == before);
+    d.advance(1ms);
+    CHECK(*steps == before + 1);
+  }
+  // Not ready, and health says why.
+  caf::scoped_actor self{d.sys, true};
+  self->send(sched, health_atom_v);
+  d.run();
+  bool ready = true;
+  std::string detail;
+  self->receive([&](bool r, uint32_t, uint32_t, uint32_t, uint32_t, const std::string& why) { ready = r, detail = why; },
+                caf::after(0s) >> [] { FAIL("no health answer"); });
+  CHECK_FALSE(ready);
+  CHECK(detail.find("this stage is broken") != std::string::npos);
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  d.run();
+}
+
+TEST_CASE("scheduler actor: a watcher hears once when the replica stops being ready, and once when it is ready again") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  deterministic_system d;
+  auto names = std::make_shared<std::map<std::string, caf::actor>>();
+  const caf::actor first = d.sys.spawn(working_stage, l.m.config.vocab_size);
+  (*names)["r0/stage0"] = first;
+  auto sched = spawn_scheduler(d.sys, one_stage(l, d.sys.spawn(agent_behavior, names), 30s));
+  d.run();
+  caf::scoped_actor self{d.sys, true};
+  self->send(sched, health_atom_v);  // asking makes this actor a watcher
+  d.run();
+  bool ready = false;
+  self->receive([&](bool r, uint32_t, uint32_t, uint32_t, uint32_t, const std::string&) { ready = r; },
+                caf::after(0s) >> [] { FAIL("no health answer"); });
+  REQUIRE(ready);
+  // The stage dies; the agent has a new one by the time the scheduler looks.
+  (*names)["r0/stage0"] = d.sys.spawn(working_stage, l.m.config.vocab_size);
+  self->send_exit(first, caf::exit_reason::kill);
+  d.run();
+  std::vector<bool> told;
+  for (bool more = true; more;)
+    self->receive([&](health_atom, bool r) { told.push_back(r); }, caf::after(0s) >> [&] { more = false; });
+  CHECK(told == std::vector<bool>{false, true});
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  d.run();
+}
+
+TEST_CASE("scheduler actor: a request waiting past the recovery timeout ends as unavailable, with the reason") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  deterministic_system d;
+  auto names = std::make_shared<std::map<std::string, caf::actor>>();
+  (*names)["r0/stage0"] = d.sys.spawn(broken_stage, std::make_shared<int>(0));
+  auto sched = spawn_scheduler(d.sys, one_stage(l, d.sys.spawn(agent_behavior, names), 2s));
+  caf::scoped_actor self{d.sys, true};
+  request_params p;
+  p.prompt = l.tok.encode("Once upon a time", true);
+  p.max_tokens = 8;
+  self->send(sched, generate_atom_v, uint64_t{5}, wire_message(wire_kind::none, wire::encode_generate_request_tokens(p)),
+             caf::actor{self});
+  d.run();
+  // The scheduler checks every 250 ms; 1,750 ms after it started the request still waits.
+  d.advance(1750ms);
+  bool ended = false;
+  self->receive([&](done_atom, const wire_message&) { ended = true; }, caf::after(0s) >> [] {});
+  CHECK_FALSE(ended);
+  d.advance(250ms);
+  std::optional<wire::result_view> result;
+  self->receive([&](done_atom, const wire_message& m) { result = wire::decode_generate_result(*m.bytes).value(); },
+                caf::after(0s) >> [] {});
+  REQUIRE(result.has_value());
+  CHECK(result->request == 5);
+  CHECK(result->error_type == error_code::unavailable);
+  CHECK(result->error == "replica r0 did not recover within 2 s (stage 0: this stage is broken)");
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  d.run();
+}
+
+}  // namespace troupe
