@@ -9,60 +9,15 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/agent_link.hpp"
 #include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
-#include "actors/metrics/prometheus_text.hpp"
+#include "actors/router_state.hpp"
 #include "actors/wire/client_codec.hpp"
-#include "actors/wire/control_codec.hpp"
 #include "engine/serve/request_router.hpp"
 
-namespace troupe {
+namespace troupe::router_actor_impl {
 
 namespace {
-
-// A replica's scheduler as this actor knows it: how to reach it, and what it last said.
-struct replica_slot {
-  replica_address addr;
-  caf::actor sched = {};  // invalid while unknown or down
-  caf::actor agent = {};  // the agent that names it (remote ones are looked up once)
-  bool resolving = false;
-  // Prefix-cache counts: of the schedulers this replica had before (base), and of its
-  // scheduler now, which counts from zero when it restarts.
-  uint32_t cached = 0;
-  uint64_t hit_base = 0, queried_base = 0, hit_now = 0, queried_now = 0;
-  caf::actor_addr counted = {};  // the scheduler hit_now and queried_now are of
-};
-
-// Where a request's messages go, and the frame it came in (sent again on resubmission).
-struct client {
-  caf::actor sink;
-  wire_message request;
-};
-
-struct node_slot {
-  node_address addr;
-  caf::actor agent = {};
-  bool asking = false;
-  uint32_t restarts = 0;  // over the node's supervised actors, as its agent last said
-  bool answered = false;
-};
-
-struct router_state {
-  static inline const char* name = "troupe.router";
-  router_setup setup;
-  std::unique_ptr<request_router> core;
-  std::vector<replica_slot> replicas;
-  std::vector<std::string> names;  // of the replicas, for health
-  std::unordered_map<uint64_t, client> clients;
-  std::vector<node_slot> nodes;
-  uint64_t next_client = uint64_t{3} << 62;  // ids for callers that let the router choose
-  uint64_t ticks = 0;
-  // Callers waiting for at least so many replicas to be ready.
-  std::vector<std::pair<uint32_t, caf::response_promise>> ready_waiters;
-};
-
-using self_ptr = caf::stateful_actor<router_state>*;
 
 // What a finished request's scheduler said, for its log line.
 struct final_words {
@@ -166,6 +121,9 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
   carry_out(self, std::move(acts));
 }
 
+
+}  // namespace
+
 void health_of(self_ptr self, size_t k, bool ready, const std::string& detail) {
   auto& st = self->state;
   carry_out(self, st.core->replica_health(k, ready, detail, self->clock().now()));
@@ -180,133 +138,7 @@ void health_of(self_ptr self, size_t k, bool ready, const std::string& detail) {
     }
 }
 
-void poll_one(self_ptr self, size_t k);
-
-void find_scheduler(self_ptr self, size_t k) {
-  auto& st = self->state;
-  replica_slot& rep = st.replicas[k];
-  if (rep.resolving) return;
-  rep.resolving = true;
-  with_agent(
-      self, st.setup.agent, rep.agent, rep.addr.host, rep.addr.port,
-      [self, k](caf::actor agent, bool fresh) {
-        replica_slot& rep = self->state.replicas[k];
-        if (fresh) {
-          rep.agent = agent;
-          self->monitor(agent);
-        }
-        self->request(agent, std::chrono::seconds(2), lookup_atom_v, rep.addr.scheduler)
-            .then(
-                [self, k](const caf::actor& sched) {
-                  replica_slot& rep = self->state.replicas[k];
-                  rep.resolving = false;
-                  if (!sched) return;
-                  rep.sched = sched;
-                  self->monitor(sched);
-                  if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
-                    rep.hit_base += rep.hit_now;
-                    rep.queried_base += rep.queried_now;
-                    rep.hit_now = rep.queried_now = 0;
-                    rep.counted = sched.address();
-                  }
-                  self->state.core->replica_found(k);
-                  poll_one(self, k);
-                },
-                [self, k](caf::error& e) {
-                  replica_slot& rep = self->state.replicas[k];
-                  rep.resolving = false;
-                  self->state.core->replica_detail(k, "scheduler not found: " + reason_of(e));
-                  rep.agent = caf::actor{};  // connect again next time
-                });
-      },
-      [self, k](caf::error& e) {
-        replica_slot& rep = self->state.replicas[k];
-        rep.resolving = false;
-        self->state.core->replica_detail(
-            k, "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + reason_of(e));
-      });
-}
-
-void poll_one(self_ptr self, size_t k) {
-  replica_slot& rep = self->state.replicas[k];
-  if (!rep.sched) return find_scheduler(self, k);
-  const caf::actor_addr asked = rep.sched.address();
-  self->request(rep.sched, std::chrono::seconds(1), health_atom_v)
-      .then(
-          [self, k, asked](bool ready, uint32_t, uint32_t, uint32_t, uint32_t, const std::string& detail) {
-            if (self->state.replicas[k].sched.address() == asked) health_of(self, k, ready, detail);
-          },
-          [self, k, asked](caf::error&) {
-            if (self->state.replicas[k].sched.address() == asked) health_of(self, k, false, "the scheduler does not answer");
-          });
-  self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
-      .then(
-          [self, k](uint32_t cached, uint64_t hits, uint64_t queried) {
-            replica_slot& rep = self->state.replicas[k];
-            rep.cached = cached;
-            rep.hit_now = hits;
-            rep.queried_now = queried;
-          },
-          [](caf::error&) {});
-}
-
-// Every node agent's restart count, for /metrics.
-void poll_nodes(self_ptr self) {
-  auto& st = self->state;
-  for (size_t k = 0; k < st.nodes.size(); ++k) {
-    node_slot& n = st.nodes[k];
-    if (n.asking) continue;
-    n.asking = true;
-    with_agent(
-        self, st.setup.agent, n.agent, n.addr.host, n.addr.port,
-        [self, k](caf::actor agent, bool fresh) {
-          if (fresh) self->state.nodes[k].agent = agent;
-          self->request(agent, std::chrono::seconds(1), health_atom_v)
-              .then(
-                  [self, k](const wire_message& m) {
-                    node_slot& n = self->state.nodes[k];
-                    n.asking = false;
-                    auto h = m.bytes ? wire::decode_node_health(*m.bytes) : expected<wire::node_health>(error{"empty"});
-                    if (!h) return;
-                    n.restarts = 0;
-                    for (auto& a : h->actors) n.restarts = std::max(n.restarts, a.restarts);
-                    n.answered = true;
-                  },
-                  [self, k](caf::error&) {
-                    node_slot& n = self->state.nodes[k];
-                    n.asking = n.answered = false;
-                    n.agent = caf::actor{};  // connect again next time
-                  });
-        },
-        [self, k](caf::error&) { self->state.nodes[k].asking = self->state.nodes[k].answered = false; });
-  }
-}
-
-std::string render_metrics(const router_state& st) {
-  prometheus_text out;
-  out.gauge("troupe_replicas", "Replicas behind the router.", static_cast<double>(st.replicas.size()));
-  out.gauge("troupe_replicas_ready", "Replicas that can serve now.", st.core->num_ready());
-  out.counter("troupe_replica_failovers_total", "Replica schedulers lost (their requests moved to a ready replica).",
-              static_cast<double>(st.core->failovers()));
-  out.counter("troupe_requests_resubmitted_total", "Requests resubmitted to another replica.",
-              static_cast<double>(st.core->resubmitted()));
-  uint32_t cached = 0;
-  uint64_t hits = 0, queried = 0;
-  for (auto& rep : st.replicas) {
-    cached += rep.cached;
-    hits += rep.hit_base + rep.hit_now;
-    queried += rep.queried_base + rep.queried_now;
-  }
-  out.gauge("troupe_kv_blocks_cached", "KV blocks holding a cached prefix, in use or free.", cached);
-  out.counter("troupe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.", static_cast<double>(hits));
-  out.counter("troupe_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache.",
-              static_cast<double>(queried));
-  out.family("troupe_actor_restarts_total",
-             "Restarts of a node's supervised actors (the most of any unit), since the node process started.", "counter");
-  for (auto& n : st.nodes)
-    if (n.answered) out.sample("troupe_actor_restarts_total", {{"node", n.addr.name}}, n.restarts);
-  return out.str();
-}
+namespace {
 
 caf::behavior router_behavior(self_ptr self, router_setup setup) {
   auto& st = self->state;
@@ -448,6 +280,12 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
 
 }  // namespace
 
-caf::actor spawn_router(caf::actor_system& sys, const router_setup& setup) { return sys.spawn(router_behavior, setup); }
+}  // namespace troupe::router_actor_impl
+
+namespace troupe {
+
+caf::actor spawn_router(caf::actor_system& sys, const router_setup& setup) {
+  return sys.spawn(router_actor_impl::router_behavior, setup);
+}
 
 }  // namespace troupe

@@ -26,20 +26,20 @@ left() { echo $((deadline - SECONDS)); }
 # CUDA's libraries: the toolkit's, else any folder holding libcublas.so.13.
 add_lib() { export LD_LIBRARY_PATH="$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; }
 for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [[ -d $lib ]] && add_lib "$lib"; done
-if ! ldconfig -p | grep -q 'libcublas.so.13' && ! compgen -G '/usr/local/cuda/lib64/libcublas.so.13*' >/dev/null; then
+if ! grep -q 'libcublas.so.13' <<<"$(ldconfig -p)" && ! compgen -G '/usr/local/cuda/lib64/libcublas.so.13*' >/dev/null; then
   while read -r found; do add_lib "$(dirname "$found")"; done < <(find / -xdev -name 'libcublas*.so.13' 2>/dev/null | head -4)
   while read -r found; do add_lib "$(dirname "$found")"; done < <(find / -xdev -name 'libcudart.so.13' 2>/dev/null | head -2)
 fi
 # NCCL, which tensor-parallel GPU shards load when they start (the suite's NCCL cases are
 # skipped without it): the toolkit's, the system's, else any folder holding it.
-if ! ldconfig -p | grep -q 'libnccl.so.2' && ! compgen -G '/usr/local/cuda/lib64/libnccl.so.2*' >/dev/null; then
+if ! grep -q 'libnccl.so.2' <<<"$(ldconfig -p)" && ! compgen -G '/usr/local/cuda/lib64/libnccl.so.2*' >/dev/null; then
   while read -r found; do add_lib "$(dirname "$found")"; done < <(find / -xdev -name 'libnccl.so.2' 2>/dev/null | head -2)
 fi
 
 if [[ ${1:-} == --bundle ]]; then
   root=$(cd "${2:?usage: tools/gpu-check.sh --bundle DIR}" && pwd)
   add_lib "$root/lib"
-  ldconfig -p | grep -q 'libstdc++.so.6' || add_lib "$root/lib/fallback"
+  grep -q 'libstdc++.so.6' <<<"$(ldconfig -p)" || add_lib "$root/lib/fallback"
   shared=$root/shared
 else
   root=${1:-build}

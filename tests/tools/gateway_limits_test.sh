@@ -113,11 +113,9 @@ start_node "$work/slow.toml" "$work"
 curl -s -o /dev/null "$http_url/v1/completions" -d '{"model":"slow","prompt":"a","max_tokens":1000,"ignore_eos":true}' &
 leaver=$!
 others+=("$leaver")
-for _ in $(seq 1 100); do
-  curl -s "$http_url/metrics" | grep -q '^troupe_requests_running 1$' && break
-  sleep 0.1
-done
-curl -s "$http_url/metrics" | grep -q '^troupe_requests_running 1$' || fail "the request never ran"
+running() { grep -q '^troupe_requests_running 1$' <<<"$(curl -s "$http_url/metrics")"; }  # (grep -q would cut curl short)
+for _ in $(seq 1 100); do running && break; sleep 0.1; done
+running || fail "the request never ran"
 kill "$leaver"
 for _ in $(seq 1 100); do grep -q ' outcome=' "$work/node.err" && break; sleep 0.1; done
 line=$(grep ' outcome=' "$work/node.err" | head -1)

@@ -1,0 +1,143 @@
+// The router actor's lookups and polls: each replica's scheduler found through its
+// node's agent and asked for its health and prefix-cache counts, every node agent asked for
+// its restarts, and the metrics they make (router_state.hpp).
+#include "actors/agent_link.hpp"
+#include "actors/caf/errors.hpp"
+#include "actors/caf/type_ids.hpp"
+#include "actors/metrics/prometheus_text.hpp"
+#include "actors/router_state.hpp"
+#include "actors/wire/control_codec.hpp"
+
+namespace troupe::router_actor_impl {
+
+namespace {
+
+void find_scheduler(self_ptr self, size_t k) {
+  auto& st = self->state;
+  replica_slot& rep = st.replicas[k];
+  if (rep.resolving) return;
+  rep.resolving = true;
+  with_agent(
+      self, st.setup.agent, rep.agent, rep.addr.host, rep.addr.port,
+      [self, k](caf::actor agent, bool fresh) {
+        replica_slot& rep = self->state.replicas[k];
+        if (fresh) {
+          rep.agent = agent;
+          self->monitor(agent);
+        }
+        self->request(agent, std::chrono::seconds(2), lookup_atom_v, rep.addr.scheduler)
+            .then(
+                [self, k](const caf::actor& sched) {
+                  replica_slot& rep = self->state.replicas[k];
+                  rep.resolving = false;
+                  if (!sched) return;
+                  rep.sched = sched;
+                  self->monitor(sched);
+                  if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
+                    rep.hit_base += rep.hit_now;
+                    rep.queried_base += rep.queried_now;
+                    rep.hit_now = rep.queried_now = 0;
+                    rep.counted = sched.address();
+                  }
+                  self->state.core->replica_found(k);
+                  poll_one(self, k);
+                },
+                [self, k](caf::error& e) {
+                  replica_slot& rep = self->state.replicas[k];
+                  rep.resolving = false;
+                  self->state.core->replica_detail(k, "scheduler not found: " + reason_of(e));
+                  rep.agent = caf::actor{};  // connect again next time
+                });
+      },
+      [self, k](caf::error& e) {
+        replica_slot& rep = self->state.replicas[k];
+        rep.resolving = false;
+        self->state.core->replica_detail(
+            k, "node " + rep.addr.host + ":" + std::to_string(rep.addr.port) + " unreachable: " + reason_of(e));
+      });
+}
+
+}  // namespace
+
+void poll_one(self_ptr self, size_t k) {
+  replica_slot& rep = self->state.replicas[k];
+  if (!rep.sched) return find_scheduler(self, k);
+  const caf::actor_addr asked = rep.sched.address();
+  self->request(rep.sched, std::chrono::seconds(1), health_atom_v)
+      .then(
+          [self, k, asked](bool ready, uint32_t, uint32_t, uint32_t, uint32_t, const std::string& detail) {
+            if (self->state.replicas[k].sched.address() == asked) health_of(self, k, ready, detail);
+          },
+          [self, k, asked](caf::error&) {
+            if (self->state.replicas[k].sched.address() == asked) health_of(self, k, false, "the scheduler does not answer");
+          });
+  self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
+      .then(
+          [self, k](uint32_t cached, uint64_t hits, uint64_t queried) {
+            replica_slot& rep = self->state.replicas[k];
+            rep.cached = cached;
+            rep.hit_now = hits;
+            rep.queried_now = queried;
+          },
+          [](caf::error&) {});
+}
+
+// Every node agent's restart count, for /metrics.
+void poll_nodes(self_ptr self) {
+  auto& st = self->state;
+  for (size_t k = 0; k < st.nodes.size(); ++k) {
+    node_slot& n = st.nodes[k];
+    if (n.asking) continue;
+    n.asking = true;
+    with_agent(
+        self, st.setup.agent, n.agent, n.addr.host, n.addr.port,
+        [self, k](caf::actor agent, bool fresh) {
+          if (fresh) self->state.nodes[k].agent = agent;
+          self->request(agent, std::chrono::seconds(1), health_atom_v)
+              .then(
+                  [self, k](const wire_message& m) {
+                    node_slot& n = self->state.nodes[k];
+                    n.asking = false;
+                    auto h = m.bytes ? wire::decode_node_health(*m.bytes) : expected<wire::node_health>(error{"empty"});
+                    if (!h) return;
+                    n.restarts = 0;
+                    for (auto& a : h->actors) n.restarts = std::max(n.restarts, a.restarts);
+                    n.answered = true;
+                  },
+                  [self, k](caf::error&) {
+                    node_slot& n = self->state.nodes[k];
+                    n.asking = n.answered = false;
+                    n.agent = caf::actor{};  // connect again next time
+                  });
+        },
+        [self, k](caf::error&) { self->state.nodes[k].asking = self->state.nodes[k].answered = false; });
+  }
+}
+
+std::string render_metrics(const router_state& st) {
+  prometheus_text out;
+  out.gauge("troupe_replicas", "Replicas behind the router.", static_cast<double>(st.replicas.size()));
+  out.gauge("troupe_replicas_ready", "Replicas that can serve now.", st.core->num_ready());
+  out.counter("troupe_replica_failovers_total", "Replica schedulers lost (their requests moved to a ready replica).",
+              static_cast<double>(st.core->failovers()));
+  out.counter("troupe_requests_resubmitted_total", "Requests resubmitted to another replica.",
+              static_cast<double>(st.core->resubmitted()));
+  uint32_t cached = 0;
+  uint64_t hits = 0, queried = 0;
+  for (auto& rep : st.replicas) {
+    cached += rep.cached;
+    hits += rep.hit_base + rep.hit_now;
+    queried += rep.queried_base + rep.queried_now;
+  }
+  out.gauge("troupe_kv_blocks_cached", "KV blocks holding a cached prefix, in use or free.", cached);
+  out.counter("troupe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.", static_cast<double>(hits));
+  out.counter("troupe_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache.",
+              static_cast<double>(queried));
+  out.family("troupe_actor_restarts_total",
+             "Restarts of a node's supervised actors (the most of any unit), since the node process started.", "counter");
+  for (auto& n : st.nodes)
+    if (n.answered) out.sample("troupe_actor_restarts_total", {{"node", n.addr.name}}, n.restarts);
+  return out.str();
+}
+
+}  // namespace troupe::router_actor_impl

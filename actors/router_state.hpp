@@ -1,0 +1,72 @@
+// router_actor's inside, shared by its files: router_actor.cpp (messages, and carrying
+// out request_router's actions) and router_polls.cpp (finding and polling the schedulers
+// and node agents, and the metrics they feed). Internal to actors/.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/caf/wire_message.hpp"
+#include "actors/router_actor.hpp"
+#include "engine/serve/request_router.hpp"
+
+namespace troupe::router_actor_impl {
+
+// A replica's scheduler as this actor knows it: how to reach it, and what it last said.
+struct replica_slot {
+  replica_address addr;
+  caf::actor sched = {};  // invalid while unknown or down
+  caf::actor agent = {};  // the agent that names it (remote ones are looked up once)
+  bool resolving = false;
+  // Prefix-cache counts: of the schedulers this replica had before (base), and of its
+  // scheduler now, which counts from zero when it restarts.
+  uint32_t cached = 0;
+  uint64_t hit_base = 0, queried_base = 0, hit_now = 0, queried_now = 0;
+  caf::actor_addr counted = {};  // the scheduler hit_now and queried_now are of
+};
+
+// Where a request's messages go, and the frame it came in (sent again on resubmission).
+struct client {
+  caf::actor sink;
+  wire_message request;
+};
+
+struct node_slot {
+  node_address addr;
+  caf::actor agent = {};
+  bool asking = false;
+  uint32_t restarts = 0;  // over the node's supervised actors, as its agent last said
+  bool answered = false;
+};
+
+struct router_state {
+  static inline const char* name = "troupe.router";
+  router_setup setup;
+  std::unique_ptr<request_router> core;
+  std::vector<replica_slot> replicas;
+  std::vector<std::string> names;  // of the replicas, for health
+  std::unordered_map<uint64_t, client> clients;
+  std::vector<node_slot> nodes;
+  uint64_t next_client = uint64_t{3} << 62;  // ids for callers that let the router choose
+  uint64_t ticks = 0;
+  // Callers waiting for at least so many replicas to be ready.
+  std::vector<std::pair<uint32_t, caf::response_promise>> ready_waiters;
+};
+
+using self_ptr = caf::stateful_actor<router_state>*;
+
+// A replica's scheduler said whether it is ready (and why not): request_router hears it,
+// and callers waiting for replicas are answered.
+void health_of(self_ptr self, size_t k, bool ready, const std::string& detail);
+
+// router_polls.cpp
+void poll_one(self_ptr self, size_t k);
+void poll_nodes(self_ptr self);
+std::string render_metrics(const router_state& st);
+
+}  // namespace troupe::router_actor_impl
