@@ -24,10 +24,10 @@ using self_ptr = caf::stateful_actor<kv_state>*;
 caf::behavior kv_manager_behavior(self_ptr self, kv_manager_setup setup) {
   auto& st = self->state;
   st.setup = setup;
-  st.blocks.emplace(setup.num_blocks, setup.block_size, setup.prefix_caching);
+  st.blocks.emplace(setup.kv.num_blocks, setup.kv.block_size, setup.kv.prefix_caching);
   wire::kv_limits lim;
-  lim.num_blocks = setup.num_blocks;
-  lim.block_size = setup.block_size;
+  lim.num_blocks = setup.kv.num_blocks;
+  lim.block_size = setup.kv.block_size;
   lim.context = setup.context;
   st.receiver.emplace(lim);
   return {
@@ -36,7 +36,7 @@ caf::behavior kv_manager_behavior(self_ptr self, kv_manager_setup setup) {
         if (!msg.bytes) return wire_message(wire_kind::kv_grants, wire::encode_kv_error(0, "an empty message"));
         auto step = st.receiver->decode(*msg.bytes);
         if (!step) return wire_message(wire_kind::kv_grants, wire::encode_kv_error(st.receiver->session(), step.err().message));
-        if (step->reset) st.blocks.emplace(st.setup.num_blocks, st.setup.block_size, st.setup.prefix_caching);
+        if (step->reset) st.blocks.emplace(st.setup.kv.num_blocks, st.setup.kv.block_size, st.setup.kv.prefix_caching);
         auto grants = st.blocks->grant(step->request);
         if (!grants) return wire_message(wire_kind::kv_grants, wire::encode_kv_error(step->session, grants.err().message));
         return wire_message(wire_kind::kv_grants, wire::encode_kv_grants(step->session, *grants));

@@ -16,12 +16,12 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "engine/kv/kv_config.hpp"
+
 namespace troupe {
 
 struct kv_manager_setup {
-  uint32_t num_blocks = 1024;
-  int32_t block_size = 16;
-  bool prefix_caching = true;
+  kv_config kv;         // the replica's pool
   int32_t context = 0;  // tokens per sequence at most
 };
 

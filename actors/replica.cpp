@@ -17,11 +17,10 @@ unit_spec kv_manager_unit(const std::string& replica, const kv_manager_setup& se
                    }};
 }
 
-unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout,
-                     uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens) {
+unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout) {
   const std::string name = stage_name(replica, index);
-  return unit_spec{name, [&m, name, layout, num_blocks, block_size, max_step_tokens](caf::actor agent) {
-                     auto g = spawn_stage_group(agent.home_system(), m, layout, num_blocks, block_size, max_step_tokens);
+  return unit_spec{name, [&m, name, layout](caf::actor agent) {
+                     auto g = spawn_stage_group(agent.home_system(), m, layout);
                      unit_instance u;
                      u.members.push_back({name, wire::actor_kind::stage, g.stage});
                      for (size_t r = 0; r < g.shards.size(); ++r)
@@ -44,16 +43,15 @@ unit_spec scheduler_unit(const std::string& replica, scheduler_setup setup) {
 }
 
 local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
-                            uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens, const std::string& name) {
+                            const std::string& name) {
   local_replica out;
   std::vector<unit_spec> units;
   for (size_t i = 0; i < stages.size(); ++i) {
-    units.push_back(stage_unit(m, name, i, stages[i], num_blocks, block_size, max_step_tokens));
+    units.push_back(stage_unit(m, name, i, stages[i]));
     out.stages.push_back(stage_address{stage_name(name, i), "", 0});
   }
   kv_manager_setup kv;
-  kv.num_blocks = num_blocks;
-  kv.block_size = block_size;
+  kv.kv = stages.empty() ? kv_config{} : stages[0].kv;
   kv.context = m.config.max_seq_len;
   units.push_back(kv_manager_unit(name, kv));
   out.kv_manager = kv_manager_name(name);

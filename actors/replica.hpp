@@ -22,8 +22,7 @@ std::string stage_name(const std::string& replica, size_t index);
 std::string scheduler_name(const std::string& replica);
 std::string kv_manager_name(const std::string& replica);
 
-unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout,
-                     uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens);
+unit_spec stage_unit(const model& m, const std::string& replica, size_t index, const stage_layout& layout);
 // The scheduler's setup names its stages; a local stage address is filled in with the
 // spawning agent.
 unit_spec scheduler_unit(const std::string& replica, scheduler_setup setup);
@@ -35,9 +34,9 @@ struct local_replica {
   std::string kv_manager;            // likewise
 };
 
-// Its stages and a kv manager (prefix caching on, the model's context) under one agent.
+// Its stages and a kv manager (of the first stage's kv config, the model's context) under
+// one agent.
 local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
-                            uint32_t num_blocks, int32_t block_size, int32_t max_step_tokens,
                             const std::string& name = "r0");
 
 }  // namespace troupe

@@ -70,8 +70,8 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   st.sched = std::make_unique<scheduler>(cfg, *setup.tok);
   if (cfg.remote_kv) {
     wire::kv_limits lim;
-    lim.num_blocks = cfg.num_blocks;
-    lim.block_size = cfg.block_size;
+    lim.num_blocks = cfg.kv.num_blocks;
+    lim.block_size = cfg.kv.block_size;
     lim.context = cfg.context;
     st.kv_sender.emplace(lim);
   }

@@ -119,8 +119,8 @@ bool build_gpu_shard(shard_ptr self, std::shared_ptr<nccl_group> group) {
   auto index = cuda_device_index(setup.device);
   o.device = index ? *index : -1;
   o.weights = setup.gpu_weights;
-  o.num_blocks = static_cast<int32_t>(setup.num_blocks);
-  o.block_size = setup.block_size;
+  o.num_blocks = static_cast<int32_t>(setup.kv.num_blocks);
+  o.block_size = setup.kv.block_size;
   o.max_step_tokens = setup.max_step_tokens;
   o.tp_group = group;
   o.host_group = setup.group;
@@ -173,9 +173,9 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
   const model_config& c = setup.m->config;
   if (setup.device == "cpu") {
     st.pool = std::make_unique<thread_pool>(setup.threads);
-    st.cache = std::make_unique<kv_cache>(transformer_shard::cache_shape(c, setup.spec, static_cast<int32_t>(setup.num_blocks),
-                                                                         setup.block_size,
-                                                                         setup.kv_type.value_or(transformer_shard::kv_type_for(*setup.m))));
+    st.cache = std::make_unique<kv_cache>(transformer_shard::cache_shape(c, setup.spec, static_cast<int32_t>(setup.kv.num_blocks),
+                                                                         setup.kv.block_size,
+                                                                         setup.kv.cache_type.value_or(transformer_shard::kv_type_for(*setup.m))));
     collective& comm = setup.group ? setup.group->member(setup.spec.tp.rank) : static_cast<collective&>(st.solo);
     st.shard = std::make_unique<transformer_shard>(*setup.m, setup.spec, *st.cache, *st.pool, comm);
   } else if (!awaits_invite(setup)) {
@@ -184,8 +184,8 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
   wire::step_limits lim;
   lim.vocab = c.vocab_size;
   lim.context = c.max_seq_len;
-  lim.num_blocks = setup.num_blocks;
-  lim.block_size = setup.block_size;
+  lim.num_blocks = setup.kv.num_blocks;
+  lim.block_size = setup.kv.block_size;
   lim.max_step_tokens = setup.max_step_tokens;
   st.decoder = std::make_unique<wire::step_decoder>(lim);
   return {

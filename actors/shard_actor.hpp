@@ -40,6 +40,7 @@
 #include "actors/wire/step_codec.hpp"
 #include "engine/forward/nccl_group.hpp"
 #include "engine/forward/transformer_shard.hpp"
+#include "engine/kv/kv_config.hpp"
 
 namespace troupe {
 
@@ -50,14 +51,12 @@ struct shard_setup {
   // (through host memory) where NCCL cannot be loaded; otherwise GPU shards wait for their
   // stage's invitation into its NCCL group (connect_atom).
   std::shared_ptr<local_collective_group> group;
-  uint32_t num_blocks = 1024;
-  int32_t block_size = 16;
+  kv_config kv;                     // its cache: blocks, their size, and (on the CPU) type
   int32_t threads = 1;
   int32_t max_step_tokens = 512;
   std::string device = "cpu";       // or "cuda:N"
   dtype gpu_weights = dtype::bf16;  // what a GPU shard keeps its weights as
   std::string link_host;            // where a step link listens (empty: no link)
-  std::optional<dtype> kv_type;     // a CPU shard's KV cache (default: kv_type_for)
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

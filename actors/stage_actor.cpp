@@ -155,8 +155,7 @@ caf::behavior stage_behavior(stage_ptr self, std::vector<caf::actor> shards, boo
 
 }  // namespace
 
-stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,
-                              int32_t block_size, int32_t max_step_tokens) {
+stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout) {
   stage_group out;
   const bool on_gpus = !layout.devices.empty() && layout.devices[0] != "cpu";
   if (layout.tp > 1 && !on_gpus) out.group = std::make_shared<local_collective_group>(layout.tp);
@@ -174,14 +173,12 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     s.m = &m;
     s.spec = shard_spec{layout.first_layer, layout.end_layer, tp_slice{r, layout.tp}};
     s.group = out.group;
-    s.num_blocks = num_blocks;
-    s.block_size = block_size;
+    s.kv = layout.kv;
     s.threads = layout.threads_per_shard;
-    s.max_step_tokens = max_step_tokens;
+    s.max_step_tokens = layout.max_step_tokens;
     if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];
     s.gpu_weights = layout.gpu_weights;
     s.link_host = layout.link_host;
-    s.kv_type = layout.kv_type;
     out.shards.push_back(spawn_shard(sys, s));
   }
   out.stage = sys.spawn(stage_behavior, out.shards, on_gpus, out.group, out.gpu_group);

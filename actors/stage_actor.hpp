@@ -15,7 +15,7 @@
 //   (link_in_atom, invite) -> ()  its shards join as the receivers
 //   (unlink_atom)                 ends both links (shards drop them before their next step)
 //
-// A CPU stage refuses the first two with sec::feature_disabled, as does a stage on another
+// A CPU stage refuses the first two with error_code::disabled, as does a stage on another
 // host than the invitation's.
 //
 // A stage and its shards are one failure unit: they are linked, and a shard that dies
@@ -35,6 +35,7 @@
 #include <caf/fwd.hpp>
 
 #include "engine/forward/collective.hpp"
+#include "engine/kv/kv_config.hpp"
 #include "engine/forward/nccl_group.hpp"
 #include "engine/model/model.hpp"
 
@@ -48,7 +49,8 @@ struct stage_layout {
   std::vector<std::string> devices = {};  // per shard: "cpu" (the default) or "cuda:N"
   dtype gpu_weights = dtype::bf16;
   std::string link_host = {};  // the node's host, where a lone CPU shard offers a step link
-  std::optional<dtype> kv_type = {};  // the CPU shards' KV cache (default: kv_type_for)
+  kv_config kv = {};           // each shard's cache (the replica's, carried whole)
+  int32_t max_step_tokens = 512;
 };
 
 struct stage_group {
@@ -58,7 +60,6 @@ struct stage_group {
   std::shared_ptr<nccl_group> gpu_group;        // when tp > 1 on GPUs, over NCCL
 };
 
-stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout, uint32_t num_blocks,
-                              int32_t block_size, int32_t max_step_tokens);
+stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stage_layout& layout);
 
 }  // namespace troupe

@@ -25,11 +25,11 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
 
   engine_config cfg;
   cfg.num_threads = opts_.num_threads;
-  cfg.sched.block_size = bs;
-  cfg.sched.num_blocks = static_cast<uint32_t>(blocks);
+  cfg.sched.kv.block_size = bs;
+  cfg.sched.kv.num_blocks = static_cast<uint32_t>(blocks);
   cfg.sched.max_step_tokens = opts_.max_step_tokens;
   cfg.sched.max_running = opts_.max_running;
-  cfg.sched.prefix_caching = opts_.prefix_caching;
+  cfg.sched.kv.prefix_caching = opts_.prefix_caching;
   cfg.kv_type = opts_.kv_type;
   llm_engine engine(model_, tok_, cfg);
   for (size_t i = 0; i < reqs.size(); ++i) {

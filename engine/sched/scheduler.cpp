@@ -18,8 +18,8 @@ scheduler::scheduler(const scheduler_config& cfg, const tokenizer& tok)
     : cfg_(cfg), tok_(tok) {
   TROUPE_ASSERT(cfg.max_step_tokens > 0 && cfg.max_running > 0 && cfg.context > 0 && cfg.vocab > 0,
                 cfg.max_step_tokens, cfg.max_running, cfg.context, cfg.vocab);
-  if (!cfg.remote_kv) kv_.emplace(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
-  remote_usage_.num_blocks = remote_usage_.free = cfg.num_blocks;
+  if (!cfg.remote_kv) kv_.emplace(cfg.kv.num_blocks, cfg.kv.block_size, cfg.kv.prefix_caching);
+  remote_usage_.num_blocks = remote_usage_.free = cfg.kv.num_blocks;
 }
 
 bool scheduler::before(const request& a, const request& b) const {
@@ -52,10 +52,10 @@ status scheduler::add(request_id id, request_params p) {
       return error{who + "logit bias: token " + std::to_string(b.token) + " is outside the vocabulary"};
   if (p.max_tokens < 1) return error{who + "max_tokens must be at least 1"};
   if (auto e = validate(p.sampling)) return error{who + *e};
-  const int64_t blocks = (static_cast<int64_t>(p.prompt.size()) + cfg_.block_size) / cfg_.block_size;
-  if (blocks > cfg_.num_blocks)
+  const int64_t blocks = (static_cast<int64_t>(p.prompt.size()) + cfg_.kv.block_size) / cfg_.kv.block_size;
+  if (blocks > cfg_.kv.num_blocks)
     return error{who + "the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
-                 std::to_string(cfg_.num_blocks)};
+                 std::to_string(cfg_.kv.num_blocks)};
   if (static_cast<int64_t>(p.delivered.size()) >= p.max_tokens ||
       static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context)
     return error{who + "the output already delivered leaves nothing to generate"};
@@ -83,10 +83,10 @@ size_t scheduler::reset_kv() {
   const kv_usage before = kv_ ? kv_->usage() : remote_usage_;
   queried_before_reset_ += before.queried_tokens;
   hits_before_reset_ += before.hit_tokens;
-  if (kv_) kv_.emplace(cfg_.num_blocks, cfg_.block_size, cfg_.prefix_caching);
+  if (kv_) kv_.emplace(cfg_.kv.num_blocks, cfg_.kv.block_size, cfg_.kv.prefix_caching);
   releases_.clear();  // the remote block manager starts empty too
   remote_usage_ = kv_usage{};
-  remote_usage_.num_blocks = remote_usage_.free = cfg_.num_blocks;
+  remote_usage_.num_blocks = remote_usage_.free = cfg_.kv.num_blocks;
   return n;
 }
 
@@ -210,7 +210,7 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
 // them as asked: they are granted here and no message goes out. Most decode steps of a
 // few sequences are such (15 of 16 with 16-token blocks).
 bool scheduler::grant_here(step_draft& d, const kv_step_request& q) {
-  const int32_t bs = cfg_.block_size;
+  const int32_t bs = cfg_.kv.block_size;
   for (const kv_claim& c : q.claims) {
     if (c.admit) return false;
     const request* r = find(c.id);

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "engine/kv/kv_block_manager.hpp"
+#include "engine/kv/kv_config.hpp"
 #include "engine/sched/step_plan.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "engine/util/expected.hpp"
@@ -57,9 +58,7 @@ struct scheduler_config {
   int32_t max_step_tokens = 512;  // tokens per step, decode and prefill together
   int32_t max_running = 64;       // requests in a step at most
   schedule_policy policy = schedule_policy::fcfs;
-  uint32_t num_blocks = 1024;     // KV blocks in the pool
-  int32_t block_size = 16;        // tokens per KV block
-  bool prefix_caching = true;
+  kv_config kv;                   // the pool: blocks, their size, prefix caching
   int32_t context = 0;            // longest sequence (the model's context)
   int32_t vocab = 0;              // token ids must be below this
   int32_t micro_batches = 1;      // plans share the requests this many ways (pipelines of

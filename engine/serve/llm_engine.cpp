@@ -19,7 +19,7 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, 
 llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
     : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(cfg_.num_threads) {
   cache_ = std::make_unique<kv_cache>(transformer_shard::cache_shape(
-      m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.num_blocks), cfg_.sched.block_size,
+      m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.kv.num_blocks), cfg_.sched.kv.block_size,
       cfg_.kv_type.value_or(transformer_shard::kv_type_for(m))));
   shard_ = std::make_unique<transformer_shard>(m, shard_spec{}, *cache_, pool_, solo_);
 }
@@ -31,8 +31,8 @@ expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const t
   cuda_shard_options o;
   o.device = where.device;
   o.weights = where.weights;
-  o.num_blocks = static_cast<int32_t>(cfg.sched.num_blocks);
-  o.block_size = cfg.sched.block_size;
+  o.num_blocks = static_cast<int32_t>(cfg.sched.kv.num_blocks);
+  o.block_size = cfg.sched.kv.block_size;
   o.max_step_tokens = cfg.sched.max_step_tokens;
   auto shard = make_cuda_shard(m, shard_spec{}, o);
   if (!shard) return shard.err();

@@ -28,8 +28,8 @@ inline scheduler_setup scheduler_for(const loaded& l, const std::string& replica
   s.m = &l.m;
   s.tok = &l.tok;
   s.replica = replica;
-  s.config.num_blocks = 128;
-  s.config.block_size = 16;
+  s.config.kv.num_blocks = 128;
+  s.config.kv.block_size = 16;
   s.config.max_step_tokens = 128;
   s.config.context = l.m.config.max_seq_len;
   s.config.vocab = l.m.config.vocab_size;
@@ -43,10 +43,27 @@ inline scheduler_setup scheduler_for(const loaded& l, const std::string& replica
 // Its kv manager's setup, to match.
 inline kv_manager_setup kv_manager_for(const loaded& l) {
   kv_manager_setup k;
-  k.num_blocks = 128;
-  k.block_size = 16;
+  k.kv.num_blocks = 128;
+  k.kv.block_size = 16;
   k.context = l.m.config.max_seq_len;
   return k;
+}
+
+// Stage layouts whose shards keep `kv` and take steps of max_step_tokens.
+inline std::vector<stage_layout> with_kv(std::vector<stage_layout> layouts, const kv_config& kv, int32_t max_step_tokens) {
+  for (auto& l : layouts) {
+    l.kv = kv;
+    l.max_step_tokens = max_step_tokens;
+  }
+  return layouts;
+}
+
+// 128 blocks of 16 tokens: the caches of scheduler_for's replicas.
+inline kv_config small_kv() {
+  kv_config kv;
+  kv.num_blocks = 128;
+  kv.block_size = 16;
+  return kv;
 }
 
 // Each request's tokens from the engine alone, the reference for every run through actors.

@@ -61,7 +61,7 @@ TEST_CASE_FIXTURE(stories_actors, "a GPU shard of an NCCL stage builds on its ow
   shard_setup s;
   s.m = &l.m;
   s.spec = shard_spec{0, l.m.config.num_layers, tp_slice{1, 2}};
-  s.num_blocks = 16;
+  s.kv.num_blocks = 16;
   s.device = "cuda:999";
   caf::actor shard = spawn_shard(sys, s);
   self->monitor(shard);
@@ -97,7 +97,9 @@ TEST_CASE_FIXTURE(stories_actors, "an NCCL stage invites each shard as its rank:
   layout.end_layer = l.m.config.num_layers;
   layout.tp = 2;
   layout.devices = {"cuda:998", "cuda:999"};
-  stage_group g = spawn_stage_group(sys, l.m, layout, 16, 16, 64);
+  layout.kv.num_blocks = 16;
+  layout.max_step_tokens = 64;
+  stage_group g = spawn_stage_group(sys, l.m, layout);
   REQUIRE(g.gpu_group);
   CHECK_FALSE(g.group);
   self->monitor(g.stage);
@@ -111,7 +113,9 @@ TEST_CASE_FIXTURE(stories_actors, "a CPU stage has no device links: asked for on
   stage_layout layout;
   layout.first_layer = 1;
   layout.end_layer = l.m.config.num_layers;
-  stage_group g = spawn_stage_group(sys, l.m, layout, 16, 16, 64);
+  layout.kv.num_blocks = 16;
+  layout.max_step_tokens = 64;
+  stage_group g = spawn_stage_group(sys, l.m, layout);
   const auto t = std::chrono::seconds(30);
   std::string drawn = "answered", joined = "answered", connected = "answered", link = "answered";
   self->request(g.stage, t, link_in_atom_v).receive([](const wire_message&) {}, [&](caf::error& e) { drawn = sys.render(e); });

@@ -72,7 +72,7 @@ TEST_CASE("a stage, the kv manager, then a shard, killed under a running schedul
   system_config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto rep = spawn_replica(sys, l.m, {{0, 2, 1}, {2, 5, 2}}, 128, 16, 128);
+  auto rep = spawn_replica(sys, l.m, test::with_kv({{0, 2, 1}, {2, 5, 2}}, test::small_kv(), 128));
   scheduler_setup s = test::scheduler_for(l, "r0", 2);
   s.agent = rep.agent;
   auto sched = spawn_scheduler(sys, s);
@@ -126,8 +126,9 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   caf::scoped_actor self{sys};
   std::vector<unit_spec> units;
   for (const char* r : {"r0", "r1"}) {
-    units.push_back(stage_unit(l.m, r, 0, {0, 3, 1}, 128, 16, 128));
-    units.push_back(stage_unit(l.m, r, 1, {3, 5, 1}, 128, 16, 128));
+    const auto layouts = test::with_kv({{0, 3, 1}, {3, 5, 1}}, test::small_kv(), 128);
+    units.push_back(stage_unit(l.m, r, 0, layouts[0]));
+    units.push_back(stage_unit(l.m, r, 1, layouts[1]));
     units.push_back(kv_manager_unit(r, test::kv_manager_for(l)));
     units.push_back(scheduler_unit(r, test::scheduler_for(l, r, 2)));
   }

@@ -11,6 +11,7 @@
 #include "actors/wire/step_codec.hpp"
 #include "engine/generate/generator.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "tests/actors/actor_test_support.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -22,14 +23,14 @@ std::vector<std::vector<int32_t>> run_on_actors(caf::actor_system& sys, const te
                                                 const std::vector<stage_layout>& layout,
                                                 const std::vector<request_params>& reqs) {
   scheduler_config cfg;
-  cfg.num_blocks = 256;
-  cfg.block_size = 16;
+  cfg.kv.num_blocks = 256;
+  cfg.kv.block_size = 16;
   cfg.max_step_tokens = 64;
   cfg.context = l.m.config.max_seq_len;
   cfg.vocab = l.m.config.vocab_size;
   scheduler sched(cfg, l.tok);
   for (size_t i = 0; i < reqs.size(); ++i) REQUIRE(sched.add(request_id{i}, reqs[i]).has_value());
-  auto rep = spawn_replica(sys, l.m, layout, cfg.num_blocks, cfg.block_size, cfg.max_step_tokens);
+  auto rep = spawn_replica(sys, l.m, test::with_kv(layout, cfg.kv, cfg.max_step_tokens));
   wire::step_encoder enc;
   std::vector<request_id> released;
   std::vector<std::vector<int32_t>> out(reqs.size());

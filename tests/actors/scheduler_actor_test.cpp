@@ -55,8 +55,7 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
            {{{0, 5, 2}}, 1}, {{{0, 2, 1}, {2, 5, 1}}, 2}}) {
   CAPTURE(in_flight);
   scheduler_setup setup = test::scheduler_for(l, "r0", layout.size());
-  auto rep = spawn_replica(sys, l.m, layout, setup.config.num_blocks, setup.config.block_size,
-                           setup.config.max_step_tokens);
+  auto rep = spawn_replica(sys, l.m, test::with_kv(layout, setup.config.kv, setup.config.max_step_tokens));
   setup.agent = rep.agent;
   setup.stages = rep.stages;
   auto sched = spawn_scheduler(sys, setup);

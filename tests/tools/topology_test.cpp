@@ -57,7 +57,7 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CAPTURE(f.path().string());
     auto t = parse_topology(f.path().string());
     REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
-    CHECK(std::filesystem::exists(t->model_path));
+    CHECK(std::filesystem::exists(t->model.path));
     CHECK(validate_topology(*t, stories(), 0).has_value());
     CHECK(topology_warnings(*t, stories()).empty());
     ++n;
@@ -76,8 +76,8 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
   REQUIRE(pp->replicas[0].stages.size() == 2);
   CHECK(pp->replicas[0].stages[1].first_layer == 3);
   CHECK(pp->replicas[0].stages[1].devices.size() == 2);
-  CHECK(pp->num_blocks == 512);
-  CHECK(pp->capnp.str() == "127.0.0.1:7400");
+  CHECK(pp->kv.num_blocks == 512);
+  CHECK(pp->gateway.capnp.str() == "127.0.0.1:7400");
 }
 
 TEST_CASE("a correct two-stage replica passes") {
@@ -191,12 +191,12 @@ TEST_CASE("HTTP gateway settings: defaults, what a topology sets, and values out
   };
   auto t = with_gateway("");
   REQUIRE(t.has_value());
-  CHECK(t->max_connections == 1024);
-  CHECK(t->read_timeout_s == 30);
+  CHECK(t->gateway.max_connections == 1024);
+  CHECK(t->gateway.read_timeout_s == 30);
   auto u = with_gateway("max_connections = 200\nread_timeout_s = 5\n");
   REQUIRE(u.has_value());
-  CHECK(u->max_connections == 200);
-  CHECK(u->read_timeout_s == 5);
+  CHECK(u->gateway.max_connections == 200);
+  CHECK(u->gateway.read_timeout_s == 5);
   for (const char* bad : {"max_connections = 0\n", "max_connections = 100000\n"}) {
     auto v = with_gateway(bad);
     REQUIRE_FALSE(v.has_value());
@@ -209,10 +209,10 @@ TEST_CASE("HTTP gateway settings: defaults, what a topology sets, and values out
   REQUIRE_FALSE(x.has_value());
   CHECK(x.err().message.find("'read_timeout_s' must be an integer") != std::string::npos);
   // Browser origins: scheme and host (and port), or "*".
-  CHECK(t->cors_origins.empty());
+  CHECK(t->gateway.cors_origins.empty());
   auto o = with_gateway("cors_origins = [\"https://app.example\", \"http://localhost:3000\", \"*\"]\n");
   REQUIRE(o.has_value());
-  CHECK(o->cors_origins == std::vector<std::string>{"https://app.example", "http://localhost:3000", "*"});
+  CHECK(o->gateway.cors_origins == std::vector<std::string>{"https://app.example", "http://localhost:3000", "*"});
   for (const char* bad : {"cors_origins = [\"app.example\"]\n", "cors_origins = [\"https://app.example/ui\"]\n",
                           "cors_origins = [5]\n"}) {
     auto v = with_gateway(bad);
@@ -239,11 +239,11 @@ TEST_CASE("failure, GPU and KV cache settings: defaults, and what a topology set
   CHECK(t->failure.heartbeat_ms == 200);
   CHECK(t->failure.timeout_ms == 400);
   CHECK(t->failure.restart);
-  CHECK(t->gpu_weights == "bf16");
-  CHECK(t->chat_template == "auto");
+  CHECK(t->gpu.weights == dtype::bf16);
+  CHECK(t->model.chat_template == "auto");
   CHECK(t->replicas[0].scheduler_node == "n0");
-  CHECK_FALSE(t->kv_cache_type.has_value());
-  CHECK(t->prefix_cache_per_key);
+  CHECK_FALSE(t->kv.cache_type.has_value());
+  CHECK(t->kv.prefix_cache_per_key);
   auto u = parse_topology_text(std::string(base) + "[failure]\nheartbeat_ms = 100\ntimeout_ms = 250\nrestart = \"never\"\n"
                                                   "[gpu]\nweights = \"f32\"\n[kv]\ncache_type = \"q8_0\"\nprefix_cache_scope = \"all\"\n" + R"([[replica]]
 name = "r0"
@@ -254,9 +254,9 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
   CHECK(u->failure.heartbeat_ms == 100);
   CHECK(u->failure.timeout_ms == 250);
   CHECK_FALSE(u->failure.restart);
-  CHECK(u->gpu_weights == "f32");
-  CHECK(u->kv_cache_type == dtype::q8_0);
-  CHECK_FALSE(u->prefix_cache_per_key);
+  CHECK(u->gpu.weights == dtype::f32);
+  CHECK(u->kv.cache_type == dtype::q8_0);
+  CHECK_FALSE(u->kv.prefix_cache_per_key);
   CHECK(u->replicas[0].scheduler_node == "n1");
 }
 
@@ -290,6 +290,37 @@ TEST_CASE("a KV cache smaller than the model's context is warned of, with the fi
   auto enough = parse_topology_text(std::string(base) + ok_replica + "[kv]\nnum_blocks = 32\nblock_size = 16\n", "t.toml", "/d");
   REQUIRE(enough.has_value());
   CHECK(topology_warnings(*enough, stories()).empty());  // 512 tokens: the whole context
+}
+
+TEST_CASE("unknown tables and keys are errors, each with its file and line, and a near name suggested") {
+  // A misspelled key in [model], an unknown table, a stray key in a stage: each used to pass.
+  const std::string text = std::string(base) + ok_replica;
+  auto with_model_key = parse_topology_text(
+      std::string(text).insert(text.find("[gateway]"), "tokenizr = \"tok.bin\"\n"), "t.toml", "/d");
+  REQUIRE_FALSE(with_model_key.has_value());
+  CHECK(with_model_key.err().message == "t.toml:4: [model]: unknown key 'tokenizr'; did you mean 'tokenizer'?");
+  auto foo = parse_topology_text(text + "[foo]\nbar = 1\n", "t.toml", "/d");
+  REQUIRE_FALSE(foo.has_value());
+  CHECK(foo.err().message.find("t.toml:19: unknown table [foo]") == 0);
+  auto gpus = parse_topology_text(std::string(base) + R"([[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu"], gpus = 2 } ])",
+                                  "t.toml", "/d");
+  REQUIRE_FALSE(gpus.has_value());
+  CHECK(gpus.err().message ==
+        "t.toml:17: replica 'r0', stage 0: unknown key 'gpus' (it takes node, layers, devices)");
+  auto node_key = parse_topology_text(std::string(base) + "[[node]]\nname = \"n2\"\nhost = \"127.0.0.1\"\nport = 7412\nthread = 2\n" +
+                                          ok_replica,
+                                      "t.toml", "/d");
+  REQUIRE_FALSE(node_key.has_value());
+  CHECK(node_key.err().message == "t.toml:19: [[node]] #3: unknown key 'thread'; did you mean 'threads'?");
+  // A value of the wrong type or out of range names its own line.
+  auto range = parse_topology_text(text + "[kv]\nblock_size = 16\nnum_blocks = 0\n", "t.toml", "/d");
+  REQUIRE_FALSE(range.has_value());
+  CHECK(range.err().message == "t.toml:21: [kv]: num_blocks must be in 1..1073741824");
+  // A table written as a value, and an array of tables written as one.
+  CHECK(parse_topology_text("kv = 5\n" + text, "t.toml", "/d").err().message.find("t.toml:1: 'kv' must be a table") !=
+        std::string::npos);
 }
 
 }  // namespace troupe::tools

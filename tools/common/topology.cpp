@@ -1,8 +1,12 @@
 #include "tools/common/topology.hpp"
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include <toml++/toml.h>
 
@@ -13,15 +17,63 @@ namespace troupe::tools {
 
 namespace {
 
+using keys = std::initializer_list<std::string_view>;
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Reads values out of the parsed file; the first mistake found is kept, with the file and
+// the line it is on.
 class reader {
  public:
-  explicit reader(std::string name) : name_(std::move(name)) {}
+  explicit reader(std::string file) : file_(std::move(file)) {}
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error_message() const { return error_; }
+
+  // A mistake at `at`'s line (the file alone where there is none to point at).
+  bool fail(const toml::node* at, const std::string& what) {
+    if (!error_.empty()) return false;
+    error_ = file_;
+    if (at && at->source().begin.line > 0) error_ += ":" + std::to_string(at->source().begin.line);
+    error_ += ": " + what;
+    return false;
+  }
+
+  // Every key of `t` is one of `known`.
+  bool only(const toml::table& t, const std::string& where, keys known) {
+    for (const auto& [k, v] : t) {
+      const std::string_view key = k.str();
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      std::string hint, list;
+      size_t best = 3;
+      for (std::string_view c : known) {
+        list += (list.empty() ? "" : ", ") + std::string(c);
+        if (const size_t d = edit_distance(key, c); d < best) best = d, hint = c;
+      }
+      return fail(&v, where + ": unknown key '" + std::string(key) + "'" +
+                          (hint.empty() ? " (it takes " + list + ")" : "; did you mean '" + hint + "'?"));
+    }
+    return true;
+  }
 
   template <class T>
-  bool get(const toml::table& t, const std::string& where, const char* key, T& out, bool required) {
+  bool get(const toml::table& t, const std::string& where, const char* key, T& out, bool required = false) {
     const toml::node* n = t.get(key);
     if (!n) {
-      if (required) fail(where + ": '" + key + "' is missing");
+      if (required) fail(&t, where + ": '" + key + "' is missing");
       return false;
     }
     if constexpr (std::is_same_v<T, std::string>) {
@@ -29,55 +81,187 @@ class reader {
         out = *v;
         return true;
       }
-      fail(where + ": '" + key + "' must be a string");
+      fail(n, where + ": '" + key + "' must be a string");
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (auto v = n->value<bool>()) {
+        out = *v;
+        return true;
+      }
+      fail(n, where + ": '" + key + "' must be true or false");
     } else {
       if (auto v = n->value<int64_t>()) {
-        if (*v < 0 || *v > INT32_MAX) {
-          fail(where + ": '" + key + "' = " + std::to_string(*v) + " is out of range");
-          return false;
-        }
+        if (*v < 0 || *v > INT32_MAX) return fail(n, where + ": '" + key + "' = " + std::to_string(*v) + " is out of range");
         out = static_cast<T>(*v);
         return true;
       }
-      fail(where + ": '" + key + "' must be an integer");
+      fail(n, where + ": '" + key + "' must be an integer");
     }
     return false;
   }
 
-  bool port_of(int64_t v, const std::string& where, uint16_t& out) {
-    if (v < 1 || v > 65535) return fail(where + ": port " + std::to_string(v) + " is not in 1..65535");
+  // An integer key within [lo, hi], or a mistake saying so.
+  template <class T>
+  void get_in(const toml::table& t, const std::string& where, const char* key, T& out, int64_t lo, int64_t hi) {
+    if (get(t, where, key, out) && (int64_t{out} < lo || int64_t{out} > hi))
+      fail(t.get(key), where + ": " + key + " must be in " + std::to_string(lo) + ".." + std::to_string(hi));
+  }
+
+  bool port_of(int64_t v, const toml::node* at, const std::string& where, uint16_t& out) {
+    if (v < 1 || v > 65535) return fail(at, where + ": port " + std::to_string(v) + " is not in 1..65535");
     out = static_cast<uint16_t>(v);
     return true;
   }
 
-  bool endpoint_of(const std::string& s, const std::string& where, endpoint& out) {
-    const size_t colon = s.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      return fail(where + ": '" + s + "' is not HOST:PORT");
-    out.host = s.substr(0, colon);
-    const std::string port = s.substr(colon + 1);
-    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
-      return fail(where + ": '" + s + "' has no valid port");
-    return port_of(std::stol(port), where, out.port) && host_ok(out.host, where);
-  }
-
-  bool host_ok(const std::string& h, const std::string& where) {
-    if (h.empty() || h.size() > 253 || h.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != std::string::npos)
-      return fail(where + ": host '" + h + "' is not a host name or IPv4 address");
+  bool host_ok(const std::string& h, const toml::node* at, const std::string& where) {
+    if (h.empty() || h.size() > 253 ||
+        h.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != std::string::npos)
+      return fail(at, where + ": host '" + h + "' is not a host name or IPv4 address");
     return true;
   }
 
-  bool fail(const std::string& what) {
-    if (error_.empty()) error_ = name_ + ": " + what;
-    return false;
+  bool endpoint_of(const toml::table& t, const std::string& where, const char* key, endpoint& out, bool required) {
+    std::string s;
+    if (!get(t, where, key, s, required)) return false;
+    const toml::node* at = t.get(key);
+    const std::string what = where + " " + key;
+    const size_t colon = s.rfind(':');
+    if (colon == std::string::npos || colon == 0) return fail(at, what + ": '" + s + "' is not HOST:PORT");
+    out.host = s.substr(0, colon);
+    const std::string port = s.substr(colon + 1);
+    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+      return fail(at, what + ": '" + s + "' has no valid port");
+    return port_of(std::stol(port), at, what, out.port) && host_ok(out.host, at, what);
   }
-  bool ok() const { return error_.empty(); }
-  const std::string& error_message() const { return error_; }
 
  private:
-  std::string name_;
+  std::string file_;
   std::string error_;
 };
+
+// The tables of a topology, and what each may hold.
+constexpr std::array<std::string_view, 8> top_tables = {"model", "gateway", "kv", "scheduler", "failure", "gpu", "node", "replica"};
+
+model_section parse_model(reader& rd, const toml::table& t, const std::string& base_dir) {
+  model_section m;
+  rd.only(t, "[model]", {"path", "tokenizer", "name", "chat_template"});
+  rd.get(t, "[model]", "path", m.path, true);
+  rd.get(t, "[model]", "tokenizer", m.tokenizer);
+  rd.get(t, "[model]", "name", m.name);
+  if (rd.get(t, "[model]", "chat_template", m.chat_template) && m.chat_template != "auto" && m.chat_template != "raw" &&
+      m.chat_template != "llama2" && m.chat_template != "chatml")
+    rd.fail(t.get("chat_template"), "[model]: chat_template must be auto, raw, llama2 or chatml");
+  auto resolve = [&](std::string& p) {
+    if (!p.empty() && std::filesystem::path(p).is_relative())
+      p = (std::filesystem::path(base_dir) / p).lexically_normal().string();
+  };
+  resolve(m.path);
+  resolve(m.tokenizer);
+  if (m.name.empty()) m.name = std::filesystem::path(m.path).stem().string();
+  return m;
+}
+
+gateway_section parse_gateway(reader& rd, const toml::table& t, const std::string& base_dir) {
+  gateway_section g;
+  const std::string w = "[gateway]";
+  rd.only(t, w, {"node", "capnp", "http", "api_keys_file", "cors_origins", "max_connections", "read_timeout_s"});
+  rd.get(t, w, "node", g.node, true);
+  rd.endpoint_of(t, w, "capnp", g.capnp, true);
+  rd.endpoint_of(t, w, "http", g.http, false);
+  if (rd.get(t, w, "api_keys_file", g.api_keys_file) && std::filesystem::path(g.api_keys_file).is_relative())
+    g.api_keys_file = (std::filesystem::path(base_dir) / g.api_keys_file).lexically_normal().string();
+  if (const toml::node* origins = t.get("cors_origins")) {
+    const toml::array* a = origins->as_array();
+    if (!a) rd.fail(origins, w + ": 'cors_origins' must be an array of origins (\"https://host[:port]\") or [\"*\"]");
+    for (size_t i = 0; a && rd.ok() && i < a->size(); ++i) {
+      auto v = (*a)[i].value<std::string>();
+      const bool origin = v && (*v == "*" || ((v->rfind("http://", 0) == 0 || v->rfind("https://", 0) == 0) &&
+                                              v->find('/', v->find("//") + 2) == std::string::npos));
+      if (!origin)
+        rd.fail(origins, w + ": cors_origins entry " + std::to_string(i) +
+                             " must be an origin (scheme and host, no path: \"https://app.example\") or \"*\"");
+      else
+        g.cors_origins.push_back(*v);
+    }
+  }
+  rd.get_in(t, w, "max_connections", g.max_connections, 1, 65536);
+  rd.get_in(t, w, "read_timeout_s", g.read_timeout_s, 1, 3600);
+  return g;
+}
+
+kv_config parse_kv(reader& rd, const toml::table& t) {
+  kv_config kv;
+  const std::string w = "[kv]";
+  rd.only(t, w, {"block_size", "num_blocks", "prefix_caching", "prefix_cache_scope", "cache_type"});
+  rd.get_in(t, w, "block_size", kv.block_size, 1, 1024);
+  rd.get_in(t, w, "num_blocks", kv.num_blocks, 1, int64_t{1} << 30);
+  rd.get(t, w, "prefix_caching", kv.prefix_caching);
+  std::string scope;
+  if (rd.get(t, w, "prefix_cache_scope", scope)) {
+    if (scope == "key" || scope == "all")
+      kv.prefix_cache_per_key = scope == "key";
+    else
+      rd.fail(t.get("prefix_cache_scope"),
+              w + ": prefix_cache_scope must be \"key\" (cached prompts shared within one API key) or \"all\"");
+  }
+  std::string cache_type;
+  if (rd.get(t, w, "cache_type", cache_type)) {
+    if (auto d = transformer_shard::kv_type_named(cache_type, w + ": cache_type \"" + cache_type + "\""))
+      kv.cache_type = *d;
+    else
+      rd.fail(t.get("cache_type"), d.err().message);
+  }
+  return kv;
+}
+
+scheduler_config parse_scheduler(reader& rd, const toml::table& t) {
+  scheduler_config s;
+  rd.only(t, "[scheduler]", {"max_step_tokens", "max_running"});
+  rd.get_in(t, "[scheduler]", "max_step_tokens", s.max_step_tokens, 1, 1 << 20);
+  rd.get_in(t, "[scheduler]", "max_running", s.max_running, 1, 1 << 16);
+  return s;
+}
+
+failure_config parse_failure(reader& rd, const toml::table& t) {
+  failure_config f;
+  const std::string w = "[failure]";
+  rd.only(t, w, {"heartbeat_ms", "timeout_ms", "recovery_timeout_s", "restart"});
+  rd.get_in(t, w, "heartbeat_ms", f.heartbeat_ms, 10, 60000);
+  rd.get(t, w, "timeout_ms", f.timeout_ms);
+  if (rd.ok() && (f.timeout_ms <= f.heartbeat_ms || f.timeout_ms > 600000))
+    rd.fail(t.get("timeout_ms") ? t.get("timeout_ms") : &t, w + ": timeout_ms must exceed heartbeat_ms (and be at most 600000)");
+  rd.get_in(t, w, "recovery_timeout_s", f.recovery_timeout_s, 1, 86400);
+  std::string restart = "always";
+  if (rd.get(t, w, "restart", restart) && restart != "always" && restart != "never")
+    rd.fail(t.get("restart"), w + ": restart must be \"always\" or \"never\"");
+  f.restart = restart == "always";
+  return f;
+}
+
+gpu_config parse_gpu(reader& rd, const toml::table& t) {
+  gpu_config g;
+  rd.only(t, "[gpu]", {"weights"});
+  std::string weights;
+  if (rd.get(t, "[gpu]", "weights", weights)) {
+    const auto d = dtype_named(weights);
+    if (!d || (*d != dtype::bf16 && *d != dtype::f16 && *d != dtype::f32))
+      rd.fail(t.get("weights"), "[gpu]: weights must be bf16, f16 or f32");
+    else
+      g.weights = *d;
+  }
+  return g;
+}
+
+node_spec parse_node(reader& rd, const toml::table& t, const std::string& where) {
+  node_spec n;
+  rd.only(t, where, {"name", "host", "port", "threads"});
+  rd.get(t, where, "name", n.name, true);
+  const std::string named = where + " '" + n.name + "'";
+  if (rd.get(t, where, "host", n.host, true)) rd.host_ok(n.host, t.get("host"), named);
+  int64_t port = 0;
+  if (rd.get(t, where, "port", port, true)) rd.port_of(port, t.get("port"), named, n.port);
+  rd.get_in(t, named, "threads", n.threads, 1, 1024);
+  return n;
+}
 
 bool parse_layers(const std::string& s, int32_t& first, int32_t& last) {
   if (s == "all") {
@@ -106,7 +290,94 @@ bool device_ok(const std::string& d) {
   return d.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
+stage_spec parse_stage(reader& rd, const toml::table& t, const std::string& where) {
+  stage_spec s;
+  rd.only(t, where, {"node", "layers", "devices"});
+  std::string layers;
+  rd.get(t, where, "node", s.node, true);
+  if (rd.get(t, where, "layers", layers, true) && !parse_layers(layers, s.first_layer, s.last_layer))
+    rd.fail(t.get("layers"), where + ": layers '" + layers + "' is not FIRST-LAST");
+  const toml::array* devs = t["devices"].as_array();
+  if (rd.ok() && (!devs || devs->empty())) rd.fail(&t, where + ": 'devices' must be a non-empty array");
+  for (size_t d = 0; rd.ok() && d < devs->size(); ++d) {
+    auto v = (*devs)[d].value<std::string>();
+    if (!v || !device_ok(*v))
+      rd.fail(devs, where + ": device " + std::to_string(d) + " must be \"cpu\" or \"cuda:N\"");
+    else
+      s.devices.push_back(*v);
+  }
+  // The shards of a stage all-reduce on one kind of device, one shard per GPU.
+  std::set<int> seen;  // device numbers ("cuda:01" is cuda:1)
+  for (size_t d = 0; rd.ok() && d < s.devices.size(); ++d) {
+    const std::string& dev = s.devices[d];
+    if ((dev == "cpu") != (s.devices[0] == "cpu"))
+      rd.fail(devs, where + ": devices mix \"cpu\" and GPUs; a stage's tensor-parallel shards must all be on the CPU or all on GPUs");
+    else if (dev != "cpu" && !seen.insert(std::stoi(dev.substr(5))).second)
+      rd.fail(devs, where + ": device " + dev + " is named twice; each GPU shard of a stage needs a GPU of its own");
+  }
+  return s;
+}
+
+replica_spec parse_replica(reader& rd, const toml::table& t, const std::string& where) {
+  replica_spec r;
+  rd.only(t, where, {"name", "stages", "scheduler"});
+  rd.get(t, where, "name", r.name, true);
+  rd.get(t, where, "scheduler", r.scheduler_node);
+  const toml::array* stages = t["stages"].as_array();
+  if (rd.ok() && (!stages || stages->empty())) rd.fail(&t, "replica '" + r.name + "': 'stages' must be a non-empty array");
+  for (size_t s = 0; rd.ok() && s < stages->size(); ++s) {
+    const std::string sw = "replica '" + r.name + "', stage " + std::to_string(s);
+    const toml::table* st = (*stages)[s].as_table();
+    if (!st) {
+      rd.fail(&(*stages)[s], sw + " is not an inline table");
+      break;
+    }
+    r.stages.push_back(parse_stage(rd, *st, sw));
+  }
+  if (rd.ok() && r.scheduler_node.empty()) r.scheduler_node = r.stages[0].node;
+  return r;
+}
+
+// The names and ports every node, endpoint and replica claims: each once.
+void check_names(reader& rd, const topology& t, const toml::table& root) {
+  const toml::array* node_tables = root["node"].as_array();
+  const toml::array* replica_tables = root["replica"].as_array();
+  std::set<std::string> names;
+  std::map<std::string, std::string> ports;  // host:port -> who
+  auto claim = [&](const endpoint& e, const std::string& who, const toml::node* at) {
+    auto [it, fresh] = ports.emplace(e.str(), who);
+    if (!fresh) rd.fail(at, "port clash: " + who + " and " + it->second + " both use " + e.str());
+  };
+  for (size_t i = 0; rd.ok() && i < t.nodes.size(); ++i) {
+    const node_spec& n = t.nodes[i];
+    const toml::node* at = &(*node_tables)[i];
+    if (!names.insert(n.name).second) rd.fail(at, "node name '" + n.name + "' is used twice");
+    claim({n.host, n.port}, "node '" + n.name + "'", at);
+  }
+  const toml::node* gw = root.get("gateway");
+  if (rd.ok() && !names.count(t.gateway.node)) rd.fail(gw, "[gateway] names unknown node '" + t.gateway.node + "'");
+  if (rd.ok()) claim(t.gateway.capnp, "the gateway's capnp endpoint", gw);
+  if (rd.ok() && t.gateway.http.port != 0) claim(t.gateway.http, "the gateway's http endpoint", gw);
+  std::set<std::string> replica_names;
+  for (size_t i = 0; rd.ok() && i < t.replicas.size(); ++i) {
+    const replica_spec& r = t.replicas[i];
+    const toml::node* at = &(*replica_tables)[i];
+    if (!replica_names.insert(r.name).second) rd.fail(at, "replica name '" + r.name + "' is used twice");
+    for (size_t s = 0; rd.ok() && s < r.stages.size(); ++s)
+      if (!names.count(r.stages[s].node))
+        rd.fail(at, "replica '" + r.name + "', stage " + std::to_string(s) + ": unknown node '" + r.stages[s].node + "'");
+    if (rd.ok() && !names.count(r.scheduler_node))
+      rd.fail(at, "replica '" + r.name + "': scheduler on unknown node '" + r.scheduler_node + "'");
+  }
+}
+
 }  // namespace
+
+const node_spec* topology::node_named(const std::string& name) const {
+  for (const auto& n : nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
 
 expected<topology> parse_topology_text(const std::string& text, const std::string& name,
                                        const std::string& base_dir) {
@@ -115,200 +386,49 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     root = toml::parse(text, name);
   } catch (const toml::parse_error& e) {
     const auto& src = e.source();
-    return error{name + ":" + std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column) +
-                 ": " + std::string(e.description())};
+    return error{name + ":" + std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column) + ": " +
+                 std::string(e.description())};
   }
   reader rd(name);
   topology t;
   t.path = name;
-
-  const toml::table* model = root["model"].as_table();
-  if (!model) return error{name + ": the [model] table is missing"};
-  rd.get(*model, "[model]", "path", t.model_path, true);
-  rd.get(*model, "[model]", "tokenizer", t.tokenizer_path, false);
-  rd.get(*model, "[model]", "name", t.model_name, false);
-  rd.get(*model, "[model]", "chat_template", t.chat_template, false);
-  if (rd.ok() && t.chat_template != "auto" && t.chat_template != "raw" && t.chat_template != "llama2" &&
-      t.chat_template != "chatml")
-    rd.fail("[model]: chat_template must be auto, raw, llama2 or chatml");
-  auto resolve = [&](std::string& p) {
-    if (!p.empty() && std::filesystem::path(p).is_relative()) p = (std::filesystem::path(base_dir) / p).lexically_normal().string();
-  };
-  resolve(t.model_path);
-  resolve(t.tokenizer_path);
-  if (t.model_name.empty()) t.model_name = std::filesystem::path(t.model_path).stem().string();
-
-  const toml::table* gw = root["gateway"].as_table();
-  if (!gw) return error{name + ": the [gateway] table is missing"};
-  std::string capnp, http;
-  rd.get(*gw, "[gateway]", "node", t.gateway_node, true);
-  if (rd.get(*gw, "[gateway]", "capnp", capnp, true)) rd.endpoint_of(capnp, "[gateway] capnp", t.capnp);
-  if (rd.get(*gw, "[gateway]", "http", http, false)) rd.endpoint_of(http, "[gateway] http", t.http);
-  rd.get(*gw, "[gateway]", "api_keys_file", t.api_keys_file, false);
-  resolve(t.api_keys_file);
-  if (const toml::node* origins = gw->get("cors_origins")) {
-    const toml::array* a = origins->as_array();
-    if (!a) rd.fail("[gateway]: 'cors_origins' must be an array of origins (\"https://host[:port]\") or [\"*\"]");
-    for (size_t i = 0; a && rd.ok() && i < a->size(); ++i) {
-      auto v = (*a)[i].value<std::string>();
-      const bool origin = v && (*v == "*" || ((v->rfind("http://", 0) == 0 || v->rfind("https://", 0) == 0) &&
-                                              v->find('/', v->find("//") + 2) == std::string::npos));
-      if (!origin)
-        rd.fail("[gateway]: cors_origins entry " + std::to_string(i) +
-                " must be an origin (scheme and host, no path: \"https://app.example\") or \"*\"");
-      else
-        t.cors_origins.push_back(*v);
-    }
-  }
-  rd.get(*gw, "[gateway]", "max_connections", t.max_connections, false);
-  rd.get(*gw, "[gateway]", "read_timeout_s", t.read_timeout_s, false);
-  if (rd.ok() && (t.max_connections < 1 || t.max_connections > 65536))
-    rd.fail("[gateway]: max_connections must be in 1..65536");
-  if (rd.ok() && (t.read_timeout_s < 1 || t.read_timeout_s > 3600))
-    rd.fail("[gateway]: read_timeout_s must be in 1..3600");
-
-  if (const toml::table* kv = root["kv"].as_table()) {
-    rd.get(*kv, "[kv]", "block_size", t.block_size, false);
-    rd.get(*kv, "[kv]", "num_blocks", t.num_blocks, false);
-    if (const toml::node* pc = kv->get("prefix_caching")) {
-      if (auto b = pc->value<bool>()) t.prefix_caching = *b;
-      else rd.fail("[kv]: 'prefix_caching' must be true or false");
-    }
-    std::string scope;
-    if (rd.get(*kv, "[kv]", "prefix_cache_scope", scope, false) && rd.ok()) {
-      if (scope == "key" || scope == "all") t.prefix_cache_per_key = scope == "key";
-      else rd.fail("[kv]: prefix_cache_scope must be \"key\" (cached prompts shared within one API key) or \"all\"");
-    }
-    std::string cache_type;
-    if (rd.get(*kv, "[kv]", "cache_type", cache_type, false) && rd.ok()) {
-      if (auto d = transformer_shard::kv_type_named(cache_type, "[kv]: cache_type \"" + cache_type + "\""))
-        t.kv_cache_type = *d;
-      else
-        rd.fail(d.err().message);
-    }
-    if (rd.ok() && (t.block_size < 1 || t.block_size > 1024)) rd.fail("[kv]: block_size must be in 1..1024");
-    if (rd.ok() && t.num_blocks < 1) rd.fail("[kv]: num_blocks must be at least 1");
-  }
-  if (const toml::table* s = root["scheduler"].as_table()) {
-    rd.get(*s, "[scheduler]", "max_step_tokens", t.max_step_tokens, false);
-    rd.get(*s, "[scheduler]", "max_running", t.max_running, false);
-    if (rd.ok() && (t.max_step_tokens < 1 || t.max_running < 1)) rd.fail("[scheduler]: limits must be at least 1");
-  }
-
-  if (const toml::table* g = root["gpu"].as_table()) {
-    rd.get(*g, "[gpu]", "weights", t.gpu_weights, false);
-    if (rd.ok() && t.gpu_weights != "bf16" && t.gpu_weights != "f16" && t.gpu_weights != "f32")
-      rd.fail("[gpu]: weights must be bf16, f16 or f32");
-  }
-  if (const toml::table* f = root["failure"].as_table()) {
-    rd.get(*f, "[failure]", "heartbeat_ms", t.failure.heartbeat_ms, false);
-    rd.get(*f, "[failure]", "timeout_ms", t.failure.timeout_ms, false);
-    rd.get(*f, "[failure]", "recovery_timeout_s", t.failure.recovery_timeout_s, false);
-    std::string restart = "always";
-    rd.get(*f, "[failure]", "restart", restart, false);
-    if (rd.ok() && restart != "always" && restart != "never") rd.fail("[failure]: restart must be \"always\" or \"never\"");
-    t.failure.restart = restart == "always";
-    if (rd.ok() && (t.failure.heartbeat_ms < 10 || t.failure.heartbeat_ms > 60000))
-      rd.fail("[failure]: heartbeat_ms must be in 10..60000");
-    if (rd.ok() && (t.failure.timeout_ms <= t.failure.heartbeat_ms || t.failure.timeout_ms > 600000))
-      rd.fail("[failure]: timeout_ms must exceed heartbeat_ms (and be at most 600000)");
-    if (rd.ok() && (t.failure.recovery_timeout_s < 1 || t.failure.recovery_timeout_s > 86400))
-      rd.fail("[failure]: recovery_timeout_s must be in 1..86400");
-  }
-
-  const toml::array* nodes = root["node"].as_array();
-  if (!nodes || nodes->empty()) return error{name + ": no [[node]] is declared"};
-  for (size_t i = 0; i < nodes->size() && rd.ok(); ++i) {
-    const toml::table* n = (*nodes)[i].as_table();
-    const std::string where = "[[node]] #" + std::to_string(i + 1);
-    if (!n) {
-      rd.fail(where + " is not a table");
+  // Every table is one the format has, in the shape it has.
+  for (const auto& [k, v] : root) {
+    const std::string_view key = k.str();
+    if (std::find(top_tables.begin(), top_tables.end(), key) == top_tables.end()) {
+      rd.fail(&v, "unknown table [" + std::string(key) + "] (a topology has [model], [gateway], [kv], [scheduler], "
+                  "[failure], [gpu], [[node]] and [[replica]])");
       break;
     }
-    node_spec ns;
-    int64_t port = 0;
-    rd.get(*n, where, "name", ns.name, true);
-    rd.get(*n, where, "host", ns.host, true);
-    if (rd.get(*n, where, "port", port, true)) rd.port_of(port, where + " '" + ns.name + "'", ns.port);
-    rd.get(*n, where, "threads", ns.threads, false);
-    if (rd.ok()) rd.host_ok(ns.host, where + " '" + ns.name + "'");
-    if (rd.ok() && (ns.threads < 1 || ns.threads > 1024)) rd.fail(where + " '" + ns.name + "': threads must be in 1..1024");
-    t.nodes.push_back(ns);
-  }
-
-  const toml::array* replicas = root["replica"].as_array();
-  if (rd.ok() && (!replicas || replicas->empty())) rd.fail("no [[replica]] is declared");
-  for (size_t i = 0; rd.ok() && i < replicas->size(); ++i) {
-    const toml::table* r = (*replicas)[i].as_table();
-    const std::string where = "[[replica]] #" + std::to_string(i + 1);
-    if (!r) {
-      rd.fail(where + " is not a table");
+    const bool array = key == "node" || key == "replica";
+    if (array ? !v.is_array_of_tables() : !v.is_table()) {
+      rd.fail(&v, array ? "[[" + std::string(key) + "]] must be an array of tables"
+                        : "'" + std::string(key) + "' must be a table ([" + std::string(key) + "])");
       break;
     }
-    replica_spec rs;
-    rd.get(*r, where, "name", rs.name, true);
-    rd.get(*r, where, "scheduler", rs.scheduler_node, false);
-    const toml::array* stages = (*r)["stages"].as_array();
-    if (rd.ok() && (!stages || stages->empty())) rd.fail("replica '" + rs.name + "': 'stages' must be a non-empty array");
-    for (size_t s = 0; rd.ok() && s < stages->size(); ++s) {
-      const std::string sw = "replica '" + rs.name + "', stage " + std::to_string(s);
-      const toml::table* st = (*stages)[s].as_table();
-      if (!st) {
-        rd.fail(sw + " is not an inline table");
-        break;
-      }
-      stage_spec ss;
-      std::string layers;
-      rd.get(*st, sw, "node", ss.node, true);
-      if (rd.get(*st, sw, "layers", layers, true) && !parse_layers(layers, ss.first_layer, ss.last_layer))
-        rd.fail(sw + ": layers '" + layers + "' is not FIRST-LAST");
-      const toml::array* devs = (*st)["devices"].as_array();
-      if (rd.ok() && (!devs || devs->empty())) rd.fail(sw + ": 'devices' must be a non-empty array");
-      for (size_t d = 0; rd.ok() && d < devs->size(); ++d) {
-        auto v = (*devs)[d].value<std::string>();
-        if (!v || !device_ok(*v)) rd.fail(sw + ": device " + std::to_string(d) + " must be \"cpu\" or \"cuda:N\"");
-        else ss.devices.push_back(*v);
-      }
-      // The shards of a stage all-reduce on one kind of device, one shard per GPU.
-      std::set<int> seen;  // device numbers ("cuda:01" is cuda:1)
-      for (size_t d = 0; rd.ok() && d < ss.devices.size(); ++d) {
-        const std::string& dev = ss.devices[d];
-        if ((dev == "cpu") != (ss.devices[0] == "cpu"))
-          rd.fail(sw + ": devices mix \"cpu\" and GPUs; a stage's tensor-parallel shards must all be on the CPU or all on GPUs");
-        else if (dev != "cpu" && !seen.insert(std::stoi(dev.substr(5))).second)
-          rd.fail(sw + ": device " + dev + " is named twice; each GPU shard of a stage needs a GPU of its own");
-      }
-      rs.stages.push_back(ss);
-    }
-    if (rd.ok() && rs.scheduler_node.empty()) rs.scheduler_node = rs.stages[0].node;
-    t.replicas.push_back(rs);
   }
   if (!rd.ok()) return error{rd.error_message()};
-
-  // Names and ports.
-  std::set<std::string> names;
-  std::map<std::string, std::string> ports;  // host:port -> who
-  auto claim = [&](const endpoint& e, const std::string& who) -> bool {
-    auto [it, fresh] = ports.emplace(e.str(), who);
-    if (!fresh) return rd.fail("port clash: " + who + " and " + it->second + " both use " + e.str());
-    return true;
-  };
-  for (const auto& n : t.nodes) {
-    if (!names.insert(n.name).second) return error{name + ": node name '" + n.name + "' is used twice"};
-    if (!claim({n.host, n.port}, "node '" + n.name + "'")) return error{rd.error_message()};
-  }
-  if (!names.count(t.gateway_node)) return error{name + ": [gateway] names unknown node '" + t.gateway_node + "'"};
-  if (!claim(t.capnp, "the gateway's capnp endpoint")) return error{rd.error_message()};
-  if (t.http.port != 0 && !claim(t.http, "the gateway's http endpoint")) return error{rd.error_message()};
-  std::set<std::string> replica_names;
-  for (const auto& r : t.replicas) {
-    if (!replica_names.insert(r.name).second) return error{name + ": replica name '" + r.name + "' is used twice"};
-    for (size_t s = 0; s < r.stages.size(); ++s)
-      if (!names.count(r.stages[s].node))
-        return error{name + ": replica '" + r.name + "', stage " + std::to_string(s) + ": unknown node '" + r.stages[s].node + "'"};
-    if (!names.count(r.scheduler_node))
-      return error{name + ": replica '" + r.name + "': scheduler on unknown node '" + r.scheduler_node + "'"};
-  }
+  const toml::table* model = root["model"].as_table();
+  if (!model) return error{name + ": the [model] table is missing"};
+  const toml::table* gateway = root["gateway"].as_table();
+  if (!gateway) return error{name + ": the [gateway] table is missing"};
+  t.model = parse_model(rd, *model, base_dir);
+  if (rd.ok()) t.gateway = parse_gateway(rd, *gateway, base_dir);
+  if (const toml::table* kv = root["kv"].as_table(); kv && rd.ok()) t.kv = parse_kv(rd, *kv);
+  if (const toml::table* s = root["scheduler"].as_table(); s && rd.ok()) t.scheduler = parse_scheduler(rd, *s);
+  if (const toml::table* f = root["failure"].as_table(); f && rd.ok()) t.failure = parse_failure(rd, *f);
+  if (const toml::table* g = root["gpu"].as_table(); g && rd.ok()) t.gpu = parse_gpu(rd, *g);
+  if (!rd.ok()) return error{rd.error_message()};
+  const toml::array* nodes = root["node"].as_array();
+  if (!nodes || nodes->empty()) return error{name + ": no [[node]] is declared"};
+  for (size_t i = 0; i < nodes->size() && rd.ok(); ++i)
+    t.nodes.push_back(parse_node(rd, *(*nodes)[i].as_table(), "[[node]] #" + std::to_string(i + 1)));
+  const toml::array* replicas = root["replica"].as_array();
+  if (rd.ok() && (!replicas || replicas->empty())) rd.fail(nullptr, "no [[replica]] is declared");
+  for (size_t i = 0; rd.ok() && i < replicas->size(); ++i)
+    t.replicas.push_back(parse_replica(rd, *(*replicas)[i].as_table(), "[[replica]] #" + std::to_string(i + 1)));
+  if (rd.ok()) check_names(rd, t, root);
+  if (!rd.ok()) return error{rd.error_message()};
   return t;
 }
 
@@ -329,10 +449,10 @@ expected<topology> parse_topology(const std::string& path) {
 }
 
 std::string topology_warnings(const topology& t, const model_config& m) {
-  const int64_t kv_tokens = int64_t{t.num_blocks} * t.block_size;
+  const int64_t kv_tokens = int64_t{t.kv.num_blocks} * t.kv.block_size;
   if (kv_tokens >= m.max_seq_len) return "";
-  return "the KV cache holds " + std::to_string(kv_tokens) + " tokens ([kv] num_blocks " + std::to_string(t.num_blocks) +
-         " x block_size " + std::to_string(t.block_size) + "), fewer than the model's context of " +
+  return "the KV cache holds " + std::to_string(kv_tokens) + " tokens ([kv] num_blocks " + std::to_string(t.kv.num_blocks) +
+         " x block_size " + std::to_string(t.kv.block_size) + "), fewer than the model's context of " +
          std::to_string(m.max_seq_len) + ": a request that outgrows it ends early, with finish reason length";
 }
 
@@ -344,14 +464,11 @@ status validate_topology(const topology& t, const model_config& m, int32_t q8_gr
       const int32_t last = end_layer(st, m.num_layers) - 1;
       const std::string where = t.path + ": replica '" + r.name + "', stage " + std::to_string(s) + " (layers " +
                                 std::to_string(st.first_layer) + "-" + std::to_string(last) + ")";
-      if (st.first_layer < next)
-        return error{where + " overlaps the layers of the stage before it"};
+      if (st.first_layer < next) return error{where + " overlaps the layers of the stage before it"};
       if (st.first_layer > next)
         return error{where + " leaves layers " + std::to_string(next) + "-" + std::to_string(st.first_layer - 1) + " to no stage"};
-      if (last < st.first_layer)
-        return error{where + " holds no layer"};
-      if (last >= m.num_layers)
-        return error{where + " goes past the model's last layer, " + std::to_string(m.num_layers - 1)};
+      if (last < st.first_layer) return error{where + " holds no layer"};
+      if (last >= m.num_layers) return error{where + " goes past the model's last layer, " + std::to_string(m.num_layers - 1)};
       if (auto e = check_tp_split(m, static_cast<int32_t>(st.devices.size()), q8_group_size))
         return error{where + ": " + std::to_string(st.devices.size()) + " devices: " + *e};
       next = last + 1;

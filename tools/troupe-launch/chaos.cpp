@@ -110,7 +110,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
   };
   std::vector<const node_spec*> targets;
   for (const auto& n : topo.nodes)
-    if (n.name != topo.gateway_node) targets.push_back(&n);
+    if (n.name != topo.gateway.node) targets.push_back(&n);
   if (targets.empty()) {
     std::fprintf(stderr, "troupe-launch chaos: every actor runs on the gateway's node; nothing to inject into\n");
     return 2;

@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string endpoint;
-    std::ifstream out(fs::path(state_dir) / (topo->gateway_node + ".out"));
+    std::ifstream out(fs::path(state_dir) / (topo->gateway.node + ".out"));
     for (std::string line; std::getline(out, line);)
       if (line.rfind("endpoint: capnp://", 0) == 0) endpoint = line.substr(18);
     if (endpoint.empty() || read_state(table).empty()) {
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
     stop_supervisor(supervisor_file(state_dir, topology));
     const std::vector<proc> known = read_state(table);
     if (known.empty()) std::fprintf(stderr, "troupe-launch: no nodes of %s are known; nothing to stop\n", topology.c_str());
-    stop_all(known, topo->gateway_node, true);
+    stop_all(known, topo->gateway.node, true);
     fs::remove(table, ec);
     return 0;
   }
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
                    topology.c_str(), p.node.c_str(), p.pid);
       return 1;
     }
-  auto m = load_model(topo->model_path);
+  auto m = load_model(topo->model.path);
   if (!m) {
     std::fprintf(stderr, "troupe-launch: %s\n", m.err().message.c_str());
     return 1;
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
   std::vector<proc> procs;
   const tools::node_spec* gateway = nullptr;
   for (const auto& n : topo->nodes) {
-    if (n.name == topo->gateway_node) {
+    if (n.name == topo->gateway.node) {
       gateway = &n;
       continue;
     }
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
         std::string l, all;
         while (std::getline(log, l)) all += "  " + l + "\n";
         std::fprintf(stderr, "%s", all.substr(all.size() > 2000 ? all.size() - 2000 : 0).c_str());
-        stop_all(procs, topo->gateway_node, false);
+        stop_all(procs, topo->gateway.node, false);
         fs::remove(table, ec);
         return 1;
       }
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
     if (interrupted) {
       if (tty) std::fprintf(stderr, "\n");
       std::fprintf(stderr, "troupe-launch: interrupted (signal %d); stopping the nodes it started\n", static_cast<int>(interrupted));
-      stop_all(procs, topo->gateway_node, false);
+      stop_all(procs, topo->gateway.node, false);
       fs::remove(table, ec);
       return 128 + interrupted;
     }
@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
   if (tty) std::fprintf(stderr, "\n");
   if (endpoint.empty() || std::chrono::steady_clock::now() >= deadline) {
     std::fprintf(stderr, "troupe-launch: the cluster did not answer within %d s; see the logs in %s\n", timeout_s, state_dir.c_str());
-    stop_all(procs, topo->gateway_node, false);
+    stop_all(procs, topo->gateway.node, false);
     fs::remove(table, ec);
     return 1;
   }

@@ -141,7 +141,7 @@ void supervise(std::vector<proc> procs, const std::string& table, const std::str
       k.waiting = false;
       for (const auto& n : topo.nodes)
         if (n.name == p.node) {
-          const bool gw = n.name == topo.gateway_node;
+          const bool gw = n.name == topo.gateway.node;
           p.pid = start_node(node_bin, topo_abs, n, gw ? capnp : "", gw ? http : "", dir);
           std::fprintf(stderr, "troupe-launch supervisor: node %s restarted (pid %d)\n", p.node.c_str(), p.pid);
         }

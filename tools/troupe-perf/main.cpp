@@ -392,9 +392,9 @@ int main(int argc, char** argv) {
         cfg.num_threads = threads;
         cfg.sched.max_step_tokens = max_step;
         cfg.sched.max_running = std::max(l.c, 1);
-        cfg.sched.prefix_caching = l.caching;
+        cfg.sched.kv.prefix_caching = l.caching;
         const int64_t per_request = (prompt_tokens + out_tokens + 15) / 16;
-        cfg.sched.num_blocks = static_cast<uint32_t>(per_request * l.c + 16);
+        cfg.sched.kv.num_blocks = static_cast<uint32_t>(per_request * l.c + 16);
         std::unique_ptr<llm_engine> engine;
         if (on_gpu) {
           auto made = llm_engine::on_gpu(m, tok, cfg, *on_gpu);

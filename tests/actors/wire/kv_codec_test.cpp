@@ -54,8 +54,8 @@ std::vector<uint8_t> one_claim(uint64_t session, bool reset, uint64_t id, bool a
 TEST_CASE("a scheduler's claims through the kv codec plan the steps the in-process block manager plans") {
   scheduler_config cfg;
   cfg.max_step_tokens = 16;
-  cfg.num_blocks = 16;
-  cfg.block_size = 4;
+  cfg.kv.num_blocks = 16;
+  cfg.kv.block_size = 4;
   cfg.max_running = 4;
   cfg.context = 64;
   cfg.vocab = 512;

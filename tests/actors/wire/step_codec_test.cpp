@@ -52,8 +52,8 @@ std::vector<uint8_t> one_chunk(uint64_t step, uint64_t id, int32_t first, std::v
 scheduler_config small_scheduler() {
   scheduler_config cfg;
   cfg.max_step_tokens = 64;
-  cfg.num_blocks = 12;
-  cfg.block_size = 4;
+  cfg.kv.num_blocks = 12;
+  cfg.kv.block_size = 4;
   cfg.max_running = 4;
   cfg.context = 512;
   cfg.vocab = 512;
@@ -189,8 +189,8 @@ TEST_CASE("a plan that resets every table starts a session, and plans of an olde
 
 TEST_CASE("the encoder's restart makes its next plan reset the stages under the new session") {
   scheduler_config cfg;
-  cfg.num_blocks = 12;
-  cfg.block_size = 4;
+  cfg.kv.num_blocks = 12;
+  cfg.kv.block_size = 4;
   cfg.context = 512;
   cfg.vocab = 512;
   scheduler s(cfg, test::tok512());

@@ -16,8 +16,8 @@ namespace {
 scheduler_config small(int32_t budget, uint32_t blocks = 64, int32_t max_running = 8) {
   scheduler_config c;
   c.max_step_tokens = budget;
-  c.num_blocks = blocks;
-  c.block_size = 4;
+  c.kv.num_blocks = blocks;
+  c.kv.block_size = 4;
   c.max_running = max_running;
   c.context = 512;
   c.vocab = 512;
@@ -116,7 +116,7 @@ TEST_CASE("the priority policy admits lower priority values first, and FCFS admi
 TEST_CASE("out of blocks, the latest running request is preempted and later recomputes") {
   // 4 blocks of 4 tokens; two requests of 6 prompt tokens each hold 2 blocks.
   auto cfg = small(64, 4);
-  cfg.prefix_caching = false;
+  cfg.kv.prefix_caching = false;
   scheduler s(cfg, test::tok512());
   REQUIRE(s.add(request_id{1}, prompt_of(6, 300, 20)).has_value());
   REQUIRE(s.add(request_id{2}, prompt_of(6, 100, 20)).has_value());
@@ -301,7 +301,7 @@ TEST_CASE("a block manager elsewhere: the claims exchange plans exactly the step
   scheduler local(cfg, test::tok512());
   cfg.remote_kv = true;
   scheduler remote(cfg, test::tok512());
-  kv_block_manager kv(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
+  kv_block_manager kv(cfg.kv.num_blocks, cfg.kv.block_size, cfg.kv.prefix_caching);
   std::mt19937_64 gen(7);
   auto below = [&](uint64_t n) { return gen() % n; };
   uint64_t next = 1;
@@ -344,7 +344,7 @@ TEST_CASE("a request aborted while its claims are out: its grant is dropped and 
   auto cfg = small(64);
   cfg.remote_kv = true;
   scheduler s(cfg, test::tok512());
-  kv_block_manager kv(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
+  kv_block_manager kv(cfg.kv.num_blocks, cfg.kv.block_size, cfg.kv.prefix_caching);
   REQUIRE(s.add(request_id{1}, prompt_of(9)).has_value());
   REQUIRE(s.add(request_id{2}, prompt_of(5, 100)).has_value());
   const step_plan p = plan_remote(s, kv, [&] { CHECK(s.abort(request_id{1}).has_value()); });
@@ -366,7 +366,7 @@ TEST_CASE("decode steps inside the blocks a request holds need no exchange with 
   auto cfg = small(64);  // 4-token blocks
   cfg.remote_kv = true;
   scheduler s(cfg, test::tok512());
-  kv_block_manager kv(cfg.num_blocks, cfg.block_size, cfg.prefix_caching);
+  kv_block_manager kv(cfg.kv.num_blocks, cfg.kv.block_size, cfg.kv.prefix_caching);
   REQUIRE(s.add(request_id{1}, prompt_of(5, 300, 11)).has_value());
   int exchanges = 0, steps = 0;
   while (s.has_unfinished()) {

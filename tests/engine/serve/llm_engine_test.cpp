@@ -41,8 +41,8 @@ TEST_CASE("randomized arrivals, cancels and preemption: every request ends once,
       plan.push_back(std::move(x));
     }
     engine_config cfg;
-    cfg.sched.num_blocks = 24;  // 384 token slots for up to ~40 live requests: preemption
-    cfg.sched.block_size = 16;
+    cfg.sched.kv.num_blocks = 24;  // 384 token slots for up to ~40 live requests: preemption
+    cfg.sched.kv.block_size = 16;
     cfg.sched.max_step_tokens = 64;
     cfg.sched.max_running = 16;
     cfg.num_threads = 2;
@@ -78,7 +78,7 @@ TEST_CASE("randomized arrivals, cancels and preemption: every request ends once,
     }
     CHECK(engine.stats().preemptions > 0);
     CHECK(engine.kv().used == 0);
-    CHECK(engine.kv().free == cfg.sched.num_blocks);
+    CHECK(engine.kv().free == cfg.sched.kv.num_blocks);
     CHECK(engine.kv().hit_tokens > 0);
     int cancelled = 0;
     generator alone(l.m, l.tok, generator_options{});
@@ -301,7 +301,7 @@ TEST_CASE("tokens chosen on the shard are the tokens each request's sampler woul
     return out;
   };
   engine_config cfg;
-  cfg.sched.num_blocks = 64;
+  cfg.sched.kv.num_blocks = 64;
   cfg.sched.max_step_tokens = 16;  // prompts in chunks beside other requests' decode tokens
   int chose_without_penalty = 0;
   for (bool penalty : {false, true}) {
@@ -309,7 +309,7 @@ TEST_CASE("tokens chosen on the shard are the tokens each request's sampler woul
     std::vector<request_params> rs = reqs;
     if (penalty) rs[3].sampling.repetition_penalty = 1.3f;  // its steps go through the logits
     llm_engine plain(l.m, l.tok, cfg);
-    auto shard = std::make_unique<choosing_shard>(l.m, cfg.sched.num_blocks, cfg.sched.block_size);
+    auto shard = std::make_unique<choosing_shard>(l.m, cfg.sched.kv.num_blocks, cfg.sched.kv.block_size);
     choosing_shard& chooser = *shard;
     llm_engine choosing(l.m, l.tok, cfg, std::move(shard));
     const auto want = run(plain, rs), got = run(choosing, rs);

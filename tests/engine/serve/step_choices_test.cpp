@@ -11,8 +11,8 @@ namespace {
 
 scheduler_config config() {
   scheduler_config c;
-  c.num_blocks = 64;
-  c.block_size = 4;
+  c.kv.num_blocks = 64;
+  c.kv.block_size = 4;
   c.context = 512;
   c.vocab = 512;
   return c;

@@ -129,7 +129,7 @@ TEST_CASE("the engine loop on a GPU (FP32): every reference prompt at once, toke
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const auto cases = test::read_reference(test::shared_path("reference/stories260K_greedy.jsonl"));
   engine_config cfg;
-  cfg.sched.num_blocks = static_cast<uint32_t>(cases.size() * ((l.m.config.max_seq_len + 15) / 16));
+  cfg.sched.kv.num_blocks = static_cast<uint32_t>(cases.size() * ((l.m.config.max_seq_len + 15) / 16));
   cfg.sched.max_step_tokens = 64;  // prompts in chunks, beside other requests' decode tokens
   auto engine = llm_engine::on_gpu(l.m, l.tok, cfg, gpu_placement{0, dtype::f32});
   REQUIRE_MESSAGE(engine.has_value(), (engine ? "" : engine.err().message));

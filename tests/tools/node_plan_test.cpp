@@ -1,0 +1,112 @@
+// What each node of a topology runs, read off its plan: no process, no actor started.
+#include "tools/common/node_plan.hpp"
+
+#include <doctest/doctest.h>
+
+#include "tests/support/test_support.hpp"
+
+namespace troupe::tools {
+
+namespace {
+
+topology deployed(const std::string& file) {
+  auto t = parse_topology(std::string(TROUPE_SOURCE_DIR) + "/deploy/" + file);
+  REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
+  return std::move(t).value();
+}
+
+}  // namespace
+
+TEST_CASE("node plans: two replicas of two stages, each node its part, the gateway the router") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const topology t = deployed("pp2x2.toml");
+  auto a0 = plan_node(t, l.m, l.tok, "a0");
+  REQUIRE(a0.has_value());
+  REQUIRE(a0->stages.size() == 1);
+  CHECK(a0->stages[0].replica == "r0");
+  CHECK(a0->stages[0].index == 0);
+  CHECK(a0->stages[0].layout.first_layer == 0);
+  CHECK(a0->stages[0].layout.end_layer == 3);
+  CHECK(a0->stages[0].layout.link_host == "127.0.0.1");
+  // Its replica's scheduler and kv manager: the first stage here, the second through a1.
+  REQUIRE(a0->schedulers.size() == 1);
+  const scheduler_setup& s = a0->schedulers[0].setup;
+  REQUIRE(s.stages.size() == 2);
+  CHECK(s.stages[0].name == "r0/stage0");
+  CHECK(s.stages[0].port == 0);
+  CHECK(s.stages[1].name == "r0/stage1");
+  CHECK(s.stages[1].host == "127.0.0.1");
+  CHECK(s.stages[1].port == 7422);
+  CHECK(s.max_in_flight == 2);
+  CHECK(s.config.micro_batches == 2);
+  CHECK(s.config.context == 512);
+  CHECK(s.kv_manager == "r0/kv");
+  CHECK(s.recovery_timeout == std::chrono::seconds(30));
+  REQUIRE(a0->next_hop.has_value());
+  CHECK(a0->next_hop->name == "a1");
+  CHECK_FALSE(a0->gateway.has_value());
+  CHECK(a0->failure.heartbeat_interval == std::chrono::milliseconds(300));
+  // a1: the second stage alone; no scheduler, no next hop.
+  auto a1 = plan_node(t, l.m, l.tok, "a1");
+  REQUIRE(a1.has_value());
+  REQUIRE(a1->stages.size() == 1);
+  CHECK(a1->stages[0].layout.first_layer == 3);
+  CHECK(a1->schedulers.empty());
+  CHECK_FALSE(a1->next_hop.has_value());
+  // g: no stage, the router over both replicas' schedulers and every node's agent.
+  auto g = plan_node(t, l.m, l.tok, "g");
+  REQUIRE(g.has_value());
+  CHECK(g->stages.empty());
+  CHECK(g->schedulers.empty());
+  REQUIRE(g->gateway.has_value());
+  const router_setup& r = g->gateway->router;
+  REQUIRE(r.replicas.size() == 2);
+  CHECK(r.replicas[1].name == "r1");
+  CHECK(r.replicas[1].scheduler == "r1/scheduler");
+  CHECK(r.replicas[1].port == 7423);  // b0, the first stage's node
+  CHECK(r.nodes.size() == 5);
+  CHECK(r.nodes[0].port == 0);  // its own agent
+  CHECK(g->gateway->capnp_endpoint.str() == "127.0.0.1:7400");
+  CHECK(g->gateway->serve_http);
+  CHECK(g->gateway->http.port == 7401);
+}
+
+TEST_CASE("node plans: a tensor-parallel stage splits the node's threads, and the KV config reaches every part whole") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const topology t = deployed("pp2-tp2.toml");
+  auto n0 = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(n0.has_value());
+  REQUIRE(n0->stages.size() == 1);
+  const stage_layout& s = n0->stages[0].layout;
+  CHECK(s.tp == 2);
+  CHECK(s.threads_per_shard == 1);  // 2 threads, 2 shards
+  CHECK(s.kv.num_blocks == 512);
+  REQUIRE(n0->schedulers.size() == 1);
+  CHECK(n0->schedulers[0].setup.config.kv.num_blocks == 512);
+  CHECK(n0->schedulers[0].kv.kv.num_blocks == 512);
+  CHECK(n0->schedulers[0].kv.kv.block_size == 16);
+  REQUIRE(n0->gateway.has_value());
+  CHECK_FALSE(n0->gateway->serve_http);
+  CHECK(n0->gateway->rpc.max_requests == 64 * 4);  // max_running 64
+  CHECK(n0->gateway->http.max_requests == 64 * 4);
+}
+
+TEST_CASE("node plans: the node's flags move the endpoints, and a node the topology lacks is an error") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const topology t = deployed("single.toml");
+  endpoint_overrides o;
+  o.capnp = endpoint{"127.0.0.1", 0};
+  o.http = endpoint{"127.0.0.1", 9001};
+  auto n0 = plan_node(t, l.m, l.tok, "n0", o);
+  REQUIRE(n0.has_value());
+  REQUIRE(n0->gateway.has_value());
+  CHECK(n0->gateway->capnp_endpoint.port == 0);
+  CHECK(n0->gateway->serve_http);
+  CHECK(n0->gateway->http.port == 9001);
+  CHECK(n0->gateway->http.model_id == "stories260K");
+  auto none = plan_node(t, l.m, l.tok, "n9");
+  REQUIRE_FALSE(none.has_value());
+  CHECK(none.err().message.find("no node named 'n9'") != std::string::npos);
+}
+
+}  // namespace troupe::tools

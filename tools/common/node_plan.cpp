@@ -1,0 +1,118 @@
+#include "tools/common/node_plan.hpp"
+
+#include <algorithm>
+
+#include "actors/gateway/openai.hpp"
+#include "actors/replica.hpp"
+
+namespace troupe::tools {
+
+namespace {
+
+// The shards of stage `s` of a replica, run by node `me`.
+stage_layout layout_of(const topology& t, const model& m, const stage_spec& s, const node_spec& me) {
+  stage_layout l;
+  const auto tp = static_cast<int32_t>(s.devices.size());
+  l.first_layer = s.first_layer;
+  l.end_layer = end_layer(s, m.config.num_layers);
+  l.tp = tp;
+  l.threads_per_shard = std::max(1, me.threads / tp);
+  l.devices = s.devices;
+  l.gpu_weights = t.gpu.weights;
+  l.link_host = me.host;
+  l.kv = t.kv;
+  l.max_step_tokens = t.scheduler.max_step_tokens;
+  return l;
+}
+
+// Where a scheduler or the router finds an actor of node `peer`: through its own agent
+// when it is on node `me`, else through the agent published at the peer's port.
+stage_address address_of(const std::string& name, const node_spec& peer, const node_spec& me) {
+  if (peer.name == me.name) return {name, "", 0};
+  return {name, peer.host, peer.port};
+}
+
+scheduler_placement scheduler_of(const topology& t, const model& m, const tokenizer& tok, const replica_spec& r,
+                                 const node_spec& me) {
+  scheduler_placement p;
+  p.replica = r.name;
+  scheduler_setup& s = p.setup;
+  s.m = &m;
+  s.tok = &tok;
+  s.replica = r.name;
+  s.config = t.scheduler;
+  s.config.kv = t.kv;
+  s.config.context = m.config.max_seq_len;
+  s.config.vocab = m.config.vocab_size;
+  // One plan in flight per stage keeps every stage of the pipeline busy.
+  s.max_in_flight = static_cast<int32_t>(r.stages.size());
+  s.config.micro_batches = s.max_in_flight;
+  s.recovery_timeout = std::chrono::seconds(t.failure.recovery_timeout_s);
+  for (size_t i = 0; i < r.stages.size(); ++i)
+    s.stages.push_back(address_of(stage_name(r.name, i), *t.node_named(r.stages[i].node), me));
+  s.kv_manager = kv_manager_name(r.name);
+  p.kv.kv = t.kv;
+  p.kv.context = m.config.max_seq_len;
+  return p;
+}
+
+gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, const endpoint_overrides& o) {
+  gateway_plan g;
+  g.capnp_endpoint = o.capnp.value_or(t.gateway.capnp);
+  g.http_endpoint = o.http.value_or(t.gateway.http);
+  g.serve_http = o.http.has_value() || t.gateway.http.port != 0;
+  // Completions in flight each endpoint admits (actors/gateway/admission.hpp).
+  const int32_t max_requests = std::max(1, t.scheduler.max_running * 4);
+  g.rpc.max_requests = max_requests;
+  g.rpc.max_connections = t.gateway.max_connections;
+  g.rpc.greeting_timeout_s = t.gateway.read_timeout_s;
+  g.rpc.prefix_cache_per_key = t.kv.prefix_cache_per_key;
+  http_config& h = g.http;
+  h.host = g.http_endpoint.host;
+  h.port = g.http_endpoint.port;
+  h.model_id = t.model.name;
+  h.chat = t.model.chat_template == "auto" ? openai::template_for_model(m.chat_template)
+                                           : openai::template_named(t.model.chat_template).value_or(openai::chat_template::raw);
+  h.limits.context = m.config.max_seq_len;
+  h.limits.max_tokens = m.config.max_seq_len;
+  h.max_requests = max_requests;
+  h.max_connections = t.gateway.max_connections;
+  h.cors_origins = t.gateway.cors_origins;
+  h.read_timeout_s = t.gateway.read_timeout_s;
+  h.prefix_cache_per_key = t.kv.prefix_cache_per_key;
+  g.router.wait_timeout = std::chrono::seconds(t.failure.recovery_timeout_s);
+  for (const auto& n : t.nodes) {
+    const stage_address a = address_of("", n, me);
+    g.router.nodes.push_back({n.name, a.host, a.port});
+  }
+  for (const auto& r : t.replicas) {
+    const stage_address a = address_of(scheduler_name(r.name), *t.node_named(r.scheduler_node), me);
+    g.router.replicas.push_back({r.name, a.name, a.host, a.port});
+  }
+  return g;
+}
+
+}  // namespace
+
+expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer& tok, const std::string& node,
+                              const endpoint_overrides& overrides) {
+  const node_spec* me = t.node_named(node);
+  if (me == nullptr) return error{t.path + ": no node named '" + node + "'"};
+  node_plan p;
+  p.node = *me;
+  p.failure = failure_detection{std::chrono::milliseconds(t.failure.heartbeat_ms),
+                                std::chrono::milliseconds(t.failure.timeout_ms)};
+  for (const auto& r : t.replicas) {
+    for (size_t i = 0; i < r.stages.size(); ++i) {
+      const stage_spec& s = r.stages[i];
+      if (s.node == me->name) p.stages.push_back({r.name, i, layout_of(t, m, s, *me)});
+      if (s.node == me->name && !p.next_hop && i + 1 < r.stages.size() && r.stages[i + 1].node != me->name)
+        p.next_hop = *t.node_named(r.stages[i + 1].node);
+    }
+    if (r.scheduler_node == me->name) p.schedulers.push_back(scheduler_of(t, m, tok, r, *me));
+  }
+  if (t.gateway.node == me->name) p.gateway = gateway_of(t, m, *me, overrides);
+  return p;
+}
+
+}  // namespace troupe::tools
