@@ -1,4 +1,4 @@
-// kv_manager_actor: one replica's KV block manager (block pool and radix prefix cache) as
+// kv_manager_actor: one replica's KV block manager (block pool and prefix block index) as
 // an actor. Its scheduler claims blocks for each step with one message and gets the
 // blocks of the requests that fit (schema/kv.capnp, actors/wire/kv_codec.hpp):
 //

@@ -9,6 +9,8 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/step_link.hpp"
 #include "actors/wire/activations_codec.hpp"
+#include "engine/forward/cuda_shard.hpp"
+#include "engine/forward/kv_cache_type.hpp"
 #include "kernels/cpu/sample.hpp"
 
 namespace troupe {
@@ -175,7 +177,7 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
     st.pool = std::make_unique<thread_pool>(setup.threads);
     st.cache = std::make_unique<kv_cache>(transformer_shard::cache_shape(c, setup.spec, static_cast<int32_t>(setup.kv.num_blocks),
                                                                          setup.kv.block_size,
-                                                                         setup.kv.cache_type.value_or(transformer_shard::kv_type_for(*setup.m))));
+                                                                         setup.kv.cache_type.value_or(kv_cache_type_for(*setup.m))));
     collective& comm = setup.group ? setup.group->member(setup.spec.tp.rank) : static_cast<collective&>(st.solo);
     st.shard = std::make_unique<transformer_shard>(*setup.m, setup.spec, *st.cache, *st.pool, comm);
   } else if (!awaits_invite(setup)) {

@@ -38,6 +38,7 @@
 
 #include "engine/forward/collective.hpp"
 #include "engine/forward/cuda_shard_parts.hpp"
+#include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "kernels/cpu/rope.hpp"
 #include "kernels/cuda/sample.hpp"

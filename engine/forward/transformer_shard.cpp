@@ -1,5 +1,7 @@
 #include "engine/forward/transformer_shard.hpp"
 
+#include "engine/forward/kv_cache_type.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
@@ -35,24 +37,6 @@ kv_cache_shape transformer_shard::cache_shape(const model_config& c, const shard
   return s;
 }
 
-expected<dtype> transformer_shard::kv_type_named(std::string_view name, const std::string& what) {
-  if (auto d = dtype_named(name); d && *d != dtype::bf16) return *d;
-  return error{what + ": not a KV cache type (f32, f16, or q8_0: int8 with a scale per token and KV head)"};
-}
-
-expected<std::optional<dtype>> transformer_shard::kv_type_from_environment() {
-  const char* t = std::getenv("TROUPE_KV_TYPE");
-  if (!t || !*t) return std::optional<dtype>{};
-  auto d = kv_type_named(t, std::string("TROUPE_KV_TYPE=") + t);
-  if (!d) return d.err();
-  return std::optional<dtype>{*d};
-}
-
-dtype transformer_shard::kv_type_for(const model& m) {
-  if (auto t = kv_type_from_environment(); t && t.value()) return *t.value();
-  return m.weight_type == dtype::f32 ? dtype::f32 : dtype::f16;
-}
-
 std::string transformer_shard::cpu_kernels(const model& m, std::optional<dtype> kv_type) {
   std::string out = std::string(dtype_name(m.weight_type)) + " weights";
   if (m.weight_type == dtype::q8_0 && !m.weights.layers.empty()) {
@@ -64,7 +48,7 @@ std::string transformer_shard::cpu_kernels(const model& m, std::optional<dtype> 
     else
       out += *kernel == w8a8_kernel::vnni ? " with int8 activations (VNNI)" : " with int8 activations (scalar, TROUPE_W8A8)";
   }
-  switch (kv_type.value_or(kv_type_for(m))) {
+  switch (kv_type.value_or(kv_cache_type_for(m))) {
     case dtype::f16: return out + ", F16 KV cache";
     case dtype::q8_0: return out + ", int8 KV cache";
     default: return out + ", F32 KV cache";

@@ -44,18 +44,6 @@ class transformer_shard final : public forward_shard {
   // The cache shape this shard needs for num_blocks blocks of block_size tokens.
   static kv_cache_shape cache_shape(const model_config& c, const shard_spec& spec,
                                     int32_t num_blocks, int32_t block_size, dtype kv_type = dtype::f32);
-  // The KV cache's type for a model: F32 for F32 weights (exact against the F32
-  // references), F16 for quantized and 16-bit weights (as llama.cpp keeps it: half the
-  // memory traffic of long contexts); TROUPE_KV_TYPE=f32, f16 or q8_0 (int8 with a scale
-  // per token and KV head: a quarter of F32's traffic, lossy) in the environment
-  // overrides both.
-  static dtype kv_type_for(const model& m);
-  // TROUPE_KV_TYPE as set (nullopt when unset), or an error naming the value and the
-  // choices; tools check it before they start (kv_type_for ignores a bad value).
-  static expected<std::optional<dtype>> kv_type_from_environment();
-  // A KV cache type by name ("f32", "f16", "q8_0"), or an error naming the choices;
-  // `what` says where the name came from.
-  static expected<dtype> kv_type_named(std::string_view name, const std::string& what);
   // How the CPU shards run the model on this machine, for operators: "q8_0 weights with
   // int8 activations (AMX and VNNI), F16 KV cache", "f32 weights, F32 KV cache", ...
   // (with kv_type, the cache named is that one).

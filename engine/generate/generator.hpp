@@ -32,7 +32,7 @@ struct generator_options {
   int32_t max_running = 256;
   uint32_t num_blocks = 0;        // 0: enough for every request at once
   bool prefix_caching = true;
-  std::optional<dtype> kv_type;   // the KV cache's (default: transformer_shard::kv_type_for)
+  std::optional<dtype> kv_type;   // the KV cache's (default: kv_cache_type_for)
 };
 
 // What one step produced for one request: its new token (-1 when the step ended the

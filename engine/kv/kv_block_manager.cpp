@@ -17,10 +17,10 @@ std::vector<block_id> kv_block_manager::match_prefix(std::span<const int32_t> to
   if (!prefix_caching_ || tokens.empty()) return hits;
   queried_tokens_ += tokens.size();
   const size_t max_blocks = (tokens.size() - 1) / block_size_;
-  uint64_t parent = prefix_cache::root(ns);
+  uint64_t parent = prefix_block_index::root(ns);
   for (size_t b = 0; b < max_blocks; ++b) {
     const auto blk = tokens.subspan(b * block_size_, block_size_);
-    const uint64_t h = prefix_cache::chain(parent, blk);
+    const uint64_t h = prefix_block_index::chain(parent, blk);
     const auto found = cache_.find(h, parent, blk);
     if (!found) break;
     hits.push_back(*found);
@@ -45,7 +45,7 @@ bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, 
   for (size_t i = 0; i < from_hits; ++i) hits_on_free += pool_.ref_count(hits[i]) == 0;
   if (fresh + hits_on_free > pool_.num_free()) return false;
 
-  if (first) it = held_.emplace(id, holding{{}, ns, prefix_cache::root(ns), 0}).first;
+  if (first) it = held_.emplace(id, holding{{}, ns, prefix_block_index::root(ns), 0}).first;
   holding& h = it->second;
   for (size_t i = 0; i < from_hits; ++i) {
     pool_.ref(hits[i]);
@@ -61,7 +61,7 @@ bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, 
   const size_t full = static_cast<size_t>(num_tokens) / block_size_;
   for (size_t b = static_cast<size_t>(h.num_hashed); b < full; ++b) {
     const auto blk = tokens.subspan(b * block_size_, block_size_);
-    const uint64_t hash = prefix_cache::chain(h.last_hash, blk);
+    const uint64_t hash = prefix_block_index::chain(h.last_hash, blk);
     if (prefix_caching_ && b >= from_hits) cache_.insert(hash, h.last_hash, blk, block_id{h.blocks[b]});
     h.last_hash = hash;
     h.num_hashed = static_cast<int32_t>(b + 1);

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "engine/kv/block_pool.hpp"
-#include "engine/kv/prefix_cache.hpp"
+#include "engine/kv/prefix_block_index.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe {
@@ -110,7 +110,7 @@ class kv_block_manager {
   };
 
   block_pool pool_;
-  prefix_cache cache_;
+  prefix_block_index cache_;
   int32_t block_size_;
   bool prefix_caching_;
   std::unordered_map<request_id, holding> held_;

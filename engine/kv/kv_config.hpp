@@ -16,7 +16,7 @@ struct kv_config {
   bool prefix_caching = true;        // cached prompt blocks serve later requests
   bool prefix_cache_per_key = true;  // ... of the same API key only (each key a namespace)
   std::optional<dtype> cache_type;   // what shards keep K and V in (none: the model's default,
-                                     // transformer_shard::kv_type_for)
+                                     // kv_cache_type_for)
 };
 
 }  // namespace troupe

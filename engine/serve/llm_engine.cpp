@@ -1,5 +1,7 @@
 #include "engine/serve/llm_engine.hpp"
 
+#include "engine/forward/cuda_shard.hpp"
+#include "engine/forward/kv_cache_type.hpp"
 #include "engine/serve/step_choices.hpp"
 
 namespace troupe {
@@ -20,7 +22,7 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
     : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(cfg_.num_threads) {
   cache_ = std::make_unique<kv_cache>(transformer_shard::cache_shape(
       m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.kv.num_blocks), cfg_.sched.kv.block_size,
-      cfg_.kv_type.value_or(transformer_shard::kv_type_for(m))));
+      cfg_.kv_type.value_or(kv_cache_type_for(m))));
   shard_ = std::make_unique<transformer_shard>(m, shard_spec{}, *cache_, pool_, solo_);
 }
 

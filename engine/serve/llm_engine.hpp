@@ -33,7 +33,7 @@ struct engine_config {
   scheduler_config sched;  // context and vocab are filled from the model when zero
   int32_t num_threads = 1;
   std::optional<dtype> kv_type;  // the CPU KV cache's: f32, f16 or q8_0 (default: the
-                                 // model's, transformer_shard::kv_type_for)
+                                 // model's, kv_cache_type_for)
 };
 
 struct engine_stats {

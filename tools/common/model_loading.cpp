@@ -3,13 +3,13 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "engine/forward/transformer_shard.hpp"
+#include "engine/forward/kv_cache_type.hpp"
 
 namespace troupe::tools {
 
 expected<loaded_model> load_model_and_tokenizer(const std::string& model_path,
                                                 const std::string& tokenizer_path) {
-  if (auto kv = transformer_shard::kv_type_from_environment(); !kv) return kv.err();
+  if (auto kv = kv_cache_type_from_environment(); !kv) return kv.err();
   auto m = load_model(model_path);
   if (!m) return m.err();
   loaded_model out{std::move(m).value(), std::nullopt};

@@ -10,8 +10,8 @@
 
 #include <toml++/toml.h>
 
+#include "engine/forward/kv_cache_type.hpp"
 #include "engine/forward/tp_slice.hpp"
-#include "engine/forward/transformer_shard.hpp"
 
 namespace troupe::tools {
 
@@ -205,7 +205,7 @@ kv_config parse_kv(reader& rd, const toml::table& t) {
   }
   std::string cache_type;
   if (rd.get(t, w, "cache_type", cache_type)) {
-    if (auto d = transformer_shard::kv_type_named(cache_type, w + ": cache_type \"" + cache_type + "\""))
+    if (auto d = kv_cache_type_named(cache_type, w + ": cache_type \"" + cache_type + "\""))
       kv.cache_type = *d;
     else
       rd.fail(t.get("cache_type"), d.err().message);

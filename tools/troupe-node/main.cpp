@@ -17,6 +17,7 @@
 
 #include "actors/caf/errors.hpp"
 #include "actors/caf/system_config.hpp"
+#include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/troupe-node/node_options.hpp"

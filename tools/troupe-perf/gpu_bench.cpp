@@ -4,6 +4,7 @@
 #include <chrono>
 #include <numeric>
 
+#include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "engine/sample/rng.hpp"
 #include "kernels/cpu/sample.hpp"

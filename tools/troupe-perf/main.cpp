@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/generate/generator.hpp"
+#include "engine/forward/cuda_shard.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/gemm_w8a8.hpp"
 #include "tools/troupe-perf/attention_bench.hpp"

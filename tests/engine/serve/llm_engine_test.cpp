@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include "engine/forward/kv_cache_type.hpp"
 #include "engine/generate/generator.hpp"
 #include "engine/sample/rng.hpp"
 #include "kernels/cpu/sample.hpp"
@@ -249,7 +250,7 @@ class choosing_shard final : public forward_shard {
       : m_(m),
         pool_(1),
         cache_(transformer_shard::cache_shape(m.config, shard_spec{}, static_cast<int32_t>(num_blocks), block_size,
-                                              transformer_shard::kv_type_for(m))),
+                                              kv_cache_type_for(m))),
         inner_(m, shard_spec{}, cache_, pool_, solo_) {}
   void forward(const step_batch& b, float* hidden, float* logits) override { inner_.forward(b, hidden, logits); }
   bool forward_choose(const step_batch& b, float* hidden, const token_choice* choices, int32_t* next) override {

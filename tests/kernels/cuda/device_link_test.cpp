@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "engine/model/checkpoint_writer.hpp"
 #include "kernels/cpu/argmax.hpp"

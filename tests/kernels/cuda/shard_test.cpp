@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/model/checkpoint_writer.hpp"

@@ -1,4 +1,4 @@
-#include "engine/forward/forward_shard.hpp"
+#include "engine/forward/cuda_shard.hpp"
 
 namespace troupe {
 

@@ -1,4 +1,4 @@
-#include "engine/kv/prefix_cache.hpp"
+#include "engine/kv/prefix_block_index.hpp"
 
 #include <algorithm>
 
@@ -15,15 +15,15 @@ uint64_t mix(uint64_t h, uint64_t v) {
 
 }  // namespace
 
-uint64_t prefix_cache::root(uint64_t ns) { return mix(0x74726f7570650001ull, ns); }
+uint64_t prefix_block_index::root(uint64_t ns) { return mix(0x74726f7570650001ull, ns); }
 
-uint64_t prefix_cache::chain(uint64_t parent, std::span<const int32_t> tokens) {
+uint64_t prefix_block_index::chain(uint64_t parent, std::span<const int32_t> tokens) {
   uint64_t h = mix(parent, tokens.size());
   for (int32_t t : tokens) h = mix(h, static_cast<uint32_t>(t));
   return h;
 }
 
-std::optional<block_id> prefix_cache::find(uint64_t hash, uint64_t parent,
+std::optional<block_id> prefix_block_index::find(uint64_t hash, uint64_t parent,
                                            std::span<const int32_t> tokens) const {
   auto it = nodes_.find(hash);
   if (it == nodes_.end() || it->second.parent != parent ||
@@ -32,14 +32,14 @@ std::optional<block_id> prefix_cache::find(uint64_t hash, uint64_t parent,
   return it->second.block;
 }
 
-bool prefix_cache::insert(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, block_id b) {
+bool prefix_block_index::insert(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, block_id b) {
   if (block_hash_[b.value]) return false;  // the block already holds a node
   if (!nodes_.try_emplace(hash, node{b, parent, {tokens.begin(), tokens.end()}}).second) return false;
   block_hash_[b.value] = hash;
   return true;
 }
 
-void prefix_cache::evict(block_id b) {
+void prefix_block_index::evict(block_id b) {
   if (auto& h = block_hash_[b.value]) {
     nodes_.erase(*h);
     h.reset();

@@ -1,12 +1,12 @@
-// prefix_cache: a radix tree over full blocks of tokens, mapping each cached prefix to the
-// KV block that holds its last block of tokens (SGLang / vLLM style automatic prefix
-// caching).
+// prefix_block_index: which KV block holds each cached prefix, by full blocks of tokens
+// (vLLM's automatic prefix caching; not a radix tree: there are no child links to walk,
+// and a prefix is found one block at a time, by hash).
 //
-// A node is one full block. It is identified by a hash chained on its parent's hash, on a
+// An entry is one full block of tokens, keyed by a hash chained on its parent's hash, on a
 // namespace key (per-tenant isolation: the same tokens under another namespace never
-// match) and on its tokens; the tree is stored as a map from that hash to the node, whose
-// parent hash and tokens are kept and compared on lookup, so a hash collision is a miss,
-// never a wrong block. Partial blocks are never cached.
+// match) and on its tokens. Each entry keeps its parent hash and tokens, compared on
+// lookup, so a hash collision is a miss, never a wrong block. A prompt's longest cached
+// prefix is its first blocks found in order; partial blocks are never cached.
 //
 // Single-threaded: owned by one kv_block_manager.
 #pragma once
@@ -21,9 +21,9 @@
 
 namespace troupe {
 
-class prefix_cache {
+class prefix_block_index {
  public:
-  explicit prefix_cache(uint32_t num_blocks) : block_hash_(num_blocks) {}
+  explicit prefix_block_index(uint32_t num_blocks) : block_hash_(num_blocks) {}
 
   // The hash of the root's (empty prefix's) children's parent, for a namespace.
   static uint64_t root(uint64_t ns);
