@@ -19,12 +19,12 @@ shared=${TROUPE_SHARED_DIR:-../shared}
 echo "gpu-bundle: building the CUDA targets in build-gpu (portable ISA)"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTROUPE_ISA=portable -DTROUPE_CUDA=ON >/dev/null
 tools=(troupe-perf make-model troupe-node troupe-client troupe-run)
-cmake --build build-gpu --target gpu_kernels_test "${tools[@]}" -j "$(nproc)"
+cmake --build build-gpu --target gpu_test "${tools[@]}" -j "$(nproc)"
 rm -rf "$out"
 # tools/ as in a build folder, so that the process tests (tests/tools/) take the bundle as one.
 mkdir -p "$out/tests" "$out/tools" "$out/lib/fallback" "$out/shared/models/stories260K" "$out/shared/reference"
-bins=(build-gpu/tests/gpu_kernels_test)
-cp build-gpu/tests/gpu_kernels_test "$out/tests/"
+bins=(build-gpu/tests/gpu_test)
+cp build-gpu/tests/gpu_test "$out/tests/"
 for t in "${tools[@]}"; do
   cp "build-gpu/tools/$t" "$out/tools/"
   bins+=("build-gpu/tools/$t")

@@ -46,14 +46,14 @@ else
   if command -v cmake >/dev/null && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
     echo "gpu-check: building the CUDA kernels, tests and tools in $root"
     cmake -S . -B "$root" -G "$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" -DTROUPE_CUDA=ON >/dev/null
-    timeout "$(left)" cmake --build "$root" --target gpu_kernels_test troupe-perf make-model troupe-node troupe-client troupe-run -j "$(nproc)"
+    timeout "$(left)" cmake --build "$root" --target gpu_test troupe-perf make-model troupe-node troupe-client troupe-run -j "$(nproc)"
   fi
   shared=${TROUPE_SHARED_DIR:-$(cd .. && pwd)/shared}
 fi
 export TROUPE_SHARED_DIR=$shared
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-[[ -x $root/tests/gpu_kernels_test ]] || { echo "gpu-check: no gpu_kernels_test in $root/tests (build it with CUDA first)"; exit 1; }
+[[ -x $root/tests/gpu_test ]] || { echo "gpu-check: no gpu_test in $root/tests (build it with CUDA first)"; exit 1; }
 rc=0
 # The suite's three parts (tests/kernels/cuda/gpu_main.cpp): one device, NCCL, two devices.
 # Each ends with its counts of cases run, skipped and failed; a part this machine cannot
@@ -61,7 +61,7 @@ rc=0
 summary=()
 for needs in device nccl two_devices; do
   part_rc=0
-  timeout "$(left)" "$root/tests/gpu_kernels_test" --needs=$needs ${GPU_TEST_FLAGS:-} | tee "${TMPDIR:-/tmp}/gpu-part.out" || part_rc=${PIPESTATUS[0]}
+  timeout "$(left)" "$root/tests/gpu_test" --needs=$needs ${GPU_TEST_FLAGS:-} | tee "${TMPDIR:-/tmp}/gpu-part.out" || part_rc=${PIPESTATUS[0]}
   case $part_rc in
     0) summary+=("$(grep '^gpu suite' "${TMPDIR:-/tmp}/gpu-part.out" || echo "gpu suite (needs $needs): passed")") ;;
     77) [[ $needs == device ]] && { echo "gpu-check: no CUDA device visible; nothing ran"; exit 77; }
