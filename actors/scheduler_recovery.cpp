@@ -31,7 +31,7 @@ void canary(self_ptr self) {
   st.released.clear();
   step_plan plan;
   const std::vector<int32_t> token{st.setup.tok->bos_id() >= 0 ? st.setup.tok->bos_id() : 0};
-  static const std::vector<uint32_t> table{0};
+  static const std::vector<block_id> table{block_id{0}};
   scheduled_chunk c;
   c.id = request_id{canary_id};
   c.first = 0;

@@ -101,7 +101,7 @@ expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes)
       for (uint32_t b : added) {
         if (b >= lim_.num_blocks)
           return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
-        out_g.added.push_back(b);
+        out_g.added.push_back(block_id{b});
       }
       out.grants.push_back(std::move(out_g));
     }
@@ -196,7 +196,7 @@ std::vector<uint8_t> encode_kv_grants(uint64_t session, const kv_step_grants& g)
     out.setCount(g.grants[k].count);
     const auto& added = g.grants[k].added;
     auto list = out.initAdded(static_cast<unsigned>(added.size()));
-    for (size_t b = 0; b < added.size(); ++b) list.set(static_cast<unsigned>(b), added[b]);
+    for (size_t b = 0; b < added.size(); ++b) list.set(static_cast<unsigned>(b), added[b].value);
   }
   auto u = root.initUsage();
   u.setNumBlocks(g.usage.num_blocks);

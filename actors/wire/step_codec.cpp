@@ -40,7 +40,7 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     const size_t known = reset ? 0 : it->second;
     out.setResetTable(reset);
     auto blocks = out.initNewBlocks(static_cast<unsigned>(c.block_table.size() - known));
-    for (size_t b = known; b < c.block_table.size(); ++b) blocks.set(static_cast<unsigned>(b - known), c.block_table[b]);
+    for (size_t b = known; b < c.block_table.size(); ++b) blocks.set(static_cast<unsigned>(b - known), c.block_table[b].value);
     sent_[c.id] = c.block_table.size();
     out.setSample(c.sample);
     if (c.sample && i < choices.size() && choices[i]) {
@@ -127,7 +127,7 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     for (const auto c : chunks) {
       auto& table = tables_[c.getRequestId()];
       if (c.getResetTable()) table.clear();
-      for (uint32_t b : c.getNewBlocks()) table.push_back(b);
+      for (uint32_t b : c.getNewBlocks()) table.push_back(block_id{b});
     }
     bool every_sample_chooses = true;
     for (const auto c : chunks) {

@@ -83,7 +83,7 @@ class step_decoder {
 
  private:
   step_limits lim_;
-  std::unordered_map<uint64_t, std::vector<uint32_t>> tables_;
+  std::unordered_map<uint64_t, std::vector<block_id>> tables_;
   uint64_t last_step_ = 0;
   uint64_t session_ = 0;
   bool any_ = false;

@@ -228,8 +228,8 @@ class cuda_transformer_shard final : public forward_shard {
                     sq.block_table.size(), sq.start_pos, sq.num_tokens);
       uint32_t* table = tables + s * max_table_;
       for (size_t b = 0; b < sq.block_table.size(); ++b) {
-        TROUPE_ASSERT(sq.block_table[b] < static_cast<uint32_t>(opt_.num_blocks), sq.block_table[b], opt_.num_blocks);
-        table[b] = sq.block_table[b];
+        TROUPE_ASSERT(sq.block_table[b].value < static_cast<uint32_t>(opt_.num_blocks), sq.block_table[b].value, opt_.num_blocks);
+        table[b] = sq.block_table[b].value;
       }
       std::fill(table + sq.block_table.size(), table + max_table_, 0u);
       for (int32_t i = 0; i < sq.num_tokens; i += cuda::prefill_tile_rows) {

@@ -11,12 +11,14 @@
 #include <span>
 #include <vector>
 
+#include "engine/kv/block_id.hpp"
+
 namespace troupe {
 
 struct step_sequence {
   int32_t num_tokens = 0;
   int32_t start_pos = 0;               // tokens of this sequence already in the cache
-  std::span<const uint32_t> block_table;
+  std::span<const block_id> block_table;
   bool want_logits = false;            // logits of its last token are wanted
 };
 
@@ -28,7 +30,7 @@ struct step_batch {
     tokens.clear();
     sequences.clear();
   }
-  void add(std::span<const int32_t> toks, int32_t start_pos, std::span<const uint32_t> blocks,
+  void add(std::span<const int32_t> toks, int32_t start_pos, std::span<const block_id> blocks,
            bool want_logits) {
     tokens.insert(tokens.end(), toks.begin(), toks.end());
     sequences.push_back({static_cast<int32_t>(toks.size()), start_pos, blocks, want_logits});

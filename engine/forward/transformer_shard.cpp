@@ -113,17 +113,24 @@ transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_
 void transformer_shard::forward(const step_batch& batch, float* hidden, float* logits) {
   const int32_t n = batch.num_tokens();
   if (n == 0) return;
-  // Per-token attention inputs: position and block table of the token's sequence.
+  // Per-token attention inputs: position and block table of the token's sequence, its
+  // block ids as the kernels read them (one array, sized first: the tokens point into it).
   att_tokens_.clear();
+  size_t table_entries = 0;
+  for (const auto& s : batch.sequences) table_entries += s.block_table.size();
+  tables_.resize(table_entries);
+  uint32_t* table = tables_.data();
   for (const auto& s : batch.sequences) {
     TROUPE_ASSERT(s.start_pos >= 0 && s.start_pos + s.num_tokens <= cfg_.max_seq_len,
                   s.start_pos, s.num_tokens, cfg_.max_seq_len);
     TROUPE_ASSERT(static_cast<int64_t>(s.block_table.size()) * kv_.shape().block_size >= s.start_pos + s.num_tokens,
                   s.block_table.size(), s.start_pos, s.num_tokens);
-    for (uint32_t b : s.block_table)
-      TROUPE_ASSERT(b < static_cast<uint32_t>(kv_.shape().num_blocks), b, kv_.shape().num_blocks);
-    for (int32_t i = 0; i < s.num_tokens; ++i)
-      att_tokens_.push_back({s.start_pos + i, s.block_table.data()});
+    for (size_t b = 0; b < s.block_table.size(); ++b) {
+      table[b] = s.block_table[b].value;
+      TROUPE_ASSERT(table[b] < static_cast<uint32_t>(kv_.shape().num_blocks), table[b], kv_.shape().num_blocks);
+    }
+    for (int32_t i = 0; i < s.num_tokens; ++i) att_tokens_.push_back({s.start_pos + i, table});
+    table += s.block_table.size();
   }
   TROUPE_ASSERT(static_cast<int32_t>(att_tokens_.size()) == n, att_tokens_.size(), n);
 

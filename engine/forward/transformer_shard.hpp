@@ -75,6 +75,7 @@ class transformer_shard final : public forward_shard {
   // Scratch, grown to the largest step seen.
   aligned_vector<float> xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<attention_token> att_tokens_;
+  std::vector<uint32_t> tables_;  // the step's block tables, for att_tokens_
 };
 
 }  // namespace troupe

@@ -49,20 +49,20 @@ bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, 
   holding& h = it->second;
   for (size_t i = 0; i < from_hits; ++i) {
     pool_.ref(hits[i]);
-    h.blocks.push_back(hits[i].value);
+    h.blocks.push_back(hits[i]);
   }
   for (size_t i = 0; i < fresh; ++i) {
     const auto b = pool_.allocate();
     TROUPE_ASSERT(b.has_value());
     cache_.evict(*b);  // it may have held a cached prefix nobody was using
-    h.blocks.push_back(b->value);
+    h.blocks.push_back(*b);
   }
   // Hash (and, with caching on, cache) every block the known tokens fill.
   const size_t full = static_cast<size_t>(num_tokens) / block_size_;
   for (size_t b = static_cast<size_t>(h.num_hashed); b < full; ++b) {
     const auto blk = tokens.subspan(b * block_size_, block_size_);
     const uint64_t hash = prefix_block_index::chain(h.last_hash, blk);
-    if (prefix_caching_ && b >= from_hits) cache_.insert(hash, h.last_hash, blk, block_id{h.blocks[b]});
+    if (prefix_caching_ && b >= from_hits) cache_.insert(hash, h.last_hash, blk, h.blocks[b]);
     h.last_hash = hash;
     h.num_hashed = static_cast<int32_t>(b + 1);
   }
@@ -73,7 +73,7 @@ void kv_block_manager::free(request_id id) {
   auto it = held_.find(id);
   if (it == held_.end()) return;
   const auto& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) pool_.unref(block_id{*b});
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) pool_.unref(*b);
   held_.erase(it);
 }
 
@@ -120,7 +120,7 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
   return out;
 }
 
-std::span<const uint32_t> kv_block_manager::block_table(request_id id) const {
+std::span<const block_id> kv_block_manager::block_table(request_id id) const {
   auto it = held_.find(id);
   if (it == held_.end()) return {};
   return it->second.blocks;

@@ -52,7 +52,7 @@ struct kv_grant {
   request_id id;
   int32_t first = 0;             // first token to compute (an admission: its prefix hit)
   int32_t count = 0;             // tokens to compute this step, at least one
-  std::vector<uint32_t> added;   // blocks appended to the request's table (an admission:
+  std::vector<block_id> added;   // blocks appended to the request's table (an admission:
                                  // its whole table); with them it covers first + count
 };
 
@@ -95,7 +95,7 @@ class kv_block_manager {
   expected<kv_step_grants> grant(const kv_step_request& req);
   bool holds(request_id id) const { return held_.count(id) != 0; }
 
-  std::span<const uint32_t> block_table(request_id id) const;
+  std::span<const block_id> block_table(request_id id) const;
   int32_t block_size() const { return block_size_; }
   kv_usage usage() const;
   const block_pool& pool() const { return pool_; }
@@ -103,7 +103,7 @@ class kv_block_manager {
 
  private:
   struct holding {
-    std::vector<uint32_t> blocks;
+    std::vector<block_id> blocks;
     uint64_t ns = 0;
     uint64_t last_hash = 0;     // chained hash of the last cached (or hit) full block
     int32_t num_hashed = 0;     // full blocks whose hash is known

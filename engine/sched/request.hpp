@@ -55,7 +55,7 @@ struct request {
   int32_t num_preemptions = 0;
   int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
   bool in_flight = false;  // a step computing this request has not come back yet
-  std::vector<uint32_t> blocks;  // its KV blocks, as the block manager granted them
+  std::vector<block_id> blocks;  // its KV blocks, as the block manager granted them
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;

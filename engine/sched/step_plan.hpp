@@ -17,7 +17,7 @@ struct scheduled_chunk {
   int32_t first = 0;       // index of the first token computed (== num_computed_tokens)
   int32_t count = 0;       // tokens computed this step
   std::span<const int32_t> tokens;        // those tokens
-  std::span<const uint32_t> block_table;  // the request's blocks, covering first + count
+  std::span<const block_id> block_table;  // the request's blocks, covering first + count
   bool sample = false;     // the chunk reaches the end of the known tokens: sample one
 };
 

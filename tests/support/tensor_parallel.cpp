@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "kernels/cpu/argmax.hpp"
+#include "tests/support/test_support.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace troupe::test {
@@ -22,14 +23,10 @@ model_config splittable_config() {
   return c;
 }
 
-std::vector<uint32_t> blocks_for(int32_t tokens) {
-  std::vector<uint32_t> blocks((tokens + 15) / 16);
-  for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = static_cast<uint32_t>(b);
-  return blocks;
-}
+std::vector<block_id> blocks_for(int32_t tokens) { return block_range((tokens + 15) / 16); }
 
 tp_run run_steps(const std::vector<forward_shard*>& shards, const model_config& c, std::vector<int32_t> prompt,
-                 int32_t steps, const std::vector<uint32_t>& blocks) {
+                 int32_t steps, const std::vector<block_id>& blocks) {
   const auto tp = static_cast<int32_t>(shards.size());
   tp_run out;
   std::vector<int32_t> tokens = std::move(prompt);

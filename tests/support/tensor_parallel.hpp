@@ -21,13 +21,13 @@ struct tp_run {
 model_config splittable_config();
 
 // The KV blocks 0, 1, ... that a sequence of `tokens` tokens needs, in blocks of 16.
-std::vector<uint32_t> blocks_for(int32_t tokens);
+std::vector<block_id> blocks_for(int32_t tokens);
 
 // The prompt in one step, then one greedy token a step, `steps` steps in all, on the ranks
 // of one stage (shards[r] is rank r), each rank's forward on a thread of its own (the
 // all-reduce waits for every rank).
 tp_run run_steps(const std::vector<forward_shard*>& shards, const model_config& c, std::vector<int32_t> prompt,
-                 int32_t steps, const std::vector<uint32_t>& blocks);
+                 int32_t steps, const std::vector<block_id>& blocks);
 
 // The largest logit difference of any step, relative to that step's largest logit in `a`
 // (tolerance.hpp: infinite where a logit is not finite).

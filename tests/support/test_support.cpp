@@ -100,6 +100,24 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
+std::vector<block_id> block_range(int64_t count, uint32_t first) {
+  std::vector<block_id> out(static_cast<size_t>(count));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = block_id{first + static_cast<uint32_t>(i)};
+  return out;
+}
+
+std::vector<block_id> block_ids(std::initializer_list<uint32_t> values) {
+  std::vector<block_id> out;
+  for (uint32_t v : values) out.push_back(block_id{v});
+  return out;
+}
+
+std::vector<uint32_t> block_values(std::span<const block_id> blocks) {
+  std::vector<uint32_t> out;
+  for (block_id b : blocks) out.push_back(b.value);
+  return out;
+}
+
 temp_dir::temp_dir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-test-XXXXXX").string();
   REQUIRE(mkdtemp(tmpl.data()) != nullptr);

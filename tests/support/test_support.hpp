@@ -3,8 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "engine/kv/block_id.hpp"
 
 #include "engine/model/model.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
@@ -27,6 +31,12 @@ struct reference_case {
 std::vector<reference_case> read_reference(const std::string& path);
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// Block tables from plain numbers, and back: blocks first, first + 1, ... (count of
+// them); the blocks named; the numbers of blocks, for comparing and printing.
+std::vector<block_id> block_range(int64_t count, uint32_t first = 0);
+std::vector<block_id> block_ids(std::initializer_list<uint32_t> values);
+std::vector<uint32_t> block_values(std::span<const block_id> blocks);
 
 // A fresh directory under the system temp dir, removed by the destructor.
 class temp_dir {

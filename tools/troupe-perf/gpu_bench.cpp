@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
@@ -85,8 +84,9 @@ expected<gpu_report> measure_gpu(const model& m, const gpu_bench_options& opt, c
   std::vector<float> hidden, logits;
   std::vector<int32_t> next;
   for (int b : batches) {
-    std::vector<std::vector<uint32_t>> tables(b, std::vector<uint32_t>(per_seq));
-    for (int s = 0; s < b; ++s) std::iota(tables[s].begin(), tables[s].end(), static_cast<uint32_t>(s * per_seq));
+    std::vector<std::vector<block_id>> tables(b, std::vector<block_id>(per_seq));
+    for (int s = 0; s < b; ++s)
+      for (int i = 0; i < per_seq; ++i) tables[s][i] = block_id{static_cast<uint32_t>(s * per_seq + i)};
     std::vector<double> rates;
     for (int r = 0; r < runs + 1; ++r) {
       step_batch sb;

@@ -164,18 +164,18 @@ TEST_CASE("sessions: a restarted kv manager refuses claims until reset, and othe
   REQUIRE_FALSE(refused.has_value());
   CHECK(refused.err().message.find("never reset") != std::string::npos);
   kv_step_grants g;
-  g.grants.push_back({request_id{1}, 0, 5, {0, 1}});
+  g.grants.push_back({request_id{1}, 0, 5, test::block_ids({0, 1})});
   CHECK(tx.decode(encode_kv_grants(5, g)).has_value());
   CHECK_FALSE(tx.decode(encode_kv_grants(6, g)).has_value());
-  g.grants[0].added = {0, 16};  // outside the pool
+  g.grants[0].added = test::block_ids({0, 16});  // outside the pool
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
-  g.grants[0].added = {0};  // too short for 5 tokens
+  g.grants[0].added = test::block_ids({0});  // too short for 5 tokens
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
-  g.grants[0] = {request_id{2}, 0, 5, {0, 1}};  // not the claimed request
+  g.grants[0] = {request_id{2}, 0, 5, test::block_ids({0, 1})};  // not the claimed request
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
-  g.grants[0] = {request_id{1}, 0, 6, {0, 1}};  // more tokens than it has
+  g.grants[0] = {request_id{1}, 0, 6, test::block_ids({0, 1})};  // more tokens than it has
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
-  g.grants = {{request_id{1}, 0, 5, {0, 1}}, {request_id{1}, 0, 5, {0, 1}}};  // more grants than claims
+  g.grants = {{request_id{1}, 0, 5, test::block_ids({0, 1})}, {request_id{1}, 0, 5, test::block_ids({0, 1})}};  // more grants than claims
   CHECK_FALSE(tx.decode(encode_kv_grants(5, g)).has_value());
 }
 

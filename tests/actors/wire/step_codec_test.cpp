@@ -163,7 +163,7 @@ TEST_CASE("truncated, oversized and corrupted frames are errors, never crashes")
     }
     for (const auto& q : d->batch.sequences) {
       CHECK(q.start_pos >= 0);
-      for (uint32_t b : q.block_table) CHECK(b < 12u);
+      for (block_id b : q.block_table) CHECK(b.value < 12u);
     }
     for (int32_t t : d->batch.tokens) CHECK((t >= 0 && t < 512));
   }

@@ -70,7 +70,7 @@ TEST_CASE("two GPU stages joined by a device link give one shard's logits and to
   const model_config& c = m.config;
   const std::vector<int32_t> prompt{1, 17, 200, 45, 99, 3, 250};
   const int32_t steps = 6;
-  const std::vector<uint32_t> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
+  const std::vector<block_id> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
   const auto nb = static_cast<int32_t>(blocks.size());
 
   auto whole = gpu_shard(m, 0, 0, 0, nb);
@@ -109,7 +109,7 @@ TEST_CASE("a receiver waiting on an aborted device link is released, and both st
   test::temp_dir dir;
   const model m = random_model(dir);
   const model_config& c = m.config;
-  const std::vector<uint32_t> blocks = test::blocks_for(16);
+  const std::vector<block_id> blocks = test::blocks_for(16);
   auto first = gpu_shard(m, 0, 1, 0, 1);
   auto second = gpu_shard(m, 1, c.num_layers, 1, 1);
   auto group = link(*first, *second);

@@ -28,8 +28,7 @@ namespace {
 std::vector<int32_t> greedy(forward_shard& shard, const test::loaded& l, const std::vector<int32_t>& prompt, int32_t steps,
                             bool on_device) {
   const model_config& c = l.m.config;
-  std::vector<uint32_t> table((c.max_seq_len + 15) / 16);
-  std::iota(table.begin(), table.end(), 0u);
+  const std::vector<block_id> table = test::block_range((c.max_seq_len + 15) / 16);
   std::vector<float> hidden, logits(c.vocab_size);
   std::vector<int32_t> out;
   std::vector<int32_t> feed = prompt;
@@ -73,8 +72,7 @@ TEST_CASE("GPU FP32 path: logits follow the CPU's token by token along a referen
   REQUIRE(!cases.empty());
   std::vector<int32_t> ids{l.tok.bos_id()};
   ids.insert(ids.end(), cases[0].ids_after_bos.begin(), cases[0].ids_after_bos.end());
-  std::vector<uint32_t> table((c.max_seq_len + 15) / 16);
-  std::iota(table.begin(), table.end(), 0u);
+  const std::vector<block_id> table = test::block_range((c.max_seq_len + 15) / 16);
   kv_cache cache(transformer_shard::cache_shape(c, shard_spec{}, static_cast<int32_t>(table.size()), 16, dtype::f32));
   thread_pool pool(1);
   no_collective solo;
@@ -171,9 +169,9 @@ TEST_CASE("GPU BF16 path: graph replays give the kernel-by-kernel logits bit for
   const test::loaded l = test::load(path);
   const model_config& c = l.m.config;
   const int32_t per_seq = (c.max_seq_len + 15) / 16;
-  std::vector<std::vector<uint32_t>> tables(3, std::vector<uint32_t>(per_seq));
+  std::vector<std::vector<block_id>> tables(3, std::vector<block_id>(per_seq));
   for (int s = 0; s < 3; ++s)
-    for (int32_t b = 0; b < per_seq; ++b) tables[s][b] = static_cast<uint32_t>(b * 3 + s);
+    for (int32_t b = 0; b < per_seq; ++b) tables[s][b] = block_id{static_cast<uint32_t>(b * 3 + s)};
   const std::vector<std::vector<int32_t>> prompts{{1, 5, 9}, {1, 7, 3, 8, 2}, {1, 4}};
   // Every step's logits (how == nullptr), or every step's device-chosen ids (how says how
   // to choose; each step's u in us).
@@ -254,8 +252,7 @@ TEST_CASE("GPU BF16 path: prompt logits within 5% of the logit range of the CPU'
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const model_config& c = l.m.config;
   const auto prompt = l.tok.encode("Once upon a time, there was a little girl named Lily", true);
-  std::vector<uint32_t> table((c.max_seq_len + 15) / 16);
-  std::iota(table.begin(), table.end(), 0u);
+  const std::vector<block_id> table = test::block_range((c.max_seq_len + 15) / 16);
   step_batch b;
   b.add(prompt, 0, table, true);
   // CPU.

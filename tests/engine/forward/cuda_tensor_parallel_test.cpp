@@ -31,7 +31,7 @@ using test::tp_run;
 // for the peers).
 tp_run run_tp(const model& m, int32_t tp, dtype weights, std::vector<int32_t> prompt, int32_t steps,
               reduce how = reduce::nccl) {
-  const std::vector<uint32_t> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
+  const std::vector<block_id> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
   std::shared_ptr<nccl_group> group;
   std::shared_ptr<local_collective_group> host;
   if (tp > 1 && how == reduce::host) host = std::make_shared<local_collective_group>(tp);

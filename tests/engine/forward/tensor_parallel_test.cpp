@@ -20,7 +20,7 @@ using test::tp_run;
 
 // Prompt-then-greedy steps on `tp` CPU shards (threads of this process).
 tp_run run_tp(const model& m, int32_t tp, std::vector<int32_t> prompt, int32_t steps) {
-  const std::vector<uint32_t> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
+  const std::vector<block_id> blocks = test::blocks_for(static_cast<int32_t>(prompt.size()) + steps);
   local_collective_group group(tp);
   std::vector<std::unique_ptr<kv_cache>> caches;
   std::vector<std::unique_ptr<thread_pool>> pools;
@@ -103,7 +103,7 @@ TEST_CASE("two pipeline stages (layers 0-1 and 2-4) hand over activations and ma
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const model& m = l.m;
   const std::vector<int32_t> tokens{1, 403, 407, 261, 378, 432, 383, 286};
-  const std::vector<uint32_t> blocks{0};
+  const std::vector<block_id> blocks = test::block_ids({0});
   step_batch batch;
   batch.add(tokens, 0, blocks, true);
   thread_pool pool(1);

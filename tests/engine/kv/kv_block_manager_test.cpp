@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "tests/support/test_support.hpp"
+
 namespace troupe {
 
 namespace {
@@ -18,15 +20,10 @@ std::vector<int32_t> seq(int32_t first, int32_t n) {
 }
 
 std::vector<uint32_t> table(const kv_block_manager& m, uint64_t id) {
-  auto t = m.block_table(request_id{id});
-  return {t.begin(), t.end()};
+  return test::block_values(m.block_table(request_id{id}));
 }
 
-std::vector<uint32_t> ids(const std::vector<block_id>& v) {
-  std::vector<uint32_t> out;
-  for (auto b : v) out.push_back(b.value);
-  return out;
-}
+std::vector<uint32_t> ids(const std::vector<block_id>& v) { return test::block_values(v); }
 
 }  // namespace
 
@@ -134,9 +131,9 @@ TEST_CASE("grant: claims are granted in order within the budget, and the first t
   CHECK_FALSE(g->short_of_blocks);
   CHECK(g->grants[0].first == 0);
   CHECK(g->grants[0].count == 10);
-  CHECK(g->grants[0].added == std::vector<uint32_t>{0, 1, 2});
+  CHECK(ids(g->grants[0].added) == std::vector<uint32_t>{0, 1, 2});
   CHECK(g->grants[1].count == 6);
-  CHECK(g->grants[1].added == std::vector<uint32_t>{3, 4});
+  CHECK(ids(g->grants[1].added) == std::vector<uint32_t>{3, 4});
   CHECK(g->usage.used == 5);
 
   // Request 2 goes on (3 tokens, its third block), then 3 wants 3 blocks of the 1 left.
@@ -147,7 +144,7 @@ TEST_CASE("grant: claims are granted in order within the budget, and the first t
   REQUIRE(g->grants.size() == 1);
   CHECK(g->grants[0].first == 6);
   CHECK(g->grants[0].count == 3);
-  CHECK(g->grants[0].added == std::vector<uint32_t>{5});  // appended to 3, 4
+  CHECK(ids(g->grants[0].added) == std::vector<uint32_t>{5});  // appended to 3, 4
   CHECK(g->short_of_blocks);
   CHECK_FALSE(m.holds(request_id{3}));
 
@@ -158,7 +155,7 @@ TEST_CASE("grant: claims are granted in order within the budget, and the first t
   g = m.grant(q);
   REQUIRE(g.has_value());
   REQUIRE(g->grants.size() == 1);
-  CHECK(g->grants[0].added == std::vector<uint32_t>{2, 1, 0});  // least recently freed first
+  CHECK(ids(g->grants[0].added) == std::vector<uint32_t>{2, 1, 0});  // least recently freed first
   q.releases = {request_id{3}};
   q.claims = {{request_id{4}, true, 0, 0, 0, a}};
   g = m.grant(q);
@@ -180,7 +177,7 @@ TEST_CASE("grant: a prefix hit counts as computed and claims that contradict the
   REQUIRE(g.has_value());
   CHECK(g->grants[0].first == 8);
   CHECK(g->grants[0].count == 2);
-  CHECK(g->grants[0].added == std::vector<uint32_t>{0, 1, 3});
+  CHECK(ids(g->grants[0].added) == std::vector<uint32_t>{0, 1, 3});
   CHECK(g->usage.hit_tokens == 8);
 
   q.claims = {{request_id{1}, true, 0, 0, 0, a}};  // admitted twice

@@ -18,7 +18,7 @@ std::vector<float> logits_of(const model& m, const std::vector<int32_t>& tokens)
   no_collective solo;
   transformer_shard shard(m, spec, cache, pool, solo);
   step_batch batch;
-  const std::vector<uint32_t> blocks{0, 1, 2, 3};
+  const std::vector<block_id> blocks = test::block_ids({0, 1, 2, 3});
   batch.add(tokens, 0, blocks, true);
   std::vector<float> hidden(tokens.size() * m.config.dim), logits(m.config.vocab_size);
   shard.forward(batch, hidden.data(), logits.data());
