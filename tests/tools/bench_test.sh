@@ -12,8 +12,11 @@ single_topology "$src" "$work"
 start_node "$work/t.toml" "$work"
 http=$http_url capnp=$capnp_url
 
-timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --model stories260K --requests 20 --concurrency 4 \
-  --output-tokens 24 --shared-prefix 30 --prompt-words 40 --json "$work/http.json" >/dev/null || fail "http run"
+# No --model: troupe-bench asks the server's /v1/models.
+timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --requests 20 --concurrency 4 \
+  --output-tokens 24 --shared-prefix 30 --prompt-words 40 --json "$work/http.json" >/dev/null 2>"$work/http.err" ||
+  fail "http run: $(cat "$work/http.err")"
+grep -q "model stories260K (the server's /v1/models)" "$work/http.err" || fail "served model: $(cat "$work/http.err")"
 timeout 120 "$build/tools/troupe-bench" --endpoint "$capnp" --requests 12 --rate 50 --output-tokens 16 \
   --json "$work/capnp.json" >/dev/null || fail "capnp run"
 timeout 120 "$build/tools/troupe-bench" --endpoint "$capnp" --requests 4 --sweep-concurrency 1,2 --output-tokens 8 \

@@ -82,6 +82,24 @@ std::string prompt_for(const workload& w, int i) {
   return p;
 }
 
+// The model an OpenAI-compatible server serves, from its /v1/models (the first listed), for
+// a run that names none; or why there is none.
+expected<std::string> served_model(const std::string& host, int port, const std::string& api_key) {
+  httplib::Client cli(host, port);
+  cli.set_connection_timeout(10, 0);
+  cli.set_read_timeout(30, 0);
+  httplib::Headers headers;
+  if (!api_key.empty()) headers.emplace("Authorization", "Bearer " + api_key);
+  const auto res = cli.Get("/v1/models", headers);
+  if (!res) return error{"GET /v1/models: " + transport_error(res.error())};
+  if (res->status != 200) return error{"GET /v1/models answered " + std::to_string(res->status)};
+  const json j = json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
+      !j["data"][0].is_object() || !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
+    return error{"GET /v1/models lists no model"};
+  return j["data"][0]["id"].get<std::string>();
+}
+
 sample run_http(const std::string& host, int port, const workload& w, int i, const json* history = nullptr,
                 std::string* reply = nullptr) {
   sample s;
@@ -374,13 +392,13 @@ int main(int argc, char** argv) {
       "--shared-prefix N starts every prompt with the same N words. Prints a Markdown table\n"
       "and, with --json, writes completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms /\n"
       "e2e_ms objects with p50, p90, p99 and max.\n\n"
-      "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --model m --requests 64 --concurrency 8 --json out.json\n",
+      "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --requests 64 --concurrency 8 --json out.json\n",
       "troupe-bench"};
   std::string endpoint, json_path, outputs_path;
   workload w;
   double slo_ttft = 0, slo_tpot = 0;
   app.add_option("--endpoint", endpoint, "http://HOST:PORT or capnp://HOST:PORT")->required();
-  app.add_option("--model", w.model, "model name for HTTP servers")->capture_default_str();
+  app.add_option("--model", w.model, "model name for HTTP servers (default: the first the server's /v1/models lists)");
   app.add_option("--api-key", w.api_key, "bearer key for HTTP servers");
   app.add_option("--requests", w.requests)->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--concurrency", w.concurrency, "requests in flight (closed loop)")->check(CLI::Range(1, 4096))->capture_default_str();
@@ -424,6 +442,15 @@ int main(int argc, char** argv) {
   }
   const std::string host = hostport.substr(0, colon);
   const int port = std::atoi(hostport.c_str() + colon + 1);
+  if (http && w.model.empty()) {
+    auto m = served_model(host, port, w.api_key);
+    if (!m) {
+      std::fprintf(stderr, "troupe-bench: %s (--model names the model without asking)\n", m.err().message.c_str());
+      return 2;
+    }
+    w.model = *m;
+    std::fprintf(stderr, "troupe-bench: model %s (the server's /v1/models)\n", w.model.c_str());
+  }
 
   std::vector<json> levels;
   bool all_ok = true;
