@@ -93,8 +93,7 @@ TEST_CASE("a scheduler's claims through the kv codec plan the steps the in-proce
       CHECK(a.chunks[i].id == b.chunks[i].id);
       CHECK(a.chunks[i].first == b.chunks[i].first);
       CHECK(a.chunks[i].count == b.chunks[i].count);
-      CHECK(std::vector<uint32_t>(a.chunks[i].block_table.begin(), a.chunks[i].block_table.end()) ==
-            std::vector<uint32_t>(b.chunks[i].block_table.begin(), b.chunks[i].block_table.end()));
+      CHECK(test::block_values(a.chunks[i].block_table) == test::block_values(b.chunks[i].block_table));
     }
     std::vector<sample_result> sa(a.num_samples()), sb(b.num_samples());
     for (auto& x : sa) x.token = 105;

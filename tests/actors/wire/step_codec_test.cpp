@@ -92,8 +92,7 @@ TEST_CASE("plans of a scheduler run, preemptions included, arrive at the stage a
       CHECK(q.start_pos == c.first);
       CHECK(q.num_tokens == c.count);
       CHECK(q.want_logits == c.sample);
-      CHECK(std::vector<uint32_t>(q.block_table.begin(), q.block_table.end()) ==
-            std::vector<uint32_t>(c.block_table.begin(), c.block_table.end()));
+      CHECK(test::block_values(q.block_table) == test::block_values(c.block_table));
       for (int32_t t : c.tokens) CHECK(d->batch.tokens[tok++] == t);
     }
     std::vector<sample_result> samples(plan.num_samples());
