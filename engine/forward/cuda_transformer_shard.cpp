@@ -104,7 +104,8 @@ class cuda_transformer_shard final : public forward_shard {
     }
     const int32_t half = cfg_.rope_dim / 2;
     std::vector<float> c(size_t(cfg_.max_seq_len) * half), s(c.size());
-    rope_table(c.data(), s.data(), cfg_.max_seq_len, cfg_.rope_dim, cfg_.rope_base);
+    const std::vector<float> freqs = rope_frequencies(cfg_);
+    rope_table(c.data(), s.data(), cfg_.max_seq_len, cfg_.rope_dim, freqs.data(), rope_attention_factor(cfg_));
     cos_ = upload_floats(c.data(), c.size());
     sin_ = upload_floats(s.data(), s.size());
     // Scratch for the largest step.
@@ -506,6 +507,11 @@ expected<std::unique_ptr<forward_shard>> make_cuda_shard(const model& m, const s
   const std::string dev = "cuda:" + std::to_string(o.device);
   if (o.weights != dtype::f32 && o.weights != dtype::bf16 && o.weights != dtype::f16)
     return error{dev + ": GPU weights must be f32, bf16 or f16"};
+  if (m.config.qkv_bias)
+    return error{dev + ": models with q/k/v biases (" + family_name(m.config.family) +
+                 ") run on CPU shards (the CUDA shard has no bias kernels yet)"};
+  if (m.config.sliding_window > 0)
+    return error{dev + ": sliding-window attention runs on CPU shards (the CUDA attention kernels attend to whole sequences)"};
   if (spec.tp.size > 1) {
     if (spec.tp.rank < 0 || spec.tp.rank >= spec.tp.size)
       return error{dev + ": tensor-parallel rank " + std::to_string(spec.tp.rank) + " of " + std::to_string(spec.tp.size)};

@@ -88,6 +88,9 @@ transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_
     s.w1 = w.w1.slice_rows(tp.rank * local_hidden_, local_hidden_);
     s.w3 = w.w3.slice_rows(tp.rank * local_hidden_, local_hidden_);
     s.w2 = w.w2.slice_cols(tp.rank * local_hidden_, local_hidden_);
+    s.bq = w.bq ? w.bq + int64_t{tp.rank} * local_heads_ * hd : nullptr;
+    s.bk = w.bk ? w.bk + int64_t{tp.rank} * local_kv_heads_ * hd : nullptr;
+    s.bv = w.bv ? w.bv + int64_t{tp.rank} * local_kv_heads_ * hd : nullptr;
     layers_.push_back(s);
   }
   classifier_ = model_.weights.classifier;
@@ -107,7 +110,9 @@ transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_
   const int32_t half = cfg_.rope_dim / 2;
   rope_cos_.resize(int64_t{cfg_.max_seq_len} * half);
   rope_sin_.resize(int64_t{cfg_.max_seq_len} * half);
-  rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq_len, cfg_.rope_dim, cfg_.rope_base);
+  const std::vector<float> freqs = rope_frequencies(cfg_);
+  rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq_len, cfg_.rope_dim, freqs.data(),
+             rope_attention_factor(cfg_));
 }
 
 void transformer_shard::forward(const step_batch& batch, float* hidden, float* logits) {
@@ -129,7 +134,10 @@ void transformer_shard::forward(const step_batch& batch, float* hidden, float* l
       table[b] = s.block_table[b].value;
       TROUPE_ASSERT(table[b] < static_cast<uint32_t>(kv_.shape().num_blocks), table[b], kv_.shape().num_blocks);
     }
-    for (int32_t i = 0; i < s.num_tokens; ++i) att_tokens_.push_back({s.start_pos + i, table});
+    for (int32_t i = 0; i < s.num_tokens; ++i) {
+      const int32_t pos = s.start_pos + i;
+      att_tokens_.push_back({pos, table, cfg_.sliding_window > 0 ? std::max(0, pos - cfg_.sliding_window + 1) : 0});
+    }
     table += s.block_table.size();
   }
   TROUPE_ASSERT(static_cast<int32_t>(att_tokens_.size()) == n, att_tokens_.size(), n);
@@ -170,10 +178,16 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
   });
   const gemm_output qkv[] = {{&w.wq, q, q_dim}, {&w.wk, k, kv_dim}, {&w.wv, v, kv_dim}};
   gemm_multi(xb, dim, n, qkv, 3, pool_);
-  // Each token writes its own slot. The int8 and F16 caches convert as they write, which
-  // pays for the pool's threads from a few tokens on (hence not per_token's threshold).
+  // Each token adds its q/k/v biases (when the model has them), rotates and writes its own
+  // slot. The int8 and F16 caches convert as they write, which pays for the pool's
+  // threads from a few tokens on (hence not per_token's threshold).
   pool_.parallel_for(n, 4, [&](int64_t tb, int64_t te, int) {
     for (int64_t t = tb; t < te; ++t) {
+      if (w.bq) {
+        for (int32_t i = 0; i < q_dim; ++i) q[t * q_dim + i] += w.bq[i];
+        for (int32_t i = 0; i < kv_dim; ++i) k[t * kv_dim + i] += w.bk[i];
+        for (int32_t i = 0; i < kv_dim; ++i) v[t * kv_dim + i] += w.bv[i];
+      }
       const int32_t pos = att_tokens_[t].position;
       const float* c = rope_cos_.data() + int64_t{pos} * half;
       const float* s = rope_sin_.data() + int64_t{pos} * half;

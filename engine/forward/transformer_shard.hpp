@@ -54,6 +54,7 @@ class transformer_shard final : public forward_shard {
     const float* attn_norm;
     const float* ffn_norm;
     matrix_view wq, wk, wv, wo, w1, w2, w3;
+    const float *bq, *bk, *bv;  // this slice's q/k/v biases, or null
   };
 
   void run_layer(int32_t idx, const step_batch& batch, float* hidden);

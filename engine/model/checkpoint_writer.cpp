@@ -8,58 +8,35 @@
 #include <memory>
 #include <vector>
 
-#include "engine/sample/rng.hpp"
+#include "engine/model/file_out.hpp"
 
 namespace troupe {
 
 namespace {
-
-class file_out {
- public:
-  explicit file_out(const std::string& path) : path_(path), f_(std::fopen(path.c_str(), "wb")) {
-    if (!f_) error_ = path + ": cannot create: " + std::strerror(errno);
-  }
-  ~file_out() {
-    if (f_) std::fclose(f_);
-  }
-  void bytes(const void* p, size_t n) {
-    if (f_ && error_.empty() && std::fwrite(p, 1, n, f_) != n)
-      error_ = path_ + ": write failed: " + std::strerror(errno);
-    written_ += n;
-  }
-  template <class T>
-  void pod(const T& v) { bytes(&v, sizeof v); }
-  void str(const std::string& s) {
-    pod(static_cast<uint64_t>(s.size()));
-    bytes(s.data(), s.size());
-  }
-  void pad_to(uint64_t alignment) {
-    static const char zeros[4096] = {};
-    const uint64_t pad = (alignment - written_ % alignment) % alignment;
-    bytes(zeros, pad);
-  }
-  status close() {
-    if (f_ && std::fclose(f_) != 0 && error_.empty()) error_ = path_ + ": close failed: " + std::strerror(errno);
-    f_ = nullptr;
-    if (!error_.empty()) return error{error_};
-    return ok();
-  }
-  uint64_t written() const { return written_; }
-
- private:
-  std::string path_;
-  FILE* f_;
-  std::string error_;
-  uint64_t written_ = 0;
-};
 
 struct tensor_desc {
   tensor_role role;
   int32_t layer;
   int32_t rows, cols;
   std::string gguf_name;
-  bool is_norm;
+  bool is_norm;                             // a vector, stored as F32
+  const std::vector<float>* fixed = nullptr;  // its values, when they come from the config, not the source
 };
+
+const char* gguf_arch(model_family f) { return f == model_family::qwen2 ? "qwen2" : "llama"; }
+rope_layout gguf_rope(model_family f) { return f == model_family::qwen2 ? rope_layout::halves : rope_layout::pairs; }
+
+// Llama 3's rope scaling as llama.cpp's GGUF files carry it: per-pair divisors of the
+// unscaled frequencies.
+std::vector<float> llama3_freq_factors(const model_config& c) {
+  model_config plain = c;
+  plain.rope_scale = {};
+  plain.rope_freq_factors.clear();
+  const std::vector<float> base = rope_frequencies(plain), scaled = rope_frequencies(c);
+  std::vector<float> out(base.size());
+  for (size_t i = 0; i < base.size(); ++i) out[i] = base[i] / scaled[i];
+  return out;
+}
 
 std::vector<tensor_desc> gguf_tensors(const checkpoint_spec& s) {
   const model_config& c = s.config;
@@ -71,6 +48,11 @@ std::vector<tensor_desc> gguf_tensors(const checkpoint_spec& s) {
     t.push_back({tensor_role::wq, l, c.num_heads * c.head_dim, c.dim, p + "attn_q.weight", false});
     t.push_back({tensor_role::wk, l, c.kv_dim(), c.dim, p + "attn_k.weight", false});
     t.push_back({tensor_role::wv, l, c.kv_dim(), c.dim, p + "attn_v.weight", false});
+    if (c.qkv_bias) {
+      t.push_back({tensor_role::bq, l, 1, c.q_dim(), p + "attn_q.bias", true});
+      t.push_back({tensor_role::bk, l, 1, c.kv_dim(), p + "attn_k.bias", true});
+      t.push_back({tensor_role::bv, l, 1, c.kv_dim(), p + "attn_v.bias", true});
+    }
     t.push_back({tensor_role::wo, l, c.dim, c.num_heads * c.head_dim, p + "attn_output.weight", false});
     t.push_back({tensor_role::ffn_norm, l, 1, c.dim, p + "ffn_norm.weight", true});
     t.push_back({tensor_role::w1, l, c.hidden_dim, c.dim, p + "ffn_gate.weight", false});
@@ -148,6 +130,24 @@ void kv_bool(file_out& f, const std::string& key, bool v) {
   f.pod(static_cast<uint8_t>(v));
 }
 
+// Metadata keys of the rope scaling and the sliding window, under the architecture's prefix.
+void gguf_rope_keys(const model_config& c, const std::string& a, std::vector<std::function<void(file_out&)>>& kv) {
+  const rope_scaling s = c.rope_scale;
+  if (s.type == rope_scaling_type::linear || s.type == rope_scaling_type::yarn) {
+    kv.push_back([a, s](file_out& f) { kv_string(f, a + ".rope.scaling.type", rope_scaling_name(s.type)); });
+    kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.factor", s.factor); });
+  }
+  if (s.type == rope_scaling_type::yarn) {
+    kv.push_back([a, s](file_out& f) { kv_u32(f, a + ".rope.scaling.original_context_length", s.original_context); });
+    kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.yarn_beta_fast", s.beta_fast); });
+    kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.yarn_beta_slow", s.beta_slow); });
+    if (s.attention_factor > 0)
+      kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.attn_factor", s.attention_factor); });
+  }
+  if (c.sliding_window > 0)
+    kv.push_back([a, w = c.sliding_window](file_out& f) { kv_u32(f, a + ".attention.sliding_window", w); });
+}
+
 int32_t gguf_token_type(token_kind k) {
   switch (k) {
     case token_kind::normal: return 1;
@@ -162,65 +162,22 @@ int32_t gguf_token_type(token_kind k) {
 
 }  // namespace
 
-weight_source random_weights(uint64_t seed) {
-  return [seed](tensor_role role, int32_t layer, int32_t row, float* out, int32_t cols) {
-    if (role == tensor_role::attn_norm || role == tensor_role::ffn_norm || role == tensor_role::final_norm) {
-      for (int32_t i = 0; i < cols; ++i) out[i] = 1.0f;
-      return;
-    }
-    rng r(seed ^ (uint64_t(static_cast<int>(role)) << 56) ^ (uint64_t(layer + 1) << 40) ^ uint64_t(row));
-    const float a = (role == tensor_role::embedding ? 1.0f : 1.7f / std::sqrt(static_cast<float>(cols)));
-    for (int32_t i = 0; i < cols; ++i) out[i] = (2.0f * r.uniform() - 1.0f) * a;
-  };
-}
-
-weight_source with_ffn_padded(weight_source src, int32_t src_hidden) {
-  return [src = std::move(src), src_hidden](tensor_role role, int32_t layer, int32_t row, float* out, int32_t cols) {
-    if ((role == tensor_role::w1 || role == tensor_role::w3) && row >= src_hidden) {
-      std::fill(out, out + cols, 0.0f);
-    } else if (role == tensor_role::w2 && cols > src_hidden) {
-      src(role, layer, row, out, src_hidden);
-      std::fill(out + src_hidden, out + cols, 0.0f);
-    } else {
-      src(role, layer, row, out, cols);
-    }
-  };
-}
-
-weight_source weights_of(const model& m) {
-  return [&m](tensor_role role, int32_t layer, int32_t row, float* out, int32_t cols) {
-    const auto& w = m.weights;
-    auto from_vec = [&](const float* v) { std::memcpy(out, v, sizeof(float) * cols); };
-    auto from_mat = [&](const matrix_view& v) {
-      for (int32_t c = 0; c < cols; ++c) out[c] = v.at(row, c);
-    };
-    switch (role) {
-      case tensor_role::embedding: return from_mat(w.token_embedding);
-      case tensor_role::classifier: return from_mat(w.classifier);
-      case tensor_role::final_norm: return from_vec(w.final_norm);
-      case tensor_role::attn_norm: return from_vec(w.layers[layer].attn_norm);
-      case tensor_role::ffn_norm: return from_vec(w.layers[layer].ffn_norm);
-      case tensor_role::wq: return from_mat(w.layers[layer].wq);
-      case tensor_role::wk: return from_mat(w.layers[layer].wk);
-      case tensor_role::wv: return from_mat(w.layers[layer].wv);
-      case tensor_role::wo: return from_mat(w.layers[layer].wo);
-      case tensor_role::w1: return from_mat(w.layers[layer].w1);
-      case tensor_role::w2: return from_mat(w.layers[layer].w2);
-      case tensor_role::w3: return from_mat(w.layers[layer].w3);
-    }
-  };
-}
-
-status write_llama2c(const std::string& path, const checkpoint_spec& spec, const weight_source& src,
+status write_llama2c(const std::string& path, const checkpoint_spec& spec, const weight_source& src_in,
                      const std::function<void(double)>& progress) {
   model_config c = spec.config;
   if (auto e = validate(c)) return error{"invalid model shape: " + *e};
+  if (c.qkv_bias || c.sliding_window > 0 || c.rope_scale.type != rope_scaling_type::none ||
+      !c.rope_freq_factors.empty() || c.q_dim() != c.dim || c.rope_base != 10000.0f || c.rope_dim != c.head_dim)
+    return error{"a llama2.c checkpoint holds Llama 2 shapes only (no biases, sliding window, rope scaling, "
+                 "other rope base or head size); write GGUF or a Hugging Face directory"};
   if (spec.type != dtype::f32 && spec.type != dtype::q8_0)
     return error{"llama2.c checkpoints hold f32 (legacy) or q8_0 (version 2) weights, not " + std::string(dtype_name(spec.type))};
   const bool q8 = spec.type == dtype::q8_0;
   const int32_t gs = spec.group_size;
   if (q8 && (gs <= 0 || c.dim % gs != 0 || c.hidden_dim % gs != 0))
     return error{"Q8_0 group size " + std::to_string(gs) + " must divide dim and hidden_dim"};
+  const weight_source src_pairs = with_rope_layout(src_in, c, c.rope, rope_layout::pairs);
+  const weight_source& src = src_pairs;
   file_out f(path);
   const int32_t header[7] = {c.dim, c.hidden_dim, c.num_layers, c.num_heads, c.num_kv_heads,
                              spec.shared_classifier || q8 ? c.vocab_size : -c.vocab_size, c.max_seq_len};
@@ -293,7 +250,7 @@ status write_llama2c(const std::string& path, const checkpoint_spec& spec, const
 }
 
 status write_gguf(const std::string& path, const checkpoint_spec& spec, const vocabulary& vocab,
-                  const weight_source& src, const std::function<void(double)>& progress,
+                  const weight_source& src_in, const std::function<void(double)>& progress,
                   const std::string& chat_template) {
   model_config c = spec.config;
   if (auto e = validate(c)) return error{"invalid model shape: " + *e};
@@ -303,7 +260,13 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
     return error{"GGUF Q8_0 needs dim and hidden_dim to be multiples of 32"};
   checkpoint_spec validated = spec;
   validated.config = c;
-  const auto tensors = gguf_tensors(validated);
+  auto tensors = gguf_tensors(validated);
+  const std::string a = gguf_arch(c.family);
+  const std::vector<float> freq_factors =
+      c.rope_scale.type == rope_scaling_type::llama3 ? llama3_freq_factors(c) : c.rope_freq_factors;
+  if (!freq_factors.empty())
+    tensors.push_back({tensor_role::final_norm, -1, 1, c.rope_dim / 2, "rope_freqs.weight", true, &freq_factors});
+  const weight_source src = with_rope_layout(src_in, c, c.rope, gguf_rope(c.family));
   constexpr uint64_t alignment = 32;
   file_out f(path);
   f.pod(uint32_t{0x46554747});
@@ -312,18 +275,25 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
   // Metadata entries, counted before they are written.
   std::vector<std::function<void()>> kv;
   auto add = [&](std::function<void()> fn) { kv.push_back(std::move(fn)); };
-  add([&] { kv_string(f, "general.architecture", "llama"); });
+  add([&] { kv_string(f, "general.architecture", a); });
   add([&] { kv_string(f, "general.name", "troupe synthetic"); });
   add([&] { kv_u32(f, "general.alignment", alignment); });
-  add([&] { kv_u32(f, "llama.context_length", c.max_seq_len); });
-  add([&] { kv_u32(f, "llama.embedding_length", c.dim); });
-  add([&] { kv_u32(f, "llama.feed_forward_length", c.hidden_dim); });
-  add([&] { kv_u32(f, "llama.block_count", c.num_layers); });
-  add([&] { kv_u32(f, "llama.attention.head_count", c.num_heads); });
-  add([&] { kv_u32(f, "llama.attention.head_count_kv", c.num_kv_heads); });
-  add([&] { kv_u32(f, "llama.rope.dimension_count", c.rope_dim); });
-  add([&] { kv_f32(f, "llama.rope.freq_base", c.rope_base); });
-  add([&] { kv_f32(f, "llama.attention.layer_norm_rms_epsilon", c.rms_eps); });
+  add([&] { kv_u32(f, a + ".context_length", c.max_seq_len); });
+  add([&] { kv_u32(f, a + ".embedding_length", c.dim); });
+  add([&] { kv_u32(f, a + ".feed_forward_length", c.hidden_dim); });
+  add([&] { kv_u32(f, a + ".block_count", c.num_layers); });
+  add([&] { kv_u32(f, a + ".attention.head_count", c.num_heads); });
+  add([&] { kv_u32(f, a + ".attention.head_count_kv", c.num_kv_heads); });
+  if (c.head_dim * c.num_heads != c.dim) {
+    add([&] { kv_u32(f, a + ".attention.key_length", c.head_dim); });
+    add([&] { kv_u32(f, a + ".attention.value_length", c.head_dim); });
+  }
+  add([&] { kv_u32(f, a + ".rope.dimension_count", c.rope_dim); });
+  add([&] { kv_f32(f, a + ".rope.freq_base", c.rope_base); });
+  add([&] { kv_f32(f, a + ".attention.layer_norm_rms_epsilon", c.rms_eps); });
+  std::vector<std::function<void(file_out&)>> rope_keys;
+  gguf_rope_keys(c, a, rope_keys);
+  for (auto& k : rope_keys) add([&f, &k] { k(f); });
   add([&] { kv_string(f, "tokenizer.ggml.model", "llama"); });
   if (!chat_template.empty()) add([&] { kv_string(f, "tokenizer.chat_template", chat_template); });
   add([&] {  // tokens, with spaces as SentencePiece's U+2581
@@ -376,13 +346,16 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
     offset += (gguf_tensor_bytes(type, t.rows, t.cols) + alignment - 1) / alignment * alignment;
   }
   f.pad_to(alignment);
-  std::vector<float> row(std::max(c.dim, c.hidden_dim));
+  std::vector<float> row(std::max({c.dim, c.hidden_dim, c.q_dim()}));
   double done = 0, total = 0;
   for (const auto& t : tensors) total += t.rows;
   for (const auto& t : tensors) {
     const dtype type = t.is_norm ? dtype::f32 : spec.type;
     for (int32_t r = 0; r < t.rows; ++r) {
-      src(t.role, t.layer, r, row.data(), t.cols);
+      if (t.fixed)
+        std::copy(t.fixed->begin(), t.fixed->end(), row.begin());
+      else
+        src(t.role, t.layer, r, row.data(), t.cols);
       write_gguf_row(f, type, row.data(), t.cols);
     }
     f.pad_to(alignment);

@@ -17,14 +17,17 @@
 namespace troupe {
 
 // Which tensor a row belongs to. layer is -1 for the embedding, final norm and classifier.
-enum class tensor_role { embedding, attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3, final_norm, classifier };
+// Biases (Qwen2's q, k and v) are vectors, like norms.
+enum class tensor_role { embedding, attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3, final_norm, classifier, bq, bk, bv };
 
 // Fills out[0..cols) with row `row` of the tensor (norm vectors have one row).
 using weight_source = std::function<void(tensor_role role, int32_t layer, int32_t row, float* out, int32_t cols)>;
 
 // Seeded random weights: matrices uniform in +-1/sqrt(fan_in) * 1.7 (unit variance of the
-// products), norms 1.0; different tensors and rows get independent streams.
-weight_source random_weights(uint64_t seed);
+// products), biases likewise, norms 1.0 (or, with random_norms, uniform in 0.8..1.2, so
+// that a norm read in the wrong place shows); different tensors and rows get independent
+// streams.
+weight_source random_weights(uint64_t seed, bool random_norms = false);
 
 // The weights of a loaded model, dequantized to float.
 weight_source weights_of(const model& m);
@@ -36,6 +39,15 @@ weight_source weights_of(const model& m);
 // stories260K's 172 becomes 192, groups of 32.
 weight_source with_ffn_padded(weight_source src, int32_t src_hidden);
 
+// `src` with the rows of wq and wk (and the elements of bq and bk) rearranged from one
+// rotary layout to the other, so that a model stored with Q and K rotating in pairs
+// (llama2.c, GGUF llama) computes what the same model stored in halves (Hugging Face,
+// GGUF qwen2) computes.
+weight_source with_rope_layout(weight_source src, const model_config& c, rope_layout from, rope_layout to);
+
+// The writers take the source's rows in config.rope's layout and store them in their
+// format's own (pairs for llama2.c and GGUF llama and mistral, halves for GGUF qwen2 and
+// Hugging Face directories).
 struct checkpoint_spec {
   model_config config;
   dtype type = dtype::f32;        // f32 or q8_0 for llama2.c; f32, f16, bf16, q8_0 for GGUF
@@ -47,12 +59,21 @@ struct checkpoint_spec {
 status write_llama2c(const std::string& path, const checkpoint_spec& spec, const weight_source& src,
                      const std::function<void(double)>& progress = {});
 
-// GGUF v3, llama architecture, with the vocabulary as tokenizer metadata. Norms are F32;
-// the embedding, matrices and classifier are of spec.type.
+// GGUF v3, with llama.cpp's architecture and keys for the family (llama for Llama and
+// Mistral, qwen2), the vocabulary as tokenizer metadata. Norms and biases are F32; the
+// embedding, matrices and classifier are of spec.type. Rope scaling: linear and yarn as
+// {arch}.rope.scaling.* keys, llama3 as the rope_freqs.weight tensor of per-pair divisors.
 // chat_template, when not empty, is written as tokenizer.chat_template.
 status write_gguf(const std::string& path, const checkpoint_spec& spec, const vocabulary& vocab,
                   const weight_source& src, const std::function<void(double)>& progress = {},
                   const std::string& chat_template = "");
+
+// A Hugging Face model directory (created if missing): config.json and model.safetensors,
+// its tensors of spec.type (f32, f16 or bf16; norms and biases f32); with
+// max_shard_bytes, shards of at most that size (a tensor larger than it alone in one)
+// named model-0000N-of-0000M.safetensors, and model.safetensors.index.json.
+status write_hf_dir(const std::string& dir, const checkpoint_spec& spec, const weight_source& src,
+                    const std::function<void(double)>& progress = {}, uint64_t max_shard_bytes = 0);
 
 // A stand-in vocabulary of n tokens for synthetic models: <unk>, <s>, </s>, the 256 byte
 // tokens, then single characters and short pieces.

@@ -1,6 +1,7 @@
-// GGUF checkpoints of the "llama" architecture: shape from llama.* metadata, tensors by
-// their GGUF names (token_embd, blk.N.attn_q, ..., output_norm, output), vocabulary from
-// tokenizer.ggml.* metadata.
+// GGUF checkpoints of the "llama" (Llama, Mistral) and "qwen2" architectures: shape from
+// the {arch}.* metadata llama.cpp writes (rope scaling and sliding window included),
+// tensors by their GGUF names (token_embd, blk.N.attn_q, blk.N.attn_q.bias, ...,
+// output_norm, output, rope_freqs), vocabulary from tokenizer.ggml.* metadata.
 #include <cmath>
 
 #include "engine/model/gguf_file.hpp"
@@ -137,43 +138,65 @@ expected<model_config> config_from(const gguf_file& g) {
   const std::string path = g.path();
   auto arch = g.get_string("general.architecture");
   if (!arch) return error{path + ": no general.architecture in the metadata"};
-  if (*arch != "llama")
-    return error{path + ": architecture '" + *arch + "' is not supported (llama is)"};
-  auto need = [&](const char* key) -> expected<int64_t> {
+  if (*arch != "llama" && *arch != "qwen2")
+    return error{path + ": architecture '" + *arch + "' is not supported (llama and qwen2 are)"};
+  const std::string a = *arch;
+  auto need = [&](const std::string& key) -> expected<int64_t> {
     auto v = g.get_int(key);
     if (!v) return error{path + ": metadata " + key + " is missing or not an integer"};
     if (*v <= 0 || *v > (int64_t{1} << 30)) return error{path + ": metadata " + key + " = " + std::to_string(*v) + " is out of range"};
     return *v;
   };
-  model_config c;
-  for (auto [key, field] : {std::pair{"llama.embedding_length", &c.dim},
-                            std::pair{"llama.feed_forward_length", &c.hidden_dim},
-                            std::pair{"llama.block_count", &c.num_layers},
-                            std::pair{"llama.attention.head_count", &c.num_heads},
-                            std::pair{"llama.context_length", &c.max_seq_len}}) {
+  auto maybe = [&](const std::string& key, int32_t& field) -> status {
+    if (!g.find(key)) return ok();
     auto v = need(key);
+    if (!v) return v.err();
+    field = static_cast<int32_t>(*v);
+    return ok();
+  };
+  model_config c;
+  c.family = a == "qwen2" ? model_family::qwen2 : model_family::llama;
+  for (auto [key, field] : {std::pair{".embedding_length", &c.dim}, std::pair{".feed_forward_length", &c.hidden_dim},
+                            std::pair{".block_count", &c.num_layers}, std::pair{".attention.head_count", &c.num_heads},
+                            std::pair{".context_length", &c.max_seq_len}}) {
+    auto v = need(a + key);
     if (!v) return v.err();
     *field = static_cast<int32_t>(*v);
   }
   c.num_kv_heads = c.num_heads;
-  if (g.find("llama.attention.head_count_kv")) {
-    auto v = need("llama.attention.head_count_kv");
-    if (!v) return v.err();
-    c.num_kv_heads = static_cast<int32_t>(*v);
+  for (auto [key, field] : {std::pair{".attention.head_count_kv", &c.num_kv_heads},
+                            std::pair{".rope.dimension_count", &c.rope_dim},
+                            std::pair{".attention.key_length", &c.head_dim},
+                            std::pair{".attention.sliding_window", &c.sliding_window}})
+    if (auto st = maybe(a + key, *field); !st) return st.err();
+  if (c.sliding_window > 0) c.family = model_family::mistral;
+  c.rope_base = static_cast<float>(g.get_float(a + ".rope.freq_base").value_or(10000.0));
+  c.rms_eps = static_cast<float>(g.get_float(a + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
+  // llama.cpp's converter stores Llama's Q and K rows permuted to rotate in pairs; qwen2
+  // rotates in halves (NEOX order).
+  c.rope = a == "qwen2" ? rope_layout::halves : rope_layout::pairs;
+  c.qkv_bias = a == "qwen2";
+  if (auto type = g.get_string(a + ".rope.scaling.type"); type && *type != "none") {
+    rope_scaling& s = c.rope_scale;
+    if (*type == "linear") s.type = rope_scaling_type::linear;
+    else if (*type == "yarn") s.type = rope_scaling_type::yarn;
+    else return error{path + ": " + a + ".rope.scaling.type '" + *type + "' is not supported (none, linear and yarn are)"};
+    auto factor = g.get_float(a + ".rope.scaling.factor");
+    if (!factor) return error{path + ": " + a + ".rope.scaling.factor is missing or not a number"};
+    s.factor = static_cast<float>(*factor);
+    s.original_context = static_cast<int32_t>(g.get_int(a + ".rope.scaling.original_context_length").value_or(c.max_seq_len));
+    s.beta_fast = static_cast<float>(g.get_float(a + ".rope.scaling.yarn_beta_fast").value_or(32.0));
+    s.beta_slow = static_cast<float>(g.get_float(a + ".rope.scaling.yarn_beta_slow").value_or(1.0));
+    s.attention_factor = static_cast<float>(g.get_float(a + ".rope.scaling.attn_factor").value_or(0.0));
   }
-  if (g.find("llama.rope.dimension_count")) {
-    auto v = need("llama.rope.dimension_count");
-    if (!v) return v.err();
-    c.rope_dim = static_cast<int32_t>(*v);
-  }
-  c.rope_base = static_cast<float>(g.get_float("llama.rope.freq_base").value_or(10000.0));
-  c.rms_eps = static_cast<float>(g.get_float("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
-  c.rope = rope_layout::pairs;
   const gguf_tensor* emb = g.tensor("token_embd.weight");
   if (!emb || emb->dims.size() != 2) return error{path + ": tensor token_embd.weight is missing or not a matrix"};
   if (emb->dims[1] > static_cast<uint64_t>(max_vocab)) return error{path + ": vocabulary of " + std::to_string(emb->dims[1]) + " tokens is out of range"};
   c.vocab_size = static_cast<int32_t>(emb->dims[1]);
   if (auto e = validate(c)) return error{path + ": metadata describes an impossible model: " + *e};
+  if (g.find(a + ".attention.value_length") && g.get_int(a + ".attention.value_length") != c.head_dim)
+    return error{path + ": " + a + ".attention.value_length differs from the key length " + std::to_string(c.head_dim) +
+                 " (not supported)"};
   return c;
 }
 
@@ -199,6 +222,12 @@ expected<model> load_gguf(mapped_file file) {
 
   auto& w = m.weights;
   tensor_binder b(g, w);
+  if (b.has("rope_freqs.weight")) {  // Llama 3's rope scaling, as per-pair divisors
+    const float* f = b.vector("rope_freqs.weight", c.rope_dim / 2);
+    if (!b.ok()) return error{b.error_message()};
+    m.config.rope_freq_factors.assign(f, f + c.rope_dim / 2);
+    if (auto e = validate(m.config)) return error{m.path + ": rope_freqs.weight: " + *e};
+  }
   w.token_embedding = b.matrix("token_embd.weight", c.vocab_size, c.dim);
   w.layers.resize(c.num_layers);
   for (int32_t l = 0; l < c.num_layers && b.ok(); ++l) {
@@ -208,6 +237,11 @@ expected<model> load_gguf(mapped_file file) {
     lw.wq = b.matrix(p + "attn_q.weight", int64_t{c.num_heads} * c.head_dim, c.dim);
     lw.wk = b.matrix(p + "attn_k.weight", c.kv_dim(), c.dim);
     lw.wv = b.matrix(p + "attn_v.weight", c.kv_dim(), c.dim);
+    if (c.qkv_bias) {
+      lw.bq = b.vector(p + "attn_q.bias", c.q_dim());
+      lw.bk = b.vector(p + "attn_k.bias", c.kv_dim());
+      lw.bv = b.vector(p + "attn_v.bias", c.kv_dim());
+    }
     lw.wo = b.matrix(p + "attn_output.weight", c.dim, int64_t{c.num_heads} * c.head_dim);
     lw.ffn_norm = b.vector(p + "ffn_norm.weight", c.dim);
     lw.w1 = b.matrix(p + "ffn_gate.weight", c.hidden_dim, c.dim);

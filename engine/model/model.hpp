@@ -28,11 +28,13 @@ struct model {
 };
 
 // Loads a llama2.c checkpoint (legacy v0 or version 2 "ak42" Q8_0) or a GGUF file,
-// chosen by the file's first bytes. Every size, shape and offset is checked against the
+// chosen by the file's first bytes, or a Hugging Face model directory. Every size, shape and offset is checked against the
 // header and the file; a problem is returned as an error naming the file.
 expected<model> load_model(const std::string& path);
 
 expected<model> load_llama2c(mapped_file file);
 expected<model> load_gguf(mapped_file file);
+// A Hugging Face model directory: config.json and safetensors weights.
+expected<model> load_hf_dir(const std::string& dir);
 
 }  // namespace troupe

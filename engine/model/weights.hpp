@@ -18,6 +18,9 @@ namespace troupe {
 struct layer_weights {
   const float* attn_norm = nullptr;  // [dim]
   matrix_view wq, wk, wv, wo;
+  const float* bq = nullptr;  // [num_heads*head_dim], when the model has q/k/v biases (Qwen2)
+  const float* bk = nullptr;  // [kv_dim]
+  const float* bv = nullptr;  // [kv_dim]
   const float* ffn_norm = nullptr;  // [dim]
   matrix_view w1, w2, w3;
 };
@@ -29,6 +32,7 @@ struct model_weights {
   matrix_view classifier;
 
   mapped_file file;                              // the mapping the views point into
+  std::vector<mapped_file> files;                // more of them, for weights in several files
   std::vector<std::unique_ptr<float[]>> owned;   // materialised float norms, if any
 
   // Bytes of weights one decode step streams (all matrices but the embedding table).

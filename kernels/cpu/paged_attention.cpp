@@ -232,6 +232,12 @@ void weighted_values(const float* weights, int32_t n, const attention_token& tok
   }
 }
 
+// A sliding window: the positions before `first` get no weight (a score of minus
+// infinity, which the softmax turns into exactly zero).
+inline void mask_before(float* scores, int32_t first) {
+  for (int32_t p = 0; p < first; ++p) scores[p] = -INFINITY;
+}
+
 template <class T>
 void attend_group(const float* const* q, float* const* out, int group, const attention_token& tok,
                   int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
@@ -243,6 +249,7 @@ void attend_group(const float* const* q, float* const* out, int group, const att
   for (int h = 0; h < group; ++h) scores[h] = scratch.data() + h * padded;
   scores_for<T>(q, group, tok, kv_head, kv, n, scores);
   for (int h = 0; h < group; ++h) {
+    mask_before(scores[h], tok.first);
     softmax(scores[h], n);
     weighted_values<T>(scores[h], n, tok, kv_head, kv, out[h]);
   }
@@ -259,7 +266,10 @@ void attend_heads(const float* const* q, float* const* out, const attention_toke
   // Eight sums or more at a time: with fewer, the loop waits on FMA latency, and with
   // more blocks at a time it also asks for more of the cache ahead.
   scores_heads<T, (H * G >= 8 ? 1 : 8 / (H * G)), H, G>(q, tok, kv_head0, kv, n, scores);
-  for (int i = 0; i < H * G; ++i) softmax(scores[i], n);
+  for (int i = 0; i < H * G; ++i) {
+    mask_before(scores[i], tok.first);
+    softmax(scores[i], n);
+  }
   const int32_t stretches = kv.head_dim / simd::width;
   if (stretches % 4 == 0)
     values_heads<T, H, G, 4>(scores, n, tok, kv_head0, kv, out);
@@ -330,7 +340,10 @@ void attend_run(const float* const* q, float* const* out, const attention_token*
   }
   // Every row scored over the last token's positions (the extra ones are not used).
   scores_heads<T, (Rows >= 8 ? 2 : 16 / Rows), 1, Rows>(q, toks[R - 1], kv_head, kv, n, scores);
-  for (int i = 0; i < Rows; ++i) softmax(scores[i], ns[i]);
+  for (int i = 0; i < Rows; ++i) {
+    mask_before(scores[i], toks[i / G].first);
+    softmax(scores[i], ns[i]);
+  }
   constexpr int C = Rows >= 8 ? 2 : 4;
   if ((kv.head_dim / simd::width) % C == 0)
     values_rows<T, Rows, C>(scores, ns, toks[R - 1], kv_head, kv, out);

@@ -13,8 +13,9 @@
 // nearest even), a score is (q . k_int8) * k_scale / sqrt(head_dim), and a value row
 // enters the weighted sum as (weight * v_scale) * v_int8.
 // Position p of a sequence lives in block block_table[p / block_size], slot
-// p % block_size. Each token of the step attends to positions 0..position of its own
-// sequence, which must already be written (its own K/V included).
+// p % block_size. Each token of the step attends to positions first..position of its own
+// sequence, which must already be written (its own K/V included); the positions before
+// first weigh exactly zero.
 //
 //   q:   [num_tokens][q_stride], the first num_heads * head_dim used
 //   out: [num_tokens][out_stride], num_heads * head_dim written
@@ -57,6 +58,7 @@ struct paged_kv_layer {
 struct attention_token {
   int32_t position;             // this token's position in its sequence
   const uint32_t* block_table;  // its sequence's blocks, covering 0..position
+  int32_t first = 0;            // the first position it attends to (a sliding window's start), 0..position
 };
 
 void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_stride,

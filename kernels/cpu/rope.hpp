@@ -23,4 +23,9 @@ void rope(float* v, int32_t num_heads, int32_t head_dim, int32_t rot_dim, const 
 // computed in float as the reference implementations do.
 void rope_table(float* cos, float* sin, int32_t num_positions, int32_t rot_dim, float base);
 
+// The same for given frequencies (angle = pos * freqs[i], freqs: [rot_dim / 2]), each
+// cosine and sine times `scale` (1 but for YaRN's attention factor).
+void rope_table(float* cos, float* sin, int32_t num_positions, int32_t rot_dim, const float* freqs,
+                float scale = 1.0f);
+
 }  // namespace troupe

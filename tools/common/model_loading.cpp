@@ -19,7 +19,9 @@ expected<loaded_model> load_model_and_tokenizer(const std::string& model_path,
   }
   std::string path = tokenizer_path;
   if (path.empty()) {
-    path = (std::filesystem::path(model_path).parent_path() / "tokenizer.bin").string();
+    const std::filesystem::path mp(model_path);
+    std::error_code ec;
+    path = ((std::filesystem::is_directory(mp, ec) ? mp : mp.parent_path()) / "tokenizer.bin").string();
     if (!std::filesystem::exists(path))
       return error{model_path + ": this checkpoint carries no vocabulary; name its tokenizer with -z (looked for " + path + ")"};
   }

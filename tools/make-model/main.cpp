@@ -31,14 +31,17 @@ constexpr preset presets[] = {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "make-model: write a Llama checkpoint with seeded random weights, or convert one.\n\n"
-      "Formats: llama2c (f32 writes the legacy format, q8_0 version 2) and gguf (f32, f16,\n"
-      "bf16, q8_0; the vocabulary goes into the file). The same seed gives the same weights\n"
-      "in every format, so formats can be compared against each other.\n\n"
+      "make-model: write a Llama-family checkpoint with seeded random weights, or convert one.\n\n"
+      "Formats: llama2c (f32 writes the legacy format, q8_0 version 2), gguf (f32, f16, bf16,\n"
+      "q8_0; the vocabulary goes into the file) and hf (a Hugging Face directory: config.json,\n"
+      "model.safetensors in f32, f16 or bf16, and the vocabulary as tokenizer.bin). Families:\n"
+      "llama2, llama3, qwen2, mistral. The same seed gives the same weights in every format,\n"
+      "so formats can be compared against each other.\n\n"
       "Examples:\n"
       "  make-model syn110m.gguf --preset 110m --type q8_0 --vocab-from tokenizer.bin\n"
       "  make-model tiny.bin --dim 64 --hidden 96 --layers 2 --heads 4 --vocab 300\n"
       "  make-model stories.f16.gguf --from stories260K.bin -z tok512.bin --type f16\n"
+      "  make-model qwen-tiny --family qwen2 --format hf --dim 128 --hidden 256 --layers 2 --heads 8 --kv-heads 2\n"
       "  make-model stories_q8_g32.bin --from stories260K.bin --type q8_0 --group-size 32 --pad-ffn 192\n",
       "make-model"};
   std::string out, format, type_name = "f32", preset_name, vocab_from, from, from_tokenizer;
@@ -53,8 +56,22 @@ int main(int argc, char** argv) {
   uint64_t seed = 42;
   int32_t group_size = 64;
   bool separate = false;
-  app.add_option("output", out, "file to write (.bin: llama2c, .gguf: gguf, unless --format says)")->required();
-  app.add_option("--format", format, "llama2c or gguf")->check(CLI::IsMember({"llama2c", "gguf"}));
+  app.add_option("output", out, "file to write (.bin: llama2c, .gguf: gguf, unless --format says; a directory for hf)")->required();
+  app.add_option("--format", format, "llama2c, gguf or hf (a Hugging Face directory: config.json, model.safetensors)")
+      ->check(CLI::IsMember({"llama2c", "gguf", "hf"}));
+  std::string family = "llama2", scaling;
+  app.add_option("--family", family,
+                 "llama2; llama3 (GQA, rope base 500000, llama3 rope scaling); qwen2 (q/k/v biases, rope base 1e6); "
+                 "mistral (sliding window)")
+      ->check(CLI::IsMember({"llama2", "llama3", "qwen2", "mistral"}))->capture_default_str();
+  float rope_theta = 0, rope_factor = 0;
+  int32_t window = -1, original_context = 0;
+  app.add_option("--rope-theta", rope_theta, "rotary base (default: the family's)");
+  app.add_option("--rope-scaling", scaling, "none, linear, llama3 or yarn (default: the family's)")
+      ->check(CLI::IsMember({"none", "linear", "llama3", "yarn"}));
+  app.add_option("--rope-factor", rope_factor, "rope scaling factor (default 8)");
+  app.add_option("--original-context", original_context, "llama3 and yarn: the context before scaling (default: a quarter of --context)");
+  app.add_option("--sliding-window", window, "mistral: the attention window in tokens (default: a quarter of --context)");
   app.add_option("--type", type_name, "weight type: f32, f16, bf16 or q8_0")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}))->capture_default_str();
   app.add_option("--preset", preset_name, "a named shape: 260k, 15m, 110m (dim 768, hidden 2048, 12 layers, 12 heads, vocab 32000), 1b")
@@ -88,8 +105,28 @@ int main(int argc, char** argv) {
       c.vocab_size = p.vocab;
       c.max_seq_len = p.context;
     }
-  if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+  if (c.num_kv_heads == 0) c.num_kv_heads = family == "llama3" && c.num_heads % 4 == 0 ? c.num_heads / 4 : c.num_heads;
   if (format.empty()) format = out.size() > 5 && out.substr(out.size() - 5) == ".gguf" ? "gguf" : "llama2c";
+  if (family != "llama2") {
+    // The families as their Hugging Face checkpoints define them: Q and K rotate in halves.
+    c.rope = rope_layout::halves;
+    c.rms_eps = 1e-6f;
+    c.family = family == "qwen2" ? model_family::qwen2 : family == "mistral" ? model_family::mistral : model_family::llama;
+    c.rope_base = family == "llama3" ? 500000.0f : family == "qwen2" ? 1000000.0f : 10000.0f;
+    c.qkv_bias = family == "qwen2";
+    if (family == "mistral") c.sliding_window = window >= 0 ? window : std::max(1, c.max_seq_len / 4);
+    if (scaling.empty()) scaling = family == "llama3" ? "llama3" : "none";
+  } else if (window >= 0) {
+    std::fprintf(stderr, "make-model: --sliding-window belongs to --family mistral\n");
+    return 2;
+  }
+  if (rope_theta > 0) c.rope_base = rope_theta;
+  if (!scaling.empty() && scaling != "none") {
+    rope_scaling& r = c.rope_scale;
+    r.type = scaling == "linear" ? rope_scaling_type::linear : scaling == "llama3" ? rope_scaling_type::llama3 : rope_scaling_type::yarn;
+    r.factor = rope_factor > 0 ? rope_factor : 8.0f;
+    if (r.type != rope_scaling_type::linear) r.original_context = original_context > 0 ? original_context : std::max(1, c.max_seq_len / 4);
+  }
   const dtype type = dtype_named(type_name).value();  // (--type takes only these names)
 
   std::optional<tools::loaded_model> source;
@@ -129,7 +166,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make-model: %s\n", e->c_str());
     return 1;
   }
-  if (format == "gguf" && vocab.pieces.empty()) {
+  if (format != "llama2c" && vocab.pieces.empty()) {
     if (!vocab_from.empty()) {
       auto v = load_llama2c_vocabulary(vocab_from, c.vocab_size);
       if (!v) {
@@ -149,7 +186,7 @@ int main(int argc, char** argv) {
   }
 
   checkpoint_spec spec{c, type, group_size, !separate};
-  weight_source src = source ? weights_of(source->m) : random_weights(seed);
+  weight_source src = source ? weights_of(source->m) : random_weights(seed, family != "llama2");
   if (source && c.hidden_dim != source->m.config.hidden_dim) src = with_ffn_padded(std::move(src), source->m.config.hidden_dim);
   const bool tty = isatty(STDERR_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
@@ -159,12 +196,16 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "make-model: %s, %s, %s%s\n", out.c_str(), format.c_str(), type_name.c_str(),
                source ? (", from " + from).c_str() : (", seed " + std::to_string(seed)).c_str());
   std::fprintf(stderr, "make-model: %s\n", describe(c).c_str());
-  status st = format == "gguf" ? write_gguf(out, spec, vocab, src, progress)
+  status st = format == "gguf"  ? write_gguf(out, spec, vocab, src, progress)
+              : format == "hf" ? write_hf_dir(out, spec, src, progress)
                                : write_llama2c(out, spec, src, progress);
+  // A Hugging Face directory carries its vocabulary as a llama2.c tokenizer.bin, which the
+  // tools find beside the weights.
+  if (st && format == "hf") st = write_llama2c_vocabulary(out + "/tokenizer.bin", vocab);
   if (tty) std::fprintf(stderr, "\n");
   if (!st) {
     std::fprintf(stderr, "make-model: %s\n", st.err().message.c_str());
-    std::remove(out.c_str());
+    if (format != "hf") std::remove(out.c_str());
     return 1;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

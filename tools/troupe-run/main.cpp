@@ -18,10 +18,12 @@ using namespace troupe;
 int main(int argc, char** argv) {
   CLI::App app{
       "troupe-run: generate text from a Llama-family checkpoint on the CPU.\n\n"
-      "Reads llama2.c checkpoints (legacy f32 and version-2 Q8_0) and GGUF files (F32, F16,\n"
-      "BF16, Q8_0 weights, used in place). The prompt is echoed, then the continuation is\n"
-      "printed as it is produced. BOS is prepended; generation stops at EOS or BOS, at a\n"
-      "stop string, or when the sequence reaches STEPS tokens.\n\n"
+      "Reads llama2.c checkpoints (legacy f32 and version-2 Q8_0), GGUF files (F32, F16, BF16,\n"
+      "Q8_0 weights; llama and qwen2 architectures) and Hugging Face model directories\n"
+      "(config.json and safetensors: Llama 2 and 3, Mistral, Qwen2), weights used in place.\n"
+      "The prompt is echoed, then the continuation is printed as it is produced. BOS is\n"
+      "prepended; generation stops at EOS or BOS, at a stop string, or when the sequence\n"
+      "reaches STEPS tokens.\n\n"
       "Examples:\n"
       "  troupe-run stories260K.bin -z tok512.bin -p \"Once upon a time\" -t 0\n"
       "  troupe-run model.gguf -p \"The answer is\" -n 128 -t 0.8 --top-p 0.95 --seed 7\n\n"
@@ -34,7 +36,7 @@ int main(int argc, char** argv) {
   int64_t seed = -1;
   std::vector<std::string> stops, biases;
   bool ids = false, quiet = false;
-  app.add_option("model", model_path, "checkpoint: llama2.c .bin or .gguf")->required();
+  app.add_option("model", model_path, "checkpoint: llama2.c .bin, .gguf, or a Hugging Face model directory")->required();
   app.add_option("-z,--tokenizer", tokenizer_path,
                  "llama2.c tokenizer.bin (default: the GGUF's own vocabulary, else tokenizer.bin beside the model)");
   app.add_option("-p,--prompt", prompt, "prompt text (default: empty, start from BOS)");

@@ -63,6 +63,28 @@ TEST_CASE("TP=2 logits stay within 1e-5 of TP=1 on a random synthetic model (f32
   }
 }
 
+TEST_CASE("TP=2 logits stay within 1e-5 of TP=1 for every family: biases, windows and scaled rope split too") {
+  test::temp_dir dir;
+  for (model_family f : {model_family::llama, model_family::qwen2, model_family::mistral}) {
+    CAPTURE(family_name(f));
+    model_config c = test::splittable_config();
+    c.family = f;
+    c.rope = rope_layout::halves;
+    c.qkv_bias = f == model_family::qwen2;
+    c.sliding_window = f == model_family::mistral ? 5 : 0;
+    if (f == model_family::llama) c.rope_scale = {rope_scaling_type::llama3, 8.0f, 1.0f, 4.0f, 16};
+    const std::string path = dir.file(family_name(f));
+    REQUIRE(write_hf_dir(path, {c, dtype::f32, 32, false}, random_weights(11, true)).has_value());
+    auto m = load_model(path);
+    REQUIRE_MESSAGE(m.has_value(), (m ? "" : m.err().message));
+    const std::vector<int32_t> prompt{1, 17, 200, 45, 99, 3, 250, 8, 31};
+    const tp_run one = run_tp(*m, 1, prompt, 6);
+    const tp_run two = run_tp(*m, 2, prompt, 6);
+    check_close(one, two);
+    CHECK(one.tokens == two.tokens);
+  }
+}
+
 TEST_CASE("TP=2 gives the reference greedy tokens for stories260K") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   REQUIRE_FALSE(check_tp_split(l.m.config, 2, 0).has_value());
