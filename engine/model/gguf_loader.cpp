@@ -3,6 +3,7 @@
 // tensors by their GGUF names (token_embd, blk.N.attn_q, blk.N.attn_q.bias, ...,
 // output_norm, output, rope_freqs), vocabulary from tokenizer.ggml.* metadata.
 #include <cmath>
+#include <unordered_map>
 
 #include "engine/model/gguf_file.hpp"
 #include "engine/model/model.hpp"
@@ -13,12 +14,87 @@ namespace {
 
 std::string utf8_lower_block() { return "\xe2\x96\x81"; }  // U+2581, SentencePiece's space
 
+// GGUF token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+token_kind kind_of_gguf(int type) {
+  switch (type) {
+    case 2: return token_kind::unknown;
+    case 3: return token_kind::control;
+    case 4: return token_kind::user_defined;
+    case 5: return token_kind::unused;
+    case 6: return token_kind::byte;
+    default: return token_kind::normal;
+  }
+}
+
+// A byte-level BPE vocabulary (tokenizer.ggml.model "gpt2"): tokens stored through GPT-2's
+// byte table, merges as "a b" strings, the pre-tokenizer named by tokenizer.ggml.pre.
+expected<vocabulary> byte_level_vocabulary_from(const gguf_file& g) {
+  const std::string path = g.path();
+  vocabulary v;
+  v.style = vocab_style::byte_level;
+  const std::string pre = g.get_string("tokenizer.ggml.pre").value_or("default");
+  if (pre == "llama-bpe" || pre == "llama3") v.pattern = llama3_pattern;
+  else if (pre == "qwen2") v.pattern = qwen2_pattern;
+  else if (pre == "default" || pre == "gpt-2") v.pattern = gpt2_pattern;
+  else return error{path + ": pre-tokenizer '" + pre + "' is not supported (llama-bpe, qwen2 and gpt-2 are)"};
+  v.ignore_merges = pre == "llama-bpe" || pre == "llama3";
+  v.nfc = pre == "qwen2";
+  auto tokens = g.get_string_array("tokenizer.ggml.tokens");
+  if (!tokens) return tokens.err();
+  std::vector<int> types(tokens->size(), 1);
+  if (g.find("tokenizer.ggml.token_type")) {
+    auto t = g.get_number_array("tokenizer.ggml.token_type");
+    if (!t) return t.err();
+    if (t->size() != tokens->size()) return error{path + ": tokenizer token types and tokens differ in count"};
+    for (size_t i = 0; i < t->size(); ++i) types[i] = static_cast<int>((*t)[i]);
+  }
+  std::unordered_map<std::string, int32_t> ids;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const token_kind k = kind_of_gguf(types[i]);
+    std::string piece = (*tokens)[i];
+    if (k == token_kind::normal) {
+      auto bytes = byte_level_decode(piece);
+      if (!bytes) return error{path + ": token " + std::to_string(i) + " '" + piece + "' is not byte-level text"};
+      piece = std::move(*bytes);
+      ids.emplace(piece, static_cast<int32_t>(i));
+    }
+    v.pieces.push_back(std::move(piece));
+    v.kinds.push_back(k == token_kind::byte ? token_kind::normal : k);
+  }
+  if (g.find("tokenizer.ggml.merges")) {
+    auto merges = g.get_string_array("tokenizer.ggml.merges");
+    if (!merges) return merges.err();
+    for (size_t r = 0; r < merges->size(); ++r) {
+      const std::string& m = (*merges)[r];
+      const size_t sp = m.find(' ', 1);
+      auto a = sp == std::string::npos ? std::nullopt : byte_level_decode(m.substr(0, sp));
+      auto b = sp == std::string::npos ? std::nullopt : byte_level_decode(m.substr(sp + 1));
+      if (!a || !b || !ids.count(*a) || !ids.count(*b))
+        return error{path + ": merge " + std::to_string(r) + " '" + m + "' names a piece the vocabulary lacks"};
+      v.merges.emplace_back(ids[*a], ids[*b]);
+    }
+  }
+  v.scores.assign(v.pieces.size(), 0.0f);
+  const int64_t n = static_cast<int64_t>(v.pieces.size());
+  auto special = [&](const char* key, int32_t fallback) {
+    const int64_t id = g.get_int(key).value_or(fallback);
+    return id >= 0 && id < n ? static_cast<int32_t>(id) : fallback;
+  };
+  v.eos_id = special("tokenizer.ggml.eos_token_id", -1);
+  v.bos_id = special("tokenizer.ggml.bos_token_id", v.eos_id);
+  v.add_bos = g.get_bool("tokenizer.ggml.add_bos_token").value_or(pre != "qwen2") && g.find("tokenizer.ggml.bos_token_id");
+  v.unk_id = 0;
+  if (auto e = validate(v)) return error{path + ": tokenizer: " + *e};
+  return v;
+}
+
 expected<vocabulary> vocabulary_from(const gguf_file& g) {
   const std::string path = g.path();
   auto model_name = g.get_string("tokenizer.ggml.model");
   if (!model_name) return error{path + ": no tokenizer.ggml.model in the metadata"};
+  if (*model_name == "gpt2") return byte_level_vocabulary_from(g);
   if (*model_name != "llama")
-    return error{path + ": tokenizer '" + *model_name + "' is not supported (the SentencePiece 'llama' vocabulary is)"};
+    return error{path + ": tokenizer '" + *model_name + "' is not supported (SentencePiece 'llama' and byte-level 'gpt2' are)"};
   auto tokens = g.get_string_array("tokenizer.ggml.tokens");
   if (!tokens) return tokens.err();
   vocabulary v;

@@ -2,9 +2,70 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <queue>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
 namespace troupe {
+
+struct tokenizer::regex {
+  pcre2_code* code = nullptr;
+  ~regex() { pcre2_code_free(code); }
+};
+
+namespace {
+
+pcre2_code* compile(const std::string& pattern, std::string* why) {
+  int err = 0;
+  PCRE2_SIZE at = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &at, nullptr);
+  if (!code && why) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    *why = std::string(reinterpret_cast<const char*>(msg)) + " at offset " + std::to_string(at);
+  }
+  if (code) pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // (interpreted where JIT is unavailable)
+  return code;
+}
+
+// Well-formed UTF-8: no stray continuation bytes, no overlong forms, no surrogates, no
+// code points past U+10FFFF (what PCRE2 requires of a subject).
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xe0) == 0xc0) n = 2, cp = c & 0x1f;
+    else if ((c & 0xf0) == 0xe0) n = 3, cp = c & 0x0f;
+    else if ((c & 0xf8) == 0xf0) n = 4, cp = c & 0x07;
+    else return false;
+    if (i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<uint8_t>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    static constexpr uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::string> pattern_error(const std::string& pattern) {
+  std::string why;
+  pcre2_code* code = compile(pattern, &why);
+  if (!code) return why;
+  pcre2_code_free(code);
+  return std::nullopt;
+}
 
 tokenizer::tokenizer(vocabulary v) : v_(std::move(v)) {
   ids_.reserve(v_.pieces.size());
@@ -34,6 +95,23 @@ tokenizer::tokenizer(vocabulary v) : v_(std::move(v)) {
   }
   std::stable_sort(specials_.begin(), specials_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  if (v_.style == vocab_style::byte_level) {
+    auto r = std::make_shared<regex>();
+    std::string why;
+    r->code = compile(v_.pattern, &why);
+    TROUPE_ASSERT(r->code != nullptr, why, "(validate() checks the pattern)");
+    pattern_ = std::move(r);
+    for (int32_t i = 0; i < v_.size(); ++i)
+      if (v_.pieces[i].size() == 1 && v_.kinds[i] == token_kind::normal && byte_ids_[static_cast<uint8_t>(v_.pieces[i][0])] < 0)
+        byte_ids_[static_cast<uint8_t>(v_.pieces[i][0])] = i;
+    ranks_.reserve(v_.merges.size());
+    for (size_t rank = 0; rank < v_.merges.size(); ++rank) {
+      const auto [a, b] = v_.merges[rank];
+      auto merged = ids_.find(v_.pieces[a] + v_.pieces[b]);
+      if (merged == ids_.end()) continue;  // a rule whose result is no piece never applies
+      ranks_.emplace((uint64_t(uint32_t(a)) << 32) | uint32_t(b), std::pair{static_cast<int32_t>(rank), merged->second});
+    }
+  }
 }
 
 int32_t tokenizer::find(std::string_view piece) const {
@@ -72,7 +150,7 @@ struct candidate {
 
 std::vector<int32_t> tokenizer::encode(std::string_view raw, bool add_bos) const {
   std::vector<int32_t> out;
-  if (add_bos) out.push_back(v_.bos_id);
+  if (add_bos && v_.add_bos) out.push_back(v_.bos_id);
   // Special pieces in the text stand for their tokens; the text between them is merged on
   // its own, each stretch with the dummy prefix.
   size_t from = 0;
@@ -90,13 +168,101 @@ std::vector<int32_t> tokenizer::encode(std::string_view raw, bool add_bos) const
       ++i;
       continue;
     }
-    if (i > from) encode_text(raw.substr(from, i - from), out);
+    if (i > from) encode_stretch(raw.substr(from, i - from), out);
     out.push_back(id);
     i += len;
     from = i;
   }
-  if (from < raw.size()) encode_text(raw.substr(from), out);
+  if (from < raw.size()) encode_stretch(raw.substr(from), out);
   return out;
+}
+
+void tokenizer::encode_stretch(std::string_view text, std::vector<int32_t>& out) const {
+  if (v_.style == vocab_style::byte_level)
+    encode_byte_level(text, out);
+  else
+    encode_text(text, out);
+}
+
+void tokenizer::encode_byte_level(std::string_view raw, std::vector<int32_t>& out) const {
+  std::string normalized;
+  if (v_.nfc) {
+    // utf8proc refuses invalid UTF-8; such text is split and merged as it is.
+    utf8proc_uint8_t* nfc = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(raw.data()),
+                                            static_cast<utf8proc_ssize_t>(raw.size()), &nfc,
+                                            static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n >= 0) {
+      normalized.assign(reinterpret_cast<const char*>(nfc), static_cast<size_t>(n));
+      raw = normalized;
+    }
+    std::free(nfc);
+  }
+  // Text that is not UTF-8 (only bytes from outside can be) is one split, merged as bytes.
+  if (!valid_utf8(raw)) return merge_by_rank(raw, out);
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(pattern_->code, nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(raw.data());
+  size_t at = 0;
+  while (at < raw.size()) {
+    const int rc = pcre2_match(pattern_->code, subject, raw.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0) {  // no more matches: the rest is one split
+      merge_by_rank(raw.substr(at), out);
+      break;
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    if (ov[0] > at) merge_by_rank(raw.substr(at, ov[0] - at), out);  // text between matches
+    if (ov[1] == ov[0]) {  // an empty match: step over one character
+      size_t n = utf8_length(static_cast<unsigned char>(raw[ov[0]]));
+      n = std::min(n, raw.size() - ov[0]);
+      merge_by_rank(raw.substr(ov[0], n), out);
+      at = ov[0] + n;
+      continue;
+    }
+    merge_by_rank(raw.substr(ov[0], ov[1] - ov[0]), out);
+    at = ov[1];
+  }
+  pcre2_match_data_free(md);
+}
+
+void tokenizer::merge_by_rank(std::string_view split, std::vector<int32_t>& out) const {
+  if (split.empty()) return;
+  if (v_.ignore_merges) {
+    const int32_t whole = find(split);
+    if (whole >= 0) {
+      out.push_back(whole);
+      return;
+    }
+  }
+  std::vector<symbol> syms;
+  syms.reserve(split.size());
+  for (size_t i = 0; i < split.size(); ++i)
+    syms.push_back({i, 1, byte_ids_[static_cast<unsigned char>(split[i])], static_cast<int32_t>(i) - 1,
+                    i + 1 < split.size() ? static_cast<int32_t>(i + 1) : -1});
+  std::priority_queue<candidate> queue;
+  auto consider = [&](int32_t left) {
+    if (left < 0 || syms[left].next < 0) return;
+    const int32_t right = syms[left].next;
+    auto it = ranks_.find((uint64_t(uint32_t(syms[left].id)) << 32) | uint32_t(syms[right].id));
+    if (it == ranks_.end()) return;
+    queue.push({-static_cast<float>(it->second.first), left, syms[left].len, syms[right].len, it->second.second});
+  };
+  for (int32_t s = 0; s + 1 < static_cast<int32_t>(syms.size()); ++s) consider(s);
+  while (!queue.empty()) {
+    const candidate c = queue.top();
+    queue.pop();
+    symbol& l = syms[c.left];
+    if (l.len != c.left_len || l.len == 0 || l.next < 0) continue;
+    symbol& r = syms[l.next];
+    if (r.len != c.right_len) continue;
+    l.len += r.len;
+    l.id = c.id;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = c.left;
+    consider(l.prev);
+    consider(c.left);
+  }
+  for (int32_t s = 0; s >= 0; s = syms[s].next) out.push_back(syms[s].id);
 }
 
 void tokenizer::encode_text(std::string_view raw, std::vector<int32_t>& out) const {
@@ -160,7 +326,7 @@ void tokenizer::encode_text(std::string_view raw, std::vector<int32_t>& out) con
 std::string_view tokenizer::decode(int32_t prev, int32_t token) const {
   if (token < 0 || token >= v_.size()) return {};
   std::string_view piece = decoded_[token];
-  if (prev == v_.bos_id && !piece.empty() && piece[0] == ' ' &&
+  if (v_.add_space_prefix && prev == v_.bos_id && !piece.empty() && piece[0] == ' ' &&
       v_.kinds[token] != token_kind::byte)
     piece.remove_prefix(1);
   return piece;

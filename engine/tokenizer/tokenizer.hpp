@@ -10,9 +10,17 @@
 // decode: a token's piece as bytes; <0xNN> pieces become the byte; control tokens (BOS,
 // EOS) become nothing; after BOS a leading space is dropped (the dummy prefix).
 //
+// Byte-level vocabularies (Llama 3, Qwen2) encode differently: the text between special
+// pieces is NFC-normalised where the vocabulary asks, split by its pre-tokenizer pattern
+// (PCRE2 with Unicode properties), and each split, as bytes, merged pair by pair in the
+// order of the merge rules (lowest rank first, leftmost on ties); a split that is a piece
+// is that piece where the vocabulary ignores merges. Such pieces decode to their bytes.
+//
 // Immutable after construction; safe to share between threads.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -25,6 +33,7 @@ namespace troupe {
 
 class tokenizer {
  public:
+  // v must have passed validate() (a byte-level pattern that compiles included).
   explicit tokenizer(vocabulary v);
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
@@ -40,8 +49,17 @@ class tokenizer {
   int32_t find(std::string_view piece) const;  // -1 if absent
 
  private:
+  struct regex;  // the compiled pre-tokenizer pattern (PCRE2)
+
   vocabulary v_;
+  void encode_stretch(std::string_view text, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
+  void encode_byte_level(std::string_view text, std::vector<int32_t>& out) const;
+  void merge_by_rank(std::string_view split, std::vector<int32_t>& out) const;
+
+  std::shared_ptr<const regex> pattern_;
+  // Byte-level merges: (left id, right id) -> rank and merged id.
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> ranks_;
 
   std::unordered_map<std::string, int32_t> ids_;
   std::vector<std::pair<std::string, int32_t>> specials_;  // control and user-defined pieces, longest first

@@ -1,5 +1,6 @@
 #include "engine/tokenizer/vocabulary.hpp"
 
+#include <array>
 #include <cstdio>
 #include <tuple>
 
@@ -58,9 +59,88 @@ expected<vocabulary> load_llama2c_vocabulary(const std::string& path, int32_t vo
   return v;
 }
 
+const char* const llama3_pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const qwen2_pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const gpt2_pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+namespace {
+
+// The code point GPT-2's table stores byte b as.
+uint32_t byte_char(uint8_t b) {
+  if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174) return b;
+  // The others in byte order from U+0100: 0..32, then 127..160, then 173.
+  uint32_t n = b <= 32 ? b : b <= 160 ? 33 + (b - 127) : 33 + 34;
+  return 256 + n;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xc0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    out += static_cast<char>(0xe0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+}
+
+}  // namespace
+
+std::string byte_level_encode(std::string_view bytes) {
+  std::string out;
+  for (char c : bytes) append_utf8(out, byte_char(static_cast<uint8_t>(c)));
+  return out;
+}
+
+std::optional<std::string> byte_level_decode(std::string_view s) {
+  static const auto table = [] {
+    std::array<int16_t, 512> t;
+    t.fill(-1);
+    for (int b = 0; b < 256; ++b) t[byte_char(static_cast<uint8_t>(b))] = static_cast<int16_t>(b);
+    return t;
+  }();
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c0 = static_cast<uint8_t>(s[i]);
+    uint32_t cp;
+    if (c0 < 0x80) {
+      cp = c0;
+      i += 1;
+    } else if ((c0 & 0xe0) == 0xc0 && i + 1 < s.size()) {
+      cp = ((c0 & 0x1fu) << 6) | (static_cast<uint8_t>(s[i + 1]) & 0x3fu);
+      i += 2;
+    } else {
+      return std::nullopt;  // three-byte characters and beyond are past the table
+    }
+    if (cp >= table.size() || table[cp] < 0) return std::nullopt;
+    out += static_cast<char>(table[cp]);
+  }
+  return out;
+}
+
 std::optional<std::string> validate(vocabulary& v) {
   const int32_t n = v.size();
   if (n < 3) return "vocabulary has " + std::to_string(n) + " tokens";
+  if (v.style == vocab_style::byte_level) {
+    if (v.scores.empty()) v.scores.assign(n, 0.0f);
+    if (v.kinds.empty()) v.kinds.assign(n, token_kind::normal);
+    if (v.pattern.empty()) return std::string("a byte-level vocabulary needs a pre-tokenizer pattern");
+    if (auto e = pattern_error(v.pattern)) return "the pre-tokenizer pattern does not compile: " + *e;
+    std::array<bool, 256> bytes{};
+    for (int32_t i = 0; i < n; ++i)
+      if (v.pieces[i].size() == 1 && v.kinds[i] == token_kind::normal) bytes[static_cast<uint8_t>(v.pieces[i][0])] = true;
+    for (int b = 0; b < 256; ++b)
+      if (!bytes[b]) return "byte-level vocabulary has no token for byte " + std::to_string(b);
+    for (size_t r = 0; r < v.merges.size(); ++r) {
+      const auto [a, b] = v.merges[r];
+      if (a < 0 || a >= n || b < 0 || b >= n) return "merge " + std::to_string(r) + " names a token outside the vocabulary";
+    }
+    v.add_space_prefix = false;
+  }
   if (v.scores.size() != v.pieces.size()) return std::string("scores and pieces differ in count");
   if (v.kinds.empty()) {
     v.kinds.assign(n, token_kind::normal);

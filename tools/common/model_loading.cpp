@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "engine/forward/kv_cache_type.hpp"
+#include "engine/tokenizer/tokenizer_json.hpp"
 
 namespace troupe::tools {
 
@@ -21,11 +22,15 @@ expected<loaded_model> load_model_and_tokenizer(const std::string& model_path,
   if (path.empty()) {
     const std::filesystem::path mp(model_path);
     std::error_code ec;
-    path = ((std::filesystem::is_directory(mp, ec) ? mp : mp.parent_path()) / "tokenizer.bin").string();
+    const std::filesystem::path dir = std::filesystem::is_directory(mp, ec) ? mp : mp.parent_path();
+    path = (dir / "tokenizer.json").string();
+    if (!std::filesystem::is_directory(mp, ec) || !std::filesystem::exists(path)) path = (dir / "tokenizer.bin").string();
     if (!std::filesystem::exists(path))
       return error{model_path + ": this checkpoint carries no vocabulary; name its tokenizer with -z (looked for " + path + ")"};
   }
-  auto v = load_llama2c_vocabulary(path, out.m.config.vocab_size);
+  const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  auto v = json ? load_tokenizer_json(path, out.m.config.vocab_size) : load_llama2c_vocabulary(path, out.m.config.vocab_size);
+  if (v && json && out.m.chat_template.empty()) out.m.chat_template = chat_template_beside(path);
   if (!v) return v.err();
   out.tok.emplace(std::move(v).value());
   return out;

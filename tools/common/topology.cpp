@@ -148,8 +148,8 @@ model_section parse_model(reader& rd, const toml::table& t, const std::string& b
   rd.get(t, "[model]", "tokenizer", m.tokenizer);
   rd.get(t, "[model]", "name", m.name);
   if (rd.get(t, "[model]", "chat_template", m.chat_template) && m.chat_template != "auto" && m.chat_template != "raw" &&
-      m.chat_template != "llama2" && m.chat_template != "chatml")
-    rd.fail(t.get("chat_template"), "[model]: chat_template must be auto, raw, llama2 or chatml");
+      m.chat_template != "llama2" && m.chat_template != "chatml" && m.chat_template != "llama3")
+    rd.fail(t.get("chat_template"), "[model]: chat_template must be auto, raw, llama2, chatml or llama3");
   auto resolve = [&](std::string& p) {
     if (!p.empty() && std::filesystem::path(p).is_relative())
       p = (std::filesystem::path(base_dir) / p).lexically_normal().string();

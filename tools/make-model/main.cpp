@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
 
 #include "engine/model/checkpoint_writer.hpp"
+#include "engine/tokenizer/tokenizer_json.hpp"
 #include "tools/common/model_loading.hpp"
 
 using namespace troupe;
@@ -86,7 +88,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "weights' random seed: the same seed, the same file")->capture_default_str();
   app.add_option("--group-size", group_size, "Q8_0 group size of llama2.c version 2 files")->capture_default_str();
   app.add_flag("--separate-classifier", separate, "write an output matrix instead of sharing the embedding");
-  app.add_option("--vocab-from", vocab_from, "llama2.c tokenizer.bin to embed in a GGUF (default: a synthetic vocabulary)");
+  app.add_option("--vocab-from", vocab_from,
+                 "the vocabulary: a llama2.c tokenizer.bin, or a Hugging Face tokenizer.json (which sets --vocab) "
+                 "(default: a synthetic one)");
   app.add_option("--from", from, "convert this model instead of generating weights");
   app.add_option("-z,--tokenizer", from_tokenizer, "tokenizer.bin of the --from model, if it has none");
   int32_t pad_ffn = 0;
@@ -168,7 +172,13 @@ int main(int argc, char** argv) {
   }
   if (format != "llama2c" && vocab.pieces.empty()) {
     if (!vocab_from.empty()) {
-      auto v = load_llama2c_vocabulary(vocab_from, c.vocab_size);
+      const bool json = vocab_from.ends_with(".json");
+      if (json && !source) {
+        // A tokenizer.json sets the vocabulary's size; the model's embedding follows it.
+        auto probe = load_tokenizer_json(vocab_from);
+        if (probe) c.vocab_size = probe->size();
+      }
+      auto v = json ? load_tokenizer_json(vocab_from, c.vocab_size) : load_llama2c_vocabulary(vocab_from, c.vocab_size);
       if (!v) {
         std::fprintf(stderr, "make-model: %s\n", v.err().message.c_str());
         return 1;
@@ -199,9 +209,23 @@ int main(int argc, char** argv) {
   status st = format == "gguf"  ? write_gguf(out, spec, vocab, src, progress)
               : format == "hf" ? write_hf_dir(out, spec, src, progress)
                                : write_llama2c(out, spec, src, progress);
-  // A Hugging Face directory carries its vocabulary as a llama2.c tokenizer.bin, which the
-  // tools find beside the weights.
-  if (st && format == "hf") st = write_llama2c_vocabulary(out + "/tokenizer.bin", vocab);
+  // A Hugging Face directory carries its vocabulary: a tokenizer.json given with
+  // --vocab-from (and the tokenizer_config.json beside it), else as a llama2.c
+  // tokenizer.bin, which the tools find there too.
+  if (st && format == "hf") {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::string json_file = vocab_from.ends_with(".json") ? vocab_from : "";
+    if (json_file.empty() && source && fs::exists(fs::path(from) / "tokenizer.json")) json_file = from + "/tokenizer.json";
+    if (!json_file.empty()) {
+      fs::copy_file(json_file, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
+      const fs::path cfg = fs::path(json_file).parent_path() / "tokenizer_config.json";
+      if (!ec && fs::exists(cfg)) fs::copy_file(cfg, fs::path(out) / "tokenizer_config.json", fs::copy_options::overwrite_existing, ec);
+      if (ec) st = error{out + ": cannot copy the tokenizer: " + ec.message()};
+    } else {
+      st = write_llama2c_vocabulary(out + "/tokenizer.bin", vocab);
+    }
+  }
   if (tty) std::fprintf(stderr, "\n");
   if (!st) {
     std::fprintf(stderr, "make-model: %s\n", st.err().message.c_str());

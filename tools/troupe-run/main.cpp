@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   bool ids = false, quiet = false;
   app.add_option("model", model_path, "checkpoint: llama2.c .bin, .gguf, or a Hugging Face model directory")->required();
   app.add_option("-z,--tokenizer", tokenizer_path,
-                 "llama2.c tokenizer.bin (default: the GGUF's own vocabulary, else tokenizer.bin beside the model)");
+                 "tokenizer.json or llama2.c tokenizer.bin (default: the GGUF's own vocabulary, a model directory's tokenizer.json, else tokenizer.bin beside the model)");
   app.add_option("-p,--prompt", prompt, "prompt text (default: empty, start from BOS)");
   app.add_option("-n,--steps", steps,
                  "tokens after BOS, prompt included, as llama2.c's run counts them; 0: the model's context")

@@ -17,6 +17,8 @@ TEST_CASE("a model's Jinja chat template picks the family, and anything else is 
         chat_template::chatml);
   CHECK(openai::template_for_model("{{ bos_token }}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]{% endif %}") ==
         chat_template::llama2);
+  CHECK(openai::template_for_model("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+                                   "{{ m.content }}<|eot_id|>{% endfor %}") == chat_template::llama3);
   CHECK(openai::template_for_model("") == chat_template::raw);
   CHECK(openai::template_for_model("{{ messages[0].content }}") == chat_template::raw);
   CHECK(std::string(openai::template_name(chat_template::chatml)) == "chatml");
@@ -39,6 +41,17 @@ TEST_CASE("ChatML and Llama 2 render a system prompt, user and assistant turns, 
         "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] Bye [/INST]");
 }
 
+TEST_CASE("Llama 3 renders each turn under its header, ended by <|eot_id|>, and the assistant's header") {
+  using openai::chat_template;
+  const std::vector<std::pair<std::string, std::string>> msgs{{"system", "Be brief."}, {"user", "Hi"}};
+  CHECK(openai::apply_template(chat_template::llama3, msgs) ==
+        "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  CHECK(openai::template_named("llama3") == chat_template::llama3);
+  CHECK(std::string(openai::template_name(chat_template::llama3)) == "llama3");
+}
+
 TEST_CASE("a ChatML answer ends at <|im_end|> when the vocabulary has it and it is not EOS") {
   using openai::chat_template;
   vocabulary v;
@@ -49,6 +62,7 @@ TEST_CASE("a ChatML answer ends at <|im_end|> when the vocabulary has it and it 
   REQUIRE_FALSE(validate(v).has_value());
   const tokenizer chatml(v);
   CHECK(openai::turn_end_token(chat_template::chatml, chatml) == 4);
+  CHECK_FALSE(openai::turn_end_token(chat_template::llama3, chatml).has_value());  // no <|eot_id|> there
   CHECK_FALSE(openai::turn_end_token(chat_template::llama2, chatml).has_value());
   v.eos_id = 4;  // a vocabulary whose EOS is the turn's end already
   CHECK_FALSE(openai::turn_end_token(chat_template::chatml, tokenizer(v)).has_value());
