@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "engine/forward/kv_cache_type.hpp"
+#include "engine/tokenizer/sentencepiece_model.hpp"
 #include "engine/tokenizer/tokenizer_json.hpp"
 
 namespace troupe::tools {
@@ -23,13 +24,20 @@ expected<loaded_model> load_model_and_tokenizer(const std::string& model_path,
     const std::filesystem::path mp(model_path);
     std::error_code ec;
     const std::filesystem::path dir = std::filesystem::is_directory(mp, ec) ? mp : mp.parent_path();
-    path = (dir / "tokenizer.json").string();
-    if (!std::filesystem::is_directory(mp, ec) || !std::filesystem::exists(path)) path = (dir / "tokenizer.bin").string();
+    // A model directory's tokenizer.json, else its SentencePiece tokenizer.model, else
+    // a llama2.c tokenizer.bin (beside a file, or in the directory).
+    path.clear();
+    if (std::filesystem::is_directory(mp, ec))
+      for (const char* name : {"tokenizer.json", "tokenizer.model"})
+        if (path.empty() && std::filesystem::exists(dir / name)) path = (dir / name).string();
+    if (path.empty()) path = (dir / "tokenizer.bin").string();
     if (!std::filesystem::exists(path))
       return error{model_path + ": this checkpoint carries no vocabulary; name its tokenizer with -z (looked for " + path + ")"};
   }
-  const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-  auto v = json ? load_tokenizer_json(path, out.m.config.vocab_size) : load_llama2c_vocabulary(path, out.m.config.vocab_size);
+  const bool json = path.ends_with(".json");
+  auto v = json                       ? load_tokenizer_json(path, out.m.config.vocab_size)
+           : path.ends_with(".model") ? load_sentencepiece_model(path, out.m.config.vocab_size)
+                                      : load_llama2c_vocabulary(path, out.m.config.vocab_size);
   if (v && json && out.m.chat_template.empty()) out.m.chat_template = chat_template_beside(path);
   if (!v) return v.err();
   out.tok.emplace(std::move(v).value());

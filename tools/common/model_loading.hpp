@@ -1,7 +1,8 @@
 // Loading a model and its tokenizer for a tool, with progress and errors worded for the
 // operator: the vocabulary comes from the tokenizer file named with -z (a llama2.c
-// tokenizer.bin, or a tokenizer.json), else from the GGUF file itself, else from a model
-// directory's tokenizer.json, else from tokenizer.bin beside the model (or in its directory).
+// tokenizer.bin, a tokenizer.json or a SentencePiece .model), else from the GGUF file
+// itself, else from a model directory's tokenizer.json or tokenizer.model, else from
+// tokenizer.bin beside the model (or in its directory).
 #pragma once
 
 #include <optional>
