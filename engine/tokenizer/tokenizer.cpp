@@ -204,8 +204,12 @@ void tokenizer::encode_byte_level(std::string_view raw, std::vector<int32_t>& ou
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(raw.data());
   size_t at = 0;
   while (at < raw.size()) {
-    const int rc = pcre2_match(pattern_->code, subject, raw.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0) {  // no more matches: the rest is one split
+    int rc = pcre2_match(pattern_->code, subject, raw.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
+    // A match too deep for the JIT's stack (a very long run) goes to the interpreter,
+    // whose frames live on the heap.
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)
+      rc = pcre2_match(pattern_->code, subject, raw.size(), at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
+    if (rc < 0) {  // no more matches (or none the matcher can find): the rest is one split
       merge_by_rank(raw.substr(at), out);
       break;
     }

@@ -1,12 +1,12 @@
 #include "engine/tokenizer/tokenizer_json.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <unordered_map>
-#include <algorithm>
 
 #include <nlohmann/json.hpp>
 

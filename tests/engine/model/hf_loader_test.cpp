@@ -139,8 +139,10 @@ TEST_CASE("Hugging Face directories: written and read back for every family, in 
       random_weights(3, true)(tensor_role::ffn_norm, 1, 0, want.data(), spec.config.dim);
       CHECK(std::memcmp(want.data(), m->weights.layers[1].ffn_norm, sizeof(float) * want.size()) == 0);
       if (spec.config.qkv_bias) {
-        std::vector<float> bv(spec.config.kv_dim());
-        random_weights(3, true)(tensor_role::bv, 0, 0, bv.data(), spec.config.kv_dim());
+        const int32_t kv_dim = m->config.kv_dim();
+        REQUIRE(kv_dim == 32);
+        std::vector<float> bv(kv_dim);
+        random_weights(3, true)(tensor_role::bv, 0, 0, bv.data(), kv_dim);
         CHECK(std::memcmp(bv.data(), m->weights.layers[0].bv, sizeof(float) * bv.size()) == 0);
       }
     }

@@ -78,6 +78,10 @@ TEST_CASE("byte-level BPE: merges apply by rank, splits follow the pattern, spec
   CHECK(tok.encode("12", false) == std::vector<int32_t>{'1', '2'});
   CHECK(tok.encode("hello<|endoftext|>hello", false) == std::vector<int32_t>{259, 262, 259});
   CHECK(tok.decode_all({259, 260, 'o', 'r', 262}) == "hello wor");
+  // Runs far longer than any pattern's stack: 200,000 spaces split as the pattern says
+  // (one run, merged as bytes here), 100,000 letters likewise.
+  CHECK(tok.encode(std::string(200000, ' '), false) == std::vector<int32_t>(200000, ' '));
+  CHECK(tok.encode(std::string(100000, 'x'), false) == std::vector<int32_t>(100000, 'x'));
   // Bytes that are not UTF-8 still encode, byte by byte.
   CHECK(tok.encode("\xff\xfe", false) == std::vector<int32_t>{0xff, 0xfe});
 }
