@@ -78,12 +78,27 @@ TEST_CASE("byte-level BPE: merges apply by rank, splits follow the pattern, spec
   CHECK(tok.encode("12", false) == std::vector<int32_t>{'1', '2'});
   CHECK(tok.encode("hello<|endoftext|>hello", false) == std::vector<int32_t>{259, 262, 259});
   CHECK(tok.decode_all({259, 260, 'o', 'r', 262}) == "hello wor");
-  // Runs far longer than any pattern's stack: 200,000 spaces split as the pattern says
-  // (one run, merged as bytes here), 100,000 letters likewise.
+  // Long runs: 200,000 spaces split as the pattern says (one run, bytes here), 100,000
+  // letters likewise.
   CHECK(tok.encode(std::string(200000, ' '), false) == std::vector<int32_t>(200000, ' '));
   CHECK(tok.encode(std::string(100000, 'x'), false) == std::vector<int32_t>(100000, 'x'));
   // Bytes that are not UTF-8 still encode, byte by byte.
   CHECK(tok.encode("\xff\xfe", false) == std::vector<int32_t>{0xff, 0xfe});
+}
+
+TEST_CASE("a match too deep for the pattern JIT's stack is found by the interpreter, not given up") {
+  // (a)* over 100,000 letters recurses past the JIT's default stack; the splits after
+  // it must still be found: "b" and "b" apart, never merged into "bb".
+  test::temp_dir dir;
+  json j = tiny_tokenizer({{"b", "b"}});
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a)*|b";
+  auto v = load_tokenizer_json(write(dir, j));
+  REQUIRE_MESSAGE(v.has_value(), (v ? "" : v.err().message));
+  const tokenizer tok(*v);
+  const std::vector<int32_t> ids = tok.encode(std::string(100000, 'a') + "bb", false);
+  REQUIRE(ids.size() == 100002);
+  CHECK(ids[100000] == 'b');
+  CHECK(ids[100001] == 'b');
 }
 
 TEST_CASE("tokenizer.json: every unsupported or broken part is an error naming it") {
