@@ -18,7 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError:
+    print(f"FAIL: {sys.executable} has no torch: Debian's python3-torch provides it (tools/install-packages.sh installs it)")
+    sys.exit(1)
 
 torch.set_grad_enabled(False)
 BUILD = Path(sys.argv[1])
