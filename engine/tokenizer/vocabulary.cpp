@@ -122,6 +122,13 @@ std::optional<std::string> byte_level_decode(std::string_view s) {
   return out;
 }
 
+std::string describe(const vocabulary& v) {
+  if (v.style == vocab_style::byte_level)
+    return "byte-level BPE, " + std::to_string(v.size()) + " tokens, " + std::to_string(v.merges.size()) + " merges" +
+           (v.nfc ? ", NFC" : "");
+  return "SentencePiece-style BPE, " + std::to_string(v.size()) + " tokens";
+}
+
 std::optional<std::string> validate(vocabulary& v) {
   const int32_t n = v.size();
   if (n < 3) return "vocabulary has " + std::to_string(n) + " tokens";

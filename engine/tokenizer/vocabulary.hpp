@@ -59,6 +59,10 @@ extern const char* const gpt2_pattern;
 std::string byte_level_encode(std::string_view bytes);            // bytes to the stored text
 std::optional<std::string> byte_level_decode(std::string_view stored);  // back, or none if a character is not in the table
 
+// "byte-level BPE, 151665 tokens, 151387 merges" or "SentencePiece-style BPE, 32000 tokens",
+// for operators.
+std::string describe(const vocabulary& v);
+
 // Why a pre-tokenizer pattern does not compile (PCRE2, UTF and Unicode properties), or none.
 std::optional<std::string> pattern_error(const std::string& pattern);
 

@@ -39,6 +39,7 @@ expected<loaded_model> load_model_and_tokenizer(const std::string& model_path,
            : path.ends_with(".model") ? load_sentencepiece_model(path, out.m.config.vocab_size)
                                       : load_llama2c_vocabulary(path, out.m.config.vocab_size);
   if (v && json && out.m.chat_template.empty()) out.m.chat_template = chat_template_beside(path);
+  out.tokenizer_source = path;
   if (!v) return v.err();
   out.tok.emplace(std::move(v).value());
   return out;

@@ -95,6 +95,8 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
   hc.metrics = metrics;
   http_gateway http(sys, router, hc);
   int rc = 0;
+  std::fprintf(stderr, "troupe-node %s: vocabulary %s (%s)\n", node.c_str(), describe(model.tok->vocab()).c_str(),
+               model.tokenizer_source.empty() ? "the model's own" : model.tokenizer_source.c_str());
   if (g.serve_http) {
     std::fprintf(stderr, "troupe-node %s: chat template %s (%s)\n", node.c_str(), openai::template_name(hc.chat),
                  t.model.chat_template == "auto" ? (model.m.chat_template.empty() ? "the model has none" : "from the model")
