@@ -115,16 +115,7 @@ expected<vocabulary> vocabulary_from(const gguf_file& g) {
     if (!types) return types.err();
     if (types->size() != v.pieces.size()) return error{path + ": tokenizer token types and tokens differ in count"};
     v.kinds.resize(types->size());
-    for (size_t i = 0; i < types->size(); ++i) {
-      switch (static_cast<int>((*types)[i])) {
-        case 2: v.kinds[i] = token_kind::unknown; break;
-        case 3: v.kinds[i] = token_kind::control; break;
-        case 4: v.kinds[i] = token_kind::user_defined; break;
-        case 5: v.kinds[i] = token_kind::unused; break;
-        case 6: v.kinds[i] = token_kind::byte; break;
-        default: v.kinds[i] = token_kind::normal; break;
-      }
-    }
+    for (size_t i = 0; i < types->size(); ++i) v.kinds[i] = kind_of_gguf(static_cast<int>((*types)[i]));
   }
   v.bos_id = static_cast<int32_t>(g.get_int("tokenizer.ggml.bos_token_id").value_or(1));
   v.eos_id = static_cast<int32_t>(g.get_int("tokenizer.ggml.eos_token_id").value_or(2));
@@ -175,16 +166,11 @@ class tensor_binder {
       return nullptr;
     }
     const dtype type = *dtype_of_ggml(t->ggml_type);
-    if (type == dtype::f32) return reinterpret_cast<const float*>(t->data);
     if (type == dtype::q8_0) {
       fail(name + " is Q8_0; norm weights must be F32, F16 or BF16");
       return nullptr;
     }
-    auto buf = std::make_unique<float[]>(n);
-    const auto view = matrix_view::dense(type, t->data, 1, static_cast<int32_t>(n));
-    for (int64_t i = 0; i < n; ++i) buf[i] = view.at(0, static_cast<int32_t>(i));
-    w_.owned.push_back(std::move(buf));
-    return w_.owned.back().get();
+    return w_.dense_vector(type, t->data, n);
   }
 
   bool has(const std::string& name) const { return g_.tensor(name) != nullptr; }

@@ -84,12 +84,7 @@ class tensor_binder {
       fail(name + " has shape " + shape(*t) + ", the model needs [" + std::to_string(n) + "]");
       return nullptr;
     }
-    if (t->type == dtype::f32) return reinterpret_cast<const float*>(t->data);
-    auto buf = std::make_unique<float[]>(n);
-    const auto view = matrix_view::dense(t->type, t->data, 1, static_cast<int32_t>(n));
-    for (int64_t i = 0; i < n; ++i) buf[i] = view.at(0, static_cast<int32_t>(i));
-    w_.owned.push_back(std::move(buf));
-    return w_.owned.back().get();
+    return w_.dense_vector(t->type, t->data, n);
   }
 
   bool has(const std::string& name) const { return lookup(name) != nullptr; }

@@ -37,6 +37,10 @@ struct model_weights {
 
   // Bytes of weights one decode step streams (all matrices but the embedding table).
   int64_t streamed_bytes() const;
+
+  // n floats of a dense (F32, F16 or BF16) vector in the file: in place when F32, else
+  // converted into a buffer these weights own.
+  const float* dense_vector(dtype type, const void* data, int64_t n);
 };
 
 }  // namespace troupe

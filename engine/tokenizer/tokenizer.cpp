@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <queue>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -146,6 +147,42 @@ struct candidate {
   }
 };
 
+// BPE over a list of symbols: links them, then repeatedly merges the adjacent pair that
+// `pair(left, right)` scores highest (leftmost on ties), as {score, merged id}, until no
+// pair has a score; appends the ids left. Both vocabulary styles merge this way, scored
+// by piece score or by merge rank.
+template <class Pair>
+void merge_pairs(std::vector<symbol>& syms, Pair pair, std::vector<int32_t>& out) {
+  for (size_t s = 0; s < syms.size(); ++s) {
+    syms[s].prev = static_cast<int32_t>(s) - 1;
+    syms[s].next = s + 1 < syms.size() ? static_cast<int32_t>(s + 1) : -1;
+  }
+  std::priority_queue<candidate> queue;
+  auto consider = [&](int32_t left) {
+    if (left < 0 || syms[left].next < 0) return;
+    const symbol& l = syms[left];
+    const symbol& r = syms[l.next];
+    if (const auto m = pair(l, r)) queue.push({m->first, left, l.len, r.len, m->second});
+  };
+  for (int32_t s = 0; s + 1 < static_cast<int32_t>(syms.size()); ++s) consider(s);
+  while (!queue.empty()) {
+    const candidate c = queue.top();
+    queue.pop();
+    symbol& l = syms[c.left];
+    if (l.len != c.left_len || l.len == 0 || l.next < 0) continue;  // stale: a side merged since
+    symbol& r = syms[l.next];
+    if (r.len != c.right_len) continue;
+    l.len += r.len;
+    l.id = c.id;
+    r.len = 0;  // dead
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = c.left;
+    consider(l.prev);
+    consider(c.left);
+  }
+  for (int32_t s = syms.empty() ? -1 : 0; s >= 0; s = syms[s].next) out.push_back(syms[s].id);
+}
+
 }  // namespace
 
 std::vector<int32_t> tokenizer::encode(std::string_view raw, bool add_bos) const {
@@ -239,34 +276,15 @@ void tokenizer::merge_by_rank(std::string_view split, std::vector<int32_t>& out)
   }
   std::vector<symbol> syms;
   syms.reserve(split.size());
-  for (size_t i = 0; i < split.size(); ++i)
-    syms.push_back({i, 1, byte_ids_[static_cast<unsigned char>(split[i])], static_cast<int32_t>(i) - 1,
-                    i + 1 < split.size() ? static_cast<int32_t>(i + 1) : -1});
-  std::priority_queue<candidate> queue;
-  auto consider = [&](int32_t left) {
-    if (left < 0 || syms[left].next < 0) return;
-    const int32_t right = syms[left].next;
-    auto it = ranks_.find((uint64_t(uint32_t(syms[left].id)) << 32) | uint32_t(syms[right].id));
-    if (it == ranks_.end()) return;
-    queue.push({-static_cast<float>(it->second.first), left, syms[left].len, syms[right].len, it->second.second});
-  };
-  for (int32_t s = 0; s + 1 < static_cast<int32_t>(syms.size()); ++s) consider(s);
-  while (!queue.empty()) {
-    const candidate c = queue.top();
-    queue.pop();
-    symbol& l = syms[c.left];
-    if (l.len != c.left_len || l.len == 0 || l.next < 0) continue;
-    symbol& r = syms[l.next];
-    if (r.len != c.right_len) continue;
-    l.len += r.len;
-    l.id = c.id;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) syms[r.next].prev = c.left;
-    consider(l.prev);
-    consider(c.left);
-  }
-  for (int32_t s = 0; s >= 0; s = syms[s].next) out.push_back(syms[s].id);
+  for (size_t i = 0; i < split.size(); ++i) syms.push_back({i, 1, byte_ids_[static_cast<unsigned char>(split[i])], -1, -1});
+  merge_pairs(
+      syms,
+      [&](const symbol& l, const symbol& r) -> std::optional<std::pair<float, int32_t>> {
+        auto it = ranks_.find((uint64_t(uint32_t(l.id)) << 32) | uint32_t(r.id));
+        if (it == ranks_.end()) return std::nullopt;
+        return std::pair{-static_cast<float>(it->second.first), it->second.second};  // lower rank first
+      },
+      out);
 }
 
 void tokenizer::encode_text(std::string_view raw, std::vector<int32_t>& out) const {
@@ -292,39 +310,14 @@ void tokenizer::encode_text(std::string_view raw, std::vector<int32_t>& out) con
     }
     i += n;
   }
-  for (size_t s = 0; s < syms.size(); ++s) {
-    syms[s].prev = static_cast<int32_t>(s) - 1;
-    syms[s].next = s + 1 < syms.size() ? static_cast<int32_t>(s + 1) : -1;
-  }
-
-  std::priority_queue<candidate> queue;
-  auto consider = [&](int32_t left) {
-    if (left < 0) return;
-    const int32_t right = syms[left].next;
-    if (right < 0) return;
-    const std::string_view merged =
-        std::string_view(text).substr(syms[left].start, syms[left].len + syms[right].len);
-    auto it = ids_.find(std::string(merged));
-    if (it == ids_.end()) return;
-    queue.push({v_.scores[it->second], left, syms[left].len, syms[right].len, it->second});
-  };
-  for (int32_t s = 0; s + 1 < static_cast<int32_t>(syms.size()); ++s) consider(s);
-  while (!queue.empty()) {
-    const candidate c = queue.top();
-    queue.pop();
-    symbol& l = syms[c.left];
-    if (l.len != c.left_len || l.len == 0 || l.next < 0) continue;
-    symbol& r = syms[l.next];
-    if (r.len != c.right_len) continue;
-    l.len += r.len;
-    l.id = c.id;
-    r.len = 0;  // dead
-    l.next = r.next;
-    if (r.next >= 0) syms[r.next].prev = c.left;
-    consider(l.prev);
-    consider(c.left);
-  }
-  for (int32_t s = syms.empty() ? -1 : 0; s >= 0; s = syms[s].next) out.push_back(syms[s].id);
+  merge_pairs(
+      syms,
+      [&](const symbol& l, const symbol& r) -> std::optional<std::pair<float, int32_t>> {
+        auto it = ids_.find(text.substr(l.start, l.len + r.len));
+        if (it == ids_.end()) return std::nullopt;
+        return std::pair{v_.scores[it->second], it->second};
+      },
+      out);
 }
 
 std::string_view tokenizer::decode(int32_t prev, int32_t token) const {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <doctest/doctest.h>
 
@@ -149,6 +150,16 @@ loaded load(const std::string& model_path, const std::string& tokenizer_path) {
                                    m->config.vocab_size);
   REQUIRE_MESSAGE(v.has_value(), (v.has_value() ? "" : v.err().message));
   return {std::move(m).value(), tokenizer(std::move(v).value())};
+}
+
+std::vector<char> read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+void write_all(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace troupe::test

@@ -39,6 +39,10 @@ std::vector<block_id> block_ids(std::initializer_list<uint32_t> values);
 std::vector<uint32_t> block_values(std::span<const block_id> blocks);
 
 // A fresh directory under the system temp dir, removed by the destructor.
+// A file's bytes, and a file made of bytes (replacing any there).
+std::vector<char> read_all(const std::string& path);
+void write_all(const std::string& path, const std::vector<char>& bytes);
+
 class temp_dir {
  public:
   temp_dir();

@@ -35,6 +35,18 @@ stages = [ $3 ]
 TOML
 }
 
+# A chat completion from the running node must count more than MIN of usage FIELD; then
+# the node stops.
+chat_then_stop() {  # MODEL FIELD MIN
+  local body reply
+  body='{"model": "'$1'", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0}'
+  reply=$(curl -s -m 30 "$http_url/v1/chat/completions" -H 'Content-Type: application/json' -d "$body")
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["usage"][sys.argv[2]] > int(sys.argv[3]), d' \
+    "$reply" "$2" "$3" || fail "$1 chat completion: $reply"
+  stop_tree "$node_pid"
+  node_pid=
+}
+
 prompt="Once upon a time"
 for family in llama3 qwen2 mistral; do
   dir=$work/$family
@@ -58,12 +70,7 @@ for family in llama3 qwen2 mistral; do
   got=$(timeout 60 "$build/tools/troupe-client" --connect "${capnp_url#capnp://}" -t 0 -p "$prompt" -n 48) ||
     fail "troupe-client, $family, TP=2"
   [[ $got == "$want" ]] || fail "$family, TP=2: '$got' where troupe-run gave '$want'"
-  body='{"model": "'$family'", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0}'
-  reply=$(curl -s -m 30 "$http_url/v1/chat/completions" -H 'Content-Type: application/json' -d "$body")
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["usage"]["completion_tokens"] > 0, d' "$reply" ||
-    fail "$family chat completion: $reply"
-  stop_tree "$node_pid"
-  node_pid=
+  chat_then_stop "$family" completion_tokens 0
 
   # PP=2 over two processes.
   t=$work/$family-pp2.toml
@@ -104,11 +111,6 @@ for family in llama3 qwen2_5; do
   timeout 60 node "$work/tokenize_reference.mjs" "$family" "$work/corpus.json" "$work/want.json" || fail "the reference tokenizer"
   want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0])' "$work/want.json")
   [[ $ids == "$want" ]] || fail "$family /tokenize: $ids, the reference $want"
-  body='{"model": "'$family'-tok", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}'
-  reply=$(curl -s -m 30 "$http_url/v1/chat/completions" -H 'Content-Type: application/json' -d "$body")
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["usage"]["prompt_tokens"] > 5, d' "$reply" ||
-    fail "$family chat completion: $reply"
-  stop_tree "$node_pid"
-  node_pid=
+  chat_then_stop "$family-tok" prompt_tokens 5
   echo "$family vocabulary: /tokenize equals the reference; chat uses the model's template"
 done

@@ -16,21 +16,11 @@ namespace troupe {
 
 namespace {
 
-std::vector<char> read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
-void write_all(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
 // Loads a modified copy and expects an error that names the file and mentions one of
 // `what` (each not empty).
 void expect_error(const test::temp_dir& dir, const std::vector<char>& bytes, std::initializer_list<std::string_view> what) {
   const std::string path = dir.file("bad.model");
-  write_all(path, bytes);
+  test::write_all(path, bytes);
   auto m = load_model(path);
   REQUIRE_FALSE(m.has_value());
   const std::string& message = m.err().message;
@@ -57,7 +47,7 @@ TEST_CASE("truncated copies of every model file are rejected") {
   test::temp_dir dir;
   for (const char* f : {"stories260K.bin", "stories260K_q8.bin", "stories260K.gguf"}) {
     CAPTURE(f);
-    const auto full = read_all(test::models_dir() + "/" + f);
+    const auto full = test::read_all(test::models_dir() + "/" + f);
     REQUIRE(full.size() > 1000);
     for (size_t keep : {size_t{0}, size_t{3}, size_t{20}, size_t{100}, size_t{300}, full.size() / 2, full.size() - 1}) {
       CAPTURE(keep);
@@ -68,7 +58,7 @@ TEST_CASE("truncated copies of every model file are rejected") {
 
 TEST_CASE("llama2.c headers that disagree with the file are rejected") {
   test::temp_dir dir;
-  const auto orig = read_all(test::models_dir() + "/stories260K.bin");
+  const auto orig = test::read_all(test::models_dir() + "/stories260K.bin");
   auto b = orig;
   put<int32_t>(b, 0, 65);  // dim no longer divisible by the heads and the size is wrong
   expect_error(dir, b, {"num_heads = 8 must divide dim"});
@@ -88,7 +78,7 @@ TEST_CASE("llama2.c headers that disagree with the file are rejected") {
   b.push_back(0);  // trailing garbage: the shapes do not describe this file
   expect_error(dir, b, {"needs"});
 
-  const auto q8 = read_all(test::models_dir() + "/stories260K_q8.bin");
+  const auto q8 = test::read_all(test::models_dir() + "/stories260K_q8.bin");
   b = q8;
   put<int32_t>(b, 4, 3);  // version
   expect_error(dir, b, {"version 3"});
@@ -136,7 +126,7 @@ size_t gguf_tensor_info_offset(const std::vector<char>& b) {
 
 TEST_CASE("corrupted GGUF files are rejected with the problem named") {
   test::temp_dir dir;
-  const auto orig = read_all(test::models_dir() + "/stories260K.gguf");
+  const auto orig = test::read_all(test::models_dir() + "/stories260K.gguf");
   auto b = orig;
   b[0] = 'X';
   expect_error(dir, b, {"is this a llama2.c checkpoint?"});  // not GGUF: read as llama2.c, whose header is impossible

@@ -46,16 +46,6 @@ model_config tiny(model_family f) {
   return c;
 }
 
-std::vector<char> read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
-void write_all(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
 }  // namespace
 
 TEST_CASE("config.json: each family's fields and defaults") {
@@ -221,7 +211,7 @@ TEST_CASE("safetensors: truncated and corrupted headers are errors naming the fi
   checkpoint_spec spec{tiny(model_family::llama), dtype::f32, 64, false};
   const std::string good = dir.file("good");
   REQUIRE(write_hf_dir(good, spec, random_weights(3)).has_value());
-  const std::vector<char> full = read_all(good + "/model.safetensors");
+  const std::vector<char> full = test::read_all(good + "/model.safetensors");
   uint64_t n = 0;
   std::memcpy(&n, full.data(), 8);
   const std::string header(full.data() + 8, full.data() + 8 + n);
@@ -229,7 +219,7 @@ TEST_CASE("safetensors: truncated and corrupted headers are errors naming the fi
   std::filesystem::create_directories(dir.file("bad"));
   std::filesystem::copy_file(good + "/config.json", dir.file("bad") + "/config.json");
   auto expect = [&](const std::vector<char>& bytes, const std::string& what) {
-    write_all(file, bytes);
+    test::write_all(file, bytes);
     auto m = load_model(dir.file("bad"));
     REQUIRE_FALSE(m.has_value());
     CAPTURE(m.err().message);
