@@ -13,6 +13,7 @@ namespace troupe {
 namespace {
 
 using simd::v16f;
+using simd::v8f;
 constexpr int lanes = simd::width;
 constexpr int tile_rows = 4;    // weight rows per register tile
 constexpr int tile_tokens = 4;   // tokens per register tile reading weights directly
@@ -37,6 +38,10 @@ struct f32_reader {
   struct cursor {
     const float* p;
     v16f chunk(int32_t k) const { return simd::load(p + k); }
+    void halves(int32_t k, v8f& lo, v8f& hi) const {
+      lo = simd::load8(p + k);
+      hi = simd::load8(p + k + 8);
+    }
     void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
     void prefetch(int32_t k, int64_t ahead) const {
       __builtin_prefetch(reinterpret_cast<const char*>(p + k) + ahead);
@@ -47,13 +52,17 @@ struct f32_reader {
 };
 
 // F16 and BF16: sixteen 16-bit values widened to float.
-template <v16f (*Load)(const uint16_t*)>
+template <v16f (*Load)(const uint16_t*), v8f (*Load8)(const uint16_t*)>
 struct half_reader {
   static constexpr int step = lanes;
   const matrix_view& w;
   struct cursor {
     const uint16_t* p;
     v16f chunk(int32_t k) const { return Load(p + k); }
+    void halves(int32_t k, v8f& lo, v8f& hi) const {
+      lo = Load8(p + k);
+      hi = Load8(p + k + 8);
+    }
     void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
     void prefetch(int32_t k, int64_t ahead) const {
       if (k % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(p + k) + ahead);
@@ -62,8 +71,8 @@ struct half_reader {
   int64_t row_bytes() const { return w.row_stride * 2; }
   cursor row(int32_t r) const { return {static_cast<const uint16_t*>(w.data) + r * w.row_stride}; }
 };
-using f16_reader = half_reader<simd::load_f16>;
-using bf16_reader = half_reader<simd::load_bf16>;
+using f16_reader = half_reader<simd::load_f16, simd::load8_f16>;
+using bf16_reader = half_reader<simd::load_bf16, simd::load8_bf16>;
 
 // load() yields a whole group, so its scale is read once.
 template <int GroupSize, bool ScaleF16>
@@ -89,6 +98,13 @@ struct q8_reader {
     v16f chunk(int32_t k) const {
       const int32_t g = k / GroupSize;
       return simd::load_i8(q + g * q_group_stride + (k % GroupSize)) * simd::splat(scale(g));
+    }
+    void halves(int32_t k, v8f& lo, v8f& hi) const {
+      const int32_t g = k / GroupSize;
+      const int8_t* p = q + g * q_group_stride + (k % GroupSize);
+      const v8f sv = simd::splat8(scale(g));
+      lo = simd::load8_i8(p) * sv;
+      hi = simd::load8_i8(p + 8) * sv;
     }
     void prefetch(int32_t k, int64_t ahead) const {
       __builtin_prefetch(q + (k / GroupSize) * q_group_stride + ahead);
@@ -118,6 +134,12 @@ struct generic_reader {
       for (int i = 0; i < lanes; ++i) buf[i] = w->at(r, k + i);
       return simd::load(buf);
     }
+    void halves(int32_t k, v8f& lo, v8f& hi) const {
+      alignas(64) float buf[lanes];
+      for (int i = 0; i < lanes; ++i) buf[i] = w->at(r, k + i);
+      lo = simd::load8(buf);
+      hi = simd::load8(buf + 8);
+    }
     void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
   };
   cursor row(int32_t r) const { return {&w, r}; }
@@ -133,6 +155,10 @@ struct panel_reader {
   struct cursor {
     const float* p;
     v16f chunk(int32_t k) const { return simd::load(p + int64_t{k} * tile_rows); }
+    void halves(int32_t k, v8f& lo, v8f& hi) const {
+      lo = simd::load8(p + int64_t{k} * tile_rows);
+      hi = simd::load8(p + int64_t{k} * tile_rows + 8);
+    }
     void load(int32_t k, v16f* out) const { out[0] = chunk(k); }
   };
   float* at(int32_t r, int32_t k) const {
@@ -209,6 +235,87 @@ inline void tile(const Reader& rd, const matrix_view& w, const int32_t* rows, in
   }
 }
 
+// tile() for ISAs with sixteen vector registers (AVX2), where a v16f is two registers,
+// tile() spills, and GCC moves sixteen-lane values through memory: each v16f accumulator
+// is kept as its two eight-lane halves, and every chunk of sixteen columns is loaded just
+// before its FMAs, so a tile holds 2 * MR * RT accumulators, one weight half and one input
+// half (MR = 1 with RT = 4 rows, or MR = 2 with RT = 2). Each lane sees the same products
+// in the same column order as in tile(), and the lanes are summed by the same tree: the
+// same bits.
+template <int MR, int RT, class Reader, bool PaddedReader>
+inline void tile_narrow(const Reader& rd, const matrix_view& w, const int32_t* rows, int num_valid,
+                        const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+  v8f lo[MR][RT], hi[MR][RT];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < RT; ++j) lo[i][j] = hi[i][j] = v8f{};
+  const int32_t cols = w.cols;
+  typename Reader::cursor cur[RT];
+  for (int j = 0; j < RT; ++j) cur[j] = rd.row(rows[j]);
+  int64_t ahead = 0;
+  if constexpr (requires { rd.row_bytes(); }) ahead = prefetch_rows * rd.row_bytes();
+  int32_t k = 0;
+  for (; k + lanes <= cols; k += lanes) {
+    for (int j = 0; j < RT; ++j) {
+      if constexpr (requires { rd.row_bytes(); })
+        if (k % Reader::step == 0) cur[j].prefetch(k, ahead);
+      v8f wl, wh;
+      cur[j].halves(k, wl, wh);
+      for (int i = 0; i < MR; ++i) {
+        lo[i][j] = simd::fma8(simd::load8(x + i * x_stride + k), wl, lo[i][j]);
+        hi[i][j] = simd::fma8(simd::load8(x + i * x_stride + k + 8), wh, hi[i][j]);
+      }
+    }
+  }
+  if (k < cols) {
+    alignas(64) float wbuf[lanes], xbuf[lanes];
+    for (int j = 0; j < RT; ++j) {
+      v8f wl, wh;
+      if constexpr (PaddedReader) {
+        cur[j].halves(k, wl, wh);
+      } else {
+        tail_generic(w, rows[j], k, wbuf);
+        wl = simd::load8(wbuf);
+        wh = simd::load8(wbuf + 8);
+      }
+      for (int i = 0; i < MR; ++i) {
+        for (int l = 0; l < lanes; ++l) xbuf[l] = k + l < cols ? x[i * x_stride + k + l] : 0.0f;
+        lo[i][j] = simd::fma8(simd::load8(xbuf), wl, lo[i][j]);
+        hi[i][j] = simd::fma8(simd::load8(xbuf + 8), wh, hi[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < std::min(num_valid, RT); ++j) y[i * y_stride + j] = simd::reduce_add(lo[i][j], hi[i][j]);
+}
+
+// tokens_loop for sixteen registers: four tokens at a time against each row of the tile
+// (one conversion of the weights serves four tokens), then what is left: three against
+// each row, two against each half of the tile, or one against the whole tile.
+template <class Reader, bool Padded>
+void tokens_loop_narrow(const Reader& rd, const matrix_view& w, const int32_t* rows, int num_valid,
+                        const float* x, int64_t x_stride, int32_t num_tokens, float* y, int64_t y_stride) {
+  static_assert(tile_rows == 4);
+  auto by_rows = [&]<int MR, int RT>(int32_t m) {
+    for (int j = 0; j < num_valid; j += RT)
+      tile_narrow<MR, RT, Reader, Padded>(rd, w, rows + j, std::min(num_valid - j, RT), x + m * x_stride, x_stride,
+                                          y + m * y_stride + j, y_stride);
+  };
+  int32_t m = 0;
+  for (; m + 4 <= num_tokens; m += 4) by_rows.template operator()<4, 1>(m);
+  switch (num_tokens - m) {
+    case 3: by_rows.template operator()<3, 1>(m); break;
+    case 2: by_rows.template operator()<2, 2>(m); break;
+    case 1: by_rows.template operator()<1, 4>(m); break;
+    default: break;
+  }
+}
+
+#if defined(__AVX512F__)
+constexpr bool narrow_registers = false;  // 32 vector registers: tile() fits
+#else
+constexpr bool narrow_registers = true;
+#endif
+
 // Token tiles of MT (register budget: MT * tile_rows accumulators plus the weights of
 // one step), then one tile for the rest.
 template <int MT, class Reader, bool Padded>
@@ -246,7 +353,10 @@ void rows_direct(const matrix_view& w, int32_t row_begin, int32_t row_end, const
     // A reader of one vector per step leaves registers for six tokens' accumulators (24 +
     // 4 weights + 1 input); a whole Q8_0 group per step, for four.
     constexpr int mt = Reader::step == lanes ? 6 : tile_tokens;
-    tokens_loop<mt, Reader, false>(rd, w, rows, num_valid, x, x_stride, num_tokens, y + r0, y_stride);
+    if constexpr (narrow_registers)
+      tokens_loop_narrow<Reader, false>(rd, w, rows, num_valid, x, x_stride, num_tokens, y + r0, y_stride);
+    else
+      tokens_loop<mt, Reader, false>(rd, w, rows, num_valid, x, x_stride, num_tokens, y + r0, y_stride);
   }
 }
 
@@ -271,6 +381,15 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
     for (int32_t r = b0; r < b1; ++r) {
       int32_t k = 0;
       const auto cur = rd.row(r);
+      if constexpr (narrow_registers)
+        for (; k + lanes <= w.cols; k += lanes) {
+          if constexpr (requires { rd.row_bytes(); })
+            if (k % Reader::step == 0) cur.prefetch(k, ahead);
+          v8f lo, hi;
+          cur.halves(k, lo, hi);
+          std::memcpy(pr.at(r - b0, k), &lo, sizeof lo);
+          std::memcpy(pr.at(r - b0, k) + 8, &hi, sizeof hi);
+        }
       for (; k + Reader::step <= w.cols; k += Reader::step) {
         if constexpr (requires { rd.row_bytes(); }) cur.prefetch(k, ahead);
         v16f chunk[Reader::step / lanes];
@@ -290,8 +409,12 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
         const int num_valid = std::min<int32_t>(tile_rows, b1 - r0);
         int32_t rows[tile_rows];
         for (int j = 0; j < tile_rows; ++j) rows[j] = r0 - b0 + std::min(j, num_valid - 1);
-        tokens_loop<panel_tokens, panel_reader, true>(pr, w, rows, num_valid, x + m * x_stride,
-                                                      x_stride, mt, y + m * y_stride + r0, y_stride);
+        if constexpr (narrow_registers)
+          tokens_loop_narrow<panel_reader, true>(pr, w, rows, num_valid, x + m * x_stride, x_stride, mt,
+                                                 y + m * y_stride + r0, y_stride);
+        else
+          tokens_loop<panel_tokens, panel_reader, true>(pr, w, rows, num_valid, x + m * x_stride,
+                                                        x_stride, mt, y + m * y_stride + r0, y_stride);
       }
     }
   }
@@ -300,7 +423,9 @@ void rows_paneled(const matrix_view& w, int32_t row_begin, int32_t row_end, cons
 template <class Reader>
 void rows_any(const matrix_view& w, int32_t b, int32_t e, const float* x, int64_t xs,
               int32_t m, float* y, int64_t ys) {
-  if (m <= tile_tokens)
+  // (With sixteen registers, eight tokens are two passes of four over the weights, which
+  // still costs less than dequantizing a panel.)
+  if (m <= (narrow_registers ? 2 * tile_tokens : tile_tokens))
     rows_direct<Reader>(w, b, e, x, xs, m, y, ys);
   else
     rows_paneled<Reader>(w, b, e, x, xs, m, y, ys);

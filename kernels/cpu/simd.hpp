@@ -197,6 +197,67 @@ inline v16f exp(v16f x) {
   return underflow ? zero : out;
 }
 
+// Eight-lane halves, for ISAs with sixteen vector registers (AVX2), where a v16f is two
+// registers and GCC moves sixteen-lane values through memory between operations: a kernel
+// keeps lanes 0-7 and 8-15 of each v16f as two v8f. Each lane's arithmetic is the same,
+// so the results are the v16f kernel's bits.
+inline v8f splat8(float f) { return v8f{f, f, f, f, f, f, f, f}; }
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline v8f fma8(v8f a, v8f b, v8f c) {
+#if defined(__FMA__)
+  return reinterpret_cast<v8f>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                               reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
+}
+
+inline v8f load8_i8(const int8_t* p) {
+#if defined(__AVX2__)
+  return reinterpret_cast<v8f>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#else
+  v8f f;
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(p[i]);
+  return f;
+#endif
+}
+
+inline v8f load8_f16(const uint16_t* p) {
+#if defined(__F16C__)
+  return reinterpret_cast<v8f>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  v8f f;
+  for (int i = 0; i < 8; ++i) f[i] = f16_to_f32(p[i]);
+  return f;
+#endif
+}
+
+inline v8f load8_bf16(const uint16_t* p) {
+#if defined(__AVX2__)
+  return reinterpret_cast<v8f>(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
+  v8f f;
+  for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(p[i]);
+  return f;
+#endif
+}
+
+// reduce_add of the v16f whose lanes are lo then hi: the same tree.
+inline float reduce_add(v8f lo, v8f hi) {
+  const v8f s8 = lo + hi;
+  v4f c = __builtin_shufflevector(s8, s8, 0, 1, 2, 3);
+  v4f d = __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  v4f s4 = c + d;
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
 inline float reduce_max(v16f v) {
   float m = v[0];
   for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
