@@ -241,7 +241,8 @@ class cuda_transformer_shard final : public forward_shard {
         positions[t] = sq.start_pos + i;
         token_seq[t] = static_cast<int32_t>(s);
       }
-      if (sq.want_logits) rows[num_rows++] = t - 1;
+      TROUPE_ASSERT(sq.logit_rows >= 0 && sq.logit_rows <= sq.num_tokens, sq.logit_rows, sq.num_tokens);
+      for (int32_t r = sq.logit_rows; r > 0; --r) rows[num_rows++] = t - r;
       max_position = std::max(max_position, sq.start_pos + sq.num_tokens - 1);
     }
     if (is_first_stage()) {

@@ -19,7 +19,8 @@ struct step_sequence {
   int32_t num_tokens = 0;
   int32_t start_pos = 0;               // tokens of this sequence already in the cache
   std::span<const block_id> block_table;
-  bool want_logits = false;            // logits of its last token are wanted
+  int32_t logit_rows = 0;              // logits of its last logit_rows tokens are wanted
+                                       // (1 to sample; more to verify drafts)
 };
 
 struct step_batch {
@@ -31,14 +32,14 @@ struct step_batch {
     sequences.clear();
   }
   void add(std::span<const int32_t> toks, int32_t start_pos, std::span<const block_id> blocks,
-           bool want_logits) {
+           int32_t logit_rows) {
     tokens.insert(tokens.end(), toks.begin(), toks.end());
-    sequences.push_back({static_cast<int32_t>(toks.size()), start_pos, blocks, want_logits});
+    sequences.push_back({static_cast<int32_t>(toks.size()), start_pos, blocks, logit_rows});
   }
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_logits() const {
     int32_t n = 0;
-    for (const auto& s : sequences) n += s.want_logits;
+    for (const auto& s : sequences) n += s.logit_rows;
     return n;
   }
 };

@@ -116,6 +116,16 @@ transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_
 }
 
 void transformer_shard::forward(const step_batch& batch, float* hidden, float* logits) {
+  run(batch, hidden, logits, static_cast<int32_t>(layers_.size()), is_last_stage() && logits != nullptr && spec_.tp.rank == 0);
+}
+
+void transformer_shard::forward_early_exit(const step_batch& batch, float* hidden, float* logits, int32_t exit_layer) {
+  TROUPE_ASSERT(is_first_stage() && is_last_stage() && spec_.tp.size == 1, "early exit needs the whole model");
+  TROUPE_ASSERT(exit_layer >= 1 && exit_layer <= cfg_.num_layers, exit_layer, cfg_.num_layers);
+  run(batch, hidden, logits, exit_layer, true);
+}
+
+void transformer_shard::run(const step_batch& batch, float* hidden, float* logits, int32_t num_layers, bool head) {
   const int32_t n = batch.num_tokens();
   if (n == 0) return;
   // Per-token attention inputs: position and block table of the token's sequence, its
@@ -146,8 +156,8 @@ void transformer_shard::forward(const step_batch& batch, float* hidden, float* l
     for (int32_t t : batch.tokens) TROUPE_ASSERT(t >= 0 && t < cfg_.vocab_size, t, cfg_.vocab_size);
     embedding(model_.weights.token_embedding, batch.tokens.data(), n, hidden, cfg_.dim);
   }
-  for (int32_t l = 0; l < static_cast<int32_t>(layers_.size()); ++l) run_layer(l, batch, hidden);
-  if (is_last_stage() && logits != nullptr && spec_.tp.rank == 0) run_head(batch, hidden, logits);
+  for (int32_t l = 0; l < num_layers; ++l) run_layer(l, batch, hidden);
+  if (head) run_head(batch, hidden, logits);
 }
 
 void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x) {
@@ -227,11 +237,9 @@ void transformer_shard::run_head(const step_batch& batch, const float* x, float*
   int32_t token = 0, row = 0;
   for (const auto& s : batch.sequences) {
     token += s.num_tokens;
-    if (s.want_logits) {
-      rmsnorm(xb + int64_t{row} * dim, x + int64_t{token - 1} * dim, model_.weights.final_norm,
-              dim, cfg_.rms_eps);
-      ++row;
-    }
+    TROUPE_ASSERT(s.logit_rows >= 0 && s.logit_rows <= s.num_tokens, s.logit_rows, s.num_tokens);
+    for (int32_t t = token - s.logit_rows; t < token; ++t, ++row)
+      rmsnorm(xb + int64_t{row} * dim, x + int64_t{t} * dim, model_.weights.final_norm, dim, cfg_.rms_eps);
   }
   gemm(xb, dim, rows, classifier_, logits, cfg_.vocab_size, pool_);
 }

@@ -36,6 +36,10 @@ class transformer_shard final : public forward_shard {
                     collective& comm);
 
   void forward(const step_batch& batch, float* hidden, float* logits) override;
+  // Self-speculation by early exit: the first exit_layer layers (writing their KV, the
+  // same values forward() writes for the same tokens), then the final norm and the
+  // classifier. A shard with every layer of one slice {0, 1} only.
+  void forward_early_exit(const step_batch& batch, float* hidden, float* logits, int32_t exit_layer);
 
   bool is_first_stage() const override { return spec_.first_layer == 0; }
   bool is_last_stage() const override { return spec_.end_layer == cfg_.num_layers; }
@@ -57,6 +61,7 @@ class transformer_shard final : public forward_shard {
     const float *bq, *bk, *bv;  // this slice's q/k/v biases, or null
   };
 
+  void run(const step_batch& batch, float* hidden, float* logits, int32_t num_layers, bool head);
   void run_layer(int32_t idx, const step_batch& batch, float* hidden);
   void run_head(const step_batch& batch, const float* hidden, float* logits);
 

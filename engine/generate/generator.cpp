@@ -16,7 +16,9 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
   uint64_t blocks = opts_.num_blocks;
   if (blocks == 0) {
     for (const auto& r : reqs) {
-      const int64_t len = std::min<int64_t>(c.max_seq_len, static_cast<int64_t>(r.prompt.size()) + std::max(r.max_tokens, 1));
+      // (Drafts take positions past the last token: as many as a step may draft.)
+      const int64_t drafts = opts_.spec.enabled() ? opts_.spec.k : 0;
+      const int64_t len = std::min<int64_t>(c.max_seq_len, static_cast<int64_t>(r.prompt.size()) + std::max(r.max_tokens, 1)) + drafts;
       blocks += static_cast<uint64_t>((len + bs - 1) / bs);
     }
     blocks = std::max<uint64_t>(blocks, 1);
@@ -31,6 +33,9 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
   cfg.sched.max_running = opts_.max_running;
   cfg.sched.kv.prefix_caching = opts_.prefix_caching;
   cfg.kv_type = opts_.kv_type;
+  cfg.spec = opts_.spec;
+  cfg.draft = opts_.draft;
+  if (auto st = llm_engine::check(model_, cfg); !st) return st.err();
   llm_engine engine(model_, tok_, cfg);
   for (size_t i = 0; i < reqs.size(); ++i) {
     if (auto st = engine.add_request(request_id{i}, reqs[i]); !st) return st.err();
@@ -44,7 +49,7 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
       for (auto& lp : o.logprobs) g.logprobs.push_back(std::move(lp));
       g.text += o.text;
       if (o.finished) g.reason = o.reason;
-      if (on_token) on_token(i, token_event{o.new_tokens.empty() ? -1 : o.new_tokens.back(), o.text, o.finished});
+      if (on_token) on_token(i, token_event{o.new_tokens, o.text, o.finished});
     }
   }
   stats_ = engine.stats();

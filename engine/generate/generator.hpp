@@ -33,12 +33,15 @@ struct generator_options {
   uint32_t num_blocks = 0;        // 0: enough for every request at once
   bool prefix_caching = true;
   std::optional<dtype> kv_type;   // the KV cache's (default: kv_cache_type_for)
+  speculative_config spec;        // speculative decoding (engine/spec/speculative.hpp)
+  const model* draft = nullptr;   // the draft model, for spec.method draft
 };
 
-// What one step produced for one request: its new token (-1 when the step ended the
-// request without one), the text that became final, and whether it is finished.
+// What one step produced for one request: its new tokens (one, more with speculative
+// decoding, none when the step ended the request without one), the text that became
+// final, and whether it is finished.
 struct token_event {
-  int32_t token = -1;
+  std::vector<int32_t> tokens;
   std::string text;
   bool finished = false;
 };

@@ -30,14 +30,15 @@ std::vector<block_id> kv_block_manager::match_prefix(std::span<const int32_t> to
   return hits;
 }
 
-bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, int32_t num_tokens,
+bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, int32_t num_positions,
                                 std::span<const block_id> hits, uint64_t ns) {
-  TROUPE_ASSERT(num_tokens >= 0 && static_cast<size_t>(num_tokens) <= tokens.size(), num_tokens, tokens.size());
+  TROUPE_ASSERT(num_positions >= 0, num_positions);
+  const int32_t num_tokens = std::min(num_positions, static_cast<int32_t>(tokens.size()));
   auto it = held_.find(id);
   const bool first = it == held_.end();
   TROUPE_ASSERT(first || hits.empty(), "prefix hits only on a request's first allocation");
   const size_t have = first ? 0 : it->second.blocks.size();
-  const size_t want = (static_cast<size_t>(num_tokens) + block_size_ - 1) / block_size_;
+  const size_t want = (static_cast<size_t>(num_positions) + block_size_ - 1) / block_size_;
   const size_t from_hits = std::min(hits.size(), want);
   const size_t fresh = want > have + from_hits ? want - have - from_hits : 0;
   // Hits on free blocks take those blocks out of the free list.
@@ -47,6 +48,13 @@ bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, 
 
   if (first) it = held_.emplace(id, holding{{}, ns, prefix_block_index::root(ns), 0}).first;
   holding& h = it->second;
+  // Blocks past the positions wanted held rejected drafts, never a cached block (those
+  // hold known tokens, which the positions cover).
+  while (h.blocks.size() > want) {
+    TROUPE_ASSERT(static_cast<int32_t>(h.blocks.size()) > h.num_hashed, h.blocks.size(), h.num_hashed);
+    pool_.unref(h.blocks.back());
+    h.blocks.pop_back();
+  }
   for (size_t i = 0; i < from_hits; ++i) {
     pool_.ref(hits[i]);
     h.blocks.push_back(hits[i]);
@@ -103,16 +111,19 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
           static_cast<int64_t>(held->second.blocks.size()) * block_size_ < c.computed)
         return error{who() + "claims " + std::to_string(c.computed) + " computed of " + std::to_string(total) +
                      " tokens, which its " + std::to_string(held->second.blocks.size()) + " blocks contradict"};
+      if (c.speculative < 0) return error{who() + "claims a negative number of drafts"};
       g.first = c.computed;
     }
-    g.count = std::min(total - g.first, budget);
+    g.count = std::min(total + (c.admit ? 0 : c.speculative) - g.first, budget);
     const size_t before = c.admit ? 0 : static_cast<size_t>(c.held);
     if (!allocate(c.id, c.tokens, g.first + g.count, hits, c.ns)) {
       out.short_of_blocks = true;
       break;
     }
     const auto table = block_table(c.id);
-    g.added.assign(table.begin() + static_cast<int64_t>(before), table.end());
+    const size_t kept = std::min(before, table.size());
+    g.dropped = static_cast<int32_t>(before - kept);
+    g.added.assign(table.begin() + static_cast<int64_t>(kept), table.end());
     budget -= g.count;
     out.grants.push_back(std::move(g));
   }

@@ -37,7 +37,9 @@ struct kv_usage {
 };
 
 // One request's claim on a step: it wants every token of `tokens` past `computed`
-// computed, as far as the step's budget allows.
+// computed, then `speculative` positions more (drafted tokens a speculative step verifies),
+// as far as the step's budget allows. Blocks holding drafts are never cached, and a claim
+// that needs fewer blocks than the request holds (drafts rejected) gives the rest back.
 struct kv_claim {
   request_id id;
   bool admit = false;        // a waiting request: its cached prefix counts as computed and
@@ -46,14 +48,18 @@ struct kv_claim {
   int32_t held = 0;          // blocks the request holds (as its last grants gave them)
   uint64_t ns = 0;           // prefix-cache namespace
   std::span<const int32_t> tokens;  // the request's whole sequence
+  int32_t speculative = 0;   // positions after tokens (a running request's drafts)
 };
 
 struct kv_grant {
   request_id id;
   int32_t first = 0;             // first token to compute (an admission: its prefix hit)
-  int32_t count = 0;             // tokens to compute this step, at least one
+  int32_t count = 0;             // positions to compute this step, at least one (drafts
+                                 // included)
   std::vector<block_id> added;   // blocks appended to the request's table (an admission:
                                  // its whole table); with them it covers first + count
+  int32_t dropped = 0;           // blocks taken off the end of the request's table before
+                                 // `added` (positions of rejected drafts)
 };
 
 struct kv_step_request {
@@ -77,10 +83,12 @@ class kv_block_manager {
   // least the last token to compute (its logits are needed). Takes no reference.
   std::vector<block_id> match_prefix(std::span<const int32_t> tokens, uint64_t ns);
 
-  // Grows request `id`'s blocks to hold `num_tokens` tokens (of `tokens`, which holds at
-  // least that many), starting from `hits` on its first allocation, and caches the blocks
-  // those tokens fill. Returns false, changing nothing, if too few blocks are free.
-  bool allocate(request_id id, std::span<const int32_t> tokens, int32_t num_tokens,
+  // Sizes request `id`'s blocks to hold `num_positions` positions, starting from `hits` on
+  // its first allocation, and caches the blocks that tokens of `tokens` fill (positions
+  // past tokens.size() are drafts: their blocks are held, never cached). Blocks past
+  // those positions (left by drafts) go back to the pool. Returns false, changing
+  // nothing, if too few blocks are free.
+  bool allocate(request_id id, std::span<const int32_t> tokens, int32_t num_positions,
                 std::span<const block_id> hits, uint64_t ns);
 
   // Releases every block of the request (cached ones stay cached until evicted).

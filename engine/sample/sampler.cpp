@@ -4,6 +4,7 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "kernels/common/assert.hpp"
 #include "kernels/cpu/argmax.hpp"
 #include "kernels/cpu/sample.hpp"
 
@@ -78,38 +79,83 @@ void sampler::adjust_logits(float* logits, int32_t vocab) const {
     if (b.token < vocab) logits[b.token] += b.bias;
 }
 
+void sampler::add_logprobs(const float* logits, int32_t vocab, sample_result& r) {
+  if (p_.logprobs < 0) return;
+  float max = logits[0];
+  for (int32_t i = 1; i < vocab; ++i) max = std::max(max, logits[i]);
+  double z = 0.0;
+  for (int32_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i] - max));
+  const float log_z = max + static_cast<float>(std::log(z));
+  if (p_.logprobs > 0) {
+    auto& candidates = scratch_.candidates;
+    candidates.clear();
+    for (int32_t i = 0; i < vocab; ++i) candidates.emplace_back(logits[i], i);
+    const int32_t n = std::min(p_.logprobs, vocab);
+    std::partial_sort(candidates.begin(), candidates.begin() + n, candidates.end(),
+                      [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    r.top.clear();
+    for (int32_t i = 0; i < n; ++i) r.top.push_back({candidates[i].second, candidates[i].first - log_z});
+  }
+  r.logprob = logits[r.token] - log_z;
+}
+
 sample_result sampler::sample(float* logits, int32_t vocab) {
   adjust_logits(logits, vocab);
   sample_result r;
-
-  // Log-probabilities of the penalised logits.
-  float log_z = 0.0f;
-  if (p_.logprobs >= 0) {
-    float max = logits[0];
-    for (int32_t i = 1; i < vocab; ++i) max = std::max(max, logits[i]);
-    double z = 0.0;
-    for (int32_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i] - max));
-    log_z = max + static_cast<float>(std::log(z));
-    if (p_.logprobs > 0) {
-      auto& candidates = scratch_.candidates;  // free until the draw below
-      candidates.clear();
-      for (int32_t i = 0; i < vocab; ++i) candidates.emplace_back(logits[i], i);
-      const int32_t n = std::min(p_.logprobs, vocab);
-      std::partial_sort(candidates.begin(), candidates.begin() + n, candidates.end(),
-                        [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-      for (int32_t i = 0; i < n; ++i) r.top.push_back({candidates[i].second, candidates[i].first - log_z});
-    }
-  }
-
-  if (p_.temperature == 0.0f) {
-    r.token = argmax(logits, vocab);
-  } else {
-    r.token = draw(logits, vocab);
-  }
-  if (p_.logprobs >= 0) r.logprob = logits[r.token] - log_z;
-  ++seen_[r.token];
-  ++output_[r.token];
+  r.token = p_.temperature == 0.0f ? argmax(logits, vocab) : draw(logits, vocab);
+  add_logprobs(logits, vocab, r);  // of the penalised logits, before temperature
+  record(r.token);
   return r;
+}
+
+void sampler::distribution(float* logits, int32_t vocab, float* probs) {
+  adjust_logits(logits, vocab);
+  troupe::distribution(logits, vocab, how(), probs, scratch_);
+}
+
+std::vector<sample_result> sampler::verify(float* rows, int32_t vocab, std::span<const int32_t> draft,
+                                           std::span<const float> q) {
+  TROUPE_ASSERT(q.empty() || q.size() == draft.size() * static_cast<size_t>(vocab), q.size(), draft.size());
+  std::vector<sample_result> out;
+  for (size_t j = 0; j <= draft.size(); ++j) {
+    float* row = rows + j * static_cast<size_t>(vocab);
+    if (j == draft.size()) {  // every draft accepted: one more, as sample() chooses it
+      out.push_back(sample(row, vocab));
+      break;
+    }
+    const int32_t d = draft[j];
+    adjust_logits(row, vocab);
+    sample_result r;
+    bool accepted;
+    if (p_.temperature == 0.0f) {
+      r.token = argmax(row, vocab);
+      accepted = r.token == d;
+    } else {
+      p_row_.resize(vocab);
+      troupe::distribution(row, vocab, how(), p_row_.data(), scratch_);
+      const float qd = q.empty() ? 1.0f : q[j * vocab + d];
+      accepted = qd > 0.0f && rng_.uniform() * qd < p_row_[d];
+      if (accepted) {
+        r.token = d;
+      } else {
+        // The residual max(0, p - q), drawn from as draw() normalizes it.
+        residual_.resize(vocab);
+        float mass = 0.0f;
+        for (int32_t i = 0; i < vocab; ++i) {
+          const float qi = q.empty() ? (i == d ? 1.0f : 0.0f) : q[j * vocab + i];
+          residual_[i] = std::max(0.0f, p_row_[i] - qi);
+          mass += residual_[i];
+        }
+        // (p == q leaves nothing, and then rejection cannot happen but by rounding: p.)
+        r.token = troupe::draw(mass > 0.0f ? residual_.data() : p_row_.data(), vocab, rng_.uniform());
+      }
+    }
+    add_logprobs(row, vocab, r);
+    record(r.token);
+    out.push_back(std::move(r));
+    if (!accepted) break;
+  }
+  return out;
 }
 
 }  // namespace troupe

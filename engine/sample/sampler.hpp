@@ -46,6 +46,25 @@ class sampler {
   // its output so far replays it and then samples as it would have.
   void replay(int32_t token);
 
+  // The distribution sample() would draw the next token from, as probabilities (the
+  // penalties and biases applied to logits in place, as sample() does): probs[vocab], 0
+  // outside what truncation keeps; greedy: 1 at the argmax. Records nothing.
+  void distribution(float* logits, int32_t vocab, float* probs);
+
+  // Speculative decoding: checks tokens `draft` proposed to follow the sequence against the
+  // target's logits, rows [draft.size() + 1][vocab], row j following the sequence and
+  // draft[0 .. j) (penalties and biases applied in place). q: [draft.size()][vocab], the
+  // distribution each drafted token was drawn from, or empty when the proposer chose them
+  // without one (as certain). Returns the tokens that follow, 1 to draft.size() + 1 of
+  // them, recorded as sample() records: the accepted drafts, then one more.
+  //   greedy: drafts while they equal the argmax, then the argmax;
+  //   random: draft j is accepted with probability min(1, p(d) / q(d)), p the distribution
+  //           sample() would draw from; at the first rejection, a token from the normalized
+  //           max(0, p - q); after every draft accepted, a draw from the last row. The
+  //           tokens are distributed exactly as sample() step by step would give them.
+  std::vector<sample_result> verify(float* rows, int32_t vocab, std::span<const int32_t> draft,
+                                    std::span<const float> q);
+
   const sampling_params& params() const { return p_; }
 
   // Whether the next choice needs nothing but the logits (no penalties, biases or
@@ -59,12 +78,19 @@ class sampler {
   truncation how() const { return {p_.temperature, p_.top_k, p_.top_p, p_.min_p}; }
   void adjust_logits(float* logits, int32_t vocab) const;
   int32_t draw(const float* logits, int32_t vocab);
+  // The chosen token's log-probability (and the top ones) from adjusted logits, as asked.
+  void add_logprobs(const float* logits, int32_t vocab, sample_result& r);
+  void record(int32_t token) {
+    ++seen_[token];
+    ++output_[token];
+  }
 
   sampling_params p_;
   rng rng_;
   std::unordered_map<int32_t, int32_t> seen_;    // prompt + output, for repetition
   std::unordered_map<int32_t, int32_t> output_;  // output only, for frequency/presence
   sample_scratch scratch_;  // the draw's buffers, and the top log-probabilities' before it
+  std::vector<float> p_row_, residual_;  // verify()'s
 };
 
 }  // namespace troupe

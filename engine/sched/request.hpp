@@ -17,6 +17,7 @@
 
 #include "engine/generate/stop_matcher.hpp"
 #include "engine/kv/block_id.hpp"
+#include "engine/sample/rng.hpp"
 #include "engine/sample/sampler.hpp"
 #include "engine/tokenizer/utf8_stream.hpp"
 
@@ -26,6 +27,8 @@ enum class request_state : uint8_t { waiting, running, finished };
 enum class finish_reason : uint8_t { none, stop, length, aborted };
 
 std::string_view finish_reason_name(finish_reason r);
+
+inline constexpr int32_t max_draft_tokens = 16;  // speculative drafts per step at most
 
 // What a client asks for.
 struct request_params {
@@ -37,6 +40,8 @@ struct request_params {
   bool ignore_eos = false;                // run to max_tokens (benchmarks)
   int32_t priority = 0;                   // lower runs first under the priority policy
   uint64_t cache_namespace = 0;           // prefix-cache isolation key (per tenant)
+  int32_t speculative = -1;               // drafts per step at most, speculative decoding
+                                          // on: -1 the engine's k, 0 none
   std::vector<int32_t> delivered;         // output an earlier attempt already streamed (a
                                           // request moved off a failed replica): replayed
                                           // through sampler, detokenizer and stop strings,
@@ -56,6 +61,12 @@ struct request {
   int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
   bool in_flight = false;  // a step computing this request has not come back yet
   std::vector<block_id> blocks;  // its KV blocks, as the block manager granted them
+  int32_t draft_wanted = 0;      // speculative decoding: draft slots its next decode step
+                                 // claims (set before each plan; 0: none)
+  std::vector<int32_t> draft;    // the drafts its step in flight verifies
+  std::vector<float> draft_q;    // [draft.size()][vocab] they were drawn from, or empty
+  int32_t draft_length = 0;      // its adaptive draft length (0: not yet speculating)
+  rng draft_rng;                 // the proposer's draws for it, apart from the sampler's
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;
@@ -63,7 +74,8 @@ struct request {
   request(request_id i, request_params p, uint64_t arrival_seq)
       : id(i), params(std::move(p)), tokens(params.prompt),
         num_prompt_tokens(static_cast<int32_t>(params.prompt.size())), arrival(arrival_seq),
-        smp(params.sampling, params.prompt), stops(params.stop_strings) {}
+        draft_rng(params.sampling.seed ^ 0xd1b54a32d192ed03ull), smp(params.sampling, params.prompt),
+        stops(params.stop_strings) {}
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }

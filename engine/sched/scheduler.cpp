@@ -51,6 +51,8 @@ status scheduler::add(request_id id, request_params p) {
     if (b.token >= cfg_.vocab)
       return error{who + "logit bias: token " + std::to_string(b.token) + " is outside the vocabulary"};
   if (p.max_tokens < 1) return error{who + "max_tokens must be at least 1"};
+  if (p.speculative < -1 || p.speculative > max_draft_tokens)
+    return error{who + "speculative drafts per step must be in 0.." + std::to_string(max_draft_tokens) + " (or -1: the engine's)"};
   if (auto e = validate(p.sampling)) return error{who + *e};
   const int64_t blocks = (static_cast<int64_t>(p.prompt.size()) + cfg_.kv.block_size) / cfg_.kv.block_size;
   if (blocks > cfg_.kv.num_blocks)
@@ -176,10 +178,13 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
   int64_t left = d.budget;
   size_t slots = d.share - std::min(d.share, d.plan.chunks.size());
   auto claim = [&](request& r, bool admit) {
+    // Drafts only where the step decodes (one known token to compute).
+    const int32_t drafts = !admit && r.num_tokens() - r.num_computed_tokens == 1 ? r.draft_wanted : 0;
     q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
-                                admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens});
+                                admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
+                                drafts});
     d.sent.emplace_back(r.id, admit);
-    left -= r.num_tokens() - (admit ? 0 : r.num_computed_tokens);
+    left -= r.num_tokens() + drafts - (admit ? 0 : r.num_computed_tokens);
     --slots;
   };
   // Running requests first, in scheduling order.
@@ -214,14 +219,16 @@ bool scheduler::grant_here(step_draft& d, const kv_step_request& q) {
   for (const kv_claim& c : q.claims) {
     if (c.admit) return false;
     const request* r = find(c.id);
-    const int32_t end = static_cast<int32_t>(c.tokens.size());
-    if (!r || end > static_cast<int32_t>(r->blocks.size()) * bs || end / bs != c.computed / bs) return false;
+    const int32_t end = static_cast<int32_t>(c.tokens.size()) + c.speculative;
+    const int32_t held = r ? static_cast<int32_t>(r->blocks.size()) : 0;
+    // (Holding more blocks than the end needs: drafts' blocks go back, at the manager.)
+    if (!r || end > held * bs || end / bs != c.computed / bs || (end + bs - 1) / bs < held) return false;
   }
   kv_step_grants g;
   int32_t budget = q.budget;
   for (const kv_claim& c : q.claims) {
     if (budget <= 0) break;
-    const int32_t count = std::min(static_cast<int32_t>(c.tokens.size()) - c.computed, budget);
+    const int32_t count = std::min(static_cast<int32_t>(c.tokens.size()) + c.speculative - c.computed, budget);
     g.grants.push_back(kv_grant{c.id, c.computed, count, {}});
     budget -= count;
   }
@@ -234,9 +241,11 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
   c.id = r.id;
   c.first = first;
   c.count = count;
-  c.tokens = std::span<const int32_t>(r.tokens).subspan(first, count);
+  const int32_t known = std::min(count, r.num_tokens() - first);
+  c.num_draft = count - known;
+  c.tokens = std::span<const int32_t>(r.tokens).subspan(first, known);
   c.block_table = r.blocks;
-  c.sample = first + count == r.num_tokens();
+  c.sample = first + known == r.num_tokens();
   r.in_flight = true;
   d.plan.chunks.push_back(c);
   d.plan.num_tokens += count;
@@ -258,6 +267,8 @@ void scheduler::apply(step_draft& d, kv_step_grants g) {
       r->state = request_state::running;
       running_.push_back(r);
     } else {
+      TROUPE_ASSERT(grant.dropped <= static_cast<int32_t>(r->blocks.size()), grant.dropped, r->blocks.size());
+      r->blocks.resize(r->blocks.size() - grant.dropped);
       r->blocks.insert(r->blocks.end(), grant.added.begin(), grant.added.end());
     }
     add_chunk(d, *r, grant.first, grant.count);
@@ -300,38 +311,51 @@ void scheduler::out_of_blocks(step_draft& d, request& r) {
   }
 }
 
-std::vector<step_output> scheduler::update_from_output(const step_plan& plan, std::span<sample_result> samples) {
+std::vector<step_output> scheduler::update_from_output(const step_plan& plan, std::span<sample_result> samples,
+                                                      std::span<const int32_t> emitted) {
   std::vector<step_output> outs = std::move(pending_);
   pending_.clear();
-  size_t k = 0;
+  size_t k = 0, row = 0;
   for (const scheduled_chunk& c : plan.chunks) {
     request* rp = find(c.id);
-    sample_result* s = c.sample ? &samples[k++] : nullptr;
+    std::span<sample_result> got;
+    if (c.sample) {
+      const size_t n = emitted.empty() ? 1 : static_cast<size_t>(emitted[row]);
+      TROUPE_ASSERT(n >= 1 && n <= static_cast<size_t>(c.num_draft) + 1 && k + n <= samples.size(), n, c.num_draft);
+      got = samples.subspan(k, n);
+      k += n;
+      ++row;
+    }
     if (rp) rp->in_flight = false;
     if (!rp || rp->state != request_state::running || rp->num_computed_tokens != c.first) continue;
     request& r = *rp;
-    r.num_computed_tokens += c.count;
-    if (!s) continue;
-    const int32_t tok = s->token;
+    // The known tokens' KV, and the accepted drafts' (every emitted token but the last).
+    r.num_computed_tokens += c.count - c.num_draft + (got.empty() ? 0 : static_cast<int32_t>(got.size()) - 1);
+    r.draft.clear();
+    if (got.empty()) continue;
     const auto& p = r.params;
     step_output out;
     out.id = r.id;
     out.num_cached_prompt_tokens = r.num_cached_prompt_tokens;
-    const bool stop_token = (!p.ignore_eos && (tok == tok_.eos_id() || tok == tok_.bos_id())) ||
-                            std::find(p.stop_tokens.begin(), p.stop_tokens.end(), tok) != p.stop_tokens.end();
     finish_reason why = finish_reason::none;
-    if (stop_token) {
-      why = finish_reason::stop;
-    } else {
+    for (sample_result& s : got) {
+      const int32_t tok = s.token;
+      const bool stop_token = (!p.ignore_eos && (tok == tok_.eos_id() || tok == tok_.bos_id())) ||
+                              std::find(p.stop_tokens.begin(), p.stop_tokens.end(), tok) != p.stop_tokens.end();
+      if (stop_token) {
+        why = finish_reason::stop;
+        break;
+      }
       const int32_t prev = r.tokens.back();
       r.tokens.push_back(tok);
       out.new_tokens.push_back(tok);
-      if (p.sampling.logprobs >= 0) out.logprobs.push_back(std::move(*s));
-      out.text = r.stops.push(r.utf8.push(tok_.decode(prev, tok)));
+      if (p.sampling.logprobs >= 0) out.logprobs.push_back(std::move(s));
+      out.text += r.stops.push(r.utf8.push(tok_.decode(prev, tok)));
       if (r.stops.stopped())
         why = finish_reason::stop;
       else if (r.num_output_tokens() >= p.max_tokens || r.num_tokens() >= cfg_.context)
         why = finish_reason::length;
+      if (why != finish_reason::none) break;  // later tokens of an accepted run are dropped
     }
     out.num_prompt_tokens = r.num_prompt_tokens;
     out.num_output_tokens = r.num_output_tokens();

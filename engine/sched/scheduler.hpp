@@ -109,11 +109,16 @@ class scheduler {
   // The remote block manager's figures, as its latest answer gave them (the caller of
   // apply() passes them on; apply() looks at the grants only).
   void set_kv_usage(const kv_usage& u) { remote_usage_ = u; }
-  std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples);
+  // samples: the sampled chunks' tokens, in order, emitted[i] of them for the i-th (empty:
+  // one each). A chunk that verified drafts emits the accepted ones and one more; the KV
+  // of the accepted ones counts as computed, the rest of its draft slots as never written.
+  std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples,
+                                              std::span<const int32_t> emitted = {});
 
   request* find(request_id id);
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
+  std::span<request* const> running() const { return running_; }  // in scheduling order
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
   // Block figures now; prefix-cache token counts since construction (reset_kv included).
   kv_usage usage() const {

@@ -15,10 +15,13 @@ namespace troupe {
 struct scheduled_chunk {
   request_id id;
   int32_t first = 0;       // index of the first token computed (== num_computed_tokens)
-  int32_t count = 0;       // tokens computed this step
-  std::span<const int32_t> tokens;        // those tokens
+  int32_t count = 0;       // positions computed this step: known tokens, then drafts
+  int32_t num_draft = 0;   // of which draft slots: positions after the known tokens whose
+                           // tokens a proposer fills in (speculative decoding)
+  std::span<const int32_t> tokens;        // the known tokens (count - num_draft of them)
   std::span<const block_id> block_table;  // the request's blocks, covering first + count
   bool sample = false;     // the chunk reaches the end of the known tokens: sample one
+                           // (with drafts, verify them: 1 to num_draft + 1 tokens)
 };
 
 struct step_plan {
@@ -34,7 +37,7 @@ struct step_plan {
 
 struct step_output {
   request_id id;
-  std::vector<int32_t> new_tokens;  // at most one per step for now
+  std::vector<int32_t> new_tokens;  // one per step; with speculation, up to the drafts + 1
   std::string text;                 // text that became final this step
   std::vector<sample_result> logprobs;
   bool finished = false;

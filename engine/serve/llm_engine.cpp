@@ -3,6 +3,10 @@
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/kv_cache_type.hpp"
 #include "engine/serve/step_choices.hpp"
+#include "engine/spec/model_proposer.hpp"
+#include "engine/spec/ngram_proposer.hpp"
+
+#include <stdexcept>
 
 namespace troupe {
 
@@ -12,10 +16,40 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
   return cfg;
 }
 
+status llm_engine::check(const model& m, const engine_config& cfg) {
+  const speculative_config& s = cfg.spec;
+  if (auto e = validate(s, m.config)) return error{*e};
+  if (s.method == spec_method::draft) {
+    if (cfg.draft == nullptr) return error{"speculative method draft needs a draft model"};
+    if (auto e = check_draft(*cfg.draft, m)) return error{*e};
+  }
+  return ok();
+}
+
 // (With a shard made elsewhere, the pool is not used: one thread.)
 llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, std::unique_ptr<forward_shard> shard)
     : model_(m), cfg_(complete(cfg, m)), sched_(cfg_.sched, tok), pool_(1), shard_(std::move(shard)) {
   TROUPE_ASSERT(shard_ && shard_->is_first_stage() && shard_->is_last_stage(), "the shard runs every layer");
+  start_speculation(dynamic_cast<transformer_shard*>(shard_.get()));
+}
+
+void llm_engine::start_speculation(transformer_shard* cpu_shard) {
+  if (auto st = check(model_, cfg_); !st) throw std::invalid_argument(st.err().message);
+  const speculative_config& s = cfg_.spec;
+  switch (s.method) {
+    case spec_method::none: break;
+    case spec_method::ngram: proposer_ = std::make_unique<ngram_proposer>(s.ngram_min, s.ngram_max); break;
+    case spec_method::early_exit:
+      if (cpu_shard == nullptr) throw std::invalid_argument("early exit runs on a CPU shard only");
+      proposer_ = std::make_unique<model_proposer>(model_, *cpu_shard, s.exit_layer_for(model_.config.num_layers));
+      break;
+    case spec_method::draft:
+      if (cpu_shard == nullptr) throw std::invalid_argument("a draft model runs beside a CPU shard only");
+      proposer_ = std::make_unique<model_proposer>(*cfg_.draft, static_cast<int32_t>(cfg_.sched.kv.num_blocks),
+                                                   cfg_.sched.kv.block_size,
+                                                   cfg_.kv_type.value_or(kv_cache_type_for(*cfg_.draft)), pool_);
+      break;
+  }
 }
 
 llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
@@ -23,12 +57,18 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
   cache_ = std::make_unique<kv_cache>(transformer_shard::cache_shape(
       m.config, shard_spec{}, static_cast<int32_t>(cfg_.sched.kv.num_blocks), cfg_.sched.kv.block_size,
       cfg_.kv_type.value_or(kv_cache_type_for(m))));
-  shard_ = std::make_unique<transformer_shard>(m, shard_spec{}, *cache_, pool_, solo_);
+  auto shard = std::make_unique<transformer_shard>(m, shard_spec{}, *cache_, pool_, solo_);
+  transformer_shard* cpu = shard.get();
+  shard_ = std::move(shard);
+  start_speculation(cpu);
 }
 
 expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const tokenizer& tok, engine_config cfg,
                                                          gpu_placement where) {
   if (cfg.kv_type) return error{"a KV cache type applies to the CPU; a GPU shard keeps its cache in its own type"};
+  if (cfg.spec.method == spec_method::draft || cfg.spec.method == spec_method::early_exit)
+    return error{"on a GPU, speculative decoding proposes by n-gram only"};
+  if (auto st = check(m, cfg); !st) return st.err();
   cfg = complete(cfg, m);
   cuda_shard_options o;
   o.device = where.device;
@@ -45,17 +85,83 @@ status llm_engine::add_request(request_id id, request_params params) {
   return sched_.add(id, std::move(params));
 }
 
-std::optional<step_output> llm_engine::abort(request_id id) { return sched_.abort(id); }
+std::optional<step_output> llm_engine::abort(request_id id) {
+  if (proposer_) proposer_->forget(id);
+  return sched_.abort(id);
+}
+
+// Fills the plan's draft slots; a chunk whose proposer came up short computes fewer.
+void llm_engine::propose(step_plan& plan) {
+  slots_.clear();
+  for (const auto& c : plan.chunks)
+    if (c.num_draft > 0) slots_.push_back({sched_.find(c.id), c.num_draft, {}, {}});
+  if (!slots_.empty()) proposer_->propose(slots_);
+  size_t i = 0;
+  for (auto& c : plan.chunks) {
+    if (c.num_draft == 0) continue;
+    draft_slot& s = slots_[i++];
+    TROUPE_ASSERT(static_cast<int32_t>(s.tokens.size()) <= c.num_draft, s.tokens.size(), c.num_draft);
+    c.count -= c.num_draft - static_cast<int32_t>(s.tokens.size());
+    c.num_draft = static_cast<int32_t>(s.tokens.size());
+    s.req->draft = std::move(s.tokens);
+    s.req->draft_q = std::move(s.q);
+  }
+}
+
+// Each sampled chunk's rows: its drafts verified (1 to drafts + 1 tokens), else one token.
+void llm_engine::verify_rows(const step_plan& plan, float* logits, int32_t vocab) {
+  emitted_.clear();
+  size_t row = 0;
+  for (const auto& c : plan.chunks) {
+    if (!c.sample) continue;
+    float* l = logits + row * static_cast<size_t>(vocab);
+    row += 1 + c.num_draft;
+    request* r = sched_.find(c.id);
+    if (r == nullptr) {  // ended while its step ran: a placeholder, never recorded
+      samples_.emplace_back();
+      emitted_.push_back(1);
+      continue;
+    }
+    if (c.num_draft == 0) {
+      samples_.push_back(r->smp.sample(l, vocab));
+      emitted_.push_back(1);
+      continue;
+    }
+    std::vector<sample_result> got = r->smp.verify(l, vocab, r->draft, r->draft_q);
+    const auto accepted = static_cast<int32_t>(got.size()) - 1;
+    ++stats_.spec_verifies;
+    stats_.spec_proposed += c.num_draft;
+    stats_.spec_accepted += accepted;
+    r->draft_length = next_draft_length(r->draft_length, c.num_draft, accepted, draft_cap(*r, cfg_.spec));
+    emitted_.push_back(static_cast<int32_t>(got.size()));
+    for (auto& s : got) samples_.push_back(std::move(s));
+  }
+}
 
 std::vector<step_output> llm_engine::step() {
-  const step_plan plan = sched_.schedule();
+  if (proposer_) plan_drafts(sched_.running(), cfg_.spec, cfg_.sched.context);
+  step_plan plan = sched_.schedule();
   stats_.preemptions += plan.preempted.size();
+  if (proposer_) {
+    for (request_id id : plan.preempted) proposer_->forget(id);
+    propose(plan);
+  }
   samples_.clear();
+  emitted_.clear();
   if (!plan.chunks.empty()) {
     batch_.clear();
+    bool drafts = false;
     for (const auto& c : plan.chunks) {
-      batch_.add(c.tokens, c.first, c.block_table, c.sample);
-      if (const request* r = sched_.find(c.id); r && c.first < r->num_prompt_tokens)
+      const request* r = sched_.find(c.id);
+      if (c.num_draft > 0) {
+        drafts = true;
+        tokens_.assign(c.tokens.begin(), c.tokens.end());
+        tokens_.insert(tokens_.end(), r->draft.begin(), r->draft.end());
+        batch_.add(tokens_, c.first, c.block_table, 1 + c.num_draft);
+      } else {
+        batch_.add(c.tokens, c.first, c.block_table, c.sample ? 1 : 0);
+      }
+      if (r && c.first < r->num_prompt_tokens)
         stats_.prompt_tokens_computed += std::min(c.count, r->num_prompt_tokens - c.first);
     }
     const int32_t vocab = model_.config.vocab_size;
@@ -65,17 +171,25 @@ std::vector<step_output> llm_engine::step() {
     // Who chooses the tokens (step_choices.hpp): the shard where its logits are, when
     // every row allows it and the shard does (a CPU shard declines: its logits are
     // already here); else each sampler from its row.
-    const std::vector<token_choice> choices = shard_choices(plan, sched_);
+    // (A step that verifies drafts needs its rows of logits here.)
+    const std::vector<token_choice> choices = drafts ? std::vector<token_choice>{} : shard_choices(plan, sched_);
     chosen_.assign(choices.size(), 0);
     if (!choices.empty() && shard_->forward_choose(batch_, hidden_.data(), choices.data(), chosen_.data())) {
       samples_ = replay_chosen(plan, sched_, chosen_);
     } else {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
-      samples_ = sample_rows(plan, sched_, logits_.data(), vocab);
+      if (drafts)
+        verify_rows(plan, logits_.data(), vocab);
+      else
+        samples_ = sample_rows(plan, sched_, logits_.data(), vocab);
     }
   }
-  return sched_.update_from_output(plan, samples_);
+  std::vector<step_output> outs = sched_.update_from_output(plan, samples_, emitted_);
+  if (proposer_)
+    for (const step_output& o : outs)
+      if (o.finished) proposer_->forget(o.id);
+  return outs;
 }
 
 }  // namespace troupe

@@ -1,8 +1,10 @@
 // llm_engine: the serving loop of one engine instance, in one thread: the scheduler
 // decides a step, one shard with every layer runs it (on the CPU, or on a GPU: see
 // on_gpu), each request's sampler picks its token, and the scheduler applies the
-// results. The scheduler and kv manager actors drive the same pieces across processes;
-// this loop is what they do inside one.
+// results. With speculative decoding (engine_config::spec), a proposer drafts tokens for
+// the requests that decode, the step computes them too, and each sampler verifies its
+// request's drafts (engine/spec/speculative.hpp). The scheduler and kv manager actors
+// drive the same pieces across processes; this loop is what they do inside one.
 //
 // API (one thread at a time): add_request, abort, step. step() returns what each request
 // got: its new tokens, the text that became final, and whether it finished.
@@ -16,6 +18,7 @@
 #include "engine/forward/forward_shard.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "engine/spec/speculative.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -34,6 +37,8 @@ struct engine_config {
   int32_t num_threads = 1;
   std::optional<dtype> kv_type;  // the CPU KV cache's: f32, f16 or q8_0 (default: the
                                  // model's, kv_cache_type_for)
+  speculative_config spec;       // speculative decoding (engine/spec/speculative.hpp)
+  const model* draft = nullptr;  // the draft model, loaded, for spec.method draft
 };
 
 struct engine_stats {
@@ -41,12 +46,19 @@ struct engine_stats {
   uint64_t tokens_computed = 0;   // every token a forward pass processed
   uint64_t prompt_tokens_computed = 0;
   uint64_t preemptions = 0;
+  uint64_t spec_verifies = 0;    // request-steps that verified drafts
+  uint64_t spec_proposed = 0;    // drafted tokens verified
+  uint64_t spec_accepted = 0;    // of which accepted
 };
 
 class llm_engine {
  public:
-  // On the CPU, with cfg.num_threads threads.
+  // On the CPU, with cfg.num_threads threads. A speculative configuration that does not
+  // fit the model (validate, check_draft) throws std::invalid_argument: check it first
+  // with llm_engine::check.
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg);
+  // Whether cfg's speculative decoding fits m (and its draft); the problem in words.
+  static status check(const model& m, const engine_config& cfg);
   // On the GPU `where` names; an error when its shard cannot be made there (this build has
   // no CUDA, no such device, not enough device memory). Tokens are chosen on the device
   // where step_choices.hpp's rule allows, else on the host as on the CPU.
@@ -60,7 +72,10 @@ class llm_engine {
   std::optional<step_output> abort(request_id id);
   std::vector<step_output> step();
   // Forgets the KV cache (as after losing a shard): running requests recompute.
-  size_t reset_kv() { return sched_.reset_kv(); }
+  size_t reset_kv() {
+    if (proposer_) proposer_->forget_all();
+    return sched_.reset_kv();
+  }
 
   bool has_unfinished() const { return sched_.has_unfinished(); }
   size_t num_waiting() const { return sched_.num_waiting(); }
@@ -71,6 +86,9 @@ class llm_engine {
 
  private:
   static engine_config complete(engine_config cfg, const model& m);
+  void start_speculation(transformer_shard* cpu_shard);
+  void propose(step_plan& plan);
+  void verify_rows(const step_plan& plan, float* logits, int32_t vocab);
 
   const model& model_;
   engine_config cfg_;
@@ -83,7 +101,10 @@ class llm_engine {
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;
   std::vector<sample_result> samples_;
-  std::vector<int32_t> chosen_;
+  std::vector<int32_t> chosen_, emitted_, tokens_;
+  std::unique_ptr<proposer> proposer_;
+  std::vector<draft_slot> slots_;
+  std::vector<request*> running_;
 };
 
 }  // namespace troupe

@@ -7,7 +7,17 @@
 
 namespace troupe {
 
-int32_t sample(const float* logits, int32_t vocab, const truncation& t, float u01, sample_scratch& scratch) {
+namespace {
+
+// The tokens a draw may land on, and their weights: probs[i] = exp((logit - top) / T) for
+// every token; with truncation, candidates[0 .. keep) (sorted by probability) are kept.
+struct kept_tokens {
+  bool all = true;  // no truncation: every token, in index order, weight probs[i]
+  size_t keep = 0;
+  float mass = 0.0f;  // the kept weights' sum
+};
+
+kept_tokens keep_tokens(const float* logits, int32_t vocab, const truncation& t, sample_scratch& scratch) {
   auto& probs = scratch.probs;
   auto& candidates = scratch.candidates;
   const float inv_t = 1.0f / t.temperature;
@@ -18,15 +28,7 @@ int32_t sample(const float* logits, int32_t vocab, const truncation& t, float u0
     probs[i] = std::exp((logits[i] - top_logit) * inv_t);
     total += probs[i];
   }
-  if (t.top_k == 0 && t.top_p >= 1.0f && t.min_p == 0.0f) {
-    const float u = u01 * total;
-    float acc = 0.0f;
-    for (int32_t i = 0; i < vocab; ++i) {
-      acc += probs[i];
-      if (u < acc) return i;
-    }
-    return vocab - 1;
-  }
+  if (t.top_k == 0 && t.top_p >= 1.0f && t.min_p == 0.0f) return {true, static_cast<size_t>(vocab), total};
 
   // Truncation works on candidates sorted by probability. Tokens under a small floor are
   // left out of the sort when the tokens above it already hold the top-p mass, which
@@ -63,13 +65,59 @@ int32_t sample(const float* logits, int32_t vocab, const truncation& t, float u0
   }
   float mass = 0.0f;
   for (size_t i = 0; i < keep; ++i) mass += candidates[i].first;
-  const float u = u01 * mass;
+  return {false, keep, mass};
+}
+
+}  // namespace
+
+int32_t sample(const float* logits, int32_t vocab, const truncation& t, float u01, sample_scratch& scratch) {
+  const kept_tokens k = keep_tokens(logits, vocab, t, scratch);
+  const float u = u01 * k.mass;
   float acc = 0.0f;
-  for (size_t i = 0; i < keep; ++i) {
+  if (k.all) {
+    for (int32_t i = 0; i < vocab; ++i) {
+      acc += scratch.probs[i];
+      if (u < acc) return i;
+    }
+    return vocab - 1;
+  }
+  const auto& candidates = scratch.candidates;
+  for (size_t i = 0; i < k.keep; ++i) {
     acc += candidates[i].first;
     if (u < acc) return candidates[i].second;
   }
-  return candidates[keep - 1].second;
+  return candidates[k.keep - 1].second;
+}
+
+void distribution(const float* logits, int32_t vocab, const truncation& t, float* probs, sample_scratch& scratch) {
+  if (t.temperature == 0.0f) {
+    std::fill(probs, probs + vocab, 0.0f);
+    probs[argmax(logits, vocab)] = 1.0f;
+    return;
+  }
+  const kept_tokens k = keep_tokens(logits, vocab, t, scratch);
+  const float inv = 1.0f / k.mass;
+  if (k.all) {
+    for (int32_t i = 0; i < vocab; ++i) probs[i] = scratch.probs[i] * inv;
+    return;
+  }
+  std::fill(probs, probs + vocab, 0.0f);
+  for (size_t i = 0; i < k.keep; ++i) probs[scratch.candidates[i].second] = scratch.candidates[i].first * inv;
+}
+
+int32_t draw(const float* probs, int32_t vocab, float u01) {
+  float total = 0.0f;
+  for (int32_t i = 0; i < vocab; ++i) total += probs[i];
+  const float u = u01 * total;
+  float acc = 0.0f;
+  int32_t last = -1;
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (probs[i] <= 0.0f) continue;
+    acc += probs[i];
+    last = i;
+    if (u < acc) return i;
+  }
+  return last;
 }
 
 int32_t choose(const float* logits, int32_t vocab, const token_choice& c, sample_scratch& scratch) {

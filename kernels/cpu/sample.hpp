@@ -31,6 +31,14 @@ struct sample_scratch {
 
 int32_t sample(const float* logits, int32_t vocab, const truncation& t, float u, sample_scratch& scratch);
 
+// The distribution sample() draws from, as probabilities: probs[vocab] sums to 1 over the
+// tokens truncation keeps and is 0 elsewhere. Temperature 0: 1 at the first largest logit.
+void distribution(const float* logits, int32_t vocab, const truncation& t, float* probs, sample_scratch& scratch);
+
+// A draw from weights probs[vocab] (>= 0, not all 0; they need not sum to 1), walking them
+// in index order: the token where u in [0, 1) times their sum falls.
+int32_t draw(const float* probs, int32_t vocab, float u);
+
 // How one row's token is chosen where its logits are (a GPU shard's device): temperature 0
 // takes the first largest logit (kernels/cpu/argmax.hpp), anything else sample() with u.
 struct token_choice {

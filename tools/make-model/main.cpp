@@ -97,6 +97,16 @@ int main(int argc, char** argv) {
   app.add_option("--pad-ffn", pad_ffn,
                  "with --from: widen the FFN to this many columns with zero weights, which changes no output (a Q8_0 "
                  "group size that does not divide the model's FFN then fits: stories260K's 172 to 192 for groups of 32)");
+  int32_t damp_from = -1, keep_layers = 0;
+  float damp = 0.05f;
+  app.add_option("--damp-layers", damp_from,
+                 "layers from this one on write to the residual stream scaled by --damp (their wo and w2): a model "
+                 "whose first layers nearly decide its output, for speculative decoding by early exit or a truncated "
+                 "draft at chosen acceptance rates")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--damp", damp, "the scale of --damp-layers")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  app.add_option("--keep-layers", keep_layers, "with --from: write only the first N layers (a draft model cut from its target)")
+      ->check(CLI::Range(1, 1 << 16));
   CLI11_PARSE(app, argc, argv);
 
   for (const auto& p : presets)
@@ -152,6 +162,13 @@ int main(int argc, char** argv) {
       source.emplace(std::move(l).value());
     }
     c = source->m.config;
+    if (keep_layers != 0) {
+      if (keep_layers > c.num_layers) {
+        std::fprintf(stderr, "make-model: --keep-layers %d: the model has %d layers\n", keep_layers, c.num_layers);
+        return 1;
+      }
+      c.num_layers = keep_layers;
+    }
     if (pad_ffn != 0) {
       if (pad_ffn < c.hidden_dim) {
         std::fprintf(stderr, "make-model: --pad-ffn %d: the model's FFN is already %d wide; name a wider one\n", pad_ffn,
@@ -163,8 +180,8 @@ int main(int argc, char** argv) {
     separate = source->m.weights.classifier.data != source->m.weights.token_embedding.data ||
                source->m.weights.classifier.q != source->m.weights.token_embedding.q;
     if (source->tok) vocab = source->tok->vocab();
-  } else if (pad_ffn != 0) {
-    std::fprintf(stderr, "make-model: --pad-ffn widens a model given with --from; a synthetic one takes --hidden\n");
+  } else if (pad_ffn != 0 || keep_layers != 0) {
+    std::fprintf(stderr, "make-model: --pad-ffn and --keep-layers apply to a model given with --from\n");
     return 1;
   } else if (auto e = validate(c)) {
     std::fprintf(stderr, "make-model: %s\n", e->c_str());
@@ -198,6 +215,17 @@ int main(int argc, char** argv) {
   checkpoint_spec spec{c, type, group_size, !separate};
   weight_source src = source ? weights_of(source->m) : random_weights(seed, family != "llama2");
   if (source && c.hidden_dim != source->m.config.hidden_dim) src = with_ffn_padded(std::move(src), source->m.config.hidden_dim);
+  if (damp_from >= 0) {
+    if (damp_from >= c.num_layers) {
+      std::fprintf(stderr, "make-model: --damp-layers %d: the model has %d layers\n", damp_from, c.num_layers);
+      return 1;
+    }
+    src = [inner = std::move(src), damp_from, damp](tensor_role role, int32_t layer, int32_t row, float* out, int32_t cols) {
+      inner(role, layer, row, out, cols);
+      if ((role == tensor_role::wo || role == tensor_role::w2) && layer >= damp_from)
+        for (int32_t i = 0; i < cols; ++i) out[i] *= damp;
+    };
+  }
   const bool tty = isatty(STDERR_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
   auto progress = [&](double f) {

@@ -17,6 +17,7 @@
 #include "kernels/cpu/gemm_w8a8.hpp"
 #include "tools/troupe-perf/attention_bench.hpp"
 #include "tools/common/model_loading.hpp"
+#include "tools/common/speculative_cli.hpp"
 #include "tools/common/stats.hpp"
 #include "tools/troupe-perf/gpu_bench.hpp"
 #include "tools/troupe-perf/serve_bench.hpp"
@@ -47,12 +48,19 @@ void report(const std::string& name, double value, const std::string& unit, cons
   std::fflush(stdout);
 }
 
+// Speculative decoding for decode and batch (none by default), and its last run's figures.
+speculative_config spec;
+const model* spec_draft = nullptr;
+engine_stats last_stats;
+
 // Decodes `tokens` tokens for each of `sequences` sequences after a short prompt, in one
 // batch, greedy; returns generated tokens per second (all sequences together), the
 // median of `runs` runs.
 double decode_rate(const model& m, const tokenizer& tok, int threads, int sequences, int tokens, int runs) {
   generator_options opts;
   opts.num_threads = threads;
+  opts.spec = spec;
+  opts.draft = spec_draft;
   generator gen(m, tok, opts);
   std::vector<generation_request> reqs(sequences);
   for (int s = 0; s < sequences; ++s) {
@@ -67,7 +75,9 @@ double decode_rate(const model& m, const tokenizer& tok, int threads, int sequen
     int64_t produced = 0;
     clock_type::time_point first{};
     auto res = gen.generate(reqs, [&](size_t, const token_event& ev) {
-      if (produced++ == sequences - 1) first = clock_type::now();  // after the prefill step
+      // (Every sequence's first token comes from the prefill step.)
+      if (produced < sequences && produced + static_cast<int64_t>(ev.tokens.size()) >= sequences) first = clock_type::now();
+      produced += static_cast<int64_t>(ev.tokens.size());
     });
     const double secs = seconds_since(first);
     if (!res) {
@@ -75,6 +85,7 @@ double decode_rate(const model& m, const tokenizer& tok, int threads, int sequen
       std::exit(1);
     }
     if (r > 0) rates.push_back((produced - sequences) / secs);
+    last_stats = gen.last_stats();
   }
   return median(rates);
 }
@@ -146,6 +157,8 @@ int main(int argc, char** argv) {
   auto* dec = app.add_subcommand("decode", "single-stream decode");
   add_model(dec);
   dec->add_option("-n,--tokens", tokens, "tokens to generate per run")->check(CLI::Range(2, 100000))->capture_default_str();
+  tools::speculative_cli spec_opts;
+  tools::add_speculative_options(*dec, spec_opts);
   auto* pre = app.add_subcommand("prefill", "prompt processing");
   add_model(pre);
   pre->add_option("-p,--prompt-tokens", prompt_tokens)->check(CLI::Range(2, 100000))->capture_default_str();
@@ -153,6 +166,7 @@ int main(int argc, char** argv) {
   add_model(bat);
   bat->add_option("-b,--batch", batches, "sequences per batch")->delimiter(',')->check(CLI::Range(1, 4096));
   bat->add_option("-n,--tokens", tokens, "tokens to generate per sequence")->check(CLI::Range(2, 100000))->capture_default_str();
+  tools::add_speculative_options(*bat, spec_opts);
 
   auto* srv = app.add_subcommand("serve", "serving loop under concurrent requests");
   add_model(srv);
@@ -331,6 +345,24 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
                    describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
     const double bytes = static_cast<double>(m.weights.streamed_bytes());
+    std::optional<model> draft;
+    auto sc = tools::speculative_from(spec_opts, m, draft);
+    if (!sc) {
+      std::fprintf(stderr, "troupe-perf: %s\n", sc.err().message.c_str());
+      return 1;
+    }
+    spec = *sc;
+    spec_draft = draft ? &*draft : nullptr;
+    // The speculative figures of the last run, after a decode row.
+    const std::string spec_name = spec.enabled() ? ", speculative " + std::string(spec_method_name(spec.method)) + " k " + std::to_string(spec.k) : "";
+    auto spec_note = [&]() -> std::string {
+      if (!spec.enabled() || last_stats.spec_verifies == 0) return "";
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "; %.0f%% of drafts accepted, %.2f tokens per verify",
+                    100.0 * static_cast<double>(last_stats.spec_accepted) / static_cast<double>(std::max<uint64_t>(last_stats.spec_proposed, 1)),
+                    1.0 + static_cast<double>(last_stats.spec_accepted) / static_cast<double>(last_stats.spec_verifies));
+      return buf;
+    };
     if (gpu->parsed()) {
       bool copy_reported = false;
       const std::string choice = gpu_temperature == 0.0f ? "greedy" : "sampled (temperature " + std::to_string(gpu_temperature).substr(0, 4) + ")";
@@ -355,8 +387,9 @@ int main(int argc, char** argv) {
     }
     if (dec->parsed()) {
       const double r = decode_rate(m, tok, threads, 1, tokens, runs);
-      report("decode, 1 sequence, " + std::to_string(threads) + " threads", r, "tok/s",
-             std::to_string(r * bytes / 1e9).substr(0, 5) + " GB/s of weights");
+      const std::string note = spec_note();
+      report("decode, 1 sequence, " + std::to_string(threads) + " threads" + spec_name, r, "tok/s",
+             note.empty() ? std::to_string(r * bytes / 1e9).substr(0, 5) + " GB/s of weights" : note.substr(2));
     } else if (pre->parsed()) {
       report("prefill, " + std::to_string(prompt_tokens) + " tokens, " + std::to_string(threads) + " threads",
              prefill_rate(m, tok, threads, prompt_tokens, runs), "tok/s");
@@ -442,9 +475,11 @@ int main(int argc, char** argv) {
         }
       }
     } else if (bat->parsed()) {
-      for (int b : batches)
-        report("decode, " + std::to_string(b) + " sequences, " + std::to_string(threads) + " threads",
-               decode_rate(m, tok, threads, b, tokens, runs), "tok/s", "all sequences together");
+      for (int b : batches) {
+        const double r = decode_rate(m, tok, threads, b, tokens, runs);
+        report("decode, " + std::to_string(b) + " sequences, " + std::to_string(threads) + " threads" + spec_name, r, "tok/s",
+               "all sequences together" + spec_note());
+      }
     }
   }
   if (!json_path.empty()) {

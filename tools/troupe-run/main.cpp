@@ -12,6 +12,7 @@
 #include "engine/sample/sampling_params.hpp"
 #include "tools/common/cli.hpp"
 #include "tools/common/model_loading.hpp"
+#include "tools/common/speculative_cli.hpp"
 
 using namespace troupe;
 
@@ -26,7 +27,8 @@ int main(int argc, char** argv) {
       "reaches STEPS tokens.\n\n"
       "Examples:\n"
       "  troupe-run stories260K.bin -z tok512.bin -p \"Once upon a time\" -t 0\n"
-      "  troupe-run model.gguf -p \"The answer is\" -n 128 -t 0.8 --top-p 0.95 --seed 7\n\n"
+      "  troupe-run model.gguf -p \"The answer is\" -n 128 -t 0.8 --top-p 0.95 --seed 7\n"
+      "  troupe-run model.gguf -p \"...\" --speculative draft --draft small.gguf -k 4\n\n"
       "Environment: TROUPE_KV_TYPE=f32|f16|q8_0 sets the KV cache's type (default: F32 for F32\n"
       "weights, F16 otherwise; q8_0 is int8 with a scale per token and KV head, lossy).\n",
       "troupe-run"};
@@ -59,6 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("-j,--threads", threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_flag("--ids", ids, "print token ids instead of text");
   app.add_flag("-q,--quiet", quiet, "no loading line or speed summary on stderr");
+  tools::speculative_cli spec_opts;
+  tools::add_speculative_options(app, spec_opts);
   CLI11_PARSE(app, argc, argv);
 
   if (threads == 0) threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
@@ -75,6 +79,20 @@ int main(int argc, char** argv) {
   if (!quiet)
     std::fprintf(stderr, "troupe-run: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
                  describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
+  std::optional<model> draft;
+  auto spec = tools::speculative_from(spec_opts, m, draft);
+  if (!spec) {
+    std::fprintf(stderr, "troupe-run: %s\n", spec.err().message.c_str());
+    return 1;
+  }
+  if (!quiet && spec->enabled()) {
+    std::string how = std::string(spec_method_name(spec->method)) + ", k " + std::to_string(spec->k);
+    if (spec->method == spec_method::draft) how += ", draft " + draft->path + " (" + describe(draft->config) + ")";
+    if (spec->method == spec_method::early_exit)
+      how += ", exit after layer " + std::to_string(spec->exit_layer_for(m.config.num_layers)) + " of " +
+             std::to_string(m.config.num_layers);
+    std::fprintf(stderr, "troupe-run: speculative decoding: %s\n", how.c_str());
+  }
 
   generation_request req;
   req.prompt = tok.encode(prompt, true);
@@ -119,14 +137,17 @@ int main(int argc, char** argv) {
 
   generator_options opts;
   opts.num_threads = threads;
+  opts.spec = *spec;
+  opts.draft = draft ? &*draft : nullptr;
   generator gen(m, tok, opts);
   const auto t1 = std::chrono::steady_clock::now();
   auto first_token = t1;
   int64_t produced = 0;
   auto result = gen.generate({req}, [&](size_t, const token_event& ev) {
-    if (produced++ == 0) first_token = std::chrono::steady_clock::now();
+    if (produced == 0) first_token = std::chrono::steady_clock::now();
+    produced += static_cast<int64_t>(ev.tokens.size());
     if (ids) {
-      if (ev.token >= 0) std::printf("%d ", ev.token);
+      for (int32_t t : ev.tokens) std::printf("%d ", t);
     } else {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
     }
@@ -155,6 +176,12 @@ int main(int argc, char** argv) {
                  secs(t0, t1), req.prompt.size(), 1e3 * secs(t1, first_token), r.tokens.size(),
                  r.tokens.size() > 1 && decode_s > 0 ? (r.tokens.size() - 1) / decode_s : 0.0,
                  r.reason == finish_reason::stop ? "stopped" : "length");
+    const engine_stats& st = gen.last_stats();
+    if (spec->enabled() && st.spec_verifies > 0)
+      std::fprintf(stderr, "troupe-run: speculative: %llu of %llu drafts accepted (%.0f%%), %.2f tokens per verify step\n",
+                   static_cast<unsigned long long>(st.spec_accepted), static_cast<unsigned long long>(st.spec_proposed),
+                   100.0 * static_cast<double>(st.spec_accepted) / static_cast<double>(std::max<uint64_t>(st.spec_proposed, 1)),
+                   1.0 + static_cast<double>(st.spec_accepted) / static_cast<double>(st.spec_verifies));
   }
   return 0;
 }

@@ -91,7 +91,7 @@ TEST_CASE("plans of a scheduler run, preemptions included, arrive at the stage a
       CHECK(d->ids[i] == c.id);
       CHECK(q.start_pos == c.first);
       CHECK(q.num_tokens == c.count);
-      CHECK(q.want_logits == c.sample);
+      CHECK(q.logit_rows == (c.sample ? 1 : 0));
       CHECK(test::block_values(q.block_table) == test::block_values(c.block_table));
       for (int32_t t : c.tokens) CHECK(d->batch.tokens[tok++] == t);
     }

@@ -193,3 +193,69 @@ TEST_CASE("grant: a prefix hit counts as computed and claims that contradict the
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("draft positions get blocks that are never cached, and rejected drafts give whole blocks back") {
+  kv_block_manager m(8, bs, true);
+  std::vector<int32_t> tokens = seq(100, 6);
+  kv_step_request q;
+  q.budget = 64;
+  q.claims.push_back(kv_claim{request_id{1}, true, 0, 0, 0, tokens});
+  auto g = m.grant(q);
+  REQUIRE(g.has_value());
+  REQUIRE(g->grants.size() == 1);
+  CHECK(g->grants[0].count == 6);
+  CHECK(table(m, 1) == std::vector<uint32_t>{0, 1});
+  tokens.push_back(106);  // the sampled token: 7 known, 6 computed
+
+  // A decode step with 5 drafts: positions 6..11, blocks to 12 positions (3 blocks). The
+  // second block holds known tokens 4..6 and draft positions: it must not be cached.
+  q.claims = {kv_claim{request_id{1}, false, 6, 2, 0, tokens, 5}};
+  g = m.grant(q);
+  REQUIRE(g.has_value());
+  CHECK(g->grants[0].first == 6);
+  CHECK(g->grants[0].count == 6);
+  CHECK(g->grants[0].dropped == 0);
+  CHECK(ids(g->grants[0].added) == std::vector<uint32_t>{2});
+  CHECK(m.usage().cached == 1);  // the first block only: 100..103
+  CHECK(m.match_prefix(seq(100, 12), 0).size() == 1);
+
+  // One draft accepted: tokens 0..7 known, 8 computed (the correction is token 8). The
+  // next step has no drafts: 9 positions need 3 blocks; with 1 draft, still 3.
+  tokens.push_back(107);
+  tokens.push_back(108);
+  q.claims = {kv_claim{request_id{1}, false, 8, 3, 0, tokens, 0}};
+  g = m.grant(q);
+  REQUIRE(g.has_value());
+  CHECK(g->grants[0].count == 1);
+  CHECK(g->grants[0].dropped == 0);
+  CHECK(m.usage().cached == 2);  // 104..107 are known now, and cached
+
+  // Another request drafts 8 after 3 known tokens (3 blocks), then every draft is
+  // rejected: 4 known, 3 computed, nothing drafted next: 4 positions, 1 block.
+  kv_step_request r;
+  r.budget = 64;
+  std::vector<int32_t> other = seq(500, 2);
+  r.claims.push_back(kv_claim{request_id{2}, true, 0, 0, 0, other});
+  REQUIRE(m.grant(r).has_value());
+  other.push_back(502);
+  r.claims = {kv_claim{request_id{2}, false, 2, 1, 0, other, 8}};  // 11 positions: 3 blocks
+  g = m.grant(r);
+  REQUIRE(g.has_value());
+  CHECK(m.block_table(request_id{2}).size() == 3);
+  const uint32_t free_before = m.num_free_blocks();
+  other.push_back(503);
+  r.claims = {kv_claim{request_id{2}, false, 3, 3, 0, other, 0}};
+  g = m.grant(r);
+  REQUIRE(g.has_value());
+  CHECK(g->grants[0].dropped == 2);
+  CHECK(g->grants[0].added.empty());
+  CHECK(m.block_table(request_id{2}).size() == 1);
+  CHECK(m.num_free_blocks() == free_before + 2);
+  // A negative draft count is refused.
+  r.claims = {kv_claim{request_id{2}, false, 3, 1, 0, other, -1}};
+  CHECK(!m.grant(r).has_value());
+}
+
+}  // namespace troupe

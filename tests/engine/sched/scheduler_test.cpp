@@ -382,3 +382,88 @@ TEST_CASE("decode steps inside the blocks a request holds need no exchange with 
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("draft slots: claimed after the known token, applied as accepted, cut at a stop token") {
+  scheduler s(small(64), test::tok512());
+  request_params p = prompt_of(6);
+  p.stop_tokens = {77};
+  REQUIRE(s.add(request_id{1}, p).has_value());
+  step_plan plan = s.schedule();
+  REQUIRE(plan.chunks.size() == 1);
+  CHECK(run(s, plan, 401).size() == 1);  // prefill: 7 known, 6 computed
+  request* r = s.find(request_id{1});
+  REQUIRE(r != nullptr);
+
+  // Four draft slots: the step computes the known token and four positions after it.
+  r->draft_wanted = 4;
+  plan = s.schedule();
+  REQUIRE(plan.chunks.size() == 1);
+  scheduled_chunk& c = plan.chunks[0];
+  CHECK(c.first == 6);
+  CHECK(c.count == 5);
+  CHECK(c.num_draft == 4);
+  CHECK(c.tokens.size() == 1);
+  CHECK(c.sample);
+  CHECK(r->blocks.size() == 3);  // positions 0..10
+  // Two drafts accepted, then the correction: three tokens, eight computed.
+  std::vector<sample_result> samples(3);
+  samples[0].token = 402;
+  samples[1].token = 403;
+  samples[2].token = 404;
+  const std::vector<int32_t> emitted = {3};
+  auto outs = s.update_from_output(plan, samples, emitted);
+  REQUIRE(outs.size() == 1);
+  CHECK(outs[0].new_tokens == std::vector<int32_t>{402, 403, 404});
+  CHECK(r->num_tokens() == 10);
+  CHECK(r->num_computed_tokens == 9);
+
+  // No drafts this step: the known token alone, in the blocks held.
+  r->draft_wanted = 0;
+  plan = s.schedule();
+  CHECK(plan.chunks[0].count == 1);
+  CHECK(r->blocks.size() == 3);
+  CHECK(run(s, plan, 405).size() == 1);  // 11 known, 10 computed
+
+  // A stop token inside an accepted run ends the request there: the drafts after it are
+  // dropped.
+  r->draft_wanted = 3;
+  plan = s.schedule();
+  REQUIRE(plan.chunks[0].num_draft == 3);
+  samples.assign(4, sample_result{});
+  samples[0].token = 406;
+  samples[1].token = 77;
+  samples[2].token = 408;
+  samples[3].token = 409;
+  const std::vector<int32_t> all = {4};
+  outs = s.update_from_output(plan, samples, all);
+  REQUIRE(outs.size() == 1);
+  CHECK(outs[0].new_tokens == std::vector<int32_t>{406});
+  CHECK(outs[0].finished);
+  CHECK(outs[0].reason == finish_reason::stop);
+  CHECK(s.usage().used == 0);
+}
+
+TEST_CASE("draft slots never take the step past its budget, nor a prefill chunk") {
+  scheduler s(small(4), test::tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(3)).has_value());
+  step_plan plan = s.schedule();
+  CHECK(run(s, plan).size() == 1);
+  request* r = s.find(request_id{1});
+  r->draft_wanted = 8;
+  plan = s.schedule();
+  CHECK(plan.chunks[0].count == 4);  // the known token and three drafts: the budget
+  CHECK(plan.chunks[0].num_draft == 3);
+  std::vector<sample_result> one(1);
+  (void)s.update_from_output(plan, one, std::vector<int32_t>{1});
+  // A waiting request's prompt is never given drafts.
+  REQUIRE(s.add(request_id{2}, prompt_of(3)).has_value());
+  s.find(request_id{2})->draft_wanted = 4;
+  r->draft_wanted = 0;
+  plan = s.schedule();
+  for (const auto& c : plan.chunks)
+    if (c.id == request_id{2}) CHECK(c.num_draft == 0);
+}
+
+}  // namespace troupe

@@ -134,4 +134,49 @@ TEST_CASE("sample(): many seeded draws land on each token as often as its probab
   }
 }
 
+TEST_CASE("distribution() is the distribution sample() draws from, under every truncation") {
+  // sample() over u evenly spread in [0, 1): the share of u landing on each token is its
+  // probability, which distribution() must give (speculative decoding verifies with it).
+  std::vector<float> l(40);
+  for (int32_t i = 0; i < 40; ++i) l[i] = std::sin(1.7f * static_cast<float>(i)) * 3.0f;
+  const truncation cases[] = {{1.0f, 0, 1.0f, 0.0f}, {0.7f, 5, 1.0f, 0.0f}, {1.3f, 0, 0.8f, 0.0f},
+                              {1.0f, 0, 1.0f, 0.2f}, {0.9f, 12, 0.9f, 0.05f}};
+  sample_scratch scratch;
+  for (const truncation& t : cases) {
+    CAPTURE(t.temperature);
+    CAPTURE(t.top_k);
+    CAPTURE(t.top_p);
+    CAPTURE(t.min_p);
+    std::vector<float> probs(40);
+    distribution(l.data(), 40, t, probs.data(), scratch);
+    double total = 0.0;
+    for (float p : probs) total += p;
+    CHECK(total == doctest::Approx(1.0).epsilon(1e-5));
+    constexpr int n = 200000;
+    std::vector<int> hits(40, 0);
+    for (int i = 0; i < n; ++i) ++hits[sample(l.data(), 40, t, (static_cast<float>(i) + 0.5f) / n, scratch)];
+    for (int32_t i = 0; i < 40; ++i) {
+      CAPTURE(i);
+      CHECK(std::fabs(static_cast<double>(hits[i]) / n - probs[i]) < 2e-5);  // (the grid: 5e-6 per edge)
+      if (probs[i] == 0.0f) CHECK(hits[i] == 0);
+    }
+  }
+  // Greedy: all of it on the first largest logit.
+  std::vector<float> probs(40);
+  distribution(l.data(), 40, truncation{0.0f, 0, 1.0f, 0.0f}, probs.data(), scratch);
+  int32_t best = 0;
+  for (int32_t i = 1; i < 40; ++i)
+    if (l[i] > l[best]) best = i;
+  CHECK(probs[best] == 1.0f);
+}
+
+TEST_CASE("draw() walks weights in index order, skipping zeros, and needs no normalizing") {
+  const std::vector<float> w = {0.0f, 2.0f, 0.0f, 1.0f, 1.0f};
+  CHECK(draw(w.data(), 5, 0.0f) == 1);
+  CHECK(draw(w.data(), 5, 0.49f) == 1);
+  CHECK(draw(w.data(), 5, 0.5f) == 3);
+  CHECK(draw(w.data(), 5, 0.74f) == 3);
+  CHECK(draw(w.data(), 5, 0.99f) == 4);
+}
+
 }  // namespace troupe

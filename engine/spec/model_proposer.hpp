@@ -1,0 +1,57 @@
+// model_proposer: drafts from a model run token by token, every request of the step in
+// one batch per drafted position.
+//
+//   draft model:  a smaller model with the target's vocabulary, with a KV cache of its own
+//                 laid out in the target's block ids, so each request's block table (which
+//                 the scheduler sizes for its drafts too) serves both. It remembers which
+//                 tokens its cache holds for each request and catches up from where they
+//                 stop matching (after a prompt, after rejected drafts).
+//   early exit:   the target's own first L layers, then its final norm and classifier. It
+//                 shares the target's KV for those layers: the target computed them for
+//                 every known token, and rewrites a drafted token's slots when it verifies.
+//
+// Drafts are chosen as the request's sampler would choose from the draft's logits (its
+// penalties and biases, over the sequence and the drafts so far): greedy takes the argmax,
+// sampling draws from that distribution with the request's draft stream and hands the
+// distribution to verification.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/forward/kv_cache.hpp"
+#include "engine/forward/transformer_shard.hpp"
+#include "engine/spec/speculative.hpp"
+#include "kernels/common/aligned.hpp"
+
+namespace troupe {
+
+class model_proposer final : public proposer {
+ public:
+  // A draft model over num_blocks blocks of block_size positions (the target's pool).
+  model_proposer(const model& draft, int32_t num_blocks, int32_t block_size, dtype kv_type, thread_pool& pool);
+  // Early exit from the target's shard after exit_layer layers.
+  model_proposer(const model& target, transformer_shard& shard, int32_t exit_layer);
+
+  void propose(std::span<draft_slot> slots) override;
+  void forget(request_id id) override { held_.erase(id); }
+  void forget_all() override { held_.clear(); }
+
+ private:
+  const model& model_;
+  std::unique_ptr<kv_cache> cache_;          // a draft model's own
+  no_collective solo_;
+  std::unique_ptr<transformer_shard> own_;   // a draft model's shard
+  std::function<void(const step_batch&, float*, float*)> run_;
+  bool own_kv_;
+  // Draft model: per request, the tokens whose KV its cache holds, from position 0.
+  std::unordered_map<request_id, std::vector<int32_t>> held_;
+  step_batch batch_;
+  aligned_vector<float> hidden_, logits_;
+  std::vector<sampler> views_;  // each slot's sampler, advanced over its drafts
+  std::vector<float> greedy_;   // a greedy request's distribution (one-hot)
+};
+
+}  // namespace troupe

@@ -1,0 +1,83 @@
+#include "engine/spec/speculative.hpp"
+
+#include <algorithm>
+
+namespace troupe {
+
+std::string_view spec_method_name(spec_method m) {
+  switch (m) {
+    case spec_method::none: return "none";
+    case spec_method::ngram: return "ngram";
+    case spec_method::draft: return "draft";
+    case spec_method::early_exit: return "early-exit";
+  }
+  return "?";
+}
+
+std::optional<spec_method> parse_spec_method(std::string_view s) {
+  for (spec_method m : {spec_method::none, spec_method::ngram, spec_method::draft, spec_method::early_exit})
+    if (s == spec_method_name(m)) return m;
+  if (s == "off") return spec_method::none;
+  return std::nullopt;
+}
+
+std::optional<std::string> validate(const speculative_config& c, const model_config& target) {
+  if (!c.enabled()) return std::nullopt;
+  if (c.k < 1 || c.k > max_draft_tokens)
+    return "speculative k must be in 1.." + std::to_string(max_draft_tokens) + "; got " + std::to_string(c.k);
+  if (c.max_step_tokens < 2)
+    return "speculative max_step_tokens must be at least 2; got " + std::to_string(c.max_step_tokens);
+  if (c.method == spec_method::ngram && (c.ngram_min < 1 || c.ngram_max < c.ngram_min || c.ngram_max > 64))
+    return "n-gram lengths must satisfy 1 <= min <= max <= 64";
+  if (c.method == spec_method::early_exit) {
+    if (target.num_layers < 2) return "early exit needs a target of two layers or more";
+    const int32_t l = c.exit_layer_for(target.num_layers);
+    if (l < 1 || l >= target.num_layers)
+      return "exit layer " + std::to_string(c.exit_layer) + " is outside the model: it has " +
+             std::to_string(target.num_layers) + " layers, so the exit layer must be in 1.." +
+             std::to_string(target.num_layers - 1);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> check_draft(const model& draft, const model& target) {
+  if (draft.config.vocab_size != target.config.vocab_size)
+    return "the draft model's vocabulary has " + std::to_string(draft.config.vocab_size) +
+           " tokens; the target's has " + std::to_string(target.config.vocab_size) +
+           ": a draft must share the target's vocabulary";
+  if (draft.config.max_seq_len < target.config.max_seq_len)
+    return "the draft model's context is " + std::to_string(draft.config.max_seq_len) + " tokens; the target's is " +
+           std::to_string(target.config.max_seq_len) + ": a draft must reach as far";
+  if (draft.vocab && target.vocab) {
+    const auto& a = draft.vocab->pieces;
+    const auto& b = target.vocab->pieces;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+      if (a[i] != b[i])
+        return "the draft model's token " + std::to_string(i) + " differs from the target's: a draft must share the target's vocabulary";
+  }
+  return std::nullopt;
+}
+
+int32_t next_draft_length(int32_t current, int32_t proposed, int32_t accepted, int32_t cap) {
+  const int32_t next = accepted >= proposed ? std::max(current, proposed) + 1 : accepted + 1;
+  return std::clamp(next, 1, std::max(cap, 1));
+}
+
+void plan_drafts(std::span<request* const> running, const speculative_config& c, int32_t context) {
+  // Every running request takes a token of the step; drafts share what is left.
+  int32_t left = c.max_step_tokens - static_cast<int32_t>(running.size());
+  for (request* r : running) {
+    r->draft_wanted = 0;
+    if (!c.enabled() || r->in_flight || r->num_tokens() - r->num_computed_tokens != 1 || left <= 0) continue;
+    const int32_t limit = draft_cap(*r, c);
+    if (r->draft_length == 0) r->draft_length = limit;
+    // Drafts past max_tokens or the context could never be kept.
+    const int32_t room = std::min(r->params.max_tokens - r->num_output_tokens(), context - r->num_tokens()) - 1;
+    const int32_t want = std::min({r->draft_length, limit, room, left});
+    if (want <= 0) continue;
+    r->draft_wanted = want;
+    left -= want;
+  }
+}
+
+}  // namespace troupe

@@ -1,0 +1,93 @@
+// Speculative decoding: a cheap proposer guesses the next tokens of a request, and the
+// target checks all of them in one forward pass (sampler::verify), which costs about as
+// much as one token where decode reads its weights from memory. Output is exactly the
+// target's: token for token when greedy, in distribution when sampling.
+//
+// A step with speculation (llm_engine::step):
+//   1. plan_drafts() gives each decoding request its draft slots: its own adaptive length,
+//      within what the step may grow to (speculation turns down as the batch grows);
+//   2. the scheduler claims KV blocks for them (never cached; rejected ones roll back);
+//   3. the proposer fills the slots it can (proposer::propose);
+//   4. the target computes every known and drafted token and verifies each request's run.
+//
+// Proposers: n-gram lookup in the request's own tokens (ngram_proposer.hpp), a draft
+// model, and the target's first layers by early exit (model_proposer.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model/model.hpp"
+#include "engine/sched/request.hpp"
+
+namespace troupe {
+
+enum class spec_method : uint8_t { none, ngram, draft, early_exit };
+
+std::string_view spec_method_name(spec_method m);  // "ngram", "draft", "early-exit", "none"
+std::optional<spec_method> parse_spec_method(std::string_view s);
+
+struct speculative_config {
+  spec_method method = spec_method::none;
+  int32_t k = 3;                 // drafts per step at most (1 .. max_draft_tokens)
+  std::string draft;             // the draft model's file (method draft)
+  int32_t exit_layer = 0;        // early exit: the target's layers the draft runs (0: a
+                                 // quarter of them, at least one)
+  int32_t ngram_min = 1;         // n-gram: suffix lengths matched, longest first
+  int32_t ngram_max = 4;
+  int32_t max_step_tokens = 8;   // speculation adapts to the batch: drafts are handed out
+                                 // while a step's decode tokens and drafts stay within this
+                                 // many (at 8 requests decoding, none)
+
+  bool enabled() const { return method != spec_method::none; }
+  // The exit layer early exit runs with, for a target of num_layers layers.
+  int32_t exit_layer_for(int32_t num_layers) const {
+    return exit_layer > 0 ? exit_layer : std::max(1, num_layers / 4);
+  }
+};
+
+// Checks the configuration against the target; the first problem in words.
+std::optional<std::string> validate(const speculative_config& c, const model_config& target);
+// Checks a draft model against the target: the same vocabulary (size and, where both
+// files carry one, every token's text).
+std::optional<std::string> check_draft(const model& draft, const model& target);
+
+// One request's draft slots in a step, for a proposer to fill.
+struct draft_slot {
+  request* req = nullptr;
+  int32_t max_tokens = 0;        // slots granted
+  std::vector<int32_t> tokens;   // proposed, at most max_tokens (fewer, or none, is fine)
+  std::vector<float> q;          // [tokens.size()][vocab]: the distribution each was drawn
+                                 // from, when drawn at random; empty: chosen as certain
+};
+
+class proposer {
+ public:
+  virtual ~proposer() = default;
+  virtual void propose(std::span<draft_slot> slots) = 0;
+  // The request's KV is gone (finished, preempted): what the proposer kept for it too.
+  virtual void forget(request_id id) { (void)id; }
+  virtual void forget_all() {}
+};
+
+// The most drafts a request takes per step: k, or its own cap when lower.
+inline int32_t draft_cap(const request& r, const speculative_config& c) {
+  return r.params.speculative < 0 ? c.k : std::min(r.params.speculative, c.k);
+}
+
+// The adaptive draft length after a verify of `proposed` drafts, `accepted` of them taken:
+// one more after a full acceptance, else one past what was accepted; within 1 .. cap.
+int32_t next_draft_length(int32_t current, int32_t proposed, int32_t accepted, int32_t cap);
+
+// Draft slots for the running requests that decode next (in scheduling order): each its
+// adaptive length, capped by its own limit, by what max_tokens and the context leave, and
+// by the step's share: decode tokens and drafts together within max_step_tokens.
+// Sets request::draft_wanted on each.
+void plan_drafts(std::span<request* const> running, const speculative_config& c, int32_t context);
+
+}  // namespace troupe
