@@ -66,6 +66,8 @@ struct request {
   std::vector<int32_t> draft;    // the drafts its step in flight verifies
   std::vector<float> draft_q;    // [draft.size()][vocab] they were drawn from, or empty
   int32_t draft_length = 0;      // its adaptive draft length (0: not yet speculating)
+  int32_t draft_pause = 0;       // decode steps to go without drafts (they kept failing)
+  int32_t draft_misses = 0;      // single drafts rejected in a row
   rng draft_rng;                 // the proposer's draws for it, apart from the sampler's
   sampler smp;
   utf8_stream utf8;

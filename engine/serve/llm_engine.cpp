@@ -132,7 +132,7 @@ void llm_engine::verify_rows(const step_plan& plan, float* logits, int32_t vocab
     ++stats_.spec_verifies;
     stats_.spec_proposed += c.num_draft;
     stats_.spec_accepted += accepted;
-    r->draft_length = next_draft_length(r->draft_length, c.num_draft, accepted, draft_cap(*r, cfg_.spec));
+    after_verify(*r, c.num_draft, accepted, cfg_.spec);
     emitted_.push_back(static_cast<int32_t>(got.size()));
     for (auto& s : got) samples_.push_back(std::move(s));
   }

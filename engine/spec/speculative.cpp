@@ -63,12 +63,25 @@ int32_t next_draft_length(int32_t current, int32_t proposed, int32_t accepted, i
   return std::clamp(next, 1, std::max(cap, 1));
 }
 
+void after_verify(request& r, int32_t proposed, int32_t accepted, const speculative_config& c) {
+  r.draft_length = next_draft_length(r.draft_length, proposed, accepted, draft_cap(r, c));
+  if (accepted > 0) {
+    r.draft_misses = 0;
+  } else if (proposed == 1 && ++r.draft_misses >= 2) {
+    r.draft_pause = std::min(64, 4 << std::min(r.draft_misses - 2, 4));
+  }
+}
+
 void plan_drafts(std::span<request* const> running, const speculative_config& c, int32_t context) {
   // Every running request takes a token of the step; drafts share what is left.
   int32_t left = c.max_step_tokens - static_cast<int32_t>(running.size());
   for (request* r : running) {
     r->draft_wanted = 0;
     if (!c.enabled() || r->in_flight || r->num_tokens() - r->num_computed_tokens != 1 || left <= 0) continue;
+    if (r->draft_pause > 0) {
+      --r->draft_pause;
+      continue;
+    }
     const int32_t limit = draft_cap(*r, c);
     if (r->draft_length == 0) r->draft_length = limit;
     // Drafts past max_tokens or the context could never be kept.

@@ -84,6 +84,12 @@ inline int32_t draft_cap(const request& r, const speculative_config& c) {
 // one more after a full acceptance, else one past what was accepted; within 1 .. cap.
 int32_t next_draft_length(int32_t current, int32_t proposed, int32_t accepted, int32_t cap);
 
+// What a request learns from a verify: its next draft length, and, when even single
+// drafts keep being rejected (where a draft costs more than it returns), a pause without
+// drafts: 4 decode steps after the second such miss in a row, doubling with each further
+// one up to 64; any acceptance ends the streak.
+void after_verify(request& r, int32_t proposed, int32_t accepted, const speculative_config& c);
+
 // Draft slots for the running requests that decode next (in scheduling order): each its
 // adaptive length, capped by its own limit, by what max_tokens and the context leave, and
 // by the step's share: decode tokens and drafts together within max_step_tokens.

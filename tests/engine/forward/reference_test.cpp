@@ -24,7 +24,8 @@ struct run_result {
 };
 
 run_result greedy(const test::loaded& l, const test::reference_case& c, int threads, int32_t limit,
-                  std::optional<dtype> kv_type = std::nullopt) {
+                  std::optional<dtype> kv_type = std::nullopt, const speculative_config& spec = {},
+                  const model* draft = nullptr) {
   generation_request req;
   req.prompt = l.tok.encode(c.prompt, true);
   req.sampling.temperature = 0.0f;
@@ -33,6 +34,8 @@ run_result greedy(const test::loaded& l, const test::reference_case& c, int thre
   generator_options opts;
   opts.num_threads = threads;
   opts.kv_type = kv_type;
+  opts.spec = spec;
+  opts.draft = draft;
   generator gen(l.m, l.tok, opts);
   auto out = gen.generate({req});
   REQUIRE(out.has_value());
@@ -65,6 +68,23 @@ TEST_CASE("stories260K.bin greedy output equals the reference ids and text") {
 
 TEST_CASE("stories260K.gguf greedy output equals the reference ids and text") {
   check_exact("stories260K.gguf", "");
+}
+
+TEST_CASE("with speculative decoding by each proposer, greedy output equals the reference ids") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.gguf");
+  const test::loaded bin = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  for (spec_method method : {spec_method::ngram, spec_method::early_exit, spec_method::draft})
+    for (const auto& c : test::read_reference(test::shared_path("reference/stories260K_greedy.jsonl"))) {
+      CAPTURE(spec_method_name(method));
+      CAPTURE(c.prompt);
+      speculative_config spec;
+      spec.method = method;
+      spec.k = 4;
+      spec.exit_layer = 3;
+      // (The draft: the same model from its other file, so every draft is right.)
+      const run_result r = greedy(l, c, 2, c.steps, std::nullopt, spec, &bin.m);
+      CHECK(r.ids_after_bos == c.ids_after_bos);
+    }
 }
 
 namespace {

@@ -41,6 +41,39 @@ TEST_CASE("the draft length grows after full acceptance, falls to what was accep
   CHECK(next_draft_length(2, 1, 1, 5) == 3);  // a proposal cut short, fully taken
 }
 
+TEST_CASE("single drafts rejected again and again pause a request's drafting, for longer each time") {
+  request_params p;
+  p.prompt = {1, 5, 6};
+  p.max_tokens = 1000;
+  request r(request_id{1}, p, 0);
+  r.num_computed_tokens = 2;
+  r.state = request_state::running;
+  speculative_config c;
+  c.method = spec_method::ngram;
+  c.k = 4;
+  std::vector<request*> running = {&r};
+  auto wanted = [&] {
+    plan_drafts(running, c, 512);
+    return r.draft_wanted;
+  };
+  CHECK(wanted() == 4);
+  after_verify(r, 4, 0, c);  // nothing taken: one next
+  CHECK(wanted() == 1);
+  after_verify(r, 1, 0, c);  // a first single miss: keep trying
+  CHECK(wanted() == 1);
+  after_verify(r, 1, 0, c);  // a second: four steps without drafts
+  for (int i = 0; i < 4; ++i) CHECK(wanted() == 0);
+  CHECK(wanted() == 1);
+  after_verify(r, 1, 0, c);  // a third: eight
+  for (int i = 0; i < 8; ++i) CHECK(wanted() == 0);
+  CHECK(wanted() == 1);
+  after_verify(r, 1, 1, c);  // taken: the streak ends, the length grows
+  CHECK(r.draft_misses == 0);
+  CHECK(wanted() == 2);
+  for (int i = 0; i < 10; ++i) after_verify(r, 1, 0, c);
+  CHECK(r.draft_pause == 64);
+}
+
 TEST_CASE("draft slots shrink as the batch grows, and respect max_tokens, the context and each request's cap") {
   const tokenizer& tok = test::tok512();
   (void)tok;
