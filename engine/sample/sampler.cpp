@@ -124,6 +124,7 @@ std::vector<sample_result> sampler::verify(float* rows, int32_t vocab, std::span
       break;
     }
     const int32_t d = draft[j];
+    TROUPE_ASSERT(d >= 0 && d < vocab, d, vocab);
     adjust_logits(row, vocab);
     sample_result r;
     bool accepted;

@@ -63,7 +63,7 @@ void model_proposer::propose(std::span<draft_slot> slots) {
       sampler& view = views_[in[row]];
       float* l = logits_.data() + row * vocab;
       const bool greedy = view.params().temperature == 0.0f;
-      float* q = greedy ? greedy_.data() : nullptr;
+      float* q;
       if (greedy) {
         greedy_.resize(vocab);
         q = greedy_.data();

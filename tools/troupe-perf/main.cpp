@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
 
   auto* srv = app.add_subcommand("serve", "serving loop under concurrent requests");
   add_model(srv);
+  tools::add_speculative_options(*srv, spec_opts);
   std::vector<int> concurrency{1, 4, 16, 64};
   int out_tokens = 128, num_requests = 0, shared_prefix = 0, max_step = 512;
   srv->add_option("-c,--concurrency", concurrency, "requests kept in flight")->delimiter(',')->check(CLI::Range(1, 4096));
@@ -427,7 +428,10 @@ int main(int argc, char** argv) {
         cfg.sched.max_step_tokens = max_step;
         cfg.sched.max_running = std::max(l.c, 1);
         cfg.sched.kv.prefix_caching = l.caching;
-        const int64_t per_request = (prompt_tokens + out_tokens + 15) / 16;
+        cfg.spec = spec;
+        cfg.draft = spec_draft;
+        // (Drafts take positions past the last token.)
+        const int64_t per_request = (prompt_tokens + out_tokens + (spec.enabled() ? spec.k : 0) + 15) / 16;
         cfg.sched.kv.num_blocks = static_cast<uint32_t>(per_request * l.c + 16);
         std::unique_ptr<llm_engine> engine;
         if (on_gpu) {
