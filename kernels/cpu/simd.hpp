@@ -33,17 +33,70 @@ inline v16f load(const float* p) {
 
 inline void store(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
 
+// Eight-lane halves, for ISAs with sixteen vector registers (AVX2), where a v16f is two
+// registers and GCC moves sixteen-lane values through memory between operations: a kernel
+// keeps lanes 0-7 and 8-15 of each v16f as two v8f. Each lane's arithmetic is the same,
+// so the results are the v16f kernel's bits.
+inline v8f splat8(float f) { return v8f{f, f, f, f, f, f, f, f}; }
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline v8f fma8(v8f a, v8f b, v8f c) {
+#if defined(__FMA__)
+  return reinterpret_cast<v8f>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                               reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
+}
+
+inline v8f load8_i8(const int8_t* p) {
+#if defined(__AVX2__)
+  return reinterpret_cast<v8f>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#else
+  v8f f;
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(p[i]);
+  return f;
+#endif
+}
+
+inline v8f load8_f16(const uint16_t* p) {
+#if defined(__F16C__)
+  return reinterpret_cast<v8f>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  v8f f;
+  for (int i = 0; i < 8; ++i) f[i] = f16_to_f32(p[i]);
+  return f;
+#endif
+}
+
+inline v8f load8_bf16(const uint16_t* p) {
+#if defined(__AVX2__)
+  return reinterpret_cast<v8f>(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
+  v8f f;
+  for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(p[i]);
+  return f;
+#endif
+}
+
+// Two eight-lane halves as one v16f.
+inline v16f join(v8f lo, v8f hi) {
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 inline v16f load_bf16(const uint16_t* p) {
 #if defined(__AVX512F__)
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   // Zero-masked forms: the plain ones make GCC 12 warn about their undefined source.
   return reinterpret_cast<v16f>(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
 #elif defined(__AVX2__)
-  __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8));
-  v8f a = reinterpret_cast<v8f>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
-  v8f b = reinterpret_cast<v8f>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
-  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return join(load8_bf16(p), load8_bf16(p + 8));
 #else
   v16f f;
   for (int i = 0; i < 16; ++i) f[i] = bf16_to_f32(p[i]);
@@ -56,11 +109,7 @@ inline v16f load_f16(const uint16_t* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return reinterpret_cast<v16f>(_mm512_maskz_cvtph_ps(0xffff, h));
 #elif defined(__F16C__)
-  __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8));
-  v8f a = reinterpret_cast<v8f>(_mm256_cvtph_ps(lo));
-  v8f b = reinterpret_cast<v8f>(_mm256_cvtph_ps(hi));
-  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return join(load8_f16(p), load8_f16(p + 8));
 #else
   v16f f;
   for (int i = 0; i < 16; ++i) f[i] = f16_to_f32(p[i]);
@@ -92,10 +141,7 @@ inline v16f load_i8(const int8_t* p) {
   // Zero-masked forms, as in load_bf16 (the same instructions).
   return reinterpret_cast<v16f>(_mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, b)));
 #elif defined(__AVX2__)
-  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  v8f lo = reinterpret_cast<v8f>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
-  v8f hi = reinterpret_cast<v8f>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
-  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return join(load8_i8(p), load8_i8(p + 8));
 #else
   v16f f;
   for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(p[i]);
@@ -128,15 +174,19 @@ inline v16f fma(v16f a, v16f b, v16f c) {
 #endif
 }
 
-// Sum of all lanes in a fixed tree order.
-inline float reduce_add(v16f v) {
-  v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  v8f b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  v8f s8 = a + b;
+// Sum of all lanes of the v16f whose lanes are lo then hi, in a fixed tree order.
+inline float reduce_add(v8f lo, v8f hi) {
+  const v8f s8 = lo + hi;
   v4f c = __builtin_shufflevector(s8, s8, 0, 1, 2, 3);
   v4f d = __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
   v4f s4 = c + d;
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// Sum of all lanes in a fixed tree order.
+inline float reduce_add(v16f v) {
+  return reduce_add(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 // reduce_add of four vectors at once, into out[0..3]: the same additions in the same
@@ -195,67 +245,6 @@ inline v16f exp(v16f x) {
 #endif
   v16f zero{};
   return underflow ? zero : out;
-}
-
-// Eight-lane halves, for ISAs with sixteen vector registers (AVX2), where a v16f is two
-// registers and GCC moves sixteen-lane values through memory between operations: a kernel
-// keeps lanes 0-7 and 8-15 of each v16f as two v8f. Each lane's arithmetic is the same,
-// so the results are the v16f kernel's bits.
-inline v8f splat8(float f) { return v8f{f, f, f, f, f, f, f, f}; }
-
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline v8f fma8(v8f a, v8f b, v8f c) {
-#if defined(__FMA__)
-  return reinterpret_cast<v8f>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
-                                               reinterpret_cast<__m256>(c)));
-#else
-  return a * b + c;
-#endif
-}
-
-inline v8f load8_i8(const int8_t* p) {
-#if defined(__AVX2__)
-  return reinterpret_cast<v8f>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
-#else
-  v8f f;
-  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(p[i]);
-  return f;
-#endif
-}
-
-inline v8f load8_f16(const uint16_t* p) {
-#if defined(__F16C__)
-  return reinterpret_cast<v8f>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#else
-  v8f f;
-  for (int i = 0; i < 8; ++i) f[i] = f16_to_f32(p[i]);
-  return f;
-#endif
-}
-
-inline v8f load8_bf16(const uint16_t* p) {
-#if defined(__AVX2__)
-  return reinterpret_cast<v8f>(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-#else
-  v8f f;
-  for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(p[i]);
-  return f;
-#endif
-}
-
-// reduce_add of the v16f whose lanes are lo then hi: the same tree.
-inline float reduce_add(v8f lo, v8f hi) {
-  const v8f s8 = lo + hi;
-  v4f c = __builtin_shufflevector(s8, s8, 0, 1, 2, 3);
-  v4f d = __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-  v4f s4 = c + d;
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
 inline float reduce_max(v16f v) {

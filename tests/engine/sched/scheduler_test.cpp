@@ -462,8 +462,11 @@ TEST_CASE("draft slots never take the step past its budget, nor a prefill chunk"
   s.find(request_id{2})->draft_wanted = 4;
   r->draft_wanted = 0;
   plan = s.schedule();
-  for (const auto& c : plan.chunks)
-    if (c.id == request_id{2}) CHECK(c.num_draft == 0);
+  const auto admitted = std::find_if(plan.chunks.begin(), plan.chunks.end(),
+                                     [](const scheduled_chunk& c) { return c.id == request_id{2}; });
+  REQUIRE(admitted != plan.chunks.end());
+  CHECK(admitted->count == 3);
+  CHECK(admitted->num_draft == 0);
 }
 
 }  // namespace troupe

@@ -311,16 +311,20 @@ std::map<uint64_t, outcome> run_all(llm_engine& engine, const std::vector<reques
   return out;
 }
 
-// A draft from stories260K's first `layers` layers (its embedding, final norm and
-// classifier): it agrees with the target often, not always.
-std::string write_truncated_draft(const model& target, int32_t layers, const std::string& name) {
-  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+// A draft of the target's first `layers` layers (its embedding, final norm and
+// classifier): it agrees with the target often, not always. Written to a file, loaded,
+// and the file removed (the model keeps its mapping).
+model truncated_draft(const model& target, int32_t layers) {
+  const std::string path = (std::filesystem::temp_directory_path() / "troupe_spec_draft.bin").string();
   checkpoint_spec spec;
   spec.config = target.config;
   spec.config.num_layers = layers;
   spec.type = dtype::f32;
   REQUIRE(write_llama2c(path, spec, weights_of(target)).has_value());
-  return path;
+  auto draft = load_model(path);
+  std::filesystem::remove(path);
+  REQUIRE(draft.has_value());
+  return std::move(draft).value();
 }
 
 std::vector<request_params> random_requests(uint64_t seed, int count, float temperature) {
@@ -348,9 +352,7 @@ std::vector<request_params> random_requests(uint64_t seed, int count, float temp
 
 TEST_CASE("greedy output with each proposer is the plain output, token for token, under preemption") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
-  const std::string draft_path = write_truncated_draft(l.m, 2, "troupe_spec_draft2.bin");
-  auto draft = load_model(draft_path);
-  REQUIRE(draft.has_value());
+  const model draft = truncated_draft(l.m, 2);
   const std::vector<request_params> reqs = random_requests(5, 24, 0.0f);
 
   engine_config base;
@@ -373,7 +375,7 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
   };
   const variant variants[] = {{"ngram", spec_method::ngram, 4, nullptr},
                               {"early exit", spec_method::early_exit, 3, nullptr},
-                              {"draft model (2 of 5 layers)", spec_method::draft, 4, &*draft},
+                              {"draft model (2 of 5 layers)", spec_method::draft, 4, &draft},
                               {"draft model (the target itself)", spec_method::draft, 5, &l.m}};
   for (const variant& v : variants) {
     CAPTURE(v.name);
@@ -404,7 +406,6 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     MESSAGE(v.name << ": " << st.spec_accepted << " of " << st.spec_proposed << " drafts accepted in "
                    << st.spec_verifies << " verifies; " << st.steps << " steps");
   }
-  std::filesystem::remove(draft_path);
 }
 
 TEST_CASE("sampling with speculation is reproducible by seed and workload") {
@@ -412,9 +413,7 @@ TEST_CASE("sampling with speculation is reproducible by seed and workload") {
   // rejection sampling draws by the drafts: a seeded request repeats its output for the
   // same workload, and keeps the target's distribution in any.)
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
-  const std::string draft_path = write_truncated_draft(l.m, 2, "troupe_spec_draft_seed.bin");
-  auto draft = load_model(draft_path);
-  REQUIRE(draft.has_value());
+  const model draft = truncated_draft(l.m, 2);
   const std::vector<request_params> reqs = random_requests(9, 8, 0.9f);
   for (spec_method method : {spec_method::draft, spec_method::ngram, spec_method::early_exit}) {
     CAPTURE(spec_method_name(method));
@@ -424,13 +423,12 @@ TEST_CASE("sampling with speculation is reproducible by seed and workload") {
     cfg.spec.method = method;
     cfg.spec.k = 4;
     cfg.spec.max_step_tokens = 64;
-    cfg.draft = &*draft;
+    cfg.draft = &draft;
     llm_engine first(l.m, l.tok, cfg), second(l.m, l.tok, cfg);
     const auto a = run_all(first, reqs), b = run_all(second, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) CHECK(a.at(i).tokens == b.at(i).tokens);
     CHECK(first.stats().spec_verifies > 0);
   }
-  std::filesystem::remove(draft_path);
 }
 
 TEST_CASE("speculative settings that do not fit the model are refused at the start") {
