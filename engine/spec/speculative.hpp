@@ -35,7 +35,6 @@ std::optional<spec_method> parse_spec_method(std::string_view s);
 struct speculative_config {
   spec_method method = spec_method::none;
   int32_t k = 3;                 // drafts per step at most (1 .. max_draft_tokens)
-  std::string draft;             // the draft model's file (method draft)
   int32_t exit_layer = 0;        // early exit: the target's layers the draft runs (0: a
                                  // quarter of them, at least one)
   int32_t ngram_min = 1;         // n-gram: suffix lengths matched, longest first

@@ -20,7 +20,6 @@ expected<speculative_config> speculative_from(const speculative_cli& o, const mo
   if (auto e = validate(c, target.config)) return error{*e};
   if (c.method == spec_method::draft) {
     if (o.draft.empty()) return error{"--speculative draft needs --draft FILE, a model with this model's vocabulary"};
-    c.draft = o.draft;
     auto d = load_model(o.draft);
     if (!d) return error{"--draft " + o.draft + ": " + d.err().message};
     if (auto e = check_draft(*d, target)) return error{"--draft " + o.draft + ": " + *e};
