@@ -1,11 +1,15 @@
 // The router actor's lookups and polls: each replica's scheduler found through its
-// node's agent and asked for its health and prefix-cache counts, every node agent asked for
-// its restarts, and the metrics they make (router_state.hpp).
+// node's agent and asked for its health, prefix-cache counts and speculative decoding
+// figures, every node agent asked for its restarts, and the metrics they make
+// (router_state.hpp).
+#include <map>
+
 #include "actors/agent_link.hpp"
 #include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/metrics/prometheus_text.hpp"
 #include "actors/router_state.hpp"
+#include "actors/scheduler_actor.hpp"
 #include "actors/wire/control_codec.hpp"
 
 namespace troupe::router_actor_impl {
@@ -37,6 +41,9 @@ void find_scheduler(self_ptr self, size_t k) {
                     rep.hit_base += rep.hit_now;
                     rep.queried_base += rep.queried_now;
                     rep.hit_now = rep.queried_now = 0;
+                    rep.spec_base.resize(spec_figures_size);
+                    for (size_t i = 0; i < rep.spec_now.size() && i < spec_figures_size; ++i) rep.spec_base[i] += rep.spec_now[i];
+                    rep.spec_now.clear();
                     rep.counted = sched.address();
                   }
                   self->state.core->replica_found(k);
@@ -73,11 +80,14 @@ void poll_one(self_ptr self, size_t k) {
           });
   self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
       .then(
-          [self, k](uint32_t cached, uint64_t hits, uint64_t queried) {
+          [self, k](uint32_t cached, uint64_t hits, uint64_t queried, const std::string& method,
+                    const std::vector<uint64_t>& spec) {
             replica_slot& rep = self->state.replicas[k];
             rep.cached = cached;
             rep.hit_now = hits;
             rep.queried_now = queried;
+            rep.spec_method = method;
+            if (spec.size() == spec_figures_size) rep.spec_now = spec;
           },
           [](caf::error&) {});
 }
@@ -114,6 +124,49 @@ void poll_nodes(self_ptr self) {
   }
 }
 
+namespace {
+
+// Speculative decoding's figures, summed per method over the replicas that use one.
+void render_speculation(prometheus_text& out, const router_state& st) {
+  std::map<std::string, std::vector<uint64_t>> by_method;
+  for (const auto& rep : st.replicas) {
+    if (rep.spec_method.empty() || rep.spec_method == "none") continue;
+    auto& sum = by_method[rep.spec_method];
+    sum.resize(spec_figures_size);
+    for (const auto* part : {&rep.spec_base, &rep.spec_now})
+      for (size_t i = 0; i < part->size() && i < spec_figures_size; ++i) sum[i] += (*part)[i];
+  }
+  if (by_method.empty()) return;
+  const struct {
+    const char* name;
+    const char* help;
+    size_t at;
+  } counters[] = {
+      {"troupe_speculative_verifies_total", "Request steps that verified drafted tokens.", 0},
+      {"troupe_speculative_proposed_tokens_total", "Drafted tokens verified by the model.", 1},
+      {"troupe_speculative_accepted_tokens_total", "Drafted tokens the model accepted.", 2},
+  };
+  for (const auto& c : counters) {
+    out.family(c.name, c.help, "counter");
+    for (const auto& [method, v] : by_method) out.sample(c.name, {{"method", method}}, static_cast<double>(v[c.at]));
+  }
+  const char* len = "troupe_speculative_acceptance_length";
+  out.family(len, "Drafted tokens accepted per verifying request step.", "histogram");
+  for (const auto& [method, v] : by_method) {
+    uint64_t acc = 0;
+    for (int32_t n = 0; n <= max_draft_tokens; ++n) {
+      acc += v[3 + static_cast<size_t>(n)];
+      const std::string le = std::to_string(n);
+      out.sample(std::string(len) + "_bucket", {{"method", method}, {"le", le}}, static_cast<double>(acc));
+    }
+    out.sample(std::string(len) + "_bucket", {{"method", method}, {"le", "+Inf"}}, static_cast<double>(v[0]));
+    out.sample(std::string(len) + "_sum", {{"method", method}}, static_cast<double>(v[2]));
+    out.sample(std::string(len) + "_count", {{"method", method}}, static_cast<double>(v[0]));
+  }
+}
+
+}  // namespace
+
 std::string render_metrics(const router_state& st) {
   prometheus_text out;
   out.gauge("troupe_replicas", "Replicas behind the router.", static_cast<double>(st.replicas.size()));
@@ -133,6 +186,7 @@ std::string render_metrics(const router_state& st) {
   out.counter("troupe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.", static_cast<double>(hits));
   out.counter("troupe_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache.",
               static_cast<double>(queried));
+  render_speculation(out, st);
   out.family("troupe_actor_restarts_total",
              "Restarts of a node's supervised actors (the most of any unit), since the node process started.", "counter");
   for (auto& n : st.nodes)

@@ -7,6 +7,9 @@
 #include "actors/caf/errors.hpp"
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/client_codec.hpp"
+#include "engine/forward/kv_cache_type.hpp"
+#include "engine/spec/model_proposer.hpp"
+#include "engine/spec/ngram_proposer.hpp"
 
 namespace troupe {
 
@@ -23,9 +26,14 @@ void send_result(self_ptr self, uint64_t id, const step_output& out, const std::
   st.sinks.erase(it);
 }
 
+void forget_drafts(scheduler_state& st, request_id id) {
+  if (st.drafts) st.drafts->forget(id);
+}
+
 void dispatch(self_ptr self, std::vector<step_output> outs) {
   auto& st = self->state;
   for (const step_output& o : outs) {
+    if (o.finished) forget_drafts(st, o.id);
     auto it = st.sinks.find(o.id.value);
     if (it == st.sinks.end()) continue;
     sink_entry& s = it->second;
@@ -41,6 +49,7 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
 void fail_request(self_ptr self, request_id id, const std::string& why) {
   auto& st = self->state;
   if (auto out = st.sched->abort(id)) {
+    forget_drafts(st, id);
     send_result(self, id.value, *out, why, error_code::unavailable);
     st.released.push_back(id);
   }
@@ -58,6 +67,25 @@ void announce(self_ptr self) {
 
 namespace {
 
+// The proposer setup.spec names, drafting here (a draft model or early exit keeps a KV
+// cache of its own in the replica's block ids).
+std::unique_ptr<proposer> make_proposer(scheduler_state& st) {
+  const scheduler_setup& s = st.setup;
+  const int32_t blocks = static_cast<int32_t>(s.config.kv.num_blocks), block_size = s.config.kv.block_size;
+  switch (s.spec.method) {
+    case spec_method::none: return nullptr;
+    case spec_method::ngram: return std::make_unique<ngram_proposer>(s.spec.ngram_min, s.spec.ngram_max);
+    case spec_method::draft:
+      st.draft_pool = std::make_unique<thread_pool>(std::max(1, s.spec_threads));
+      return std::make_unique<model_proposer>(*s.draft, blocks, block_size, kv_cache_type_for(*s.draft), *st.draft_pool);
+    case spec_method::early_exit:
+      st.draft_pool = std::make_unique<thread_pool>(std::max(1, s.spec_threads));
+      return std::make_unique<model_proposer>(*s.m, s.spec.exit_layer_for(s.m->config.num_layers), blocks, block_size,
+                                              s.config.kv.cache_type.value_or(kv_cache_type_for(*s.m)), *st.draft_pool);
+  }
+  return nullptr;
+}
+
 void watch_sink(self_ptr self, const caf::actor& sink) {
   if (sink && self->state.monitored_sinks.insert(sink.address()).second) self->monitor(sink);
 }
@@ -68,6 +96,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   scheduler_config cfg = setup.config;
   cfg.remote_kv = remote_kv(st);
   st.sched = std::make_unique<scheduler>(cfg, *setup.tok);
+  st.drafts = make_proposer(st);
   if (cfg.remote_kv) {
     wire::kv_limits lim;
     lim.num_blocks = cfg.kv.num_blocks;
@@ -97,6 +126,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
       if (s.sink.address() == dm.source) gone.push_back(id);
     for (uint64_t id : gone)
       if (auto out = st.sched->abort(request_id{id})) {
+        forget_drafts(st, request_id{id});
         st.sinks.erase(id);
         st.released.push_back(request_id{id});
       }
@@ -166,8 +196,12 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
                                  static_cast<uint32_t>(st.sched->num_waiting()), st.ready() ? std::string{} : st.recovery->why());
       },
       [self](metrics_atom) {
-        const kv_usage u = self->state.sched->usage();
-        return caf::make_message(u.cached, u.hit_tokens, u.queried_tokens);
+        auto& st = self->state;
+        const kv_usage u = st.sched->usage();
+        std::vector<uint64_t> spec{st.spec.verifies, st.spec.proposed, st.spec.accepted};
+        spec.insert(spec.end(), st.spec.by_accepted.begin(), st.spec.by_accepted.end());
+        return caf::make_message(u.cached, u.hit_tokens, u.queried_tokens,
+                                 std::string(spec_method_name(st.setup.spec.method)), std::move(spec));
       },
       [self](resolve_atom, uint64_t epoch) {
         if (epoch == self->state.epoch() && self->state.recovery->phase() == recovery_phase::looking_up) resolve(self);

@@ -13,7 +13,15 @@
 //   (health_atom)                                -> (ready, kv used, kv free, running,
 //                                                    waiting, detail)
 //   (metrics_atom)                               -> (kv blocks cached, prefix-cache hit
-//                                                    tokens, prompt tokens looked up)
+//                                                    tokens, prompt tokens looked up,
+//                                                    speculative method, its figures:
+//                                                    spec_figures below)
+//
+// Speculative decoding (setup.spec): before each plan the scheduler gives decoding
+// requests draft slots (plan_drafts), claims their blocks with the step's, fills them
+// with its proposer, and sends the drafts as tokens of the step; the last stage returns
+// a row per draft (greedy: its argmax; sampling: its logits), and each request's sampler
+// verifies here (step_choices.hpp). Rejected drafts' blocks go back as any release.
 //
 // A sink receives (chunk_atom, TokenChunk frame) for every step that gave its request
 // tokens or text, chunks numbered from 0 without gaps, and at the end one
@@ -49,6 +57,7 @@
 
 #include "engine/model/model.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "engine/spec/speculative.hpp"
 
 namespace troupe {
 
@@ -72,8 +81,18 @@ struct scheduler_setup {
   int32_t max_in_flight = 1;  // the number of pipeline stages is a good value
   std::chrono::milliseconds step_timeout{60000};
   std::chrono::milliseconds recovery_timeout{30000};
+  // Speculative decoding: the proposer runs here (a draft model, or the model's first
+  // layers for early exit, with a KV cache of its own in the replica's block ids, on
+  // spec_threads threads); verify steps go through the stages like any step.
+  speculative_config spec;
+  const model* draft = nullptr;  // for spec.method draft: loaded, checked (check_draft)
+  int32_t spec_threads = 1;
 };
 
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);
+
+// The speculative figures metrics_atom answers with, as a flat list: verifies, drafts
+// proposed, drafts accepted, then verifies by drafts accepted (0 .. max_draft_tokens).
+inline constexpr size_t spec_figures_size = 3 + max_draft_tokens + 1;
 
 }  // namespace troupe

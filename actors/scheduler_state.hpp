@@ -23,6 +23,8 @@
 #include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 #include "engine/serve/replica_recovery.hpp"
+#include "engine/serve/step_choices.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe::scheduler_actor_impl {
 
@@ -78,6 +80,13 @@ struct scheduler_state {
   std::unique_ptr<replica_recovery> recovery;
   uint64_t session_base = 0;
 
+  // Speculative decoding (none without a proposer): the proposer, the pool a draft model
+  // or early exit runs on, draft slots (scratch), and what verification gave.
+  std::unique_ptr<proposer> drafts;
+  std::unique_ptr<thread_pool> draft_pool;
+  std::vector<draft_slot> slots;
+  spec_tally spec;
+
   uint64_t epoch() const { return recovery->epoch(); }
   bool ready() const { return recovery->ready(); }
 };
@@ -94,6 +103,8 @@ void dispatch(self_ptr self, std::vector<step_output> outs);
 // try again later.
 void fail_request(self_ptr self, request_id id, const std::string& why);
 void announce(self_ptr self);
+// The request is gone from the scheduler (finished, aborted): the proposer forgets it.
+void forget_drafts(scheduler_state& st, request_id id);
 
 // scheduler_steps.cpp
 void maybe_step(self_ptr self);

@@ -98,32 +98,45 @@ void hand_back(self_ptr self) {
   if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
 }
 
-// The tokens the last stage chose for every sampled chunk of `plan`: each request records
-// its token as its sampler would have drawn it.
+// A step's tokens are in: speculation's figures, then each request's news.
+void finish_step(self_ptr self, const step_plan& plan, step_tokens& got) {
+  auto& st = self->state;
+  st.spec += got.spec;
+  dispatch(self, st.sched->update_from_output(plan, got.samples, got.emitted));
+  maybe_step(self);
+}
+
+// The tokens the last stage chose for every logit row of `plan` (a sampled chunk's, and
+// one per draft): each request records its tokens as its sampler would have drawn them.
 void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) {
   auto& st = self->state;
   const int32_t vocab = st.setup.m->config.vocab_size;
   auto toks = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens)
                         : expected<std::vector<wire::chosen_token>>(error{"no tokens"});
-  if (!toks || static_cast<int32_t>(toks->size()) != plan.num_samples())
+  if (!toks || static_cast<int32_t>(toks->size()) != plan.num_logit_rows())
     return lose(self, st.stages.size() - 1, toks ? "chosen tokens do not match the step" : toks.err().message);
   std::vector<int32_t> chosen;
   size_t k = 0;
   for (const auto& c : plan.chunks) {
     if (!c.sample) continue;
-    const wire::chosen_token& t = (*toks)[k++];
-    if (t.id != c.id) return lose(self, st.stages.size() - 1, "chosen tokens are not in the step's order");
-    chosen.push_back(t.token);
+    for (int32_t j = 0; j <= c.num_draft; ++j) {
+      const wire::chosen_token& t = (*toks)[k++];
+      if (t.id != c.id) return lose(self, st.stages.size() - 1, "chosen tokens are not in the step's order");
+      chosen.push_back(t.token);
+    }
   }
-  auto samples = replay_chosen(plan, *st.sched, chosen);
-  dispatch(self, st.sched->update_from_output(plan, samples));
-  maybe_step(self);
+  step_tokens got = replay_chosen(plan, *st.sched, chosen, st.setup.spec);
+  finish_step(self, plan, got);
 }
 
 // Sends `p` through the pipeline; an empty plan (requests in flight, or ended for lack
 // of memory) only delivers.
 void run_plan(self_ptr self, step_plan p) {
   auto& st = self->state;
+  if (st.drafts) {
+    for (request_id id : p.preempted) st.drafts->forget(id);
+    fill_drafts(p, *st.sched, *st.drafts, st.slots);
+  }
   const auto plan = std::make_shared<step_plan>(std::move(p));
   if (plan->chunks.empty()) {
     dispatch(self, st.sched->update_from_output(*plan, {}));
@@ -142,11 +155,10 @@ void run_plan(self_ptr self, step_plan p) {
     if (out.kind == wire_kind::step_result) return take_tokens(self, *plan, out);
     auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens)
                         : expected<wire::decoded_activations>(error{"no logits"});
-    if (!lg || lg->num_tokens != plan->num_samples())
+    if (!lg || lg->num_tokens != plan->num_logit_rows())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
-    auto samples = sample_rows(*plan, *st.sched, lg->data.data(), vocab);
-    dispatch(self, st.sched->update_from_output(*plan, samples));
-    maybe_step(self);
+    step_tokens got = sample_rows(*plan, *st.sched, lg->data.data(), vocab, st.setup.spec);
+    finish_step(self, *plan, got);
   });
 }
 
@@ -173,6 +185,8 @@ void maybe_step(self_ptr self) {
   auto& st = self->state;
   if (!st.ready()) return;
   while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
+    // Draft slots for the requests that decode next, claimed with the step's blocks.
+    if (st.drafts) plan_drafts(st.sched->running(), st.setup.spec, st.sched->config().context);
     if (remote_kv(st)) {
       st.planning = true;
       return claim_round(self, std::make_shared<step_draft>(st.sched->begin_step()));

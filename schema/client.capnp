@@ -45,6 +45,8 @@ struct GenerateRequest {
   cacheNamespace @10 :UInt64 = 0;       # prefix-cache isolation: cached prompt blocks are
                                         # shared only within one namespace; the gateway sets
                                         # it (from the API key), whatever a client sent
+  speculative @11 :Int32 = -1;          # speculative decoding: drafted tokens per step at
+                                        # most (1..16), 0 for none, -1 as the server is set
 }
 
 struct TokenLogprob {

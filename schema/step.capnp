@@ -23,6 +23,10 @@ struct Chunk {
   topP @9 :Float32;
   minP @10 :Float32;
   u @11 :Float32;                  # the draw's uniform, from the request's random stream
+  # Speculative decoding: the last `drafts` tokens are drafts to verify. With sample, the
+  # last drafts + 1 tokens each want a row of logits (with choose, greedy only: each row's
+  # argmax comes back).
+  drafts @12 :Int32;
 }
 
 struct StepPlan {

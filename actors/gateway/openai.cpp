@@ -288,6 +288,17 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
     if (!j["ignore_eos"].is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
     r.params.ignore_eos = j["ignore_eos"].get<bool>();
   }
+  // troupe's extension: speculative, the most drafted tokens per step for this request
+  // (0 or false: none; true or absent: as the server is set).
+  if (j.contains("speculative") && !j["speculative"].is_null()) {
+    int64_t cap = -1;
+    if (j["speculative"].is_boolean()) {
+      cap = j["speculative"].get<bool>() ? -1 : 0;
+    } else if (auto e = integer("speculative", 0, max_draft_tokens, cap)) {
+      return bad("'speculative' must be a boolean or a draft cap in 0.." + std::to_string(max_draft_tokens), "speculative");
+    }
+    r.params.speculative = static_cast<int32_t>(cap);
+  }
   // logit_bias: {"TOKEN_ID": BIAS, ...}, each bias in [-100, 100] (the ids are checked
   // against the vocabulary by the router).
   if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {

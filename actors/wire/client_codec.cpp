@@ -78,6 +78,10 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     }
     p.priority = r.getPriority();
     p.ignore_eos = r.getIgnoreEos();
+    if (r.getSpeculative() < -1 || r.getSpeculative() > max_draft_tokens)
+      return error{"speculative must be -1 (the server's setting), 0 (none) or a draft cap of 1.." +
+                   std::to_string(max_draft_tokens) + "; got " + std::to_string(r.getSpeculative())};
+    p.speculative = r.getSpeculative();
     p.cache_namespace = r.getCacheNamespace();
     const auto delivered = r.getDelivered();
     if (delivered.size() >= static_cast<unsigned>(lim.context)) return error{"more delivered tokens than the context"};
@@ -124,6 +128,7 @@ void fill_request_params(schema::GenerateRequest::Builder r, const request_param
   for (size_t i = 0; i < p.stop_tokens.size(); ++i) st.set(static_cast<unsigned>(i), p.stop_tokens[i]);
   r.setPriority(p.priority);
   r.setIgnoreEos(p.ignore_eos);
+  r.setSpeculative(p.speculative);
   r.setCacheNamespace(p.cache_namespace);
   r.setStepsIncludePrompt(steps_include_prompt);
 }

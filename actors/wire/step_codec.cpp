@@ -33,8 +33,11 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     auto out = chunks[static_cast<unsigned>(i)];
     out.setRequestId(c.id.value);
     out.setFirst(c.first);
-    auto toks = out.initTokens(static_cast<unsigned>(c.tokens.size()));
+    TROUPE_ASSERT(c.draft.size() == static_cast<size_t>(c.num_draft), c.draft.size(), c.num_draft);
+    auto toks = out.initTokens(static_cast<unsigned>(c.tokens.size() + c.draft.size()));
     for (size_t k = 0; k < c.tokens.size(); ++k) toks.set(static_cast<unsigned>(k), c.tokens[k]);
+    for (size_t k = 0; k < c.draft.size(); ++k) toks.set(static_cast<unsigned>(c.tokens.size() + k), c.draft[k]);
+    out.setDrafts(c.num_draft);
     auto it = sent_.find(c.id);
     const bool reset = it == sent_.end();
     const size_t known = reset ? 0 : it->second;
@@ -108,6 +111,14 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
         if (b >= lim_.num_blocks) return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
       if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(first) + toks.size())
         return error{who() + "block table does not cover its positions"};
+      if (c.getDrafts() != 0) {
+        if (c.getDrafts() < 0 || c.getDrafts() > max_draft_tokens)
+          return error{who() + std::to_string(c.getDrafts()) + " drafts; 0.." + std::to_string(max_draft_tokens) + " allowed"};
+        if (static_cast<unsigned>(c.getDrafts()) >= toks.size()) return error{who() + "drafts but no known token before them"};
+        if (!c.getSample()) return error{who() + "drafts in a chunk that samples nothing"};
+        if (c.getChoose() && c.getTemperature() != 0.0f)
+          return error{who() + "drafts are chosen on the shard only greedily (their verification needs the logits)"};
+      }
       if (c.getChoose()) {
         if (!c.getSample()) return error{who() + "a choice for a chunk that samples nothing"};
         const float t = c.getTemperature(), p = c.getTopP(), mp = c.getMinP(), u = c.getU();
@@ -133,12 +144,14 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     for (const auto c : chunks) {
       const auto toks = c.getTokens();
       for (int32_t t : toks) out.batch.tokens.push_back(t);
-      out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), c.getFirst(), tables_[c.getRequestId()], c.getSample()});
+      const int32_t rows = c.getSample() ? 1 + c.getDrafts() : 0;
+      out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), c.getFirst(), tables_[c.getRequestId()], rows});
       out.ids.push_back(request_id{c.getRequestId()});
       if (!c.getSample()) continue;
       every_sample_chooses = every_sample_chooses && c.getChoose();
-      out.choices.push_back({{c.getTemperature(), c.getTopK(), c.getTopP(), c.getMinP()}, c.getU()});
-      out.chosen_ids.push_back(request_id{c.getRequestId()});
+      out.choices.insert(out.choices.end(), static_cast<size_t>(rows),
+                         token_choice{{c.getTemperature(), c.getTopK(), c.getTopP(), c.getMinP()}, c.getU()});
+      out.chosen_ids.insert(out.chosen_ids.end(), static_cast<size_t>(rows), request_id{c.getRequestId()});
     }
     if (!every_sample_chooses) {
       out.choices.clear();

@@ -10,7 +10,10 @@
 //
 // A sampled chunk may carry the choice of its token (a token_choice: greedy, or a draw
 // with its truncation and uniform u); when every sampled chunk of a plan does, the last
-// stage returns the chosen tokens (encode_step_result) instead of their logits.
+// stage returns the chosen tokens (encode_step_result) instead of their logits. With
+// speculative decoding a chunk's last tokens may be drafts: each wants a row of logits
+// too (the rows after the known token's), and a choice for them must be greedy (each
+// row's argmax; verifying a draw needs the logits).
 //
 // One encoder per scheduler, one decoder per stage; each used by one thread.
 #pragma once
@@ -58,13 +61,13 @@ struct decoded_step {
   uint64_t step_id = 0;
   std::vector<request_id> ids;  // per sequence of the batch
   step_batch batch;             // its block tables point into the decoder
-  // Per logit row (sampled chunk, in batch order): how the last stage chooses its token;
-  // empty unless every sampled chunk asked for that.
+  // Per logit row (a sampled chunk's, and one per draft, in batch order): how the last
+  // stage chooses its token; empty unless every sampled chunk asked for that.
   std::vector<token_choice> choices;
   std::vector<request_id> chosen_ids;  // the requests of those rows
 };
 
-// The tokens a last stage chose: (request, token) per sampled chunk, in batch order.
+// The tokens a last stage chose: (request, token) per logit row, in batch order.
 struct chosen_token {
   request_id id;
   int32_t token = 0;

@@ -120,8 +120,8 @@ void transformer_shard::forward(const step_batch& batch, float* hidden, float* l
 }
 
 void transformer_shard::forward_early_exit(const step_batch& batch, float* hidden, float* logits, int32_t exit_layer) {
-  TROUPE_ASSERT(is_first_stage() && is_last_stage() && spec_.tp.size == 1, "early exit needs the whole model");
-  TROUPE_ASSERT(exit_layer >= 1 && exit_layer <= cfg_.num_layers, exit_layer, cfg_.num_layers);
+  TROUPE_ASSERT(is_first_stage() && spec_.tp.size == 1, "early exit runs the model's first layers, whole");
+  TROUPE_ASSERT(exit_layer >= 1 && exit_layer <= static_cast<int32_t>(layers_.size()), exit_layer, layers_.size());
   run(batch, hidden, logits, exit_layer, true);
 }
 

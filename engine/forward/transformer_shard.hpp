@@ -38,7 +38,8 @@ class transformer_shard final : public forward_shard {
   void forward(const step_batch& batch, float* hidden, float* logits) override;
   // Self-speculation by early exit: the first exit_layer layers (writing their KV, the
   // same values forward() writes for the same tokens), then the final norm and the
-  // classifier. A shard with every layer of one slice {0, 1} only.
+  // classifier. A first-stage shard of one slice {0, 1} with at least exit_layer layers
+  // (every layer, or only the first ones: an early-exit draft's own).
   void forward_early_exit(const step_batch& batch, float* hidden, float* logits, int32_t exit_layer);
 
   bool is_first_stage() const override { return spec_.first_layer == 0; }

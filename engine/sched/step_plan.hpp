@@ -19,6 +19,8 @@ struct scheduled_chunk {
   int32_t num_draft = 0;   // of which draft slots: positions after the known tokens whose
                            // tokens a proposer fills in (speculative decoding)
   std::span<const int32_t> tokens;        // the known tokens (count - num_draft of them)
+  std::span<const int32_t> draft;         // the drafts, once a proposer filled the slots
+                                          // (the request's draft)
   std::span<const block_id> block_table;  // the request's blocks, covering first + count
   bool sample = false;     // the chunk reaches the end of the known tokens: sample one
                            // (with drafts, verify them: 1 to num_draft + 1 tokens)
@@ -31,6 +33,12 @@ struct step_plan {
   int32_t num_samples() const {
     int32_t n = 0;
     for (const auto& c : chunks) n += c.sample;
+    return n;
+  }
+  // Rows of logits the step returns: one per sampled chunk, and one more per draft.
+  int32_t num_logit_rows() const {
+    int32_t n = 0;
+    for (const auto& c : chunks) n += c.sample ? 1 + c.num_draft : 0;
     return n;
   }
 };

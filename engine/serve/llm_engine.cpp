@@ -90,73 +90,22 @@ std::optional<step_output> llm_engine::abort(request_id id) {
   return sched_.abort(id);
 }
 
-// Fills the plan's draft slots; a chunk whose proposer came up short computes fewer.
-void llm_engine::propose(step_plan& plan) {
-  slots_.clear();
-  for (const auto& c : plan.chunks)
-    if (c.num_draft > 0) slots_.push_back({sched_.find(c.id), c.num_draft, {}, {}});
-  if (!slots_.empty()) proposer_->propose(slots_);
-  size_t i = 0;
-  for (auto& c : plan.chunks) {
-    if (c.num_draft == 0) continue;
-    draft_slot& s = slots_[i++];
-    TROUPE_ASSERT(static_cast<int32_t>(s.tokens.size()) <= c.num_draft, s.tokens.size(), c.num_draft);
-    c.count -= c.num_draft - static_cast<int32_t>(s.tokens.size());
-    c.num_draft = static_cast<int32_t>(s.tokens.size());
-    s.req->draft = std::move(s.tokens);
-    s.req->draft_q = std::move(s.q);
-  }
-}
-
-// Each sampled chunk's rows: its drafts verified (1 to drafts + 1 tokens), else one token.
-void llm_engine::verify_rows(const step_plan& plan, float* logits, int32_t vocab) {
-  emitted_.clear();
-  size_t row = 0;
-  for (const auto& c : plan.chunks) {
-    if (!c.sample) continue;
-    float* l = logits + row * static_cast<size_t>(vocab);
-    row += 1 + c.num_draft;
-    request* r = sched_.find(c.id);
-    if (r == nullptr) {  // ended while its step ran: a placeholder, never recorded
-      samples_.emplace_back();
-      emitted_.push_back(1);
-      continue;
-    }
-    if (c.num_draft == 0) {
-      samples_.push_back(r->smp.sample(l, vocab));
-      emitted_.push_back(1);
-      continue;
-    }
-    std::vector<sample_result> got = r->smp.verify(l, vocab, r->draft, r->draft_q);
-    const auto accepted = static_cast<int32_t>(got.size()) - 1;
-    ++stats_.spec_verifies;
-    stats_.spec_proposed += c.num_draft;
-    stats_.spec_accepted += accepted;
-    after_verify(*r, c.num_draft, accepted, cfg_.spec);
-    emitted_.push_back(static_cast<int32_t>(got.size()));
-    for (auto& s : got) samples_.push_back(std::move(s));
-  }
-}
-
 std::vector<step_output> llm_engine::step() {
   if (proposer_) plan_drafts(sched_.running(), cfg_.spec, cfg_.sched.context);
   step_plan plan = sched_.schedule();
   stats_.preemptions += plan.preempted.size();
   if (proposer_) {
     for (request_id id : plan.preempted) proposer_->forget(id);
-    propose(plan);
+    fill_drafts(plan, sched_, *proposer_, slots_);
   }
-  samples_.clear();
-  emitted_.clear();
+  step_tokens got;
   if (!plan.chunks.empty()) {
     batch_.clear();
-    bool drafts = false;
     for (const auto& c : plan.chunks) {
       const request* r = sched_.find(c.id);
       if (c.num_draft > 0) {
-        drafts = true;
         tokens_.assign(c.tokens.begin(), c.tokens.end());
-        tokens_.insert(tokens_.end(), r->draft.begin(), r->draft.end());
+        tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
         batch_.add(tokens_, c.first, c.block_table, 1 + c.num_draft);
       } else {
         batch_.add(c.tokens, c.first, c.block_table, c.sample ? 1 : 0);
@@ -170,22 +119,21 @@ std::vector<step_output> llm_engine::step() {
     stats_.tokens_computed += batch_.num_tokens();
     // Who chooses the tokens (step_choices.hpp): the shard where its logits are, when
     // every row allows it and the shard does (a CPU shard declines: its logits are
-    // already here); else each sampler from its row.
-    // (A step that verifies drafts needs its rows of logits here.)
-    const std::vector<token_choice> choices = drafts ? std::vector<token_choice>{} : shard_choices(plan, sched_);
+    // already here); else each sampler from its row, or verifying its drafts.
+    const std::vector<token_choice> choices = shard_choices(plan, sched_);
     chosen_.assign(choices.size(), 0);
     if (!choices.empty() && shard_->forward_choose(batch_, hidden_.data(), choices.data(), chosen_.data())) {
-      samples_ = replay_chosen(plan, sched_, chosen_);
+      got = replay_chosen(plan, sched_, chosen_, cfg_.spec);
     } else {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
-      if (drafts)
-        verify_rows(plan, logits_.data(), vocab);
-      else
-        samples_ = sample_rows(plan, sched_, logits_.data(), vocab);
+      got = sample_rows(plan, sched_, logits_.data(), vocab, cfg_.spec);
     }
+    stats_.spec_verifies += got.spec.verifies;
+    stats_.spec_proposed += got.spec.proposed;
+    stats_.spec_accepted += got.spec.accepted;
   }
-  std::vector<step_output> outs = sched_.update_from_output(plan, samples_, emitted_);
+  std::vector<step_output> outs = sched_.update_from_output(plan, got.samples, got.emitted);
   if (proposer_)
     for (const step_output& o : outs)
       if (o.finished) proposer_->forget(o.id);

@@ -87,8 +87,6 @@ class llm_engine {
  private:
   static engine_config complete(engine_config cfg, const model& m);
   void start_speculation(transformer_shard* cpu_shard);
-  void propose(step_plan& plan);
-  void verify_rows(const step_plan& plan, float* logits, int32_t vocab);
 
   const model& model_;
   engine_config cfg_;
@@ -100,8 +98,7 @@ class llm_engine {
   engine_stats stats_;
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;
-  std::vector<sample_result> samples_;
-  std::vector<int32_t> chosen_, emitted_, tokens_;
+  std::vector<int32_t> chosen_, tokens_;
   std::unique_ptr<proposer> proposer_;
   std::vector<draft_slot> slots_;
   std::vector<request*> running_;

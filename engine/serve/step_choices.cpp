@@ -8,7 +8,8 @@ std::vector<token_choice> shard_choices(const step_plan& plan, scheduler& sched)
     if (!c.sample) continue;
     const request* r = sched.find(c.id);
     if (r == nullptr || !r->smp.needs_only_logits()) return {};
-    out.push_back(r->smp.next_choice());
+    if (c.num_draft > 0 && r->smp.params().temperature != 0.0f) return {};
+    out.insert(out.end(), static_cast<size_t>(1 + c.num_draft), r->smp.next_choice());
   }
   return out;
 }
@@ -18,32 +19,81 @@ std::vector<std::optional<token_choice>> shard_choices_by_chunk(const step_plan&
   const std::vector<token_choice> rows = shard_choices(plan, sched);
   if (rows.empty()) return out;
   size_t k = 0;
-  for (size_t i = 0; i < plan.chunks.size(); ++i)
-    if (plan.chunks[i].sample) out[i] = rows[k++];
-  return out;
-}
-
-std::vector<sample_result> replay_chosen(const step_plan& plan, scheduler& sched, std::span<const int32_t> chosen) {
-  std::vector<sample_result> out;
-  size_t k = 0;
-  for (const auto& c : plan.chunks) {
-    if (!c.sample) continue;
-    sample_result s;
-    s.token = chosen[k++];
-    if (request* r = sched.find(c.id)) r->smp.replay(s.token);
-    out.push_back(s);
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (!plan.chunks[i].sample) continue;
+    out[i] = rows[k];
+    k += 1 + static_cast<size_t>(plan.chunks[i].num_draft);
   }
   return out;
 }
 
-std::vector<sample_result> sample_rows(const step_plan& plan, scheduler& sched, float* logits, int32_t vocab) {
-  std::vector<sample_result> out;
+namespace {
+
+void count_verify(step_tokens& out, request& r, int32_t proposed, int32_t accepted, const speculative_config& spec) {
+  ++out.spec.verifies;
+  out.spec.proposed += static_cast<uint64_t>(proposed);
+  out.spec.accepted += static_cast<uint64_t>(accepted);
+  ++out.spec.by_accepted[static_cast<size_t>(accepted)];
+  after_verify(r, proposed, accepted, spec);
+}
+
+}  // namespace
+
+step_tokens replay_chosen(const step_plan& plan, scheduler& sched, std::span<const int32_t> chosen,
+                          const speculative_config& spec) {
+  step_tokens out;
   size_t row = 0;
   for (const auto& c : plan.chunks) {
     if (!c.sample) continue;
-    float* l = logits + row++ * static_cast<size_t>(vocab);
+    const std::span<const int32_t> rows = chosen.subspan(row, static_cast<size_t>(1 + c.num_draft));
+    row += rows.size();
     request* r = sched.find(c.id);
-    out.push_back(r != nullptr ? r->smp.sample(l, vocab) : sample_result{});
+    if (r == nullptr) {  // ended while its step ran: its token, never recorded
+      out.samples.push_back({rows[0], 0.0f, {}});
+      out.emitted.push_back(1);
+      continue;
+    }
+    TROUPE_ASSERT(r->draft.size() == static_cast<size_t>(c.num_draft), r->draft.size(), c.num_draft);
+    // Greedy drafts: kept while each equals its row's argmax, then that row's argmax.
+    int32_t accepted = 0;
+    while (accepted < c.num_draft && r->draft[static_cast<size_t>(accepted)] == rows[static_cast<size_t>(accepted)])
+      ++accepted;
+    for (int32_t j = 0; j <= accepted; ++j) {
+      sample_result s;
+      s.token = rows[static_cast<size_t>(j)];
+      r->smp.replay(s.token);
+      out.samples.push_back(s);
+    }
+    out.emitted.push_back(accepted + 1);
+    if (c.num_draft > 0) count_verify(out, *r, c.num_draft, accepted, spec);
+  }
+  return out;
+}
+
+step_tokens sample_rows(const step_plan& plan, scheduler& sched, float* logits, int32_t vocab,
+                        const speculative_config& spec) {
+  step_tokens out;
+  size_t row = 0;
+  for (const auto& c : plan.chunks) {
+    if (!c.sample) continue;
+    float* l = logits + row * static_cast<size_t>(vocab);
+    row += 1 + static_cast<size_t>(c.num_draft);
+    request* r = sched.find(c.id);
+    if (r == nullptr) {  // ended while its step ran: a placeholder, never recorded
+      out.samples.emplace_back();
+      out.emitted.push_back(1);
+      continue;
+    }
+    if (c.num_draft == 0) {
+      out.samples.push_back(r->smp.sample(l, vocab));
+      out.emitted.push_back(1);
+      continue;
+    }
+    std::vector<sample_result> got = r->smp.verify(l, vocab, r->draft, r->draft_q);
+    const auto accepted = static_cast<int32_t>(got.size()) - 1;
+    count_verify(out, *r, c.num_draft, accepted, spec);
+    out.emitted.push_back(accepted + 1);
+    for (auto& s : got) out.samples.push_back(std::move(s));
   }
   return out;
 }

@@ -16,6 +16,15 @@ model_proposer::model_proposer(const model& draft, int32_t num_blocks, int32_t b
   run_ = [this](const step_batch& b, float* h, float* l) { own_->forward(b, h, l); };
 }
 
+model_proposer::model_proposer(const model& target, int32_t exit_layer, int32_t num_blocks, int32_t block_size,
+                               dtype kv_type, thread_pool& pool)
+    : model_(target), own_kv_(true) {
+  const shard_spec first{0, exit_layer, {}};
+  cache_ = std::make_unique<kv_cache>(transformer_shard::cache_shape(target.config, first, num_blocks, block_size, kv_type));
+  own_ = std::make_unique<transformer_shard>(target, first, *cache_, pool, solo_);
+  run_ = [this, exit_layer](const step_batch& b, float* h, float* l) { own_->forward_early_exit(b, h, l, exit_layer); };
+}
+
 model_proposer::model_proposer(const model& target, transformer_shard& shard, int32_t exit_layer)
     : model_(target), own_kv_(false) {
   run_ = [&shard, exit_layer](const step_batch& b, float* h, float* l) { shard.forward_early_exit(b, h, l, exit_layer); };

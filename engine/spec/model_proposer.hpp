@@ -7,8 +7,11 @@
 //                 tokens its cache holds for each request and catches up from where they
 //                 stop matching (after a prompt, after rejected drafts).
 //   early exit:   the target's own first L layers, then its final norm and classifier. It
-//                 shares the target's KV for those layers: the target computed them for
-//                 every known token, and rewrites a drafted token's slots when it verifies.
+//                 shares the target's KV for those layers where the target's shard is at
+//                 hand (the engine loop): the target computed them for every known token,
+//                 and rewrites a drafted token's slots when it verifies. Where the target
+//                 runs elsewhere (the scheduler actor's stages), it keeps a cache of its own
+//                 for those L layers, as a draft model does.
 //
 // Drafts are chosen as the request's sampler would choose from the draft's logits (its
 // penalties and biases, over the sequence and the drafts so far): greedy takes the argmax,
@@ -34,6 +37,9 @@ class model_proposer final : public proposer {
   model_proposer(const model& draft, int32_t num_blocks, int32_t block_size, dtype kv_type, thread_pool& pool);
   // Early exit from the target's shard after exit_layer layers.
   model_proposer(const model& target, transformer_shard& shard, int32_t exit_layer);
+  // Early exit after the target's first exit_layer layers, with a cache of their own.
+  model_proposer(const model& target, int32_t exit_layer, int32_t num_blocks, int32_t block_size, dtype kv_type,
+                 thread_pool& pool);
 
   void propose(std::span<draft_slot> slots) override;
   void forget(request_id id) override { held_.erase(id); }

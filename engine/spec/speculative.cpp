@@ -93,4 +93,25 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
   }
 }
 
+void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots) {
+  slots.clear();
+  for (const auto& c : plan.chunks)
+    if (c.num_draft > 0) slots.push_back({sched.find(c.id), c.num_draft, {}, {}});
+  if (slots.empty()) return;
+  p.propose(slots);
+  size_t i = 0;
+  for (auto& c : plan.chunks) {
+    if (c.num_draft == 0) continue;
+    draft_slot& s = slots[i++];
+    TROUPE_ASSERT(static_cast<int32_t>(s.tokens.size()) <= c.num_draft, s.tokens.size(), c.num_draft);
+    const int32_t shortfall = c.num_draft - static_cast<int32_t>(s.tokens.size());
+    c.count -= shortfall;
+    plan.num_tokens -= shortfall;
+    c.num_draft = static_cast<int32_t>(s.tokens.size());
+    s.req->draft = std::move(s.tokens);
+    s.req->draft_q = std::move(s.q);
+    c.draft = s.req->draft;
+  }
+}
+
 }  // namespace troupe

@@ -102,4 +102,94 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   }
 }
 
+TEST_CASE("speculative decoding through the scheduler actor: greedy streams as the engine alone, by each proposer") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const test::loaded draft = test::load(test::models_dir() + "/stories260K.gguf", test::models_dir() + "/tok512.bin");
+  const char* texts[] = {"Once upon a time", "The cat", "Lily and Tom went to the", "One day", "She saw a big",
+                         "Tim had a red"};
+  std::vector<request_params> reqs;
+  for (const char* t : texts) {
+    request_params p;
+    p.prompt = l.tok.encode(t, true);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 64;
+    const size_t i = reqs.size();
+    if (i == 1) p.speculative = 0;  // this one without
+    if (i == 2) p.speculative = 1;  // this one one draft at a time
+    if (i == 3) p.sampling = {0.0f, 0, 1.0f, 0.0f, 1.3f, 0.0f, 0.0f, 0, -1, {}};  // a penalty: verified here
+    if (i == 5) p.sampling = {0.8f, 40, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, 77, -1, {}};  // drawn: ends, in order
+    reqs.push_back(p);
+  }
+  // A stop string inside an accepted run: a word from the middle of request 4's output.
+  {
+    const auto plain = test::alone_tokens(l, {reqs[4]});
+    const std::string text = l.tok.decode_all(std::vector<int32_t>(plain[0].tokens.begin() + 20, plain[0].tokens.begin() + 24));
+    reqs[4].stop_strings = {text.substr(1, 4)};
+  }
+  const auto alone = test::alone_tokens(l, reqs);
+  REQUIRE(alone[4].tokens.size() <= 24);  // cut at the stop, well before max_tokens
+
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  struct run {
+    spec_method method;
+    std::vector<stage_layout> layout;
+  };
+  for (const run& r : {run{spec_method::ngram, {{0, 5, 2}}}, run{spec_method::draft, {{0, 2, 1}, {2, 5, 1}}},
+                       run{spec_method::early_exit, {{0, 5, 1}}}, run{spec_method::early_exit, {{0, 2, 1}, {2, 5, 2}}}}) {
+    CAPTURE(spec_method_name(r.method));
+    CAPTURE(r.layout.size());
+    scheduler_setup setup = test::scheduler_for(l, "r0", r.layout.size());
+    setup.spec.method = r.method;
+    setup.spec.k = 4;
+    setup.spec.exit_layer = 4;
+    setup.draft = &draft.m;
+    auto rep = spawn_replica(sys, l.m, test::with_kv(r.layout, setup.config.kv, setup.config.max_step_tokens));
+    setup.agent = rep.agent;
+    setup.stages = rep.stages;
+    auto sched = spawn_scheduler(sys, setup);
+    caf::scoped_actor self{sys};
+    std::map<uint64_t, size_t> index;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const wire_message msg(wire_kind::none, wire::encode_generate_request_text(texts[i], reqs[i]));
+      self->request(sched, std::chrono::seconds(10), generate_atom_v, msg, caf::actor{self})
+          .receive([&](uint64_t id) { index[id] = i; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+    }
+    test::ledger lg;
+    test::collect(self, lg, reqs.size());  // checks numbering and the final chunks
+    for (const auto& [id, i] : index) {
+      CAPTURE(texts[i]);
+      CHECK(lg.ends[id] == 1);
+      if (reqs[i].sampling.temperature == 0.0f) CHECK(lg.tokens[id] == alone[i].tokens);
+      if (i == 4) CHECK(lg.results[id].reason == finish_reason::stop);
+    }
+    // What speculation did: drafts proposed and verified, and some accepted.
+    std::string method;
+    std::vector<uint64_t> spec;
+    self->request(sched, std::chrono::seconds(10), metrics_atom_v)
+        .receive([&](uint32_t, uint64_t, uint64_t, const std::string& m, const std::vector<uint64_t>& v) { method = m, spec = v; },
+                 [&](caf::error& e) { FAIL(sys.render(e)); });
+    CHECK(method == spec_method_name(r.method));
+    REQUIRE(spec.size() == spec_figures_size);
+    CHECK(spec[0] > 10);           // verifies
+    CHECK(spec[1] >= spec[0]);     // proposed: at least one a verify
+    CHECK(spec[2] > 0);            // accepted
+    CHECK(spec[2] <= spec[1]);
+    uint64_t verifies = 0, accepted = 0;
+    for (size_t n = 0; n <= max_draft_tokens; ++n) {
+      verifies += spec[3 + n];
+      accepted += n * spec[3 + n];
+    }
+    CHECK(verifies == spec[0]);
+    CHECK(accepted == spec[2]);
+    if (r.method == spec_method::draft) CHECK(spec[2] == spec[1]);  // the model as its own draft: all taken
+    uint32_t used = 99;
+    self->request(sched, std::chrono::seconds(10), stats_atom_v)
+        .receive([&](uint32_t u, uint32_t, uint32_t, uint32_t) { used = u; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+    CHECK(used == 0);  // rejected drafts' blocks all back
+    self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
+    self->send_exit(sched, caf::exit_reason::user_shutdown);
+  }
+}
+
 }  // namespace troupe

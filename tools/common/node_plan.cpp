@@ -95,9 +95,11 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
 }  // namespace
 
 expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer& tok, const std::string& node,
-                              const endpoint_overrides& overrides) {
+                              const endpoint_overrides& overrides, const model* draft) {
   const node_spec* me = t.node_named(node);
   if (me == nullptr) return error{t.path + ": no node named '" + node + "'"};
+  auto spec = speculative_config_of(t.speculative, m.config, true);
+  if (!spec) return error{t.path + ": " + spec.err().message};
   node_plan p;
   p.node = *me;
   p.failure = failure_detection{std::chrono::milliseconds(t.failure.heartbeat_ms),
@@ -109,7 +111,15 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
       if (s.node == me->name && !p.next_hop && i + 1 < r.stages.size() && r.stages[i + 1].node != me->name)
         p.next_hop = *t.node_named(r.stages[i + 1].node);
     }
-    if (r.scheduler_node == me->name) p.schedulers.push_back(scheduler_of(t, m, tok, r, *me));
+    if (r.scheduler_node != me->name) continue;
+    p.schedulers.push_back(scheduler_of(t, m, tok, r, *me));
+    scheduler_setup& s = p.schedulers.back().setup;
+    s.spec = *spec;
+    s.spec_threads = me->threads;
+    if (spec->method == spec_method::draft) {
+      if (draft == nullptr) return error{t.path + ": [speculative] method draft: the draft model is not loaded"};
+      s.draft = draft;
+    }
   }
   if (t.gateway.node == me->name) p.gateway = gateway_of(t, m, *me, overrides);
   return p;

@@ -60,8 +60,10 @@ struct endpoint_overrides {
   std::optional<endpoint> capnp, http;
 };
 
-// The plan of node `node` (an error when the topology has none by that name).
+// The plan of node `node` (an error when the topology has none by that name). draft: the
+// model [speculative] draft names, loaded and checked (speculative_from), where the node
+// keeps a scheduler and the method is draft.
 expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer& tok, const std::string& node,
-                              const endpoint_overrides& overrides = {});
+                              const endpoint_overrides& overrides = {}, const model* draft = nullptr);
 
 }  // namespace troupe::tools

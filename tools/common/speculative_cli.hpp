@@ -1,26 +1,14 @@
-// The speculative decoding options troupe-run and troupe-perf share, and the
-// configuration they make (engine/spec/speculative.hpp).
+// The speculative decoding options troupe-run and troupe-perf share
+// (speculative_options.hpp).
 #pragma once
-
-#include <optional>
-#include <string>
 
 #include <CLI/CLI.hpp>
 
-#include "engine/model/model.hpp"
-#include "engine/spec/speculative.hpp"
-#include "engine/util/expected.hpp"
+#include "tools/common/speculative_options.hpp"
 
 namespace troupe::tools {
 
-struct speculative_cli {
-  std::string method = "none";
-  int32_t k = -1;         // -1: the method's default
-  std::string draft;
-  int32_t exit_layer = 0; // 0: a quarter of the target's layers
-};
-
-inline void add_speculative_options(CLI::App& app, speculative_cli& o) {
+inline void add_speculative_options(CLI::App& app, speculative_options& o) {
   const char* group = "Speculative decoding";
   app.add_option("--speculative", o.method,
                  "ngram (prompt lookup), draft (a smaller model, --draft), early-exit (the model's first layers), "
@@ -35,9 +23,5 @@ inline void add_speculative_options(CLI::App& app, speculative_cli& o) {
   app.add_option("--exit-layer", o.exit_layer, "early exit after this many layers (default: a quarter of them)")
       ->group(group);
 }
-
-// The configuration for `target`; with method draft, the draft model is loaded into
-// `draft` and checked against the target. An error in words.
-expected<speculative_config> speculative_from(const speculative_cli& o, const model& target, std::optional<model>& draft);
 
 }  // namespace troupe::tools

@@ -139,7 +139,8 @@ class reader {
 };
 
 // The tables of a topology, and what each may hold.
-constexpr std::array<std::string_view, 8> top_tables = {"model", "gateway", "kv", "scheduler", "failure", "gpu", "node", "replica"};
+constexpr std::array<std::string_view, 9> top_tables = {"model",  "gateway", "kv",   "scheduler",  "failure",
+                                                        "gpu",    "speculative", "node", "replica"};
 
 model_section parse_model(reader& rd, const toml::table& t, const std::string& base_dir) {
   model_section m;
@@ -249,6 +250,23 @@ gpu_config parse_gpu(reader& rd, const toml::table& t) {
       g.weights = *d;
   }
   return g;
+}
+
+// The command line's names, in TOML's spelling (exit_layer; exit-layer is taken too).
+speculative_options parse_speculative(reader& rd, const toml::table& t, const std::string& base_dir) {
+  speculative_options o;
+  const std::string w = "[speculative]";
+  rd.only(t, w, {"method", "k", "draft", "exit_layer", "exit-layer"});
+  if (rd.get(t, w, "method", o.method) && !parse_spec_method(o.method))
+    rd.fail(t.get("method"), w + ": method must be ngram, draft, early-exit or none");
+  rd.get_in(t, w, "k", o.k, 1, max_draft_tokens);
+  if (rd.get(t, w, "draft", o.draft) && std::filesystem::path(o.draft).is_relative())
+    o.draft = (std::filesystem::path(base_dir) / o.draft).lexically_normal().string();
+  const char* exit_key = t.contains("exit-layer") ? "exit-layer" : "exit_layer";
+  if (t.contains("exit-layer") && t.contains("exit_layer"))
+    rd.fail(t.get("exit-layer"), w + ": exit_layer is given twice (as exit_layer and exit-layer)");
+  rd.get_in(t, w, exit_key, o.exit_layer, 1, 1 << 16);
+  return o;
 }
 
 node_spec parse_node(reader& rd, const toml::table& t, const std::string& where) {
@@ -397,7 +415,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     const std::string_view key = k.str();
     if (std::find(top_tables.begin(), top_tables.end(), key) == top_tables.end()) {
       rd.fail(&v, "unknown table [" + std::string(key) + "] (a topology has [model], [gateway], [kv], [scheduler], "
-                  "[failure], [gpu], [[node]] and [[replica]])");
+                  "[failure], [gpu], [speculative], [[node]] and [[replica]])");
       break;
     }
     const bool array = key == "node" || key == "replica";
@@ -418,6 +436,8 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (const toml::table* s = root["scheduler"].as_table(); s && rd.ok()) t.scheduler = parse_scheduler(rd, *s);
   if (const toml::table* f = root["failure"].as_table(); f && rd.ok()) t.failure = parse_failure(rd, *f);
   if (const toml::table* g = root["gpu"].as_table(); g && rd.ok()) t.gpu = parse_gpu(rd, *g);
+  if (const toml::table* sp = root["speculative"].as_table(); sp && rd.ok())
+    t.speculative = parse_speculative(rd, *sp, base_dir);
   if (!rd.ok()) return error{rd.error_message()};
   const toml::array* nodes = root["node"].as_array();
   if (!nodes || nodes->empty()) return error{name + ": no [[node]] is declared"};
@@ -477,6 +497,7 @@ status validate_topology(const topology& t, const model_config& m, int32_t q8_gr
       return error{t.path + ": replica '" + r.name + "' leaves layers " + std::to_string(next) + "-" +
                    std::to_string(m.num_layers - 1) + " to no stage"};
   }
+  if (auto s = speculative_config_of(t.speculative, m, true); !s) return error{t.path + ": " + s.err().message};
   return ok();
 }
 

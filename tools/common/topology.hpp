@@ -11,6 +11,7 @@
 //   [scheduler]   scheduler_config  step budget and batch size (engine/sched/scheduler.hpp)
 //   [failure]     failure_config    heartbeats, recovery timeout, restarts
 //   [gpu]         gpu_config        what GPU shards keep their weights in
+//   [speculative] speculative_options  speculative decoding: method, k, draft, exit_layer
 //   [[node]]      node_spec         one process
 //   [[replica]]   replica_spec      one copy of the model: its stages
 //
@@ -28,6 +29,7 @@
 #include "engine/sched/scheduler.hpp"
 #include "engine/util/expected.hpp"
 #include "kernels/common/dtype.hpp"
+#include "tools/common/speculative_options.hpp"
 
 namespace troupe::tools {
 
@@ -94,6 +96,7 @@ struct topology {
   scheduler_config scheduler;  // max_step_tokens and max_running; the rest is filled per replica
   failure_config failure;
   gpu_config gpu;
+  speculative_options speculative;  // the draft path is taken from the file's directory
   std::vector<node_spec> nodes;
   std::vector<replica_spec> replicas;
 
@@ -112,7 +115,8 @@ inline int32_t end_layer(const stage_spec& s, int32_t num_layers) {
 }
 
 // Checks the topology against the model it serves: layer ranges cover every layer once,
-// in order, in each replica; tensor-parallel sizes divide the heads and FFN columns.
+// in order, in each replica; tensor-parallel sizes divide the heads and FFN columns;
+// [speculative] fits the model (its draft file is checked where it is loaded).
 status validate_topology(const topology& t, const model_config& model, int32_t q8_group_size);
 
 // What an operator should hear about a topology that is valid but limits its model: a KV

@@ -158,6 +158,11 @@ int main(int argc, char** argv) {
   }
   if (const std::string w = tools::topology_warnings(*topo, m->config); !w.empty())
     std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), w.c_str());
+  std::optional<model> draft;  // loaded to be checked; the nodes load their own
+  if (auto spec = tools::speculative_from(topo->speculative, *m, draft, true); !spec) {
+    std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), spec.err().message.c_str());
+    return 1;
+  }
   if (node_bin.empty()) node_bin = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "troupe-node" / "troupe-node").string();
   if (!fs::exists(node_bin)) node_bin = (fs::read_symlink("/proc/self/exe").parent_path() / "troupe-node").string();
   if (!fs::exists(node_bin)) {

@@ -53,7 +53,15 @@ int main(int argc, char** argv) {
   if (auto v = tools::validate_topology(*topo, m.config, gs); !v) return fail(v.err().message);
   if (const std::string w = tools::topology_warnings(*topo, m.config); !w.empty())
     std::fprintf(stderr, "troupe-node %s: %s\n", opt.node.c_str(), w.c_str());
-  auto plan = tools::plan_node(*topo, m, *loaded->tok, opt.node, opt.overrides);
+  std::optional<model> draft;
+  auto spec = tools::speculative_from(topo->speculative, m, draft, true);
+  if (!spec) return fail(opt.topology + ": " + spec.err().message);
+  if (spec->enabled()) {
+    const std::string with = draft ? ", draft " + topo->speculative.draft : "";
+    std::fprintf(stderr, "troupe-node %s: speculative decoding by %s, k %d%s\n", opt.node.c_str(),
+                 std::string(spec_method_name(spec->method)).c_str(), spec->k, with.c_str());
+  }
+  auto plan = tools::plan_node(*topo, m, *loaded->tok, opt.node, opt.overrides, draft ? &*draft : nullptr);
   if (!plan) return fail(plan.err().message);
   for (const auto& s : plan->stages)
     for (const auto& d : s.layout.devices) {

@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   auto* dec = app.add_subcommand("decode", "single-stream decode");
   add_model(dec);
   dec->add_option("-n,--tokens", tokens, "tokens to generate per run")->check(CLI::Range(2, 100000))->capture_default_str();
-  tools::speculative_cli spec_opts;
+  tools::speculative_options spec_opts;
   tools::add_speculative_options(*dec, spec_opts);
   auto* pre = app.add_subcommand("prefill", "prompt processing");
   add_model(pre);

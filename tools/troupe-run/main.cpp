@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   app.add_option("-j,--threads", threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_flag("--ids", ids, "print token ids instead of text");
   app.add_flag("-q,--quiet", quiet, "no loading line or speed summary on stderr");
-  tools::speculative_cli spec_opts;
+  tools::speculative_options spec_opts;
   tools::add_speculative_options(app, spec_opts);
   CLI11_PARSE(app, argc, argv);
 

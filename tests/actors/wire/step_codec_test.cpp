@@ -10,6 +10,7 @@
 #include "actors/wire/frame.hpp"
 #include "engine/sample/rng.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "engine/spec/speculative.hpp"
 #include "schema/step.capnp.h"
 #include "tests/support/test_support.hpp"
 
@@ -293,6 +294,74 @@ TEST_CASE("a choice out of range is refused, as is a choice for a chunk that sam
                     c.setTemperature(0.7f);
                     c.setU(0.5f);
                   })).has_value());
+}
+
+TEST_CASE("drafts travel as a chunk's last tokens, each with a row of logits, chosen on the shard only greedily") {
+  scheduler s(small_scheduler(), test::tok512());
+  request_params p;
+  p.prompt = {1, 5, 9, 20};
+  p.max_tokens = 8;
+  REQUIRE(s.add(request_id{4}, p).has_value());
+  step_plan prefill = s.schedule();
+  step_encoder enc;
+  step_decoder dec(limits());
+  auto learned = dec.decode(enc.encode(prefill, {}));  // the stage learns the request's table
+  REQUIRE_MESSAGE(learned.has_value(), (learned ? "" : learned.err().message));
+  std::vector<sample_result> first(1);
+  first[0].token = 33;
+  s.update_from_output(prefill, first);
+  speculative_config sc;
+  sc.method = spec_method::ngram;
+  plan_drafts(s.running(), sc, 512);
+  step_plan plan = s.schedule();
+  REQUIRE(plan.chunks.size() == 1);
+  REQUIRE(plan.chunks[0].num_draft == 3);
+  const std::vector<int32_t> drafts{40, 41, 42};
+  plan.chunks[0].draft = drafts;
+  auto d = dec.decode(enc.encode(plan, {}, std::vector<std::optional<token_choice>>{token_choice::greedy()}));
+  REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.err().message));
+  CHECK(d->batch.tokens == std::vector<int32_t>{33, 40, 41, 42});
+  REQUIRE(d->batch.sequences.size() == 1);
+  CHECK(d->batch.sequences[0].logit_rows == 4);
+  CHECK(d->batch.num_logits() == 4);
+  REQUIRE(d->choices.size() == 4);  // one per row, all the chunk's
+  for (const auto& id : d->chosen_ids) CHECK(id == request_id{4});
+
+  // Made by hand: drafts that do not fit are refused.
+  auto with = [](int32_t drafts, int32_t tokens, bool sample, float temperature, bool choose) {
+    capnp::MallocMessageBuilder msg;
+    auto root = msg.initRoot<schema::StepPlan>();
+    root.setStepId(1);
+    auto c = root.initChunks(1)[0];
+    c.setRequestId(7);
+    auto t = c.initTokens(static_cast<unsigned>(tokens));
+    for (int32_t i = 0; i < tokens; ++i) t.set(static_cast<unsigned>(i), 5);
+    c.initNewBlocks(5).set(0, 0);
+    c.setResetTable(true);
+    c.setSample(sample);
+    c.setDrafts(drafts);
+    c.setChoose(choose);
+    c.setTemperature(temperature);
+    c.setTopP(1.0f);
+    return to_bytes(msg);
+  };
+  auto expect = [](const std::vector<uint8_t>& bytes, const std::string& part) {
+    step_decoder dec(limits());
+    auto d = dec.decode(bytes);
+    REQUIRE_FALSE(d.has_value());
+    CAPTURE(d.err().message);
+    CHECK(d.err().message.find(part) != std::string::npos);
+  };
+  expect(with(3, 3, true, 0.0f, false), "no known token");
+  expect(with(-1, 3, true, 0.0f, false), "drafts;");
+  expect(with(17, 18, true, 0.0f, false), "drafts;");
+  expect(with(2, 3, false, 0.0f, false), "samples nothing");
+  expect(with(2, 3, true, 0.7f, true), "only greedily");
+  step_decoder ok(limits());
+  auto drawn = ok.decode(with(2, 3, true, 0.7f, false));  // a draw: the logits come back
+  REQUIRE(drawn.has_value());
+  CHECK(drawn->batch.num_logits() == 3);
+  CHECK(drawn->choices.empty());
 }
 
 TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows and broken frames are errors") {
