@@ -109,4 +109,36 @@ TEST_CASE("node plans: the node's flags move the endpoints, and a node the topol
   CHECK(none.err().message.find("no node named 'n9'") != std::string::npos);
 }
 
+TEST_CASE("node plans: [speculative] reaches each scheduler, with the node's threads and the loaded draft") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  topology t = deployed("pp2.toml");
+  auto plain = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(plain.has_value());
+  REQUIRE(plain->schedulers.size() == 1);
+  CHECK_FALSE(plain->schedulers[0].setup.spec.enabled());
+
+  t.speculative.method = "early-exit";
+  t.speculative.exit_layer = 3;
+  t.nodes[0].threads = 2;
+  auto early = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(early.has_value());
+  const scheduler_setup& s = early->schedulers[0].setup;
+  CHECK(s.spec.method == spec_method::early_exit);
+  CHECK(s.spec.exit_layer == 3);
+  CHECK(s.spec.k == speculative_config{}.k);
+  CHECK(s.spec_threads == 2);
+  CHECK(s.draft == nullptr);
+
+  t.speculative = {"draft", 4, "stories260K.gguf", 0};
+  auto unloaded = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE_FALSE(unloaded.has_value());
+  CHECK(unloaded.err().message.find("the draft model is not loaded") != std::string::npos);
+  auto drafted = plan_node(t, l.m, l.tok, "n0", {}, &l.m);
+  REQUIRE(drafted.has_value());
+  CHECK(drafted->schedulers[0].setup.draft == &l.m);
+  CHECK(drafted->schedulers[0].setup.spec.k == 4);
+  // A node that keeps no scheduler needs no draft.
+  CHECK(plan_node(t, l.m, l.tok, "n1").has_value());
+}
+
 }  // namespace troupe::tools

@@ -260,6 +260,40 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
   CHECK(u->replicas[0].scheduler_node == "n1");
 }
 
+TEST_CASE("a [speculative] table: the command line's names, the draft beside the file, mistakes named") {
+  auto none = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
+  REQUIRE(none.has_value());
+  CHECK(none->speculative.method == "none");
+  auto t = parse_topology_text(std::string(base) + ok_replica +
+                                   "[speculative]\nmethod = \"draft\"\nk = 5\ndraft = \"drafts/small.gguf\"\n",
+                               "t.toml", "/d");
+  REQUIRE(t.has_value());
+  CHECK(t->speculative.method == "draft");
+  CHECK(t->speculative.k == 5);
+  CHECK(t->speculative.draft == "/d/drafts/small.gguf");
+  auto e = parse_topology_text(std::string(base) + ok_replica + "[speculative]\nmethod = \"early-exit\"\nexit-layer = 3\n",
+                               "t.toml", "/d");
+  REQUIRE(e.has_value());
+  CHECK(e->speculative.exit_layer == 3);
+  CHECK(problem(ok_replica + "[speculative]\nmethod = \"early-exit\"\nexit_layer = 2\n").empty());
+  CHECK(problem(ok_replica + "[speculative]\nmethod = \"ngram\"\n").empty());
+
+  auto says = [](const std::string& extra, const std::string& part) {
+    const std::string p = problem(ok_replica + "[speculative]\n" + extra);
+    CAPTURE(p);
+    CHECK(p.find(part) != std::string::npos);
+  };
+  says("method = \"medusa\"\n", "t.toml:20: [speculative]: method must be ngram, draft, early-exit or none");
+  says("method = \"ngram\"\nk = 0\n", "k must be in 1..16");
+  says("method = \"ngram\"\nk = 17\n", "k must be in 1..16");
+  says("method = \"ngram\"\ndraft_length = 2\n", "draft_length");
+  says("method = \"early-exit\"\nexit_layer = 5\n", "exit layer 5 is outside the model: it has 5 layers");
+  says("method = \"early-exit\"\nexit_layer = 2\nexit-layer = 2\n", "given twice");
+  says("method = \"ngram\"\nexit_layer = 2\n", "[speculative] exit_layer applies to early-exit");
+  says("method = \"draft\"\n", "[speculative] method draft needs [speculative] draft = FILE");
+  says("k = 4\n", "apply with [speculative] method ngram, draft or early-exit");
+}
+
 TEST_CASE("a missing topology file and a gateway on an unknown node are errors") {
   auto t = parse_topology("/nonexistent/topology.toml");
   REQUIRE_FALSE(t.has_value());

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Speculative decoding served by a PP=2 cluster (two troupe-node processes, troupe-launch)
+# over the OpenAI HTTP API, with each proposer in the topology's [speculative] table:
+# greedy completions, whole and streamed, are troupe-run's plain output; a request may
+# turn speculation off or cap it, and a cap out of range is a 400; seeded draws with n 2
+# complete; /metrics counts the drafts proposed and accepted per method. A [speculative]
+# table that cannot work starts nothing. Bounded in time; every node is stopped.
+# Usage: speculative_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+build=$1 src=$2 models=$3
+scratch
+state=$work/state
+launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
+down_all() {
+  for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done
+}
+trap 'down_all; rm -rf "$work"' EXIT
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# topology NAME METHOD_LINES...: a PP=2 stories260K topology with a [speculative] table.
+topology() {
+  local name=$1
+  shift
+  cat >"$work/$name.toml" <<TOML
+[model]
+path      = "$models/stories260K.bin"
+tokenizer = "$models/tok512.bin"
+
+[gateway]
+node  = "n0"
+capnp = "127.0.0.1:$(free_port)"
+
+[speculative]
+$(printf '%s\n' "$@")
+
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = $(free_port)
+
+[[node]]
+name = "n1"
+host = "127.0.0.1"
+port = $(free_port)
+
+[[replica]]
+name   = "r0"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] },
+           { node = "n1", layers = "3-4", devices = ["cpu"] } ]
+TOML
+}
+status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
+post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
+text_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body"; }
+
+prompts=("Once upon a time" "Lily and Tom went to the" "The little dog")
+declare -A want
+for p in "${prompts[@]}"; do
+  want[$p]=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "$p" -n 90 -t 0 -q)
+done
+
+for method in ngram early-exit draft; do
+  case $method in
+    ngram) topology "$method" 'method = "ngram"' 'k = 4' ;;
+    early-exit) topology "$method" 'method = "early-exit"' 'exit_layer = 4' ;;
+    draft) topology "$method" 'method = "draft"' "draft = \"$models/stories260K.gguf\"" 'k = 5' ;;
+  esac
+  out=$(launch up "$work/$method.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "$method: troupe-launch up: $out"
+  base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+  [[ -n $base ]] || fail "$method: no HTTP endpoint line: $out"
+
+  for p in "${prompts[@]}"; do
+    want_rest=${want[$p]#"$p"}
+    code=$(post /v1/completions '{"model":"stories260K","prompt":"'"$p"'","max_tokens":80,"temperature":0}')
+    got=$(text_of)
+    # troupe-run ran 90 steps counting the prompt; the completion is 80 tokens: a prefix.
+    [[ $code == 200 && -n $got && $want_rest == "$got"* ]] || fail "$method: '$p' differs: '$got' vs '$want_rest'"
+  done
+  # Streamed, and with speculation off or capped for the request: the same text.
+  ref=${want["Once upon a time"]#"Once upon a time"}
+  for extra in '"stream":true' '"speculative":0' '"speculative":false' '"speculative":1'; do
+    code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":60,"temperature":0,'"$extra"'}')
+    [[ $code == 200 ]] || fail "$method: $extra: status $code $(cat "$work/body")"
+    if [[ $extra == '"stream":true' ]]; then
+      got=$(python3 -c '
+import json, sys
+ev = [l[6:].strip() for l in open(sys.argv[1]) if l.startswith("data: ")]
+print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) if c.get("choices")), end="")' "$work/body")
+    else
+      got=$(text_of)
+    fi
+    [[ -n $got && $ref == "$got"* ]] || fail "$method: $extra: '$got' vs '$ref'"
+  done
+  code=$(post /v1/completions '{"model":"stories260K","prompt":"Once","max_tokens":8,"speculative":17}')
+  [[ $code == 400 ]] && grep -q "speculative" "$work/body" || fail "$method: a cap of 17: status $code $(cat "$work/body")"
+  # Seeded draws, two choices: both complete.
+  code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0.8,"seed":5,"n":2}')
+  [[ $code == 200 ]] || fail "$method: n 2: status $code $(cat "$work/body")"
+  python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); assert len(b["choices"]) == 2 and all(c["text"] for c in b["choices"])' \
+    "$work/body" || fail "$method: n 2: $(cat "$work/body")"
+
+  # The router polls the scheduler about once a second: the figures arrive.
+  ok=
+  for _ in $(seq 1 50); do
+    curl -s "$base/metrics" >"$work/metrics"
+    proposed=$(sed -n "s/^troupe_speculative_proposed_tokens_total{method=\"$method\"} //p" "$work/metrics")
+    accepted=$(sed -n "s/^troupe_speculative_accepted_tokens_total{method=\"$method\"} //p" "$work/metrics")
+    count=$(sed -n "s/^troupe_speculative_acceptance_length_count{method=\"$method\"} //p" "$work/metrics")
+    if [[ -n $proposed && -n $accepted && -n $count ]] && (( proposed > 0 && accepted > 0 && accepted <= proposed && count > 0 )); then
+      ok=1
+      break
+    fi
+    sleep 0.2
+  done
+  [[ -n $ok ]] || fail "$method: /metrics lacks the drafts: $(grep speculative "$work/metrics" || true)"
+  echo "$method: proposed $proposed, accepted $accepted over $count verifies"
+  launch down "$work/$method.toml" >/dev/null
+done
+
+# Settings that cannot work: nothing starts, and troupe-launch says why.
+topology bad-exit 'method = "early-exit"' 'exit_layer = 5'
+topology bad-key 'method = "ngram"' 'draft_length = 3'
+topology bad-draft 'method = "draft"'
+"$build/tools/make-model" "$work/vocab300.gguf" --vocab 300 --layers 1 >/dev/null 2>&1
+topology bad-vocab 'method = "draft"' "draft = \"$work/vocab300.gguf\""
+for bad in "bad-exit:exit layer 5 is outside the model" "bad-key:draft_length" "bad-draft:needs [speculative] draft" \
+           "bad-vocab:vocabulary has 300 tokens"; do
+  name=${bad%%:*} why=${bad#*:}
+  if out=$(launch up "$work/$name.toml" 2>&1); then fail "$name was started"; fi
+  grep -qF "$why" <<<"$out" || fail "$name: no reason given: $out"
+  [[ ! -f $state/$name.procs ]] || fail "$name: processes were started"
+done
+echo "speculative serving: every check passed"
