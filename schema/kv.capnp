@@ -18,6 +18,8 @@ struct Claim {
   tokens @5 :List(Int32);          # the rest of the sequence; the request wants it computed
   heldBlocks @6 :UInt32;           # a running request: blocks its table has (the kv manager
                                    # checks it against what it holds)
+  speculative @7 :Int32;           # a running request: draft positions wanted after its
+                                   # tokens (speculative decoding; never cached)
 }
 
 struct KvStep {
@@ -35,6 +37,8 @@ struct Grant {
   count @2 :Int32;                 # tokens to compute this step
   added @3 :List(UInt32);          # blocks appended to the request's table (an admission:
                                    # the whole table)
+  dropped @4 :Int32;               # blocks taken off the end of the table first: those of
+                                   # rejected drafts that the step no longer needs
 }
 
 struct KvUsage {

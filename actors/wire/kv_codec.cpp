@@ -51,6 +51,7 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     out.setComputed(c.computed);
     out.setHeldBlocks(static_cast<uint32_t>(c.held));
     out.setNamespace(c.ns);
+    out.setSpeculative(c.speculative);
     int32_t& known = known_[c.id];
     if (c.admit) known = 0;
     const auto rest = c.tokens.subspan(static_cast<size_t>(known));
@@ -58,7 +59,7 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     auto toks = out.initTokens(static_cast<unsigned>(rest.size()));
     for (size_t k = 0; k < rest.size(); ++k) toks.set(static_cast<unsigned>(k), rest[k]);
     known = static_cast<int32_t>(c.tokens.size());
-    last_.push_back({c.id, c.admit, c.computed, c.held, static_cast<int32_t>(c.tokens.size())});
+    last_.push_back({c.id, c.admit, c.computed, c.held, static_cast<int32_t>(c.tokens.size()), c.speculative});
   }
   return to_bytes(msg);
 }
@@ -86,10 +87,14 @@ expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes)
       auto who = [&] { return "kv grant " + std::to_string(k) + " (request " + std::to_string(c.id.value) + "): "; };
       if (g.getRequestId() != c.id.value) return error{who() + "names request " + std::to_string(g.getRequestId())};
       const int64_t first = g.getFirst(), count = g.getCount();
-      if (first < 0 || count < 1 || first + count > c.total || (!c.admit && first != c.computed))
+      if (first < 0 || count < 1 || first + count > c.total + c.speculative || (!c.admit && first != c.computed))
         return error{who() + "tokens " + span_text(first, first + count - 1) + " do not fit the claim"};
+      const int64_t dropped = g.getDropped();
+      if (dropped < 0 || dropped > (c.admit ? 0 : c.held))
+        return error{who() + "drops " + std::to_string(dropped) + " blocks of a table of " +
+                     std::to_string(c.admit ? 0 : c.held)};
       const auto added = g.getAdded();
-      const size_t table = (c.admit ? 0 : static_cast<size_t>(c.held)) + added.size();
+      const size_t table = (c.admit ? 0 : static_cast<size_t>(c.held - dropped)) + added.size();
       if (table > max_table || static_cast<int64_t>(table) * lim_.block_size < first + count)
         return error{who() + "a table of " + std::to_string(table) + " blocks does not fit tokens " +
                      span_text(first, first + count - 1)};
@@ -97,6 +102,7 @@ expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes)
       out_g.id = c.id;
       out_g.first = static_cast<int32_t>(first);
       out_g.count = static_cast<int32_t>(count);
+      out_g.dropped = static_cast<int32_t>(dropped);
       out_g.added.reserve(added.size());
       for (uint32_t b : added) {
         if (b >= lim_.num_blocks)
@@ -155,6 +161,13 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
         return error{who() + std::to_string(total) + " tokens; the context holds " + std::to_string(lim_.context)};
       if (!c.getAdmit() && (c.getComputed() < 0 || c.getComputed() >= total))
         return error{who() + std::to_string(c.getComputed()) + " computed of " + std::to_string(total) + " tokens"};
+      const int64_t drafts = c.getSpeculative();
+      if (drafts < 0 || drafts > max_draft_tokens || (c.getAdmit() && drafts != 0))
+        return error{who() + std::to_string(drafts) + " draft positions; a running request may claim 0.." +
+                     std::to_string(max_draft_tokens)};
+      if (total + drafts > lim_.context)
+        return error{who() + std::to_string(total) + " tokens and " + std::to_string(drafts) +
+                     " drafts; the context holds " + std::to_string(lim_.context)};
     }
 
     decoded_kv_step out;
@@ -176,7 +189,7 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
     for (const auto c : claims)
       out.request.claims.push_back(kv_claim{request_id{c.getRequestId()}, c.getAdmit(), c.getComputed(),
                                             static_cast<int32_t>(std::min<uint32_t>(c.getHeldBlocks(), INT32_MAX)),
-                                            c.getNamespace(), tokens_[c.getRequestId()]});
+                                            c.getNamespace(), tokens_[c.getRequestId()], c.getSpeculative()});
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed kv claims: ") + e.getDescription().cStr()};
@@ -194,6 +207,7 @@ std::vector<uint8_t> encode_kv_grants(uint64_t session, const kv_step_grants& g)
     out.setRequestId(g.grants[k].id.value);
     out.setFirst(g.grants[k].first);
     out.setCount(g.grants[k].count);
+    out.setDropped(g.grants[k].dropped);
     const auto& added = g.grants[k].added;
     auto list = out.initAdded(static_cast<unsigned>(added.size()));
     for (size_t b = 0; b < added.size(); ++b) list.set(static_cast<unsigned>(b), added[b].value);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/kv/kv_block_manager.hpp"
+#include "engine/sched/request.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::wire {
@@ -52,7 +53,8 @@ class kv_claim_sender {
     bool admit = false;
     int32_t computed = 0;
     int32_t held = 0;
-    int32_t total = 0;
+    int32_t total = 0;        // tokens
+    int32_t speculative = 0;  // draft positions after them
   };
   kv_limits lim_;
   std::unordered_map<request_id, int32_t> known_;  // tokens the kv manager has, per request

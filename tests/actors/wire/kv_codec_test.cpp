@@ -1,10 +1,13 @@
 #include "actors/wire/kv_codec.hpp"
 
+#include <tuple>
+
 #include <capnp/message.h>
 #include <doctest/doctest.h>
 
 #include "actors/wire/frame.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "engine/spec/speculative.hpp"
 #include "schema/kv.capnp.h"
 #include "tests/support/test_support.hpp"
 
@@ -110,6 +113,114 @@ TEST_CASE("a scheduler's claims through the kv codec plan the steps the in-proce
   CHECK(rx.num_known_requests() == 0);
   CHECK(rounds > 0);
   MESSAGE(rounds << " exchanges, " << bytes_sent << " bytes of claims");
+}
+
+TEST_CASE("draft positions cross the kv codec: claimed, granted, and their blocks dropped as in process") {
+  scheduler_config cfg;
+  cfg.max_step_tokens = 24;
+  cfg.kv.num_blocks = 16;
+  cfg.kv.block_size = 4;
+  cfg.max_running = 4;
+  cfg.context = 64;
+  cfg.vocab = 512;
+  scheduler local(cfg, test::tok512());
+  cfg.remote_kv = true;
+  scheduler remote(cfg, test::tok512());
+  kv_claim_sender tx(limits());
+  kv_claim_receiver rx(limits());
+  kv_block_manager kv(16, 4, true);
+  tx.restart(7);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    request_params p;
+    for (int32_t i = 0; i < 2 + static_cast<int32_t>(id) * 3; ++i) p.prompt.push_back(100 + (i * 5 + static_cast<int32_t>(id)) % 11);
+    p.max_tokens = 20;
+    p.ignore_eos = true;
+    REQUIRE(local.add(request_id{id}, p).has_value());
+    REQUIRE(remote.add(request_id{id}, p).has_value());
+  }
+  speculative_config sc;
+  sc.method = spec_method::ngram;
+  sc.k = 5;
+  sc.max_step_tokens = 24;  // room for every request's drafts
+  int drafted = 0, dropped = 0;
+  for (int step = 0; step < 200 && local.has_unfinished(); ++step) {
+    plan_drafts(local.running(), sc, cfg.context);
+    plan_drafts(remote.running(), sc, cfg.context);
+    const step_plan a = local.schedule();
+    step_draft d = remote.begin_step();
+    while (auto q = remote.next_claims(d)) {
+      auto g = tx.decode(serve(rx, kv, tx.encode(*q)));
+      REQUIRE_MESSAGE(g.has_value(), (g ? "" : g.err().message));
+      for (const auto& x : g->grants) dropped += x.dropped;
+      remote.apply(d, std::move(g).value());
+    }
+    const step_plan b = remote.end_step(d);
+    REQUIRE(a.chunks.size() == b.chunks.size());
+    for (size_t i = 0; i < a.chunks.size(); ++i) {
+      CHECK(a.chunks[i].count == b.chunks[i].count);
+      CHECK(a.chunks[i].num_draft == b.chunks[i].num_draft);
+      CHECK(test::block_values(a.chunks[i].block_table) == test::block_values(b.chunks[i].block_table));
+      drafted += a.chunks[i].num_draft;
+    }
+    // The same verdicts for both: every draft accepted twice, then none (draft runs grow,
+    // then collapse, leaving blocks past what the next step needs).
+    // (The draft lengths adapt alike, so shorter drafts after a rejection drop blocks.)
+    std::vector<int32_t> emitted;
+    for (size_t i = 0; i < a.chunks.size(); ++i) {
+      const scheduled_chunk& c = a.chunks[i];
+      if (!c.sample) continue;
+      emitted.push_back(step % 3 == 2 ? 1 : c.num_draft + 1);
+      if (c.num_draft == 0) continue;
+      after_verify(*local.find(c.id), c.num_draft, emitted.back() - 1, sc);
+      after_verify(*remote.find(c.id), c.num_draft, emitted.back() - 1, sc);
+    }
+    int32_t rows = 0;
+    for (int32_t n : emitted) rows += n;
+    std::vector<sample_result> sa(static_cast<size_t>(rows)), sb(static_cast<size_t>(rows));
+    for (auto& x : sa) x.token = 105;
+    for (auto& x : sb) x.token = 105;
+    local.update_from_output(a, sa, emitted);
+    remote.update_from_output(b, sb, emitted);
+  }
+  CHECK_FALSE(remote.has_unfinished());
+  CHECK(drafted > 20);
+  CHECK(dropped > 0);  // rejected drafts gave blocks back
+
+  kv_step_request rest;
+  rest.releases = remote.take_releases();
+  auto g = tx.decode(serve(rx, kv, tx.encode(rest)));
+  REQUIRE(g.has_value());
+  CHECK(g->usage.used == 0);
+
+  // Draft positions a claim may not ask for.
+  auto with_drafts = [](bool admit, int32_t drafts) {
+    capnp::MallocMessageBuilder msg;
+    auto root = msg.initRoot<schema::KvStep>();
+    root.setSession(3);
+    root.setReset(true);
+    root.setBudget(64);
+    auto c = root.initClaims(1)[0];
+    c.setRequestId(9);
+    c.setAdmit(admit);
+    auto t = c.initTokens(2);
+    t.set(0, 1);
+    t.set(1, 2);
+    c.setSpeculative(drafts);
+    return to_bytes(msg);
+  };
+  for (const auto& [admit, drafts, why] : std::vector<std::tuple<bool, int32_t, std::string>>{
+           {false, -1, "draft positions"}, {false, 17, "draft positions"}, {true, 2, "draft positions"},
+           {false, 16, ""}}) {
+    kv_claim_receiver fresh(limits());
+    auto step = fresh.decode(with_drafts(admit, drafts));
+    CAPTURE(drafts);
+    if (why.empty()) {
+      CHECK(step.has_value());
+    } else {
+      REQUIRE_FALSE(step.has_value());
+      CHECK(step.err().message.find(why) != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("the kv receiver keeps each request's tokens: whole on admission, the rest as deltas") {
