@@ -27,9 +27,9 @@ struct replica_slot {
   // scheduler now, which counts from zero when it restarts.
   uint32_t cached = 0;
   uint64_t hit_base = 0, queried_base = 0, hit_now = 0, queried_now = 0;
-  // Speculative decoding's figures (scheduler_actor.hpp's spec_figures), the same way.
-  std::string spec_method;
-  std::vector<uint64_t> spec_base, spec_now;
+  // Speculative decoding's figures (scheduler_actor.hpp's spec_figures_size), the same way.
+  std::string spec_method = {};
+  std::vector<uint64_t> spec_base = {}, spec_now = {};
   caf::actor_addr counted = {};  // the scheduler the *_now counts are of
 };
 

@@ -16,7 +16,7 @@ namespace troupe::tools {
 struct loaded_model {
   model m;
   std::optional<tokenizer> tok;
-  std::string tokenizer_source;  // the file the vocabulary came from ("" for the model's own)
+  std::string tokenizer_source = {};  // the file the vocabulary came from ("" for the model's own)
 };
 
 expected<loaded_model> load_model_and_tokenizer(const std::string& model_path,

@@ -139,8 +139,8 @@ class reader {
 };
 
 // The tables of a topology, and what each may hold.
-constexpr std::array<std::string_view, 9> top_tables = {"model",  "gateway", "kv",   "scheduler",  "failure",
-                                                        "gpu",    "speculative", "node", "replica"};
+constexpr std::array<std::string_view, 9> top_tables = {"model", "gateway", "kv",   "scheduler", "failure",
+                                                        "gpu",   "speculative", "node", "replica"};
 
 model_section parse_model(reader& rd, const toml::table& t, const std::string& base_dir) {
   model_section m;

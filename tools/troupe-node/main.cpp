@@ -6,6 +6,7 @@
 // `node: NAME`. SIGINT or SIGTERM stops a node cleanly (the gateway drains first).
 //
 // What runs where is tools/common/node_plan.hpp's; this only wires it.
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -53,10 +54,14 @@ int main(int argc, char** argv) {
   if (auto v = tools::validate_topology(*topo, m.config, gs); !v) return fail(v.err().message);
   if (const std::string w = tools::topology_warnings(*topo, m.config); !w.empty())
     std::fprintf(stderr, "troupe-node %s: %s\n", opt.node.c_str(), w.c_str());
+  // The draft model is loaded where a replica's scheduler runs, which drafts.
+  const bool drafts_here = std::any_of(topo->replicas.begin(), topo->replicas.end(),
+                                       [&](const tools::replica_spec& r) { return r.scheduler_node == opt.node; });
   std::optional<model> draft;
-  auto spec = tools::speculative_from(topo->speculative, m, draft, true);
+  auto spec = drafts_here ? tools::speculative_from(topo->speculative, m, draft, true)
+                          : tools::speculative_config_of(topo->speculative, m.config, true);
   if (!spec) return fail(opt.topology + ": " + spec.err().message);
-  if (spec->enabled()) {
+  if (drafts_here && spec->enabled()) {
     const std::string with = draft ? ", draft " + topo->speculative.draft : "";
     std::fprintf(stderr, "troupe-node %s: speculative decoding by %s, k %d%s\n", opt.node.c_str(),
                  std::string(spec_method_name(spec->method)).c_str(), spec->k, with.c_str());
