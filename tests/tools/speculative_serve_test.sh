@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Speculative decoding served by a PP=2 cluster (two troupe-node processes, troupe-launch)
 # over the OpenAI HTTP API, with each proposer in the topology's [speculative] table:
-# greedy completions, whole and streamed, are troupe-run's plain output; a request may
+# greedy completions, whole, streamed and with log-probabilities, are troupe-run's plain
+# output; a request may
 # turn speculation off or cap it, and a cap out of range is a 400; seeded draws with n 2
 # complete; /metrics counts the drafts proposed and accepted per method. A [speculative]
 # table that cannot work starts nothing. Bounded in time; every node is stopped.
@@ -79,7 +80,7 @@ for method in ngram early-exit draft; do
   done
   # Streamed, and with speculation off or capped for the request: the same text.
   ref=${want["Once upon a time"]#"Once upon a time"}
-  for extra in '"stream":true' '"speculative":0' '"speculative":false' '"speculative":1'; do
+  for extra in '"stream":true' '"speculative":0' '"speculative":false' '"speculative":1' '"logprobs":2'; do
     code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":60,"temperature":0,'"$extra"'}')
     [[ $code == 200 ]] || fail "$method: $extra: status $code $(cat "$work/body")"
     if [[ $extra == '"stream":true' ]]; then

@@ -233,6 +233,23 @@ TEST_CASE("the sampling and stopping extensions reach the request, and unsupport
   CHECK(std::get<openai::api_request>(vllm).params.stop_tokens == std::vector<int32_t>{2, 5});
   CHECK(std::holds_alternative<openai::api_error>(parse(R"({"model":"m","prompt":"a","stop_token_ids":[-1]})", false)));
   CHECK(std::holds_alternative<openai::api_error>(parse(R"({"model":"m","prompt":"a","ignore_eos":"yes"})", false)));
+  // speculative: a draft cap, false for none, true or absent for the server's setting.
+  for (const auto& [field, want] : std::vector<std::pair<std::string, int32_t>>{
+           {"", -1}, {R"(,"speculative":3)", 3}, {R"(,"speculative":0)", 0}, {R"(,"speculative":false)", 0},
+           {R"(,"speculative":true)", -1}, {R"(,"speculative":null)", -1}}) {
+    CAPTURE(field);
+    auto got = parse(R"({"model":"m","prompt":"a")" + field + "}", false);
+    REQUIRE(std::holds_alternative<openai::api_request>(got));
+    CHECK(std::get<openai::api_request>(got).params.speculative == want);
+  }
+  for (const char* bad : {R"({"model":"m","prompt":"a","speculative":17})", R"({"model":"m","prompt":"a","speculative":-1})",
+                          R"({"model":"m","prompt":"a","speculative":"3"})", R"({"model":"m","prompt":"a","speculative":1.5})"}) {
+    CAPTURE(bad);
+    auto e = parse(bad, false);
+    REQUIRE(std::holds_alternative<openai::api_error>(e));
+    CHECK(std::get<openai::api_error>(e).message.find("'speculative' must be a boolean or a draft cap in 0..16") !=
+          std::string::npos);
+  }
   auto off = parse(R"({"model":"m","prompt":"a","top_k":-1})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(off));
   CHECK(std::get<openai::api_request>(off).params.sampling.top_k == 0);

@@ -65,6 +65,38 @@ TEST_CASE("a request's prefix-cache namespace travels with it, 0 when unset") {
   CHECK(ids->cache_namespace == 0);
 }
 
+TEST_CASE("a request's speculative cap travels with it, -1 when unset, and a cap out of range is refused") {
+  const tokenizer& tok = test::tok512();
+  const request_limits lim = with_context(64);
+  request_params p;
+  p.max_tokens = 4;
+  auto unset = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+  REQUIRE(unset.has_value());
+  CHECK(unset->speculative == -1);
+  // A frame written without the field (an older client) reads as unset too.
+  {
+    capnp::MallocMessageBuilder msg;
+    auto r = msg.initRoot<schema::GenerateRequest>();
+    r.initPrompt().setText("Once");
+    r.setMaxTokens(4);
+    auto old = decode_generate_request(to_bytes(msg), tok, lim);
+    REQUIRE(old.has_value());
+    CHECK(old->speculative == -1);
+  }
+  for (int32_t cap : {0, 1, 16}) {
+    p.speculative = cap;
+    auto got = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+    REQUIRE(got.has_value());
+    CHECK(got->speculative == cap);
+  }
+  for (int32_t cap : {-2, 17}) {
+    p.speculative = cap;
+    auto bad = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+    REQUIRE_FALSE(bad.has_value());
+    CHECK(bad.err().message.find("speculative must be -1") == 0);
+  }
+}
+
 TEST_CASE("a request's logit biases travel with it, and a token outside the vocabulary or a bad bias is refused") {
   const tokenizer& tok = test::tok512();
   const request_limits lim = with_context(64);
