@@ -48,6 +48,19 @@ struct request_params {
                                           // counted as output, never streamed again
 };
 
+// A request's speculative decoding (engine/spec/speculative.hpp): its drafts and how long
+// they should be.
+struct draft_state {
+  int32_t wanted = 0;            // slots its next decode step claims (set before each
+                                 // plan; 0: none)
+  std::vector<int32_t> tokens = {};  // the drafts its step in flight verifies
+  std::vector<float> q = {};     // [tokens.size()][vocab] they were drawn from, or empty
+  int32_t length = 0;            // its adaptive draft length (0: not yet speculating)
+  int32_t pause = 0;             // decode steps to go without drafts (they kept failing)
+  int32_t misses = 0;            // single drafts rejected in a row
+  rng stream;                    // the proposer's draws for it, apart from the sampler's
+};
+
 struct request {
   request_id id;
   request_params params;
@@ -61,14 +74,7 @@ struct request {
   int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
   bool in_flight = false;  // a step computing this request has not come back yet
   std::vector<block_id> blocks;  // its KV blocks, as the block manager granted them
-  int32_t draft_wanted = 0;      // speculative decoding: draft slots its next decode step
-                                 // claims (set before each plan; 0: none)
-  std::vector<int32_t> draft;    // the drafts its step in flight verifies
-  std::vector<float> draft_q;    // [draft.size()][vocab] they were drawn from, or empty
-  int32_t draft_length = 0;      // its adaptive draft length (0: not yet speculating)
-  int32_t draft_pause = 0;       // decode steps to go without drafts (they kept failing)
-  int32_t draft_misses = 0;      // single drafts rejected in a row
-  rng draft_rng;                 // the proposer's draws for it, apart from the sampler's
+  draft_state drafts;            // speculative decoding
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;
@@ -76,7 +82,7 @@ struct request {
   request(request_id i, request_params p, uint64_t arrival_seq)
       : id(i), params(std::move(p)), tokens(params.prompt),
         num_prompt_tokens(static_cast<int32_t>(params.prompt.size())), arrival(arrival_seq),
-        draft_rng(params.sampling.seed ^ 0xd1b54a32d192ed03ull), smp(params.sampling, params.prompt),
+        drafts{.stream = rng(params.sampling.seed ^ 0xd1b54a32d192ed03ull)}, smp(params.sampling, params.prompt),
         stops(params.stop_strings) {}
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }

@@ -179,7 +179,7 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
   size_t slots = d.share - std::min(d.share, d.plan.chunks.size());
   auto claim = [&](request& r, bool admit) {
     // Drafts only where the step decodes (one known token to compute).
-    const int32_t drafts = !admit && r.num_tokens() - r.num_computed_tokens == 1 ? r.draft_wanted : 0;
+    const int32_t drafts = !admit && r.num_tokens() - r.num_computed_tokens == 1 ? r.drafts.wanted : 0;
     q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
                                 admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
                                 drafts});
@@ -331,7 +331,7 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
     request& r = *rp;
     // The known tokens' KV, and the accepted drafts' (every emitted token but the last).
     r.num_computed_tokens += c.count - c.num_draft + (got.empty() ? 0 : static_cast<int32_t>(got.size()) - 1);
-    r.draft.clear();
+    r.drafts.tokens.clear();
     if (got.empty()) continue;
     const auto& p = r.params;
     step_output out;

@@ -53,10 +53,10 @@ step_tokens replay_chosen(const step_plan& plan, scheduler& sched, std::span<con
       out.emitted.push_back(1);
       continue;
     }
-    TROUPE_ASSERT(r->draft.size() == static_cast<size_t>(c.num_draft), r->draft.size(), c.num_draft);
+    TROUPE_ASSERT(r->drafts.tokens.size() == static_cast<size_t>(c.num_draft), r->drafts.tokens.size(), c.num_draft);
     // Greedy drafts: kept while each equals its row's argmax, then that row's argmax.
     int32_t accepted = 0;
-    while (accepted < c.num_draft && r->draft[static_cast<size_t>(accepted)] == rows[static_cast<size_t>(accepted)])
+    while (accepted < c.num_draft && r->drafts.tokens[static_cast<size_t>(accepted)] == rows[static_cast<size_t>(accepted)])
       ++accepted;
     for (int32_t j = 0; j <= accepted; ++j) {
       sample_result s;
@@ -89,7 +89,7 @@ step_tokens sample_rows(const step_plan& plan, scheduler& sched, float* logits, 
       out.emitted.push_back(1);
       continue;
     }
-    std::vector<sample_result> got = r->smp.verify(l, vocab, r->draft, r->draft_q);
+    std::vector<sample_result> got = r->smp.verify(l, vocab, r->drafts.tokens, r->drafts.q);
     const auto accepted = static_cast<int32_t>(got.size()) - 1;
     count_verify(out, *r, c.num_draft, accepted, spec);
     out.emitted.push_back(accepted + 1);

@@ -81,7 +81,7 @@ void model_proposer::propose(std::span<draft_slot> slots) {
         q = s.q.data() + s.q.size() - vocab;
       }
       view.distribution(l, vocab, q);  // greedy: 1 at the argmax
-      const int32_t d = greedy ? argmax(q, vocab) : draw(q, vocab, r.draft_rng.uniform());
+      const int32_t d = greedy ? argmax(q, vocab) : draw(q, vocab, r.drafts.stream.uniform());
       view.replay(d);
       s.tokens.push_back(d);
     }

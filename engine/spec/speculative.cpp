@@ -64,11 +64,11 @@ int32_t next_draft_length(int32_t current, int32_t proposed, int32_t accepted, i
 }
 
 void after_verify(request& r, int32_t proposed, int32_t accepted, const speculative_config& c) {
-  r.draft_length = next_draft_length(r.draft_length, proposed, accepted, draft_cap(r, c));
+  r.drafts.length = next_draft_length(r.drafts.length, proposed, accepted, draft_cap(r, c));
   if (accepted > 0) {
-    r.draft_misses = 0;
-  } else if (proposed == 1 && ++r.draft_misses >= 2) {
-    r.draft_pause = std::min(64, 4 << std::min(r.draft_misses - 2, 4));
+    r.drafts.misses = 0;
+  } else if (proposed == 1 && ++r.drafts.misses >= 2) {
+    r.drafts.pause = std::min(64, 4 << std::min(r.drafts.misses - 2, 4));
   }
 }
 
@@ -76,19 +76,19 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
   // Every running request takes a token of the step; drafts share what is left.
   int32_t left = c.max_step_tokens - static_cast<int32_t>(running.size());
   for (request* r : running) {
-    r->draft_wanted = 0;
+    r->drafts.wanted = 0;
     if (!c.enabled() || r->in_flight || r->num_tokens() - r->num_computed_tokens != 1 || left <= 0) continue;
-    if (r->draft_pause > 0) {
-      --r->draft_pause;
+    if (r->drafts.pause > 0) {
+      --r->drafts.pause;
       continue;
     }
     const int32_t limit = draft_cap(*r, c);
-    if (r->draft_length == 0) r->draft_length = limit;
+    if (r->drafts.length == 0) r->drafts.length = limit;
     // Drafts past max_tokens or the context could never be kept.
     const int32_t room = std::min(r->params.max_tokens - r->num_output_tokens(), context - r->num_tokens()) - 1;
-    const int32_t want = std::min({r->draft_length, limit, room, left});
+    const int32_t want = std::min({r->drafts.length, limit, room, left});
     if (want <= 0) continue;
-    r->draft_wanted = want;
+    r->drafts.wanted = want;
     left -= want;
   }
 }
@@ -108,9 +108,9 @@ void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<dra
     c.count -= shortfall;
     plan.num_tokens -= shortfall;
     c.num_draft = static_cast<int32_t>(s.tokens.size());
-    s.req->draft = std::move(s.tokens);
-    s.req->draft_q = std::move(s.q);
-    c.draft = s.req->draft;
+    s.req->drafts.tokens = std::move(s.tokens);
+    s.req->drafts.q = std::move(s.q);
+    c.draft = s.req->drafts.tokens;
   }
 }
 

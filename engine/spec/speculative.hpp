@@ -93,12 +93,12 @@ void after_verify(request& r, int32_t proposed, int32_t accepted, const speculat
 // Draft slots for the running requests that decode next (in scheduling order): each its
 // adaptive length, capped by its own limit, by what max_tokens and the context leave, and
 // by the step's share: decode tokens and drafts together within max_step_tokens.
-// Sets request::draft_wanted on each.
+// Sets request::drafts.wanted on each.
 void plan_drafts(std::span<request* const> running, const speculative_config& c, int32_t context);
 
 // Step 3: fills the draft slots of `plan` (made after plan_drafts) with p's proposals; a
 // chunk whose proposer came up short computes fewer positions. Each request keeps its
-// drafts (request::draft, draft_q) for verification, and its chunk's draft points at
+// drafts (request::drafts: tokens, q) for verification, and its chunk's draft points at
 // them. slots: scratch, kept by the caller between steps.
 void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots);
 

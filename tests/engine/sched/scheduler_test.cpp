@@ -397,7 +397,7 @@ TEST_CASE("draft slots: claimed after the known token, applied as accepted, cut 
   REQUIRE(r != nullptr);
 
   // Four draft slots: the step computes the known token and four positions after it.
-  r->draft_wanted = 4;
+  r->drafts.wanted = 4;
   plan = s.schedule();
   REQUIRE(plan.chunks.size() == 1);
   scheduled_chunk& c = plan.chunks[0];
@@ -420,7 +420,7 @@ TEST_CASE("draft slots: claimed after the known token, applied as accepted, cut 
   CHECK(r->num_computed_tokens == 9);
 
   // No drafts this step: the known token alone, in the blocks held.
-  r->draft_wanted = 0;
+  r->drafts.wanted = 0;
   plan = s.schedule();
   CHECK(plan.chunks[0].count == 1);
   CHECK(r->blocks.size() == 3);
@@ -428,7 +428,7 @@ TEST_CASE("draft slots: claimed after the known token, applied as accepted, cut 
 
   // A stop token inside an accepted run ends the request there: the drafts after it are
   // dropped.
-  r->draft_wanted = 3;
+  r->drafts.wanted = 3;
   plan = s.schedule();
   REQUIRE(plan.chunks[0].num_draft == 3);
   samples.assign(4, sample_result{});
@@ -451,7 +451,7 @@ TEST_CASE("draft slots never take the step past its budget, nor a prefill chunk"
   step_plan plan = s.schedule();
   CHECK(run(s, plan).size() == 1);
   request* r = s.find(request_id{1});
-  r->draft_wanted = 8;
+  r->drafts.wanted = 8;
   plan = s.schedule();
   CHECK(plan.chunks[0].count == 4);  // the known token and three drafts: the budget
   CHECK(plan.chunks[0].num_draft == 3);
@@ -459,8 +459,8 @@ TEST_CASE("draft slots never take the step past its budget, nor a prefill chunk"
   (void)s.update_from_output(plan, one, std::vector<int32_t>{1});
   // A waiting request's prompt is never given drafts.
   REQUIRE(s.add(request_id{2}, prompt_of(3)).has_value());
-  s.find(request_id{2})->draft_wanted = 4;
-  r->draft_wanted = 0;
+  s.find(request_id{2})->drafts.wanted = 4;
+  r->drafts.wanted = 0;
   plan = s.schedule();
   const auto admitted = std::find_if(plan.chunks.begin(), plan.chunks.end(),
                                      [](const scheduled_chunk& c) { return c.id == request_id{2}; });

@@ -54,7 +54,7 @@ TEST_CASE("single drafts rejected again and again pause a request's drafting, fo
   std::vector<request*> running = {&r};
   auto wanted = [&] {
     plan_drafts(running, c, 512);
-    return r.draft_wanted;
+    return r.drafts.wanted;
   };
   CHECK(wanted() == 4);
   after_verify(r, 4, 0, c);  // nothing taken: one next
@@ -68,10 +68,10 @@ TEST_CASE("single drafts rejected again and again pause a request's drafting, fo
   for (int i = 0; i < 8; ++i) CHECK(wanted() == 0);
   CHECK(wanted() == 1);
   after_verify(r, 1, 1, c);  // taken: the streak ends, the length grows
-  CHECK(r.draft_misses == 0);
+  CHECK(r.drafts.misses == 0);
   CHECK(wanted() == 2);
   for (int i = 0; i < 10; ++i) after_verify(r, 1, 0, c);
-  CHECK(r.draft_pause == 64);
+  CHECK(r.drafts.pause == 64);
 }
 
 TEST_CASE("draft slots shrink as the batch grows, and respect max_tokens, the context and each request's cap") {
@@ -95,31 +95,31 @@ TEST_CASE("draft slots shrink as the batch grows, and respect max_tokens, the co
   c.max_step_tokens = 8;
   std::vector<request*> running = {make(10, 100, -1)};
   plan_drafts(running, c, 512);
-  CHECK(running[0]->draft_wanted == 4);
+  CHECK(running[0]->drafts.wanted == 4);
   running.push_back(make(10, 100, -1));
   running.push_back(make(10, 100, 1));   // its own cap: one
   running.push_back(make(10, 3, -1));    // max_tokens 3 leaves room for two drafts
   plan_drafts(running, c, 512);
   // 8 tokens for 4 requests: 4 drafts to share, in scheduling order.
-  CHECK(running[0]->draft_wanted == 4);
-  CHECK(running[1]->draft_wanted == 0);
-  running[0]->draft_length = 1;
+  CHECK(running[0]->drafts.wanted == 4);
+  CHECK(running[1]->drafts.wanted == 0);
+  running[0]->drafts.length = 1;
   plan_drafts(running, c, 512);
-  CHECK(running[0]->draft_wanted == 1);
-  CHECK(running[1]->draft_wanted == 3);
-  running[1]->draft_length = 1;
+  CHECK(running[0]->drafts.wanted == 1);
+  CHECK(running[1]->drafts.wanted == 3);
+  running[1]->drafts.length = 1;
   plan_drafts(running, c, 512);
-  CHECK(running[2]->draft_wanted == 1);
-  CHECK(running[3]->draft_wanted == 1);
-  running[3]->draft_length = 4;
+  CHECK(running[2]->drafts.wanted == 1);
+  CHECK(running[3]->drafts.wanted == 1);
+  running[3]->drafts.length = 4;
   running[2]->params.speculative = 0;
   plan_drafts(running, c, 12);  // the context: 12 - 10 - 1 = 1 draft at most
-  CHECK(running[2]->draft_wanted == 0);
-  CHECK(running[3]->draft_wanted == 1);
+  CHECK(running[2]->drafts.wanted == 0);
+  CHECK(running[3]->drafts.wanted == 1);
   // Eight requests decoding fill the step: no drafts.
   while (running.size() < 8) running.push_back(make(10, 100, -1));
   plan_drafts(running, c, 512);
-  for (request* r : running) CHECK(r->draft_wanted == 0);
+  for (request* r : running) CHECK(r->drafts.wanted == 0);
 }
 
 namespace {
