@@ -1,6 +1,7 @@
 // The scheduler actor over a TP=2 replica of actors: concurrent streams, a cancel, and
 // the engine's tokens, greedy and seeded draws (chosen by the last stage, or, in steps
-// with a request that needs more than the logits, by the scheduler).
+// with a request that needs more than the logits, by the scheduler); and speculative
+// decoding by each proposer, whose greedy streams are the engine's alone.
 #include "actors/scheduler_actor.hpp"
 
 #include <map>
