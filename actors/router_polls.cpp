@@ -153,15 +153,14 @@ void render_speculation(prometheus_text& out, const router_state& st) {
   const char* len = "troupe_speculative_acceptance_length";
   out.family(len, "Drafted tokens accepted per verifying request step.", "histogram");
   for (const auto& [method, v] : by_method) {
-    uint64_t acc = 0;
-    for (int32_t n = 0; n <= max_draft_tokens; ++n) {
-      acc += v[3 + static_cast<size_t>(n)];
-      const std::string le = std::to_string(n);
-      out.sample(std::string(len) + "_bucket", {{"method", method}, {"le", le}}, static_cast<double>(acc));
-    }
-    out.sample(std::string(len) + "_bucket", {{"method", method}, {"le", "+Inf"}}, static_cast<double>(v[0]));
-    out.sample(std::string(len) + "_sum", {{"method", method}}, static_cast<double>(v[2]));
-    out.sample(std::string(len) + "_count", {{"method", method}}, static_cast<double>(v[0]));
+    troupe::histogram h;  // buckets le 0 .. max_draft_tokens
+    h.bounds.clear();
+    for (int32_t n = 0; n <= max_draft_tokens; ++n) h.bounds.push_back(n);
+    h.counts.assign(v.begin() + 3, v.end());
+    h.counts.push_back(0);  // (nothing above the last bound)
+    h.sum = static_cast<double>(v[2]);
+    h.n = v[0];
+    out.histogram_samples(len, h, "method", method);
   }
 }
 

@@ -20,9 +20,9 @@
 // Speculative decoding (setup.spec): before each plan the scheduler gives decoding
 // requests draft slots (plan_drafts), claims their blocks with the step's, fills them
 // with its proposer, and sends the drafts as tokens of the step; the last stage returns
-// a row per draft (greedy: its argmax; sampling: its logits), and each request's sampler
-// verifies here (step_choices.hpp). Blocks that only rejected drafts used go back with
-// the request's next claim (the kv manager's grant drops them).
+// a row per draft (its argmax where step_choices.hpp allows, else its logits), and each
+// request's sampler verifies here. Blocks that only rejected drafts used go back with the
+// request's next claim (the kv manager's grant drops them).
 //
 // A sink receives (chunk_atom, TokenChunk frame) for every step that gave its request
 // tokens or text, chunks numbered from 0 without gaps, and at the end one

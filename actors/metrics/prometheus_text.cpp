@@ -78,17 +78,28 @@ void prometheus_text::gauge(std::string_view name, std::string_view help, double
 
 void prometheus_text::histogram(std::string_view name, std::string_view help, const troupe::histogram& h) {
   family(name, help, "histogram");
+  histogram_samples(name, h, {}, {});
+}
+
+void prometheus_text::histogram_samples(std::string_view name, const troupe::histogram& h, std::string_view key,
+                                        std::string_view value) {
   const std::string bucket = std::string(name) + "_bucket";
+  auto one = [&](const std::string& series, std::string_view le, double v) {
+    if (key.empty() && le.empty()) sample(series, {}, v);
+    else if (key.empty()) sample(series, {{"le", le}}, v);
+    else if (le.empty()) sample(series, {{key, value}}, v);
+    else sample(series, {{key, value}, {"le", le}}, v);
+  };
   uint64_t acc = 0;
   for (size_t i = 0; i < h.bounds.size(); ++i) {
     acc += h.counts[i];
     char le[32];
     const auto r = std::to_chars(le, le + sizeof le, h.bounds[i]);
-    sample(bucket, {{"le", std::string_view(le, r.ptr - le)}}, static_cast<double>(acc));
+    one(bucket, std::string_view(le, r.ptr - le), static_cast<double>(acc));
   }
-  sample(bucket, {{"le", "+Inf"}}, static_cast<double>(h.n));
-  sample(std::string(name) + "_sum", {}, h.sum);
-  sample(std::string(name) + "_count", {}, static_cast<double>(h.n));
+  one(bucket, "+Inf", static_cast<double>(h.n));
+  one(std::string(name) + "_sum", {}, h.sum);
+  one(std::string(name) + "_count", {}, static_cast<double>(h.n));
 }
 
 }  // namespace troupe

@@ -35,6 +35,10 @@ class prometheus_text {
   void family(std::string_view name, std::string_view help, std::string_view type);
   void sample(std::string_view name, labels l, double value);
   void histogram(std::string_view name, std::string_view help, const troupe::histogram& h);
+  // A histogram's samples alone, under one label (key=value) besides le, for a family of
+  // several (family() first, with type histogram).
+  void histogram_samples(std::string_view name, const troupe::histogram& h, std::string_view key,
+                         std::string_view value);
   // Text another writer made (a remote component's families), as it is.
   void append(std::string_view text) { out_ += text; }
 

@@ -20,7 +20,7 @@ struct scheduled_chunk {
                            // tokens a proposer fills in (speculative decoding)
   std::span<const int32_t> tokens;        // the known tokens (count - num_draft of them)
   std::span<const int32_t> draft;         // the drafts, once a proposer filled the slots
-                                          // (the request's draft)
+                                          // (request::drafts.tokens)
   std::span<const block_id> block_table;  // the request's blocks, covering first + count
   bool sample = false;     // the chunk reaches the end of the known tokens: sample one
                            // (with drafts, verify them: 1 to num_draft + 1 tokens)

@@ -95,12 +95,8 @@ inline v16f load_bf16(const uint16_t* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   // Zero-masked forms: the plain ones make GCC 12 warn about their undefined source.
   return reinterpret_cast<v16f>(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
-#elif defined(__AVX2__)
-  return join(load8_bf16(p), load8_bf16(p + 8));
 #else
-  v16f f;
-  for (int i = 0; i < 16; ++i) f[i] = bf16_to_f32(p[i]);
-  return f;
+  return join(load8_bf16(p), load8_bf16(p + 8));
 #endif
 }
 
@@ -108,12 +104,8 @@ inline v16f load_f16(const uint16_t* p) {
 #if defined(__AVX512F__)
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return reinterpret_cast<v16f>(_mm512_maskz_cvtph_ps(0xffff, h));
-#elif defined(__F16C__)
-  return join(load8_f16(p), load8_f16(p + 8));
 #else
-  v16f f;
-  for (int i = 0; i < 16; ++i) f[i] = f16_to_f32(p[i]);
-  return f;
+  return join(load8_f16(p), load8_f16(p + 8));
 #endif
 }
 

@@ -1,6 +1,8 @@
 #include "actors/wire/kv_codec.hpp"
 
+#include <numeric>
 #include <tuple>
+#include <utility>
 
 #include <capnp/message.h>
 #include <doctest/doctest.h>
@@ -52,147 +54,144 @@ std::vector<uint8_t> one_claim(uint64_t session, bool reset, uint64_t id, bool a
   return to_bytes(msg);
 }
 
-}  // namespace
+// Two schedulers over the same requests: one keeps its blocks itself, the other claims
+// them through the kv codec from a kv manager. Each step they must plan alike.
+struct twin_schedulers {
+  scheduler local, remote;
+  kv_claim_sender tx{limits()};
+  kv_claim_receiver rx{limits()};
+  kv_block_manager kv{16, 4, true};
+  size_t bytes_sent = 0, rounds = 0;
+  int dropped = 0;  // blocks the kv manager's grants took off tables
 
-TEST_CASE("a scheduler's claims through the kv codec plan the steps the in-process block manager plans") {
-  scheduler_config cfg;
-  cfg.max_step_tokens = 16;
-  cfg.kv.num_blocks = 16;
-  cfg.kv.block_size = 4;
-  cfg.max_running = 4;
-  cfg.context = 64;
-  cfg.vocab = 512;
-  scheduler local(cfg, test::tok512());
-  cfg.remote_kv = true;
-  scheduler remote(cfg, test::tok512());
-  kv_claim_sender tx(limits());
-  kv_claim_receiver rx(limits());
-  kv_block_manager kv(16, 4, true);
-  tx.restart(42);
-  for (uint64_t id = 1; id <= 6; ++id) {
-    request_params p;
-    for (int32_t i = 0; i < 3 + static_cast<int32_t>(id) * 2; ++i) p.prompt.push_back(100 + (i + (id % 2)) % 7);
-    p.sampling.temperature = 0.0f;
-    p.max_tokens = 12;
+  static scheduler_config config(int32_t max_step_tokens, bool remote_kv) {
+    scheduler_config cfg;
+    cfg.max_step_tokens = max_step_tokens;
+    cfg.kv.num_blocks = 16;
+    cfg.kv.block_size = 4;
+    cfg.max_running = 4;
+    cfg.context = 64;
+    cfg.vocab = 512;
+    cfg.remote_kv = remote_kv;
+    return cfg;
+  }
+  explicit twin_schedulers(int32_t max_step_tokens)
+      : local(config(max_step_tokens, false), test::tok512()), remote(config(max_step_tokens, true), test::tok512()) {
+    tx.restart(42);
+  }
+
+  void add(uint64_t id, const request_params& p) {
     REQUIRE(local.add(request_id{id}, p).has_value());
     REQUIRE(remote.add(request_id{id}, p).has_value());
   }
-  size_t bytes_sent = 0, rounds = 0;
-  for (int step = 0; step < 200 && local.has_unfinished(); ++step) {
-    const step_plan a = local.schedule();
+
+  // The next step of each; checks that they agree.
+  std::pair<step_plan, step_plan> plan() {
+    step_plan a = local.schedule();
     step_draft d = remote.begin_step();
     while (auto q = remote.next_claims(d)) {
       const auto msg = tx.encode(*q);
       bytes_sent += msg.size();
       ++rounds;
       auto g = tx.decode(serve(rx, kv, msg));
-      REQUIRE(g.has_value());
+      REQUIRE_MESSAGE(g.has_value(), (g ? "" : g.err().message));
+      for (const auto& x : g->grants) dropped += x.dropped;
       remote.apply(d, std::move(g).value());
     }
-    const step_plan b = remote.end_step(d);
+    step_plan b = remote.end_step(d);
     REQUIRE(a.chunks.size() == b.chunks.size());
     CHECK(a.preempted == b.preempted);
     for (size_t i = 0; i < a.chunks.size(); ++i) {
       CHECK(a.chunks[i].id == b.chunks[i].id);
       CHECK(a.chunks[i].first == b.chunks[i].first);
       CHECK(a.chunks[i].count == b.chunks[i].count);
-      CHECK(test::block_values(a.chunks[i].block_table) == test::block_values(b.chunks[i].block_table));
-    }
-    std::vector<sample_result> sa(a.num_samples()), sb(b.num_samples());
-    for (auto& x : sa) x.token = 105;
-    for (auto& x : sb) x.token = 105;
-    local.update_from_output(a, sa);
-    remote.update_from_output(b, sb);
-  }
-  CHECK_FALSE(remote.has_unfinished());
-  kv_step_request rest;
-  rest.releases = remote.take_releases();
-  auto g = tx.decode(serve(rx, kv, tx.encode(rest)));
-  REQUIRE(g.has_value());
-  CHECK(g->usage.used == 0);
-  CHECK(rx.num_known_requests() == 0);
-  CHECK(rounds > 0);
-  MESSAGE(rounds << " exchanges, " << bytes_sent << " bytes of claims");
-}
-
-TEST_CASE("draft positions cross the kv codec: claimed, granted, and their blocks dropped as in process") {
-  scheduler_config cfg;
-  cfg.max_step_tokens = 24;
-  cfg.kv.num_blocks = 16;
-  cfg.kv.block_size = 4;
-  cfg.max_running = 4;
-  cfg.context = 64;
-  cfg.vocab = 512;
-  scheduler local(cfg, test::tok512());
-  cfg.remote_kv = true;
-  scheduler remote(cfg, test::tok512());
-  kv_claim_sender tx(limits());
-  kv_claim_receiver rx(limits());
-  kv_block_manager kv(16, 4, true);
-  tx.restart(7);
-  for (uint64_t id = 1; id <= 3; ++id) {
-    request_params p;
-    for (int32_t i = 0; i < 2 + static_cast<int32_t>(id) * 3; ++i) p.prompt.push_back(100 + (i * 5 + static_cast<int32_t>(id)) % 11);
-    p.max_tokens = 20;
-    p.ignore_eos = true;
-    REQUIRE(local.add(request_id{id}, p).has_value());
-    REQUIRE(remote.add(request_id{id}, p).has_value());
-  }
-  speculative_config sc;
-  sc.method = spec_method::ngram;
-  sc.k = 5;
-  sc.max_step_tokens = 24;  // room for every request's drafts
-  int drafted = 0, dropped = 0;
-  for (int step = 0; step < 200 && local.has_unfinished(); ++step) {
-    plan_drafts(local.running(), sc, cfg.context);
-    plan_drafts(remote.running(), sc, cfg.context);
-    const step_plan a = local.schedule();
-    step_draft d = remote.begin_step();
-    while (auto q = remote.next_claims(d)) {
-      auto g = tx.decode(serve(rx, kv, tx.encode(*q)));
-      REQUIRE_MESSAGE(g.has_value(), (g ? "" : g.err().message));
-      for (const auto& x : g->grants) dropped += x.dropped;
-      remote.apply(d, std::move(g).value());
-    }
-    const step_plan b = remote.end_step(d);
-    REQUIRE(a.chunks.size() == b.chunks.size());
-    for (size_t i = 0; i < a.chunks.size(); ++i) {
-      CHECK(a.chunks[i].count == b.chunks[i].count);
       CHECK(a.chunks[i].num_draft == b.chunks[i].num_draft);
       CHECK(test::block_values(a.chunks[i].block_table) == test::block_values(b.chunks[i].block_table));
-      drafted += a.chunks[i].num_draft;
     }
-    // The same verdicts for both: every draft accepted twice, then none (draft runs grow,
-    // then collapse, leaving blocks past what the next step needs).
-    // (The draft lengths adapt alike, so shorter drafts after a rejection drop blocks.)
-    std::vector<int32_t> emitted;
-    for (size_t i = 0; i < a.chunks.size(); ++i) {
-      const scheduled_chunk& c = a.chunks[i];
-      if (!c.sample) continue;
-      emitted.push_back(step % 3 == 2 ? 1 : c.num_draft + 1);
-      if (c.num_draft == 0) continue;
-      after_verify(*local.find(c.id), c.num_draft, emitted.back() - 1, sc);
-      after_verify(*remote.find(c.id), c.num_draft, emitted.back() - 1, sc);
-    }
-    int32_t rows = 0;
-    for (int32_t n : emitted) rows += n;
+    return {std::move(a), std::move(b)};
+  }
+
+  // Both steps give each sampled chunk emitted[k] tokens (empty: one each).
+  void finish(const step_plan& a, const step_plan& b, const std::vector<int32_t>& emitted) {
+    int32_t rows = a.num_samples();
+    if (!emitted.empty()) rows = std::accumulate(emitted.begin(), emitted.end(), 0);
     std::vector<sample_result> sa(static_cast<size_t>(rows)), sb(static_cast<size_t>(rows));
     for (auto& x : sa) x.token = 105;
     for (auto& x : sb) x.token = 105;
     local.update_from_output(a, sa, emitted);
     remote.update_from_output(b, sb, emitted);
   }
-  CHECK_FALSE(remote.has_unfinished());
+
+  // Hands back what the remote scheduler released; the kv manager's blocks in use after.
+  uint32_t release_all() {
+    kv_step_request rest;
+    rest.releases = remote.take_releases();
+    auto g = tx.decode(serve(rx, kv, tx.encode(rest)));
+    REQUIRE(g.has_value());
+    return g->usage.used;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a scheduler's claims through the kv codec plan the steps the in-process block manager plans") {
+  twin_schedulers twins(16);
+  for (uint64_t id = 1; id <= 6; ++id) {
+    request_params p;
+    for (int32_t i = 0; i < 3 + static_cast<int32_t>(id) * 2; ++i) p.prompt.push_back(100 + (i + (id % 2)) % 7);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 12;
+    twins.add(id, p);
+  }
+  for (int step = 0; step < 200 && twins.local.has_unfinished(); ++step) {
+    const auto [a, b] = twins.plan();
+    twins.finish(a, b, {});
+  }
+  CHECK_FALSE(twins.remote.has_unfinished());
+  CHECK(twins.release_all() == 0);
+  CHECK(twins.rx.num_known_requests() == 0);
+  CHECK(twins.rounds > 0);
+  MESSAGE(twins.rounds << " exchanges, " << twins.bytes_sent << " bytes of claims");
+}
+
+TEST_CASE("draft positions cross the kv codec: claimed, granted, and their blocks dropped as in process") {
+  twin_schedulers twins(24);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    request_params p;
+    for (int32_t i = 0; i < 2 + static_cast<int32_t>(id) * 3; ++i) p.prompt.push_back(100 + (i * 5 + static_cast<int32_t>(id)) % 11);
+    p.max_tokens = 20;
+    p.ignore_eos = true;
+    twins.add(id, p);
+  }
+  speculative_config sc;
+  sc.method = spec_method::ngram;
+  sc.k = 5;
+  sc.max_step_tokens = 24;  // room for every request's drafts
+  int drafted = 0;
+  for (int step = 0; step < 200 && twins.local.has_unfinished(); ++step) {
+    plan_drafts(twins.local.running(), sc, 64);
+    plan_drafts(twins.remote.running(), sc, 64);
+    const auto [a, b] = twins.plan();
+    // The same verdicts for both: every draft accepted twice, then none. Draft lengths
+    // adapt alike, so runs grow, then collapse, leaving blocks the next step drops.
+    std::vector<int32_t> emitted;
+    for (const scheduled_chunk& c : a.chunks) {
+      drafted += c.num_draft;
+      if (!c.sample) continue;
+      emitted.push_back(step % 3 == 2 ? 1 : c.num_draft + 1);
+      if (c.num_draft == 0) continue;
+      after_verify(*twins.local.find(c.id), c.num_draft, emitted.back() - 1, sc);
+      after_verify(*twins.remote.find(c.id), c.num_draft, emitted.back() - 1, sc);
+    }
+    twins.finish(a, b, emitted);
+  }
+  CHECK_FALSE(twins.remote.has_unfinished());
   CHECK(drafted > 20);
-  CHECK(dropped > 0);  // rejected drafts gave blocks back
+  CHECK(twins.dropped > 0);  // rejected drafts gave blocks back
+  CHECK(twins.release_all() == 0);
+}
 
-  kv_step_request rest;
-  rest.releases = remote.take_releases();
-  auto g = tx.decode(serve(rx, kv, tx.encode(rest)));
-  REQUIRE(g.has_value());
-  CHECK(g->usage.used == 0);
-
-  // Draft positions a claim may not ask for.
+TEST_CASE("a claim's draft positions are refused out of range, and on an admission") {
   auto with_drafts = [](bool admit, int32_t drafts) {
     capnp::MallocMessageBuilder msg;
     auto root = msg.initRoot<schema::KvStep>();
