@@ -7,6 +7,16 @@ namespace troupe {
 std::string stage_name(const std::string& replica, size_t index) { return replica + "/stage" + std::to_string(index); }
 std::string scheduler_name(const std::string& replica) { return replica + "/scheduler"; }
 std::string kv_manager_name(const std::string& replica) { return replica + "/kv"; }
+std::string draft_name(const std::string& replica) { return replica + "/draft"; }
+
+unit_spec draft_unit(const std::string& replica, const draft_setup& setup) {
+  const std::string name = draft_name(replica);
+  return unit_spec{name, [name, setup](caf::actor agent) {
+                     unit_instance u;
+                     u.members.push_back({name, wire::actor_kind::draft, spawn_draft(agent.home_system(), setup)});
+                     return u;
+                   }};
+}
 
 unit_spec kv_manager_unit(const std::string& replica, const kv_manager_setup& setup) {
   const std::string name = kv_manager_name(replica);
@@ -43,7 +53,7 @@ unit_spec scheduler_unit(const std::string& replica, scheduler_setup setup) {
 }
 
 local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::vector<stage_layout>& stages,
-                            const std::string& name) {
+                            const std::string& name, draft_setup draft) {
   local_replica out;
   std::vector<unit_spec> units;
   for (size_t i = 0; i < stages.size(); ++i) {
@@ -55,6 +65,12 @@ local_replica spawn_replica(caf::actor_system& sys, const model& m, const std::v
   kv.context = m.config.max_seq_len;
   units.push_back(kv_manager_unit(name, kv));
   out.kv_manager = kv_manager_name(name);
+  if (draft.m) {
+    draft.kv = kv.kv;
+    draft.context = kv.context;
+    units.push_back(draft_unit(name, draft));
+    out.draft = stage_address{draft_name(name), "", 0};
+  }
   out.agent = spawn_node_agent(sys, "local", std::move(units));
   return out;
 }

@@ -1,5 +1,6 @@
 #include "actors/scheduler_actor.hpp"
 
+#include <cstdio>
 #include <random>
 
 #include <caf/all.hpp>
@@ -7,8 +8,6 @@
 #include "actors/caf/errors.hpp"
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/client_codec.hpp"
-#include "engine/forward/kv_cache_type.hpp"
-#include "engine/spec/model_proposer.hpp"
 #include "engine/spec/ngram_proposer.hpp"
 
 namespace troupe {
@@ -24,10 +23,6 @@ void send_result(self_ptr self, uint64_t id, const step_output& out, const std::
                                                ? wire::encode_final_result(id, it->second.seq, out)
                                                : wire::encode_generate_result(id, out, it->second.seq, error_text, kind)));
   st.sinks.erase(it);
-}
-
-void forget_drafts(scheduler_state& st, request_id id) {
-  if (st.drafts) st.drafts->forget(id);
 }
 
 void dispatch(self_ptr self, std::vector<step_output> outs) {
@@ -67,23 +62,19 @@ void announce(self_ptr self) {
 
 namespace {
 
-// The proposer setup.spec names, drafting here (a draft model or early exit keeps a KV
-// cache of its own in the replica's block ids).
-std::unique_ptr<proposer> make_proposer(scheduler_state& st) {
+// N-gram drafts are made here; a draft model's and early exit's come from the draft
+// actor, whose orders are checked against the replica's limits.
+void setup_drafts(scheduler_state& st) {
   const scheduler_setup& s = st.setup;
-  const int32_t blocks = static_cast<int32_t>(s.config.kv.num_blocks), block_size = s.config.kv.block_size;
-  switch (s.spec.method) {
-    case spec_method::none: return nullptr;
-    case spec_method::ngram: return std::make_unique<ngram_proposer>(s.spec.ngram_min, s.spec.ngram_max);
-    case spec_method::draft:
-      st.draft_pool = std::make_unique<thread_pool>(std::max(1, s.spec_threads));
-      return std::make_unique<model_proposer>(*s.draft, blocks, block_size, kv_cache_type_for(*s.draft), *st.draft_pool);
-    case spec_method::early_exit:
-      st.draft_pool = std::make_unique<thread_pool>(std::max(1, s.spec_threads));
-      return std::make_unique<model_proposer>(*s.m, s.spec.exit_layer_for(s.m->config.num_layers), blocks, block_size,
-                                              s.config.kv.cache_type.value_or(kv_cache_type_for(*s.m)), *st.draft_pool);
-  }
-  return nullptr;
+  if (s.spec.method == spec_method::ngram) st.drafts = std::make_unique<ngram_proposer>(s.spec.ngram_min, s.spec.ngram_max);
+  if (s.spec.method != spec_method::draft && s.spec.method != spec_method::early_exit) return;
+  wire::draft_limits lim;
+  lim.num_blocks = s.config.kv.num_blocks;
+  lim.block_size = s.config.kv.block_size;
+  lim.context = s.config.context;
+  lim.vocab = s.m->config.vocab_size;
+  st.draft_limits = lim;
+  restart_drafts(st);
 }
 
 void watch_sink(self_ptr self, const caf::actor& sink) {
@@ -96,7 +87,6 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   scheduler_config cfg = setup.config;
   cfg.remote_kv = remote_kv(st);
   st.sched = std::make_unique<scheduler>(cfg, *setup.tok);
-  st.drafts = make_proposer(st);
   if (cfg.remote_kv) {
     wire::kv_limits lim;
     lim.num_blocks = cfg.kv.num_blocks;
@@ -107,10 +97,18 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   st.stages.resize(setup.stages.size());
   st.links.resize(setup.stages.size());
   st.session_base = std::random_device{}() * (uint64_t{1} << 32);
+  setup_drafts(st);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     if (st.kv && st.kv.address() == dm.source)
       return lose_kv(self, "the kv manager went down (" + reason_of(dm.reason) + ")");
+    if (st.draft && st.draft.address() == dm.source) {
+      st.draft = caf::actor{};
+      std::fprintf(stderr, "troupe: replica %s: its draft actor went down (%s); decoding without drafts until it is back\n",
+                   st.setup.replica.c_str(), reason_of(dm.reason).c_str());
+      restart_drafts(st);
+      return find_draft(self);
+    }
     for (size_t i = 0; i < st.stages.size(); ++i)
       if (st.stages[i] && st.stages[i].address() == dm.source)
         return lose(self, i, "stage " + std::to_string(i) + " went down (" + reason_of(dm.reason) + ")");
@@ -211,6 +209,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
       [self](tick_atom) {
         check_deadline(self);
         check_links(self);
+        find_draft(self);
         self->delayed_send(self, std::chrono::milliseconds(250), tick_atom_v);
       },
   };

@@ -18,11 +18,14 @@
 //                                                    spec_figures_size below)
 //
 // Speculative decoding (setup.spec): before each plan the scheduler gives decoding
-// requests draft slots (plan_drafts), claims their blocks with the step's, fills them
-// with its proposer, and sends the drafts as tokens of the step; the last stage returns
-// a row per draft (its argmax where step_choices.hpp allows, else its logits), and each
-// request's sampler verifies here. Blocks that only rejected drafts used go back with the
-// request's next claim (the kv manager's grant drops them).
+// requests draft slots (plan_drafts) and claims their blocks with the step's. It fills
+// them with n-gram drafts itself, or has its draft actor fill them (one exchange per step,
+// engine/spec/draft_exchange.hpp), and sends the drafts as tokens of the step; the last
+// stage returns a row per draft (its argmax where step_choices.hpp allows, else its
+// logits), and each request's sampler verifies here. Blocks that only rejected drafts used
+// go back with the request's next claim (the kv manager's grant drops them). The draft
+// actor is looked up by name and watched; while it is gone (or after an exchange fails)
+// steps go without drafts, the replica stays ready, and it is looked up again every tick.
 //
 // A sink receives (chunk_atom, TokenChunk frame) for every step that gave its request
 // tokens or text, chunks numbered from 0 without gaps, and at the end one
@@ -82,12 +85,11 @@ struct scheduler_setup {
   int32_t max_in_flight = 1;  // the number of pipeline stages is a good value
   std::chrono::milliseconds step_timeout{60000};
   std::chrono::milliseconds recovery_timeout{30000};
-  // Speculative decoding: the proposer runs here (a draft model, or the model's first
-  // layers for early exit, with a KV cache of its own in the replica's block ids, on
-  // spec_threads threads); verify steps go through the stages like any step.
+  // Speculative decoding: n-gram drafts are made here; a draft model's, or early exit's
+  // (the model's first layers), come from the replica's draft actor (actors/draft_actor.hpp),
+  // found by name like a stage. Verify steps go through the stages like any step.
   speculative_config spec;
-  const model* draft = nullptr;  // for spec.method draft: loaded, checked (check_draft)
-  int32_t spec_threads = 1;
+  stage_address draft;  // the draft actor, for spec.method draft and early-exit
 };
 
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);

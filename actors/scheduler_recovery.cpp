@@ -184,7 +184,7 @@ void drop_in_flight(self_ptr self, bool was_ready) {
   st.planning = false;
   st.released.clear();
   const size_t requeued = st.sched->reset_kv();
-  if (st.drafts) st.drafts->forget_all();  // its cache's block ids are given out anew
+  restart_drafts(st);  // the drafts' caches are in block ids given out anew
   if (was_ready)
     std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
                  st.setup.replica.c_str(), st.recovery->why().c_str(), requeued);

@@ -1,6 +1,7 @@
 // scheduler_state: the scheduler actor's state and the functions over it, shared by its
-// three files: scheduler_actor.cpp (messages, results to sinks), scheduler_steps.cpp
-// (planning steps with the kv manager and running them through the stages) and
+// files: scheduler_actor.cpp (messages, results to sinks), scheduler_steps.cpp
+// (planning steps with the kv manager and running them through the stages),
+// scheduler_drafts.cpp (speculative drafts, here or from the draft actor) and
 // scheduler_recovery.cpp (losses, lookups, the canary). Internal to actors/.
 #pragma once
 
@@ -20,11 +21,12 @@
 #include "actors/scheduler_actor.hpp"
 #include "actors/step_link.hpp"
 #include "actors/wire/client_codec.hpp"
+#include "actors/wire/draft_codec.hpp"
 #include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 #include "engine/serve/replica_recovery.hpp"
 #include "engine/serve/step_choices.hpp"
-#include "kernels/cpu/thread_pool.hpp"
+#include "engine/spec/draft_exchange.hpp"
 
 namespace troupe::scheduler_actor_impl {
 
@@ -80,11 +82,15 @@ struct scheduler_state {
   std::unique_ptr<replica_recovery> recovery;
   uint64_t session_base = 0;
 
-  // Speculative decoding (none without a proposer): the proposer, the pool a draft model
-  // or early exit runs on, draft slots (scratch), and what verification gave.
+  // Speculative decoding: n-gram drafts made here (drafts, slots: scratch), or orders to
+  // the draft actor (draft, invalid while it is gone), and what verification gave.
   std::unique_ptr<proposer> drafts;
-  std::unique_ptr<thread_pool> draft_pool;
   std::vector<draft_slot> slots;
+  draft_orders orders;
+  std::optional<wire::draft_limits> draft_limits;  // set where a draft actor drafts
+  caf::actor draft;
+  bool finding_draft = false;
+  uint64_t draft_sessions = 0;
   spec_tally spec;
 
   uint64_t epoch() const { return recovery->epoch(); }
@@ -94,6 +100,8 @@ struct scheduler_state {
 using self_ptr = caf::stateful_actor<scheduler_state>*;
 
 inline bool remote_kv(const scheduler_state& st) { return !st.setup.kv_manager.empty(); }
+// Whether its drafts come from a draft actor.
+inline bool remote_drafts(const scheduler_state& st) { return st.draft_limits.has_value(); }
 
 // scheduler_actor.cpp
 void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text,
@@ -103,8 +111,6 @@ void dispatch(self_ptr self, std::vector<step_output> outs);
 // try again later.
 void fail_request(self_ptr self, request_id id, const std::string& why);
 void announce(self_ptr self);
-// The request is gone from the scheduler (finished, aborted): the proposer forgets it.
-void forget_drafts(scheduler_state& st, request_id id);
 
 // scheduler_steps.cpp
 void maybe_step(self_ptr self);
@@ -113,6 +119,38 @@ void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_m
 void claim(self_ptr self, const kv_step_request& q, std::function<void(kv_step_grants)> then);
 void link_answer(self_ptr self, uint64_t link, const wire_message& out);
 void link_failed(self_ptr self, uint64_t link, const std::string& why);
+
+// scheduler_drafts.cpp
+// The request is gone from the scheduler or lost its blocks (finished, aborted,
+// preempted): whoever drafts for it forgets it.
+void forget_drafts(scheduler_state& st, request_id id);
+// Every request's drafts start afresh (the block ids are given out anew): a new session.
+void restart_drafts(scheduler_state& st);
+// Whether the next step can have drafts (a proposer here, or the draft actor found).
+bool can_draft(const scheduler_state& st);
+// Looks up the draft actor when it is missing (at most one lookup at a time).
+void find_draft(self_ptr self);
+// Has the draft actor fill `plan`'s draft slots, then calls `then` with the plan (its
+// chunks' tokens and tables its own meanwhile; chunks of requests that ended meanwhile
+// dropped). A plan without draft slots, or with the draft actor gone, goes at once
+// without drafts. Planning stays on while the order is out.
+void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<step_plan>)> then);
+
+// scheduler_drafts.cpp
+// The request is gone from the scheduler or lost its blocks (finished, aborted,
+// preempted): whoever drafts for it forgets it.
+void forget_drafts(scheduler_state& st, request_id id);
+// Every request's drafts start afresh (the block ids are given out anew): a new session.
+void restart_drafts(scheduler_state& st);
+// Whether the next step can have drafts (a proposer here, or the draft actor found).
+bool can_draft(const scheduler_state& st);
+// Looks up the draft actor when it is missing (at most one lookup at a time).
+void find_draft(self_ptr self);
+// Has the draft actor fill `plan`'s draft slots, then calls `then` with the plan (its
+// chunks' tokens and tables its own meanwhile; chunks of requests that ended meanwhile
+// dropped). A plan without draft slots, or with the draft actor gone, goes at once
+// without drafts. Planning stays on while the order is out.
+void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<step_plan>)> then);
 
 // scheduler_recovery.cpp
 // Does what recovery asked for after an event.

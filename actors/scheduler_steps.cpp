@@ -129,15 +129,10 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) 
   finish_step(self, plan, got);
 }
 
-// Sends `p` through the pipeline; an empty plan (requests in flight, or ended for lack
-// of memory) only delivers.
-void run_plan(self_ptr self, step_plan p) {
+// Sends `plan` (its drafts filled in) through the pipeline; an empty plan (requests in
+// flight, or ended for lack of memory) only delivers.
+void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
   auto& st = self->state;
-  if (st.drafts) {
-    for (request_id id : p.preempted) st.drafts->forget(id);
-    fill_drafts(p, *st.sched, *st.drafts, st.slots);
-  }
-  const auto plan = std::make_shared<step_plan>(std::move(p));
   if (plan->chunks.empty()) {
     dispatch(self, st.sched->update_from_output(*plan, {}));
     return;
@@ -162,6 +157,20 @@ void run_plan(self_ptr self, step_plan p) {
   });
 }
 
+// Fills the plan's draft slots, then sends it; while this one runs, the next is planned
+// (when it went out).
+void run_plan(self_ptr self, step_plan p) {
+  with_drafts(self, std::move(p), [self](std::shared_ptr<step_plan> plan) {
+    auto& st = self->state;
+    const int32_t before = st.in_flight;
+    send_plan(self, plan);
+    if (st.ready() && st.in_flight > before)
+      maybe_step(self);
+    else
+      hand_back(self);
+  });
+}
+
 // One round of a step's claims; the last round sends the plan.
 void claim_round(self_ptr self, std::shared_ptr<step_draft> d) {
   auto& st = self->state;
@@ -171,12 +180,7 @@ void claim_round(self_ptr self, std::shared_ptr<step_draft> d) {
       claim_round(self, d);
     });
   st.planning = false;
-  const int32_t before = st.in_flight;
   run_plan(self, st.sched->end_step(*d));
-  if (st.ready() && st.in_flight > before)
-    maybe_step(self);  // the next plan, while this one runs
-  else
-    hand_back(self);
 }
 
 }  // namespace
@@ -186,14 +190,13 @@ void maybe_step(self_ptr self) {
   if (!st.ready()) return;
   while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
     // Draft slots for the requests that decode next, claimed with the step's blocks.
-    if (st.drafts) plan_drafts(st.sched->running(), st.setup.spec, st.sched->config().context);
+    if (st.setup.spec.enabled())
+      plan_drafts(st.sched->running(), can_draft(st) ? st.setup.spec : speculative_config{}, st.sched->config().context);
     if (remote_kv(st)) {
       st.planning = true;
       return claim_round(self, std::make_shared<step_draft>(st.sched->begin_step()));
     }
-    const int32_t before = st.in_flight;
-    run_plan(self, st.sched->schedule());
-    if (!st.ready() || st.in_flight == before) break;  // lost a stage, or nothing could be scheduled
+    return run_plan(self, st.sched->schedule());
   }
   hand_back(self);
 }

@@ -17,6 +17,7 @@ enum ActorKind {
   stage @3;
   shard @4;
   nodeAgent @5;
+  draft @6;                        # a replica's draft actor (speculative decoding)
 }
 
 struct ActorStatus {

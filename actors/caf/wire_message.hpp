@@ -28,7 +28,9 @@ enum class wire_kind : uint16_t {
   kv_grants = 8,    // KvGrants
   nccl_invite = 9,  // schema/control.capnp NcclInvite
   linked_activations = 10,  // Activations without data: they went over a device link
-  last = linked_activations,
+  draft_order = 11,  // schema/draft.capnp DraftOrder
+  drafts = 12,       // Drafts
+  last = drafts,
 };
 
 struct wire_message {

@@ -8,6 +8,45 @@
 
 namespace troupe::wire {
 
+void write_sampling(schema::Sampling::Builder s, const sampling_params& p) {
+  s.setTemperature(p.temperature);
+  s.setTopK(p.top_k);
+  s.setTopP(p.top_p);
+  s.setMinP(p.min_p);
+  s.setRepetitionPenalty(p.repetition_penalty);
+  s.setFrequencyPenalty(p.frequency_penalty);
+  s.setPresencePenalty(p.presence_penalty);
+  s.setSeed(p.seed);
+  s.setLogprobs(p.logprobs);
+  auto biases = s.initLogitBias(static_cast<unsigned>(p.logit_bias.size()));
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    biases[static_cast<unsigned>(i)].setToken(p.logit_bias[i].token);
+    biases[static_cast<unsigned>(i)].setBias(p.logit_bias[i].bias);
+  }
+}
+
+expected<sampling_params> read_sampling(schema::Sampling::Reader s, int32_t vocab) {
+  sampling_params p;
+  p.temperature = s.getTemperature();
+  p.top_k = s.getTopK();
+  p.top_p = s.getTopP();
+  p.min_p = s.getMinP();
+  p.repetition_penalty = s.getRepetitionPenalty();
+  p.frequency_penalty = s.getFrequencyPenalty();
+  p.presence_penalty = s.getPresencePenalty();
+  p.seed = s.getSeed();
+  p.logprobs = s.getLogprobs();
+  const auto biases = s.getLogitBias();
+  if (biases.size() > max_logit_bias) return error{"logit bias: more than " + std::to_string(max_logit_bias) + " entries"};
+  for (auto b : biases) {  // (their values: validate() below)
+    if (b.getToken() < 0 || b.getToken() >= vocab)
+      return error{"logit bias: token " + std::to_string(b.getToken()) + " is outside the vocabulary"};
+    p.logit_bias.push_back({b.getToken(), b.getBias()});
+  }
+  if (auto e = validate(p)) return error{*e};
+  return p;
+}
+
 namespace {
 
 frame_limits client_limits(size_t max_bytes) {
@@ -53,22 +92,9 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     if (p.max_tokens < 1 || p.max_tokens > lim.context)
       return error{"maxTokens (" + std::to_string(p.max_tokens) + ") must be in 1.." + std::to_string(lim.context) +
                    " (the model's context)"};
-    const auto s = r.getSampling();
-    p.sampling.temperature = s.getTemperature();
-    p.sampling.top_k = s.getTopK();
-    p.sampling.top_p = s.getTopP();
-    p.sampling.min_p = s.getMinP();
-    p.sampling.repetition_penalty = s.getRepetitionPenalty();
-    p.sampling.frequency_penalty = s.getFrequencyPenalty();
-    p.sampling.presence_penalty = s.getPresencePenalty();
-    p.sampling.seed = s.getSeed();
-    p.sampling.logprobs = s.getLogprobs();
-    for (auto b : s.getLogitBias()) {  // (their count and values: validate() below)
-      if (b.getToken() < 0 || b.getToken() >= tok.size())
-        return error{"logit bias: token " + std::to_string(b.getToken()) + " is outside the vocabulary"};
-      p.sampling.logit_bias.push_back({b.getToken(), b.getBias()});
-    }
-    if (auto e = validate(p.sampling)) return error{*e};
+    auto sampling = read_sampling(r.getSampling(), tok.size());
+    if (!sampling) return sampling.err();
+    p.sampling = std::move(sampling).value();
     const auto stops = r.getStopStrings();
     if (stops.size() > static_cast<unsigned>(lim.max_stop_strings)) return error{"too many stop strings"};
     for (auto st : stops) p.stop_strings.emplace_back(st.cStr(), st.size());
@@ -107,21 +133,7 @@ namespace {
 // Everything of a request but its prompt.
 void fill_request_params(schema::GenerateRequest::Builder r, const request_params& p, bool steps_include_prompt) {
   r.setMaxTokens(p.max_tokens);
-  auto s = r.initSampling();
-  s.setTemperature(p.sampling.temperature);
-  s.setTopK(p.sampling.top_k);
-  s.setTopP(p.sampling.top_p);
-  s.setMinP(p.sampling.min_p);
-  s.setRepetitionPenalty(p.sampling.repetition_penalty);
-  s.setFrequencyPenalty(p.sampling.frequency_penalty);
-  s.setPresencePenalty(p.sampling.presence_penalty);
-  s.setSeed(p.sampling.seed);
-  s.setLogprobs(p.sampling.logprobs);
-  auto biases = s.initLogitBias(static_cast<unsigned>(p.sampling.logit_bias.size()));
-  for (size_t i = 0; i < p.sampling.logit_bias.size(); ++i) {
-    biases[static_cast<unsigned>(i)].setToken(p.sampling.logit_bias[i].token);
-    biases[static_cast<unsigned>(i)].setBias(p.sampling.logit_bias[i].bias);
-  }
+  write_sampling(r.initSampling(), p.sampling);
   auto stops = r.initStopStrings(static_cast<unsigned>(p.stop_strings.size()));
   for (size_t i = 0; i < p.stop_strings.size(); ++i) stops.set(static_cast<unsigned>(i), p.stop_strings[i]);
   auto st = r.initStopTokens(static_cast<unsigned>(p.stop_tokens.size()));

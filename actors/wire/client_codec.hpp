@@ -24,6 +24,11 @@ struct request_limits {
   int32_t max_stop_strings = 16;
 };
 
+// A request's sampler settings, and back, checked (token ids against a vocabulary of
+// `vocab`).
+void write_sampling(schema::Sampling::Builder s, const sampling_params& p);
+expected<sampling_params> read_sampling(schema::Sampling::Reader s, int32_t vocab);
+
 expected<request_params> decode_generate_request(std::span<const uint8_t> bytes, const tokenizer& tok,
                                                  const request_limits& lim);
 std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, const request_params& p);

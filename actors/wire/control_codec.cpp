@@ -18,6 +18,7 @@ const char* actor_kind_name(actor_kind k) {
     case actor_kind::stage: return "stage";
     case actor_kind::shard: return "shard";
     case actor_kind::node_agent: return "node-agent";
+    case actor_kind::draft: return "draft";
   }
   return "?";
 }
@@ -54,7 +55,7 @@ expected<node_health> decode_node_health(std::span<const uint8_t> bytes) {
     h.ready = r.getReady();
     for (auto a : r.getActors()) {
       const auto kind = static_cast<uint16_t>(a.getKind());
-      if (kind > static_cast<uint16_t>(actor_kind::node_agent)) return error{"node health: unknown actor kind " + std::to_string(kind)};
+      if (kind > static_cast<uint16_t>(actor_kind::draft)) return error{"node health: unknown actor kind " + std::to_string(kind)};
       h.actors.push_back({a.getName().cStr(), static_cast<actor_kind>(kind), a.getAlive(), a.getRestarts()});
     }
     return h;

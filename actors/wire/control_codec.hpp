@@ -13,7 +13,7 @@
 
 namespace troupe::wire {
 
-enum class actor_kind : uint8_t { gateway, scheduler, kv_manager, stage, shard, node_agent };
+enum class actor_kind : uint8_t { gateway, scheduler, kv_manager, stage, shard, node_agent, draft };
 const char* actor_kind_name(actor_kind k);
 
 struct actor_status {

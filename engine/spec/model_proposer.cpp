@@ -81,7 +81,8 @@ void model_proposer::propose(std::span<draft_slot> slots) {
         q = s.q.data() + s.q.size() - vocab;
       }
       view.distribution(l, vocab, q);  // greedy: 1 at the argmax
-      const int32_t d = greedy ? argmax(q, vocab) : draw(q, vocab, r.drafts.stream.uniform());
+      const float u = greedy ? 0.0f : s.uniforms.empty() ? r.drafts.stream.uniform() : s.uniforms[s.tokens.size()];
+      const int32_t d = greedy ? argmax(q, vocab) : draw(q, vocab, u);
       view.replay(d);
       s.tokens.push_back(d);
     }

@@ -96,18 +96,28 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
 void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots) {
   slots.clear();
   for (const auto& c : plan.chunks)
-    if (c.num_draft > 0) slots.push_back({sched.find(c.id), c.num_draft, {}, {}});
+    if (c.num_draft > 0) slots.push_back({sched.find(c.id), c.num_draft, {}, {}, {}});
   if (slots.empty()) return;
   p.propose(slots);
+  take_drafts(plan, slots);
+}
+
+void take_drafts(step_plan& plan, std::span<draft_slot> slots) {
   size_t i = 0;
   for (auto& c : plan.chunks) {
     if (c.num_draft == 0) continue;
+    TROUPE_ASSERT(i < slots.size(), i, slots.size());
     draft_slot& s = slots[i++];
+    if (!s.req) s.tokens.clear();
     TROUPE_ASSERT(static_cast<int32_t>(s.tokens.size()) <= c.num_draft, s.tokens.size(), c.num_draft);
     const int32_t shortfall = c.num_draft - static_cast<int32_t>(s.tokens.size());
     c.count -= shortfall;
     plan.num_tokens -= shortfall;
     c.num_draft = static_cast<int32_t>(s.tokens.size());
+    if (!s.req) {
+      c.draft = {};
+      continue;
+    }
     s.req->drafts.tokens = std::move(s.tokens);
     s.req->drafts.q = std::move(s.q);
     c.draft = s.req->drafts.tokens;

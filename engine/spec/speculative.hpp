@@ -64,6 +64,9 @@ struct draft_slot {
   std::vector<int32_t> tokens;   // proposed, at most max_tokens (fewer, or none, is fine)
   std::vector<float> q;          // [tokens.size()][vocab]: the distribution each was drawn
                                  // from, when drawn at random; empty: chosen as certain
+  std::span<const float> uniforms;  // random drafts: the uniform each slot's draw uses (a
+                                    // proposer elsewhere gets them with the order); empty:
+                                    // drawn from the request's draft stream
 };
 
 class proposer {
@@ -101,5 +104,11 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
 // drafts (request::drafts: tokens, q) for verification, and its chunk's draft points at
 // them. slots: scratch, kept by the caller between steps.
 void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots);
+
+// The second half of fill_drafts, for drafts from anywhere: slots holds one entry per chunk
+// of `plan` with draft slots, in order, each with its proposals (a slot without a request,
+// one that ended meanwhile, has none). A chunk keeps what its slot proposed and computes no
+// more positions than that.
+void take_drafts(step_plan& plan, std::span<draft_slot> slots);
 
 }  // namespace troupe

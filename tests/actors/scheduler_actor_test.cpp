@@ -5,6 +5,7 @@
 #include "actors/scheduler_actor.hpp"
 
 #include <map>
+#include <thread>
 
 #include <caf/all.hpp>
 #include <doctest/doctest.h>
@@ -144,10 +145,16 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
     setup.spec.method = r.method;
     setup.spec.k = 4;
     setup.spec.exit_layer = 4;
-    setup.draft = &draft.m;
-    auto rep = spawn_replica(sys, l.m, test::with_kv(r.layout, setup.config.kv, setup.config.max_step_tokens));
+    // A draft model's and early exit's drafts come from the replica's draft actor.
+    draft_setup drafter;
+    if (r.method != spec_method::ngram) {
+      drafter.m = r.method == spec_method::draft ? &draft.m : &l.m;
+      drafter.spec = setup.spec;
+    }
+    auto rep = spawn_replica(sys, l.m, test::with_kv(r.layout, setup.config.kv, setup.config.max_step_tokens), "r0", drafter);
     setup.agent = rep.agent;
     setup.stages = rep.stages;
+    setup.draft = rep.draft;
     auto sched = spawn_scheduler(sys, setup);
     caf::scoped_actor self{sys};
     std::map<uint64_t, size_t> index;
@@ -191,6 +198,96 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
     self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
     self->send_exit(sched, caf::exit_reason::user_shutdown);
   }
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("a draft actor that dies costs drafts, not output: the replica stays ready and finds it again") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const char* texts[] = {"Once upon a time", "The cat", "Lily and Tom went to the", "One day"};
+  std::vector<request_params> reqs;
+  std::vector<std::string> prompts;
+  for (int round = 0; round < 2; ++round)
+    for (const char* t : texts) {
+      request_params p;
+      p.prompt = l.tok.encode(t, true);
+      p.sampling.temperature = 0.0f;
+      p.max_tokens = 48;
+      reqs.push_back(p);
+      prompts.push_back(t);
+    }
+  const auto alone = test::alone_tokens(l, reqs);
+
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  scheduler_setup setup = test::scheduler_for(l, "r0", 1);
+  setup.spec.method = spec_method::early_exit;
+  setup.spec.k = 4;
+  setup.spec.exit_layer = 4;
+  draft_setup drafter;
+  drafter.m = &l.m;
+  drafter.spec = setup.spec;
+  auto rep = spawn_replica(sys, l.m, test::with_kv({{0, 5, 1}}, setup.config.kv, setup.config.max_step_tokens), "r0", drafter);
+  setup.agent = rep.agent;
+  setup.stages = rep.stages;
+  setup.draft = rep.draft;
+  auto sched = spawn_scheduler(sys, setup);
+  caf::scoped_actor self{sys};
+  auto verifies = [&] {
+    uint64_t n = 0;
+    self->request(sched, std::chrono::seconds(10), metrics_atom_v)
+        .receive([&](uint32_t, uint64_t, uint64_t, const std::string&, const std::vector<uint64_t>& v) { n = v.at(0); },
+                 [&](caf::error& e) { FAIL(sys.render(e)); });
+    return n;
+  };
+  auto send = [&](size_t from, size_t to, std::map<uint64_t, size_t>& index) {
+    for (size_t i = from; i < to; ++i) {
+      const wire_message msg(wire_kind::none, wire::encode_generate_request_text(prompts[i], reqs[i]));
+      self->request(sched, std::chrono::seconds(10), generate_atom_v, msg, caf::actor{self})
+          .receive([&](uint64_t id) { index[id] = i; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+    }
+  };
+  auto check = [&](const test::ledger& lg, const std::map<uint64_t, size_t>& index) {
+    for (const auto& [id, i] : index) {
+      CAPTURE(prompts[i]);
+      CHECK(lg.tokens.at(id) == alone[i].tokens);
+    }
+  };
+  // The draft actor is killed while the first round decodes.
+  std::map<uint64_t, size_t> first;
+  send(0, 4, first);
+  bool killed = false;
+  self->request(rep.agent, std::chrono::seconds(5), kill_atom_v, std::string("r0/draft"))
+      .receive([&](bool k) { killed = k; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(killed);
+  test::ledger lg;
+  test::collect(self, lg, 4);
+  check(lg, first);
+  bool ready = false;
+  self->request(sched, std::chrono::seconds(10), health_atom_v)
+      .receive([&](bool r, uint32_t, uint32_t, uint32_t, uint32_t, const std::string&) { ready = r; },
+               [&](caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(ready);
+  // Its replacement is found within a few ticks, and the second round has drafts again.
+  const uint64_t before = verifies();
+  std::map<uint64_t, size_t> second;
+  for (int attempt = 0; attempt < 20 && verifies() == before; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::map<uint64_t, size_t> one;
+    send(4, 5, one);
+    test::ledger l1;
+    test::collect(self, l1, 1);
+    check(l1, one);
+  }
+  CHECK(verifies() > before);
+  send(4, 8, second);
+  test::ledger l2;
+  test::collect(self, l2, 4);
+  check(l2, second);
+  self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace troupe

@@ -109,14 +109,18 @@ TEST_CASE("node plans: the node's flags move the endpoints, and a node the topol
   CHECK(none.err().message.find("no node named 'n9'") != std::string::npos);
 }
 
-TEST_CASE("node plans: [speculative] reaches each scheduler, with the node's threads and the loaded draft") {
+TEST_CASE("node plans: [speculative] reaches each scheduler, and the draft actor runs where the replica says") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   topology t = deployed("pp2.toml");
   auto plain = plan_node(t, l.m, l.tok, "n0");
   REQUIRE(plain.has_value());
   REQUIRE(plain->schedulers.size() == 1);
   CHECK_FALSE(plain->schedulers[0].setup.spec.enabled());
+  CHECK(plain->drafts.empty());
+  CHECK(t.replicas[0].draft_node == "n0");  // by default, the scheduler's node
 
+  // Early exit: the target's first layers in a draft actor beside the scheduler, with the
+  // node's threads and the replica's pool.
   t.speculative.method = "early-exit";
   t.speculative.exit_layer = 3;
   t.nodes[0].threads = 2;
@@ -126,19 +130,44 @@ TEST_CASE("node plans: [speculative] reaches each scheduler, with the node's thr
   CHECK(s.spec.method == spec_method::early_exit);
   CHECK(s.spec.exit_layer == 3);
   CHECK(s.spec.k == speculative_config{}.k);
-  CHECK(s.spec_threads == 2);
-  CHECK(s.draft == nullptr);
+  CHECK(s.draft.name == "r0/draft");
+  CHECK(s.draft.port == 0);  // found through the node's own agent
+  REQUIRE(early->drafts.size() == 1);
+  const draft_setup& d = early->drafts[0].setup;
+  CHECK(early->drafts[0].replica == "r0");
+  CHECK(d.m == &l.m);
+  CHECK(d.threads == 2);
+  CHECK(d.kv.num_blocks == t.kv.num_blocks);
+  CHECK(d.context == l.m.config.max_seq_len);
+  CHECK(plan_node(t, l.m, l.tok, "n1")->drafts.empty());
 
+  // A draft model, its actor on the second node: the scheduler finds it there.
   t.speculative = {"draft", 4, "stories260K.gguf", 0};
-  auto unloaded = plan_node(t, l.m, l.tok, "n0");
+  auto unloaded = plan_node(t, l.m, l.tok, "n0");  // (loaded where its actor runs)
   REQUIRE_FALSE(unloaded.has_value());
   CHECK(unloaded.err().message.find("the draft model is not loaded") != std::string::npos);
-  auto drafted = plan_node(t, l.m, l.tok, "n0", {}, &l.m);
-  REQUIRE(drafted.has_value());
-  CHECK(drafted->schedulers[0].setup.draft == &l.m);
-  CHECK(drafted->schedulers[0].setup.spec.k == 4);
-  // A node that keeps no scheduler needs no draft.
-  CHECK(plan_node(t, l.m, l.tok, "n1").has_value());
+  t.replicas[0].draft_node = "n1";
+  auto n0 = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(n0.has_value());
+  CHECK(n0->drafts.empty());
+  CHECK(n0->schedulers[0].setup.spec.k == 4);
+  CHECK(n0->schedulers[0].setup.draft.name == "r0/draft");
+  CHECK(n0->schedulers[0].setup.draft.port == t.nodes[1].port);
+  auto n1_unloaded = plan_node(t, l.m, l.tok, "n1");
+  REQUIRE_FALSE(n1_unloaded.has_value());
+  CHECK(n1_unloaded.err().message.find("the draft model is not loaded") != std::string::npos);
+  auto n1 = plan_node(t, l.m, l.tok, "n1", {}, &l.m);
+  REQUIRE(n1.has_value());
+  REQUIRE(n1->drafts.size() == 1);
+  CHECK(n1->drafts[0].setup.m == &l.m);
+  CHECK(n1->schedulers.empty());
+
+  // N-gram drafts need no actor.
+  t.speculative = {"ngram", 3, "", 0};
+  auto ngram = plan_node(t, l.m, l.tok, "n1");
+  REQUIRE(ngram.has_value());
+  CHECK(ngram->drafts.empty());
+  CHECK(plan_node(t, l.m, l.tok, "n0")->schedulers[0].setup.draft.name.empty());
 }
 
 }  // namespace troupe::tools

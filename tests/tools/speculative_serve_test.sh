@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Speculative decoding served by a PP=2 cluster (two troupe-node processes, troupe-launch)
-# over the OpenAI HTTP API, with each proposer in the topology's [speculative] table:
+# over the OpenAI HTTP API, with each proposer in the topology's [speculative] table (and
+# a draft model's actor on the second node, reached over the node link as well):
 # greedy completions, whole, streamed and with log-probabilities, are troupe-run's plain
 # output; a request may
 # turn speculation off or cap it, and a cap out of range is a 400; seeded draws with n 2
@@ -49,6 +50,7 @@ port = $(free_port)
 name   = "r0"
 stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] },
            { node = "n1", layers = "3-4", devices = ["cpu"] } ]
+${replica_extra:-}
 TOML
 }
 status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
@@ -61,28 +63,31 @@ for p in "${prompts[@]}"; do
   want[$p]=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "$p" -n 90 -t 0 -q)
 done
 
-for method in ngram early-exit draft; do
+for variant in ngram early-exit draft draft-on-n1; do
+  method=${variant%-on-n1}
+  replica_extra=
+  [[ $variant == *-on-n1 ]] && replica_extra='draft  = "n1"'
   case $method in
-    ngram) topology "$method" 'method = "ngram"' 'k = 4' ;;
-    early-exit) topology "$method" 'method = "early-exit"' 'exit_layer = 4' ;;
-    draft) topology "$method" 'method = "draft"' "draft = \"$models/stories260K.gguf\"" 'k = 5' ;;
+    ngram) topology "$variant" 'method = "ngram"' 'k = 4' ;;
+    early-exit) topology "$variant" 'method = "early-exit"' 'exit_layer = 4' ;;
+    draft) topology "$variant" 'method = "draft"' "draft = \"$models/stories260K.gguf\"" 'k = 5' ;;
   esac
-  out=$(launch up "$work/$method.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "$method: troupe-launch up: $out"
+  out=$(launch up "$work/$variant.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "$variant: troupe-launch up: $out"
   base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
-  [[ -n $base ]] || fail "$method: no HTTP endpoint line: $out"
+  [[ -n $base ]] || fail "$variant: no HTTP endpoint line: $out"
 
   for p in "${prompts[@]}"; do
     want_rest=${want[$p]#"$p"}
     code=$(post /v1/completions '{"model":"stories260K","prompt":"'"$p"'","max_tokens":80,"temperature":0}')
     got=$(text_of)
     # troupe-run ran 90 steps counting the prompt; the completion is 80 tokens: a prefix.
-    [[ $code == 200 && -n $got && $want_rest == "$got"* ]] || fail "$method: '$p' differs: '$got' vs '$want_rest'"
+    [[ $code == 200 && -n $got && $want_rest == "$got"* ]] || fail "$variant: '$p' differs: '$got' vs '$want_rest'"
   done
   # Streamed, and with speculation off or capped for the request: the same text.
   ref=${want["Once upon a time"]#"Once upon a time"}
   for extra in '"stream":true' '"speculative":0' '"speculative":false' '"speculative":1' '"logprobs":2'; do
     code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":60,"temperature":0,'"$extra"'}')
-    [[ $code == 200 ]] || fail "$method: $extra: status $code $(cat "$work/body")"
+    [[ $code == 200 ]] || fail "$variant: $extra: status $code $(cat "$work/body")"
     if [[ $extra == '"stream":true' ]]; then
       got=$(python3 -c '
 import json, sys
@@ -91,15 +96,15 @@ print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) 
     else
       got=$(text_of)
     fi
-    [[ -n $got && $ref == "$got"* ]] || fail "$method: $extra: '$got' vs '$ref'"
+    [[ -n $got && $ref == "$got"* ]] || fail "$variant: $extra: '$got' vs '$ref'"
   done
   code=$(post /v1/completions '{"model":"stories260K","prompt":"Once","max_tokens":8,"speculative":17}')
-  [[ $code == 400 ]] && grep -q "speculative" "$work/body" || fail "$method: a cap of 17: status $code $(cat "$work/body")"
+  [[ $code == 400 ]] && grep -q "speculative" "$work/body" || fail "$variant: a cap of 17: status $code $(cat "$work/body")"
   # Seeded draws, two choices: both complete.
   code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0.8,"seed":5,"n":2}')
-  [[ $code == 200 ]] || fail "$method: n 2: status $code $(cat "$work/body")"
+  [[ $code == 200 ]] || fail "$variant: n 2: status $code $(cat "$work/body")"
   python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); assert len(b["choices"]) == 2 and all(c["text"] for c in b["choices"])' \
-    "$work/body" || fail "$method: n 2: $(cat "$work/body")"
+    "$work/body" || fail "$variant: n 2: $(cat "$work/body")"
 
   # The router polls the scheduler about once a second: the figures arrive.
   ok=
@@ -114,12 +119,13 @@ print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) 
     fi
     sleep 0.2
   done
-  [[ -n $ok ]] || fail "$method: /metrics lacks the drafts: $(grep speculative "$work/metrics" || true)"
-  echo "$method: proposed $proposed, accepted $accepted over $count verifies"
-  launch down "$work/$method.toml" >/dev/null
+  [[ -n $ok ]] || fail "$variant: /metrics lacks the drafts: $(grep speculative "$work/metrics" || true)"
+  echo "$variant: proposed $proposed, accepted $accepted over $count verifies"
+  launch down "$work/$variant.toml" >/dev/null
 done
 
 # Settings that cannot work: nothing starts, and troupe-launch says why.
+replica_extra=
 topology bad-exit 'method = "early-exit"' 'exit_layer = 5'
 topology bad-key 'method = "ngram"' 'draft_length = 3'
 topology bad-draft 'method = "draft"'

@@ -111,15 +111,23 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
       if (s.node == me->name && !p.next_hop && i + 1 < r.stages.size() && r.stages[i + 1].node != me->name)
         p.next_hop = *t.node_named(r.stages[i + 1].node);
     }
+    const bool drafts = spec->method == spec_method::draft || spec->method == spec_method::early_exit;
+    if (drafts && r.draft_node == me->name) {
+      if (spec->method == spec_method::draft && draft == nullptr)
+        return error{t.path + ": [speculative] method draft: the draft model is not loaded"};
+      draft_setup d;
+      d.m = spec->method == spec_method::draft ? draft : &m;
+      d.spec = *spec;
+      d.kv = t.kv;
+      d.context = m.config.max_seq_len;
+      d.threads = me->threads;
+      p.drafts.push_back({r.name, d});
+    }
     if (r.scheduler_node != me->name) continue;
     p.schedulers.push_back(scheduler_of(t, m, tok, r, *me));
     scheduler_setup& s = p.schedulers.back().setup;
     s.spec = *spec;
-    s.spec_threads = me->threads;
-    if (spec->method == spec_method::draft) {
-      if (draft == nullptr) return error{t.path + ": [speculative] method draft: the draft model is not loaded"};
-      s.draft = draft;
-    }
+    if (drafts) s.draft = address_of(draft_name(r.name), *t.node_named(r.draft_node), *me);
   }
   if (t.gateway.node == me->name) p.gateway = gateway_of(t, m, *me, overrides);
   return p;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "actors/caf/system_config.hpp"
+#include "actors/draft_actor.hpp"
 #include "actors/gateway/http_gateway.hpp"
 #include "actors/gateway/rpc_gateway.hpp"
 #include "actors/kv_manager_actor.hpp"
@@ -36,6 +37,13 @@ struct scheduler_placement {
   kv_manager_setup kv;
 };
 
+// A replica's draft actor on this node (speculative decoding by a draft model or early
+// exit). Its setup's model is the draft passed to plan_node, or the target.
+struct draft_placement {
+  std::string replica;
+  draft_setup setup;
+};
+
 struct gateway_plan {
   endpoint capnp_endpoint, http_endpoint;
   bool serve_http = false;
@@ -49,6 +57,7 @@ struct node_plan {
   failure_detection failure;  // the middleman's heartbeats
   std::vector<stage_placement> stages;
   std::vector<scheduler_placement> schedulers;
+  std::vector<draft_placement> drafts;
   std::optional<gateway_plan> gateway;  // on the gateway's node
   // The node of the next stage in the first pipeline whose next hop leaves this node: the
   // node reports its round trip there.
@@ -62,7 +71,7 @@ struct endpoint_overrides {
 
 // The plan of node `node` (an error when the topology has none by that name). draft: the
 // model [speculative] draft names, loaded and checked (speculative_from), where the node
-// keeps a scheduler and the method is draft.
+// runs a replica's draft actor and the method is draft.
 expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer& tok, const std::string& node,
                               const endpoint_overrides& overrides = {}, const model* draft = nullptr);
 

@@ -338,9 +338,10 @@ stage_spec parse_stage(reader& rd, const toml::table& t, const std::string& wher
 
 replica_spec parse_replica(reader& rd, const toml::table& t, const std::string& where) {
   replica_spec r;
-  rd.only(t, where, {"name", "stages", "scheduler"});
+  rd.only(t, where, {"name", "stages", "scheduler", "draft"});
   rd.get(t, where, "name", r.name, true);
   rd.get(t, where, "scheduler", r.scheduler_node);
+  rd.get(t, where, "draft", r.draft_node);
   const toml::array* stages = t["stages"].as_array();
   if (rd.ok() && (!stages || stages->empty())) rd.fail(&t, "replica '" + r.name + "': 'stages' must be a non-empty array");
   for (size_t s = 0; rd.ok() && s < stages->size(); ++s) {
@@ -353,6 +354,7 @@ replica_spec parse_replica(reader& rd, const toml::table& t, const std::string& 
     r.stages.push_back(parse_stage(rd, *st, sw));
   }
   if (rd.ok() && r.scheduler_node.empty()) r.scheduler_node = r.stages[0].node;
+  if (rd.ok() && r.draft_node.empty()) r.draft_node = r.scheduler_node;
   return r;
 }
 
@@ -386,6 +388,8 @@ void check_names(reader& rd, const topology& t, const toml::table& root) {
         rd.fail(at, "replica '" + r.name + "', stage " + std::to_string(s) + ": unknown node '" + r.stages[s].node + "'");
     if (rd.ok() && !names.count(r.scheduler_node))
       rd.fail(at, "replica '" + r.name + "': scheduler on unknown node '" + r.scheduler_node + "'");
+    if (rd.ok() && !names.count(r.draft_node))
+      rd.fail(at, "replica '" + r.name + "': draft actor on unknown node '" + r.draft_node + "'");
   }
 }
 

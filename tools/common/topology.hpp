@@ -86,6 +86,9 @@ struct replica_spec {
   std::string name;
   std::vector<stage_spec> stages;
   std::string scheduler_node;  // where the replica's scheduler runs (default: its first stage's node)
+  std::string draft_node;      // where its draft actor runs, with [speculative] method draft or
+                               // early-exit (default: the scheduler's node, where orders and
+                               // drafts cross no link)
 };
 
 struct topology {

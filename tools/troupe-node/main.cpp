@@ -54,9 +54,9 @@ int main(int argc, char** argv) {
   if (auto v = tools::validate_topology(*topo, m.config, gs); !v) return fail(v.err().message);
   if (const std::string w = tools::topology_warnings(*topo, m.config); !w.empty())
     std::fprintf(stderr, "troupe-node %s: %s\n", opt.node.c_str(), w.c_str());
-  // The draft model is loaded where a replica's scheduler runs, which drafts.
+  // The draft model is loaded where a replica's draft actor runs.
   const bool drafts_here = std::any_of(topo->replicas.begin(), topo->replicas.end(),
-                                       [&](const tools::replica_spec& r) { return r.scheduler_node == opt.node; });
+                                       [&](const tools::replica_spec& r) { return r.draft_node == opt.node; });
   std::optional<model> draft;
   auto spec = drafts_here ? tools::speculative_from(topo->speculative, m, draft, true)
                           : tools::speculative_config_of(topo->speculative, m.config, true);

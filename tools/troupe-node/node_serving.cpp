@@ -22,6 +22,7 @@ std::vector<unit_spec> units_of(const node_plan& p, const model& m) {
     units.push_back(kv_manager_unit(s.replica, s.kv));
     units.push_back(scheduler_unit(s.replica, s.setup));
   }
+  for (const auto& d : p.drafts) units.push_back(draft_unit(d.replica, d.setup));
   return units;
 }
 

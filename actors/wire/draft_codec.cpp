@@ -1,0 +1,215 @@
+#include "actors/wire/draft_codec.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include "actors/wire/client_codec.hpp"
+#include "actors/wire/frame.hpp"
+#include "schema/draft.capnp.h"
+
+namespace troupe::wire {
+
+namespace {
+
+// An order: every slot's sequence whole, its table, uniforms and settings.
+frame_limits order_limits(const draft_limits& lim) {
+  const size_t per_slot = static_cast<size_t>(lim.context) * 2 + max_draft_tokens + max_logit_bias * 2 + 64;
+  return frame_limits::flat(static_cast<size_t>(lim.max_slots) * per_slot * 8 + (1 << 16));
+}
+
+// An answer: every slot's drafts with dense rows.
+frame_limits answer_limits(const draft_limits& lim) {
+  const size_t per_slot = static_cast<size_t>(max_draft_tokens) * (static_cast<size_t>(lim.vocab) / 2 + 16) + 32;
+  return frame_limits::flat(static_cast<size_t>(lim.max_slots) * per_slot * 8 + (1 << 16));
+}
+
+std::string slot_name(uint64_t id) { return "draft order: request " + std::to_string(id); }
+
+}  // namespace
+
+std::vector<uint8_t> encode_draft_order(const draft_order& o) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::DraftOrder>();
+  root.setSession(o.session);
+  auto forget = root.initForget(static_cast<unsigned>(o.forget.size()));
+  for (size_t i = 0; i < o.forget.size(); ++i) forget.set(static_cast<unsigned>(i), o.forget[i].value);
+  auto slots = root.initSlots(static_cast<unsigned>(o.slots.size()));
+  for (size_t i = 0; i < o.slots.size(); ++i) {
+    const draft_order_slot& s = o.slots[i];
+    auto out = slots[static_cast<unsigned>(i)];
+    out.setRequestId(s.id.value);
+    out.setMaxTokens(s.max_tokens);
+    out.setTokensFrom(s.from);
+    auto toks = out.initTokens(static_cast<unsigned>(s.tokens.size()));
+    for (size_t k = 0; k < s.tokens.size(); ++k) toks.set(static_cast<unsigned>(k), s.tokens[k]);
+    auto blocks = out.initBlocks(static_cast<unsigned>(s.blocks.size()));
+    for (size_t k = 0; k < s.blocks.size(); ++k) blocks.set(static_cast<unsigned>(k), s.blocks[k].value);
+    auto u = out.initUniforms(static_cast<unsigned>(s.uniforms.size()));
+    for (size_t k = 0; k < s.uniforms.size(); ++k) u.set(static_cast<unsigned>(k), s.uniforms[k]);
+    if (s.sampling) write_sampling(out.initSampling(), *s.sampling);
+    out.setPromptTokens(s.prompt_tokens);
+  }
+  return to_bytes(msg);
+}
+
+expected<draft_order> decode_draft_order(std::span<const uint8_t> bytes, const draft_limits& lim) {
+  auto frame = frame_reader::parse(bytes, order_limits(lim));
+  if (!frame) return error{"draft order: " + frame.err().message};
+  try {
+    auto root = (*frame)->root<schema::DraftOrder>();
+    draft_order o;
+    o.session = root.getSession();
+    for (uint64_t id : root.getForget()) o.forget.push_back(request_id{id});
+    const auto slots = root.getSlots();
+    if (slots.size() > static_cast<unsigned>(lim.max_slots))
+      return error{"draft order: " + std::to_string(slots.size()) + " requests; at most " + std::to_string(lim.max_slots)};
+    for (auto in : slots) {
+      draft_order_slot s;
+      s.id = request_id{in.getRequestId()};
+      const std::string who = slot_name(s.id.value);
+      for (const auto& earlier : o.slots)
+        if (earlier.id == s.id) return error{who + " comes twice"};
+      s.max_tokens = in.getMaxTokens();
+      if (s.max_tokens < 1 || s.max_tokens > max_draft_tokens)
+        return error{who + ": " + std::to_string(s.max_tokens) + " drafts; 1.." + std::to_string(max_draft_tokens) + " may be asked for"};
+      s.from = in.getTokensFrom();
+      const auto toks = in.getTokens();
+      const int64_t total = int64_t{s.from} + toks.size();
+      if (s.from < 0 || total < 1 || total + s.max_tokens > lim.context)
+        return error{who + ": a sequence of " + std::to_string(total) + " tokens and " + std::to_string(s.max_tokens) +
+                     " drafts does not fit the context of " + std::to_string(lim.context)};
+      for (int32_t t : toks) {
+        if (t < 0 || t >= lim.vocab) return error{who + ": token " + std::to_string(t) + " is outside the vocabulary"};
+        s.tokens.push_back(t);
+      }
+      // Every position up to the last draft's input (the last draft itself is not fed).
+      const int64_t positions = total + s.max_tokens - 1;
+      const auto blocks = in.getBlocks();
+      if (static_cast<int64_t>(blocks.size()) * lim.block_size < positions ||
+          static_cast<int64_t>(blocks.size()) * lim.block_size > int64_t{lim.context} + lim.block_size)
+        return error{who + ": a table of " + std::to_string(blocks.size()) + " blocks for " + std::to_string(positions) +
+                     " positions"};
+      for (uint32_t b : blocks) {
+        if (b >= lim.num_blocks)
+          return error{who + ": block " + std::to_string(b) + " is outside the pool of " + std::to_string(lim.num_blocks)};
+        s.blocks.push_back(block_id{b});
+      }
+      const auto u = in.getUniforms();
+      if (u.size() != 0 && u.size() != static_cast<unsigned>(s.max_tokens))
+        return error{who + ": " + std::to_string(u.size()) + " uniforms for " + std::to_string(s.max_tokens) + " drafts"};
+      for (float x : u) {
+        if (!(x >= 0.0f && x < 1.0f)) return error{who + ": a uniform outside [0, 1)"};
+        s.uniforms.push_back(x);
+      }
+      if (s.from == 0) {
+        if (!in.hasSampling()) return error{who + ": a new request without its sampler settings"};
+        auto sp = read_sampling(in.getSampling(), lim.vocab);
+        if (!sp) return error{who + ": " + sp.err().message};
+        s.sampling = std::move(sp).value();
+        s.prompt_tokens = in.getPromptTokens();
+        if (s.prompt_tokens < 1 || s.prompt_tokens > static_cast<int32_t>(s.tokens.size()))
+          return error{who + ": a prompt of " + std::to_string(s.prompt_tokens) + " tokens in a sequence of " +
+                       std::to_string(s.tokens.size())};
+        if ((s.sampling->temperature != 0.0f) != !s.uniforms.empty())
+          return error{who + ": random drafts need one uniform each, greedy ones none"};
+      }
+      o.slots.push_back(std::move(s));
+    }
+    return o;
+  } catch (const kj::Exception& e) {
+    return error{std::string("draft order: malformed: ") + e.getDescription().cStr()};
+  }
+}
+
+std::vector<uint8_t> encode_drafts(const draft_answer& a, int32_t vocab) {
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::Drafts>();
+  root.setSession(a.session);
+  auto slots = root.initSlots(static_cast<unsigned>(a.slots.size()));
+  for (size_t i = 0; i < a.slots.size(); ++i) {
+    const drafted& d = a.slots[i];
+    auto out = slots[static_cast<unsigned>(i)];
+    out.setRequestId(d.id.value);
+    out.setUnknown(d.unknown);
+    auto toks = out.initTokens(static_cast<unsigned>(d.tokens.size()));
+    for (size_t k = 0; k < d.tokens.size(); ++k) toks.set(static_cast<unsigned>(k), d.tokens[k]);
+    if (d.q.empty()) continue;
+    auto rows = out.initRows(static_cast<unsigned>(d.tokens.size()));
+    for (size_t k = 0; k < d.tokens.size(); ++k) {
+      const float* q = d.q.data() + k * static_cast<size_t>(vocab);
+      const auto mass = static_cast<size_t>(std::count_if(q, q + vocab, [](float x) { return x != 0.0f; }));
+      auto row = rows[static_cast<unsigned>(k)];
+      if (mass * 2 >= static_cast<size_t>(vocab)) {
+        auto dense = row.initDense(static_cast<unsigned>(vocab));
+        for (int32_t v = 0; v < vocab; ++v) dense.set(static_cast<unsigned>(v), q[v]);
+        continue;
+      }
+      auto ids = row.initTokens(static_cast<unsigned>(mass));
+      auto probs = row.initProbs(static_cast<unsigned>(mass));
+      unsigned n = 0;
+      for (int32_t v = 0; v < vocab; ++v)
+        if (q[v] != 0.0f) {
+          ids.set(n, v);
+          probs.set(n++, q[v]);
+        }
+    }
+  }
+  return to_bytes(msg);
+}
+
+std::vector<uint8_t> encode_draft_refusal(const std::string& why) {
+  capnp::MallocMessageBuilder msg;
+  msg.initRoot<schema::Drafts>().setError(why);
+  return to_bytes(msg);
+}
+
+expected<draft_answer> decode_drafts(std::span<const uint8_t> bytes, const draft_limits& lim) {
+  auto frame = frame_reader::parse(bytes, answer_limits(lim));
+  if (!frame) return error{"drafts: " + frame.err().message};
+  try {
+    auto root = (*frame)->root<schema::Drafts>();
+    if (root.hasError() && root.getError().size() > 0) return error{std::string("draft actor: ") + root.getError().cStr()};
+    draft_answer a;
+    a.session = root.getSession();
+    const auto slots = root.getSlots();
+    if (slots.size() > static_cast<unsigned>(lim.max_slots)) return error{"drafts: too many requests"};
+    const auto vocab = static_cast<size_t>(lim.vocab);
+    for (auto in : slots) {
+      drafted d;
+      d.id = request_id{in.getRequestId()};
+      d.unknown = in.getUnknown();
+      const auto toks = in.getTokens();
+      if (toks.size() > static_cast<unsigned>(max_draft_tokens)) return error{"drafts: more than a step takes"};
+      for (int32_t t : toks) d.tokens.push_back(t);  // (checked against the order: draft_orders::take)
+      const auto rows = in.getRows();
+      if (rows.size() != 0 && rows.size() != toks.size()) return error{"drafts: a distribution for each draft, or none"};
+      d.q.assign(rows.size() * vocab, 0.0f);
+      for (unsigned k = 0; k < rows.size(); ++k) {
+        float* q = d.q.data() + k * vocab;
+        const auto row = rows[k];
+        if (row.hasDense() && row.getDense().size() > 0) {
+          const auto dense = row.getDense();
+          if (dense.size() != vocab) return error{"drafts: a distribution that is not over the vocabulary"};
+          for (unsigned v = 0; v < dense.size(); ++v) q[v] = dense[v];
+          continue;
+        }
+        const auto ids = row.getTokens();
+        const auto probs = row.getProbs();
+        if (ids.size() != probs.size() || ids.size() > vocab) return error{"drafts: a sparse distribution out of shape"};
+        for (unsigned n = 0; n < ids.size(); ++n) {
+          if (ids[n] < 0 || static_cast<size_t>(ids[n]) >= vocab) return error{"drafts: a token outside the vocabulary"};
+          q[ids[n]] = probs[n];
+        }
+      }
+      a.slots.push_back(std::move(d));
+    }
+    return a;
+  } catch (const kj::Exception& e) {
+    return error{std::string("drafts: malformed: ") + e.getDescription().cStr()};
+  }
+}
+
+}  // namespace troupe::wire

@@ -1,0 +1,49 @@
+# Speculative drafts between a scheduler and its replica's draft actor, version 1. Each
+# step with draft slots, the scheduler sends one DraftOrder and the draft actor answers
+# with Drafts (engine/spec/draft_exchange.hpp). A request's tokens travel once, then only
+# what was added. Ordinals are never reused; new fields go at the end.
+@0xb3c1f4e8a2d95e07;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("troupe::schema");
+
+using Client = import "client.capnp";
+
+# One request's draft slots.
+struct DraftSlot {
+  requestId @0 :UInt64;
+  maxTokens @1 :Int32;             # drafts wanted, 1..16
+  tokensFrom @2 :Int32;            # position of tokens[0]: the draft actor has the ones before
+  tokens @3 :List(Int32);          # the rest of the request's sequence
+  blocks @4 :List(UInt32);         # its block table, covering its tokens and the drafts
+  uniforms @5 :List(Float32);      # random drafts: maxTokens uniforms in [0, 1); greedy: none
+  sampling @6 :Client.Sampling;    # with tokensFrom 0: how the request samples
+  promptTokens @7 :Int32;          # with tokensFrom 0: how many of tokens are its prompt
+}
+
+struct DraftOrder {
+  session @0 :UInt64;              # a new one: forget every request first
+  forget @1 :List(UInt64);         # requests that ended or lost their blocks, before any slot
+  slots @2 :List(DraftSlot);
+}
+
+# A drafted token's distribution: every token's probability, or, where few are possible
+# (top-k, top-p, min-p), only theirs.
+struct DraftRow {
+  dense @0 :List(Float32);         # [vocab]; empty when sparse
+  tokens @1 :List(Int32);          # the tokens with mass, ascending
+  probs @2 :List(Float32);         # their probabilities
+}
+
+struct Drafted {
+  requestId @0 :UInt64;
+  tokens @1 :List(Int32);
+  rows @2 :List(DraftRow);         # one per token when drawn at random; none when greedy
+  unknown @3 :Bool;                # the draft actor lacked the tokens before tokensFrom
+}
+
+struct Drafts {
+  session @0 :UInt64;
+  slots @1 :List(Drafted);         # one per order slot, in order
+  error @2 :Text;                  # the order was refused, and why
+}
