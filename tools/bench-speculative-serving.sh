@@ -3,10 +3,11 @@
 # (HTTP, 2 threads) on the synthetic target of tools/bench-speculative.sh whose drafts
 # agree most (damping DAMP), with its topology's [speculative] table set to none, early
 # exit after layer 1, and the draft model cut to the target's first layer; troupe-bench
-# drives greedy streams at concurrency 1 and 16. One sitting; each row's anchor is the
-# plain node just before it. Prints a Markdown table.
+# drives greedy streams at concurrency 1 (10 requests) and 16 (48). One sitting; each
+# row's anchor is the plain node just before it. Prints a Markdown table.
 #   tools/bench-speculative-serving.sh          1B target, k = 3
 #   PRESET=110m DAMP=0.02 tools/bench-speculative-serving.sh
+#   METHODS=draft LEVELS=16 tools/bench-speculative-serving.sh     some rows only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PRESET=${PRESET:-1b}
@@ -73,13 +74,13 @@ echo "### Served through troupe-node: $PRESET Q8_0 target (damping $DAMP), k = $
 echo
 echo "| proposer | concurrency | plain tok/s | speculative tok/s | speedup | TPOT p50 plain / speculative (ms) | drafts accepted |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
-for method in early-exit draft; do
+for method in ${METHODS:-early-exit draft}; do
   case $method in
     early-exit) table=('method = "early-exit"' 'exit_layer = 1' "k = $K") ;;
     draft) table=('method = "draft"' "draft = \"$draft\"" "k = $K") ;;
   esac
-  for c in 1 16; do
-    n=$((c == 1 ? 6 : 16))
+  for c in ${LEVELS:-1 16}; do
+    n=$((c == 1 ? 10 : 48))
     serve 'method = "none"'
     read -r plain plain_tpot <<<"$(bench "$c" "$n")"
     stop
