@@ -238,8 +238,14 @@ inline void mask_before(float* scores, int32_t first) {
   for (int32_t p = 0; p < first; ++p) scores[p] = -INFINITY;
 }
 
+// The softmax weights of rows that asked for them (wouts[i] set), positions 0..n_i.
+inline void keep_weights(float* const* wouts, const float* const* weights, int rows, const int32_t* ns) {
+  for (int i = 0; i < rows; ++i)
+    if (wouts[i]) std::memcpy(wouts[i], weights[i], sizeof(float) * ns[i]);
+}
+
 template <class T>
-void attend_group(const float* const* q, float* const* out, int group, const attention_token& tok,
+void attend_group(const float* const* q, float* const* out, float* const* wouts, int group, const attention_token& tok,
                   int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
   const int32_t n = tok.position + 1;
   const int32_t bs = kv.block_size;
@@ -251,13 +257,14 @@ void attend_group(const float* const* q, float* const* out, int group, const att
   for (int h = 0; h < group; ++h) {
     mask_before(scores[h], tok.first);
     softmax(scores[h], n);
+    if (wouts[h]) std::memcpy(wouts[h], scores[h], sizeof(float) * n);
     weighted_values<T>(scores[h], n, tok, kv_head, kv, out[h]);
   }
 }
 
 template <class T, int H, int G>
-void attend_heads(const float* const* q, float* const* out, const attention_token& tok, int32_t kv_head0,
-                  const paged_kv_layer& kv, std::vector<float>& scratch) {
+void attend_heads(const float* const* q, float* const* out, float* const* wouts, const attention_token& tok,
+                  int32_t kv_head0, const paged_kv_layer& kv, std::vector<float>& scratch) {
   const int32_t n = tok.position + 1;
   const int32_t padded = (n + simd::width - 1) / simd::width * simd::width + simd::width;
   if (static_cast<int32_t>(scratch.size()) < H * G * padded) scratch.resize(H * G * padded);
@@ -269,6 +276,7 @@ void attend_heads(const float* const* q, float* const* out, const attention_toke
   for (int i = 0; i < H * G; ++i) {
     mask_before(scores[i], tok.first);
     softmax(scores[i], n);
+    if (wouts[i]) std::memcpy(wouts[i], scores[i], sizeof(float) * n);
   }
   const int32_t stretches = kv.head_dim / simd::width;
   if (stretches % 4 == 0)
@@ -326,8 +334,8 @@ void values_rows(const float* const* weights, const int32_t* ns, const attention
 }
 
 template <class T, int G, int R>
-void attend_run(const float* const* q, float* const* out, const attention_token* toks, int32_t kv_head,
-                const paged_kv_layer& kv, std::vector<float>& scratch) {
+void attend_run(const float* const* q, float* const* out, float* const* wouts, const attention_token* toks,
+                int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
   constexpr int Rows = R * G;
   const int32_t n = toks[R - 1].position + 1;  // the last token sees the most
   const int32_t padded = (n + simd::width - 1) / simd::width * simd::width + simd::width;
@@ -344,6 +352,7 @@ void attend_run(const float* const* q, float* const* out, const attention_token*
     mask_before(scores[i], toks[i / G].first);
     softmax(scores[i], ns[i]);
   }
+  keep_weights(wouts, scores, Rows, ns);
   constexpr int C = Rows >= 8 ? 2 : 4;
   if ((kv.head_dim / simd::width) % C == 0)
     values_rows<T, Rows, C>(scores, ns, toks[R - 1], kv_head, kv, out);
@@ -354,26 +363,27 @@ void attend_run(const float* const* q, float* const* out, const attention_token*
 // One item: the sixteen-slot kernels where `blocked`, the general loops otherwise.
 template <class T>
 void attend(bool blocked, int kv_heads_per_item, int group, const float* const* q, float* const* out,
-            const attention_token& tok, int32_t kv_head0, const paged_kv_layer& kv, std::vector<float>& scratch) {
+            float* const* wouts, const attention_token& tok, int32_t kv_head0, const paged_kv_layer& kv,
+            std::vector<float>& scratch) {
   switch (blocked ? kv_heads_per_item * 16 + group : 0) {
-    case 4 * 16 + 1: return attend_heads<T, 4, 1>(q, out, tok, kv_head0, kv, scratch);
-    case 2 * 16 + 1: return attend_heads<T, 2, 1>(q, out, tok, kv_head0, kv, scratch);
-    case 1 * 16 + 1: return attend_heads<T, 1, 1>(q, out, tok, kv_head0, kv, scratch);
-    case 2 * 16 + 2: return attend_heads<T, 2, 2>(q, out, tok, kv_head0, kv, scratch);
-    case 1 * 16 + 2: return attend_heads<T, 1, 2>(q, out, tok, kv_head0, kv, scratch);
-    case 1 * 16 + 4: return attend_heads<T, 1, 4>(q, out, tok, kv_head0, kv, scratch);
-    case 1 * 16 + 8: return attend_heads<T, 1, 8>(q, out, tok, kv_head0, kv, scratch);
-    default: return attend_group<T>(q, out, group, tok, kv_head0, kv, scratch);
+    case 4 * 16 + 1: return attend_heads<T, 4, 1>(q, out, wouts, tok, kv_head0, kv, scratch);
+    case 2 * 16 + 1: return attend_heads<T, 2, 1>(q, out, wouts, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 1: return attend_heads<T, 1, 1>(q, out, wouts, tok, kv_head0, kv, scratch);
+    case 2 * 16 + 2: return attend_heads<T, 2, 2>(q, out, wouts, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 2: return attend_heads<T, 1, 2>(q, out, wouts, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 4: return attend_heads<T, 1, 4>(q, out, wouts, tok, kv_head0, kv, scratch);
+    case 1 * 16 + 8: return attend_heads<T, 1, 8>(q, out, wouts, tok, kv_head0, kv, scratch);
+    default: return attend_group<T>(q, out, wouts, group, tok, kv_head0, kv, scratch);
   }
 }
 
 // A run of `len` tokens (2 to 8 / group) for one KV head.
 template <class T>
-void attend_run_of(int group, int len, const float* const* q, float* const* out, const attention_token* toks,
-                   int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
+void attend_run_of(int group, int len, const float* const* q, float* const* out, float* const* wouts,
+                   const attention_token* toks, int32_t kv_head, const paged_kv_layer& kv, std::vector<float>& scratch) {
   switch (group * 16 + len) {
 #define TROUPE_RUN(G, R) \
-  case (G) * 16 + (R): return attend_run<T, G, R>(q, out, toks, kv_head, kv, scratch);
+  case (G) * 16 + (R): return attend_run<T, G, R>(q, out, wouts, toks, kv_head, kv, scratch);
     TROUPE_RUN(1, 2) TROUPE_RUN(1, 3) TROUPE_RUN(1, 4) TROUPE_RUN(1, 5) TROUPE_RUN(1, 6) TROUPE_RUN(1, 7)
     TROUPE_RUN(1, 8) TROUPE_RUN(2, 2) TROUPE_RUN(2, 3) TROUPE_RUN(2, 4) TROUPE_RUN(4, 2)
 #undef TROUPE_RUN
@@ -448,19 +458,22 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
     const int count = it.len > 1 ? group : std::min(shape.group, group - it.pass * shape.group);
     const float* qs[4 * max_group];
     float* outs[4 * max_group];
+    float* wouts[4 * max_group];
     for (int32_t r = 0; r < it.len; ++r)
       for (int32_t h = 0; h < heads; ++h)
         for (int32_t j = 0; j < count; ++j) {
           const int32_t head = (it.kv_head0 + h) * group + it.pass * shape.group + j;
           qs[(r * heads + h) * count + j] = q + (it.t + r) * q_stride + head * kv.head_dim;
           outs[(r * heads + h) * count + j] = out + (it.t + r) * out_stride + head * kv.head_dim;
+          const attention_token& tok = tokens[it.t + r];
+          wouts[(r * heads + h) * count + j] = tok.weights ? tok.weights + int64_t{head} * tok.weights_stride : nullptr;
         }
     const auto run = [&](auto element) {
       using T = decltype(element);
       if (it.len > 1)
-        attend_run_of<T>(group, it.len, qs, outs, tokens + it.t, it.kv_head0, kv, scratch);
+        attend_run_of<T>(group, it.len, qs, outs, wouts, tokens + it.t, it.kv_head0, kv, scratch);
       else
-        attend<T>(shape.blocked, shape.kv_heads, count, qs, outs, tokens[it.t], it.kv_head0, kv, scratch);
+        attend<T>(shape.blocked, shape.kv_heads, count, qs, outs, wouts, tokens[it.t], it.kv_head0, kv, scratch);
     };
     if (kv.k8)
       run(int8_t{});

@@ -59,6 +59,9 @@ struct attention_token {
   int32_t position;             // this token's position in its sequence
   const uint32_t* block_table;  // its sequence's blocks, covering 0..position
   int32_t first = 0;            // the first position it attends to (a sliding window's start), 0..position
+  float* weights = nullptr;     // when set, query head h's softmax weights go to
+  int64_t weights_stride = 0;   // weights[h * weights_stride + p], p in 0..position (those
+                                // before first exactly 0): what KV eviction policies read
 };
 
 void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_stride,

@@ -358,3 +358,65 @@ TEST_CASE("an int8 cache row of zeros stays zeros, and a non-finite row reads as
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("attention weights, where a token asks for them, are dense attention's, and change nothing else") {
+  for (cache_type type : {cache_type::f32, cache_type::i8})
+    for (int32_t group : {1, 2, 4, 8})
+      for (int32_t head_dim : {16, 20, 64}) {
+        CAPTURE(static_cast<int>(type));
+        CAPTURE(group);
+        CAPTURE(head_dim);
+        const int32_t kv_heads = 2, heads = kv_heads * group, len = 40, blocks = 4;
+        const auto table = shuffled_table(blocks, 3);
+        const written_cache c(type, blocks, kv_heads, head_dim, len, table, 9);
+        // A prefill run of five tokens, a lone one and a windowed one.
+        std::vector<attention_token> toks;
+        for (int32_t p = 20; p < 25; ++p) toks.push_back({p, table.data()});
+        toks.push_back({len - 1, table.data()});
+        toks.push_back({33, table.data(), 10});
+        const auto q = test::random_floats(toks.size() * heads * head_dim, 12);
+        thread_pool pool(2);
+        std::vector<float> plain(q.size(), NAN), with(q.size(), NAN);
+        paged_attention(q.data(), heads * head_dim, plain.data(), heads * head_dim, toks.data(),
+                        static_cast<int32_t>(toks.size()), heads, c.cache.layer, pool);
+        const int64_t stride = len;
+        std::vector<float> weights(toks.size() * heads * stride, -1.0f);
+        for (size_t t = 0; t < toks.size(); ++t) {
+          toks[t].weights = weights.data() + t * heads * stride;
+          toks[t].weights_stride = stride;
+        }
+        paged_attention(q.data(), heads * head_dim, with.data(), heads * head_dim, toks.data(),
+                        static_cast<int32_t>(toks.size()), heads, c.cache.layer, pool);
+        CHECK(std::equal(plain.begin(), plain.end(), with.begin()));
+        for (size_t t = 0; t < toks.size(); ++t)
+          for (int32_t h = 0; h < heads; ++h) {
+            const float* w = weights.data() + (t * heads + h) * stride;
+            // Dense scores over the cache as written (the scale of an int8 cache aside, the
+            // order of the weights is the test: each row sums to one and peaks where dense
+            // attention does).
+            const int32_t kh = h / group, pos = toks[t].position;
+            const float* qh = q.data() + (t * heads + h) * head_dim;
+            std::vector<double> s(pos + 1, 0.0);
+            double mx = -1e300, z = 0.0, sum = 0.0;
+            for (int32_t p = toks[t].first; p <= pos; ++p) {
+              double d = 0;
+              for (int32_t i = 0; i < head_dim; ++i) d += double(qh[i]) * c.keys[(size_t(p) * kv_heads + kh) * head_dim + i];
+              s[p] = d / std::sqrt(double(head_dim));
+              mx = std::max(mx, s[p]);
+            }
+            for (int32_t p = toks[t].first; p <= pos; ++p) z += std::exp(s[p] - mx);
+            for (int32_t p = 0; p <= pos; ++p) {
+              const double want = p < toks[t].first ? 0.0 : std::exp(s[p] - mx) / z;
+              if (p < toks[t].first) CHECK(w[p] == 0.0f);
+              CHECK(w[p] == doctest::Approx(want).epsilon(type == cache_type::f32 ? 1e-4 : 0.05).scale(type == cache_type::f32 ? 1e-6 : 1e-2));
+              sum += w[p];
+            }
+            CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
+            for (int32_t p = pos + 1; p < stride; ++p) CHECK(w[p] == -1.0f);  // nothing past its position
+          }
+      }
+}
+
+}  // namespace troupe
