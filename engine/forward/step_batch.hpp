@@ -17,24 +17,47 @@ namespace troupe {
 
 struct step_sequence {
   int32_t num_tokens = 0;
-  int32_t start_pos = 0;               // tokens of this sequence already in the cache
+  int32_t start_pos = 0;               // tokens of this sequence already in the cache (its
+                                       // first token's slot)
   std::span<const block_id> block_table;
   int32_t logit_rows = 0;              // logits of its last logit_rows tokens are wanted
                                        // (1 to sample; more to verify drafts)
+  int32_t rope_pos = -1;               // its first token's RoPE position, where KV eviction
+                                       // made it differ from its slot (-1: start_pos)
+  float* attention_mass = nullptr;     // when set, [start_pos + num_tokens]: the attention
+                                       // each slot receives from this sequence's tokens,
+                                       // summed over every head and layer, is added to it
+};
+
+// KV eviction (engine/kv/kv_eviction.hpp): a sequence keeps only some of its cache's slots,
+// moved down in order (slot kept[i] becomes slot i) within its block table. With `rotate`,
+// each moved key turns back by as many positions as it moved: its RoPE position is its
+// slot (StreamingLLM's positions within the cache).
+struct kv_compaction {
+  std::span<const block_id> block_table;  // covering the slots before the move
+  std::span<const int32_t> kept;          // ascending
+  bool rotate = false;
 };
 
 struct step_batch {
   std::vector<int32_t> tokens;
   std::vector<step_sequence> sequences;
+  std::vector<kv_compaction> compactions;  // applied before the step's tokens are computed
 
   void clear() {
     tokens.clear();
     sequences.clear();
+    compactions.clear();
   }
   void add(std::span<const int32_t> toks, int32_t start_pos, std::span<const block_id> blocks,
            int32_t logit_rows) {
     tokens.insert(tokens.end(), toks.begin(), toks.end());
     sequences.push_back({static_cast<int32_t>(toks.size()), start_pos, blocks, logit_rows});
+  }
+  bool wants_attention() const {
+    for (const auto& s : sequences)
+      if (s.attention_mass) return true;
+    return false;
   }
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_logits() const {

@@ -3,6 +3,7 @@
 #include "engine/forward/kv_cache_type.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -110,8 +111,8 @@ transformer_shard::transformer_shard(const model& m, const shard_spec& spec, kv_
   const int32_t half = cfg_.rope_dim / 2;
   rope_cos_.resize(int64_t{cfg_.max_seq_len} * half);
   rope_sin_.resize(int64_t{cfg_.max_seq_len} * half);
-  const std::vector<float> freqs = rope_frequencies(cfg_);
-  rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq_len, cfg_.rope_dim, freqs.data(),
+  rope_freqs_ = rope_frequencies(cfg_);
+  rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq_len, cfg_.rope_dim, rope_freqs_.data(),
              rope_attention_factor(cfg_));
 }
 
@@ -126,38 +127,141 @@ void transformer_shard::forward_early_exit(const step_batch& batch, float* hidde
 }
 
 void transformer_shard::run(const step_batch& batch, float* hidden, float* logits, int32_t num_layers, bool head) {
+  for (const kv_compaction& c : batch.compactions) compact(c);
   const int32_t n = batch.num_tokens();
   if (n == 0) return;
   // Per-token attention inputs: position and block table of the token's sequence, its
   // block ids as the kernels read them (one array, sized first: the tokens point into it).
   att_tokens_.clear();
+  rope_at_.clear();
   size_t table_entries = 0;
   for (const auto& s : batch.sequences) table_entries += s.block_table.size();
   tables_.resize(table_entries);
   uint32_t* table = tables_.data();
+  // Where eviction policies want the attention each slot receives: every token's softmax
+  // weights (per_token_weights floats each), summed per sequence after each layer.
+  const bool attention = batch.wants_attention();
+  int64_t weight_values = 0, mass_values = 0;
+  if (attention)
+    for (const auto& s : batch.sequences) {
+      weight_values += int64_t{local_heads_} * s.num_tokens * (s.start_pos + s.num_tokens);
+      mass_values += s.attention_mass ? s.start_pos + s.num_tokens : 0;
+    }
+  float* weights = attention ? grow(weights_, weight_values) : nullptr;
+  if (attention) {
+    mass_.assign(static_cast<size_t>(mass_values), 0.0f);
+    mass_at_.clear();
+  }
   for (const auto& s : batch.sequences) {
+    const int32_t rope0 = s.rope_pos < 0 ? s.start_pos : s.rope_pos;
     TROUPE_ASSERT(s.start_pos >= 0 && s.start_pos + s.num_tokens <= cfg_.max_seq_len,
                   s.start_pos, s.num_tokens, cfg_.max_seq_len);
+    TROUPE_ASSERT(rope0 >= 0 && rope0 + s.num_tokens <= cfg_.max_seq_len, rope0, s.num_tokens, cfg_.max_seq_len);
     TROUPE_ASSERT(static_cast<int64_t>(s.block_table.size()) * kv_.shape().block_size >= s.start_pos + s.num_tokens,
                   s.block_table.size(), s.start_pos, s.num_tokens);
     for (size_t b = 0; b < s.block_table.size(); ++b) {
       table[b] = s.block_table[b].value;
       TROUPE_ASSERT(table[b] < static_cast<uint32_t>(kv_.shape().num_blocks), table[b], kv_.shape().num_blocks);
     }
+    const int32_t seen = s.start_pos + s.num_tokens;  // the slots its last token sees
     for (int32_t i = 0; i < s.num_tokens; ++i) {
       const int32_t pos = s.start_pos + i;
-      att_tokens_.push_back({pos, table, cfg_.sliding_window > 0 ? std::max(0, pos - cfg_.sliding_window + 1) : 0});
+      attention_token t{pos, table, cfg_.sliding_window > 0 ? std::max(0, pos - cfg_.sliding_window + 1) : 0};
+      if (attention) {
+        t.weights = weights;
+        t.weights_stride = seen;
+        weights += int64_t{local_heads_} * seen;
+      }
+      att_tokens_.push_back(t);
+      rope_at_.push_back(rope0 + i);
     }
+    if (attention) mass_at_.push_back(-1);
     table += s.block_table.size();
   }
   TROUPE_ASSERT(static_cast<int32_t>(att_tokens_.size()) == n, att_tokens_.size(), n);
+  if (attention) {
+    int64_t at = 0;
+    for (size_t i = 0; i < batch.sequences.size(); ++i)
+      if (batch.sequences[i].attention_mass) {
+        mass_at_[i] = at;
+        at += batch.sequences[i].start_pos + batch.sequences[i].num_tokens;
+      }
+  }
 
   if (is_first_stage()) {
     for (int32_t t : batch.tokens) TROUPE_ASSERT(t >= 0 && t < cfg_.vocab_size, t, cfg_.vocab_size);
     embedding(model_.weights.token_embedding, batch.tokens.data(), n, hidden, cfg_.dim);
   }
-  for (int32_t l = 0; l < num_layers; ++l) run_layer(l, batch, hidden);
+  for (int32_t l = 0; l < num_layers; ++l) {
+    run_layer(l, batch, hidden);
+    if (attention) add_attention(batch);
+  }
+  if (attention) {
+    // Every shard of a stage sums its own heads; the sums are the stage's after this.
+    if (spec_.tp.size > 1) comm_.all_reduce_sum(mass_.data(), static_cast<int64_t>(mass_.size()));
+    for (size_t i = 0; i < batch.sequences.size(); ++i) {
+      const step_sequence& s = batch.sequences[i];
+      if (!s.attention_mass) continue;
+      for (int32_t p = 0; p < s.start_pos + s.num_tokens; ++p) s.attention_mass[p] += mass_[mass_at_[i] + p];
+    }
+  }
   if (head) run_head(batch, hidden, logits);
+}
+
+// The layer's softmax weights, summed over heads and tokens into each sequence's slots, in
+// a fixed order.
+void transformer_shard::add_attention(const step_batch& batch) {
+  size_t t = 0;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const step_sequence& s = batch.sequences[i];
+    if (!s.attention_mass) {
+      t += s.num_tokens;
+      continue;
+    }
+    float* mass = mass_.data() + mass_at_[i];
+    for (int32_t j = 0; j < s.num_tokens; ++j, ++t) {
+      const attention_token& tok = att_tokens_[t];
+      for (int32_t h = 0; h < local_heads_; ++h) {
+        const float* w = tok.weights + int64_t{h} * tok.weights_stride;
+        for (int32_t p = 0; p <= tok.position; ++p) mass[p] += w[p];
+      }
+    }
+  }
+}
+
+void transformer_shard::compact(const kv_compaction& c) {
+  std::vector<uint32_t> table(c.block_table.size());
+  for (size_t b = 0; b < table.size(); ++b) {
+    table[b] = c.block_table[b].value;
+    TROUPE_ASSERT(table[b] < static_cast<uint32_t>(kv_.shape().num_blocks), table[b], kv_.shape().num_blocks);
+  }
+  const int64_t slots = static_cast<int64_t>(table.size()) * kv_.shape().block_size;
+  const int32_t half = cfg_.rope_dim / 2, kv_dim = local_kv_heads_ * cfg_.head_dim;
+  std::vector<float> k(static_cast<size_t>(kv_dim)), v(static_cast<size_t>(kv_dim)), cs(half), sn(half);
+  for (size_t i = 0; i < c.kept.size(); ++i) {
+    const int32_t from = c.kept[i], to = static_cast<int32_t>(i);
+    TROUPE_ASSERT(from >= to && from < slots && (i == 0 || from > c.kept[i - 1]), i, from, slots);
+    if (from == to) continue;
+    if (c.rotate) {
+      // Back by (from - to) positions: the angles of that distance, unscaled (the stored
+      // key carries any attention factor already).
+      for (int32_t j = 0; j < half; ++j) {
+        const float angle = static_cast<float>(to - from) * rope_freqs_[j];
+        cs[j] = std::cos(angle);
+        sn[j] = std::sin(angle);
+      }
+    }
+    for (int32_t l = 0; l < static_cast<int32_t>(layers_.size()); ++l) {
+      const paged_kv_layer layer = kv_.layer(l);
+      if (!c.rotate) {
+        paged_kv_copy(layer, table.data(), from, table.data(), to);
+        continue;
+      }
+      paged_kv_read(layer, table.data(), from, k.data(), v.data());
+      rope(k.data(), local_kv_heads_, cfg_.head_dim, cfg_.rope_dim, cs.data(), sn.data(), cfg_.rope);
+      paged_kv_write(layer, table.data(), to, k.data(), v.data());
+    }
+  }
 }
 
 void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x) {
@@ -198,12 +302,12 @@ void transformer_shard::run_layer(int32_t idx, const step_batch& batch, float* x
         for (int32_t i = 0; i < kv_dim; ++i) k[t * kv_dim + i] += w.bk[i];
         for (int32_t i = 0; i < kv_dim; ++i) v[t * kv_dim + i] += w.bv[i];
       }
-      const int32_t pos = att_tokens_[t].position;
-      const float* c = rope_cos_.data() + int64_t{pos} * half;
-      const float* s = rope_sin_.data() + int64_t{pos} * half;
+      const int32_t rope_pos = rope_at_[t];
+      const float* c = rope_cos_.data() + int64_t{rope_pos} * half;
+      const float* s = rope_sin_.data() + int64_t{rope_pos} * half;
       rope(q + t * q_dim, local_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
       rope(k + t * kv_dim, local_kv_heads_, hd, cfg_.rope_dim, c, s, cfg_.rope);
-      paged_kv_write(cache, att_tokens_[t].block_table, pos, k + t * kv_dim, v + t * kv_dim);
+      paged_kv_write(cache, att_tokens_[t].block_table, att_tokens_[t].position, k + t * kv_dim, v + t * kv_dim);
     }
   });
   paged_attention(q, q_dim, att, q_dim, att_tokens_.data(), n, local_heads_, cache, pool_);

@@ -65,6 +65,8 @@ class transformer_shard final : public forward_shard {
   void run(const step_batch& batch, float* hidden, float* logits, int32_t num_layers, bool head);
   void run_layer(int32_t idx, const step_batch& batch, float* hidden);
   void run_head(const step_batch& batch, const float* hidden, float* logits);
+  void add_attention(const step_batch& batch);
+  void compact(const kv_compaction& c);
 
   const model& model_;
   const model_config& cfg_;
@@ -78,11 +80,18 @@ class transformer_shard final : public forward_shard {
   matrix_view classifier_;
   int32_t local_heads_, local_kv_heads_, local_hidden_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len][rope_dim / 2]
+  std::vector<float> rope_freqs_;           // [rope_dim / 2]
 
   // Scratch, grown to the largest step seen.
   aligned_vector<float> xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<attention_token> att_tokens_;
+  std::vector<int32_t> rope_at_;  // each token's RoPE position
   std::vector<uint32_t> tables_;  // the step's block tables, for att_tokens_
+  // KV eviction's attention figures: every token's softmax weights for a layer, and each
+  // sequence's sums (at mass_at_[sequence], -1 for one that wants none).
+  aligned_vector<float> weights_;
+  std::vector<float> mass_;
+  std::vector<int64_t> mass_at_;
 };
 
 }  // namespace troupe

@@ -18,7 +18,8 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
     for (const auto& r : reqs) {
       // (Drafts take positions past the last token: as many as a step may draft.)
       const int64_t drafts = opts_.spec.enabled() ? opts_.spec.k : 0;
-      const int64_t len = std::min<int64_t>(c.max_seq_len, static_cast<int64_t>(r.prompt.size()) + std::max(r.max_tokens, 1)) + drafts;
+      int64_t len = std::min<int64_t>(c.max_seq_len, static_cast<int64_t>(r.prompt.size()) + std::max(r.max_tokens, 1)) + drafts;
+      if (opts_.eviction.enabled()) len = std::min<int64_t>(len, opts_.eviction.budget + drafts);
       blocks += static_cast<uint64_t>((len + bs - 1) / bs);
     }
     blocks = std::max<uint64_t>(blocks, 1);
@@ -35,6 +36,7 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
   cfg.kv_type = opts_.kv_type;
   cfg.spec = opts_.spec;
   cfg.draft = opts_.draft;
+  cfg.sched.eviction = opts_.eviction;
   if (auto st = llm_engine::check(model_, cfg); !st) return st.err();
   llm_engine engine(model_, tok_, cfg);
   for (size_t i = 0; i < reqs.size(); ++i) {

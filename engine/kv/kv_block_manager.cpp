@@ -97,26 +97,38 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
     kv_grant g;
     g.id = c.id;
     std::vector<block_id> hits;
+    const int32_t shift = c.admit ? 0 : c.evicted;  // tokens before the first slot
     if (c.admit) {
       if (held != held_.end()) return error{who() + "admitted while it holds blocks"};
       if (total == 0) return error{who() + "admitted without tokens"};
-      hits = match_prefix(c.tokens, c.ns);
+      if (c.kv_budget == 0) hits = match_prefix(c.tokens, c.ns);
       g.first = static_cast<int32_t>(hits.size()) * block_size_;
     } else {
       if (held == held_.end()) return error{who() + "runs without blocks"};
       if (static_cast<int64_t>(held->second.blocks.size()) != c.held)
         return error{who() + "claims to hold " + std::to_string(c.held) + " blocks; it holds " +
                      std::to_string(held->second.blocks.size())};
-      if (c.computed < 0 || c.computed >= total ||
-          static_cast<int64_t>(held->second.blocks.size()) * block_size_ < c.computed)
+      if (c.computed < 0 || c.computed >= total || c.evicted < 0 || c.evicted > c.computed ||
+          static_cast<int64_t>(held->second.blocks.size()) * block_size_ < c.computed - c.evicted)
         return error{who() + "claims " + std::to_string(c.computed) + " computed of " + std::to_string(total) +
-                     " tokens, which its " + std::to_string(held->second.blocks.size()) + " blocks contradict"};
+                     " tokens (" + std::to_string(c.evicted) + " evicted), which its " +
+                     std::to_string(held->second.blocks.size()) + " blocks contradict"};
       if (c.speculative < 0) return error{who() + "claims a negative number of drafts"};
       g.first = c.computed;
     }
     g.count = std::min(total + (c.admit ? 0 : c.speculative) - g.first, budget);
+    if (c.kv_budget > 0) {
+      // No request holds more slots than its budget.
+      const int32_t slots = g.first - shift;
+      if (slots >= c.kv_budget)
+        return error{who() + "holds " + std::to_string(slots) + " slots, at or over its KV budget of " +
+                     std::to_string(c.kv_budget)};
+      g.count = std::min(g.count, c.kv_budget - slots);
+    }
     const size_t before = c.admit ? 0 : static_cast<size_t>(c.held);
-    if (!allocate(c.id, c.tokens, g.first + g.count, hits, c.ns)) {
+    // (An evicting request's blocks hold no prefix of its tokens: nothing to cache.)
+    const std::span<const int32_t> cached = c.kv_budget > 0 ? std::span<const int32_t>{} : c.tokens;
+    if (!allocate(c.id, cached, g.first - shift + g.count, hits, c.ns)) {
       out.short_of_blocks = true;
       break;
     }

@@ -49,6 +49,11 @@ struct kv_claim {
   uint64_t ns = 0;           // prefix-cache namespace
   std::span<const int32_t> tokens;  // the request's whole sequence
   int32_t speculative = 0;   // positions after tokens (a running request's drafts)
+  int32_t evicted = 0;       // KV eviction: tokens dropped from its cache (its blocks hold
+                             // computed - evicted slots)
+  int32_t kv_budget = 0;     // KV eviction: slots its blocks may hold at most (0: no limit);
+                             // granted no more positions than fit, never cached, no prefix
+                             // hits
 };
 
 struct kv_grant {

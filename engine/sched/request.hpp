@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/generate/stop_matcher.hpp"
+#include "engine/kv/kv_eviction.hpp"
 #include "engine/kv/block_id.hpp"
 #include "engine/sample/rng.hpp"
 #include "engine/sample/sampler.hpp"
@@ -75,6 +76,9 @@ struct request {
   bool in_flight = false;  // a step computing this request has not come back yet
   std::vector<block_id> blocks;  // its KV blocks, as the block manager granted them
   draft_state drafts;            // speculative decoding
+  int32_t evicted = 0;           // KV eviction: tokens dropped from its cache, so its
+                                 // blocks hold num_computed_tokens - evicted slots
+  kv_eviction_state kept;        // what its eviction policy knows of each slot
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;

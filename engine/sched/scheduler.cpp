@@ -121,6 +121,8 @@ std::optional<step_output> scheduler::abort(request_id id) {
 // Back to waiting with its tokens kept; it recomputes its KV when admitted again.
 void scheduler::requeue(request& r) {
   r.num_computed_tokens = 0;
+  r.evicted = 0;
+  r.kept.clear();
   r.blocks.clear();
   r.state = request_state::waiting;
   r.in_flight = false;
@@ -137,6 +139,7 @@ void scheduler::release(request& r) {
 }
 
 void scheduler::preempt(request& r, step_plan& plan) {
+  std::erase_if(plan.compactions, [&](const planned_compaction& c) { return c.id == r.id; });
   release(r);
   std::erase(running_, &r);
   requeue(r);
@@ -180,9 +183,10 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
   auto claim = [&](request& r, bool admit) {
     // Drafts only where the step decodes (one known token to compute).
     const int32_t drafts = !admit && r.num_tokens() - r.num_computed_tokens == 1 ? r.drafts.wanted : 0;
+    if (!admit) make_room(d, r, r.num_tokens() - r.num_computed_tokens + drafts);
     q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
                                 admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
-                                drafts});
+                                drafts, admit ? 0 : r.evicted, cfg_.eviction.enabled() ? cfg_.eviction.budget : 0});
     d.sent.emplace_back(r.id, admit);
     left -= r.num_tokens() + drafts - (admit ? 0 : r.num_computed_tokens);
     --slots;
@@ -217,7 +221,7 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
 bool scheduler::grant_here(step_draft& d, const kv_step_request& q) {
   const int32_t bs = cfg_.kv.block_size;
   for (const kv_claim& c : q.claims) {
-    if (c.admit) return false;
+    if (c.admit || c.kv_budget > 0) return false;
     const request* r = find(c.id);
     const int32_t end = static_cast<int32_t>(c.tokens.size()) + c.speculative;
     const int32_t held = r ? static_cast<int32_t>(r->blocks.size()) : 0;
@@ -246,6 +250,8 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
   c.tokens = std::span<const int32_t>(r.tokens).subspan(first, known);
   c.block_table = r.blocks;
   c.sample = first + known == r.num_tokens();
+  c.evicted = r.evicted;
+  c.rope_in_cache = cfg_.eviction.policy == kv_policy::streaming;
   r.in_flight = true;
   d.plan.chunks.push_back(c);
   d.plan.num_tokens += count;
@@ -353,7 +359,7 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
       out.text += r.stops.push(r.utf8.push(tok_.decode(prev, tok)));
       if (r.stops.stopped())
         why = finish_reason::stop;
-      else if (r.num_output_tokens() >= p.max_tokens || r.num_tokens() >= cfg_.context)
+      else if (r.num_output_tokens() >= p.max_tokens || (r.num_tokens() >= cfg_.context && !past_context()))
         why = finish_reason::length;
       if (why != finish_reason::none) break;  // later tokens of an accepted run are dropped
     }
@@ -368,6 +374,47 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
     outs.push_back(std::move(out));
   }
   return outs;
+}
+
+namespace {
+
+// The eviction state follows the request's slots: the ones computed since, appended.
+void sync_slots(request& r) {
+  const int32_t slots = r.num_computed_tokens - r.evicted;
+  if (r.kept.size() < slots) r.kept.append(slots - r.kept.size(), r.num_computed_tokens - (slots - r.kept.size()));
+}
+
+}  // namespace
+
+// Before a running request claims its step: when its cache and the step's new positions
+// would pass the budget, its policy drops tokens (slots_to_keep says how many stay).
+void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
+  const kv_eviction_config& e = cfg_.eviction;
+  if (!e.enabled()) return;
+  sync_slots(r);
+  const int32_t slots = r.kept.size();
+  const int32_t keep = slots_to_keep(e, slots, wanted, cfg_.kv.block_size);
+  if (keep >= slots) return;
+  planned_compaction c;
+  c.id = r.id;
+  c.block_table = r.blocks;
+  c.kept = r.kept.choose(e, keep);
+  c.rotate = e.policy == kv_policy::streaming;
+  r.kept.retain(c.kept);
+  r.evicted += slots - keep;
+  evicted_tokens_ += slots - keep;
+  d.plan.compactions.push_back(std::move(c));
+}
+
+void scheduler::observe_attention(request_id id, std::span<const float> mass, int32_t rows) {
+  request* r = find(id);
+  if (!r || !cfg_.eviction.enabled() || r->state != request_state::running) return;
+  sync_slots(*r);
+  const size_t n = static_cast<size_t>(r->kept.size());
+  if (mass.size() >= n) return r->kept.observe(mass.first(n), rows);
+  std::vector<float> padded(mass.begin(), mass.end());
+  padded.resize(n, 0.0f);
+  r->kept.observe(padded, rows);
 }
 
 }  // namespace troupe

@@ -65,6 +65,7 @@ struct scheduler_config {
                                   // P stages keep P plans in flight)
   bool remote_kv = false;         // the block manager is elsewhere: plan steps with
                                   // begin_step / next_claims / apply / end_step
+  kv_eviction_config eviction;    // KV eviction: each request's cache within a budget
 };
 
 // A step being planned.
@@ -114,6 +115,10 @@ class scheduler {
   // of the accepted ones counts as computed, the rest of its draft slots as never written.
   std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples,
                                               std::span<const int32_t> emitted = {});
+  // KV eviction: the attention a request's cache slots received in the step just applied,
+  // summed over `rows` softmax rows (mass[i]: slot i; slots past what it kept, such as
+  // rejected drafts', are ignored). Its policy decides what to keep from these.
+  void observe_attention(request_id id, std::span<const float> mass, int32_t rows);
 
   request* find(request_id id);
   size_t num_waiting() const { return waiting_.size(); }
@@ -128,6 +133,11 @@ class scheduler {
     return u;
   }
   const scheduler_config& config() const { return cfg_; }
+  // KV eviction: tokens dropped from requests' caches so far.
+  uint64_t evicted_tokens() const { return evicted_tokens_; }
+  // Whether requests may run past the model's context: streaming eviction's RoPE positions
+  // are slots, which the budget bounds.
+  bool past_context() const { return cfg_.eviction.policy == kv_policy::streaming; }
 
  private:
   bool before(const request& a, const request& b) const;  // scheduling order
@@ -137,6 +147,7 @@ class scheduler {
   void add_chunk(step_draft& d, request& r, int32_t first, int32_t count);
   void out_of_blocks(step_draft& d, request& r);
   bool grant_here(step_draft& d, const kv_step_request& q);
+  void make_room(step_draft& d, request& r, int32_t wanted);
   step_output finish(request& r, finish_reason why);
   void insert_waiting(request* r);
 
@@ -145,6 +156,7 @@ class scheduler {
   std::optional<kv_block_manager> kv_;  // unless remote_kv
   std::vector<request_id> releases_;     // for the remote block manager
   kv_usage remote_usage_;
+  uint64_t evicted_tokens_ = 0;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
   std::deque<request*> waiting_;   // in scheduling order
   std::vector<request*> running_;  // in scheduling order

@@ -24,11 +24,29 @@ struct scheduled_chunk {
   std::span<const block_id> block_table;  // the request's blocks, covering first + count
   bool sample = false;     // the chunk reaches the end of the known tokens: sample one
                            // (with drafts, verify them: 1 to num_draft + 1 tokens)
+  int32_t evicted = 0;     // KV eviction: tokens gone from the request's cache, so token
+                           // `first` goes to slot first - evicted
+  bool rope_in_cache = false;  // its RoPE positions are its slots (streaming); otherwise
+                               // the tokens' own positions
+
+  int32_t first_slot() const { return first - evicted; }
+  int32_t first_rope_position() const { return rope_in_cache ? first_slot() : first; }
+};
+
+// KV eviction before a step: the request keeps slots `kept` of its cache (ascending),
+// moved down in order within `block_table` (its table before the step's grant), keys
+// turned back as they move where its RoPE positions are its slots.
+struct planned_compaction {
+  request_id id;
+  std::vector<block_id> block_table;
+  std::vector<int32_t> kept;
+  bool rotate = false;
 };
 
 struct step_plan {
   std::vector<scheduled_chunk> chunks;  // decode tokens first, then prefill chunks
   std::vector<request_id> preempted;    // requests sent back to waiting this step
+  std::vector<planned_compaction> compactions;  // KV eviction: applied before the chunks
   int32_t num_tokens = 0;
   int32_t num_samples() const {
     int32_t n = 0;

@@ -49,6 +49,7 @@ struct engine_stats {
   uint64_t spec_verifies = 0;    // request-steps that verified drafts
   uint64_t spec_proposed = 0;    // drafted tokens verified
   uint64_t spec_accepted = 0;    // of which accepted
+  uint64_t evicted_tokens = 0;   // KV eviction: tokens dropped from requests' caches
 };
 
 class llm_engine {
@@ -102,6 +103,7 @@ class llm_engine {
   std::unique_ptr<proposer> proposer_;
   std::vector<draft_slot> slots_;
   std::vector<request*> running_;
+  std::vector<std::vector<float>> mass_;  // KV eviction: each chunk's attention per slot
 };
 
 }  // namespace troupe

@@ -572,4 +572,51 @@ void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32
   }
 }
 
+void paged_kv_read(const paged_kv_layer& kv, const uint32_t* block_table, int32_t position, float* k, float* v) {
+  const uint32_t block = block_table[position / kv.block_size];
+  const int32_t slot = position % kv.block_size;
+  for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+    const int64_t at = kv.offset(block, h);
+    float* kh = k + h * kv.head_dim;
+    float* vh = v + h * kv.head_dim;
+    const float ks = kv.k8 ? kv.k_scale[kv.scale_offset(block, h) + slot] : 1.0f;
+    const float vs = kv.k8 ? kv.v_scale[kv.scale_offset(block, h) + slot] : 1.0f;
+    for (int32_t d = 0; d < kv.head_dim; ++d) {
+      const int64_t kat = at + d * kv.block_size + slot, vat = at + slot * kv.head_dim + d;
+      if (kv.k8) {
+        kh[d] = static_cast<float>(kv.k8[kat]) * ks;
+        vh[d] = static_cast<float>(kv.v8[vat]) * vs;
+      } else if (kv.k16) {
+        kh[d] = f16_to_f32(kv.k16[kat]);
+        vh[d] = f16_to_f32(kv.v16[vat]);
+      } else {
+        kh[d] = kv.k[kat];
+        vh[d] = kv.v[vat];
+      }
+    }
+  }
+}
+
+void paged_kv_copy(const paged_kv_layer& kv, const uint32_t* from_table, int32_t from, const uint32_t* to_table,
+                   int32_t to) {
+  const uint32_t fb = from_table[from / kv.block_size], tb = to_table[to / kv.block_size];
+  const int32_t fs = from % kv.block_size, ts = to % kv.block_size;
+  for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+    const int64_t fa = kv.offset(fb, h), ta = kv.offset(tb, h);
+    auto move = [&](auto* k, auto* v) {
+      for (int32_t d = 0; d < kv.head_dim; ++d) k[ta + d * kv.block_size + ts] = k[fa + d * kv.block_size + fs];
+      std::memmove(v + ta + ts * kv.head_dim, v + fa + fs * kv.head_dim, sizeof(*v) * kv.head_dim);
+    };
+    if (kv.k8) {
+      move(kv.k8, kv.v8);
+      kv.k_scale[kv.scale_offset(tb, h) + ts] = kv.k_scale[kv.scale_offset(fb, h) + fs];
+      kv.v_scale[kv.scale_offset(tb, h) + ts] = kv.v_scale[kv.scale_offset(fb, h) + fs];
+    } else if (kv.k16) {
+      move(kv.k16, kv.v16);
+    } else {
+      move(kv.k, kv.v);
+    }
+  }
+}
+
 }  // namespace troupe

@@ -71,5 +71,11 @@ void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_s
 // Writes one token's K and V rows ([num_kv_heads][head_dim] each) at its position.
 void paged_kv_write(const paged_kv_layer& kv, const uint32_t* block_table, int32_t position,
                     const float* k, const float* v);
+// Reads them back, as the attention reads them (F16 widened, int8 scaled).
+void paged_kv_read(const paged_kv_layer& kv, const uint32_t* block_table, int32_t position, float* k, float* v);
+// Copies the slot at position `from` to position `to` (of the same or another table), as
+// stored: the same bits in every storage type.
+void paged_kv_copy(const paged_kv_layer& kv, const uint32_t* from_table, int32_t from, const uint32_t* to_table,
+                   int32_t to);
 
 }  // namespace troupe

@@ -63,7 +63,31 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no loading line or speed summary on stderr");
   tools::speculative_options spec_opts;
   tools::add_speculative_options(app, spec_opts);
+  std::string kv_policy = "none";
+  kv_eviction_config eviction;
+  bool ignore_eos = false;
+  app.add_option("--kv-policy", kv_policy,
+                 "KV eviction, to decode within --kv-budget: none, streaming (attention sinks and a recent window; "
+                 "generates past the context), h2o (heavy hitters and recent tokens), scissorhands (tokens whose "
+                 "importance persists, and recent ones)")
+      ->capture_default_str();
+  app.add_option("--kv-budget", eviction.budget, "KV eviction: cached tokens at most");
+  app.add_option("--sinks", eviction.sinks, "KV eviction, streaming: first tokens always kept (default 4)");
+  app.add_option("--window", eviction.window,
+                 "KV eviction: recent tokens always kept (default: streaming, the rest of the budget; h2o and "
+                 "scissorhands, half of it)");
+  app.add_flag("--ignore-eos", ignore_eos, "generate through end-of-sequence tokens, to -n");
   CLI11_PARSE(app, argc, argv);
+  if (auto p = parse_kv_policy(kv_policy)) {
+    eviction.policy = *p;
+  } else {
+    std::fprintf(stderr, "troupe-run: --kv-policy: '%s' is none, streaming, h2o or scissorhands\n", kv_policy.c_str());
+    return 1;
+  }
+  if (auto bad = validate(eviction)) {
+    std::fprintf(stderr, "troupe-run: %s\n", bad->c_str());
+    return 1;
+  }
 
   if (threads == 0) threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
   if (seed < 0) seed = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -107,8 +131,15 @@ int main(int argc, char** argv) {
   req.sampling.logprobs = logprobs;
   req.sampling.logit_bias = tools::parse_token_biases(biases);
   req.stop_strings = stops;
-  // Positions after BOS; the sequence with BOS must fit the model's context.
-  const int32_t limit = steps == 0 || steps >= m.config.max_seq_len ? m.config.max_seq_len - 1 : steps;
+  if (eviction.enabled() && eviction.budget > m.config.max_seq_len) {
+    std::fprintf(stderr, "troupe-run: --kv-budget %d is past the model's context of %d\n", eviction.budget, m.config.max_seq_len);
+    return 1;
+  }
+  req.ignore_eos = ignore_eos;
+  // Positions after BOS; the sequence with BOS must fit the model's context, but where
+  // streaming eviction keeps the positions within the budget.
+  const bool past_context = eviction.policy == kv_policy::streaming;
+  const int32_t limit = steps == 0 || (steps >= m.config.max_seq_len && !past_context) ? m.config.max_seq_len - 1 : steps;
   const auto prompt_after_bos = static_cast<int32_t>(req.prompt.size()) - 1;
   if (prompt_after_bos >= limit) {
     std::fprintf(stderr, "troupe-run: the prompt is %d tokens; -n %d leaves no room to generate (the context is %d)\n",
@@ -139,6 +170,7 @@ int main(int argc, char** argv) {
   opts.num_threads = threads;
   opts.spec = *spec;
   opts.draft = draft ? &*draft : nullptr;
+  opts.eviction = eviction;
   generator gen(m, tok, opts);
   const auto t1 = std::chrono::steady_clock::now();
   auto first_token = t1;
@@ -177,6 +209,10 @@ int main(int argc, char** argv) {
                  r.tokens.size() > 1 && decode_s > 0 ? (r.tokens.size() - 1) / decode_s : 0.0,
                  r.reason == finish_reason::stop ? "stopped" : "length");
     const engine_stats& st = gen.last_stats();
+    if (eviction.enabled())
+      std::fprintf(stderr, "troupe-run: KV eviction (%s, budget %d): %llu tokens evicted\n",
+                   std::string(kv_policy_name(eviction.policy)).c_str(), eviction.budget,
+                   static_cast<unsigned long long>(st.evicted_tokens));
     if (spec->enabled() && st.spec_verifies > 0)
       std::fprintf(stderr, "troupe-run: speculative: %llu of %llu drafts accepted (%.0f%%), %.2f tokens per verify step\n",
                    static_cast<unsigned long long>(st.spec_accepted), static_cast<unsigned long long>(st.spec_proposed),

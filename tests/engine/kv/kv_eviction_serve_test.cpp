@@ -1,0 +1,187 @@
+// KV eviction in the engine loop: a budget never reached changes nothing; with one, every
+// request stays within it and long requests that would preempt each other all fit;
+// streaming decodes past the model's context; a compaction moves each kept slot down
+// exactly, turning keys back by the distance moved where positions are slots.
+#include <cmath>
+
+#include <doctest/doctest.h>
+
+#include "engine/forward/kv_cache_type.hpp"
+#include "engine/forward/transformer_shard.hpp"
+#include "engine/generate/generator.hpp"
+#include "engine/kv/kv_eviction.hpp"
+#include "engine/serve/llm_engine.hpp"
+#include "kernels/cpu/rope.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace troupe {
+
+namespace {
+
+const test::loaded& stories() {
+  static const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  return l;
+}
+
+std::vector<request_params> long_requests(const tokenizer& tok, int count, int32_t max_tokens) {
+  const char* prompts[] = {"Once upon a time", "The cat", "Lily and Tom went to the", "One day", "She saw a big", "Tim had"};
+  std::vector<request_params> out;
+  for (int i = 0; i < count; ++i) {
+    request_params p;
+    p.prompt = tok.encode(prompts[i % 6], true);
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    p.sampling.temperature = i % 2 ? 0.0f : 0.9f;
+    p.sampling.seed = 40 + i;
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Runs every request to the end; each step, checks `each_step`.
+std::vector<std::vector<int32_t>> run_all(llm_engine& e, const std::vector<request_params>& reqs,
+                                          const std::function<void()>& each_step = {}) {
+  for (size_t i = 0; i < reqs.size(); ++i) REQUIRE(e.add_request(request_id{i}, reqs[i]).has_value());
+  std::vector<std::vector<int32_t>> out(reqs.size());
+  for (int steps = 0; e.has_unfinished() && steps < 20000; ++steps) {
+    for (const step_output& o : e.step()) out[o.id.value].insert(out[o.id.value].end(), o.new_tokens.begin(), o.new_tokens.end());
+    if (each_step) each_step();
+  }
+  CHECK_FALSE(e.has_unfinished());
+  return out;
+}
+
+engine_config small_pool(uint32_t blocks) {
+  engine_config cfg;
+  cfg.sched.kv.block_size = 16;
+  cfg.sched.kv.num_blocks = blocks;
+  cfg.sched.max_step_tokens = 64;
+  cfg.sched.max_running = 8;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("a KV budget no request reaches changes nothing") {
+  const auto& l = stories();
+  const auto reqs = long_requests(l.tok, 4, 60);
+  for (kv_policy p : {kv_policy::streaming, kv_policy::h2o, kv_policy::scissorhands}) {
+    CAPTURE(kv_policy_name(p));
+    engine_config plain = small_pool(64), evicting = plain;
+    evicting.sched.eviction = {p, 128, -1, -1, 16};
+    llm_engine a(l.m, l.tok, plain), b(l.m, l.tok, evicting);
+    CHECK(run_all(a, reqs) == run_all(b, reqs));  // (the attention figures cost no bit)
+    CHECK(b.stats().evicted_tokens == 0);
+  }
+}
+
+TEST_CASE("with a KV budget every request stays within it, and long requests that preempt each other all fit") {
+  const auto& l = stories();
+  const auto reqs = long_requests(l.tok, 6, 200);
+  const uint32_t blocks = 24;  // each request alone wants 13 blocks; within a 48-token budget, 3
+  {
+    llm_engine plain(l.m, l.tok, small_pool(blocks));
+    run_all(plain, reqs);
+    CHECK(plain.stats().preemptions > 0);
+  }
+  for (kv_policy p : {kv_policy::streaming, kv_policy::h2o, kv_policy::scissorhands}) {
+    CAPTURE(kv_policy_name(p));
+    engine_config cfg = small_pool(blocks);
+    cfg.sched.eviction = {p, 48, 4, -1, 8};
+    llm_engine e(l.m, l.tok, cfg);
+    uint32_t most = 0;
+    const auto got = run_all(e, reqs, [&] { most = std::max(most, e.kv().used); });
+    CHECK(e.stats().preemptions == 0);
+    CHECK(most <= reqs.size() * 3);  // never more than the budget's blocks each
+    CHECK(e.stats().evicted_tokens >= reqs.size() * (200 - 48));
+    for (const auto& t : got) CHECK(t.size() == 200);
+  }
+}
+
+TEST_CASE("streaming decodes past the model's context; the other policies stop at it") {
+  const auto& l = stories();
+  const int32_t context = l.m.config.max_seq_len;
+  request_params p = long_requests(l.tok, 1, 2 * context + 100)[0];
+  generator_options o;
+  o.eviction = {kv_policy::streaming, 96, 4, -1, 16};
+  auto streamed = generator(l.m, l.tok, o).generate({p});
+  REQUIRE(streamed.has_value());
+  CHECK((*streamed)[0].tokens.size() == static_cast<size_t>(2 * context + 100));
+  CHECK((*streamed)[0].reason == finish_reason::length);
+  o.eviction = {kv_policy::h2o, 96, -1, -1, 16};
+  auto h2o = generator(l.m, l.tok, o).generate({p});
+  REQUIRE(h2o.has_value());
+  CHECK((*h2o)[0].tokens.size() == static_cast<size_t>(context) - p.prompt.size());
+}
+
+TEST_CASE("a compaction moves each kept slot down exactly; with positions in the cache, keys turn back") {
+  const auto& l = stories();
+  const model_config& c = l.m.config;
+  const std::vector<int32_t> kept{0, 1, 2, 7, 8, 20, 21, 33, 38, 39};
+  for (dtype type : {dtype::f32, dtype::f16, dtype::q8_0})
+    for (bool rotate : {false, true}) {
+      CAPTURE(static_cast<int>(type));
+      CAPTURE(rotate);
+      thread_pool pool(1);
+      no_collective solo;
+      kv_cache cache(transformer_shard::cache_shape(c, shard_spec{}, 4, 16, type));
+      transformer_shard shard(l.m, shard_spec{}, cache, pool, solo);
+      const std::vector<block_id> table = test::block_ids({3, 0, 2});
+      std::vector<int32_t> tokens;
+      for (int32_t i = 0; i < 40; ++i) tokens.push_back(1 + (i * 37) % 500);
+      step_batch b;
+      b.add(tokens, 0, table, 0);
+      std::vector<float> hidden(tokens.size() * c.dim);
+      shard.forward(b, hidden.data(), nullptr);
+      const std::vector<uint32_t> t32{3, 0, 2};
+      const int32_t kv_dim = c.num_kv_heads * c.head_dim;
+      auto read = [&](int32_t layer, int32_t slot, std::vector<float>& k, std::vector<float>& v) {
+        k.resize(kv_dim);
+        v.resize(kv_dim);
+        paged_kv_read(cache.layer(layer), t32.data(), slot, k.data(), v.data());
+      };
+      std::vector<std::vector<float>> before_k(c.num_layers * 40), before_v(c.num_layers * 40);
+      for (int32_t layer = 0; layer < c.num_layers; ++layer)
+        for (int32_t s = 0; s < 40; ++s) read(layer, s, before_k[layer * 40 + s], before_v[layer * 40 + s]);
+      step_batch move;
+      move.compactions.push_back({table, kept, rotate});
+      shard.forward(move, nullptr, nullptr);
+      const std::vector<float> freqs = rope_frequencies(c);
+      for (int32_t layer = 0; layer < c.num_layers; ++layer)
+        for (size_t i = 0; i < kept.size(); ++i) {
+          std::vector<float> k, v;
+          read(layer, static_cast<int32_t>(i), k, v);
+          const auto& ok = before_k[layer * 40 + kept[i]];
+          const auto& ov = before_v[layer * 40 + kept[i]];
+          if (!rotate || kept[i] == static_cast<int32_t>(i)) {
+            CHECK(k == ok);
+            CHECK(v == ov);
+            continue;
+          }
+          // The key as it was, turned by (slot - old slot) positions, independently.
+          std::vector<float> want = ok, cs(c.rope_dim / 2), sn(c.rope_dim / 2);
+          for (int32_t j = 0; j < c.rope_dim / 2; ++j) {
+            const double angle = double(static_cast<int32_t>(i) - kept[i]) * freqs[j];
+            cs[j] = static_cast<float>(std::cos(angle));
+            sn[j] = static_cast<float>(std::sin(angle));
+          }
+          rope(want.data(), c.num_kv_heads, c.head_dim, c.rope_dim, cs.data(), sn.data(), c.rope);
+          // Stored again in the cache's type: F32 to rounding, F16 to its 11 bits, int8 to
+          // half a step of the head's new scale (its largest value / 127).
+          for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+            float big = 0.0f;
+            for (int32_t d = 0; d < c.head_dim; ++d) big = std::max(big, std::fabs(want[h * c.head_dim + d]));
+            for (int32_t d = h * c.head_dim; d < (h + 1) * c.head_dim; ++d) {
+              const double tol = type == dtype::f32 ? 1e-5 * (1.0 + big) : type == dtype::f16 ? 1e-3 * std::fabs(want[d]) + 1e-6
+                                                                                                : big / 254.0 * 1.01 + 1e-6;
+              CHECK(std::fabs(k[d] - want[d]) <= tol);
+            }
+          }
+          if (type != dtype::q8_0) CHECK(v == ov);  // (int8 values are quantized again, their scale
+          else                                     // the same to rounding)
+            for (int32_t d = 0; d < kv_dim; ++d) CHECK(v[d] == doctest::Approx(ov[d]).epsilon(1e-5).scale(1.0));
+        }
+    }
+}
+
+}  // namespace troupe
