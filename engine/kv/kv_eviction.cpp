@@ -46,7 +46,7 @@ std::optional<std::string> validate(const kv_eviction_config& c, bool topology) 
 
 int32_t slots_to_keep(const kv_eviction_config& c, int32_t slots, int32_t wanted, int32_t block_size) {
   if (!c.enabled() || slots + wanted <= c.budget) return slots;
-  const int32_t slack = std::max(1, std::min(block_size, c.budget / 8));
+  const int32_t slack = std::max({1, std::min(block_size, c.budget), c.budget / 8});
   return std::min(slots, std::max(c.budget / 2, c.budget - wanted - slack));
 }
 

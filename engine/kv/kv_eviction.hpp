@@ -49,10 +49,10 @@ struct kv_eviction_config {
 std::optional<std::string> validate(const kv_eviction_config& c, bool topology = false);
 
 // How many of `slots` cached tokens to keep before a step adds `wanted` positions: all of
-// them while they fit the budget; else a little fewer than fit (up to a block, an eighth
-// of the budget, less), so that evictions come once every few steps, and never fewer than
-// half the budget (so a long prompt goes in chunks of at most that many tokens, the rest
-// of the budget: the block manager caps a claim there).
+// them while they fit the budget; else fewer than fit by an eighth of the budget (a block
+// at least), so that a compaction, which moves most of the cache, comes once every so
+// many steps; and never fewer than half the budget (so a long prompt goes in chunks of at
+// most that many tokens, the rest of the budget: the block manager caps a claim there).
 int32_t slots_to_keep(const kv_eviction_config& c, int32_t slots, int32_t wanted, int32_t block_size);
 
 // What a request's policy knows of each of its cached tokens, slot by slot (slot i holds

@@ -16,6 +16,8 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/gemm_w8a8.hpp"
 #include "tools/troupe-perf/attention_bench.hpp"
+#include "tools/troupe-perf/eviction_bench.hpp"
+#include "tools/common/eviction_cli.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/speculative_cli.hpp"
 #include "tools/common/stats.hpp"
@@ -51,6 +53,7 @@ void report(const std::string& name, double value, const std::string& unit, cons
 // Speculative decoding for decode and batch (none by default), and its last run's figures.
 speculative_config spec;
 const model* spec_draft = nullptr;
+kv_eviction_config eviction;  // KV eviction for decode and batch (none by default)
 engine_stats last_stats;
 
 // Decodes `tokens` tokens for each of `sequences` sequences after a short prompt, in one
@@ -61,6 +64,7 @@ double decode_rate(const model& m, const tokenizer& tok, int threads, int sequen
   opts.num_threads = threads;
   opts.spec = spec;
   opts.draft = spec_draft;
+  opts.eviction = eviction;
   generator gen(m, tok, opts);
   std::vector<generation_request> reqs(sequences);
   for (int s = 0; s < sequences; ++s) {
@@ -129,6 +133,8 @@ int main(int argc, char** argv) {
       "  troupe-perf attention -b 16 --context 200   decode attention alone: the cache's read rate\n"
       "  troupe-perf serve MODEL -c 1,4,16,64     the serving loop: throughput, TTFT, TPOT\n"
       "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n"
+      "  troupe-perf eviction MODEL               KV eviction's quality: the full-cache perplexity of\n"
+      "                                           each policy's generations, at 20% and 50% budgets\n"
       "  troupe-perf gpu MODEL -b 1,8,64          GPU decode tokens/s and weight bandwidth per batch\n"
       "                                           size, against the device's copy bandwidth\n\n"
       "Every figure is the median of --runs runs after one warm-up run.\n\n"
@@ -159,6 +165,8 @@ int main(int argc, char** argv) {
   dec->add_option("-n,--tokens", tokens, "tokens to generate per run")->check(CLI::Range(2, 100000))->capture_default_str();
   tools::speculative_options spec_opts;
   tools::add_speculative_options(*dec, spec_opts);
+  tools::eviction_options evict_opts;
+  tools::add_eviction_options(*dec, evict_opts);
   auto* pre = app.add_subcommand("prefill", "prompt processing");
   add_model(pre);
   pre->add_option("-p,--prompt-tokens", prompt_tokens)->check(CLI::Range(2, 100000))->capture_default_str();
@@ -167,6 +175,22 @@ int main(int argc, char** argv) {
   bat->add_option("-b,--batch", batches, "sequences per batch")->delimiter(',')->check(CLI::Range(1, 4096));
   bat->add_option("-n,--tokens", tokens, "tokens to generate per sequence")->check(CLI::Range(2, 100000))->capture_default_str();
   tools::add_speculative_options(*bat, spec_opts);
+  tools::add_eviction_options(*bat, evict_opts);
+
+  auto* evq = app.add_subcommand("eviction", "KV eviction's quality: the full-cache perplexity of each policy's generations");
+  add_model(evq);
+  tools::eviction_bench_options eq;
+  evq->add_option("--texts", eq.texts, "seeded generations per row")->check(CLI::Range(1, 10000))->capture_default_str();
+  evq->add_option("--length", eq.length, "tokens each generates (default: the context, less the prompt)")
+      ->check(CLI::Range(0, 1 << 20));
+  evq->add_option("--budgets", eq.budgets, "budgets, in percent of --length")->delimiter(',')->check(CLI::Range(1, 100));
+  evq->add_option("--policies", eq.policies, "policies to measure")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"streaming", "h2o", "scissorhands"}));
+  evq->add_option("--long", eq.long_factor, "streaming runs this many contexts long, segment by segment (1: not at all)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  evq->add_option("-t,--temperature", eq.temperature)->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
 
   auto* srv = app.add_subcommand("serve", "serving loop under concurrent requests");
   add_model(srv);
@@ -354,8 +378,21 @@ int main(int argc, char** argv) {
     }
     spec = *sc;
     spec_draft = draft ? &*draft : nullptr;
+    auto ec = tools::eviction_config_of(evict_opts, m.config);
+    if (!ec) {
+      std::fprintf(stderr, "troupe-perf: %s\n", ec.err().message.c_str());
+      return 1;
+    }
+    eviction = *ec;
+    if (evq->parsed()) {
+      eq.threads = threads;
+      tools::run_eviction_bench(m, tok, eq);
+      return 0;
+    }
     // The speculative figures of the last run, after a decode row.
-    const std::string spec_name = spec.enabled() ? ", speculative " + std::string(spec_method_name(spec.method)) + " k " + std::to_string(spec.k) : "";
+    std::string spec_name = spec.enabled() ? ", speculative " + std::string(spec_method_name(spec.method)) + " k " + std::to_string(spec.k) : "";
+    if (eviction.enabled())
+      spec_name += ", KV " + std::string(kv_policy_name(eviction.policy)) + " budget " + std::to_string(eviction.budget);
     auto spec_note = [&]() -> std::string {
       if (!spec.enabled() || last_stats.spec_verifies == 0) return "";
       char buf[128];

@@ -12,6 +12,7 @@
 #include "engine/sample/sampling_params.hpp"
 #include "tools/common/cli.hpp"
 #include "tools/common/model_loading.hpp"
+#include "tools/common/eviction_cli.hpp"
 #include "tools/common/speculative_cli.hpp"
 
 using namespace troupe;
@@ -63,32 +64,11 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no loading line or speed summary on stderr");
   tools::speculative_options spec_opts;
   tools::add_speculative_options(app, spec_opts);
-  std::string kv_policy = "none";
-  kv_eviction_config eviction;
+  tools::eviction_options evict_opts;
+  tools::add_eviction_options(app, evict_opts);
   bool ignore_eos = false;
-  app.add_option("--kv-policy", kv_policy,
-                 "KV eviction, to decode within --kv-budget: none, streaming (attention sinks and a recent window; "
-                 "generates past the context), h2o (heavy hitters and recent tokens), scissorhands (tokens whose "
-                 "importance persists, and recent ones)")
-      ->capture_default_str();
-  app.add_option("--kv-budget", eviction.budget, "KV eviction: cached tokens at most");
-  app.add_option("--sinks", eviction.sinks, "KV eviction, streaming: first tokens always kept (default 4)");
-  app.add_option("--window", eviction.window,
-                 "KV eviction: recent tokens always kept (default: streaming, the rest of the budget; h2o and "
-                 "scissorhands, half of it)");
   app.add_flag("--ignore-eos", ignore_eos, "generate through end-of-sequence tokens, to -n");
   CLI11_PARSE(app, argc, argv);
-  if (auto p = parse_kv_policy(kv_policy)) {
-    eviction.policy = *p;
-  } else {
-    std::fprintf(stderr, "troupe-run: --kv-policy: '%s' is none, streaming, h2o or scissorhands\n", kv_policy.c_str());
-    return 1;
-  }
-  if (auto bad = validate(eviction)) {
-    std::fprintf(stderr, "troupe-run: %s\n", bad->c_str());
-    return 1;
-  }
-
   if (threads == 0) threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
   if (seed < 0) seed = std::chrono::steady_clock::now().time_since_epoch().count();
 
@@ -131,10 +111,12 @@ int main(int argc, char** argv) {
   req.sampling.logprobs = logprobs;
   req.sampling.logit_bias = tools::parse_token_biases(biases);
   req.stop_strings = stops;
-  if (eviction.enabled() && eviction.budget > m.config.max_seq_len) {
-    std::fprintf(stderr, "troupe-run: --kv-budget %d is past the model's context of %d\n", eviction.budget, m.config.max_seq_len);
+  auto evicting = tools::eviction_config_of(evict_opts, m.config);
+  if (!evicting) {
+    std::fprintf(stderr, "troupe-run: %s\n", evicting.err().message.c_str());
     return 1;
   }
+  const kv_eviction_config eviction = *evicting;
   req.ignore_eos = ignore_eos;
   // Positions after BOS; the sequence with BOS must fit the model's context, but where
   // streaming eviction keeps the positions within the budget.
