@@ -98,7 +98,7 @@ TEST_CASE("with a KV budget every request stays within it, and long requests tha
   }
 }
 
-TEST_CASE("streaming decodes past the model's context; the other policies stop at it") {
+TEST_CASE("streaming decodes past the model's context, and the other policies stop at it") {
   const auto& l = stories();
   const int32_t context = l.m.config.max_seq_len;
   request_params p = long_requests(l.tok, 1, 2 * context + 100)[0];
@@ -114,7 +114,7 @@ TEST_CASE("streaming decodes past the model's context; the other policies stop a
   CHECK((*h2o)[0].tokens.size() == static_cast<size_t>(context) - p.prompt.size());
 }
 
-TEST_CASE("a compaction moves each kept slot down exactly; with positions in the cache, keys turn back") {
+TEST_CASE("a compaction moves each kept slot down exactly, and with positions in the cache keys turn back") {
   const auto& l = stories();
   const model_config& c = l.m.config;
   const std::vector<int32_t> kept{0, 1, 2, 7, 8, 20, 21, 33, 38, 39};
