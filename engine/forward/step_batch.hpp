@@ -7,6 +7,7 @@
 // num_tokens - 1. Its block_table must cover every position up to the last one.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -25,9 +26,16 @@ struct step_sequence {
   int32_t rope_pos = -1;               // its first token's RoPE position, where KV eviction
                                        // made it differ from its slot (-1: start_pos)
   float* attention_mass = nullptr;     // when set, [start_pos + num_tokens]: the attention
-                                       // each slot receives from this sequence's tokens,
-                                       // summed over every head and layer, is added to it
+                                       // each slot receives from this sequence's last
+                                       // attention_mass_queries tokens (all of a shorter
+                                       // chunk's), summed over every head and layer, is
+                                       // added to it
 };
+
+// The queries of a sequence whose attention attention_mass sums: a long prefill chunk's
+// last ones only, which bounds the scratch the weights need (heads x queries x slots).
+inline constexpr int32_t attention_mass_queries = 32;
+inline int32_t attention_mass_rows(int32_t num_tokens) { return std::min(num_tokens, attention_mass_queries); }
 
 // KV eviction (engine/kv/kv_eviction.hpp): a sequence keeps only some of its cache's slots,
 // moved down in order (slot kept[i] becomes slot i) within its block table. With `rotate`,

@@ -138,14 +138,16 @@ void transformer_shard::run(const step_batch& batch, float* hidden, float* logit
   for (const auto& s : batch.sequences) table_entries += s.block_table.size();
   tables_.resize(table_entries);
   uint32_t* table = tables_.data();
-  // Where eviction policies want the attention each slot receives: every token's softmax
-  // weights (per_token_weights floats each), summed per sequence after each layer.
+  // Where eviction policies want the attention each slot receives: the softmax weights of
+  // each such sequence's last tokens (attention_mass_rows of them, every head, over the
+  // slots its last token sees), summed per sequence after each layer.
   const bool attention = batch.wants_attention();
   int64_t weight_values = 0, mass_values = 0;
   if (attention)
     for (const auto& s : batch.sequences) {
-      weight_values += int64_t{local_heads_} * s.num_tokens * (s.start_pos + s.num_tokens);
-      mass_values += s.attention_mass ? s.start_pos + s.num_tokens : 0;
+      if (!s.attention_mass) continue;
+      weight_values += int64_t{local_heads_} * attention_mass_rows(s.num_tokens) * (s.start_pos + s.num_tokens);
+      mass_values += s.start_pos + s.num_tokens;
     }
   float* weights = attention ? grow(weights_, weight_values) : nullptr;
   if (attention) {
@@ -167,7 +169,7 @@ void transformer_shard::run(const step_batch& batch, float* hidden, float* logit
     for (int32_t i = 0; i < s.num_tokens; ++i) {
       const int32_t pos = s.start_pos + i;
       attention_token t{pos, table, cfg_.sliding_window > 0 ? std::max(0, pos - cfg_.sliding_window + 1) : 0};
-      if (attention) {
+      if (s.attention_mass && i >= s.num_tokens - attention_mass_rows(s.num_tokens)) {
         t.weights = weights;
         t.weights_stride = seen;
         weights += int64_t{local_heads_} * seen;
@@ -221,6 +223,7 @@ void transformer_shard::add_attention(const step_batch& batch) {
     float* mass = mass_.data() + mass_at_[i];
     for (int32_t j = 0; j < s.num_tokens; ++j, ++t) {
       const attention_token& tok = att_tokens_[t];
+      if (!tok.weights) continue;
       for (int32_t h = 0; h < local_heads_; ++h) {
         const float* w = tok.weights + int64_t{h} * tok.weights_stride;
         for (int32_t p = 0; p <= tok.position; ++p) mass[p] += w[p];

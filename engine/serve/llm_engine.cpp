@@ -159,8 +159,8 @@ std::vector<step_output> llm_engine::step() {
   std::vector<step_output> outs = sched_.update_from_output(plan, got.samples, got.emitted);
   if (evicting)
     for (size_t i = 0; i < plan.chunks.size(); ++i)
-      sched_.observe_attention(plan.chunks[i].id, mass_[i], plan.chunks[i].count * model_.config.num_heads *
-                                                                model_.config.num_layers);
+      sched_.observe_attention(plan.chunks[i].id, mass_[i],
+                               attention_mass_rows(plan.chunks[i].count) * model_.config.num_heads * model_.config.num_layers);
   if (proposer_)
     for (const step_output& o : outs)
       if (o.finished) proposer_->forget(o.id);
