@@ -20,6 +20,11 @@ struct Claim {
                                    # checks it against what it holds)
   speculative @7 :Int32;           # a running request: draft positions wanted after its
                                    # tokens (speculative decoding; never cached)
+  evicted @8 :Int32;               # a running request: tokens dropped from its cache (KV
+                                   # eviction): its blocks hold computed - evicted slots
+  kvBudget @9 :Int32;              # KV eviction: slots its blocks may hold at most (0: no
+                                   # limit); such a request is never cached and may run
+                                   # past the context
 }
 
 struct KvStep {

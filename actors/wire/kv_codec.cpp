@@ -52,6 +52,8 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     out.setHeldBlocks(static_cast<uint32_t>(c.held));
     out.setNamespace(c.ns);
     out.setSpeculative(c.speculative);
+    out.setEvicted(c.evicted);
+    out.setKvBudget(c.kv_budget);
     int32_t& known = known_[c.id];
     if (c.admit) known = 0;
     const auto rest = c.tokens.subspan(static_cast<size_t>(known));
@@ -59,7 +61,8 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     auto toks = out.initTokens(static_cast<unsigned>(rest.size()));
     for (size_t k = 0; k < rest.size(); ++k) toks.set(static_cast<unsigned>(k), rest[k]);
     known = static_cast<int32_t>(c.tokens.size());
-    last_.push_back({c.id, c.admit, c.computed, c.held, static_cast<int32_t>(c.tokens.size()), c.speculative});
+    last_.push_back({c.id, c.admit, c.computed, c.held, static_cast<int32_t>(c.tokens.size()), c.speculative,
+                     c.admit ? 0 : c.evicted, c.kv_budget});
   }
   return to_bytes(msg);
 }
@@ -95,9 +98,12 @@ expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes)
                      std::to_string(c.admit ? 0 : c.held)};
       const auto added = g.getAdded();
       const size_t table = (c.admit ? 0 : static_cast<size_t>(c.held - dropped)) + added.size();
-      if (table > max_table || static_cast<int64_t>(table) * lim_.block_size < first + count)
+      const int64_t slots = first - c.evicted + count;  // (KV eviction: fewer slots than tokens)
+      if (table > max_table || static_cast<int64_t>(table) * lim_.block_size < slots)
         return error{who() + "a table of " + std::to_string(table) + " blocks does not fit tokens " +
                      span_text(first, first + count - 1)};
+      if (c.kv_budget > 0 && slots > c.kv_budget)
+        return error{who() + std::to_string(slots) + " slots pass the request's KV budget of " + std::to_string(c.kv_budget)};
       kv_grant out_g;
       out_g.id = c.id;
       out_g.first = static_cast<int32_t>(first);
@@ -157,15 +163,23 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
       const int64_t total = from + c.getTokens().size();
       if (c.getAdmit() ? from != 0 : from != static_cast<int64_t>(have))
         return error{who() + "tokens start at " + std::to_string(from) + "; the kv manager has " + std::to_string(have)};
-      if (total < 1 || total > lim_.context)
+      const int64_t budget = c.getKvBudget(), evicted = c.getEvicted();
+      if (budget < 0 || budget > lim_.context)
+        return error{who() + "a KV budget of " + std::to_string(budget) + "; 0.." + std::to_string(lim_.context) + " may be asked"};
+      // (A request within a KV budget may pass the context: its slots stay within it.)
+      const int64_t most = budget > 0 ? lim_.max_evicting_tokens : lim_.context;
+      if (total < 1 || total > most)
         return error{who() + std::to_string(total) + " tokens; the context holds " + std::to_string(lim_.context)};
+      if (evicted < 0 || (c.getAdmit() ? evicted != 0 : evicted > c.getComputed()) || (evicted > 0 && budget == 0))
+        return error{who() + std::to_string(evicted) + " tokens evicted of " + std::to_string(c.getComputed()) +
+                     " computed" + (budget == 0 ? ", without a KV budget" : "")};
       if (!c.getAdmit() && (c.getComputed() < 0 || c.getComputed() >= total))
         return error{who() + std::to_string(c.getComputed()) + " computed of " + std::to_string(total) + " tokens"};
       const int64_t drafts = c.getSpeculative();
       if (drafts < 0 || drafts > max_draft_tokens || (c.getAdmit() && drafts != 0))
         return error{who() + std::to_string(drafts) + " draft positions; a running request may claim 0.." +
                      std::to_string(max_draft_tokens)};
-      if (total + drafts > lim_.context)
+      if (total + drafts > most)
         return error{who() + std::to_string(total) + " tokens and " + std::to_string(drafts) +
                      " drafts; the context holds " + std::to_string(lim_.context)};
     }
@@ -189,7 +203,8 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
     for (const auto c : claims)
       out.request.claims.push_back(kv_claim{request_id{c.getRequestId()}, c.getAdmit(), c.getComputed(),
                                             static_cast<int32_t>(std::min<uint32_t>(c.getHeldBlocks(), INT32_MAX)),
-                                            c.getNamespace(), tokens_[c.getRequestId()], c.getSpeculative()});
+                                            c.getNamespace(), tokens_[c.getRequestId()], c.getSpeculative(),
+                                            c.getEvicted(), c.getKvBudget()});
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed kv claims: ") + e.getDescription().cStr()};

@@ -35,6 +35,8 @@ struct kv_limits {
   int32_t context = 0;       // tokens per sequence at most
   int32_t max_claims = 1024; // claims per message
   int32_t max_releases = 1 << 16;
+  int32_t max_evicting_tokens = 1 << 20;  // tokens of a request with a KV budget, which may
+                                          // run past the context
 };
 
 class kv_claim_sender {
@@ -55,6 +57,8 @@ class kv_claim_sender {
     int32_t held = 0;
     int32_t total = 0;        // tokens
     int32_t speculative = 0;  // draft positions after them
+    int32_t evicted = 0;      // tokens gone from its cache
+    int32_t kv_budget = 0;
   };
   kv_limits lim_;
   std::unordered_map<request_id, int32_t> known_;  // tokens the kv manager has, per request

@@ -18,8 +18,6 @@ scheduler::scheduler(const scheduler_config& cfg, const tokenizer& tok)
     : cfg_(cfg), tok_(tok) {
   TROUPE_ASSERT(cfg.max_step_tokens > 0 && cfg.max_running > 0 && cfg.context > 0 && cfg.vocab > 0,
                 cfg.max_step_tokens, cfg.max_running, cfg.context, cfg.vocab);
-  // (The kv codec carries no eviction yet: KV eviction runs with the block manager here.)
-  TROUPE_ASSERT(!(cfg.remote_kv && cfg.eviction.enabled()), "KV eviction needs the block manager in the scheduler");
   if (!cfg.remote_kv) kv_.emplace(cfg.kv.num_blocks, cfg.kv.block_size, cfg.kv.prefix_caching);
   remote_usage_.num_blocks = remote_usage_.free = cfg.kv.num_blocks;
 }

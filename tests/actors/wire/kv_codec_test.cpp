@@ -64,8 +64,9 @@ struct twin_schedulers {
   size_t bytes_sent = 0, rounds = 0;
   int dropped = 0;  // blocks the kv manager's grants took off tables
 
-  static scheduler_config config(int32_t max_step_tokens, bool remote_kv) {
+  static scheduler_config config(int32_t max_step_tokens, bool remote_kv, const kv_eviction_config& eviction = {}) {
     scheduler_config cfg;
+    cfg.eviction = eviction;
     cfg.max_step_tokens = max_step_tokens;
     cfg.kv.num_blocks = 16;
     cfg.kv.block_size = 4;
@@ -75,8 +76,9 @@ struct twin_schedulers {
     cfg.remote_kv = remote_kv;
     return cfg;
   }
-  explicit twin_schedulers(int32_t max_step_tokens)
-      : local(config(max_step_tokens, false), test::tok512()), remote(config(max_step_tokens, true), test::tok512()) {
+  explicit twin_schedulers(int32_t max_step_tokens, const kv_eviction_config& eviction = {})
+      : local(config(max_step_tokens, false, eviction), test::tok512()),
+        remote(config(max_step_tokens, true, eviction), test::tok512()) {
     tx.restart(42);
   }
 
@@ -101,6 +103,12 @@ struct twin_schedulers {
     step_plan b = remote.end_step(d);
     REQUIRE(a.chunks.size() == b.chunks.size());
     CHECK(a.preempted == b.preempted);
+    REQUIRE(a.compactions.size() == b.compactions.size());
+    for (size_t i = 0; i < a.compactions.size(); ++i) {
+      CHECK(a.compactions[i].id == b.compactions[i].id);
+      CHECK(a.compactions[i].kept == b.compactions[i].kept);
+      CHECK(test::block_values(a.compactions[i].block_table) == test::block_values(b.compactions[i].block_table));
+    }
     for (size_t i = 0; i < a.chunks.size(); ++i) {
       CHECK(a.chunks[i].id == b.chunks[i].id);
       CHECK(a.chunks[i].first == b.chunks[i].first);
@@ -189,6 +197,63 @@ TEST_CASE("draft positions cross the kv codec: claimed, granted, and their block
   CHECK(drafted > 20);
   CHECK(twins.dropped > 0);  // rejected drafts gave blocks back
   CHECK(twins.release_all() == 0);
+}
+
+TEST_CASE("KV eviction crosses the kv codec: budgets and evictions claimed, grants within them, as in process") {
+  // Streaming within 12 slots (3 blocks of 4) while every request runs to 40 tokens, past
+  // the context of 64 for some: the pool of 16 blocks holds every request at once.
+  const kv_eviction_config e{kv_policy::streaming, 12, 2, -1, 16};
+  twin_schedulers twins(16, e);
+  for (uint64_t id = 1; id <= 5; ++id) {
+    request_params p;
+    for (int32_t i = 0; i < 5 + static_cast<int32_t>(id); ++i) p.prompt.push_back(100 + (i * 3 + static_cast<int32_t>(id)) % 9);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 40 + static_cast<int32_t>(id) * 6;
+    p.ignore_eos = true;
+    twins.add(id, p);
+  }
+  int compactions = 0;
+  uint32_t most = 0;
+  for (int step = 0; step < 400 && twins.local.has_unfinished(); ++step) {
+    const auto [a, b] = twins.plan();
+    compactions += static_cast<int>(a.compactions.size());
+    twins.finish(a, b, {});
+    most = std::max(most, twins.local.usage().used);
+  }
+  CHECK_FALSE(twins.remote.has_unfinished());
+  CHECK(compactions > 20);
+  CHECK(most <= 15);  // 5 requests x 3 blocks
+  CHECK(twins.release_all() == 0);
+}
+
+TEST_CASE("a claim's eviction figures are refused where they contradict it") {
+  kv_claim_receiver rx(limits());
+  auto claim_with = [&](int32_t evicted, int32_t budget, bool admit, int32_t computed, int32_t tokens) {
+    capnp::MallocMessageBuilder msg;
+    auto root = msg.initRoot<schema::KvStep>();
+    root.setSession(1);
+    root.setReset(true);
+    root.setBudget(16);
+    auto c = root.initClaims(1)[0];
+    c.setRequestId(3);
+    c.setAdmit(admit);
+    c.setComputed(computed);
+    c.setTokensFrom(0);
+    auto t = c.initTokens(static_cast<unsigned>(tokens));
+    for (int32_t i = 0; i < tokens; ++i) t.set(static_cast<unsigned>(i), 5);
+    c.setEvicted(evicted);
+    c.setKvBudget(budget);
+    return rx.decode(to_bytes(msg));
+  };
+  CHECK(claim_with(0, 12, true, 0, 20).has_value());
+  CHECK(claim_with(0, 12, true, 0, 100).has_value());  // past the context of 64, within a budget
+  auto why = [&](auto got) { return got ? std::string() : got.err().message; };
+  CHECK(why(claim_with(0, 0, true, 0, 100)).find("the context holds 64") != std::string::npos);
+  CHECK(why(claim_with(2, 12, true, 0, 20)).find("2 tokens evicted") != std::string::npos);
+  CHECK(why(claim_with(9, 12, false, 8, 20)).find("9 tokens evicted of 8 computed") != std::string::npos);
+  CHECK(why(claim_with(3, 0, false, 8, 20)).find("without a KV budget") != std::string::npos);
+  CHECK(why(claim_with(0, 65, true, 0, 20)).find("a KV budget of 65") != std::string::npos);
+  CHECK(why(claim_with(-1, 12, false, 8, 20)).find("evicted") != std::string::npos);
 }
 
 TEST_CASE("a claim's draft positions are refused out of range, and on an admission") {
