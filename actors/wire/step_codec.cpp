@@ -39,7 +39,9 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     for (size_t k = 0; k < c.draft.size(); ++k) toks.set(static_cast<unsigned>(c.tokens.size() + k), c.draft[k]);
     out.setDrafts(c.num_draft);
     auto it = sent_.find(c.id);
-    const bool reset = it == sent_.end();
+    // A table that shrank (blocks of rejected drafts handed back) goes whole again: a delta
+    // only ever appends.
+    const bool reset = it == sent_.end() || it->second > c.block_table.size();
     const size_t known = reset ? 0 : it->second;
     out.setResetTable(reset);
     auto blocks = out.initNewBlocks(static_cast<unsigned>(c.block_table.size() - known));

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include <capnp/message.h>
 #include <doctest/doctest.h>
@@ -362,6 +363,34 @@ TEST_CASE("drafts travel as a chunk's last tokens, each with a row of logits, ch
   REQUIRE(drawn.has_value());
   CHECK(drawn->batch.num_logits() == 3);
   CHECK(drawn->choices.empty());
+}
+
+TEST_CASE("a table that shrank between plans reaches the stage whole, as the scheduler holds it") {
+  step_encoder enc;
+  step_decoder dec(limits());
+  enc.restart(1);
+  std::vector<int32_t> toks{5, 6, 7, 8, 9, 10};
+  auto plan_with = [&](int32_t first, int32_t count, const std::vector<block_id>& table) {
+    step_plan p;
+    scheduled_chunk c;
+    c.id = request_id{7};
+    c.first = first;
+    c.count = count;
+    c.tokens = std::span<const int32_t>(toks).subspan(static_cast<size_t>(first), static_cast<size_t>(count));
+    c.block_table = table;
+    c.sample = true;
+    p.chunks.push_back(c);
+    p.num_tokens = count;
+    return p;
+  };
+  const auto wide = test::block_ids({3, 9, 4});   // held for drafts past position 8
+  const auto narrow = test::block_ids({3, 9});    // the third handed back
+  const auto regrown = test::block_ids({3, 9, 6});
+  for (const auto& [first, count, table] : {std::tuple{0, 5, wide}, std::tuple{5, 1, narrow}, std::tuple{5, 1, regrown}}) {
+    auto got = dec.decode(enc.encode(plan_with(first, count, table), {}));
+    REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+    CHECK(test::block_values(got->batch.sequences[0].block_table) == test::block_values(table));
+  }
 }
 
 TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows and broken frames are errors") {
