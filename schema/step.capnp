@@ -27,6 +27,20 @@ struct Chunk {
   # last drafts + 1 tokens each want a row of logits (with choose, greedy only: each row's
   # argmax comes back).
   drafts @12 :Int32;
+  # KV eviction: tokens gone from the request's cache before `first`, so the chunk's first
+  # token goes to slot first - evicted; with ropeInCache its RoPE positions are its slots
+  # (streaming), otherwise its tokens' own positions.
+  evicted @13 :Int32;
+  ropeInCache @14 :Bool;
+}
+
+# KV eviction before a step: the request keeps slots `kept` (ascending) of its cache, slot
+# kept[i] moved to slot i within its table as the stages held it before this plan; with
+# rotate, each moved key turns back by the distance it moved.
+struct Compaction {
+  requestId @0 :UInt64;
+  kept @1 :List(Int32);
+  rotate @2 :Bool;
 }
 
 struct StepPlan {
@@ -37,6 +51,7 @@ struct StepPlan {
                                    # recovers from a lost stage; stepId may start anew
   session @4 :UInt64;              # the scheduler incarnation that sent the plan; after a
                                    # resetAll, plans from any other session are refused
+  compactions @5 :List(Compaction);  # applied before the chunks
 }
 
 # Hidden states handed from one stage to the next: [numTokens][dim] float32,

@@ -27,6 +27,15 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
   root.setSession(session_);
   root.setResetAll(reset_pending_);
   reset_pending_ = false;
+  auto compactions = root.initCompactions(static_cast<unsigned>(plan.compactions.size()));
+  for (size_t i = 0; i < plan.compactions.size(); ++i) {
+    const planned_compaction& pc = plan.compactions[i];
+    auto out = compactions[static_cast<unsigned>(i)];
+    out.setRequestId(pc.id.value);
+    auto kept = out.initKept(static_cast<unsigned>(pc.kept.size()));
+    for (size_t k = 0; k < pc.kept.size(); ++k) kept.set(static_cast<unsigned>(k), pc.kept[k]);
+    out.setRotate(pc.rotate);
+  }
   auto chunks = root.initChunks(static_cast<unsigned>(plan.chunks.size()));
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const scheduled_chunk& c = plan.chunks[i];
@@ -38,6 +47,8 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     for (size_t k = 0; k < c.tokens.size(); ++k) toks.set(static_cast<unsigned>(k), c.tokens[k]);
     for (size_t k = 0; k < c.draft.size(); ++k) toks.set(static_cast<unsigned>(c.tokens.size() + k), c.draft[k]);
     out.setDrafts(c.num_draft);
+    out.setEvicted(c.evicted);
+    out.setRopeInCache(c.rope_in_cache);
     auto it = sent_.find(c.id);
     // A table that shrank (blocks of rejected drafts handed back) goes whole again: a delta
     // only ever appends.
@@ -95,8 +106,13 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       if (toks.size() == 0) return error{who() + "no tokens"};
       total += toks.size();
       if (total > lim_.max_step_tokens) return error{"step plan exceeds " + std::to_string(lim_.max_step_tokens) + " tokens"};
-      const int64_t first = c.getFirst();
-      if (first < 0 || first + static_cast<int64_t>(toks.size()) > int64_t{lim_.context})
+      const int64_t first = c.getFirst(), evicted = c.getEvicted();
+      if (first >= 0 && (evicted < 0 || evicted > first))
+        return error{who() + std::to_string(evicted) + " tokens evicted before position " + std::to_string(first)};
+      // Slots, and RoPE positions (a request whose positions are its slots may pass the
+      // context in tokens), within the context.
+      const int64_t slot = first - evicted, rope = c.getRopeInCache() ? slot : first;
+      if (first < 0 || std::max(slot, rope) + static_cast<int64_t>(toks.size()) > int64_t{lim_.context})
         return error{who() + "positions " + std::to_string(first) + ".." + std::to_string(first + toks.size() - 1) +
                      " are outside the context of " + std::to_string(lim_.context)};
       for (int32_t t : toks)
@@ -111,7 +127,7 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       if (known + blocks.size() > max_table) return error{who() + "block table longer than the context needs"};
       for (uint32_t b : blocks)
         if (b >= lim_.num_blocks) return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
-      if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(first) + toks.size())
+      if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(slot) + toks.size())
         return error{who() + "block table does not cover its positions"};
       if (c.getDrafts() != 0) {
         if (c.getDrafts() < 0 || c.getDrafts() > max_draft_tokens)
@@ -132,8 +148,35 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       }
     }
 
+    // Compactions move slots within tables the stages hold already.
+    const auto compactions = root.getCompactions();
+    if (compactions.size() > static_cast<unsigned>(lim_.max_chunks))
+      return error{"step plan has " + std::to_string(compactions.size()) + " compactions; at most " +
+                   std::to_string(lim_.max_chunks)};
+    std::set<uint64_t> compacted;
+    for (unsigned i = 0; i < compactions.size(); ++i) {
+      const auto c = compactions[i];
+      auto who = [&] { return "compaction " + std::to_string(i) + " (request " + std::to_string(c.getRequestId()) + "): "; };
+      if (!compacted.insert(c.getRequestId()).second) return error{who() + "request compacted twice in one step"};
+      const auto it = reset_all ? tables_.end() : tables_.find(c.getRequestId());
+      if (it == tables_.end()) return error{who() + "unknown request (its table was never sent)"};
+      const int64_t slots = static_cast<int64_t>(it->second.size()) * lim_.block_size;
+      const auto kept = c.getKept();
+      for (unsigned k = 0; k < kept.size(); ++k)
+        if (kept[k] < static_cast<int32_t>(k) || kept[k] >= slots || (k > 0 && kept[k] <= kept[k - 1]))
+          return error{who() + "kept slots must ascend within its table of " + std::to_string(it->second.size()) + " blocks"};
+    }
+
     decoded_step out;
     out.step_id = root.getStepId();
+    for (const auto c : compactions) {
+      out.compaction_tables.push_back(tables_[c.getRequestId()]);
+      auto& kept = out.compaction_kept.emplace_back();
+      for (int32_t k : c.getKept()) kept.push_back(k);
+      out.compaction_rotate.push_back(c.getRotate());
+    }
+    for (size_t i = 0; i < out.compaction_tables.size(); ++i)
+      out.batch.compactions.push_back({out.compaction_tables[i], out.compaction_kept[i], out.compaction_rotate[i] != 0});
     if (reset_all) tables_.clear();
     session_ = root.getSession();
     for (uint64_t id : root.getReleased()) tables_.erase(id);
@@ -147,7 +190,9 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       const auto toks = c.getTokens();
       for (int32_t t : toks) out.batch.tokens.push_back(t);
       const int32_t rows = c.getSample() ? 1 + c.getDrafts() : 0;
-      out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), c.getFirst(), tables_[c.getRequestId()], rows});
+      const int32_t slot = c.getFirst() - c.getEvicted();
+      out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), slot, tables_[c.getRequestId()], rows});
+      out.batch.sequences.back().rope_pos = c.getRopeInCache() ? slot : c.getFirst();
       out.ids.push_back(request_id{c.getRequestId()});
       if (!c.getSample()) continue;
       every_sample_chooses = every_sample_chooses && c.getChoose();

@@ -65,6 +65,11 @@ struct decoded_step {
   // stage chooses its token; empty unless every sampled chunk asked for that.
   std::vector<token_choice> choices;
   std::vector<request_id> chosen_ids;  // the requests of those rows
+  // KV eviction: batch.compactions point into these (each request's table as it stood
+  // before the plan, and what it keeps).
+  std::vector<std::vector<block_id>> compaction_tables;
+  std::vector<std::vector<int32_t>> compaction_kept;
+  std::vector<uint8_t> compaction_rotate;
 };
 
 // The tokens a last stage chose: (request, token) per logit row, in batch order.

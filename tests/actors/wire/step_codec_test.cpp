@@ -125,6 +125,15 @@ TEST_CASE("out-of-range ids, tokens and positions are rejected, and leave the de
   expect(one_chunk(2, 7, 511, {5, 6}, {1}, false), "outside the context");
   expect(one_chunk(2, 7, -3, {5}, {}, false), "outside the context");
   expect(one_chunk(2, 7, 3, {}, {}, false), "no tokens");
+  {
+    auto bytes = one_chunk(2, 7, 3, {5}, {}, false);
+    capnp::MallocMessageBuilder msg;
+    auto frame = frame_reader::parse(bytes, frame_limits::flat(1 << 16));
+    REQUIRE(frame.has_value());
+    msg.setRoot((*frame)->root<schema::StepPlan>());
+    msg.getRoot<schema::StepPlan>().getChunks()[0].setEvicted(4);
+    expect(to_bytes(msg), "4 tokens evicted before position 3");
+  }
   expect(one_chunk(2, 7, 3, std::vector<int32_t>(65, 5), std::vector<uint32_t>(11, 1), false), "exceeds");
   expect(one_chunk(1, 7, 3, {5}, {}, false), "does not follow");
   // None of that changed the table: request 7 still has one block and continues.
@@ -391,6 +400,82 @@ TEST_CASE("a table that shrank between plans reaches the stage whole, as the sch
     REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
     CHECK(test::block_values(got->batch.sequences[0].block_table) == test::block_values(table));
   }
+}
+
+TEST_CASE("KV eviction reaches the stage: each chunk's slots and RoPE positions, and the compactions before them") {
+  for (kv_policy policy : {kv_policy::streaming, kv_policy::h2o}) {
+    CAPTURE(kv_policy_name(policy));
+    scheduler_config cfg = small_scheduler();
+    cfg.context = 48;  // (streaming runs past it)
+    cfg.eviction = {policy, 12, 2, -1, 16};
+    scheduler s(cfg, test::tok512());
+    for (uint64_t id = 1; id <= 3; ++id) {
+      request_params p;
+      for (int32_t i = 0; i < 4 + static_cast<int32_t>(id); ++i) p.prompt.push_back(100 + i);
+      p.max_tokens = 60;
+      p.ignore_eos = true;
+      p.sampling.temperature = 0.0f;
+      REQUIRE(s.add(request_id{id}, p).has_value());
+    }
+    step_limits lim = limits();
+    lim.context = cfg.context;
+    step_encoder enc;
+    step_decoder dec(lim);
+    enc.restart(1);
+    int compactions = 0, past = 0;
+    for (int step = 0; step < 300 && s.has_unfinished(); ++step) {
+      step_plan plan = s.schedule();
+      auto got = dec.decode(enc.encode(plan, {}));
+      REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+      REQUIRE(got->batch.compactions.size() == plan.compactions.size());
+      for (size_t i = 0; i < plan.compactions.size(); ++i) {
+        const kv_compaction& c = got->batch.compactions[i];
+        CHECK(std::vector<int32_t>(c.kept.begin(), c.kept.end()) == plan.compactions[i].kept);
+        CHECK(test::block_values(c.block_table) == test::block_values(plan.compactions[i].block_table));
+        CHECK(c.rotate == (policy == kv_policy::streaming));
+        ++compactions;
+      }
+      REQUIRE(got->batch.sequences.size() == plan.chunks.size());
+      for (size_t i = 0; i < plan.chunks.size(); ++i) {
+        const scheduled_chunk& c = plan.chunks[i];
+        CHECK(got->batch.sequences[i].start_pos == c.first_slot());
+        CHECK(got->batch.sequences[i].rope_pos == c.first_rope_position());
+        CHECK(test::block_values(got->batch.sequences[i].block_table) == test::block_values(c.block_table));
+        past += c.first >= cfg.context;
+      }
+      std::vector<sample_result> samples(static_cast<size_t>(plan.num_samples()));
+      for (auto& x : samples) x.token = 105;
+      s.update_from_output(plan, samples);
+    }
+    CHECK_FALSE(s.has_unfinished());
+    CHECK(compactions > 5);
+    CHECK((past > 0) == (policy == kv_policy::streaming));
+  }
+}
+
+TEST_CASE("a compaction of an unknown request, or of slots out of order or past its table, is refused") {
+  step_decoder dec(limits());
+  REQUIRE(dec.decode(one_chunk(0, 4, 0, {1, 2, 3, 4, 5}, {2, 3}, true, 1, true)).has_value());
+  auto with = [&](uint64_t step, uint64_t id, std::vector<int32_t> kept) {
+    capnp::MallocMessageBuilder msg;
+    auto root = msg.initRoot<schema::StepPlan>();
+    root.setStepId(step);
+    root.setSession(1);
+    auto c = root.initCompactions(1)[0];
+    c.setRequestId(id);
+    auto k = c.initKept(static_cast<unsigned>(kept.size()));
+    for (size_t i = 0; i < kept.size(); ++i) k.set(static_cast<unsigned>(i), kept[i]);
+    return dec.decode(to_bytes(msg));
+  };
+  auto why = [](const auto& got) { return got ? std::string() : got.err().message; };
+  CHECK(why(with(1, 9, {0, 1})).find("unknown request") != std::string::npos);
+  CHECK(why(with(2, 4, {0, 3, 2})).find("must ascend") != std::string::npos);
+  CHECK(why(with(3, 4, {0, 8})).find("must ascend within its table of 2 blocks") != std::string::npos);
+  CHECK(why(with(4, 4, {1, 0})).find("must ascend") != std::string::npos);
+  auto fine = with(5, 4, {0, 2, 4});
+  REQUIRE(fine.has_value());
+  REQUIRE(fine->batch.compactions.size() == 1);
+  CHECK(test::block_values(fine->batch.compactions[0].block_table) == std::vector<uint32_t>{2, 3});
 }
 
 TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows and broken frames are errors") {
