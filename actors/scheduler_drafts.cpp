@@ -129,7 +129,7 @@ void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<
             auto a = reply.bytes ? wire::decode_drafts(*reply.bytes, *st.draft_limits)
                                  : expected<draft_answer>(error{"an empty answer"});
             if (!a) return go(a.err().message);
-            if (auto taken = st.orders.take(held->plan, *st.sched, *a, st.setup.m->config.vocab_size); !taken)
+            if (auto taken = st.orders.take(held->plan, *st.sched, std::move(a).value(), st.setup.m->config.vocab_size); !taken)
               return go(taken.err().message);
             go("");
           },

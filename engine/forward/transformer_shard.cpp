@@ -150,6 +150,7 @@ void transformer_shard::run(const step_batch& batch, float* hidden, float* logit
       mass_values += s.start_pos + s.num_tokens;
     }
   float* weights = attention ? grow(weights_, weight_values) : nullptr;
+  int64_t mass_at = 0;
   if (attention) {
     mass_.assign(static_cast<size_t>(mass_values), 0.0f);
     mass_at_.clear();
@@ -177,18 +178,13 @@ void transformer_shard::run(const step_batch& batch, float* hidden, float* logit
       att_tokens_.push_back(t);
       rope_at_.push_back(rope0 + i);
     }
-    if (attention) mass_at_.push_back(-1);
+    if (attention) {
+      mass_at_.push_back(s.attention_mass ? mass_at : -1);
+      if (s.attention_mass) mass_at += seen;
+    }
     table += s.block_table.size();
   }
   TROUPE_ASSERT(static_cast<int32_t>(att_tokens_.size()) == n, att_tokens_.size(), n);
-  if (attention) {
-    int64_t at = 0;
-    for (size_t i = 0; i < batch.sequences.size(); ++i)
-      if (batch.sequences[i].attention_mass) {
-        mass_at_[i] = at;
-        at += batch.sequences[i].start_pos + batch.sequences[i].num_tokens;
-      }
-  }
 
   if (is_first_stage()) {
     for (int32_t t : batch.tokens) TROUPE_ASSERT(t >= 0 && t < cfg_.vocab_size, t, cfg_.vocab_size);

@@ -410,11 +410,10 @@ void scheduler::observe_attention(request_id id, std::span<const float> mass, in
   request* r = find(id);
   if (!r || !cfg_.eviction.enabled() || r->state != request_state::running) return;
   sync_slots(*r);
+  // (The step saw every slot the request keeps now: those it had, and the step's own.)
   const size_t n = static_cast<size_t>(r->kept.size());
-  if (mass.size() >= n) return r->kept.observe(mass.first(n), rows);
-  std::vector<float> padded(mass.begin(), mass.end());
-  padded.resize(n, 0.0f);
-  r->kept.observe(padded, rows);
+  TROUPE_ASSERT(mass.size() >= n, mass.size(), n);
+  r->kept.observe(mass.first(n), rows);
 }
 
 }  // namespace troupe

@@ -66,7 +66,7 @@ bool sound_q(std::span<const float> q, std::span<const int32_t> tokens, int32_t 
 
 }  // namespace
 
-status draft_orders::take(step_plan& plan, scheduler& sched, const draft_answer& a, int32_t vocab) {
+status draft_orders::take(step_plan& plan, scheduler& sched, draft_answer a, int32_t vocab) {
   if (a.session != session_) return error{"drafts of another session"};
   if (a.slots.size() != last_.size())
     return error{"drafts for " + std::to_string(a.slots.size()) + " requests; " + std::to_string(last_.size()) +
@@ -84,12 +84,12 @@ status draft_orders::take(step_plan& plan, scheduler& sched, const draft_answer&
       return error{who + ": their distributions are not distributions over the vocabulary that drew them"};
   }
   slots_.clear();
-  for (const drafted& d : a.slots) {
+  for (drafted& d : a.slots) {
     if (d.unknown) told_.erase(d.id);
     request* r = sched.find(d.id);
-    draft_slot s{r, static_cast<int32_t>(d.tokens.size()), d.tokens, {}, {}};
+    draft_slot s{r, static_cast<int32_t>(d.tokens.size()), std::move(d.tokens), {}, {}};
     // A greedy request verifies against its argmax alone.
-    if (r && r->smp.params().temperature != 0.0f) s.q = d.q;
+    if (r && r->smp.params().temperature != 0.0f) s.q = std::move(d.q);
     slots_.push_back(std::move(s));
   }
   last_.clear();

@@ -83,7 +83,7 @@ class draft_orders {
   // Takes the answer to the last order into `plan` (take_drafts): a chunk whose request
   // ended meanwhile, or whose slot came back empty, computes no drafts. An answer that
   // does not fit the order is an error, and then nothing is taken; give_up() next.
-  status take(step_plan& plan, scheduler& sched, const draft_answer& a, int32_t vocab);
+  status take(step_plan& plan, scheduler& sched, draft_answer a, int32_t vocab);
   // The plan goes without drafts (the exchange failed): every chunk's draft slots are
   // dropped. The caller restarts the session, since the server may hold anything now.
   static void give_up(step_plan& plan);

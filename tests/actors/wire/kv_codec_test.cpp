@@ -1,5 +1,6 @@
 #include "actors/wire/kv_codec.hpp"
 
+#include <functional>
 #include <numeric>
 #include <tuple>
 #include <utility>
@@ -38,7 +39,8 @@ std::vector<uint8_t> serve(kv_claim_receiver& rx, kv_block_manager& kv, std::spa
 
 // A KvStep built by hand with one claim.
 std::vector<uint8_t> one_claim(uint64_t session, bool reset, uint64_t id, bool admit, int32_t computed, int32_t from,
-                               std::vector<int32_t> toks) {
+                               std::vector<int32_t> toks,
+                               const std::function<void(schema::Claim::Builder)>& more = {}) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::KvStep>();
   root.setSession(session);
@@ -51,6 +53,7 @@ std::vector<uint8_t> one_claim(uint64_t session, bool reset, uint64_t id, bool a
   c.setTokensFrom(from);
   auto t = c.initTokens(static_cast<unsigned>(toks.size()));
   for (size_t i = 0; i < toks.size(); ++i) t.set(static_cast<unsigned>(i), toks[i]);
+  if (more) more(c);
   return to_bytes(msg);
 }
 
@@ -229,21 +232,11 @@ TEST_CASE("KV eviction crosses the kv codec: budgets and evictions claimed, gran
 TEST_CASE("a claim's eviction figures are refused where they contradict it") {
   kv_claim_receiver rx(limits());
   auto claim_with = [&](int32_t evicted, int32_t budget, bool admit, int32_t computed, int32_t tokens) {
-    capnp::MallocMessageBuilder msg;
-    auto root = msg.initRoot<schema::KvStep>();
-    root.setSession(1);
-    root.setReset(true);
-    root.setBudget(16);
-    auto c = root.initClaims(1)[0];
-    c.setRequestId(3);
-    c.setAdmit(admit);
-    c.setComputed(computed);
-    c.setTokensFrom(0);
-    auto t = c.initTokens(static_cast<unsigned>(tokens));
-    for (int32_t i = 0; i < tokens; ++i) t.set(static_cast<unsigned>(i), 5);
-    c.setEvicted(evicted);
-    c.setKvBudget(budget);
-    return rx.decode(to_bytes(msg));
+    return rx.decode(one_claim(1, true, 3, admit, computed, 0, std::vector<int32_t>(static_cast<size_t>(tokens), 5),
+                               [&](schema::Claim::Builder c) {
+                                 c.setEvicted(evicted);
+                                 c.setKvBudget(budget);
+                               }));
   };
   CHECK(claim_with(0, 12, true, 0, 20).has_value());
   CHECK(claim_with(0, 12, true, 0, 100).has_value());  // past the context of 64, within a budget
