@@ -36,6 +36,11 @@ struct step_sequence {
 // last ones only, which bounds the scratch the weights need (heads x queries x slots).
 inline constexpr int32_t attention_mass_queries = 32;
 inline int32_t attention_mass_rows(int32_t num_tokens) { return std::min(num_tokens, attention_mass_queries); }
+// The softmax rows those sums hold, each of which spread one unit over the slots it saw:
+// the queries' heads in every layer of the model.
+inline int32_t attention_softmax_rows(int32_t num_tokens, int32_t num_heads, int32_t num_layers) {
+  return attention_mass_rows(num_tokens) * num_heads * num_layers;
+}
 
 // KV eviction (engine/kv/kv_eviction.hpp): a sequence keeps only some of its cache's slots,
 // moved down in order (slot kept[i] becomes slot i) within its block table. With `rotate`,

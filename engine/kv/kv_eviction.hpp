@@ -37,6 +37,12 @@ struct kv_eviction_config {
   int32_t history = 16;  // scissorhands: steps a token's importance is judged over (1..32)
 
   bool enabled() const { return policy != kv_policy::none; }
+  // Whether the policy ranks tokens by the attention they receive (streaming keeps by
+  // position alone).
+  bool wants_attention() const { return policy == kv_policy::h2o || policy == kv_policy::scissorhands; }
+  // Whether RoPE positions are cache slots (streaming), so a request may run past the
+  // model's context; otherwise tokens keep their own positions.
+  bool rope_in_cache() const { return policy == kv_policy::streaming; }
   int32_t sinks_kept() const { return policy != kv_policy::streaming ? 0 : sinks < 0 ? 4 : sinks; }
   int32_t window_kept() const {
     if (window >= 0) return window;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,8 @@ struct request_params {
   uint64_t cache_namespace = 0;           // prefix-cache isolation key (per tenant)
   int32_t speculative = -1;               // drafts per step at most, speculative decoding
                                           // on: -1 the engine's k, 0 none
+  std::optional<kv_eviction_config> eviction;  // KV eviction: this request's own policy and
+                                               // budget (nullopt: the deployment's)
   std::vector<int32_t> delivered;         // output an earlier attempt already streamed (a
                                           // request moved off a failed replica): replayed
                                           // through sampler, detokenizer and stop strings,
@@ -78,6 +81,7 @@ struct request {
   draft_state drafts;            // speculative decoding
   int32_t evicted = 0;           // KV eviction: tokens dropped from its cache, so its
                                  // blocks hold num_computed_tokens - evicted slots
+  kv_eviction_config eviction;   // its policy: its own, or the deployment's
   kv_eviction_state kept;        // what its eviction policy knows of each slot
   sampler smp;
   utf8_stream utf8;

@@ -54,16 +54,25 @@ status scheduler::add(request_id id, request_params p) {
   if (p.speculative < -1 || p.speculative > max_draft_tokens)
     return error{who + "speculative drafts per step must be in 0.." + std::to_string(max_draft_tokens) + " (or -1: the engine's)"};
   if (auto e = validate(p.sampling)) return error{who + *e};
+  const kv_eviction_config eviction = p.eviction.value_or(cfg_.eviction);
+  if (p.eviction) {
+    if (auto e = validate(*p.eviction)) return error{who + *e};
+    if (p.eviction->enabled() && !cfg_.no_eviction.empty()) return error{who + cfg_.no_eviction};
+  }
+  if (eviction.enabled() && eviction.budget > cfg_.context)
+    return error{who + "a KV budget of " + std::to_string(eviction.budget) + " tokens is past the model's context of " +
+                 std::to_string(cfg_.context)};
   const int64_t blocks = (static_cast<int64_t>(p.prompt.size()) + cfg_.kv.block_size) / cfg_.kv.block_size;
   if (blocks > cfg_.kv.num_blocks)
     return error{who + "the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
                  std::to_string(cfg_.kv.num_blocks)};
   if (static_cast<int64_t>(p.delivered.size()) >= p.max_tokens ||
-      static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context)
+      (static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context && !eviction.rope_in_cache()))
     return error{who + "the output already delivered leaves nothing to generate"};
   for (int32_t t : p.delivered)
     if (t < 0 || t >= cfg_.vocab) return error{who + "delivered token id " + std::to_string(t) + " is outside the vocabulary"};
   auto r = std::make_unique<request>(id, std::move(p), next_arrival_++);
+  r->eviction = eviction;
   // Replay what was delivered: the same sampler, detokenizer and stop-string state as the
   // attempt that streamed it, and no text from it again.
   for (int32_t t : r->params.delivered) {
@@ -186,7 +195,7 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
     if (!admit) make_room(d, r, r.num_tokens() - r.num_computed_tokens + drafts);
     q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
                                 admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
-                                drafts, admit ? 0 : r.evicted, cfg_.eviction.enabled() ? cfg_.eviction.budget : 0});
+                                drafts, admit ? 0 : r.evicted, r.eviction.enabled() ? r.eviction.budget : 0});
     d.sent.emplace_back(r.id, admit);
     left -= r.num_tokens() + drafts - (admit ? 0 : r.num_computed_tokens);
     --slots;
@@ -251,7 +260,8 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
   c.block_table = r.blocks;
   c.sample = first + known == r.num_tokens();
   c.evicted = r.evicted;
-  c.rope_in_cache = cfg_.eviction.policy == kv_policy::streaming;
+  c.rope_in_cache = r.eviction.rope_in_cache();
+  c.attention = r.eviction.wants_attention();
   r.in_flight = true;
   d.plan.chunks.push_back(c);
   d.plan.num_tokens += count;
@@ -359,7 +369,7 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
       out.text += r.stops.push(r.utf8.push(tok_.decode(prev, tok)));
       if (r.stops.stopped())
         why = finish_reason::stop;
-      else if (r.num_output_tokens() >= p.max_tokens || (r.num_tokens() >= cfg_.context && !past_context()))
+      else if (r.num_output_tokens() >= p.max_tokens || (r.num_tokens() >= cfg_.context && !past_context(r)))
         why = finish_reason::length;
       if (why != finish_reason::none) break;  // later tokens of an accepted run are dropped
     }
@@ -389,7 +399,7 @@ void sync_slots(request& r) {
 // Before a running request claims its step: when its cache and the step's new positions
 // would pass the budget, its policy drops tokens (slots_to_keep says how many stay).
 void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
-  const kv_eviction_config& e = cfg_.eviction;
+  const kv_eviction_config& e = r.eviction;
   if (!e.enabled()) return;
   sync_slots(r);
   const int32_t slots = r.kept.size();
@@ -399,7 +409,7 @@ void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
   c.id = r.id;
   c.block_table = r.blocks;
   c.kept = r.kept.choose(e, keep);
-  c.rotate = e.policy == kv_policy::streaming;
+  c.rotate = e.rope_in_cache();
   r.kept.retain(c.kept);
   r.evicted += slots - keep;
   evicted_tokens_ += slots - keep;
@@ -408,7 +418,7 @@ void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
 
 void scheduler::observe_attention(request_id id, std::span<const float> mass, int32_t rows) {
   request* r = find(id);
-  if (!r || !cfg_.eviction.enabled() || r->state != request_state::running) return;
+  if (!r || !r->eviction.wants_attention() || r->state != request_state::running) return;
   sync_slots(*r);
   // (The step saw every slot the request keeps now: those it had, and the step's own.)
   const size_t n = static_cast<size_t>(r->kept.size());

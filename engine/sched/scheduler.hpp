@@ -65,7 +65,10 @@ struct scheduler_config {
                                   // P stages keep P plans in flight)
   bool remote_kv = false;         // the block manager is elsewhere: plan steps with
                                   // begin_step / next_claims / apply / end_step
-  kv_eviction_config eviction;    // KV eviction: each request's cache within a budget
+  kv_eviction_config eviction;    // KV eviction: each request's cache within a budget,
+                                  // unless the request names its own
+  std::string no_eviction;        // non-empty: why KV eviction cannot run here (requests
+                                  // that ask for it are refused with this)
 };
 
 // A step being planned.
@@ -135,9 +138,9 @@ class scheduler {
   const scheduler_config& config() const { return cfg_; }
   // KV eviction: tokens dropped from requests' caches so far.
   uint64_t evicted_tokens() const { return evicted_tokens_; }
-  // Whether requests may run past the model's context: streaming eviction's RoPE positions
-  // are slots, which the budget bounds.
-  bool past_context() const { return cfg_.eviction.policy == kv_policy::streaming; }
+  // Whether r may run past the model's context: streaming eviction's RoPE positions are
+  // slots, which the budget bounds.
+  static bool past_context(const request& r) { return r.eviction.rope_in_cache(); }
 
  private:
   bool before(const request& a, const request& b) const;  // scheduling order

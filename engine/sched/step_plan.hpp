@@ -28,6 +28,8 @@ struct scheduled_chunk {
                            // `first` goes to slot first - evicted
   bool rope_in_cache = false;  // its RoPE positions are its slots (streaming); otherwise
                                // the tokens' own positions
+  bool attention = false;  // KV eviction: the request's policy wants the attention its
+                           // slots receive (its last attention_mass_queries tokens')
 
   int32_t first_slot() const { return first - evicted; }
   int32_t first_rope_position() const { return rope_in_cache ? first_slot() : first; }

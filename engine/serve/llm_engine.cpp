@@ -13,7 +13,16 @@ namespace troupe {
 engine_config llm_engine::complete(engine_config cfg, const model& m) {
   if (cfg.sched.context == 0) cfg.sched.context = m.config.max_seq_len;
   if (cfg.sched.vocab == 0) cfg.sched.vocab = m.config.vocab_size;
+  if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(m, cfg.spec, false).value_or("");
   return cfg;
+}
+
+std::optional<std::string> llm_engine::why_no_eviction(const model& m, const speculative_config& s, bool gpu) {
+  if (gpu) return "KV eviction runs on CPU shards only";
+  if (s.method == spec_method::draft || s.method == spec_method::early_exit)
+    return "KV eviction works with n-gram speculation only (a draft's cache would not follow the evictions)";
+  if (m.config.sliding_window > 0) return "KV eviction needs a model without a sliding window";
+  return std::nullopt;
 }
 
 status llm_engine::check(const model& m, const engine_config& cfg) {
@@ -22,9 +31,7 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
   const kv_eviction_config& ev = cfg.sched.eviction;
   if (auto e = validate(ev)) return error{*e};
   if (ev.enabled()) {
-    if (s.method == spec_method::draft || s.method == spec_method::early_exit)
-      return error{"KV eviction works with n-gram speculation only (a draft's cache would not follow the evictions)"};
-    if (m.config.sliding_window > 0) return error{"KV eviction needs a model without a sliding window"};
+    if (auto why = why_no_eviction(m, s, false)) return error{*why};
     if (ev.budget > m.config.max_seq_len)
       return error{"a KV budget of " + std::to_string(ev.budget) + " tokens is past the model's context of " +
                    std::to_string(m.config.max_seq_len)};
@@ -78,8 +85,9 @@ expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const t
   if (cfg.kv_type) return error{"a KV cache type applies to the CPU; a GPU shard keeps its cache in its own type"};
   if (cfg.spec.method == spec_method::draft || cfg.spec.method == spec_method::early_exit)
     return error{"on a GPU, speculative decoding proposes by n-gram only"};
-  if (cfg.sched.eviction.enabled()) return error{"KV eviction runs on CPU shards only"};
+  if (cfg.sched.eviction.enabled()) return error{*why_no_eviction(m, cfg.spec, true)};
   if (auto st = check(m, cfg); !st) return st.err();
+  cfg.sched.no_eviction = *why_no_eviction(m, cfg.spec, true);
   cfg = complete(cfg, m);
   cuda_shard_options o;
   o.device = where.device;
@@ -110,15 +118,12 @@ std::vector<step_output> llm_engine::step() {
     fill_drafts(plan, sched_, *proposer_, slots_);
   }
   step_tokens got;
-  const bool evicting = cfg_.sched.eviction.enabled();
   batch_.clear();
   for (const auto& c : plan.compactions) batch_.compactions.push_back({c.block_table, c.kept, c.rotate});
   stats_.evicted_tokens = sched_.evicted_tokens();
-  if (evicting) {
-    mass_.resize(plan.chunks.size());
-    for (size_t i = 0; i < plan.chunks.size(); ++i)
-      mass_[i].assign(static_cast<size_t>(plan.chunks[i].first_slot() + plan.chunks[i].count), 0.0f);
-  }
+  mass_.resize(plan.chunks.size());
+  for (size_t i = 0; i < plan.chunks.size(); ++i)
+    if (plan.chunks[i].attention) mass_[i].assign(static_cast<size_t>(plan.chunks[i].first_slot() + plan.chunks[i].count), 0.0f);
   if (plan.chunks.empty() && !batch_.compactions.empty()) shard_->forward(batch_, nullptr, nullptr);
   if (!plan.chunks.empty()) {
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -132,7 +137,7 @@ std::vector<step_output> llm_engine::step() {
         batch_.add(c.tokens, c.first_slot(), c.block_table, c.sample ? 1 : 0);
       }
       batch_.sequences.back().rope_pos = c.first_rope_position();
-      if (evicting) batch_.sequences.back().attention_mass = mass_[i].data();
+      if (c.attention) batch_.sequences.back().attention_mass = mass_[i].data();
       if (r && c.first < r->num_prompt_tokens)
         stats_.prompt_tokens_computed += std::min(c.count, r->num_prompt_tokens - c.first);
     }
@@ -157,10 +162,10 @@ std::vector<step_output> llm_engine::step() {
     stats_.spec_accepted += got.spec.accepted;
   }
   std::vector<step_output> outs = sched_.update_from_output(plan, got.samples, got.emitted);
-  if (evicting)
-    for (size_t i = 0; i < plan.chunks.size(); ++i)
-      sched_.observe_attention(plan.chunks[i].id, mass_[i],
-                               attention_mass_rows(plan.chunks[i].count) * model_.config.num_heads * model_.config.num_layers);
+  for (size_t i = 0; i < plan.chunks.size(); ++i)
+    if (plan.chunks[i].attention)
+      sched_.observe_attention(plan.chunks[i].id, mass_[i], 
+                               attention_softmax_rows(plan.chunks[i].count, model_.config.num_heads, model_.config.num_layers));
   if (proposer_)
     for (const step_output& o : outs)
       if (o.finished) proposer_->forget(o.id);

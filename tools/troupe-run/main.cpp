@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   req.ignore_eos = ignore_eos;
   // Positions after BOS; the sequence with BOS must fit the model's context, but where
   // streaming eviction keeps the positions within the budget.
-  const bool past_context = eviction.policy == kv_policy::streaming;
+  const bool past_context = eviction.rope_in_cache();
   const int32_t limit = steps == 0 || (steps >= m.config.max_seq_len && !past_context) ? m.config.max_seq_len - 1 : steps;
   const auto prompt_after_bos = static_cast<int32_t>(req.prompt.size()) - 1;
   if (prompt_after_bos >= limit) {

@@ -98,6 +98,66 @@ TEST_CASE("with a KV budget every request stays within it, and long requests tha
   }
 }
 
+TEST_CASE("a request's own KV policy overrides the deployment's, alone of the batch") {
+  const auto& l = stories();
+  auto reqs = long_requests(l.tok, 4, 120);
+  for (auto& r : reqs) r.sampling.temperature = 0.0f;
+  // Requests 0 and 2 name their own budget, under a deployment without eviction and under
+  // one whose default evicts everything else.
+  std::vector<request_params> mixed = reqs;
+  mixed[0].eviction = kv_eviction_config{kv_policy::h2o, 48, -1, -1, 16};
+  mixed[2].eviction = kv_eviction_config{kv_policy::streaming, 48, 4, -1, 16};
+  llm_engine plain(l.m, l.tok, small_pool(64));
+  const auto want = run_all(plain, reqs);
+  {
+    llm_engine e(l.m, l.tok, small_pool(64));
+    const auto got = run_all(e, mixed);
+    CHECK(e.stats().evicted_tokens > 0);
+    CHECK(got[1] == want[1]);
+    CHECK(got[3] == want[3]);
+    CHECK(got[0].size() == 120);
+    CHECK(got[2].size() == 120);
+  }
+  {
+    engine_config cfg = small_pool(64);
+    cfg.sched.eviction = {kv_policy::scissorhands, 48, -1, -1, 8};
+    std::vector<request_params> opted_out = reqs;
+    opted_out[1].eviction = kv_eviction_config{};  // none: the whole cache
+    llm_engine e(l.m, l.tok, cfg);
+    const auto got = run_all(e, opted_out);
+    CHECK(got[1] == want[1]);
+    CHECK(got[0] != want[0]);  // (120 tokens within 48 of cache drift from the full cache)
+  }
+}
+
+TEST_CASE("a request's KV policy is refused with the reason where it cannot run or does not fit") {
+  const auto& l = stories();
+  request_params p = long_requests(l.tok, 1, 20)[0];
+  {
+    llm_engine e(l.m, l.tok, small_pool(64));
+    p.eviction = kv_eviction_config{kv_policy::streaming, 8, 4, 8, 16};
+    auto st = e.add_request(request_id{1}, p);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.err().message.find("budget") != std::string::npos);
+    p.eviction = kv_eviction_config{kv_policy::h2o, l.m.config.max_seq_len + 1, -1, -1, 16};
+    st = e.add_request(request_id{2}, p);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.err().message.find("past the model's context") != std::string::npos);
+  }
+  {
+    engine_config cfg = small_pool(64);
+    cfg.spec.method = spec_method::early_exit;
+    cfg.spec.k = 2;
+    llm_engine e(l.m, l.tok, cfg);
+    p.eviction = kv_eviction_config{kv_policy::h2o, 64, -1, -1, 16};
+    auto st = e.add_request(request_id{3}, p);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.err().message.find("n-gram speculation only") != std::string::npos);
+    p.eviction = kv_eviction_config{};  // asking for none is always fine
+    CHECK(e.add_request(request_id{4}, p).has_value());
+  }
+}
+
 TEST_CASE("streaming decodes past the model's context, and the other policies stop at it") {
   const auto& l = stories();
   const int32_t context = l.m.config.max_seq_len;
