@@ -44,6 +44,8 @@ void find_scheduler(self_ptr self, size_t k) {
                     rep.spec_base.resize(spec_figures_size);
                     for (size_t i = 0; i < rep.spec_now.size() && i < spec_figures_size; ++i) rep.spec_base[i] += rep.spec_now[i];
                     rep.spec_now.clear();
+                    if (!rep.eviction_now.empty()) rep.evicted_base += rep.eviction_now[0];
+                    rep.eviction_now.clear();
                     rep.counted = sched.address();
                   }
                   self->state.core->replica_found(k);
@@ -81,13 +83,14 @@ void poll_one(self_ptr self, size_t k) {
   self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
       .then(
           [self, k](uint32_t cached, uint64_t hits, uint64_t queried, const std::string& method,
-                    const std::vector<uint64_t>& spec) {
+                    const std::vector<uint64_t>& spec, const std::vector<uint64_t>& eviction) {
             replica_slot& rep = self->state.replicas[k];
             rep.cached = cached;
             rep.hit_now = hits;
             rep.queried_now = queried;
             rep.spec_method = method;
             if (spec.size() == spec_figures_size) rep.spec_now = spec;
+            if (eviction.size() == eviction_figures_size) rep.eviction_now = eviction;
           },
           [](caf::error&) {});
 }
@@ -186,6 +189,18 @@ std::string render_metrics(const router_state& st) {
   out.counter("troupe_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache.",
               static_cast<double>(queried));
   render_speculation(out, st);
+  // KV eviction (engine/kv/kv_eviction.hpp): summed over the replicas.
+  std::vector<uint64_t> ev(eviction_figures_size, 0);
+  for (auto& rep : st.replicas) {
+    ev[0] += rep.evicted_base;
+    for (size_t i = 0; i < rep.eviction_now.size() && i < ev.size(); ++i) ev[i] += rep.eviction_now[i];
+  }
+  out.counter("troupe_kv_evicted_tokens_total", "Tokens KV eviction dropped from requests' caches.", static_cast<double>(ev[0]));
+  out.gauge("troupe_kv_eviction_requests", "Running requests whose KV cache is held within a budget.", static_cast<double>(ev[1]));
+  out.gauge("troupe_kv_eviction_budget_tokens", "The KV budgets of those requests, summed.", static_cast<double>(ev[2]));
+  out.gauge("troupe_kv_eviction_held_tokens",
+            "Tokens those requests' KV caches hold, summed (against troupe_kv_eviction_budget_tokens: the budget use).",
+            static_cast<double>(ev[3]));
   out.family("troupe_actor_restarts_total",
              "Restarts of a node's supervised actors (the most of any unit), since the node process started.", "counter");
   for (auto& n : st.nodes)

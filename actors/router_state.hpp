@@ -30,6 +30,10 @@ struct replica_slot {
   // Speculative decoding's figures (scheduler_actor.hpp's spec_figures_size), the same way.
   std::string spec_method = {};
   std::vector<uint64_t> spec_base = {}, spec_now = {};
+  // KV eviction's (eviction_figures_size): its evicted tokens counted the same way, the
+  // rest as its scheduler last said.
+  uint64_t evicted_base = 0;
+  std::vector<uint64_t> eviction_now = {};
   caf::actor_addr counted = {};  // the scheduler the *_now counts are of
 };
 

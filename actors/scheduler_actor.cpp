@@ -198,8 +198,10 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         const kv_usage u = st.sched->usage();
         std::vector<uint64_t> spec{st.spec.verifies, st.spec.proposed, st.spec.accepted};
         spec.insert(spec.end(), st.spec.by_accepted.begin(), st.spec.by_accepted.end());
+        const scheduler::eviction_usage e = st.sched->eviction_now();
+        std::vector<uint64_t> eviction{st.sched->evicted_tokens(), e.requests, e.budget_tokens, e.held_tokens};
         return caf::make_message(u.cached, u.hit_tokens, u.queried_tokens,
-                                 std::string(spec_method_name(st.setup.spec.method)), std::move(spec));
+                                 std::string(spec_method_name(st.setup.spec.method)), std::move(spec), std::move(eviction));
       },
       [self](resolve_atom, uint64_t epoch) {
         if (epoch == self->state.epoch() && self->state.recovery->phase() == recovery_phase::looking_up) resolve(self);

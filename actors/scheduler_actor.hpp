@@ -15,7 +15,8 @@
 //   (metrics_atom)                               -> (kv blocks cached, prefix-cache hit
 //                                                    tokens, prompt tokens looked up,
 //                                                    speculative method, its figures:
-//                                                    spec_figures_size below)
+//                                                    spec_figures_size below, KV
+//                                                    eviction's: eviction_figures below)
 //
 // Speculative decoding (setup.spec): before each plan the scheduler gives decoding
 // requests draft slots (plan_drafts) and claims their blocks with the step's. It fills
@@ -97,5 +98,8 @@ caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup)
 // The speculative figures metrics_atom answers with, as a flat list: verifies, drafts
 // proposed, drafts accepted, then verifies by drafts accepted (0 .. max_draft_tokens).
 inline constexpr size_t spec_figures_size = 3 + max_draft_tokens + 1;
+// KV eviction's: tokens evicted since the scheduler started, then now: running requests
+// under a budget, their budgets and the tokens they hold, summed.
+inline constexpr size_t eviction_figures_size = 4;
 
 }  // namespace troupe

@@ -98,11 +98,28 @@ void hand_back(self_ptr self) {
   if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
 }
 
-// A step's tokens are in: speculation's figures, then each request's news.
-void finish_step(self_ptr self, const step_plan& plan, step_tokens& got) {
+// The attention sums a plan's answer carries (schema/step.capnp): one per slot each chunk
+// that asks for them sees.
+int64_t attention_sums(const step_plan& plan) {
+  int64_t n = 0;
+  for (const auto& c : plan.chunks)
+    if (c.attention) n += c.first_slot() + c.count;
+  return n;
+}
+
+// A step's tokens are in: speculation's figures, each request's news, then what its
+// eviction policy learns from the attention its slots received.
+void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::span<const float> attention) {
   auto& st = self->state;
   st.spec += got.spec;
   dispatch(self, st.sched->update_from_output(plan, got.samples, got.emitted));
+  const model_config& mc = st.setup.m->config;
+  for (const auto& c : plan.chunks) {
+    if (!c.attention) continue;
+    const auto n = static_cast<size_t>(c.first_slot() + c.count);
+    st.sched->observe_attention(c.id, attention.first(n), attention_softmax_rows(c.count, mc.num_heads, mc.num_layers));
+    attention = attention.subspan(n);
+  }
   maybe_step(self);
 }
 
@@ -111,29 +128,30 @@ void finish_step(self_ptr self, const step_plan& plan, step_tokens& got) {
 void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) {
   auto& st = self->state;
   const int32_t vocab = st.setup.m->config.vocab_size;
-  auto toks = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens)
-                        : expected<std::vector<wire::chosen_token>>(error{"no tokens"});
-  if (!toks || static_cast<int32_t>(toks->size()) != plan.num_logit_rows())
-    return lose(self, st.stages.size() - 1, toks ? "chosen tokens do not match the step" : toks.err().message);
+  auto res = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens, attention_sums(plan))
+                       : expected<wire::step_result>(error{"no tokens"});
+  if (!res || static_cast<int32_t>(res->tokens.size()) != plan.num_logit_rows())
+    return lose(self, st.stages.size() - 1, res ? "chosen tokens do not match the step" : res.err().message);
+  const auto& toks = res->tokens;
   std::vector<int32_t> chosen;
   size_t k = 0;
   for (const auto& c : plan.chunks) {
     if (!c.sample) continue;
     for (int32_t j = 0; j <= c.num_draft; ++j) {
-      const wire::chosen_token& t = (*toks)[k++];
+      const wire::chosen_token& t = toks[k++];
       if (t.id != c.id) return lose(self, st.stages.size() - 1, "chosen tokens are not in the step's order");
       chosen.push_back(t.token);
     }
   }
   step_tokens got = replay_chosen(plan, *st.sched, chosen, st.setup.spec);
-  finish_step(self, plan, got);
+  finish_step(self, plan, got, res->attention);
 }
 
 // Sends `plan` (its drafts filled in) through the pipeline; an empty plan (requests in
 // flight, or ended for lack of memory) only delivers.
 void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
   auto& st = self->state;
-  if (plan->chunks.empty()) {
+  if (plan->chunks.empty() && plan->compactions.empty()) {
     dispatch(self, st.sched->update_from_output(*plan, {}));
     return;
   }
@@ -148,12 +166,12 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
     --st.in_flight;
     const int32_t vocab = st.setup.m->config.vocab_size;
     if (out.kind == wire_kind::step_result) return take_tokens(self, *plan, out);
-    auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens)
+    auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens, attention_sums(*plan))
                         : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_logit_rows())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
     step_tokens got = sample_rows(*plan, *st.sched, lg->data.data(), vocab, st.setup.spec);
-    finish_step(self, *plan, got);
+    finish_step(self, *plan, got, lg->attention);
   });
 }
 

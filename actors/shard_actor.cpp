@@ -50,21 +50,29 @@ struct shard_core {
         return error{"shard: activations came over a device link this shard does not have"};
     } else if (!shard->is_first_stage()) {
       if (act.kind != wire_kind::activations || !act.bytes) return error{"shard: expected activations"};
-      auto sent = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens);
+      auto sent = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens,
+                                           static_cast<int64_t>(decoded->attention.size()));
       if (!sent) return error{"shard: " + sent.err().message};
       if (sent->num_tokens != n) return error{"shard: activations do not match the plan"};
       std::copy(sent->data.begin(), sent->data.end(), hidden.begin());
+      // The earlier stages' attention sums: this stage's layers add theirs.
+      std::copy(sent->attention.begin(), sent->attention.end(), decoded->attention.begin());
     }
     const bool head = shard->is_last_stage() && shard->spec().tp.rank == 0;
     const int32_t rows = decoded->batch.num_logits();
     if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded);
     logits.resize(static_cast<size_t>(rows) * c.vocab_size);
     shard->forward(decoded->batch, hidden.data(), head ? logits.data() : nullptr);
-    if (head) return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data()));
+    const auto& attention = decoded->attention;
+    if (head)
+      return wire_message(wire_kind::activations,
+                          wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data(), attention));
     if (shard->is_last_stage()) return wire_message{};
-    if (shard->has_link(link_side::output))
+    if (shard->has_link(link_side::output)) {
+      if (!attention.empty()) return error{"shard: attention sums do not cross a device link"};
       return wire_message(wire_kind::linked_activations, wire::encode_linked_activations(decoded->step_id, n, c.dim));
-    return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, n, c.dim, hidden.data()));
+    }
+    return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, n, c.dim, hidden.data(), attention));
   }
 
   // Joins the device link `msg` invites this shard into (as the sender, or a receiver),
@@ -94,7 +102,7 @@ struct shard_core {
     }
     tokens.clear();
     for (int32_t r = 0; r < rows; ++r) tokens.push_back({d.chosen_ids[r], chosen[r]});
-    return wire_message(wire_kind::step_result, wire::encode_step_result(d.step_id, tokens));
+    return wire_message(wire_kind::step_result, wire::encode_step_result(d.step_id, tokens, d.attention));
   }
 };
 

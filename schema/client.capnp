@@ -47,6 +47,25 @@ struct GenerateRequest {
                                         # it (from the API key), whatever a client sent
   speculative @11 :Int32 = -1;          # speculative decoding: drafted tokens per step at
                                         # most (1..16), 0 for none, -1 as the server is set
+  kvEviction @12 :KvEviction;           # KV eviction: this request's own policy and budget
+                                        # (unset: as the server is set)
+}
+
+# A request's KV eviction (docs/http-api.md): its cache holds `budget` tokens at most.
+struct KvEviction {
+  policy @0 :KvPolicy;
+  budget @1 :Int32;                     # cached tokens at most (2 or more, within the context)
+  sinks @2 :Int32 = -1;                 # streaming: first tokens always kept (-1: 4)
+  window @3 :Int32 = -1;                # recent tokens always kept (-1: the policy's default)
+  history @4 :Int32 = 16;               # scissorhands: steps importance is judged over (1..32)
+}
+
+enum KvPolicy {
+  none @0;                              # the whole cache
+  streaming @1;                         # attention sinks and a recent window; may generate
+                                        # past the model's context
+  h2o @2;                               # heavy hitters by attention received, and recent tokens
+  scissorhands @3;                      # tokens whose importance persists, and recent ones
 }
 
 struct TokenLogprob {

@@ -32,6 +32,10 @@ struct Chunk {
   # (streaming), otherwise its tokens' own positions.
   evicted @13 :Int32;
   ropeInCache @14 :Bool;
+  # KV eviction: the attention this chunk's slots receive from its last 32 tokens (all of a
+  # shorter chunk's), summed over every head and layer, comes back with the step (its
+  # policy ranks tokens by it).
+  attention @15 :Bool;
 }
 
 # KV eviction before a step: the request keeps slots `kept` (ascending) of its cache, slot
@@ -62,6 +66,10 @@ struct Activations {
   numTokens @1 :UInt32;
   dim @2 :UInt32;
   data @3 :Data;                   # numTokens * dim * 4 bytes
+  # The attention sums of the plan's chunks that ask for them (Chunk.attention), float32
+  # little-endian, chunk after chunk in batch order, one per slot the chunk's last token
+  # sees (first - evicted + its tokens); each stage adds its layers' to what it received.
+  attention @4 :Data;
 }
 
 # The tokens the last stage chose, when every sampled chunk of the plan asked it to choose
@@ -76,4 +84,5 @@ struct StepResult {
   stepId @0 :UInt64;
   samples @1 :List(Sample);        # one per chunk with sample set, in batch order
   error @2 :Text;                  # non-empty: the step failed and must be recomputed
+  attention @3 :Data;              # as Activations.attention, summed over every stage
 }

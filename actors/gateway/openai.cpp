@@ -165,6 +165,39 @@ std::optional<api_error> optional_model(const json& j, const std::string& model_
   return std::nullopt;
 }
 
+// troupe's extension: "kv_eviction": {"policy": "h2o", "budget": 512, "sinks": 4,
+// "window": 128, "history": 16}, this request's own KV eviction (engine/kv/kv_eviction.hpp;
+// {"policy": "none"}: the whole cache, whatever the server's default).
+std::optional<api_error> read_kv_eviction(const json& j, const api_limits& lim, api_request& r) {
+  if (!j.contains("kv_eviction") || j["kv_eviction"].is_null()) return std::nullopt;
+  const json& e = j["kv_eviction"];
+  const char* field = "kv_eviction";
+  if (!e.is_object()) return bad("'kv_eviction' must be an object: {\"policy\": ..., \"budget\": ...}", field);
+  kv_eviction_config c;
+  for (const auto& [key, value] : e.items()) {
+    if (key == "policy") {
+      const auto p = value.is_string() ? parse_kv_policy(value.get<std::string>()) : std::nullopt;
+      if (!p) return bad("'kv_eviction.policy' must be \"none\", \"streaming\", \"h2o\" or \"scissorhands\"", field);
+      c.policy = *p;
+      continue;
+    }
+    int32_t* slot = key == "budget" ? &c.budget : key == "sinks" ? &c.sinks : key == "window" ? &c.window
+                  : key == "history" ? &c.history : nullptr;
+    if (!slot) return bad("'kv_eviction' takes policy, budget, sinks, window and history; not '" + key.substr(0, 40) + "'", field);
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT32_MAX)
+      return bad("'kv_eviction." + key + "' must be an integer of 0 or more", field);
+    *slot = static_cast<int32_t>(value.get<int64_t>());
+  }
+  if (!e.contains("policy")) return bad("'kv_eviction' needs a 'policy'", field);
+  if (auto problem = validate(c, true)) return bad("'kv_eviction': " + *problem, field);
+  if (c.enabled() && c.budget > lim.context)
+    return bad("'kv_eviction': a budget of " + std::to_string(c.budget) + " tokens is past the model's context of " +
+                   std::to_string(lim.context),
+               field);
+  r.params.eviction = c;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::variant<api_request, api_error> parse_request(const std::string& body, bool chat, const std::string& model_id,
@@ -231,8 +264,13 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   if (auto e = integer("top_k", -1, int64_t{1} << 30, top_k)) return *e;
   if (auto e = number("min_p", 0.0, 1.0, min_p)) return *e;
   if (auto e = number("repetition_penalty", 0.01, 10.0, repetition)) return *e;
+  if (auto e = read_kv_eviction(j, lim, r)) return *e;
+  // (Streaming eviction lets a request run past the context.)
+  const int64_t most_tokens = r.params.eviction && r.params.eviction->rope_in_cache()
+                                  ? int64_t{max_tokens_past_context}
+                                  : std::min<int64_t>(lim.max_tokens, lim.context);
   if (auto e = integer(chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", 1,
-                       std::min<int64_t>(lim.max_tokens, lim.context), max_tokens))
+                       most_tokens, max_tokens))
     return *e;
   if (auto e = integer("seed", INT64_MIN, INT64_MAX, seed)) return *e;
   if (auto e = integer("n", 1, lim.max_n, n)) return *e;

@@ -10,7 +10,8 @@
 
 namespace troupe::wire {
 
-std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data) {
+std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data,
+                                        std::span<const float> attention) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::Activations>();
   root.setStepId(step_id);
@@ -19,15 +20,21 @@ std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, in
   const size_t bytes = static_cast<size_t>(num_tokens) * dim * sizeof(float);
   auto d = root.initData(static_cast<unsigned>(bytes));
   std::memcpy(d.begin(), data, bytes);
+  if (!attention.empty()) {
+    auto a = root.initAttention(static_cast<unsigned>(attention.size_bytes()));
+    std::memcpy(a.begin(), attention.data(), attention.size_bytes());
+  }
   return to_bytes(msg);
 }
 
 namespace {
 
-// An Activations frame of width `dim` with its data (linked: without it).
-expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens, bool linked) {
+// An Activations frame of width `dim` with its data (linked: without it) and `attention`
+// sums.
+expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens, bool linked,
+                                     int64_t attention) {
   frame_limits fl;
-  fl.max_bytes = (linked ? 0 : static_cast<size_t>(max_tokens) * dim * 4) + 4096;
+  fl.max_bytes = (linked ? 0 : static_cast<size_t>(max_tokens) * dim * 4) + static_cast<size_t>(attention) * 4 + 4096;
   fl.traversal_words = fl.max_bytes / 8 + 64;
   fl.nesting = 4;
   auto frame = frame_reader::parse(bytes, fl);
@@ -42,6 +49,12 @@ expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim
       return error{"activations of " + std::to_string(root.getNumTokens()) + " tokens exceed " + std::to_string(max_tokens)};
     out.num_tokens = static_cast<int32_t>(root.getNumTokens());
     out.dim = dim;
+    const auto a = root.getAttention();
+    if (a.size() != static_cast<size_t>(attention) * 4)
+      return error{"activations carry " + std::to_string(a.size() / 4) + " attention sums; the plan asks for " +
+                   std::to_string(attention)};
+    out.attention.resize(static_cast<size_t>(attention));
+    if (attention > 0) std::memcpy(out.attention.data(), a.begin(), a.size());
     const auto d = root.getData();
     if (linked) {
       if (d.size() != 0) return error{"activations sent over a device link carry " + std::to_string(d.size()) + " bytes"};
@@ -60,8 +73,9 @@ expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim
 
 }  // namespace
 
-expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens) {
-  return decode(bytes, dim, max_tokens, false);
+expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens,
+                                                 int64_t attention) {
+  return decode(bytes, dim, max_tokens, false, attention);
 }
 
 std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim) {
@@ -74,7 +88,7 @@ std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tok
 }
 
 expected<decoded_activations> decode_linked_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens) {
-  return decode(bytes, dim, max_tokens, true);
+  return decode(bytes, dim, max_tokens, true, 0);
 }
 
 }  // namespace troupe::wire

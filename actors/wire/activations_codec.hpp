@@ -13,17 +13,22 @@
 
 namespace troupe::wire {
 
-std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data);
+// attention: the step's KV-eviction attention sums so far (schema/step.capnp), if any.
+std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data,
+                                        std::span<const float> attention = {});
 
 struct decoded_activations {
   uint64_t step_id = 0;
   int32_t num_tokens = 0;
   int32_t dim = 0;
-  std::vector<float> data;  // [num_tokens][dim]
+  std::vector<float> data;       // [num_tokens][dim]
+  std::vector<float> attention;  // the attention sums, as many as the receiver expects
 };
 
-// Checks the shape against what the receiver expects (dim) and its limits.
-expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens);
+// Checks the shape against what the receiver expects (dim, and exactly `attention` sums:
+// the plan says how many) and its limits.
+expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens,
+                                                 int64_t attention = 0);
 
 // The frame of hidden states sent over a device link, and its reading (data stays empty,
 // and is refused when present).

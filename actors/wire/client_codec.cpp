@@ -81,6 +81,20 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     if (p.prompt.size() >= static_cast<size_t>(lim.context))
       return error{"the prompt is " + std::to_string(p.prompt.size()) + " tokens; the model's context is " +
                    std::to_string(lim.context)};
+    if (r.hasKvEviction()) {
+      const auto e = r.getKvEviction();
+      const auto policy = static_cast<uint16_t>(e.getPolicy());
+      if (policy > static_cast<uint16_t>(kv_policy::scissorhands))
+        return error{"kvEviction: policy " + std::to_string(policy) + " is none, streaming, h2o or scissorhands"};
+      kv_eviction_config c{static_cast<kv_policy>(policy), e.getBudget(), e.getSinks(), e.getWindow(), e.getHistory()};
+      if (auto bad = validate(c, true)) return error{"kvEviction: " + *bad};
+      if (c.enabled() && c.budget > lim.context)
+        return error{"kvEviction: a budget of " + std::to_string(c.budget) + " tokens is past the model's context of " +
+                     std::to_string(lim.context)};
+      p.eviction = c;
+    }
+    // Streaming eviction may run past the context: its positions stay within the budget.
+    const int32_t most_tokens = p.eviction && p.eviction->rope_in_cache() ? max_tokens_past_context : lim.context;
     p.max_tokens = r.getMaxTokens();
     if (r.getStepsIncludePrompt()) {
       const int32_t after_bos = static_cast<int32_t>(p.prompt.size()) - 1;
@@ -89,9 +103,9 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
                      " steps leave no room to generate"};
       p.max_tokens -= after_bos;
     }
-    if (p.max_tokens < 1 || p.max_tokens > lim.context)
-      return error{"maxTokens (" + std::to_string(p.max_tokens) + ") must be in 1.." + std::to_string(lim.context) +
-                   " (the model's context)"};
+    if (p.max_tokens < 1 || p.max_tokens > most_tokens)
+      return error{"maxTokens (" + std::to_string(p.max_tokens) + ") must be in 1.." + std::to_string(most_tokens) +
+                   (most_tokens == lim.context ? " (the model's context)" : "")};
     auto sampling = read_sampling(r.getSampling(), tok.size());
     if (!sampling) return sampling.err();
     p.sampling = std::move(sampling).value();
@@ -143,6 +157,14 @@ void fill_request_params(schema::GenerateRequest::Builder r, const request_param
   r.setSpeculative(p.speculative);
   r.setCacheNamespace(p.cache_namespace);
   r.setStepsIncludePrompt(steps_include_prompt);
+  if (p.eviction) {
+    auto e = r.initKvEviction();
+    e.setPolicy(static_cast<schema::KvPolicy>(p.eviction->policy));
+    e.setBudget(p.eviction->budget);
+    e.setSinks(p.eviction->sinks);
+    e.setWindow(p.eviction->window);
+    e.setHistory(p.eviction->history);
+  }
 }
 
 }  // namespace

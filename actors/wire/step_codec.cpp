@@ -1,6 +1,7 @@
 #include "actors/wire/step_codec.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include <capnp/message.h>
@@ -49,6 +50,7 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     out.setDrafts(c.num_draft);
     out.setEvicted(c.evicted);
     out.setRopeInCache(c.rope_in_cache);
+    out.setAttention(c.attention);
     auto it = sent_.find(c.id);
     // A table that shrank (blocks of rejected drafts handed back) goes whole again: a delta
     // only ever appends.
@@ -185,6 +187,11 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       if (c.getResetTable()) table.clear();
       for (uint32_t b : c.getNewBlocks()) table.push_back(block_id{b});
     }
+    int64_t attention = 0;
+    for (const auto c : chunks)
+      if (c.getAttention()) attention += c.getFirst() - c.getEvicted() + c.getTokens().size();
+    out.attention.assign(static_cast<size_t>(attention), 0.0f);
+    float* mass = out.attention.data();
     bool every_sample_chooses = true;
     for (const auto c : chunks) {
       const auto toks = c.getTokens();
@@ -193,6 +200,10 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       const int32_t slot = c.getFirst() - c.getEvicted();
       out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), slot, tables_[c.getRequestId()], rows});
       out.batch.sequences.back().rope_pos = c.getRopeInCache() ? slot : c.getFirst();
+      if (c.getAttention()) {
+        out.batch.sequences.back().attention_mass = mass;
+        mass += slot + toks.size();
+      }
       out.ids.push_back(request_id{c.getRequestId()});
       if (!c.getSample()) continue;
       every_sample_chooses = every_sample_chooses && c.getChoose();
@@ -212,7 +223,8 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
   }
 }
 
-std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens) {
+std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens,
+                                        std::span<const float> attention) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::StepResult>();
   root.setStepId(step_id);
@@ -221,11 +233,17 @@ std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen
     samples[static_cast<unsigned>(i)].setRequestId(tokens[i].id.value);
     samples[static_cast<unsigned>(i)].setToken(tokens[i].token);
   }
+  if (!attention.empty()) {
+    auto a = root.initAttention(static_cast<unsigned>(attention.size_bytes()));
+    std::memcpy(a.begin(), attention.data(), attention.size_bytes());
+  }
   return to_bytes(msg);
 }
 
-expected<std::vector<chosen_token>> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows) {
-  auto frame = frame_reader::parse(bytes, frame_limits::flat(static_cast<size_t>(max_rows) * 32 + (1 << 12)));
+expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows,
+                                         int64_t attention) {
+  auto frame = frame_reader::parse(
+      bytes, frame_limits::flat(static_cast<size_t>(max_rows) * 32 + static_cast<size_t>(attention) * 4 + (1 << 12)));
   if (!frame) return frame.err();
   try {
     auto root = (*frame)->root<schema::StepResult>();
@@ -233,13 +251,19 @@ expected<std::vector<chosen_token>> decode_step_result(std::span<const uint8_t> 
     const auto samples = root.getSamples();
     if (samples.size() > static_cast<unsigned>(max_rows))
       return error{"step result has " + std::to_string(samples.size()) + " tokens; at most " + std::to_string(max_rows)};
-    std::vector<chosen_token> out;
-    out.reserve(samples.size());
+    step_result out;
+    out.tokens.reserve(samples.size());
     for (const auto s : samples) {
       if (s.getToken() < 0 || s.getToken() >= vocab)
         return error{"step result: token " + std::to_string(s.getToken()) + " is outside the vocabulary"};
-      out.push_back({request_id{s.getRequestId()}, s.getToken()});
+      out.tokens.push_back({request_id{s.getRequestId()}, s.getToken()});
     }
+    const auto a = root.getAttention();
+    if (a.size() != static_cast<size_t>(attention) * 4)
+      return error{"step result carries " + std::to_string(a.size() / 4) + " attention sums; the plan asks for " +
+                   std::to_string(attention)};
+    out.attention.resize(static_cast<size_t>(attention));
+    if (attention > 0) std::memcpy(out.attention.data(), a.begin(), a.size());
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed step result: ") + e.getDescription().cStr()};

@@ -70,6 +70,9 @@ struct decoded_step {
   std::vector<std::vector<block_id>> compaction_tables;
   std::vector<std::vector<int32_t>> compaction_kept;
   std::vector<uint8_t> compaction_rotate;
+  // KV eviction: the attention sums of the chunks that ask for them (schema/step.capnp),
+  // zero, chunk after chunk; batch.sequences' attention_mass point into it.
+  std::vector<float> attention;
 };
 
 // The tokens a last stage chose: (request, token) per logit row, in batch order.
@@ -77,9 +80,16 @@ struct chosen_token {
   request_id id;
   int32_t token = 0;
 };
-std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens);
-// Checks that the count is at most max_rows and every token is inside the vocabulary.
-expected<std::vector<chosen_token>> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows);
+std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens,
+                                        std::span<const float> attention = {});
+struct step_result {
+  std::vector<chosen_token> tokens;
+  std::vector<float> attention;  // the step's attention sums, as many as the receiver expects
+};
+// Checks that the count is at most max_rows, every token is inside the vocabulary, and
+// exactly `attention` sums came back.
+expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows,
+                                         int64_t attention = 0);
 
 class step_decoder {
  public:

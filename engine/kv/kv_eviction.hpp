@@ -50,6 +50,10 @@ struct kv_eviction_config {
   }
 };
 
+// Output tokens a request may ask for where streaming eviction lets it run past the
+// model's context (elsewhere the context bounds them).
+inline constexpr int32_t max_tokens_past_context = 1 << 24;
+
 // The first problem with c, in words, naming the settings as `flag` spells them
 // ("--kv-budget"; "budget" in a topology).
 std::optional<std::string> validate(const kv_eviction_config& c, bool topology = false);

@@ -416,6 +416,17 @@ void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
   d.plan.compactions.push_back(std::move(c));
 }
 
+scheduler::eviction_usage scheduler::eviction_now() const {
+  eviction_usage u;
+  for (const request* r : running_) {
+    if (!r->eviction.enabled()) continue;
+    ++u.requests;
+    u.budget_tokens += static_cast<uint64_t>(r->eviction.budget);
+    u.held_tokens += static_cast<uint64_t>(r->num_computed_tokens - r->evicted);
+  }
+  return u;
+}
+
 void scheduler::observe_attention(request_id id, std::span<const float> mass, int32_t rows) {
   request* r = find(id);
   if (!r || !r->eviction.wants_attention() || r->state != request_state::running) return;

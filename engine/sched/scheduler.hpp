@@ -138,6 +138,14 @@ class scheduler {
   const scheduler_config& config() const { return cfg_; }
   // KV eviction: tokens dropped from requests' caches so far.
   uint64_t evicted_tokens() const { return evicted_tokens_; }
+  // KV eviction now: the running requests under a budget, their budgets and the tokens
+  // their caches hold, summed.
+  struct eviction_usage {
+    uint32_t requests = 0;
+    uint64_t budget_tokens = 0;
+    uint64_t held_tokens = 0;
+  };
+  eviction_usage eviction_now() const;
   // Whether r may run past the model's context: streaming eviction's RoPE positions are
   // slots, which the budget bounds.
   static bool past_context(const request& r) { return r.eviction.rope_in_cache(); }

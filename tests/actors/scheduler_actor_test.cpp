@@ -175,7 +175,7 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
     std::string method;
     std::vector<uint64_t> spec;
     self->request(sched, std::chrono::seconds(10), metrics_atom_v)
-        .receive([&](uint32_t, uint64_t, uint64_t, const std::string& m, const std::vector<uint64_t>& v) { method = m, spec = v; },
+        .receive([&](uint32_t, uint64_t, uint64_t, const std::string& m, const std::vector<uint64_t>& v, const std::vector<uint64_t>&) { method = m, spec = v; },
                  [&](caf::error& e) { FAIL(sys.render(e)); });
     CHECK(method == spec_method_name(r.method));
     REQUIRE(spec.size() == spec_figures_size);
@@ -238,7 +238,9 @@ TEST_CASE("a draft actor that dies costs drafts, not output: the replica stays r
   auto verifies = [&] {
     uint64_t n = 0;
     self->request(sched, std::chrono::seconds(10), metrics_atom_v)
-        .receive([&](uint32_t, uint64_t, uint64_t, const std::string&, const std::vector<uint64_t>& v) { n = v.at(0); },
+        .receive([&](uint32_t, uint64_t, uint64_t, const std::string&, const std::vector<uint64_t>& v, const std::vector<uint64_t>&) {
+                   n = v.at(0);
+                 },
                  [&](caf::error& e) { FAIL(sys.render(e)); });
     return n;
   };

@@ -170,4 +170,46 @@ TEST_CASE("node plans: [speculative] reaches each scheduler, and the draft actor
   CHECK(plan_node(t, l.m, l.tok, "n0")->schedulers[0].setup.draft.name.empty());
 }
 
+TEST_CASE("node plans: [kv] eviction reaches each scheduler, and is refused where the replica cannot run it") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  topology t = deployed("pp2.toml");
+  auto plain = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(plain.has_value());
+  CHECK_FALSE(plain->schedulers[0].setup.config.eviction.enabled());
+  CHECK(plain->schedulers[0].setup.config.no_eviction.empty());  // requests may still ask for it
+
+  t.scheduler.eviction = {kv_policy::h2o, 128, -1, 32, 16};
+  auto h2o = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(h2o.has_value());
+  const scheduler_config& c = h2o->schedulers[0].setup.config;
+  CHECK(c.eviction.policy == kv_policy::h2o);
+  CHECK(c.eviction.budget == 128);
+  CHECK(c.eviction.window == 32);
+
+  t.scheduler.eviction.budget = l.m.config.max_seq_len + 1;
+  auto long_budget = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE_FALSE(long_budget.has_value());
+  CHECK(long_budget.err().message.find("[kv] budget 513 is past the model's context of 512") != std::string::npos);
+
+  // Early exit's draft cache would not follow the evictions: a default that evicts is
+  // refused, and without one, each request that asks is (the reason travels with the plan).
+  t.scheduler.eviction.budget = 128;
+  t.speculative.method = "early-exit";
+  auto early = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE_FALSE(early.has_value());
+  CHECK(early.err().message.find("[kv] policy h2o in replica 'r0': KV eviction works with n-gram speculation only") !=
+        std::string::npos);
+  t.scheduler.eviction = {};
+  auto refusing = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(refusing.has_value());
+  CHECK(refusing->schedulers[0].setup.config.no_eviction.find("n-gram speculation only") != std::string::npos);
+
+  // GPU shards export no attention figures.
+  t.speculative = {};
+  t.replicas[0].stages[1].devices = {"cuda:0"};
+  auto gpu = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(gpu.has_value());
+  CHECK(gpu->schedulers[0].setup.config.no_eviction == "KV eviction runs on CPU shards only");
+}
+
 }  // namespace troupe::tools

@@ -294,6 +294,47 @@ TEST_CASE("a [speculative] table: the command line's names, the draft beside the
   says("k = 4\n", "apply with [speculative] method ngram, draft or early-exit");
 }
 
+TEST_CASE("[kv] eviction keys: troupe-run's names, the deployment's default, mistakes named") {
+  auto none = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
+  REQUIRE(none.has_value());
+  CHECK_FALSE(none->scheduler.eviction.enabled());
+  auto t = parse_topology_text(std::string(base) + ok_replica +
+                                   "[kv]\npolicy = \"scissorhands\"\nbudget = 96\nwindow = 32\nhistory = 8\n",
+                               "t.toml", "/d");
+  REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
+  CHECK(t->scheduler.eviction.policy == kv_policy::scissorhands);
+  CHECK(t->scheduler.eviction.budget == 96);
+  CHECK(t->scheduler.eviction.window == 32);
+  CHECK(t->scheduler.eviction.history == 8);
+  auto flags = parse_topology_text(std::string(base) + ok_replica +
+                                       "[kv]\nkv-policy = \"streaming\"\nkv-budget = 64\nsinks = 2\n",
+                                   "t.toml", "/d");
+  REQUIRE_MESSAGE(flags.has_value(), (flags ? "" : flags.err().message));
+  CHECK(flags->scheduler.eviction.policy == kv_policy::streaming);
+  CHECK(flags->scheduler.eviction.budget == 64);
+  CHECK(flags->scheduler.eviction.sinks == 2);
+  // [scheduler] after [kv] in the file keeps the eviction keys.
+  auto later = parse_topology_text(std::string(base) + ok_replica +
+                                       "[kv]\nkv_policy = \"h2o\"\nkv_budget = 64\n[scheduler]\nmax_running = 4\n",
+                                   "t.toml", "/d");
+  REQUIRE(later.has_value());
+  CHECK(later->scheduler.eviction.policy == kv_policy::h2o);
+  CHECK(later->scheduler.max_running == 4);
+
+  auto says = [](const std::string& extra, const std::string& part) {
+    const std::string p = problem(ok_replica + "[kv]\n" + extra);
+    CAPTURE(p);
+    CHECK(p.find(part) != std::string::npos);
+  };
+  says("policy = \"lru\"\nbudget = 64\n", "t.toml:20: [kv]: policy \"lru\" is none, streaming, h2o or scissorhands");
+  says("policy = \"streaming\"\nbudget = 16\nsinks = 4\nwindow = 16\n", "budget must be at least sinks + window");
+  says("policy = \"h2o\"\nbudget = 16\nwindow = 16\n", "window must be below budget");
+  says("policy = \"h2o\"\n", "needs budget of 2 tokens or more");
+  says("budget = 64\n", "KV eviction settings without a policy");
+  says("policy = \"h2o\"\nbudget = 64\nkv_budget = 64\n", "given twice");
+  says("policy = \"scissorhands\"\nbudget = 64\nhistory = 40\n", "history must be in 1..32");
+}
+
 TEST_CASE("a missing topology file and a gateway on an unknown node are errors") {
   auto t = parse_topology("/nonexistent/topology.toml");
   REQUIRE_FALSE(t.has_value());

@@ -4,6 +4,7 @@
 
 #include "actors/gateway/openai.hpp"
 #include "actors/replica.hpp"
+#include "engine/serve/llm_engine.hpp"
 
 namespace troupe::tools {
 
@@ -127,6 +128,18 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
     p.schedulers.push_back(scheduler_of(t, m, tok, r, *me));
     scheduler_setup& s = p.schedulers.back().setup;
     s.spec = *spec;
+    // KV eviction: the deployment's default, or requests' own, where the replica can run it.
+    const bool gpu = std::any_of(r.stages.begin(), r.stages.end(), [](const stage_spec& st) {
+      return std::any_of(st.devices.begin(), st.devices.end(), [](const std::string& d) { return d != "cpu"; });
+    });
+    s.config.no_eviction = llm_engine::why_no_eviction(m, *spec, gpu).value_or("");
+    const kv_eviction_config& ev = t.scheduler.eviction;
+    if (ev.enabled() && !s.config.no_eviction.empty())
+      return error{t.path + ": [kv] policy " + std::string(kv_policy_name(ev.policy)) + " in replica '" + r.name +
+                   "': " + s.config.no_eviction};
+    if (ev.enabled() && ev.budget > m.config.max_seq_len)
+      return error{t.path + ": [kv] budget " + std::to_string(ev.budget) + " is past the model's context of " +
+                   std::to_string(m.config.max_seq_len)};
     if (drafts) s.draft = address_of(draft_name(r.name), *t.node_named(r.draft_node), *me);
   }
   if (t.gateway.node == me->name) p.gateway = gateway_of(t, m, *me, overrides);

@@ -192,7 +192,8 @@ gateway_section parse_gateway(reader& rd, const toml::table& t, const std::strin
 kv_config parse_kv(reader& rd, const toml::table& t) {
   kv_config kv;
   const std::string w = "[kv]";
-  rd.only(t, w, {"block_size", "num_blocks", "prefix_caching", "prefix_cache_scope", "cache_type"});
+  rd.only(t, w, {"block_size", "num_blocks", "prefix_caching", "prefix_cache_scope", "cache_type", "policy", "kv_policy",
+                 "kv-policy", "budget", "kv_budget", "kv-budget", "sinks", "window", "history"});
   rd.get_in(t, w, "block_size", kv.block_size, 1, 1024);
   rd.get_in(t, w, "num_blocks", kv.num_blocks, 1, int64_t{1} << 30);
   rd.get(t, w, "prefix_caching", kv.prefix_caching);
@@ -212,6 +213,44 @@ kv_config parse_kv(reader& rd, const toml::table& t) {
       rd.fail(t.get("cache_type"), d.err().message);
   }
   return kv;
+}
+
+// The key of `t` among `spellings` (troupe-run's flag names are taken too), or the first
+// when none is there; a mistake when two are.
+const char* spelled(reader& rd, const toml::table& t, const std::string& where, std::initializer_list<const char*> spellings) {
+  const char* found = nullptr;
+  for (const char* k : spellings) {
+    if (!t.contains(k)) continue;
+    if (found) rd.fail(t.get(k), where + ": " + found + " is given twice (as " + found + " and " + k + ")");
+    found = k;
+  }
+  return found ? found : *spellings.begin();
+}
+
+// [kv]'s KV eviction keys: the deployment's default policy (engine/kv/kv_eviction.hpp).
+kv_eviction_config parse_kv_eviction(reader& rd, const toml::table& t) {
+  kv_eviction_config e;
+  const std::string w = "[kv]";
+  std::string policy = "none";
+  const char* policy_key = spelled(rd, t, w, {"policy", "kv_policy", "kv-policy"});
+  if (rd.get(t, w, policy_key, policy)) {
+    if (auto p = parse_kv_policy(policy))
+      e.policy = *p;
+    else
+      rd.fail(t.get(policy_key), w + ": " + policy_key + " \"" + policy + "\" is none, streaming, h2o or scissorhands");
+  }
+  const char* budget_key = spelled(rd, t, w, {"budget", "kv_budget", "kv-budget"});
+  rd.get_in(t, w, budget_key, e.budget, 0, 1 << 24);
+  rd.get_in(t, w, "sinks", e.sinks, 0, 1 << 24);
+  rd.get_in(t, w, "window", e.window, 0, 1 << 24);
+  rd.get_in(t, w, "history", e.history, 1, 32);
+  if (!rd.ok()) return e;
+  if (!e.enabled() && (t.contains(budget_key) || t.contains("sinks") || t.contains("window") || t.contains("history")))
+    rd.fail(t.get(budget_key) ? t.get(budget_key) : &t, w + ": KV eviction settings without a policy (policy = \"streaming\", "
+                                                             "\"h2o\" or \"scissorhands\")");
+  else if (auto bad = validate(e, true))
+    rd.fail(t.get(budget_key) ? t.get(budget_key) : &t, w + ": " + *bad);
+  return e;
 }
 
 scheduler_config parse_scheduler(reader& rd, const toml::table& t) {
@@ -438,6 +477,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (rd.ok()) t.gateway = parse_gateway(rd, *gateway, base_dir);
   if (const toml::table* kv = root["kv"].as_table(); kv && rd.ok()) t.kv = parse_kv(rd, *kv);
   if (const toml::table* s = root["scheduler"].as_table(); s && rd.ok()) t.scheduler = parse_scheduler(rd, *s);
+  if (const toml::table* kv = root["kv"].as_table(); kv && rd.ok()) t.scheduler.eviction = parse_kv_eviction(rd, *kv);
   if (const toml::table* f = root["failure"].as_table(); f && rd.ok()) t.failure = parse_failure(rd, *f);
   if (const toml::table* g = root["gpu"].as_table(); g && rd.ok()) t.gpu = parse_gpu(rd, *g);
   if (const toml::table* sp = root["speculative"].as_table(); sp && rd.ok())

@@ -7,7 +7,9 @@
 //   [model]       model_section     the checkpoint, its tokenizer, name and chat template
 //   [gateway]     gateway_section   where clients connect, keys, connection limits
 //   [kv]          kv_config         the KV cache, carried whole to scheduler, kv manager
-//                                   and shards (engine/kv/kv_config.hpp)
+//                                   and shards (engine/kv/kv_config.hpp); its eviction
+//                                   keys (policy, budget, sinks, window, history) set
+//                                   scheduler.eviction (engine/kv/kv_eviction.hpp)
 //   [scheduler]   scheduler_config  step budget and batch size (engine/sched/scheduler.hpp)
 //   [failure]     failure_config    heartbeats, recovery timeout, restarts
 //   [gpu]         gpu_config        what GPU shards keep their weights in
@@ -96,7 +98,8 @@ struct topology {
   model_section model;
   gateway_section gateway;
   kv_config kv;
-  scheduler_config scheduler;  // max_step_tokens and max_running; the rest is filled per replica
+  scheduler_config scheduler;  // max_step_tokens, max_running and [kv]'s eviction; the rest is
+                               // filled per replica
   failure_config failure;
   gpu_config gpu;
   speculative_options speculative;  // the draft path is taken from the file's directory

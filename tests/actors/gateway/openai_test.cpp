@@ -268,6 +268,43 @@ TEST_CASE("the sampling and stopping extensions reach the request, and unsupport
       false)));
 }
 
+TEST_CASE("kv_eviction: a request's own policy and budget, past the context with streaming, mistakes named") {
+  auto r = parse(R"({"model":"m","prompt":"a","kv_eviction":{"policy":"h2o","budget":64,"window":16}})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(r));
+  const auto& e = std::get<openai::api_request>(r).params.eviction;
+  REQUIRE(e.has_value());
+  CHECK(e->policy == kv_policy::h2o);
+  CHECK(e->budget == 64);
+  CHECK(e->window == 16);
+  CHECK(e->sinks == -1);
+  auto none = parse(R"({"model":"m","prompt":"a","kv_eviction":{"policy":"none"}})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(none));
+  CHECK(std::get<openai::api_request>(none).params.eviction->policy == kv_policy::none);
+  auto absent = parse(R"({"model":"m","prompt":"a","kv_eviction":null})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(absent));
+  CHECK_FALSE(std::get<openai::api_request>(absent).params.eviction.has_value());
+  // Streaming lets max_tokens pass the context; without it, the context bounds it.
+  auto past = parse(R"({"model":"m","prompt":"a","max_tokens":100000,"kv_eviction":{"policy":"streaming","budget":64,"sinks":4}})", false);
+  REQUIRE(std::holds_alternative<openai::api_request>(past));
+  CHECK(std::get<openai::api_request>(past).params.max_tokens == 100000);
+  for (const auto& [body, said] : std::vector<std::pair<std::string, std::string>>{
+           {R"("kv_eviction":{"policy":"lru","budget":64})", "'kv_eviction.policy' must be \"none\", \"streaming\", \"h2o\" or \"scissorhands\""},
+           {R"("kv_eviction":{"budget":64})", "'kv_eviction' needs a 'policy'"},
+           {R"("kv_eviction":"h2o")", "'kv_eviction' must be an object"},
+           {R"("kv_eviction":{"policy":"h2o","budget":-4})", "'kv_eviction.budget' must be an integer of 0 or more"},
+           {R"("kv_eviction":{"policy":"h2o","budget":64,"ratio":0.2})", "'kv_eviction' takes policy, budget, sinks, window and history; not 'ratio'"},
+           {R"("kv_eviction":{"policy":"streaming","budget":8,"sinks":4,"window":8})", "budget must be at least sinks + window"},
+           {R"("kv_eviction":{"policy":"h2o","budget":100000})", "is past the model's context"},
+           {R"("max_tokens":100000,"kv_eviction":{"policy":"h2o","budget":64})", "'max_tokens' must be in 1.."}}) {
+    CAPTURE(body);
+    auto got = parse(R"({"model":"m","prompt":"a",)" + body + "}", false);
+    REQUIRE(std::holds_alternative<openai::api_error>(got));
+    const auto& err = std::get<openai::api_error>(got);
+    CHECK(err.message.find(said) != std::string::npos);
+    CHECK(err.status == 400);
+  }
+}
+
 TEST_CASE("an integer field takes a whole number written as a float, and nothing else") {
   auto r = parse(R"({"model":"m","prompt":"a","max_tokens":5.0,"n":2.0})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(r));

@@ -97,6 +97,59 @@ TEST_CASE("a request's speculative cap travels with it, -1 when unset, and a cap
   }
 }
 
+TEST_CASE("a request's KV eviction travels with it, unset when absent, and a policy that cannot work is refused") {
+  const tokenizer& tok = test::tok512();
+  const request_limits lim = with_context(64);
+  request_params p;
+  p.max_tokens = 4;
+  auto unset = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+  REQUIRE(unset.has_value());
+  CHECK_FALSE(unset->eviction.has_value());
+  for (const kv_eviction_config& c : {kv_eviction_config{kv_policy::h2o, 32, -1, 8, 16}, kv_eviction_config{},
+                                      kv_eviction_config{kv_policy::scissorhands, 40, -1, -1, 4}}) {
+    p.eviction = c;
+    auto got = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+    REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+    REQUIRE(got->eviction.has_value());
+    CHECK(got->eviction->policy == c.policy);
+    CHECK(got->eviction->budget == c.budget);
+    CHECK(got->eviction->window == c.window);
+    CHECK(got->eviction->history == c.history);
+  }
+  // Streaming may ask for more tokens than the context; the others may not.
+  p.eviction = kv_eviction_config{kv_policy::streaming, 32, 4, -1, 16};
+  p.max_tokens = 1000;
+  auto past = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+  REQUIRE_MESSAGE(past.has_value(), (past ? "" : past.err().message));
+  CHECK(past->max_tokens == 1000);
+  CHECK(past->eviction->sinks == 4);
+  p.eviction->policy = kv_policy::h2o;
+  CHECK_FALSE(decode_generate_request(encode_generate_request_text("Once", p), tok, lim).has_value());
+  p.max_tokens = 4;
+  auto says = [&](const kv_eviction_config& c, const std::string& part) {
+    p.eviction = c;
+    auto bad = decode_generate_request(encode_generate_request_text("Once", p), tok, lim);
+    REQUIRE_FALSE(bad.has_value());
+    CAPTURE(bad.err().message);
+    CHECK(bad.err().message.find(part) != std::string::npos);
+  };
+  says({kv_policy::streaming, 8, 4, 8, 16}, "kvEviction: a KV budget of 8 tokens cannot hold 4 sinks and a window of 8");
+  says({kv_policy::h2o, 0, -1, -1, 16}, "kvEviction: KV policy h2o needs budget of 2 tokens or more");
+  says({kv_policy::h2o, 65, -1, -1, 16}, "past the model's context of 64");
+  says({kv_policy::scissorhands, 32, -1, -1, 33}, "history must be 1 to 32");
+  // A policy number this side does not know.
+  capnp::MallocMessageBuilder msg;
+  auto r = msg.initRoot<schema::GenerateRequest>();
+  r.initPrompt().setText("Once");
+  r.setMaxTokens(4);
+  auto e = r.initKvEviction();
+  e.setPolicy(static_cast<schema::KvPolicy>(9));
+  e.setBudget(32);
+  auto unknown = decode_generate_request(to_bytes(msg), tok, lim);
+  REQUIRE_FALSE(unknown.has_value());
+  CHECK(unknown.err().message == "kvEviction: policy 9 is none, streaming, h2o or scissorhands");
+}
+
 TEST_CASE("a request's logit biases travel with it, and a token outside the vocabulary or a bad bias is refused") {
   const tokenizer& tok = test::tok512();
   const request_limits lim = with_context(64);

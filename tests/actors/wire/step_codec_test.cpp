@@ -441,6 +441,9 @@ TEST_CASE("KV eviction reaches the stage: each chunk's slots and RoPE positions,
         CHECK(got->batch.sequences[i].start_pos == c.first_slot());
         CHECK(got->batch.sequences[i].rope_pos == c.first_rope_position());
         CHECK(test::block_values(got->batch.sequences[i].block_table) == test::block_values(c.block_table));
+        // Streaming ranks by position alone: no attention figures asked for.
+        CHECK(c.attention == (policy == kv_policy::h2o));
+        CHECK((got->batch.sequences[i].attention_mass != nullptr) == c.attention);
         past += c.first >= cfg.context;
       }
       std::vector<sample_result> samples(static_cast<size_t>(plan.num_samples()));
@@ -483,10 +486,10 @@ TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows
   const auto bytes = encode_step_result(12, toks);
   auto d = decode_step_result(bytes, 512, 8);
   REQUIRE(d.has_value());
-  REQUIRE(d->size() == 3);
+  REQUIRE(d->tokens.size() == 3);
   for (size_t i = 0; i < 3; ++i) {
-    CHECK((*d)[i].id == toks[i].id);
-    CHECK((*d)[i].token == toks[i].token);
+    CHECK(d->tokens[i].id == toks[i].id);
+    CHECK(d->tokens[i].token == toks[i].token);
   }
   CHECK_FALSE(decode_step_result(bytes, 511, 8).has_value());  // 511 is outside a vocabulary of 511
   CHECK_FALSE(decode_step_result(bytes, 512, 2).has_value());
@@ -497,7 +500,7 @@ TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows
     bad[r.next() % bad.size()] ^= static_cast<uint8_t>(1u << (r.next() % 8));
     auto x = decode_step_result(bad, 512, 8);
     if (x)
-      for (const auto& t : *x) CHECK((t.token >= 0 && t.token < 512));
+      for (const auto& t : x->tokens) CHECK((t.token >= 0 && t.token < 512));
   }
 }
 
@@ -518,6 +521,63 @@ TEST_CASE("activations sent over a device link travel as their step and size alo
   CHECK(refused.err().message.find("over a device link carry 320 bytes") != std::string::npos);
   CHECK_FALSE(decode_activations(bytes, 16, 8).has_value());
   for (size_t n = 0; n < bytes.size(); ++n) CHECK_FALSE(decode_linked_activations(std::span(bytes).first(n), 16, 8).has_value());
+}
+
+TEST_CASE("attention sums: zero where the plan asks, carried by activations and step results, refused in the wrong number") {
+  step_decoder dec(limits());
+  step_encoder enc;
+  enc.restart(1);
+  // Two requests, the first asking for its attention (4 slots it had, 3 tokens now), the
+  // second not.
+  std::vector<block_id> t1{block_id{1}, block_id{3}}, t2{block_id{2}};
+  std::vector<int32_t> toks1{5, 6, 7}, toks2{8};
+  step_plan plan;
+  scheduled_chunk a;
+  a.id = request_id{1};
+  a.first = 6;
+  a.evicted = 2;
+  a.count = 3;
+  a.tokens = toks1;
+  a.block_table = t1;
+  a.attention = true;
+  scheduled_chunk b;
+  b.id = request_id{2};
+  b.count = 1;
+  b.tokens = toks2;
+  b.block_table = t2;
+  b.sample = true;
+  plan.chunks = {a, b};
+  auto got = dec.decode(enc.encode(plan, {}));
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+  REQUIRE(got->attention.size() == 7);  // 4 + 3 slots
+  CHECK(got->batch.sequences[0].attention_mass == got->attention.data());
+  CHECK(got->batch.sequences[1].attention_mass == nullptr);
+  for (float x : got->attention) CHECK(x == 0.0f);
+
+  std::vector<float> sums{0.5f, 1.0f, 2.0f, 0.25f, 3.0f, 0.0f, 7.5f};
+  const std::vector<float> hidden(2 * 16, 0.125f);
+  const auto act = encode_activations(3, 2, 16, hidden.data(), sums);
+  auto back = decode_activations(act, 16, 8, 7);
+  REQUIRE(back.has_value());
+  CHECK(back->attention == sums);
+  CHECK(back->data == hidden);
+  auto short_of = decode_activations(act, 16, 8, 6);
+  REQUIRE_FALSE(short_of.has_value());
+  CHECK(short_of.err().message == "activations carry 7 attention sums; the plan asks for 6");
+  CHECK_FALSE(decode_activations(act, 16, 8).has_value());  // none asked for
+  CHECK_FALSE(decode_activations(encode_activations(3, 2, 16, hidden.data()), 16, 8, 7).has_value());
+
+  const std::vector<chosen_token> toks{{request_id{2}, 9}};
+  const auto res = encode_step_result(3, toks, sums);
+  auto r = decode_step_result(res, 512, 8, 7);
+  REQUIRE(r.has_value());
+  CHECK(r->attention == sums);
+  REQUIRE(r->tokens.size() == 1);
+  CHECK(r->tokens[0].token == 9);
+  auto wrong = decode_step_result(res, 512, 8, 8);
+  REQUIRE_FALSE(wrong.has_value());
+  CHECK(wrong.err().message == "step result carries 7 attention sums; the plan asks for 8");
+  for (size_t n = 0; n < res.size(); ++n) CHECK_FALSE(decode_step_result(std::span(res).first(n), 512, 8, 7).has_value());
 }
 
 }  // namespace troupe::wire

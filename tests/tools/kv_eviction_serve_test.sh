@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# KV eviction served by a PP=2 cluster (two troupe-node processes, troupe-launch) over the
+# OpenAI HTTP API: the topology's [kv] policy is the deployment's default, and greedy
+# completions under it are troupe-run's under the same policy and budget (the attention
+# the policy ranks by summed over both stages, across the step link); a request's own
+# kv_eviction overrides it ({"policy": "none"}: troupe-run's plain text), streaming runs
+# a request past the model's context, a policy that cannot work is a 400 naming the
+# field, and /metrics counts the evicted tokens. [kv] settings that cannot work start
+# nothing. Bounded in time; every node is stopped.
+# Usage: kv_eviction_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+build=$1 src=$2 models=$3
+scratch
+state=$work/state
+launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
+down_all() {
+  for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done
+}
+trap 'down_all; rm -rf "$work"' EXIT
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# topology NAME LINES...: a PP=2 stories260K topology whose [kv] table holds LINES.
+topology() {
+  local name=$1
+  shift
+  cat >"$work/$name.toml" <<TOML
+[model]
+path      = "$models/stories260K.bin"
+tokenizer = "$models/tok512.bin"
+
+[gateway]
+node  = "n0"
+capnp = "127.0.0.1:$(free_port)"
+
+[kv]
+$(printf '%s\n' "$@")
+
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = $(free_port)
+
+[[node]]
+name = "n1"
+host = "127.0.0.1"
+port = $(free_port)
+
+[[replica]]
+name   = "r0"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] },
+           { node = "n1", layers = "3-4", devices = ["cpu"] } ]
+TOML
+  printf '%s\n' "${extra_tables[@]}" >>"$work/$name.toml"
+}
+status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
+post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
+text_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body"; }
+run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -t 0 -q --ignore-eos "$@"; }
+
+extra_tables=()
+topology h2o 'policy = "h2o"' 'budget = 64'
+out=$(launch up "$work/h2o.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "troupe-launch up: $out"
+base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+[[ -n $base ]] || fail "no HTTP endpoint line: $out"
+
+# The deployment's policy: troupe-run's text under the same one (it ran 230 steps counting
+# the prompt; the completion is 200 tokens: a prefix), which differs from the full cache's.
+for p in "Once upon a time" "Lily and Tom went to the"; do
+  want=$(run -p "$p" -n 230 --kv-policy h2o --kv-budget 64)
+  plain=$(run -p "$p" -n 230)
+  code=$(post /v1/completions '{"model":"stories260K","prompt":"'"$p"'","max_tokens":200,"temperature":0,"ignore_eos":true}')
+  got=$(text_of)
+  [[ $code == 200 && -n $got && ${want#"$p"} == "$got"* ]] || fail "h2o: '$p' differs: '$got' vs '${want#"$p"}'"
+  [[ ${plain#"$p"} != "$got"* ]] || fail "h2o: '$p' is the full cache's text: the budget did nothing"
+  # The request's own policy: none is the full cache's text; scissorhands its own.
+  code=$(post /v1/completions '{"model":"stories260K","prompt":"'"$p"'","max_tokens":200,"temperature":0,"ignore_eos":true,"kv_eviction":{"policy":"none"}}')
+  got=$(text_of)
+  [[ $code == 200 && ${plain#"$p"} == "$got"* ]] || fail "policy none: '$p' differs: '$got' vs '${plain#"$p"}'"
+  want=$(run -p "$p" -n 230 --kv-policy scissorhands --kv-budget 48 --window 16)
+  code=$(post /v1/completions '{"model":"stories260K","prompt":"'"$p"'","max_tokens":200,"temperature":0,"ignore_eos":true,"kv_eviction":{"policy":"scissorhands","budget":48,"window":16}}')
+  got=$(text_of)
+  [[ $code == 200 && ${want#"$p"} == "$got"* ]] || fail "scissorhands: '$p' differs: '$got' vs '${want#"$p"}'"
+done
+
+# Streaming past the context (512 tokens), streamed as it goes.
+code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":700,"temperature":0.8,"seed":3,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"kv_eviction":{"policy":"streaming","budget":96,"sinks":4}}')
+[[ $code == 200 ]] || fail "streaming past the context: status $code $(head -c 300 "$work/body")"
+python3 - "$work/body" <<'PY' || fail "streaming past the context: $(tail -c 400 "$work/body")"
+import json, sys
+events = [l[6:].strip() for l in open(sys.argv[1]) if l.startswith("data: ")]
+assert events[-1] == "[DONE]"
+chunks = [json.loads(e) for e in events[:-1]]
+assert not any("error" in c for c in chunks)
+usage = [c["usage"] for c in chunks if c.get("usage")]
+assert usage and usage[-1]["completion_tokens"] == 700, usage
+assert any(ch.get("finish_reason") == "length" for c in chunks for ch in c.get("choices", []))
+PY
+
+# Policies that cannot work: a 400 naming the field; past the context without streaming too.
+for bad in '{"policy":"lru","budget":64}' '{"policy":"streaming","budget":8,"sinks":4,"window":8}' \
+           '{"policy":"h2o","budget":9999}' '"h2o"'; do
+  code=$(post /v1/completions '{"model":"stories260K","prompt":"Once","max_tokens":8,"kv_eviction":'"$bad"'}')
+  [[ $code == 400 ]] && grep -q '"param":"kv_eviction"' "$work/body" || fail "kv_eviction $bad: status $code $(cat "$work/body")"
+done
+code=$(post /v1/completions '{"model":"stories260K","prompt":"Once","max_tokens":700}')
+[[ $code == 400 ]] && grep -q 'max_tokens' "$work/body" || fail "700 tokens without streaming: status $code $(cat "$work/body")"
+
+# The router polls the scheduler about once a second: the figures arrive.
+ok=
+for _ in $(seq 1 50); do
+  curl -s "$base/metrics" >"$work/metrics"
+  evicted=$(sed -n 's/^troupe_kv_evicted_tokens_total //p' "$work/metrics")
+  if [[ -n $evicted ]] && (( evicted >= 4 * (200 - 64) + 600 )); then ok=1; break; fi
+  sleep 0.2
+done
+[[ -n $ok ]] || fail "/metrics lacks the evicted tokens: $(grep kv_evict "$work/metrics" || true)"
+grep -q '^troupe_kv_eviction_budget_tokens 0$' "$work/metrics" || fail "budgets of requests that ended: $(grep kv_evict "$work/metrics")"
+echo "evicted $evicted tokens"
+launch down "$work/h2o.toml" >/dev/null
+
+# Settings that cannot work: nothing starts, and troupe-launch says why.
+topology bad-policy 'policy = "lru"' 'budget = 64'
+topology bad-window 'policy = "streaming"' 'budget = 16' 'sinks = 4' 'window = 16'
+topology bad-budget 'policy = "h2o"' 'budget = 600'
+topology no-policy 'budget = 64'
+extra_tables=('[speculative]' 'method = "early-exit"')
+topology bad-spec 'policy = "h2o"' 'budget = 64'
+for bad in 'bad-policy:policy "lru" is none, streaming, h2o or scissorhands' \
+           'bad-window:budget must be at least sinks + window' \
+           "bad-budget:budget 600 is past the model's context of 512" \
+           'no-policy:KV eviction settings without a policy' \
+           'bad-spec:KV eviction works with n-gram speculation only'; do
+  name=${bad%%:*} why=${bad#*:}
+  if out=$(launch up "$work/$name.toml" 2>&1); then fail "$name was started"; fi
+  grep -qF "$why" <<<"$out" || fail "$name: no reason given: $out"
+  [[ ! -f $state/$name.procs ]] || fail "$name: processes were started"
+done
+echo "PASS"
