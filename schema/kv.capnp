@@ -23,8 +23,12 @@ struct Claim {
   evicted @8 :Int32;               # a running request: tokens dropped from its cache (KV
                                    # eviction): its blocks hold computed - evicted slots
   kvBudget @9 :Int32;              # KV eviction: slots its blocks may hold at most (0: no
-                                   # limit); such a request is never cached and may run
-                                   # past the context
+                                   # limit); such a request is cached only until it first
+                                   # evicts, and may run past the context
+  rewriteFrom @10 :Int32 = -1;     # KV eviction: the step's compaction writes its slots from
+                                   # here on (-1: none); blocks from there to the step's end
+                                   # that it shares are replaced by its own copies (the
+                                   # grant drops them and adds the copies)
 }
 
 struct KvStep {
@@ -43,7 +47,9 @@ struct Grant {
   added @3 :List(UInt32);          # blocks appended to the request's table (an admission:
                                    # the whole table)
   dropped @4 :Int32;               # blocks taken off the end of the table first: those of
-                                   # rejected drafts that the step no longer needs
+                                   # rejected drafts that the step no longer needs, those a
+                                   # compaction emptied, and from the first one replaced by
+                                   # a copy on (added then holds the table from there)
 }
 
 struct KvUsage {

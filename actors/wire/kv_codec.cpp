@@ -54,6 +54,7 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     out.setSpeculative(c.speculative);
     out.setEvicted(c.evicted);
     out.setKvBudget(c.kv_budget);
+    out.setRewriteFrom(c.rewrite_from);
     int32_t& known = known_[c.id];
     if (c.admit) known = 0;
     const auto rest = c.tokens.subspan(static_cast<size_t>(known));
@@ -175,6 +176,11 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
                      " computed" + (budget == 0 ? ", without a KV budget" : "")};
       if (!c.getAdmit() && (c.getComputed() < 0 || c.getComputed() >= total))
         return error{who() + std::to_string(c.getComputed()) + " computed of " + std::to_string(total) + " tokens"};
+      const int64_t rewrite = c.getRewriteFrom();
+      if (rewrite < -1 || (rewrite >= 0 && (c.getAdmit() || budget == 0 || rewrite > c.getComputed() - evicted)))
+        return error{who() + "a compaction from slot " + std::to_string(rewrite) + " of " +
+                     std::to_string(c.getAdmit() ? 0 : c.getComputed() - evicted) + " cached" +
+                     (budget == 0 ? ", without a KV budget" : "")};
       const int64_t drafts = c.getSpeculative();
       if (drafts < 0 || drafts > max_draft_tokens || (c.getAdmit() && drafts != 0))
         return error{who() + std::to_string(drafts) + " draft positions; a running request may claim 0.." +
@@ -204,7 +210,7 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
       out.request.claims.push_back(kv_claim{request_id{c.getRequestId()}, c.getAdmit(), c.getComputed(),
                                             static_cast<int32_t>(std::min<uint32_t>(c.getHeldBlocks(), INT32_MAX)),
                                             c.getNamespace(), tokens_[c.getRequestId()], c.getSpeculative(),
-                                            c.getEvicted(), c.getKvBudget()});
+                                            c.getEvicted(), c.getKvBudget(), c.getRewriteFrom()});
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed kv claims: ") + e.getDescription().cStr()};

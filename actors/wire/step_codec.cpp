@@ -51,15 +51,16 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     out.setEvicted(c.evicted);
     out.setRopeInCache(c.rope_in_cache);
     out.setAttention(c.attention);
-    auto it = sent_.find(c.id);
-    // A table that shrank (blocks of rejected drafts handed back) goes whole again: a delta
-    // only ever appends.
-    const bool reset = it == sent_.end() || it->second > c.block_table.size();
-    const size_t known = reset ? 0 : it->second;
+    // A table that changed other than by growing (blocks of rejected drafts handed back,
+    // a compaction's copies of shared blocks) goes whole again: a delta only appends.
+    std::vector<block_id>& known_table = sent_[c.id];
+    const bool reset = known_table.empty() || known_table.size() > c.block_table.size() ||
+                       !std::equal(known_table.begin(), known_table.end(), c.block_table.begin());
+    const size_t known = reset ? 0 : known_table.size();
     out.setResetTable(reset);
     auto blocks = out.initNewBlocks(static_cast<unsigned>(c.block_table.size() - known));
     for (size_t b = known; b < c.block_table.size(); ++b) blocks.set(static_cast<unsigned>(b - known), c.block_table[b].value);
-    sent_[c.id] = c.block_table.size();
+    known_table.assign(c.block_table.begin(), c.block_table.end());
     out.setSample(c.sample);
     if (c.sample && i < choices.size() && choices[i]) {
       const token_choice& ch = *choices[i];
@@ -167,6 +168,13 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       for (unsigned k = 0; k < kept.size(); ++k)
         if (kept[k] < static_cast<int32_t>(k) || kept[k] >= slots || (k > 0 && kept[k] <= kept[k - 1]))
           return error{who() + "kept slots must ascend within its table of " + std::to_string(it->second.size()) + " blocks"};
+      // The table the plan leaves it (its chunk's, if it has one) holds them.
+      size_t after = it->second.size();
+      for (const auto ch : chunks)
+        if (ch.getRequestId() == c.getRequestId()) after = (ch.getResetTable() ? 0 : after) + ch.getNewBlocks().size();
+      if (after * static_cast<size_t>(lim_.block_size) < kept.size())
+        return error{who() + std::to_string(kept.size()) + " kept slots do not fit the " + std::to_string(after) +
+                     " blocks its table has after the plan"};
     }
 
     decoded_step out;
@@ -177,8 +185,6 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       for (int32_t k : c.getKept()) kept.push_back(k);
       out.compaction_rotate.push_back(c.getRotate());
     }
-    for (size_t i = 0; i < out.compaction_tables.size(); ++i)
-      out.batch.compactions.push_back({out.compaction_tables[i], out.compaction_kept[i], out.compaction_rotate[i] != 0});
     if (reset_all) tables_.clear();
     session_ = root.getSession();
     for (uint64_t id : root.getReleased()) tables_.erase(id);
@@ -186,6 +192,17 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       auto& table = tables_[c.getRequestId()];
       if (c.getResetTable()) table.clear();
       for (uint32_t b : c.getNewBlocks()) table.push_back(block_id{b});
+    }
+    // A compaction moves the kept slots into the table the plan leaves its request (the
+    // same blocks, but for copies of shared ones).
+    for (const auto c : compactions) {
+      const auto& now = tables_[c.getRequestId()];
+      const auto& before = out.compaction_tables[out.compaction_new_tables.size()];
+      out.compaction_new_tables.push_back(now == before ? std::vector<block_id>{} : now);
+    }
+    for (size_t i = 0; i < out.compaction_tables.size(); ++i) {
+      const auto& to = out.compaction_new_tables[i];
+      out.batch.compactions.push_back({out.compaction_tables[i], out.compaction_kept[i], out.compaction_rotate[i] != 0, to});
     }
     int64_t attention = 0;
     for (const auto c : chunks)

@@ -1,8 +1,9 @@
 // step_codec: step plans between a scheduler and its pipeline stages (schema/step.capnp).
 //
 // step_encoder (scheduler side) sends a request's block table whole when the stages do
-// not know it (a new request, or one resumed after preemption) and only the blocks added
-// since otherwise; released requests are named once. step_decoder (stage side) checks
+// not know it (a new request, or one resumed after preemption) or it changed other than
+// by growing (blocks handed back, or replaced by copies), and only the blocks added since
+// otherwise; released requests are named once. step_decoder (stage side) checks
 // every id, position, token and block against the limits it was given, keeps the tables,
 // and rebuilds the engine's step_batch. A plan that fails a check changes nothing. The
 // first plan of a scheduler session resets the stages' tables; a stale plan of an older
@@ -42,7 +43,7 @@ class step_encoder {
   void restart(uint64_t session);
 
  private:
-  std::unordered_map<request_id, size_t> sent_;  // table length the stages know, per request
+  std::unordered_map<request_id, std::vector<block_id>> sent_;  // the table the stages know, per request
   uint64_t next_step_ = 0;
   uint64_t session_ = 0;
   bool reset_pending_ = true;
@@ -66,8 +67,8 @@ struct decoded_step {
   std::vector<token_choice> choices;
   std::vector<request_id> chosen_ids;  // the requests of those rows
   // KV eviction: batch.compactions point into these (each request's table as it stood
-  // before the plan, and what it keeps).
-  std::vector<std::vector<block_id>> compaction_tables;
+  // before the plan, the one the plan leaves it, and what it keeps).
+  std::vector<std::vector<block_id>> compaction_tables, compaction_new_tables;
   std::vector<std::vector<int32_t>> compaction_kept;
   std::vector<uint8_t> compaction_rotate;
   // KV eviction: the attention sums of the chunks that ask for them (schema/step.capnp),

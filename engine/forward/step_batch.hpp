@@ -50,6 +50,10 @@ struct kv_compaction {
   std::span<const block_id> block_table;  // covering the slots before the move
   std::span<const int32_t> kept;          // ascending
   bool rotate = false;
+  std::span<const block_id> new_table;    // where slot i goes, when not block_table: the
+                                          // same blocks but for copies of shared ones
+                                          // (whose slots are copied whether they move
+                                          // or not)
 };
 
 struct step_batch {

@@ -229,19 +229,27 @@ void transformer_shard::add_attention(const step_batch& batch) {
 }
 
 void transformer_shard::compact(const kv_compaction& c) {
-  std::vector<uint32_t> table(c.block_table.size());
-  for (size_t b = 0; b < table.size(); ++b) {
-    table[b] = c.block_table[b].value;
-    TROUPE_ASSERT(table[b] < static_cast<uint32_t>(kv_.shape().num_blocks), table[b], kv_.shape().num_blocks);
-  }
-  const int64_t slots = static_cast<int64_t>(table.size()) * kv_.shape().block_size;
+  auto ids = [&](std::span<const block_id> blocks) {
+    std::vector<uint32_t> out(blocks.size());
+    for (size_t b = 0; b < out.size(); ++b) {
+      out[b] = blocks[b].value;
+      TROUPE_ASSERT(out[b] < static_cast<uint32_t>(kv_.shape().num_blocks), out[b], kv_.shape().num_blocks);
+    }
+    return out;
+  };
+  const std::vector<uint32_t> table = ids(c.block_table);
+  const std::vector<uint32_t> to_table = c.new_table.empty() ? table : ids(c.new_table);
+  const int32_t bs = kv_.shape().block_size;
+  TROUPE_ASSERT(static_cast<int64_t>(to_table.size()) * bs >= static_cast<int64_t>(c.kept.size()), to_table.size(),
+                c.kept.size());
+  const int64_t slots = static_cast<int64_t>(table.size()) * bs;
   const int32_t half = cfg_.rope_dim / 2, kv_dim = local_kv_heads_ * cfg_.head_dim;
   std::vector<float> k(static_cast<size_t>(kv_dim)), v(static_cast<size_t>(kv_dim)), cs(half), sn(half);
   for (size_t i = 0; i < c.kept.size(); ++i) {
     const int32_t from = c.kept[i], to = static_cast<int32_t>(i);
     TROUPE_ASSERT(from >= to && from < slots && (i == 0 || from > c.kept[i - 1]), i, from, slots);
-    if (from == to) continue;
-    if (c.rotate) {
+    if (from == to && to_table[to / bs] == table[from / bs]) continue;  // (where it is)
+    if (c.rotate && from != to) {
       // Back by (from - to) positions: the angles of that distance, unscaled (the stored
       // key carries any attention factor already).
       for (int32_t j = 0; j < half; ++j) {
@@ -252,13 +260,13 @@ void transformer_shard::compact(const kv_compaction& c) {
     }
     for (int32_t l = 0; l < static_cast<int32_t>(layers_.size()); ++l) {
       const paged_kv_layer layer = kv_.layer(l);
-      if (!c.rotate) {
-        paged_kv_copy(layer, table.data(), from, table.data(), to);
+      if (!c.rotate || from == to) {
+        paged_kv_copy(layer, table.data(), from, to_table.data(), to);
         continue;
       }
       paged_kv_read(layer, table.data(), from, k.data(), v.data());
       rope(k.data(), local_kv_heads_, cfg_.head_dim, cfg_.rope_dim, cs.data(), sn.data(), cfg_.rope);
-      paged_kv_write(layer, table.data(), to, k.data(), v.data());
+      paged_kv_write(layer, to_table.data(), to, k.data(), v.data());
     }
   }
 }

@@ -85,6 +85,32 @@ void kv_block_manager::free(request_id id) {
   held_.erase(it);
 }
 
+std::optional<size_t> kv_block_manager::make_own(request_id id, size_t from, size_t to, uint32_t reserve) {
+  auto it = held_.find(id);
+  TROUPE_ASSERT(it != held_.end(), id.value);
+  std::vector<block_id>& blocks = it->second.blocks;
+  to = std::min(to, blocks.size());
+  auto shared = [&](block_id b) { return pool_.ref_count(b) > 1; };
+  uint32_t copies = 0;
+  for (size_t i = from; i < to; ++i) copies += shared(blocks[i]);
+  if (copies + reserve > pool_.num_free()) return std::nullopt;
+  size_t first = to;
+  for (size_t i = from; i < to; ++i) {
+    const block_id old = blocks[i];
+    if (!shared(old)) {
+      cache_.evict(old);
+      continue;
+    }
+    const auto b = pool_.allocate();
+    TROUPE_ASSERT(b.has_value());
+    cache_.evict(*b);
+    blocks[i] = *b;
+    pool_.unref(old);
+    first = std::min(first, i);
+  }
+  return first;
+}
+
 expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
   for (request_id id : req.releases) free(id);
   kv_step_grants out;
@@ -101,7 +127,9 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
     if (c.admit) {
       if (held != held_.end()) return error{who() + "admitted while it holds blocks"};
       if (total == 0) return error{who() + "admitted without tokens"};
-      if (c.kv_budget == 0) hits = match_prefix(c.tokens, c.ns);
+      hits = match_prefix(c.tokens, c.ns);
+      // An evicting request's hits leave it room under its budget.
+      if (c.kv_budget > 0) hits.resize(std::min(hits.size(), static_cast<size_t>((c.kv_budget - 1) / block_size_)));
       g.first = static_cast<int32_t>(hits.size()) * block_size_;
     } else {
       if (held == held_.end()) return error{who() + "runs without blocks"};
@@ -126,14 +154,31 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
       g.count = std::min(g.count, c.kv_budget - slots);
     }
     const size_t before = c.admit ? 0 : static_cast<size_t>(c.held);
-    // (An evicting request's blocks hold no prefix of its tokens: nothing to cache.)
-    const std::span<const int32_t> cached = c.kv_budget > 0 ? std::span<const int32_t>{} : c.tokens;
-    if (!allocate(c.id, cached, g.first - shift + g.count, hits, c.ns)) {
+    const int32_t end_slot = g.first - shift + g.count;
+    // A compaction writes the request's blocks from rewrite_from on, and the step's tokens
+    // follow: blocks it shares, or that hold a cached prefix, are copied first.
+    size_t same = before;
+    if (!c.admit && c.rewrite_from >= 0) {
+      if (c.rewrite_from > c.computed - c.evicted) return error{who() + "rewrites slots it does not hold"};
+      const size_t want = static_cast<size_t>((end_slot + block_size_ - 1) / block_size_);
+      const auto own = make_own(c.id, static_cast<size_t>(c.rewrite_from / block_size_), want,
+                                static_cast<uint32_t>(want > before ? want - before : 0));
+      if (!own) {
+        out.short_of_blocks = true;
+        break;
+      }
+      same = std::min(same, *own);
+      // Its blocks hold its prefix no more: nothing of it is cached from here on.
+      held->second.num_hashed = 0;
+    }
+    // (Once it evicted, an evicting request's blocks hold no prefix of its tokens.)
+    const std::span<const int32_t> cached = shift > 0 ? std::span<const int32_t>{} : c.tokens;
+    if (!allocate(c.id, cached, end_slot, hits, c.ns)) {
       out.short_of_blocks = true;
       break;
     }
     const auto table = block_table(c.id);
-    const size_t kept = std::min(before, table.size());
+    const size_t kept = std::min(same, table.size());
     g.dropped = static_cast<int32_t>(before - kept);
     g.added.assign(table.begin() + static_cast<int64_t>(kept), table.end());
     budget -= g.count;

@@ -52,8 +52,13 @@ struct kv_claim {
   int32_t evicted = 0;       // KV eviction: tokens dropped from its cache (its blocks hold
                              // computed - evicted slots)
   int32_t kv_budget = 0;     // KV eviction: slots its blocks may hold at most (0: no limit);
-                             // granted no more positions than fit, never cached, no prefix
-                             // hits
+                             // granted no more positions than fit, cached only until it
+                             // first evicts, prefix hits below its budget
+  int32_t rewrite_from = -1; // KV eviction: this step's compaction rewrites its slots from
+                             // here on (-1: none), so the blocks from there to the step's
+                             // last position must be its own: one shared with another
+                             // request, or holding a cached prefix, is replaced by a copy
+                             // first (copy-on-write; the compaction reads the old one)
 };
 
 struct kv_grant {
@@ -64,7 +69,9 @@ struct kv_grant {
   std::vector<block_id> added;   // blocks appended to the request's table (an admission:
                                  // its whole table); with them it covers first + count
   int32_t dropped = 0;           // blocks taken off the end of the request's table before
-                                 // `added` (positions of rejected drafts)
+                                 // `added`: those of rejected drafts, those a compaction
+                                 // emptied, and from the first block replaced by a copy on
+                                 // (`added` then holds the table from there)
 };
 
 struct kv_step_request {
@@ -98,6 +105,12 @@ class kv_block_manager {
 
   // Releases every block of the request (cached ones stay cached until evicted).
   void free(request_id id);
+  // Copy-on-write: request `id`'s blocks [from, to) become its own, `reserve` free blocks
+  // left over. A block another request holds too is replaced by a fresh one (the old one,
+  // still held, cannot be reused while the copy is made); one that only holds a cached
+  // prefix leaves the cache. Returns the first index replaced (`to` or past: none), or
+  // nullopt, changing nothing, when too few blocks are free.
+  std::optional<size_t> make_own(request_id id, size_t from, size_t to, uint32_t reserve);
 
   // Frees the releases, then grants the claims in order until one does not fit or the
   // budget is spent. An admission is matched against the prefix cache first. A claim

@@ -196,6 +196,9 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
     q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
                                 admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
                                 drafts, admit ? 0 : r.evicted, r.eviction.enabled() ? r.eviction.budget : 0});
+    // Its compaction this step, if any: the blocks it writes become its own.
+    for (const planned_compaction& c : d.plan.compactions)
+      if (c.id == r.id) q.claims.back().rewrite_from = c.rewrite_from();
     d.sent.emplace_back(r.id, admit);
     left -= r.num_tokens() + drafts - (admit ? 0 : r.num_computed_tokens);
     --slots;
@@ -266,6 +269,12 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
   d.plan.chunks.push_back(c);
   d.plan.num_tokens += count;
   d.budget -= count;
+}
+
+step_plan scheduler::end_step(step_draft& d) {
+  for (planned_compaction& c : d.plan.compactions)
+    if (const request* r = find(c.id); r && r->blocks != c.block_table) c.new_table = r->blocks;
+  return std::move(d.plan);
 }
 
 void scheduler::apply(step_draft& d, kv_step_grants g) {

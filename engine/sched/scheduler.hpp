@@ -107,7 +107,7 @@ class scheduler {
   step_draft begin_step();
   std::optional<kv_step_request> next_claims(step_draft& d);
   void apply(step_draft& d, kv_step_grants grants);
-  step_plan end_step(step_draft& d) { return std::move(d.plan); }
+  step_plan end_step(step_draft& d);
   // Requests whose blocks the remote block manager may free, if no claims carry them.
   std::vector<request_id> take_releases() { return std::exchange(releases_, {}); }
   // The remote block manager's figures, as its latest answer gave them (the caller of

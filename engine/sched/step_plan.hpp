@@ -43,6 +43,16 @@ struct planned_compaction {
   std::vector<block_id> block_table;
   std::vector<int32_t> kept;
   bool rotate = false;
+  // The table the kept slots move into: the request's after the step's grant, whose
+  // blocks from rewrite_from()'s on are its own (copies of shared ones; empty: the same).
+  std::vector<block_id> new_table;
+
+  // The first slot the move writes (the step's tokens follow the kept ones).
+  int32_t rewrite_from() const {
+    for (size_t i = 0; i < kept.size(); ++i)
+      if (kept[i] != static_cast<int32_t>(i)) return static_cast<int32_t>(i);
+    return static_cast<int32_t>(kept.size());
+  }
 };
 
 struct step_plan {

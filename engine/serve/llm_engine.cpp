@@ -119,7 +119,7 @@ std::vector<step_output> llm_engine::step() {
   }
   step_tokens got;
   batch_.clear();
-  for (const auto& c : plan.compactions) batch_.compactions.push_back({c.block_table, c.kept, c.rotate});
+  for (const auto& c : plan.compactions) batch_.compactions.push_back({c.block_table, c.kept, c.rotate, c.new_table});
   stats_.evicted_tokens = sched_.evicted_tokens();
   mass_.resize(plan.chunks.size());
   for (size_t i = 0; i < plan.chunks.size(); ++i)

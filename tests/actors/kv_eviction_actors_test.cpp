@@ -90,6 +90,65 @@ TEST_CASE("KV eviction through the scheduler actor: each request's policy, strea
   }
 }
 
+TEST_CASE("KV eviction through the actors: evicting requests copy the cached blocks they would change") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const std::string opening =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her big red "
+      "ball. One day, she saw";
+  const char* endings[] = {" a dog", " a cat", " a bird", " a tree", " a boy", " a car"};
+  std::vector<request_params> reqs;
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < std::size(endings); ++i) {
+    request_params p;
+    texts.push_back(opening + endings[i]);
+    p.prompt = l.tok.encode(texts.back(), true);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 100;
+    p.ignore_eos = true;
+    if (i % 2 == 1) p.eviction = kv_eviction_config{i == 3 ? kv_policy::streaming : kv_policy::h2o, 48, 4, -1, 16};
+    reqs.push_back(p);
+  }
+  auto alone = test::alone_tokens(l, reqs);
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  const std::vector<stage_layout> layout{{0, 2, 1}, {2, 5, 1}};
+  scheduler_setup setup = test::scheduler_for(l, "r0", layout.size());
+  auto rep = spawn_replica(sys, l.m, test::with_kv(layout, setup.config.kv, setup.config.max_step_tokens));
+  setup.agent = rep.agent;
+  setup.stages = rep.stages;
+  auto sched = spawn_scheduler(sys, setup);
+  caf::scoped_actor self{sys};
+  std::map<uint64_t, size_t> index;
+  auto send = [&](size_t i) {
+    const wire_message msg(wire_kind::none, wire::encode_generate_request_text(texts[i], reqs[i]));
+    self->request(sched, std::chrono::seconds(10), generate_atom_v, msg, caf::actor{self})
+        .receive([&](uint64_t id) { index[id] = i; }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  };
+  // The first request caches the opening; the rest share it while some evict.
+  send(0);
+  test::ledger first;
+  test::collect(self, first, 1);
+  for (size_t i = 1; i < reqs.size(); ++i) send(i);
+  test::ledger lg;
+  test::collect(self, lg, reqs.size() - 1);
+  for (const auto& [id, i] : index) {
+    CAPTURE(i);
+    const auto& got = i == 0 ? first.tokens[id] : lg.tokens[id];
+    CHECK(got.size() == 100);
+    if (!reqs[i].eviction) CHECK(got == alone[i].tokens);  // the shared blocks, unchanged
+    if (i > 0) CHECK(lg.results[id].cached_prompt_tokens >= 32);
+  }
+  std::vector<uint64_t> eviction;
+  self->request(sched, std::chrono::seconds(10), metrics_atom_v)
+      .receive([&](uint32_t, uint64_t, uint64_t, const std::string&, const std::vector<uint64_t>&,
+                   const std::vector<uint64_t>& e) { eviction = e; },
+               [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(eviction.size() == eviction_figures_size);
+  CHECK(eviction[0] > 0);
+  self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a request's KV policy is refused by a scheduler that cannot run it, with the reason") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   system_config cfg;

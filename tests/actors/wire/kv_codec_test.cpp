@@ -247,6 +247,22 @@ TEST_CASE("a claim's eviction figures are refused where they contradict it") {
   CHECK(why(claim_with(3, 0, false, 8, 20)).find("without a KV budget") != std::string::npos);
   CHECK(why(claim_with(0, 65, true, 0, 20)).find("a KV budget of 65") != std::string::npos);
   CHECK(why(claim_with(-1, 12, false, 8, 20)).find("evicted") != std::string::npos);
+  // A compaction's first slot written: within the slots the request keeps, with a budget.
+  auto rewriting = [&](int32_t from, int32_t budget, bool admit) {
+    return rx.decode(one_claim(1, true, 3, admit, 8, 0, std::vector<int32_t>(20, 5), [&](schema::Claim::Builder c) {
+      c.setEvicted(admit ? 0 : 3);
+      c.setKvBudget(budget);
+      c.setRewriteFrom(from);
+    }));
+  };
+  auto fine = rewriting(5, 12, false);
+  REQUIRE_MESSAGE(fine.has_value(), why(fine));
+  CHECK(fine->request.claims[0].rewrite_from == 5);
+  CHECK(rewriting(-1, 12, false).has_value());
+  CHECK(why(rewriting(6, 12, false)).find("a compaction from slot 6 of 5 cached") != std::string::npos);
+  CHECK(why(rewriting(2, 0, false)).find("without a KV budget") != std::string::npos);
+  CHECK(why(rewriting(0, 12, true)).find("a compaction from slot 0") != std::string::npos);
+  CHECK(why(rewriting(-2, 12, false)).find("a compaction from slot -2") != std::string::npos);
 }
 
 TEST_CASE("a claim's draft positions are refused out of range, and on an admission") {

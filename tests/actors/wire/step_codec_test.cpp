@@ -481,6 +481,70 @@ TEST_CASE("a compaction of an unknown request, or of slots out of order or past 
   CHECK(test::block_values(fine->batch.compactions[0].block_table) == std::vector<uint32_t>{2, 3});
 }
 
+TEST_CASE("a table whose blocks were replaced by copies goes whole, and its compaction moves into the new blocks") {
+  step_decoder dec(limits());
+  step_encoder enc;
+  enc.restart(1);
+  // Request 4 holds blocks 2, 3, 5 (12 slots); the next plan compacts it to slots {0, 5, 9}
+  // and its table became 7, 3 (block 2 was shared: copied into 7; 5 emptied).
+  std::vector<block_id> before{block_id{2}, block_id{3}, block_id{5}}, after{block_id{7}, block_id{3}};
+  std::vector<int32_t> toks(12, 1), one{1};
+  step_plan p1;
+  scheduled_chunk c;
+  c.id = request_id{4};
+  c.count = 12;
+  c.tokens = toks;
+  c.block_table = before;
+  p1.chunks = {c};
+  REQUIRE(dec.decode(enc.encode(p1, {})).has_value());
+  step_plan p2;
+  p2.compactions.push_back({request_id{4}, before, {0, 5, 9}, false, after});
+  c.first = 12;
+  c.evicted = 9;
+  c.count = 1;
+  c.tokens = one;
+  c.block_table = after;
+  p2.chunks = {c};
+  auto got = dec.decode(enc.encode(p2, {}));
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+  REQUIRE(got->batch.compactions.size() == 1);
+  const kv_compaction& k = got->batch.compactions[0];
+  CHECK(test::block_values(k.block_table) == std::vector<uint32_t>{2, 3, 5});
+  CHECK(test::block_values(k.new_table) == std::vector<uint32_t>{7, 3});
+  CHECK(test::block_values(got->batch.sequences[0].block_table) == std::vector<uint32_t>{7, 3});
+  // The same length with a block replaced is a change too: sent whole.
+  std::vector<block_id> swapped{block_id{8}, block_id{3}};
+  p2.compactions.clear();
+  c.first = 13;
+  c.block_table = swapped;
+  p2.chunks = {c};
+  got = dec.decode(enc.encode(p2, {}));
+  REQUIRE(got.has_value());
+  CHECK(test::block_values(got->batch.sequences[0].block_table) == std::vector<uint32_t>{8, 3});
+  CHECK(got->batch.compactions.empty());
+
+  // A compaction whose request's table after the plan cannot hold what it keeps is refused.
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<schema::StepPlan>();
+  root.setStepId(got->step_id + 1);
+  root.setSession(1);
+  auto cp = root.initCompactions(1)[0];
+  cp.setRequestId(4);
+  auto kept = cp.initKept(5);
+  for (unsigned i = 0; i < 5; ++i) kept.set(i, static_cast<int32_t>(i));
+  auto ch = root.initChunks(1)[0];
+  ch.setRequestId(4);
+  ch.setFirst(13);
+  ch.setEvicted(12);  // (at odds with the compaction, which keeps 5)
+  ch.initTokens(1).set(0, 1);
+  ch.setResetTable(true);
+  ch.initNewBlocks(1).set(0, 9);
+  auto refused = dec.decode(to_bytes(msg));
+  REQUIRE_FALSE(refused.has_value());
+  CAPTURE(refused.err().message);
+  CHECK(refused.err().message.find("5 kept slots do not fit the 1 blocks its table has after the plan") != std::string::npos);
+}
+
 TEST_CASE("chosen tokens round-trip, and out-of-vocabulary tokens, too many rows and broken frames are errors") {
   const std::vector<chosen_token> toks{{request_id{3}, 7}, {request_id{9}, 511}, {request_id{4}, 0}};
   const auto bytes = encode_step_result(12, toks);

@@ -259,3 +259,73 @@ TEST_CASE("draft positions get blocks that are never cached, and rejected drafts
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("an evicting request takes prefix hits below its budget, and copies the shared blocks its compaction writes") {
+  kv_block_manager m(12, bs, true);
+  const auto prompt = seq(100, 14);  // three full blocks and two tokens
+  kv_step_request q;
+  q.budget = 64;
+  q.claims = {{request_id{1}, true, 0, 0, 0, prompt}};
+  REQUIRE(m.grant(q).has_value());
+  CHECK(table(m, 1) == std::vector<uint32_t>{0, 1, 2, 3});
+
+  // Request 2 evicts within 12 slots: hits leave it room (two blocks of three).
+  kv_claim admit{request_id{2}, true, 0, 0, 0, prompt};
+  admit.kv_budget = 12;
+  q.claims = {admit};
+  auto g = m.grant(q);
+  REQUIRE(g.has_value());
+  CHECK(g->grants[0].first == 8);
+  CHECK(g->grants[0].count == 4);  // slots 8..11: the budget
+  CHECK(table(m, 2) == std::vector<uint32_t>{0, 1, 4});
+
+  // Its compaction keeps slots {0, 1, 6, 9, 10, 11}, rewriting from slot 2 on: block 0 (and
+  // block 1, the step's token goes to slot 6) are shared with request 1, so it gets its own
+  // copies; block 2 is its own already. Its blocks from the first copy on come back.
+  std::vector<int32_t> tokens = prompt;
+  tokens.push_back(7);
+  kv_claim run{request_id{2}, false, 12, 3, 0, tokens};
+  run.kv_budget = 12;
+  run.evicted = 6;  // 12 computed, 6 slots kept
+  run.rewrite_from = 2;
+  q.claims = {run};
+  g = m.grant(q);
+  REQUIRE_MESSAGE(g.has_value(), (g ? "" : g.err().message));
+  REQUIRE(g->grants.size() == 1);
+  CHECK(g->grants[0].first == 12);
+  CHECK(g->grants[0].count == 3);  // (the last of three prompt tokens samples)
+  CHECK(g->grants[0].dropped == 3);
+  const auto own = table(m, 2);
+  REQUIRE(own.size() == 3);
+  CHECK(own[0] != 0);
+  CHECK(own[1] != 1);
+  CHECK(own[2] == 4);
+  CHECK(ids(g->grants[0].added) == own);
+  // Request 1's blocks are as they were, and still the cached prefix.
+  CHECK(table(m, 1) == std::vector<uint32_t>{0, 1, 2, 3});
+  CHECK(m.pool().ref_count(block_id{0}) == 1);
+  CHECK(ids(m.match_prefix(prompt, 0)) == std::vector<uint32_t>{0, 1, 2});
+
+  // Copies need free blocks: with none left, the claim waits (nothing changes).
+  kv_block_manager tight(5, bs, true);
+  q.claims = {{request_id{1}, true, 0, 0, 0, prompt}};
+  REQUIRE(tight.grant(q).has_value());
+  q.claims = {admit};
+  REQUIRE(tight.grant(q).has_value());
+  CHECK(tight.num_free_blocks() == 0);
+  q.claims = {run};
+  g = tight.grant(q);
+  REQUIRE(g.has_value());
+  CHECK(g->grants.empty());
+  CHECK(g->short_of_blocks);
+  CHECK(table(tight, 2) == std::vector<uint32_t>{0, 1, 4});
+
+  // A compaction past what the request holds is refused.
+  run.rewrite_from = 7;
+  q.claims = {run};
+  CHECK_FALSE(m.grant(q).has_value());
+}
+
+}  // namespace troupe
