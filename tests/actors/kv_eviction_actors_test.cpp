@@ -149,6 +149,47 @@ TEST_CASE("KV eviction through the actors: evicting requests copy the cached blo
   self->send_exit(sched, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("KV eviction through the actors with n-gram speculation: drafts verified across stages, within budgets") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const std::string text = "The cat sat. The cat sat. The cat sat. The cat";
+  request_params p;
+  p.prompt = l.tok.encode(text, true);
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = 160;
+  p.ignore_eos = true;
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  const std::vector<stage_layout> layout{{0, 2, 1}, {2, 5, 1}};
+  scheduler_setup setup = test::scheduler_for(l, "r0", layout.size());
+  setup.config.eviction = {kv_policy::h2o, 40, -1, -1, 16};
+  setup.spec.method = spec_method::ngram;
+  setup.spec.k = 4;
+  auto rep = spawn_replica(sys, l.m, test::with_kv(layout, setup.config.kv, setup.config.max_step_tokens));
+  setup.agent = rep.agent;
+  setup.stages = rep.stages;
+  auto sched = spawn_scheduler(sys, setup);
+  caf::scoped_actor self{sys};
+  for (int i = 0; i < 3; ++i) {
+    const wire_message msg(wire_kind::none, wire::encode_generate_request_text(text, p));
+    self->request(sched, std::chrono::seconds(10), generate_atom_v, msg, caf::actor{self})
+        .receive([](uint64_t) {}, [&](caf::error& e) { FAIL(sys.render(e)); });
+  }
+  test::ledger lg;
+  test::collect(self, lg, 3);
+  for (const auto& [id, toks] : lg.tokens) CHECK(toks.size() == 160);
+  std::vector<uint64_t> spec, eviction;
+  self->request(sched, std::chrono::seconds(10), metrics_atom_v)
+      .receive([&](uint32_t, uint64_t, uint64_t, const std::string&, const std::vector<uint64_t>& s,
+                   const std::vector<uint64_t>& e) { spec = s, eviction = e; },
+               [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(spec.size() == spec_figures_size);
+  CHECK(spec[2] > 0);  // drafts accepted
+  REQUIRE(eviction.size() == eviction_figures_size);
+  CHECK(eviction[0] >= 3 * (160 - 40));
+  self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a request's KV policy is refused by a scheduler that cannot run it, with the reason") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   system_config cfg;

@@ -218,6 +218,32 @@ TEST_CASE("evicting requests share cached prompts, and never change a block anot
   CHECK(again == alone[1]);
 }
 
+TEST_CASE("n-gram speculation under a KV budget: drafts verified, every request within its budget") {
+  const auto& l = stories();
+  // Repetitive prompts, so that n-gram lookup finds drafts.
+  std::vector<request_params> reqs = long_requests(l.tok, 4, 160);
+  for (auto& r : reqs) {
+    r.prompt = l.tok.encode("The cat sat. The cat sat. The cat sat. The cat", true);
+    r.sampling.temperature = 0.0f;
+  }
+  const uint32_t blocks = 16;  // 4 requests x 3 blocks within 40 tokens (and drafts), and spare
+  for (kv_policy p : {kv_policy::h2o, kv_policy::streaming}) {
+    CAPTURE(kv_policy_name(p));
+    engine_config cfg = small_pool(blocks);
+    cfg.sched.eviction = {p, 40, 4, -1, 16};
+    cfg.spec.method = spec_method::ngram;
+    cfg.spec.k = 4;
+    llm_engine e(l.m, l.tok, cfg);
+    uint32_t most = 0;
+    const auto got = run_all(e, reqs, [&] { most = std::max(most, e.kv().used); });
+    for (const auto& t : got) CHECK(t.size() == 160);
+    CHECK(e.stats().preemptions == 0);
+    CHECK(most <= reqs.size() * 3);
+    CHECK(e.stats().evicted_tokens > 0);
+    CHECK(e.stats().spec_accepted > 0);
+  }
+}
+
 TEST_CASE("streaming decodes past the model's context, and the other policies stop at it") {
   const auto& l = stories();
   const int32_t context = l.m.config.max_seq_len;
