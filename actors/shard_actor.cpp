@@ -42,12 +42,14 @@ struct shard_core {
     const int32_t n = decoded->batch.num_tokens();
     hidden.resize(static_cast<size_t>(n) * c.dim);
     if (!shard->is_first_stage() && act.kind == wire_kind::linked_activations) {
-      auto sent = act.bytes ? wire::decode_linked_activations(*act.bytes, c.dim, setup.max_step_tokens)
+      auto sent = act.bytes ? wire::decode_linked_activations(*act.bytes, c.dim, setup.max_step_tokens,
+                                                              static_cast<int64_t>(decoded->attention.size()))
                             : expected<wire::decoded_activations>(error{"an empty frame"});
       if (!sent) return error{"shard: " + sent.err().message};
       if (sent->num_tokens != n || sent->step_id != decoded->step_id) return error{"shard: linked activations do not match the plan"};
       if (!shard->take_next_input_from_link())
         return error{"shard: activations came over a device link this shard does not have"};
+      std::copy(sent->attention.begin(), sent->attention.end(), decoded->attention.begin());
     } else if (!shard->is_first_stage()) {
       if (act.kind != wire_kind::activations || !act.bytes) return error{"shard: expected activations"};
       auto sent = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens,
@@ -68,10 +70,9 @@ struct shard_core {
       return wire_message(wire_kind::activations,
                           wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data(), attention));
     if (shard->is_last_stage()) return wire_message{};
-    if (shard->has_link(link_side::output)) {
-      if (!attention.empty()) return error{"shard: attention sums do not cross a device link"};
-      return wire_message(wire_kind::linked_activations, wire::encode_linked_activations(decoded->step_id, n, c.dim));
-    }
+    if (shard->has_link(link_side::output))
+      return wire_message(wire_kind::linked_activations,
+                          wire::encode_linked_activations(decoded->step_id, n, c.dim, attention));
     return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, n, c.dim, hidden.data(), attention));
   }
 

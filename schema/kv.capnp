@@ -23,8 +23,9 @@ struct Claim {
   evicted @8 :Int32;               # a running request: tokens dropped from its cache (KV
                                    # eviction): its blocks hold computed - evicted slots
   kvBudget @9 :Int32;              # KV eviction: slots its blocks may hold at most (0: no
-                                   # limit); such a request is cached only until it first
-                                   # evicts, and may run past the context
+                                   # limit); such a request's blocks are cached as its
+                                   # admission fills them, not later, and it may run past
+                                   # the context
   rewriteFrom @10 :Int32 = -1;     # KV eviction: the step's compaction writes its slots from
                                    # here on (-1: none); blocks from there to the step's end
                                    # that it shares are replaced by its own copies (the

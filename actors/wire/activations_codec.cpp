@@ -78,17 +78,23 @@ expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes,
   return decode(bytes, dim, max_tokens, false, attention);
 }
 
-std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim) {
+std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim,
+                                               std::span<const float> attention) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::Activations>();
   root.setStepId(step_id);
   root.setNumTokens(static_cast<uint32_t>(num_tokens));
   root.setDim(static_cast<uint32_t>(dim));
+  if (!attention.empty()) {
+    auto a = root.initAttention(static_cast<unsigned>(attention.size_bytes()));
+    std::memcpy(a.begin(), attention.data(), attention.size_bytes());
+  }
   return to_bytes(msg);
 }
 
-expected<decoded_activations> decode_linked_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens) {
-  return decode(bytes, dim, max_tokens, true, 0);
+expected<decoded_activations> decode_linked_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens,
+                                                        int64_t attention) {
+  return decode(bytes, dim, max_tokens, true, attention);
 }
 
 }  // namespace troupe::wire

@@ -32,7 +32,9 @@ expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes,
 
 // The frame of hidden states sent over a device link, and its reading (data stays empty,
 // and is refused when present).
-std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim);
-expected<decoded_activations> decode_linked_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens);
+std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim,
+                                               std::span<const float> attention = {});
+expected<decoded_activations> decode_linked_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens,
+                                                        int64_t attention = 0);
 
 }  // namespace troupe::wire

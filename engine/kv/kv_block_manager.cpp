@@ -94,24 +94,36 @@ std::optional<size_t> kv_block_manager::make_own(request_id id, size_t from, siz
   uint32_t copies = 0;
   for (size_t i = from; i < to; ++i) copies += shared(blocks[i]);
   if (copies + reserve > pool_.num_free()) return std::nullopt;
+  uint32_t spare = pool_.num_free() - copies - reserve;
   size_t first = to;
   for (size_t i = from; i < to; ++i) {
     const block_id old = blocks[i];
-    if (!shared(old)) {
-      cache_.evict(old);
+    const bool keep_cached = !shared(old) && cache_.holds(old) && spare > 0;
+    if (!shared(old) && !keep_cached) {
+      cache_.evict(old);  // (nothing cached, or no block to spare: the cache loses it)
       continue;
     }
     const auto b = pool_.allocate();
     TROUPE_ASSERT(b.has_value());
     cache_.evict(*b);
     blocks[i] = *b;
-    pool_.unref(old);
+    if (keep_cached) {
+      --spare;
+      held_for_copy_.push_back(old);  // (its reference, until the next grant)
+    } else {
+      pool_.unref(old);  // still held by another request
+    }
     first = std::min(first, i);
   }
   return first;
 }
 
 expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
+  // Cached blocks the last grants replaced by copies go free: whatever a later claim
+  // writes into them runs after the compaction that reads them (stages run plans in order,
+  // and a plan's compactions in the order of its claims).
+  for (block_id b : held_for_copy_) pool_.unref(b);
+  held_for_copy_.clear();
   for (request_id id : req.releases) free(id);
   kv_step_grants out;
   int32_t budget = req.budget;
@@ -171,8 +183,9 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
       // Its blocks hold its prefix no more: nothing of it is cached from here on.
       held->second.num_hashed = 0;
     }
-    // (Once it evicted, an evicting request's blocks hold no prefix of its tokens.)
-    const std::span<const int32_t> cached = shift > 0 ? std::span<const int32_t>{} : c.tokens;
+    // An evicting request's blocks are cached as its admission fills them (its prompt, as
+    // far as the first step takes it), not later: they would not hold its prefix for long.
+    const std::span<const int32_t> cached = c.kv_budget > 0 && !c.admit ? std::span<const int32_t>{} : c.tokens;
     if (!allocate(c.id, cached, end_slot, hits, c.ns)) {
       out.short_of_blocks = true;
       break;

@@ -52,8 +52,8 @@ struct kv_claim {
   int32_t evicted = 0;       // KV eviction: tokens dropped from its cache (its blocks hold
                              // computed - evicted slots)
   int32_t kv_budget = 0;     // KV eviction: slots its blocks may hold at most (0: no limit);
-                             // granted no more positions than fit, cached only until it
-                             // first evicts, prefix hits below its budget
+                             // granted no more positions than fit, cached as its admission
+                             // fills its blocks (not later), prefix hits below its budget
   int32_t rewrite_from = -1; // KV eviction: this step's compaction rewrites its slots from
                              // here on (-1: none), so the blocks from there to the step's
                              // last position must be its own: one shared with another
@@ -106,9 +106,10 @@ class kv_block_manager {
   // Releases every block of the request (cached ones stay cached until evicted).
   void free(request_id id);
   // Copy-on-write: request `id`'s blocks [from, to) become its own, `reserve` free blocks
-  // left over. A block another request holds too is replaced by a fresh one (the old one,
-  // still held, cannot be reused while the copy is made); one that only holds a cached
-  // prefix leaves the cache. Returns the first index replaced (`to` or past: none), or
+  // left over. A block another request holds too is replaced by a fresh one; so is one
+  // that holds a cached prefix while blocks are spare (else it leaves the cache), the old
+  // one held until the next grant(), so that no claim of this step reuses it before the
+  // compaction has read it. Returns the first index replaced (`to` or past: none), or
   // nullopt, changing nothing, when too few blocks are free.
   std::optional<size_t> make_own(request_id id, size_t from, size_t to, uint32_t reserve);
 
@@ -140,6 +141,7 @@ class kv_block_manager {
   int32_t block_size_;
   bool prefix_caching_;
   std::unordered_map<request_id, holding> held_;
+  std::vector<block_id> held_for_copy_;  // cached blocks replaced by copies this step
   uint64_t queried_tokens_ = 0, hit_tokens_ = 0;
 };
 

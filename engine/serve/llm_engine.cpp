@@ -13,12 +13,11 @@ namespace troupe {
 engine_config llm_engine::complete(engine_config cfg, const model& m) {
   if (cfg.sched.context == 0) cfg.sched.context = m.config.max_seq_len;
   if (cfg.sched.vocab == 0) cfg.sched.vocab = m.config.vocab_size;
-  if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(m, cfg.spec, false).value_or("");
+  if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(m, cfg.spec).value_or("");
   return cfg;
 }
 
-std::optional<std::string> llm_engine::why_no_eviction(const model& m, const speculative_config& s, bool gpu) {
-  if (gpu) return "KV eviction runs on CPU shards only";
+std::optional<std::string> llm_engine::why_no_eviction(const model& m, const speculative_config& s) {
   if (s.method == spec_method::draft || s.method == spec_method::early_exit)
     return "KV eviction works with n-gram speculation only (a draft's cache would not follow the evictions)";
   if (m.config.sliding_window > 0) return "KV eviction needs a model without a sliding window";
@@ -31,7 +30,7 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
   const kv_eviction_config& ev = cfg.sched.eviction;
   if (auto e = validate(ev)) return error{*e};
   if (ev.enabled()) {
-    if (auto why = why_no_eviction(m, s, false)) return error{*why};
+    if (auto why = why_no_eviction(m, s)) return error{*why};
     if (ev.budget > m.config.max_seq_len)
       return error{"a KV budget of " + std::to_string(ev.budget) + " tokens is past the model's context of " +
                    std::to_string(m.config.max_seq_len)};
@@ -85,9 +84,7 @@ expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const t
   if (cfg.kv_type) return error{"a KV cache type applies to the CPU; a GPU shard keeps its cache in its own type"};
   if (cfg.spec.method == spec_method::draft || cfg.spec.method == spec_method::early_exit)
     return error{"on a GPU, speculative decoding proposes by n-gram only"};
-  if (cfg.sched.eviction.enabled()) return error{*why_no_eviction(m, cfg.spec, true)};
   if (auto st = check(m, cfg); !st) return st.err();
-  cfg.sched.no_eviction = *why_no_eviction(m, cfg.spec, true);
   cfg = complete(cfg, m);
   cuda_shard_options o;
   o.device = where.device;

@@ -204,12 +204,14 @@ TEST_CASE("node plans: [kv] eviction reaches each scheduler, and is refused wher
   REQUIRE(refusing.has_value());
   CHECK(refusing->schedulers[0].setup.config.no_eviction.find("n-gram speculation only") != std::string::npos);
 
-  // GPU shards export no attention figures.
+  // GPU shards sum attention and compact as CPU ones do.
   t.speculative = {};
   t.replicas[0].stages[1].devices = {"cuda:0"};
+  t.scheduler.eviction = {kv_policy::streaming, 128, 4, -1, 16};
   auto gpu = plan_node(t, l.m, l.tok, "n0");
   REQUIRE(gpu.has_value());
-  CHECK(gpu->schedulers[0].setup.config.no_eviction == "KV eviction runs on CPU shards only");
+  CHECK(gpu->schedulers[0].setup.config.no_eviction.empty());
+  CHECK(gpu->schedulers[0].setup.config.eviction.policy == kv_policy::streaming);
 }
 
 }  // namespace troupe::tools

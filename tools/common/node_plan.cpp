@@ -129,10 +129,7 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
     scheduler_setup& s = p.schedulers.back().setup;
     s.spec = *spec;
     // KV eviction: the deployment's default, or requests' own, where the replica can run it.
-    const bool gpu = std::any_of(r.stages.begin(), r.stages.end(), [](const stage_spec& st) {
-      return std::any_of(st.devices.begin(), st.devices.end(), [](const std::string& d) { return d != "cpu"; });
-    });
-    s.config.no_eviction = llm_engine::why_no_eviction(m, *spec, gpu).value_or("");
+    s.config.no_eviction = llm_engine::why_no_eviction(m, *spec).value_or("");
     const kv_eviction_config& ev = t.scheduler.eviction;
     if (ev.enabled() && !s.config.no_eviction.empty())
       return error{t.path + ": [kv] policy " + std::string(kv_policy_name(ev.policy)) + " in replica '" + r.name +

@@ -155,6 +155,46 @@ TEST_CASE("the engine loop on a GPU (FP32): every reference prompt at once, toke
   }
 }
 
+TEST_CASE("the engine loop on a GPU (FP32) under KV eviction: each policy's greedy tokens are the CPU engine's") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const char* prompts[] = {"Once upon a time", "Lily and Tom went to the", "The cat", "One day"};
+  const kv_eviction_config policies[] = {{kv_policy::h2o, 48, -1, -1, 16},
+                                         {kv_policy::scissorhands, 40, -1, 16, 8},
+                                         {kv_policy::streaming, 32, 4, -1, 16},
+                                         {kv_policy::h2o, 64, -1, 24, 16}};
+  engine_config cfg;
+  cfg.sched.kv.num_blocks = 64;
+  cfg.sched.max_step_tokens = 64;
+  auto run = [&](llm_engine& e) {
+    for (size_t i = 0; i < std::size(prompts); ++i) {
+      request_params p;
+      p.prompt = l.tok.encode(prompts[i], true);
+      p.sampling.temperature = 0.0f;
+      p.max_tokens = 200;
+      p.ignore_eos = true;
+      p.eviction = policies[i];
+      REQUIRE(e.add_request(request_id{i}, std::move(p)).has_value());
+    }
+    std::vector<std::vector<int32_t>> ids(std::size(prompts));
+    for (int step = 0; step < 10000 && e.has_unfinished(); ++step)
+      for (const step_output& o : e.step()) ids[o.id.value].insert(ids[o.id.value].end(), o.new_tokens.begin(), o.new_tokens.end());
+    return ids;
+  };
+  llm_engine cpu(l.m, l.tok, cfg);
+  const auto want = run(cpu);
+  auto gpu = llm_engine::on_gpu(l.m, l.tok, cfg, gpu_placement{0, dtype::f32});
+  REQUIRE_MESSAGE(gpu.has_value(), (gpu ? "" : gpu.err().message));
+  const auto got = run(**gpu);
+  CHECK((*gpu)->stats().evicted_tokens == cpu.stats().evicted_tokens);
+  CHECK(cpu.stats().evicted_tokens > 0);
+  for (size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(prompts[i]);
+    CAPTURE(first_difference(got[i], want[i]));
+    CHECK(got[i].size() == 200);
+    CHECK(got[i] == want[i]);
+  }
+}
+
 TEST_CASE("GPU BF16 path: graph replays give the kernel-by-kernel logits bit for bit, GEMV and cuBLAS agree") {
   // stories260K's shape with a hidden size the GEMV takes (a multiple of 8), random BF16
   // weights. Three sequences: a prompt each in one step of 10 tokens (cuBLAS: more rows

@@ -308,6 +308,30 @@ TEST_CASE("an evicting request takes prefix hits below its budget, and copies th
   CHECK(m.pool().ref_count(block_id{0}) == 1);
   CHECK(ids(m.match_prefix(prompt, 0)) == std::vector<uint32_t>{0, 1, 2});
 
+  // A cached prefix only the evicting request holds is copied too, and stays cached: its
+  // old block is held until the next grant (the compaction reads it first), then free.
+  kv_block_manager alone(12, bs, true);
+  q.claims = {{request_id{1}, true, 0, 0, 0, prompt}};
+  REQUIRE(alone.grant(q).has_value());
+  q.releases = {request_id{1}};
+  q.claims = {admit};
+  REQUIRE(alone.grant(q).has_value());
+  q.releases.clear();
+  CHECK(table(alone, 2) == std::vector<uint32_t>{0, 1, 4});
+  const uint32_t free_before = alone.num_free_blocks();
+  q.claims = {run};
+  g = alone.grant(q);
+  REQUIRE(g.has_value());
+  REQUIRE(g->grants.size() == 1);
+  CHECK(table(alone, 2)[0] != 0);
+  CHECK(table(alone, 2)[1] != 1);
+  CHECK(alone.num_free_blocks() == free_before - 2);  // the copies; 0 and 1 held still
+  CHECK(alone.pool().ref_count(block_id{0}) == 1);
+  q.claims.clear();
+  REQUIRE(alone.grant(q).has_value());  // the next step's
+  CHECK(alone.pool().ref_count(block_id{0}) == 0);
+  CHECK(ids(alone.match_prefix(prompt, 0)) == std::vector<uint32_t>{0, 1, 2});
+
   // Copies need free blocks: with none left, the claim waits (nothing changes).
   kv_block_manager tight(5, bs, true);
   q.claims = {{request_id{1}, true, 0, 0, 0, prompt}};
