@@ -272,6 +272,20 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
 }
 
 step_plan scheduler::end_step(step_draft& d) {
+  // A compaction goes with its request's grant: one without (the request waits for blocks,
+  // or the budget ran out first) is taken back, so no block it shares is written in place.
+  for (const step_draft::kept_before& b : d.compacted) {
+    const bool granted = std::any_of(d.plan.chunks.begin(), d.plan.chunks.end(),
+                                     [&](const scheduled_chunk& c) { return c.id == b.id; });
+    const auto it = std::find_if(d.plan.compactions.begin(), d.plan.compactions.end(),
+                                 [&](const planned_compaction& c) { return c.id == b.id; });
+    request* r = find(b.id);
+    if (granted || it == d.plan.compactions.end() || !r) continue;
+    evicted_tokens_ -= static_cast<uint64_t>(r->evicted - b.evicted);
+    r->kept = b.kept;
+    r->evicted = b.evicted;
+    d.plan.compactions.erase(it);
+  }
   for (planned_compaction& c : d.plan.compactions)
     if (const request* r = find(c.id); r && r->blocks != c.block_table) c.new_table = r->blocks;
   return std::move(d.plan);
@@ -419,6 +433,7 @@ void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
   c.block_table = r.blocks;
   c.kept = r.kept.choose(e, keep);
   c.rotate = e.rope_in_cache();
+  d.compacted.push_back({r.id, r.kept, r.evicted});
   r.kept.retain(c.kept);
   r.evicted += slots - keep;
   evicted_tokens_ += slots - keep;

@@ -81,6 +81,14 @@ struct step_draft {
   std::unordered_set<request_id> blocked;      // out of blocks, with only requests in flight
                                                // to give way: they wait for the next step
   std::vector<std::pair<request_id, bool>> sent;  // the last claims: id, admission
+  // KV eviction: what each request that compacts this step knew of its cache before; a
+  // compaction whose claim is not granted (blocked, or past the budget) is taken back.
+  struct kept_before {
+    request_id id;
+    kv_eviction_state kept;
+    int32_t evicted = 0;
+  };
+  std::vector<kept_before> compacted;
 };
 
 class scheduler {

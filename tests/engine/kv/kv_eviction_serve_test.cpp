@@ -244,6 +244,58 @@ TEST_CASE("n-gram speculation under a KV budget: drafts verified, every request 
   }
 }
 
+TEST_CASE("a compaction whose claim is not granted is taken back, and comes again with the next grant") {
+  scheduler_config cfg;
+  cfg.max_step_tokens = 64;
+  cfg.kv.num_blocks = 32;
+  cfg.kv.block_size = 4;
+  cfg.context = 512;
+  cfg.vocab = 512;
+  cfg.remote_kv = true;
+  cfg.eviction = {kv_policy::h2o, 8, -1, -1, 16};
+  scheduler s(cfg, test::tok512());
+  kv_block_manager m(cfg.kv.num_blocks, cfg.kv.block_size, true);  // the block manager elsewhere
+  request_params p;
+  p.prompt = {1, 100, 101, 102, 103, 104};
+  p.max_tokens = 30;
+  p.ignore_eos = true;
+  p.sampling.temperature = 0.0f;
+  REQUIRE(s.add(request_id{1}, p).has_value());
+  bool refused_once = false, compacted_after = false;
+  for (int step = 0; step < 40 && s.has_unfinished(); ++step) {
+    step_draft d = s.begin_step();
+    const int32_t evicted_before = s.find(request_id{1})->evicted;
+    const uint64_t total_before = s.evicted_tokens();
+    bool refused = false;
+    while (auto q = s.next_claims(d)) {
+      const bool rewrites = !q->claims.empty() && q->claims[0].rewrite_from >= 0;
+      if (rewrites && !refused_once) {
+        // The step's budget is spent before this claim: no grant, nothing changed elsewhere.
+        refused = refused_once = true;
+        s.apply(d, kv_step_grants{});
+        continue;
+      }
+      auto g = m.grant(*q);
+      REQUIRE_MESSAGE(g.has_value(), (g ? "" : g.err().message));
+      compacted_after = compacted_after || (refused_once && rewrites);
+      s.apply(d, std::move(g).value());
+    }
+    step_plan plan = s.end_step(d);
+    if (refused) {
+      CHECK(plan.compactions.empty());
+      CHECK(plan.chunks.empty());
+      CHECK(s.find(request_id{1})->evicted == evicted_before);
+      CHECK(s.evicted_tokens() == total_before);
+    }
+    std::vector<sample_result> samples(static_cast<size_t>(plan.num_samples()));
+    for (auto& x : samples) x.token = 105;
+    s.update_from_output(plan, samples);
+  }
+  CHECK(refused_once);
+  CHECK(compacted_after);
+  CHECK_FALSE(s.has_unfinished());
+}
+
 TEST_CASE("streaming decodes past the model's context, and the other policies stop at it") {
   const auto& l = stories();
   const int32_t context = l.m.config.max_seq_len;
