@@ -27,6 +27,7 @@
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
 #include "tools/troupe-launch/chaos.hpp"
+#include "tools/troupe-launch/export.hpp"
 #include "tools/troupe-launch/processes.hpp"
 
 using namespace troupe;
@@ -50,7 +51,11 @@ int main(int argc, char** argv) {
       "  troupe-launch down deploy/pp2.toml     drain the gateway, stop every node\n"
       "  troupe-launch chaos deploy/pp2x2.toml --events 20 --seed 7\n"
       "                                         kill actors, SIGKILL and SIGSTOP nodes at random;\n"
-      "                                         print how fast each failure is noticed and repaired\n",
+      "                                         print how fast each failure is noticed and repaired\n"
+      "  troupe-launch export systemd deploy/pp2.toml --out units/\n"
+      "  troupe-launch export k8s deploy/pp2.toml --out manifests/ --image registry/troupe:1\n"
+      "                                         write systemd units, or Kubernetes manifests, for\n"
+      "                                         every node (deploy/README.md walks through both)\n",
       "troupe-launch"};
   app.require_subcommand(1);
   std::string topology, state_dir = "/tmp/troupe-launch-" + std::to_string(getuid()), capnp, http, node_bin;
@@ -75,6 +80,19 @@ int main(int argc, char** argv) {
     sub->add_option("topology", topology, "topology file (deploy/*.toml)")->required();
     sub->add_option("--state-dir", state_dir, "where node logs and the process table live")->capture_default_str();
   }
+  auto* exporter = app.add_subcommand("export", "write systemd units or Kubernetes manifests for every node");
+  std::string export_kind, export_out;
+  tools::export_options xopt;
+  exporter->add_option("kind", export_kind, "systemd or k8s")->required()->check(CLI::IsMember({"systemd", "k8s"}));
+  exporter->add_option("topology", topology, "topology file (deploy/*.toml)")->required();
+  exporter->add_option("--out", export_out, "directory the files go to (made if missing)")->required();
+  exporter->add_option("--topology-path", xopt.topology_file,
+                       "systemd: where the units read the topology (default: its absolute path here)");
+  exporter->add_option("--bin-dir", xopt.bin_dir, "systemd: where troupe-node is installed")->capture_default_str();
+  exporter->add_option("--user", xopt.user, "systemd: the user the nodes run as (default: the service manager's)");
+  exporter->add_option("--image", xopt.image, "k8s: the container image with troupe-node on its PATH")->capture_default_str();
+  exporter->add_option("--models-claim", xopt.models_claim, "k8s: the PersistentVolumeClaim holding the model files")
+      ->capture_default_str();
   bool with_actors = false;
   status->add_flag("--actors", with_actors, "also list every node's supervised actors (alive, restarts)");
   up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)")
@@ -89,6 +107,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-launch: %s\n", topo.err().message.c_str());
     return 1;
   }
+  if (exporter->parsed()) return tools::run_export(*topo, topology, export_kind, export_out, xopt);
   std::error_code ec;
   fs::create_directories(state_dir, ec);
   const std::string table = state_file(state_dir, topology);
