@@ -114,6 +114,7 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
   replica_slot& rep = st.replicas[k];
   if (rep.sched) self->demonitor(rep.sched);
   rep.sched = caf::actor{};
+  st.note("replica " + rep.addr.name + " lost: " + why);
   auto acts = st.core->replica_lost(k, why, self->clock().now());
   if (!acts.sends.empty() || !acts.ends.empty())
     std::fprintf(stderr, "troupe: replica %s lost (%s): %zu request(s) resubmitted\n", rep.addr.name.c_str(), why.c_str(),
@@ -126,6 +127,8 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
 
 void health_of(self_ptr self, size_t k, bool ready, const std::string& detail) {
   auto& st = self->state;
+  if (st.core->replica(k).ready != ready)
+    st.note("replica " + st.replicas[k].addr.name + (ready ? " ready" : " not ready" + (detail.empty() ? "" : ": " + detail)));
   carry_out(self, st.core->replica_health(k, ready, detail, self->clock().now()));
   const uint32_t now_ready = st.core->num_ready();
   auto& waiters = st.ready_waiters;
@@ -268,6 +271,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
             health_of(self, k, ready, ready ? "" : "recovering");
       },
       [self](metrics_atom) { return render_metrics(self->state); },
+      [self](status_atom) { return render_status(self->state); },
       [self](tick_atom) {
         auto& st = self->state;
         for (size_t k = 0; k < st.replicas.size(); ++k) poll_one(self, k);

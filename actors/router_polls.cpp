@@ -4,6 +4,8 @@
 // (router_state.hpp).
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/agent_link.hpp"
 #include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
@@ -74,8 +76,15 @@ void poll_one(self_ptr self, size_t k) {
   const caf::actor_addr asked = rep.sched.address();
   self->request(rep.sched, std::chrono::seconds(1), health_atom_v)
       .then(
-          [self, k, asked](bool ready, uint32_t, uint32_t, uint32_t, uint32_t, const std::string& detail) {
-            if (self->state.replicas[k].sched.address() == asked) health_of(self, k, ready, detail);
+          [self, k, asked](bool ready, uint32_t used, uint32_t free, uint32_t running, uint32_t waiting,
+                           const std::string& detail) {
+            replica_slot& rep = self->state.replicas[k];
+            if (rep.sched.address() != asked) return;
+            rep.kv_used = used;
+            rep.kv_free = free;
+            rep.running = running;
+            rep.waiting = waiting;
+            health_of(self, k, ready, detail);
           },
           [self, k, asked](caf::error&) {
             if (self->state.replicas[k].sched.address() == asked) health_of(self, k, false, "the scheduler does not answer");
@@ -206,6 +215,39 @@ std::string render_metrics(const router_state& st) {
   for (auto& n : st.nodes)
     if (n.answered) out.sample("troupe_actor_restarts_total", {{"node", n.addr.name}}, n.restarts);
   return out.str();
+}
+
+std::string render_status(const router_state& st) {
+  using clock = std::chrono::system_clock;
+  auto seconds = [](clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
+  nlohmann::json j;
+  j["now"] = seconds(clock::now());
+  j["started"] = seconds(st.started);
+  j["outages"] = st.core->outages();
+  j["failovers"] = st.core->failovers();
+  j["resubmitted"] = st.core->resubmitted();
+  j["replicas"] = nlohmann::json::array();
+  for (size_t k = 0; k < st.replicas.size(); ++k) {
+    const replica_slot& rep = st.replicas[k];
+    const auto& view = st.core->replica(k);
+    j["replicas"].push_back({{"name", rep.addr.name},
+                             {"ready", view.ready},
+                             {"found", view.found},
+                             {"detail", view.detail},
+                             {"active", view.active},
+                             {"kv_used", rep.kv_used},
+                             {"kv_free", rep.kv_free},
+                             {"running", rep.running},
+                             {"waiting", rep.waiting}});
+  }
+  j["nodes"] = nlohmann::json::array();
+  for (const node_slot& n : st.nodes)
+    j["nodes"].push_back({{"name", n.addr.name}, {"answered", n.answered}, {"restarts", n.restarts}});
+  j["events"] = nlohmann::json::array();
+  for (const router_event& e : st.events) j["events"].push_back({{"at", seconds(e.at)}, {"what", e.what}});
+  return j.dump();
 }
 
 }  // namespace troupe::router_actor_impl

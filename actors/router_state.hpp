@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <chrono>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -35,6 +37,14 @@ struct replica_slot {
   uint64_t evicted_base = 0;
   std::vector<uint64_t> eviction_now = {};
   caf::actor_addr counted = {};  // the scheduler the *_now counts are of
+  // What its scheduler last said of itself, for the status page.
+  uint32_t kv_used = 0, kv_free = 0, running = 0, waiting = 0;
+};
+
+// A change the status page lists: a replica ready or not (and why), lost, or found.
+struct router_event {
+  std::chrono::system_clock::time_point at;
+  std::string what;
 };
 
 // Where a request's messages go, and the frame it came in (sent again on resubmission).
@@ -63,6 +73,14 @@ struct router_state {
   uint64_t ticks = 0;
   // Callers waiting for at least so many replicas to be ready.
   std::vector<std::pair<uint32_t, caf::response_promise>> ready_waiters;
+  std::deque<router_event> events;  // the latest, oldest first (at most max_events)
+  static constexpr size_t max_events = 32;
+  std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
+
+  void note(std::string what) {
+    events.push_back({std::chrono::system_clock::now(), std::move(what)});
+    if (events.size() > max_events) events.pop_front();
+  }
 };
 
 using self_ptr = caf::stateful_actor<router_state>*;
@@ -75,5 +93,7 @@ void health_of(self_ptr self, size_t k, bool ready, const std::string& detail);
 void poll_one(self_ptr self, size_t k);
 void poll_nodes(self_ptr self);
 std::string render_metrics(const router_state& st);
+// The status page's figures, as JSON (actors/gateway/status_page.hpp).
+std::string render_status(const router_state& st);
 
 }  // namespace troupe::router_actor_impl

@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusplus-dev capnproto libcapnp-dev libcaf-dev libspdlog-dev
           libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev curl python3 prometheus
           python3-torch   # (the model families' test compares logits with a torch reference)
-          systemd python3-yaml)  # (troupe-launch export's test verifies units, reads manifests)
+          systemd python3-yaml   # (troupe-launch export's test verifies units, reads manifests)
+          chromium)              # (the status page's test renders it headless)
 # The HTTP API's test drives it with the official openai npm package.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

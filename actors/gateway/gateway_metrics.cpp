@@ -77,4 +77,23 @@ std::string gateway_metrics::render(const router_stats& st) const {
   return out.str();
 }
 
+gateway_figures gateway_metrics::figures() const {
+  gateway_figures f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const char* o : request_outcomes) {
+      auto it = outcomes_.find(o);
+      f.outcomes[o] = it == outcomes_.end() ? 0 : it->second;
+    }
+    f.prompt_tokens = tokens_in_;
+    f.output_tokens = tokens_out_;
+    f.timed = ttft_.n;
+    f.ttft_mean_s = ttft_.n ? ttft_.sum / static_cast<double>(ttft_.n) : 0.0;
+    f.tpot_mean_s = tpot_.n ? tpot_.sum / static_cast<double>(tpot_.n) : 0.0;
+  }
+  f.http_open = connections_open(api::http);
+  f.capnp_open = connections_open(api::capnp);
+  return f;
+}
+
 }  // namespace troupe

@@ -34,6 +34,15 @@ struct request_times {
   clock::time_point start = clock::now(), first{}, last{};
 };
 
+// The gateway's figures since it started, for the status page.
+struct gateway_figures {
+  std::map<std::string, uint64_t> outcomes;  // requests by troupe_requests_total's outcome
+  uint64_t prompt_tokens = 0, output_tokens = 0;
+  uint64_t timed = 0;                        // requests with a first token
+  double ttft_mean_s = 0, tpot_mean_s = 0;
+  int64_t http_open = 0, capnp_open = 0;     // client connections now
+};
+
 class gateway_metrics {
  public:
   // A request refused before it ran ("invalid", "rejected").
@@ -54,6 +63,7 @@ class gateway_metrics {
 
   // Everything, with the router's running, waiting and KV figures.
   std::string render(const router_stats& st) const;
+  gateway_figures figures() const;
 
  private:
   mutable std::mutex mu_;

@@ -1,4 +1,5 @@
 #include "actors/gateway/http_gateway.hpp"
+#include "actors/gateway/status_page.hpp"
 
 #include <cctype>
 #include <cstdio>
@@ -15,7 +16,9 @@ namespace {
 std::string route_method(const std::string& path) {
   if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize")
     return "POST";
-  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") return "GET";
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics" ||
+      path == "/status" || path == "/status.json")
+    return "GET";
   return "";
 }
 
@@ -88,6 +91,14 @@ std::string http_gateway::impl::render_metrics() {
                 static_cast<double>(watch->timed_out()));
   out.append(router_metrics);
   return out.str();
+}
+
+std::string http_gateway::impl::render_status() {
+  caf::scoped_actor self{sys};
+  std::string report;
+  self->request(router, std::chrono::seconds(1), status_atom_v)
+      .receive([&](const std::string& json) { report = json; }, [&](caf::error&) {});
+  return status_json(cfg.model_id, report, m->figures(), cfg.layout_json);
 }
 
 http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg)
@@ -205,6 +216,19 @@ expected<uint16_t> http_gateway::start() {
     const router_health h = ask_health(g->sys, g->router, g->draining);
     r.status = h.ready ? 200 : 503;
     r.set_content(openai::health_body(h.ready, h.replicas, h.replicas_ready, h.detail, h.outages), "application/json");
+  }));
+  // The status page: the page itself holds nothing (its figures come from /status.json,
+  // behind the keys); it runs only its own script.
+  srv.Get("/status", arrived([g](const httplib::Request&, httplib::Response& r) {
+    r.set_header("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                            "connect-src 'self'; img-src 'self'");
+    r.set_header("X-Content-Type-Options", "nosniff");
+    r.set_content(status_page_html(g->cfg.model_id), "text/html; charset=utf-8");
+  }));
+  srv.Get("/status.json", arrived([g](const httplib::Request& q, httplib::Response& r) {
+    if (!g->authorized(q, r)) return;
+    r.set_header("Cache-Control", "no-store");
+    r.set_content(g->render_status(), "application/json");
   }));
   srv.Get("/metrics", arrived([g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q, r)) return;

@@ -47,6 +47,8 @@ struct http_config {
   std::vector<std::string> cors_origins;  // browser origins answered with CORS headers ("*": any)
   const tokenizer* tok = nullptr;        // token texts in log-probability listings
   std::shared_ptr<gateway_metrics> metrics;  // what /metrics counts (none: the gateway's own)
+  std::string layout_json;               // the deployment's replicas and their stages, as
+                                         // /status.json shows them (a JSON array)
 };
 
 // The connections served at once: max_connections, and never fewer than the requests

@@ -97,6 +97,7 @@ struct http_gateway::impl {
   // A POST route's handler, by its path (none for an unknown path).
   void post(const httplib::Request& req, httplib::Response& res);
   std::string render_metrics();
+  std::string render_status();
 };
 
 }  // namespace troupe

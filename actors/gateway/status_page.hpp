@@ -1,0 +1,23 @@
+// The status page: GET /status serves one small HTML page, with no external assets, that
+// fetches GET /status.json every 2 s and renders it: the deployment (each replica's
+// stages), each replica's health, KV use and batch, request and token rates, recent
+// failures and restarts. /status.json is behind the API keys, as the API is; the page
+// sends the key it is given in its address's fragment (/status#key=KEY: a fragment never
+// reaches a server or its logs) or in its form, and keeps it for the browser tab.
+#pragma once
+
+#include <string>
+
+#include "actors/gateway/gateway_metrics.hpp"
+#include "actors/gateway/router_calls.hpp"
+
+namespace troupe {
+
+std::string status_page_html(const std::string& model_id);
+
+// The figures: the router's report (render_status's JSON), the gateway's own, and the
+// deployment's layout (a JSON array of replicas with their stages; may be empty).
+std::string status_json(const std::string& model_id, const std::string& router_json, const gateway_figures& g,
+                        const std::string& layout_json);
+
+}  // namespace troupe
