@@ -4,7 +4,11 @@
 namespace troupe {
 
 std::string request_outcome(finish_reason r, const std::string& error, error_code kind, bool timed_out) {
-  if (!error.empty()) return kind == error_code::unavailable && !timed_out ? "unavailable" : "error";
+  if (!error.empty()) {
+    if (timed_out) return "error";
+    if (kind == error_code::unavailable) return "unavailable";
+    return kind == error_code::invalid ? "invalid" : "error";  // (refused by the scheduler: a 400)
+  }
   switch (r) {
     case finish_reason::stop: return "stop";
     case finish_reason::length: return "length";

@@ -139,14 +139,23 @@ std::optional<api_error> refuse_unsupported(const json& j) {
 // The body as a JSON object, or why it is not one.
 std::variant<json, api_error> body_object(const std::string& body) {
   json j;
+  std::string field;  // the top-level key being read, to name it when its value cannot be
+  const json::parser_callback_t track = [&field](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && parsed.is_string()) field = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = json::parse(body);
+    j = json::parse(body, track);
   } catch (const json::parse_error& e) {
     // The parser's message, without the text it last read (which can be the whole body).
     std::string what = e.what();
     if (const size_t cut = what.find("; last read"); cut != std::string::npos) what.resize(cut);
     if (what.size() > 200) what.resize(200);
     return bad("the body is not valid JSON: " + what, "");
+  } catch (const json::out_of_range&) {
+    // A number no double holds (1e309): JSON allows it, nothing here can take it.
+    if (field.empty()) return bad("the body holds a number out of range", "");
+    return bad("'" + field.substr(0, 40) + "' holds a number out of range", field.substr(0, 40));
   }
   if (!j.is_object()) return bad("the body must be a JSON object", "");
   return j;

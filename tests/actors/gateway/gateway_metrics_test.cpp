@@ -70,3 +70,31 @@ TEST_CASE("gateway metrics: each API's connections open now and closed to make r
   CHECK(out.find("# TYPE troupe_connections_open gauge\n") != std::string::npos);
   CHECK(out.find("# TYPE troupe_connections_shed_total counter\n") != std::string::npos);
 }
+
+TEST_CASE("gateway metrics: a request's outcome by how it ended, refusals of the scheduler counted invalid") {
+  CHECK(request_outcome(finish_reason::stop, "", error_code::internal, false) == "stop");
+  CHECK(request_outcome(finish_reason::length, "", error_code::internal, false) == "length");
+  CHECK(request_outcome(finish_reason::aborted, "", error_code::internal, false) == "cancelled");
+  // A prompt past the context, a token id outside the vocabulary: the client's mistake.
+  CHECK(request_outcome(finish_reason::none, "token id 99999 is outside the vocabulary", error_code::invalid, false) ==
+        "invalid");
+  CHECK(request_outcome(finish_reason::none, "no replica", error_code::unavailable, false) == "unavailable");
+  CHECK(request_outcome(finish_reason::none, "a stage failed", error_code::internal, false) == "error");
+  CHECK(request_outcome(finish_reason::none, "too slow", error_code::unavailable, true) == "error");  // the gateway's deadline
+  // The figures the status page reads.
+  gateway_metrics m;
+  m.refused("invalid");
+  request_times t;
+  t.first = t.start + std::chrono::milliseconds(20);
+  t.last = t.start + std::chrono::milliseconds(60);
+  m.finished("length", 5, 9, t);
+  const gateway_figures f = m.figures();
+  CHECK(f.outcomes.at("invalid") == 1);
+  CHECK(f.outcomes.at("length") == 1);
+  CHECK(f.outcomes.at("error") == 0);
+  CHECK(f.prompt_tokens == 5);
+  CHECK(f.output_tokens == 9);
+  CHECK(f.timed == 1);
+  CHECK(f.ttft_mean_s == doctest::Approx(0.020).epsilon(0.01));
+  CHECK(f.tpot_mean_s == doctest::Approx(0.005).epsilon(0.01));
+}

@@ -305,6 +305,25 @@ TEST_CASE("kv_eviction: a request's own policy and budget, past the context with
   }
 }
 
+TEST_CASE("a number no double holds is a 400 naming its field, not a server error") {
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model":"m","prompt":"a","temperature":1e309})", "temperature"},
+           {R"({"model":"m","prompt":1e999999})", "prompt"},
+           {R"({"model":"m","prompt":"a","max_tokens":-1e999})", "max_tokens"},
+           {R"({"model":"m","prompt":"a","logit_bias":{"5":1e400}})", "logit_bias"}}) {
+    CAPTURE(body);
+    auto got = parse(body, false);
+    REQUIRE(std::holds_alternative<openai::api_error>(got));
+    const auto& e = std::get<openai::api_error>(got);
+    CHECK(e.status == 400);
+    CHECK(e.param == field);
+    CHECK(e.message == "'" + field + "' holds a number out of range");
+  }
+  auto top = parse("[1e999]", false);
+  REQUIRE(std::holds_alternative<openai::api_error>(top));
+  CHECK(std::get<openai::api_error>(top).status == 400);
+}
+
 TEST_CASE("an integer field takes a whole number written as a float, and nothing else") {
   auto r = parse(R"({"model":"m","prompt":"a","max_tokens":5.0,"n":2.0})", false);
   REQUIRE(std::holds_alternative<openai::api_request>(r));
