@@ -22,6 +22,10 @@
 // or staged through host memory) leaves every rank with the residual plus all the
 // partials. Rank 0 alone runs the head.
 //
+// KV eviction (cuda_shard_eviction.hpp): compactions run before a step's layers, and a
+// step whose sequences ask for attention sums adds each layer's to them after its
+// attention, then brings them back.
+//
 // Between neighbouring GPU stages a device link (nccl_group.hpp) carries the hidden states
 // over NCCL instead of through the host: the earlier stage's rank 0 queues a send to every
 // rank of the next and answers once its computation is done, without waiting for the send
@@ -37,6 +41,7 @@
 #include <utility>
 
 #include "engine/forward/collective.hpp"
+#include "engine/forward/cuda_shard_eviction.hpp"
 #include "engine/forward/cuda_shard_parts.hpp"
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
@@ -47,7 +52,6 @@
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/gemv.hpp"
-#include "kernels/cuda/kv_eviction.hpp"
 #include "kernels/cuda/paged_attention.hpp"
 #include "kernels/cuda/prefill_attention.hpp"
 #include "kernels/cuda/rmsnorm.hpp"
@@ -137,6 +141,7 @@ class cuda_transformer_shard final : public forward_shard {
     tables_ = reinterpret_cast<uint32_t*>(rows_ + 3 * n);
     workspace_ = cuda::buffer<float>(cuda::paged_attention_workspace(static_cast<int32_t>(n), heads_, hd,
                                                                      cfg_.max_seq_len - 1, o.attention_split));
+    eviction_ = std::make_unique<cuda_shard_eviction>(o.num_blocks, o.block_size, max_table_, heads_, kv_heads_, hd);
     // The uploads and memsets ran on the default stream, which a non-blocking stream does
     // not wait for: finish them all before the first step.
     cuda::check(cudaDeviceSynchronize(), "shard set-up");
@@ -208,7 +213,12 @@ class cuda_transformer_shard final : public forward_shard {
     if (n == 0 && batch.compactions.empty()) return;  // (an empty step sends nothing over a link either)
     TROUPE_ASSERT(n <= opt_.max_step_tokens, n, opt_.max_step_tokens);
     cuda::check(cudaSetDevice(opt_.device), "cudaSetDevice");
-    for (const kv_compaction& c : batch.compactions) compact(c);
+    if (!batch.compactions.empty()) {
+      caches_.clear();
+      for (auto& l : layers_) caches_.push_back({l.k.get(), l.v.get(), opt_.num_blocks, kv_heads_, opt_.block_size, cfg_.head_dim});
+      for (const kv_compaction& c : batch.compactions)
+        eviction_->compact(c, caches_, freqs_.get(), cfg_.rope_dim, cfg_.rope, stream_);
+    }
     if (n == 0) return wait_for(nullptr);
     // Links the stage has ended since (a new link is coming, or a peer failed) are dropped
     // before they are used; dropping one ends a send of the last step no one will receive.
@@ -274,16 +284,13 @@ class cuda_transformer_shard final : public forward_shard {
                   "copy to the device");
     }
     const int32_t splits = cuda::paged_attention_splits(max_position, opt_.attention_split);
-    const int64_t mass_values = stage_mass(batch);
-    if (n <= opt_.graph_max_tokens && !tp_ && mass_values == 0)
+    // (A step that sums attention for KV eviction runs its kernels one by one.)
+    const bool attention = eviction_->stage(batch, stream_) > 0;
+    if (n <= opt_.graph_max_tokens && !tp_ && !attention)
       replay(n, splits, max_position, num_rows);
     else
       enqueue_step(n, max_position, num_rows);
-    if (mass_values > 0) {
-      // Every shard of a stage summed its own heads: the stage's sums after this.
-      if (tp_) tp_->all_reduce_sum(mass_.get(), mass_values, stream_);
-      copy_out(mass_staging_.data(), mass_.get(), static_cast<size_t>(mass_values));
-    }
+    eviction_->fetch(tp_.get(), stream_);
     if (num_rows > 0 && choosing_)
       copy_out(next, ids_.get(), size_t(num_rows));
     else if (num_rows > 0)
@@ -294,89 +301,11 @@ class cuda_transformer_shard final : public forward_shard {
       cuda::check(cudaEventRecord(computed_, stream_), "cudaEventRecord");
       on_link(link_out_, [&](nccl_member& l) { l.send_to_all(x_.get(), int64_t{n} * cfg_.dim, stream_); });
       wait_for(computed_);
-      return add_mass(batch, mass_values);
+      return eviction_->add_to(batch);
     } else if (!is_last_stage())
       copy_out(hidden, x_.get(), size_t(n) * cfg_.dim);
     wait_for(nullptr);
-    add_mass(batch, mass_values);
-  }
-
-  // KV eviction: the sequences of `batch` whose attention it sums, staged for the layers'
-  // attention_mass launches (mass_ zeroed); how many sums that makes (0: none).
-  int64_t stage_mass(const step_batch& batch) {
-    mass_seqs_.clear();
-    if (!batch.wants_attention()) return 0;
-    int32_t t = 0, out = 0;
-    max_seen_ = 0;
-    for (const auto& sq : batch.sequences) {
-      if (sq.attention_mass) {
-        const int32_t rows = attention_mass_rows(sq.num_tokens), seen = sq.start_pos + sq.num_tokens;
-        static_assert(attention_mass_queries == cuda::attention_mass_max_queries);
-        mass_seqs_.push_back({t + sq.num_tokens - rows, rows, seen, out});
-        out += seen;
-        max_seen_ = std::max(max_seen_, seen);
-      }
-      t += sq.num_tokens;
-    }
-    const auto seqs = static_cast<int32_t>(mass_seqs_.size());
-    if (mass_seq_buffer_.size() < mass_seqs_.size()) mass_seq_buffer_ = cuda::buffer<cuda::mass_sequence>(mass_seqs_.size());
-    if (mass_.size() < static_cast<size_t>(out)) mass_ = cuda::buffer<float>(static_cast<size_t>(out));
-    if (mass_stats_.size() < cuda::attention_mass_workspace(seqs, heads_))
-      mass_stats_ = cuda::buffer<float>(cuda::attention_mass_workspace(seqs, heads_));
-    mass_staging_.resize(static_cast<size_t>(out));
-    copy_in(mass_seq_buffer_.get(), mass_seqs_.data(), mass_seqs_.size());
-    cuda::check(cudaMemsetAsync(mass_.get(), 0, sizeof(float) * static_cast<size_t>(out), stream_), "cudaMemsetAsync");
-    return out;
-  }
-
-  // The stage's sums, come back: added to what each sequence's sums held.
-  void add_mass(const step_batch& batch, int64_t values) {
-    if (values == 0) return;
-    size_t j = 0;
-    for (const auto& sq : batch.sequences) {
-      if (!sq.attention_mass) continue;
-      const cuda::mass_sequence& m = mass_seqs_[j++];
-      for (int32_t p = 0; p < m.seen; ++p) sq.attention_mass[p] += mass_staging_[static_cast<size_t>(m.out + p)];
-    }
-  }
-
-  // KV eviction: the kept slots of a sequence move down (into the new table where blocks
-  // were replaced by copies), in every layer; each slot that changes place moves once.
-  void compact(const kv_compaction& c) {
-    const int32_t bs = opt_.block_size;
-    auto fits = [&](std::span<const block_id> t) {
-      for (block_id b : t) TROUPE_ASSERT(b.value < static_cast<uint32_t>(opt_.num_blocks), b.value, opt_.num_blocks);
-      return static_cast<int32_t>(t.size()) <= max_table_;
-    };
-    const std::span<const block_id> to_table = c.new_table.empty() ? c.block_table : c.new_table;
-    TROUPE_ASSERT(fits(c.block_table) && fits(to_table), c.block_table.size(), to_table.size());
-    TROUPE_ASSERT(static_cast<int64_t>(to_table.size()) * bs >= static_cast<int64_t>(c.kept.size()), to_table.size());
-    moves_.clear();
-    for (size_t i = 0; i < c.kept.size(); ++i) {
-      const int32_t from = c.kept[i], to = static_cast<int32_t>(i);
-      TROUPE_ASSERT(from >= to && from < static_cast<int64_t>(c.block_table.size()) * bs &&
-                        (i == 0 || from > c.kept[i - 1]),
-                    i, from);
-      if (from == to && to_table[to / bs] == c.block_table[from / bs]) continue;
-      moves_.push_back({from, to});
-    }
-    if (moves_.empty()) return;
-    // The two tables and the moves, in one copy.
-    compact_staging_.assign(2 * static_cast<size_t>(max_table_) + 2 * moves_.size(), 0u);
-    for (size_t b = 0; b < c.block_table.size(); ++b) compact_staging_[b] = c.block_table[b].value;
-    for (size_t b = 0; b < to_table.size(); ++b) compact_staging_[max_table_ + b] = to_table[b].value;
-    std::memcpy(compact_staging_.data() + 2 * max_table_, moves_.data(), sizeof(cuda::slot_move) * moves_.size());
-    if (compact_inputs_.size() < compact_staging_.size()) compact_inputs_ = cuda::buffer<uint32_t>(compact_staging_.size());
-    copy_in(compact_inputs_.get(), compact_staging_.data(), compact_staging_.size());
-    const size_t ws = cuda::kv_compact_workspace(static_cast<int32_t>(moves_.size()), kv_heads_, cfg_.head_dim);
-    if (compact_workspace_.size() < ws) compact_workspace_ = cuda::buffer<float>(ws);
-    const uint32_t* src = compact_inputs_.get();
-    const auto* moves = reinterpret_cast<const cuda::slot_move*>(src + 2 * max_table_);
-    for (auto& l : layers_) {
-      const paged_kv_layer cache{l.k.get(), l.v.get(), opt_.num_blocks, kv_heads_, opt_.block_size, cfg_.head_dim};
-      cuda::kv_compact(cache, src, src + max_table_, moves, static_cast<int32_t>(moves_.size()),
-                       c.rotate ? freqs_.get() : nullptr, cfg_.rope_dim, cfg_.rope, compact_workspace_.get(), stream_);
-    }
+    eviction_->add_to(batch);
   }
 
   // Until the stream has run up to `until` (an event; null: all of it). Where NCCL is in
@@ -526,9 +455,7 @@ class cuda_transformer_shard final : public forward_shard {
     else
       cuda::paged_attention(qkv, qkv_dim_, att_.get(), q_dim_, tb, heads, max_position, cache, workspace_.get(),
                             opt_.attention_split, stream_);
-    if (!mass_seqs_.empty())
-      cuda::attention_mass(qkv, qkv_dim_, tb, heads, cache, mass_seq_buffer_.get(), static_cast<int32_t>(mass_seqs_.size()),
-                           max_seen_, mass_stats_.get(), mass_.get(), stream_);
+    eviction_->add_layer(qkv, qkv_dim_, tb, cache, stream_);
     const bool add = adds_residual();
     if (gemv_path) {
       gemv(w.wo, {gemv_input::f32, att_.get()}, x_.get(), n, add);
@@ -584,16 +511,8 @@ class cuda_transformer_shard final : public forward_shard {
   std::unique_ptr<nccl_member> link_in_, link_out_;  // device links to the neighbouring stages
   bool input_from_link_ = false;                     // the next step's input comes over link_in_
   cudaEvent_t computed_ = nullptr;                   // a sending step's work, before its send
-  // KV eviction: the step's sequences whose attention it sums, their sums (on the device
-  // and come back) and the rows' figures; a compaction's tables and moves.
-  std::vector<cuda::mass_sequence> mass_seqs_;
-  int32_t max_seen_ = 0;
-  cuda::buffer<cuda::mass_sequence> mass_seq_buffer_;
-  cuda::buffer<float> mass_, mass_stats_, compact_workspace_;
-  std::vector<float> mass_staging_;
-  std::vector<cuda::slot_move> moves_;
-  std::vector<uint32_t> compact_staging_;
-  cuda::buffer<uint32_t> compact_inputs_;
+  std::unique_ptr<cuda_shard_eviction> eviction_;  // KV eviction's sums and compactions
+  std::vector<paged_kv_layer> caches_;               // the layers' caches, for a compaction
 };
 
 }  // namespace
