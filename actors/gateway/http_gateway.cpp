@@ -219,11 +219,11 @@ expected<uint16_t> http_gateway::start() {
   }));
   // The status page: the page itself holds nothing (its figures come from /status.json,
   // behind the keys); it runs only its own script.
-  srv.Get("/status", arrived([g](const httplib::Request&, httplib::Response& r) {
+  srv.Get("/status", arrived([](const httplib::Request&, httplib::Response& r) {
     r.set_header("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                                             "connect-src 'self'; img-src 'self'");
     r.set_header("X-Content-Type-Options", "nosniff");
-    r.set_content(status_page_html(g->cfg.model_id), "text/html; charset=utf-8");
+    r.set_content(status_page_html(), "text/html; charset=utf-8");
   }));
   srv.Get("/status.json", arrived([g](const httplib::Request& q, httplib::Response& r) {
     if (!g->authorized(q, r)) return;

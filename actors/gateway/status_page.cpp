@@ -27,7 +27,7 @@ constexpr const char* page = R"HTML(<!doctype html>
 </style>
 </head>
 <body>
-<h1>troupe: <span id="model">MODEL</span></h1>
+<h1>troupe: <span id="model"></span></h1>
 <div class="muted">status <span id="health">loading</span> &middot; up <span id="uptime">-</span> &middot; refreshed every 2 s</div>
 <form id="keyform" hidden><label>API key <input id="key" type="password" autocomplete="off"></label> <button>Show</button></form>
 <div id="error"></div>
@@ -101,28 +101,9 @@ setInterval(refresh, 2000);
 </html>
 )HTML";
 
-std::string html_escaped(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
-std::string status_page_html(const std::string& model_id) {
-  std::string html = page;
-  const auto at = html.find("MODEL");
-  html.replace(at, 5, html_escaped(model_id));
-  return html;
-}
+std::string status_page_html() { return page; }
 
 std::string status_json(const std::string& model_id, const std::string& router_json, const gateway_figures& g,
                         const std::string& layout_json) {

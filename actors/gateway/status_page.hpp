@@ -13,7 +13,9 @@
 
 namespace troupe {
 
-std::string status_page_html(const std::string& model_id);
+// The page holds nothing of the deployment, not even the model's name: all of it comes
+// from /status.json.
+std::string status_page_html();
 
 // The figures: the router's report (render_status's JSON), the gateway's own, and the
 // deployment's layout (a JSON array of replicas with their stages; may be empty).
