@@ -109,15 +109,19 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   CLI11_PARSE(app, argc, argv);
 
+  // A preset fills the shape; a flag given beside it wins (--preset 110m --context 4096).
   for (const auto& p : presets)
     if (preset_name == p.name) {
-      c.dim = p.dim;
-      c.hidden_dim = p.hidden;
-      c.num_layers = p.layers;
-      c.num_heads = p.heads;
-      c.num_kv_heads = p.kv_heads;
-      c.vocab_size = p.vocab;
-      c.max_seq_len = p.context;
+      auto take = [&](const char* flag, int32_t& field, int32_t value) {
+        if (app.count(flag) == 0) field = value;
+      };
+      take("--dim", c.dim, p.dim);
+      take("--hidden", c.hidden_dim, p.hidden);
+      take("--layers", c.num_layers, p.layers);
+      take("--heads", c.num_heads, p.heads);
+      take("--kv-heads", c.num_kv_heads, p.kv_heads);
+      take("--vocab", c.vocab_size, p.vocab);
+      take("--context", c.max_seq_len, p.context);
     }
   if (c.num_kv_heads == 0) c.num_kv_heads = family == "llama3" && c.num_heads % 4 == 0 ? c.num_heads / 4 : c.num_heads;
   if (format.empty()) format = out.size() > 5 && out.substr(out.size() - 5) == ".gguf" ? "gguf" : "llama2c";
