@@ -342,7 +342,7 @@ TEST_CASE("a compaction moves each kept slot down exactly, and with positions in
       for (int32_t layer = 0; layer < c.num_layers; ++layer)
         for (int32_t s = 0; s < 40; ++s) read(layer, s, before_k[layer * 40 + s], before_v[layer * 40 + s]);
       step_batch move;
-      move.compactions.push_back({table, kept, rotate});
+      move.compactions.push_back({table, kept, rotate, {}});
       shard.forward(move, nullptr, nullptr);
       const std::vector<float> freqs = rope_frequencies(c);
       for (int32_t layer = 0; layer < c.num_layers; ++layer)
