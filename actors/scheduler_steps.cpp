@@ -98,15 +98,6 @@ void hand_back(self_ptr self) {
   if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
 }
 
-// The attention sums a plan's answer carries (schema/step.capnp): one per slot each chunk
-// that asks for them sees.
-int64_t attention_sums(const step_plan& plan) {
-  int64_t n = 0;
-  for (const auto& c : plan.chunks)
-    if (c.attention) n += c.first_slot() + c.count;
-  return n;
-}
-
 // A step's tokens are in: speculation's figures, each request's news, then what its
 // eviction policy learns from the attention its slots received.
 void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::span<const float> attention) {
@@ -114,12 +105,7 @@ void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::sp
   st.spec += got.spec;
   dispatch(self, st.sched->update_from_output(plan, got.samples, got.emitted));
   const model_config& mc = st.setup.m->config;
-  for (const auto& c : plan.chunks) {
-    if (!c.attention) continue;
-    const auto n = static_cast<size_t>(c.first_slot() + c.count);
-    st.sched->observe_attention(c.id, attention.first(n), attention_softmax_rows(c.count, mc.num_heads, mc.num_layers));
-    attention = attention.subspan(n);
-  }
+  st.sched->observe_attention(plan, attention, mc.num_heads * mc.num_layers);
   maybe_step(self);
 }
 
@@ -128,7 +114,7 @@ void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::sp
 void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) {
   auto& st = self->state;
   const int32_t vocab = st.setup.m->config.vocab_size;
-  auto res = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens, attention_sums(plan))
+  auto res = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens, plan.attention_sums())
                        : expected<wire::step_result>(error{"no tokens"});
   if (!res || static_cast<int32_t>(res->tokens.size()) != plan.num_logit_rows())
     return lose(self, st.stages.size() - 1, res ? "chosen tokens do not match the step" : res.err().message);
@@ -151,7 +137,7 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) 
 // flight, or ended for lack of memory) only delivers.
 void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
   auto& st = self->state;
-  if (plan->chunks.empty() && plan->compactions.empty()) {
+  if (plan->chunks.empty()) {
     dispatch(self, st.sched->update_from_output(*plan, {}));
     return;
   }
@@ -166,7 +152,7 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
     --st.in_flight;
     const int32_t vocab = st.setup.m->config.vocab_size;
     if (out.kind == wire_kind::step_result) return take_tokens(self, *plan, out);
-    auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens, attention_sums(*plan))
+    auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens, plan->attention_sums())
                         : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_logit_rows())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);

@@ -98,7 +98,7 @@ std::string http_gateway::impl::render_status() {
   std::string report;
   self->request(router, std::chrono::seconds(1), status_atom_v)
       .receive([&](const std::string& json) { report = json; }, [&](caf::error&) {});
-  return status_json(cfg.model_id, report, m->figures(), cfg.layout_json);
+  return status_json(cfg.model_id, report, m->figures(), cfg.layout);
 }
 
 http_gateway::http_gateway(caf::actor_system& sys, caf::actor router, http_config cfg)

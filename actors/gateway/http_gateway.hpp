@@ -23,6 +23,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/gateway/openai.hpp"
+#include "actors/gateway/status_page.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "engine/util/expected.hpp"
 
@@ -47,8 +48,8 @@ struct http_config {
   std::vector<std::string> cors_origins;  // browser origins answered with CORS headers ("*": any)
   const tokenizer* tok = nullptr;        // token texts in log-probability listings
   std::shared_ptr<gateway_metrics> metrics;  // what /metrics counts (none: the gateway's own)
-  std::string layout_json;               // the deployment's replicas and their stages, as
-                                         // /status.json shows them (a JSON array)
+  std::vector<replica_layout> layout;    // the deployment's replicas and their stages, for
+                                         // the status page
 };
 
 // The connections served at once: max_connections, and never fewer than the requests

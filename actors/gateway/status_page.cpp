@@ -106,7 +106,7 @@ setInterval(refresh, 2000);
 std::string status_page_html() { return page; }
 
 std::string status_json(const std::string& model_id, const std::string& router_json, const gateway_figures& g,
-                        const std::string& layout_json) {
+                        std::span<const replica_layout> layout) {
   nlohmann::json j = nlohmann::json::parse(router_json, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     j = nlohmann::json::object();
@@ -122,8 +122,12 @@ std::string status_json(const std::string& model_id, const std::string& router_j
   j["ttft_mean_s"] = g.ttft_mean_s;
   j["tpot_mean_s"] = g.tpot_mean_s;
   j["connections"] = {{"http", g.http_open}, {"capnp", g.capnp_open}};
-  nlohmann::json layout = nlohmann::json::parse(layout_json.empty() ? "[]" : layout_json, nullptr, false);
-  j["layout"] = layout.is_discarded() ? nlohmann::json::array() : layout;
+  j["layout"] = nlohmann::json::array();
+  for (const replica_layout& r : layout) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& s : r.stages) stages.push_back({{"node", s.node}, {"layers", s.layers}, {"devices", s.devices}});
+    j["layout"].push_back({{"name", r.name}, {"stages", stages}});
+  }
   return j.dump();
 }
 

@@ -6,7 +6,9 @@
 // reaches a server or its logs) or in its form, and keeps it for the browser tab.
 #pragma once
 
+#include <span>
 #include <string>
+#include <vector>
 
 #include "actors/gateway/gateway_metrics.hpp"
 #include "actors/gateway/router_calls.hpp"
@@ -17,9 +19,19 @@ namespace troupe {
 // from /status.json.
 std::string status_page_html();
 
+// A replica as the page shows it: its stages' nodes, layers ("0-2") and devices.
+struct replica_layout {
+  struct stage {
+    std::string node, layers;
+    std::vector<std::string> devices;
+  };
+  std::string name;
+  std::vector<stage> stages;
+};
+
 // The figures: the router's report (render_status's JSON), the gateway's own, and the
-// deployment's layout (a JSON array of replicas with their stages; may be empty).
+// deployment's layout.
 std::string status_json(const std::string& model_id, const std::string& router_json, const gateway_figures& g,
-                        const std::string& layout_json);
+                        std::span<const replica_layout> layout);
 
 }  // namespace troupe

@@ -20,10 +20,7 @@ std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, in
   const size_t bytes = static_cast<size_t>(num_tokens) * dim * sizeof(float);
   auto d = root.initData(static_cast<unsigned>(bytes));
   std::memcpy(d.begin(), data, bytes);
-  if (!attention.empty()) {
-    auto a = root.initAttention(static_cast<unsigned>(attention.size_bytes()));
-    std::memcpy(a.begin(), attention.data(), attention.size_bytes());
-  }
+  write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
   return to_bytes(msg);
 }
 
@@ -49,12 +46,9 @@ expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim
       return error{"activations of " + std::to_string(root.getNumTokens()) + " tokens exceed " + std::to_string(max_tokens)};
     out.num_tokens = static_cast<int32_t>(root.getNumTokens());
     out.dim = dim;
-    const auto a = root.getAttention();
-    if (a.size() != static_cast<size_t>(attention) * 4)
-      return error{"activations carry " + std::to_string(a.size() / 4) + " attention sums; the plan asks for " +
-                   std::to_string(attention)};
-    out.attention.resize(static_cast<size_t>(attention));
-    if (attention > 0) std::memcpy(out.attention.data(), a.begin(), a.size());
+    auto sums = read_floats(root.getAttention(), attention, "attention sums");
+    if (!sums) return error{"activations carry " + sums.err().message};
+    out.attention = std::move(sums).value();
     const auto d = root.getData();
     if (linked) {
       if (d.size() != 0) return error{"activations sent over a device link carry " + std::to_string(d.size()) + " bytes"};
@@ -85,10 +79,7 @@ std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tok
   root.setStepId(step_id);
   root.setNumTokens(static_cast<uint32_t>(num_tokens));
   root.setDim(static_cast<uint32_t>(dim));
-  if (!attention.empty()) {
-    auto a = root.initAttention(static_cast<unsigned>(attention.size_bytes()));
-    std::memcpy(a.begin(), attention.data(), attention.size_bytes());
-  }
+  write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
   return to_bytes(msg);
 }
 

@@ -51,4 +51,12 @@ std::vector<uint8_t> to_bytes(capnp::MessageBuilder& b) {
   return {bytes.begin(), bytes.end()};
 }
 
+expected<std::vector<float>> read_floats(capnp::Data::Reader d, int64_t count, const std::string& what) {
+  if (d.size() != static_cast<size_t>(count) * sizeof(float))
+    return error{std::to_string(d.size() / sizeof(float)) + " " + what + " where " + std::to_string(count) + " are expected"};
+  std::vector<float> out(static_cast<size_t>(count));
+  if (count > 0) std::memcpy(out.data(), d.begin(), d.size());
+  return out;
+}
+
 }  // namespace troupe::wire

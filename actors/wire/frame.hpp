@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <capnp/message.h>
@@ -50,5 +52,16 @@ class frame_reader {
 
 // A built message in stream framing.
 std::vector<uint8_t> to_bytes(capnp::MessageBuilder& b);
+
+// float32 values as a Data field's bytes (little-endian, as this machine stores them):
+// `init` makes the field of so many bytes (nothing is made for none), and its reading,
+// which must hold exactly `count` floats (the error says "N `what` where M are expected").
+template <typename Init>
+void write_floats(Init&& init, std::span<const float> values) {
+  if (values.empty()) return;
+  auto d = init(static_cast<unsigned>(values.size_bytes()));
+  std::memcpy(d.begin(), values.data(), values.size_bytes());
+}
+expected<std::vector<float>> read_floats(capnp::Data::Reader d, int64_t count, const std::string& what);
 
 }  // namespace troupe::wire

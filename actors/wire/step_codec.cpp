@@ -1,7 +1,6 @@
 #include "actors/wire/step_codec.hpp"
 
 #include <cmath>
-#include <cstring>
 #include <set>
 
 #include <capnp/message.h>
@@ -250,10 +249,7 @@ std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen
     samples[static_cast<unsigned>(i)].setRequestId(tokens[i].id.value);
     samples[static_cast<unsigned>(i)].setToken(tokens[i].token);
   }
-  if (!attention.empty()) {
-    auto a = root.initAttention(static_cast<unsigned>(attention.size_bytes()));
-    std::memcpy(a.begin(), attention.data(), attention.size_bytes());
-  }
+  write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
   return to_bytes(msg);
 }
 
@@ -275,12 +271,9 @@ expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t
         return error{"step result: token " + std::to_string(s.getToken()) + " is outside the vocabulary"};
       out.tokens.push_back({request_id{s.getRequestId()}, s.getToken()});
     }
-    const auto a = root.getAttention();
-    if (a.size() != static_cast<size_t>(attention) * 4)
-      return error{"step result carries " + std::to_string(a.size() / 4) + " attention sums; the plan asks for " +
-                   std::to_string(attention)};
-    out.attention.resize(static_cast<size_t>(attention));
-    if (attention > 0) std::memcpy(out.attention.data(), a.begin(), a.size());
+    auto sums = read_floats(root.getAttention(), attention, "attention sums");
+    if (!sums) return error{"step result carries " + sums.err().message};
+    out.attention = std::move(sums).value();
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed step result: ") + e.getDescription().cStr()};

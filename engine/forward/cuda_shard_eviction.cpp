@@ -72,7 +72,7 @@ void cuda_shard_eviction::compact(const kv_compaction& c, std::span<const paged_
     for (block_id b : t) TROUPE_ASSERT(b.value < static_cast<uint32_t>(num_blocks_), b.value, num_blocks_);
     return static_cast<int32_t>(t.size()) <= max_table_;
   };
-  const std::span<const block_id> to_table = c.new_table.empty() ? c.block_table : c.new_table;
+  const std::span<const block_id> to_table = c.target();
   TROUPE_ASSERT(fits(c.block_table) && fits(to_table), c.block_table.size(), to_table.size());
   TROUPE_ASSERT(static_cast<int64_t>(to_table.size()) * bs >= static_cast<int64_t>(c.kept.size()), to_table.size());
   moves_.clear();
@@ -80,8 +80,7 @@ void cuda_shard_eviction::compact(const kv_compaction& c, std::span<const paged_
     const int32_t from = c.kept[i], to = static_cast<int32_t>(i);
     TROUPE_ASSERT(from >= to && from < static_cast<int64_t>(c.block_table.size()) * bs && (i == 0 || from > c.kept[i - 1]),
                   i, from);
-    if (from == to && to_table[to / bs] == c.block_table[from / bs]) continue;
-    moves_.push_back({from, to});
+    if (!c.stays(i, bs)) moves_.push_back({from, to});
   }
   if (moves_.empty()) return;
   // The two tables and the moves, in one copy.

@@ -36,11 +36,6 @@ struct step_sequence {
 // last ones only, which bounds the scratch the weights need (heads x queries x slots).
 inline constexpr int32_t attention_mass_queries = 32;
 inline int32_t attention_mass_rows(int32_t num_tokens) { return std::min(num_tokens, attention_mass_queries); }
-// The softmax rows those sums hold, each of which spread one unit over the slots it saw:
-// the queries' heads in every layer of the model.
-inline int32_t attention_softmax_rows(int32_t num_tokens, int32_t num_heads, int32_t num_layers) {
-  return attention_mass_rows(num_tokens) * num_heads * num_layers;
-}
 
 // KV eviction (engine/kv/kv_eviction.hpp): a sequence keeps only some of its cache's slots,
 // moved down in order (slot kept[i] becomes slot i) within its block table. With `rotate`,
@@ -54,6 +49,13 @@ struct kv_compaction {
                                           // same blocks but for copies of shared ones
                                           // (whose slots are copied whether they move
                                           // or not)
+
+  std::span<const block_id> target() const { return new_table.empty() ? block_table : new_table; }
+  // Whether kept slot i is where it goes already (the same slot of the same block).
+  bool stays(size_t i, int32_t block_size) const {
+    const auto at = static_cast<int32_t>(i);
+    return kept[i] == at && target()[at / block_size] == block_table[kept[i] / block_size];
+  }
 };
 
 struct step_batch {

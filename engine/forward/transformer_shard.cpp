@@ -238,7 +238,7 @@ void transformer_shard::compact(const kv_compaction& c) {
     return out;
   };
   const std::vector<uint32_t> table = ids(c.block_table);
-  const std::vector<uint32_t> to_table = c.new_table.empty() ? table : ids(c.new_table);
+  const std::vector<uint32_t> to_table = ids(c.target());
   const int32_t bs = kv_.shape().block_size;
   TROUPE_ASSERT(static_cast<int64_t>(to_table.size()) * bs >= static_cast<int64_t>(c.kept.size()), to_table.size(),
                 c.kept.size());
@@ -248,7 +248,7 @@ void transformer_shard::compact(const kv_compaction& c) {
   for (size_t i = 0; i < c.kept.size(); ++i) {
     const int32_t from = c.kept[i], to = static_cast<int32_t>(i);
     TROUPE_ASSERT(from >= to && from < slots && (i == 0 || from > c.kept[i - 1]), i, from, slots);
-    if (from == to && to_table[to / bs] == table[from / bs]) continue;  // (where it is)
+    if (c.stays(i, bs)) continue;
     if (c.rotate && from != to) {
       // Back by (from - to) positions: the angles of that distance, unscaled (the stored
       // key carries any attention factor already).

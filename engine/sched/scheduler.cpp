@@ -1,5 +1,7 @@
 #include "engine/sched/scheduler.hpp"
 
+#include "engine/forward/step_batch.hpp"
+
 #include <algorithm>
 
 namespace troupe {
@@ -451,14 +453,20 @@ scheduler::eviction_usage scheduler::eviction_now() const {
   return u;
 }
 
-void scheduler::observe_attention(request_id id, std::span<const float> mass, int32_t rows) {
-  request* r = find(id);
-  if (!r || !r->eviction.wants_attention() || r->state != request_state::running) return;
-  sync_slots(*r);
-  // (The step saw every slot the request keeps now: those it had, and the step's own.)
-  const size_t n = static_cast<size_t>(r->kept.size());
-  TROUPE_ASSERT(mass.size() >= n, mass.size(), n);
-  r->kept.observe(mass.first(n), rows);
+void scheduler::observe_attention(const step_plan& plan, std::span<const float> sums, int32_t heads) {
+  TROUPE_ASSERT(static_cast<int64_t>(sums.size()) == plan.attention_sums(), sums.size(), plan.attention_sums());
+  for (const scheduled_chunk& c : plan.chunks) {
+    if (!c.attention) continue;
+    const std::span<const float> mass = sums.first(static_cast<size_t>(c.slots_seen()));
+    sums = sums.subspan(mass.size());
+    request* r = find(c.id);
+    if (!r || !r->eviction.wants_attention() || r->state != request_state::running) continue;
+    sync_slots(*r);
+    // (The step saw every slot the request keeps now: those it had, and the step's own.)
+    const size_t n = static_cast<size_t>(r->kept.size());
+    TROUPE_ASSERT(mass.size() >= n, mass.size(), n);
+    r->kept.observe(mass.first(n), attention_mass_rows(c.count) * heads);
+  }
 }
 
 }  // namespace troupe

@@ -126,10 +126,12 @@ class scheduler {
   // of the accepted ones counts as computed, the rest of its draft slots as never written.
   std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples,
                                               std::span<const int32_t> emitted = {});
-  // KV eviction: the attention a request's cache slots received in the step just applied,
-  // summed over `rows` softmax rows (mass[i]: slot i; slots past what it kept, such as
-  // rejected drafts', are ignored). Its policy decides what to keep from these.
-  void observe_attention(request_id id, std::span<const float> mass, int32_t rows);
+  // KV eviction: the attention the slots of the step just applied received, its chunks'
+  // sums one after the other (plan.attention_sums() of them), each summed over its last
+  // attention_mass_queries tokens and `heads` softmax rows a token (query heads times
+  // layers). Each request's policy decides what to keep from these; slots past what it
+  // kept, such as rejected drafts', are ignored.
+  void observe_attention(const step_plan& plan, std::span<const float> sums, int32_t heads);
 
   request* find(request_id id);
   size_t num_waiting() const { return waiting_.size(); }

@@ -32,6 +32,7 @@ struct scheduled_chunk {
                            // slots receive (its last attention_mass_queries tokens')
 
   int32_t first_slot() const { return first - evicted; }
+  int32_t slots_seen() const { return first_slot() + count; }  // its last token's
   int32_t first_rope_position() const { return rope_in_cache ? first_slot() : first; }
 };
 
@@ -58,11 +59,20 @@ struct planned_compaction {
 struct step_plan {
   std::vector<scheduled_chunk> chunks;  // decode tokens first, then prefill chunks
   std::vector<request_id> preempted;    // requests sent back to waiting this step
-  std::vector<planned_compaction> compactions;  // KV eviction: applied before the chunks
+  std::vector<planned_compaction> compactions;  // KV eviction: applied before the chunks,
+                                                // each of a request with a chunk here
   int32_t num_tokens = 0;
   int32_t num_samples() const {
     int32_t n = 0;
     for (const auto& c : chunks) n += c.sample;
+    return n;
+  }
+  // KV eviction: the attention sums the step returns, chunk after chunk, one per slot
+  // each chunk with `attention` sees.
+  int64_t attention_sums() const {
+    int64_t n = 0;
+    for (const auto& c : chunks)
+      if (c.attention) n += c.slots_seen();
     return n;
   }
   // Rows of logits the step returns: one per sampled chunk, and one more per draft.

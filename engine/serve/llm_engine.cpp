@@ -118,10 +118,8 @@ std::vector<step_output> llm_engine::step() {
   batch_.clear();
   for (const auto& c : plan.compactions) batch_.compactions.push_back({c.block_table, c.kept, c.rotate, c.new_table});
   stats_.evicted_tokens = sched_.evicted_tokens();
-  mass_.resize(plan.chunks.size());
-  for (size_t i = 0; i < plan.chunks.size(); ++i)
-    if (plan.chunks[i].attention) mass_[i].assign(static_cast<size_t>(plan.chunks[i].first_slot() + plan.chunks[i].count), 0.0f);
-  if (plan.chunks.empty() && !batch_.compactions.empty()) shard_->forward(batch_, nullptr, nullptr);
+  mass_.assign(static_cast<size_t>(plan.attention_sums()), 0.0f);
+  float* mass = mass_.data();
   if (!plan.chunks.empty()) {
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       const scheduled_chunk& c = plan.chunks[i];
@@ -134,7 +132,10 @@ std::vector<step_output> llm_engine::step() {
         batch_.add(c.tokens, c.first_slot(), c.block_table, c.sample ? 1 : 0);
       }
       batch_.sequences.back().rope_pos = c.first_rope_position();
-      if (c.attention) batch_.sequences.back().attention_mass = mass_[i].data();
+      if (c.attention) {
+        batch_.sequences.back().attention_mass = mass;
+        mass += c.slots_seen();
+      }
       if (r && c.first < r->num_prompt_tokens)
         stats_.prompt_tokens_computed += std::min(c.count, r->num_prompt_tokens - c.first);
     }
@@ -159,10 +160,7 @@ std::vector<step_output> llm_engine::step() {
     stats_.spec_accepted += got.spec.accepted;
   }
   std::vector<step_output> outs = sched_.update_from_output(plan, got.samples, got.emitted);
-  for (size_t i = 0; i < plan.chunks.size(); ++i)
-    if (plan.chunks[i].attention)
-      sched_.observe_attention(plan.chunks[i].id, mass_[i], 
-                               attention_softmax_rows(plan.chunks[i].count, model_.config.num_heads, model_.config.num_layers));
+  sched_.observe_attention(plan, mass_, model_.config.num_heads * model_.config.num_layers);
   if (proposer_)
     for (const step_output& o : outs)
       if (o.finished) proposer_->forget(o.id);

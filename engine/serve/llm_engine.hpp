@@ -106,7 +106,7 @@ class llm_engine {
   std::unique_ptr<proposer> proposer_;
   std::vector<draft_slot> slots_;
   std::vector<request*> running_;
-  std::vector<std::vector<float>> mass_;  // KV eviction: each chunk's attention per slot
+  std::vector<float> mass_;  // KV eviction: the attention sums, chunk after chunk
 };
 
 }  // namespace troupe

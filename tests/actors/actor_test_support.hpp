@@ -15,6 +15,7 @@
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/replica.hpp"
+#include "actors/scheduler_actor.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
 #include "tests/support/test_support.hpp"
@@ -72,6 +73,59 @@ inline std::vector<generation_result> alone_tokens(const loaded& l, const std::v
   auto alone = gen.generate(reqs);
   REQUIRE(alone.has_value());
   return std::move(alone).value();
+}
+
+// A request with its prompt as text, sent to scheduler `sched` with `self` as its sink;
+// the id the scheduler gave it.
+inline uint64_t submit(caf::scoped_actor& self, const caf::actor& sched, const std::string& text, const request_params& p) {
+  uint64_t id = 0;
+  const wire_message msg(wire_kind::none, wire::encode_generate_request_text(text, p));
+  self->request(sched, std::chrono::seconds(10), generate_atom_v, msg, caf::actor{self})
+      .receive([&](uint64_t i) { id = i; }, [&](caf::error& e) { FAIL(self->system().render(e)); });
+  return id;
+}
+
+// What a scheduler's metrics_atom answers (scheduler_actor.hpp).
+struct scheduler_metrics {
+  std::string method;
+  std::vector<uint64_t> spec, eviction;
+};
+inline scheduler_metrics metrics_of(caf::scoped_actor& self, const caf::actor& sched) {
+  scheduler_metrics m;
+  self->request(sched, std::chrono::seconds(10), metrics_atom_v)
+      .receive([&](uint32_t, uint64_t, uint64_t, const std::string& method, const std::vector<uint64_t>& spec,
+                   const std::vector<uint64_t>& eviction) { m = {method, spec, eviction}; },
+               [&](caf::error& e) { FAIL(self->system().render(e)); });
+  return m;
+}
+
+// The KV blocks a scheduler's requests hold now.
+inline uint32_t kv_used(caf::scoped_actor& self, const caf::actor& sched) {
+  uint32_t used = 0;
+  self->request(sched, std::chrono::seconds(10), stats_atom_v)
+      .receive([&](uint32_t u, uint32_t, uint32_t, uint32_t) { used = u; }, [&](caf::error& e) { FAIL(self->system().render(e)); });
+  return used;
+}
+
+// A replica of in-process stages (layouts over setup's pool and step size) and its
+// scheduler; stop() ends both.
+struct running_replica {
+  local_replica rep;
+  caf::actor sched;
+  void stop(caf::scoped_actor& self) {
+    self->send_exit(rep.agent, caf::exit_reason::user_shutdown);
+    self->send_exit(sched, caf::exit_reason::user_shutdown);
+  }
+};
+inline running_replica start_replica(caf::actor_system& sys, const model& m, scheduler_setup setup,
+                                     const std::vector<stage_layout>& layouts, const draft_setup& drafter = {}) {
+  running_replica r;
+  r.rep = spawn_replica(sys, m, with_kv(layouts, setup.config.kv, setup.config.max_step_tokens), setup.replica, drafter);
+  setup.agent = r.rep.agent;
+  setup.stages = r.rep.stages;
+  setup.draft = r.rep.draft;
+  r.sched = spawn_scheduler(sys, setup);
+  return r;
 }
 
 struct ledger {

@@ -172,11 +172,7 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
       if (i == 4) CHECK(lg.results[id].reason == finish_reason::stop);
     }
     // What speculation did: drafts proposed and verified, and some accepted.
-    std::string method;
-    std::vector<uint64_t> spec;
-    self->request(sched, std::chrono::seconds(10), metrics_atom_v)
-        .receive([&](uint32_t, uint64_t, uint64_t, const std::string& m, const std::vector<uint64_t>& v, const std::vector<uint64_t>&) { method = m, spec = v; },
-                 [&](caf::error& e) { FAIL(sys.render(e)); });
+    const auto [method, spec, eviction] = test::metrics_of(self, sched);
     CHECK(method == spec_method_name(r.method));
     REQUIRE(spec.size() == spec_figures_size);
     CHECK(spec[0] > 10);           // verifies
@@ -236,13 +232,7 @@ TEST_CASE("a draft actor that dies costs drafts, not output: the replica stays r
   auto sched = spawn_scheduler(sys, setup);
   caf::scoped_actor self{sys};
   auto verifies = [&] {
-    uint64_t n = 0;
-    self->request(sched, std::chrono::seconds(10), metrics_atom_v)
-        .receive([&](uint32_t, uint64_t, uint64_t, const std::string&, const std::vector<uint64_t>& v, const std::vector<uint64_t>&) {
-                   n = v.at(0);
-                 },
-                 [&](caf::error& e) { FAIL(sys.render(e)); });
-    return n;
+    return test::metrics_of(self, sched).spec.at(0);
   };
   auto send = [&](size_t from, size_t to, std::map<uint64_t, size_t>& index) {
     for (size_t i = from; i < to; ++i) {

@@ -100,11 +100,7 @@ scrape_configs:
     static_configs:
       - targets: ["${base#http://}"]
 YML
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-timeout 120 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
-  --web.listen-address=127.0.0.1:$port --log.level=warn >"$work/prom.log" 2>&1 &
-others+=($!)
-prom=http://127.0.0.1:$port
+start_prometheus "$work/prometheus.yml"
 for _ in $(seq 1 100); do
   curl -s "$prom/api/v1/query" --data-urlencode 'query=troupe_replicas' | grep -q '"value"' && break
   sleep 0.3

@@ -52,3 +52,61 @@ fail() {
   [[ -s ${work:-}/node.err ]] && tail -5 "$work/node.err"
   exit 1
 }
+
+# A free loopback port (free when asked: a server started soon after binds it).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# scratch, for a test that starts clusters with troupe-launch: launch() runs it with the
+# test's state directory ($state), and every topology under $work is taken down on exit.
+launch_scratch() {
+  scratch
+  state=$work/state
+  launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
+  trap 'for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
+}
+
+# pp2_topology FILE LINES...: a PP=2 stories260K topology at FILE (nodes n0 and n1 on free
+# ports, the gateway on n0, layers 0-2 and 3-4), LINES (the test's own tables) after
+# [gateway], and $replica_extra inside its [[replica]]. Needs $models.
+pp2_topology() {
+  local file=$1
+  shift
+  cat >"$file" <<TOML
+[model]
+path      = "$models/stories260K.bin"
+tokenizer = "$models/tok512.bin"
+
+[gateway]
+node  = "n0"
+capnp = "127.0.0.1:$(free_port)"
+
+$(printf '%s\n' "$@")
+
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = $(free_port)
+
+[[node]]
+name = "n1"
+host = "127.0.0.1"
+port = $(free_port)
+
+[[replica]]
+name   = "r0"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] },
+           { node = "n1", layers = "3-4", devices = ["cpu"] } ]
+${replica_extra:-}
+TOML
+}
+
+# Starts Debian's Prometheus on CONFIG (a file in $work) at a free port, its log in
+# $work/prom.log, and sets $prom to its address; it is stopped with the test's servers.
+start_prometheus() {
+  local port
+  port=$(free_port)
+  timeout 120 prometheus --config.file="$1" --storage.tsdb.path="$work/tsdb" \
+    --web.listen-address=127.0.0.1:$port --log.level=warn >"$work/prom.log" 2>&1 &
+  others+=($!)
+  prom=http://127.0.0.1:$port
+}

@@ -29,12 +29,9 @@ scrape_configs:
     static_configs:
       - targets: ["${base#http://}"]
 YML
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-timeout 120 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
-  --web.listen-address=127.0.0.1:$port --log.level=warn >"$work/prom.log" 2>&1 &
-others+=($!)
+start_prometheus "$work/prometheus.yml"
 
-query() { curl -s "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$1" |
+query() { curl -s "$prom/api/v1/query" --data-urlencode "query=$1" |
   python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")'; }
 for _ in $(seq 1 100); do
   [[ $(query 'troupe_generated_tokens_total' 2>/dev/null || echo none) != none ]] && break

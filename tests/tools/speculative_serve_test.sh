@@ -11,47 +11,12 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
-scratch
-state=$work/state
-launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
-down_all() {
-  for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done
-}
-trap 'down_all; rm -rf "$work"' EXIT
-
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# topology NAME METHOD_LINES...: a PP=2 stories260K topology with a [speculative] table.
+launch_scratch
+# topology NAME LINES...: the PP=2 stories260K topology with a [speculative] table of LINES.
 topology() {
   local name=$1
   shift
-  cat >"$work/$name.toml" <<TOML
-[model]
-path      = "$models/stories260K.bin"
-tokenizer = "$models/tok512.bin"
-
-[gateway]
-node  = "n0"
-capnp = "127.0.0.1:$(free_port)"
-
-[speculative]
-$(printf '%s\n' "$@")
-
-[[node]]
-name = "n0"
-host = "127.0.0.1"
-port = $(free_port)
-
-[[node]]
-name = "n1"
-host = "127.0.0.1"
-port = $(free_port)
-
-[[replica]]
-name   = "r0"
-stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] },
-           { node = "n1", layers = "3-4", devices = ["cpu"] } ]
-${replica_extra:-}
-TOML
+  pp2_topology "$work/$name.toml" "[speculative]" "$@"
 }
 status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
 post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }

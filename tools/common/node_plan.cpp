@@ -57,31 +57,16 @@ scheduler_placement scheduler_of(const topology& t, const model& m, const tokeni
   return p;
 }
 
-// The replicas and their stages as the status page shows them: [{"name", "stages":
-// [{"node", "layers": "0-2", "devices": [...]}]}].
-std::string layout_json(const topology& t, int32_t num_layers) {
-  auto quoted = [](const std::string& s) {
-    std::string out = "\"";
-    for (char c : s) {
-      if (c == '"' || c == '\\') out += '\\';
-      if (static_cast<unsigned char>(c) >= 0x20) out += c;
-    }
-    return out + "\"";
-  };
-  std::string out = "[";
-  for (size_t i = 0; i < t.replicas.size(); ++i) {
-    const replica_spec& r = t.replicas[i];
-    out += std::string(i ? "," : "") + "{\"name\":" + quoted(r.name) + ",\"stages\":[";
-    for (size_t k = 0; k < r.stages.size(); ++k) {
-      const stage_spec& s = r.stages[k];
-      out += std::string(k ? "," : "") + "{\"node\":" + quoted(s.node) + ",\"layers\":" +
-             quoted(std::to_string(s.first_layer) + "-" + std::to_string(end_layer(s, num_layers) - 1)) + ",\"devices\":[";
-      for (size_t d = 0; d < s.devices.size(); ++d) out += std::string(d ? "," : "") + quoted(s.devices[d]);
-      out += "]}";
-    }
-    out += "]}";
+// The replicas and their stages, as the status page shows them.
+std::vector<replica_layout> layout_of(const topology& t, int32_t num_layers) {
+  std::vector<replica_layout> out;
+  for (const replica_spec& r : t.replicas) {
+    replica_layout& l = out.emplace_back();
+    l.name = r.name;
+    for (const stage_spec& s : r.stages)
+      l.stages.push_back({s.node, std::to_string(s.first_layer) + "-" + std::to_string(end_layer(s, num_layers) - 1), s.devices});
   }
-  return out + "]";
+  return out;
 }
 
 gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, const endpoint_overrides& o) {
@@ -108,7 +93,7 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   h.cors_origins = t.gateway.cors_origins;
   h.read_timeout_s = t.gateway.read_timeout_s;
   h.prefix_cache_per_key = t.kv.prefix_cache_per_key;
-  h.layout_json = layout_json(t, m.config.num_layers);
+  h.layout = layout_of(t, m.config.num_layers);
   g.router.wait_timeout = std::chrono::seconds(t.failure.recovery_timeout_s);
   for (const auto& n : t.nodes) {
     const stage_address a = address_of("", n, me);

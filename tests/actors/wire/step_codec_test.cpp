@@ -627,7 +627,7 @@ TEST_CASE("attention sums: zero where the plan asks, carried by activations and 
   CHECK(back->data == hidden);
   auto short_of = decode_activations(act, 16, 8, 6);
   REQUIRE_FALSE(short_of.has_value());
-  CHECK(short_of.err().message == "activations carry 7 attention sums; the plan asks for 6");
+  CHECK(short_of.err().message == "activations carry 7 attention sums where 6 are expected");
   CHECK_FALSE(decode_activations(act, 16, 8).has_value());  // none asked for
   CHECK_FALSE(decode_activations(encode_activations(3, 2, 16, hidden.data()), 16, 8, 7).has_value());
 
@@ -640,7 +640,7 @@ TEST_CASE("attention sums: zero where the plan asks, carried by activations and 
   CHECK(r->tokens[0].token == 9);
   auto wrong = decode_step_result(res, 512, 8, 8);
   REQUIRE_FALSE(wrong.has_value());
-  CHECK(wrong.err().message == "step result carries 7 attention sums; the plan asks for 8");
+  CHECK(wrong.err().message == "step result carries 7 attention sums where 8 are expected");
   for (size_t n = 0; n < res.size(); ++n) CHECK_FALSE(decode_step_result(std::span(res).first(n), 512, 8, 7).has_value());
 }
 
