@@ -16,6 +16,7 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/gemm_w8a8.hpp"
 #include "tools/troupe-perf/attention_bench.hpp"
+#include "tools/troupe-perf/calibrate.hpp"
 #include "tools/troupe-perf/eviction_bench.hpp"
 #include "tools/common/eviction_cli.hpp"
 #include "tools/common/model_loading.hpp"
@@ -135,6 +136,7 @@ int main(int argc, char** argv) {
       "  troupe-perf serve MODEL --shared-prefix 400 ...   with and without prefix caching\n"
       "  troupe-perf eviction MODEL               KV eviction's quality: the full-cache perplexity of\n"
       "                                           each policy's generations, at 20% and 50% budgets\n"
+      "  troupe-perf calibrate MODEL -o machine.json   this machine's rates for troupe-plan, 1 thread to all\n"
       "  troupe-perf gpu MODEL -b 1,8,64          GPU decode tokens/s and weight bandwidth per batch\n"
       "                                           size, against the device's copy bandwidth\n\n"
       "Every figure is the median of --runs runs after one warm-up run.\n\n"
@@ -224,6 +226,11 @@ int main(int argc, char** argv) {
                   "only fair between neighbouring runs)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+
+  auto* cal = app.add_subcommand("calibrate", "this machine's rates as troupe-plan reads them (a profile file)");
+  add_model(cal);
+  std::string profile_path;
+  cal->add_option("-o,--out", profile_path, "the profile to write")->required();
 
   auto* gpu = app.add_subcommand("gpu", "decode on a GPU shard (builds with CUDA)");
   add_model(gpu);
@@ -423,7 +430,25 @@ int main(int argc, char** argv) {
         }
       return 0;
     }
-    if (dec->parsed()) {
+    if (cal->parsed()) {
+      tools::calibration_probes probes;
+      probes.decode_1 = [&](int t) { return decode_rate(m, tok, t, 1, tokens, runs); };
+      probes.decode_16 = [&](int t) { return decode_rate(m, tok, t, 16, 32, runs); };
+      probes.prefill_128 = [&](int t) { return prefill_rate(m, tok, t, 128, runs); };
+      probes.read_gbs = [&](int t) {
+        thread_pool pool(t);
+        return tools::measure_bandwidth(pool, size_t{512} << 20, runs).read_gbs;
+      };
+      probes.report = [](const std::string& what, double v, const std::string& unit) { report(what, v, unit); };
+      const plan::hardware_profile h = tools::calibrate(m, threads, probes);
+      std::ofstream f(profile_path);
+      f << plan::profile_to_json(h);
+      if (!f) {
+        std::fprintf(stderr, "troupe-perf: %s: cannot write\n", profile_path.c_str());
+        return 1;
+      }
+      std::fprintf(stderr, "troupe-perf: wrote %s (%s)\n", profile_path.c_str(), h.name.c_str());
+    } else if (dec->parsed()) {
       const double r = decode_rate(m, tok, threads, 1, tokens, runs);
       const std::string note = spec_note();
       report("decode, 1 sequence, " + std::to_string(threads) + " threads" + spec_name, r, "tok/s",
