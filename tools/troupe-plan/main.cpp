@@ -211,15 +211,26 @@ int main(int argc, char** argv) {
       return b[key].get<double>();
     };
     const double completed = num("completed");
-    if (completed < 1) die(bench_path + ": no request completed");
+    if (!(completed >= 1 && completed <= 100000)) die(bench_path + ": \"completed\" must be 1 to 100000");
     traffic t;
     t.requests = static_cast<int>(completed);
-    const int32_t p = std::max(1, static_cast<int32_t>(std::lround(num("prompt_tokens") / completed)));
-    const int32_t o = std::max(1, static_cast<int32_t>(std::lround(num("output_tokens") / completed)));
+    const double prompt_mean = num("prompt_tokens") / completed, output_mean = num("output_tokens") / completed;
+    if (!(prompt_mean >= 0 && prompt_mean <= ms.config.max_seq_len && output_mean >= 0 &&
+          output_mean <= ms.config.max_seq_len))
+      die(bench_path + ": its token counts per request do not fit the model's context of " +
+          std::to_string(ms.config.max_seq_len));
+    const int32_t p = std::max(1, static_cast<int32_t>(std::lround(prompt_mean)));
+    const int32_t o = std::max(1, static_cast<int32_t>(std::lround(output_mean)));
     t.prompt = {p, p};
     t.output = {o, o};
-    if (b.contains("rate") && b["rate"].is_number()) t.rate = b["rate"].get<double>();
-    else t.concurrency = static_cast<int>(num("concurrency"));
+    if (b.contains("rate") && b["rate"].is_number()) {
+      t.rate = b["rate"].get<double>();
+      if (!(t.rate > 0 && t.rate <= 1e6)) die(bench_path + ": \"rate\" must be above 0");
+    } else {
+      const double c = num("concurrency");
+      if (!(c >= 1 && c <= 65536)) die(bench_path + ": \"concurrency\" must be 1 to 65536");
+      t.concurrency = static_cast<int>(c);
+    }
     if (!b.contains("tpot_ms") || !b["tpot_ms"].is_object() || !b["tpot_ms"].contains("p50") ||
         !b["tpot_ms"]["p50"].is_number())
       die(bench_path + ": no tpot_ms.p50");
@@ -265,6 +276,9 @@ int main(int argc, char** argv) {
   if (!orange) die(orange.err().message);
   t.prompt = *pr;
   t.output = *orange;
+  if (int64_t{t.prompt.max} + t.output.max > ms.config.max_seq_len)
+    die("the longest prompt and output (" + std::to_string(int64_t{t.prompt.max} + t.output.max) +
+        " tokens) do not fit the model's context of " + std::to_string(ms.config.max_seq_len));
   if (rate > 0 && concurrency > 0) die("--rate and --concurrency are two traffic profiles: give one");
   t.rate = rate;
   t.concurrency = concurrency;
