@@ -98,10 +98,11 @@ int main(int argc, char** argv) {
       "                                                   tp=2 or more: the all-reduce latency)\n\n"
       "The model: a roofline per pipeline stage (a smooth maximum of streaming the weights and\n"
       "the arithmetic, plus attention's KV reads, all-reduces between tensor shards, and a\n"
-      "fixed cost per step) drives a simulation of troupe's scheduler (token budget per step, decodes first,\n"
-      "then prompt chunks; P micro-batches through P stages) over seeded traffic. Latency\n"
-      "targets are p99s. GPU figures come from datasheets with assumed efficiencies (see\n"
-      "docs/operations.md); a CPU's from troupe-perf calibrate, where a device is one core."};
+      "fixed cost per step) drives a simulation of troupe's scheduler (token budget per step,\n"
+      "running requests first, then waiting ones; P micro-batches through P stages) over\n"
+      "seeded traffic. Latency targets are p99s. GPU figures come from datasheets with\n"
+      "assumed efficiencies (see docs/operations.md); a CPU's from troupe-perf calibrate,\n"
+      "where a device is one core."};
   std::string model_path, shape, weights_name, kv_name, hardware = "h100", prompt = "512", output = "256", json_path;
   std::vector<std::string> layouts;
   double price = -1, rate = 0, ttft = 0, tpot = 0;

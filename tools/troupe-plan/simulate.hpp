@@ -2,8 +2,8 @@
 // roofline gives each pipeline stage's time for a step (a smooth maximum of streaming the
 // weights and the arithmetic, plus the KV cache attention reads, all-reduces between tensor
 // shards and a fixed cost per step); a discrete-event run of troupe's scheduler (steps
-// under a token budget, decodes first and then prompt chunks, first come first served,
-// P micro-batches in flight through P stages) turns step times into each request's time
+// under a token budget, running requests first in admission order and then waiting ones,
+// P micro-batches in flight through P stages, each taking its share) turns step times into each request's time
 // to first token and time per output token, as troupe-bench measures them.
 #pragma once
 
