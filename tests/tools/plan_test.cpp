@@ -27,10 +27,14 @@ hardware_profile round_device() {
 
 model_cost cost_110m() { return cost_of(*named_shape("110m", dtype::bf16, dtype::f16)); }
 
-traffic fixed_lengths(int32_t prompt, int32_t output) {
+// Every request `prompt` + `output` tokens; a closed loop of `clients` sending `requests`
+// in all, each the moment its last reply ends.
+traffic fixed_lengths(int32_t prompt, int32_t output, int clients = 8, int requests = 200) {
   traffic t;
   t.prompt = {prompt, prompt};
   t.output = {output, output};
+  t.concurrency = clients;
+  t.requests = requests;
   t.client_gap_ms = 0;
   return t;
 }
@@ -95,10 +99,7 @@ TEST_CASE("a stage's step is about the longer of streaming its weights and its a
 TEST_CASE("one request alone: its first token after its prompt's step, then one step per token") {
   const model_cost m = cost_110m();
   const hardware_profile h = round_device();
-  traffic t = fixed_lengths(100, 20);
-  t.concurrency = 1;
-  t.requests = 3;
-  const prediction p = simulate(m, h, layout{}, scheduler_limits{}, t);
+  const prediction p = simulate(m, h, layout{}, scheduler_limits{}, fixed_lengths(100, 20, 1, 3));
   REQUIRE(p.completed == 3);
   step_rows prompt;
   prompt.prefill = 100;
@@ -120,17 +121,12 @@ TEST_CASE("one request alone: its first token after its prompt's step, then one 
 TEST_CASE("a pipeline's token crosses every stage, and two micro-batches keep both busy") {
   const model_cost m = cost_110m();
   const hardware_profile h = round_device();
-  traffic one = fixed_lengths(8, 64);
-  one.concurrency = 1;
-  one.requests = 1;
+  const traffic one = fixed_lengths(8, 64, 1, 1);
   const prediction whole = simulate(m, h, layout{}, scheduler_limits{}, one);
   const prediction piped = simulate(m, h, layout{1, 2, 1, 1}, scheduler_limits{}, one);
   // Bandwidth-bound: the two stages stream what one did, one after the other.
   CHECK(piped.tpot_p50_ms == doctest::Approx(whole.tpot_p50_ms).epsilon(0.01));
-  traffic two = one;
-  two.concurrency = 2;
-  two.requests = 2;
-  const prediction piped_two = simulate(m, h, layout{1, 2, 1, 1}, scheduler_limits{}, two);
+  const prediction piped_two = simulate(m, h, layout{1, 2, 1, 1}, scheduler_limits{}, fixed_lengths(8, 64, 2, 2));
   // Each stage works on one micro-batch while the other is on the other stage: the slower
   // stage (the one with the classifier) sets the pace, two tokens per two of its steps.
   step_rows d;
@@ -145,30 +141,25 @@ TEST_CASE("a pipeline's token crosses every stage, and two micro-batches keep bo
 TEST_CASE("Poisson arrivals above what a replica serves build a queue") {
   const model_cost m = cost_110m();
   const hardware_profile h = round_device();
-  traffic t = fixed_lengths(200, 100);
-  t.concurrency = 64;
-  t.requests = 200;
-  const prediction full = simulate(m, h, layout{}, scheduler_limits{}, t);
-  t.rate = full.requests_per_s * 0.3;
-  const prediction light = simulate(m, h, layout{}, scheduler_limits{}, t);
-  t.rate = full.requests_per_s * 3;
-  const prediction heavy = simulate(m, h, layout{}, scheduler_limits{}, t);
+  const double capacity = simulate(m, h, layout{}, scheduler_limits{}, fixed_lengths(200, 100, 64)).requests_per_s;
+  auto at = [&](double rate, int replicas) {
+    traffic t = fixed_lengths(200, 100);
+    t.rate = rate;
+    return simulate(m, h, layout{1, 1, replicas, 1}, scheduler_limits{}, t);
+  };
+  const prediction light = at(0.3 * capacity, 1), heavy = at(3 * capacity, 1);
   CHECK(light.completed == 200);
   CHECK(heavy.completed == 200);
-  CHECK(light.requests_per_s == doctest::Approx(t.rate / 10).epsilon(0.25));
+  CHECK(light.requests_per_s == doctest::Approx(0.3 * capacity).epsilon(0.25));  // keeps up
   CHECK(heavy.ttft_p99_ms > 10 * light.ttft_p99_ms);
   // Two replicas halve each one's load.
-  t.rate = full.requests_per_s * 1.5;
-  const prediction two = simulate(m, h, layout{1, 1, 2, 1}, scheduler_limits{}, t);
-  CHECK(two.ttft_p99_ms < heavy.ttft_p99_ms / 10);
+  CHECK(at(1.5 * capacity, 2).ttft_p99_ms < heavy.ttft_p99_ms / 10);
 }
 
 TEST_CASE("a full KV cache holds requests back") {
   const model_cost m = cost_110m();
   const hardware_profile h = round_device();
-  traffic t = fixed_lengths(100, 50);
-  t.concurrency = 8;
-  t.requests = 16;
+  const traffic t = fixed_lengths(100, 50, 8, 16);
   scheduler_limits room;
   room.kv_tokens = 2 * 150;  // two requests at a time
   CHECK(simulate(m, h, layout{}, room, t).peak_running == 2);
@@ -178,7 +169,7 @@ TEST_CASE("a full KV cache holds requests back") {
 TEST_CASE("memory: weights per device, and the requests the rest holds") {
   const model_cost m = cost_of(*named_shape("llama3-70b", dtype::bf16, dtype::f16));
   const hardware_profile l4 = gpu_named("l4").value();
-  traffic t = fixed_lengths(1000, 1000);
+  const traffic t = fixed_lengths(1000, 1000);
   CHECK_FALSE(fit_memory(m, l4, layout{}, t).why_not.empty());
   const memory_fit eight = fit_memory(m, gpu_named("h100").value(), layout{8, 1, 1, 1}, t);
   REQUIRE(eight.why_not.empty());
@@ -191,8 +182,7 @@ TEST_CASE("the plan: the cheapest layout within the targets, and why the others 
   const model_config c = named_shape("llama3-8b", dtype::bf16, dtype::f16)->config;
   const model_cost m = cost_of(*named_shape("llama3-8b", dtype::bf16, dtype::f16));
   plan_request r;
-  r.load = fixed_lengths(500, 200);
-  r.load.requests = 100;
+  r.load = fixed_lengths(500, 200, 8, 100);
   r.load.rate = 4;
   r.goal.tpot_p99_ms = 60;
   r.max_devices = 8;
@@ -215,9 +205,7 @@ TEST_CASE("the plan: the cheapest layout within the targets, and why the others 
 TEST_CASE("the step overhead and all-reduce latency fitted to a run are the ones that produced it") {
   const model_cost m = cost_110m();
   hardware_profile h = round_device();
-  traffic t = fixed_lengths(50, 40);
-  t.concurrency = 4;
-  t.requests = 12;
+  const traffic t = fixed_lengths(50, 40, 4, 12);
   h.step_overhead_ms = 3.5;
   const double measured = simulate(m, h, layout{}, scheduler_limits{}, t).tpot_p50_ms;
   h.step_overhead_ms = 0;

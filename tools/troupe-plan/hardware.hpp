@@ -37,8 +37,8 @@ struct hardware_profile {
   double price_per_hour = 0;      // per device (a CPU: per core)
 
   bool cpu() const { return kind == "cpu"; }
-  // The rates of a shard with `threads` cores: the measured point, or the nearest below
-  // scaled by the ratio of threads (never more cores than the profile has).
+  // The rates of a shard with `threads` cores: the measured point, else the nearest one
+  // below scaled by the ratio of threads (the first point, unscaled, below it).
   rate_point rates_for(int threads) const;
   double step_overhead_for(int threads) const;
 };

@@ -44,9 +44,8 @@ double replica_rate(const model_cost& m, const hardware_profile& h, layout l, co
   closed.rate = 0;
   closed.concurrency = r.limits.max_running;
   const prediction full = simulate(m, h, l, r.limits, closed);
-  double hi = std::max(1e-6, full.requests_per_s * 1.5), lo = 0;
-  if (!meets(hi * 1e-3)) return 0;
-  lo = hi * 1e-3;
+  double hi = std::max(1e-6, full.requests_per_s * 1.5), lo = hi * 1e-3;
+  if (!meets(lo)) return 0;
   for (int i = 0; i < 14 && hi / lo > 1.02; ++i) {
     const double mid = std::sqrt(lo * hi);
     (meets(mid) ? lo : hi) = mid;
