@@ -6,7 +6,8 @@ packages=(g++ cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusp
           libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev curl python3 prometheus
           python3-torch   # (the model families' test compares logits with a torch reference)
           systemd python3-yaml   # (troupe-launch export's test verifies units, reads manifests)
-          chromium)              # (the status page's test renders it headless)
+          chromium               # (the status page's test renders it headless)
+          libhiredis-dev redis-server)  # (the KV cache's Redis tier; its tests start a server)
 # The HTTP API's test drives it with the official openai npm package.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

@@ -1,0 +1,466 @@
+#include "engine/kv/kv_tiers.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <unordered_map>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace troupe {
+
+std::string_view tier_kind_name(tier_kind k) {
+  switch (k) {
+    case tier_kind::host: return "host";
+    case tier_kind::disk: return "disk";
+    case tier_kind::redis: return "redis";
+  }
+  return "?";
+}
+
+std::optional<tier_kind> parse_tier_kind(std::string_view s) {
+  for (tier_kind k : {tier_kind::host, tier_kind::disk, tier_kind::redis})
+    if (tier_kind_name(k) == s) return k;
+  return std::nullopt;
+}
+
+std::optional<std::string> validate(const tier_config& c) {
+  const std::string who = "a " + std::string(tier_kind_name(c.kind)) + " tier ";
+  switch (c.kind) {
+    case tier_kind::host:
+      break;
+    case tier_kind::disk:
+      if (c.path.empty()) return who + "needs a path (a directory)";
+      break;
+    case tier_kind::redis: {
+      const auto colon = c.address.rfind(':');
+      if (c.address.empty() || colon == std::string::npos || colon == 0 || colon + 1 == c.address.size())
+        return who + "needs an address as HOST:PORT, not \"" + c.address + "\"";
+      const std::string port = c.address.substr(colon + 1);
+      if (!std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) || port.size() > 5 ||
+          std::stoi(port) < 1 || std::stoi(port) > 65535)
+        return who + "address \"" + c.address + "\" has no port in 1..65535";
+      if (c.timeout_ms < 1 || c.timeout_ms > 60000) return who + "timeout_ms must be in 1..60000";
+      break;
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+uint64_t mix64(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
+}
+
+uint64_t chain64(uint64_t h, std::span<const int32_t> tokens, uint64_t k) {
+  h = mix64(h ^ (tokens.size() * k));
+  for (int32_t t : tokens) h = mix64(h + k * (static_cast<uint32_t>(t) + 1));
+  return h;
+}
+
+}  // namespace
+
+tier_key tier_key::root(uint64_t ns) {
+  return {mix64(ns ^ 0x74726f7570652d6bull), mix64(~ns ^ 0x6b762d7469657273ull)};
+}
+
+tier_key tier_key::chain(std::span<const int32_t> block) const {
+  // Two chains with different constants, each over both halves of the parent.
+  return {chain64(hi ^ mix64(lo), block, 0x9e3779b97f4a7c15ull), chain64(lo ^ mix64(hi + 1), block, 0xd6e8feb86659fd93ull)};
+}
+
+std::string tier_key::hex() const {
+  static const char digits[] = "0123456789abcdef";
+  std::string s(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    s[15 - i] = digits[(hi >> (4 * i)) & 15];
+    s[31 - i] = digits[(lo >> (4 * i)) & 15];
+  }
+  return s;
+}
+
+uint64_t checksum64(std::span<const std::byte> bytes, uint64_t seed) {
+  uint64_t a = seed ^ 0x243f6a8885a308d3ull, b = mix64(seed + bytes.size());
+  size_t i = 0;
+  for (; i + 16 <= bytes.size(); i += 16) {
+    uint64_t x, y;
+    std::memcpy(&x, bytes.data() + i, 8);
+    std::memcpy(&y, bytes.data() + i + 8, 8);
+    a = (a ^ x) * 0x9e3779b97f4a7c15ull;
+    b = (b ^ y) * 0xc2b2ae3d27d4eb4full;
+    a = (a << 29) | (a >> 35);
+    b = (b << 31) | (b >> 33);
+  }
+  uint64_t tail = 0;
+  for (size_t k = 0; i < bytes.size(); ++i, ++k) tail |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * (k & 7));
+  return mix64(a ^ mix64(b ^ tail));
+}
+
+namespace {
+
+// A record: magic, name length, payload length, checksum, name, payload (little-endian).
+constexpr uint32_t record_magic = 0x3142564b;  // "KVB1"
+constexpr size_t record_header = 4 + 4 + 8 + 8;
+
+template <class T>
+void put_le(std::byte* at, T v) {
+  std::memcpy(at, &v, sizeof v);
+}
+template <class T>
+T get_le(const std::byte* at) {
+  T v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+uint64_t record_sum(std::string_view name, std::span<const std::byte> payload) {
+  return checksum64(payload, checksum64(std::as_bytes(std::span(name.data(), name.size()))));
+}
+
+}  // namespace
+
+std::vector<std::byte> seal_record(std::string_view name, std::span<const std::byte> payload) {
+  std::vector<std::byte> r(record_header + name.size() + payload.size());
+  put_le<uint32_t>(r.data(), record_magic);
+  put_le<uint32_t>(r.data() + 4, static_cast<uint32_t>(name.size()));
+  put_le<uint64_t>(r.data() + 8, payload.size());
+  put_le<uint64_t>(r.data() + 16, record_sum(name, payload));
+  std::memcpy(r.data() + record_header, name.data(), name.size());
+  if (!payload.empty()) std::memcpy(r.data() + record_header + name.size(), payload.data(), payload.size());
+  return r;
+}
+
+std::optional<std::span<const std::byte>> open_record(std::string_view name, std::span<const std::byte> record) {
+  if (record.size() < record_header || get_le<uint32_t>(record.data()) != record_magic) return std::nullopt;
+  const uint32_t name_len = get_le<uint32_t>(record.data() + 4);
+  const uint64_t len = get_le<uint64_t>(record.data() + 8);
+  if (name_len != name.size() || len != record.size() - record_header - name_len) return std::nullopt;
+  if (std::memcmp(record.data() + record_header, name.data(), name.size()) != 0) return std::nullopt;
+  const auto payload = record.subspan(record_header + name_len);
+  if (record_sum(name, payload) != get_le<uint64_t>(record.data() + 16)) return std::nullopt;
+  return payload;
+}
+
+namespace {
+
+// Records by name, least recently used first out, within a byte capacity.
+class lru_bytes {
+ public:
+  explicit lru_bytes(uint64_t capacity) : capacity_(capacity) {}
+
+  // Notes `name` (now `bytes` long) as just used; returns the names pushed out.
+  std::vector<std::string> touch(const std::string& name, uint64_t bytes) {
+    if (auto it = at_.find(name); it != at_.end()) {
+      used_ -= it->second->second;
+      order_.erase(it->second);
+    }
+    order_.emplace_back(name, bytes);
+    at_[name] = std::prev(order_.end());
+    used_ += bytes;
+    std::vector<std::string> out;
+    while (used_ > capacity_ && order_.size() > 1) {
+      out.push_back(order_.front().first);
+      forget(order_.front().first);
+    }
+    return out;
+  }
+  bool used(const std::string& name) {
+    auto it = at_.find(name);
+    if (it == at_.end()) return false;
+    order_.splice(order_.end(), order_, it->second);
+    return true;
+  }
+  void forget(const std::string& name) {
+    auto it = at_.find(name);
+    if (it == at_.end()) return;
+    used_ -= it->second->second;
+    order_.erase(it->second);
+    at_.erase(it);
+  }
+
+ private:
+  uint64_t capacity_, used_ = 0;
+  std::list<std::pair<std::string, uint64_t>> order_;
+  std::unordered_map<std::string, std::list<std::pair<std::string, uint64_t>>::iterator> at_;
+};
+
+class host_store final : public kv_tier_store {
+ public:
+  explicit host_store(uint64_t capacity) : lru_(capacity) {}
+  tier_kind kind() const override { return tier_kind::host; }
+
+  status put(const std::string& name, std::span<const std::byte> record) override {
+    std::lock_guard lock(mu_);
+    data_[name].assign(record.begin(), record.end());
+    for (const std::string& out : lru_.touch(name, record.size())) data_.erase(out);
+    return ok();
+  }
+  expected<std::optional<std::vector<std::byte>>> get(const std::string& name) override {
+    std::lock_guard lock(mu_);
+    auto it = data_.find(name);
+    if (it == data_.end()) return std::optional<std::vector<std::byte>>{};
+    lru_.used(name);
+    return std::optional<std::vector<std::byte>>{it->second};
+  }
+  void erase(const std::string& name) override {
+    std::lock_guard lock(mu_);
+    data_.erase(name);
+    lru_.forget(name);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::vector<std::byte>> data_;
+  lru_bytes lru_;
+};
+
+// One file per record, named by a hash of the record's name; written whole to a temporary
+// file, then renamed, so a reader never sees half a record (a crash leaves a stray
+// temporary at most, removed at the next start).
+class disk_store final : public kv_tier_store {
+ public:
+  disk_store(std::filesystem::path dir, uint64_t capacity) : dir_(std::move(dir)), lru_(capacity) {}
+
+  status scan() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) return error{"disk tier: cannot make " + dir_.string() + ": " + ec.message()};
+    std::vector<std::pair<fs::file_time_type, fs::path>> found;
+    for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const fs::path p = it->path();
+      if (p.extension() == ".tmp") fs::remove(p, ec);
+      else if (p.extension() == ".kvb") found.emplace_back(fs::last_write_time(p, ec), p);
+    }
+    if (ec) return error{"disk tier: cannot read " + dir_.string() + ": " + ec.message()};
+    std::sort(found.begin(), found.end());
+    for (const auto& [when, p] : found) {
+      std::error_code e2;
+      const auto size = fs::file_size(p, e2);
+      if (e2) continue;
+      for (const std::string& out : lru_.touch(p.filename().string(), size)) fs::remove(dir_ / out, e2);
+    }
+    // Writable? (A read-only directory is an error now, not at the first write.)
+    const fs::path probe = dir_ / ("probe-" + std::to_string(::getpid()) + ".tmp");
+    if (!std::ofstream(probe)) return error{"disk tier: cannot write in " + dir_.string()};
+    fs::remove(probe, ec);
+    return ok();
+  }
+
+  tier_kind kind() const override { return tier_kind::disk; }
+
+  status put(const std::string& name, std::span<const std::byte> record) override {
+    namespace fs = std::filesystem;
+    const std::string file = file_name(name);
+    const fs::path tmp = dir_ / (file + "." + std::to_string(::getpid()) + "-" + std::to_string(++seq_) + ".tmp");
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return error{"disk tier: cannot write " + tmp.string() + ": " + std::strerror(errno)};
+    size_t done = 0;
+    while (done < record.size()) {
+      const ssize_t n = ::write(fd, record.data() + done, record.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = n < 0 ? std::strerror(errno) : "nothing written";
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return error{"disk tier: writing " + tmp.string() + ": " + why};
+      }
+      done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    std::error_code ec;
+    fs::rename(tmp, dir_ / file, ec);
+    if (ec) {
+      fs::remove(tmp, ec);
+      return error{"disk tier: " + ec.message()};
+    }
+    std::lock_guard lock(mu_);
+    for (const std::string& out : lru_.touch(file, record.size())) fs::remove(dir_ / out, ec);
+    return ok();
+  }
+
+  expected<std::optional<std::vector<std::byte>>> get(const std::string& name) override {
+    const std::string file = file_name(name);
+    const int fd = ::open((dir_ / file).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return std::optional<std::vector<std::byte>>{};
+      return error{"disk tier: reading " + file + ": " + std::strerror(errno)};
+    }
+    std::vector<std::byte> out;
+    std::byte buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        ::close(fd);
+        return error{"disk tier: reading " + file + ": " + std::strerror(errno)};
+      }
+      if (n == 0) break;
+      out.insert(out.end(), buf, buf + n);
+    }
+    ::close(fd);
+    std::lock_guard lock(mu_);
+    lru_.used(file);
+    return std::optional<std::vector<std::byte>>{std::move(out)};
+  }
+
+  void erase(const std::string& name) override {
+    const std::string file = file_name(name);
+    std::error_code ec;
+    std::filesystem::remove(dir_ / file, ec);
+    std::lock_guard lock(mu_);
+    lru_.forget(file);
+  }
+
+ private:
+  static std::string file_name(const std::string& name) {
+    const auto bytes = std::as_bytes(std::span(name.data(), name.size()));
+    return tier_key{checksum64(bytes, 1), checksum64(bytes, 2)}.hex() + ".kvb";
+  }
+
+  std::filesystem::path dir_;
+  std::mutex mu_;
+  lru_bytes lru_;
+  std::atomic<uint64_t> seq_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<kv_tier_store> make_host_store(uint64_t capacity_bytes) {
+  return std::make_unique<host_store>(capacity_bytes ? capacity_bytes : default_tier_capacity);
+}
+
+expected<std::unique_ptr<kv_tier_store>> make_disk_store(const std::string& dir, uint64_t capacity_bytes) {
+  auto s = std::make_unique<disk_store>(dir, capacity_bytes ? capacity_bytes : default_tier_capacity);
+  if (auto st = s->scan(); !st) return st.err();
+  return std::unique_ptr<kv_tier_store>(std::move(s));
+}
+
+expected<std::unique_ptr<kv_tier_store>> make_tier_store(const tier_config& c) {
+  if (auto e = validate(c)) return error{*e};
+  switch (c.kind) {
+    case tier_kind::host: return make_host_store(c.capacity_bytes);
+    case tier_kind::disk: return make_disk_store(c.path, c.capacity_bytes);
+    case tier_kind::redis: return make_redis_store(c.address, c.timeout_ms);
+  }
+  return error{"unknown tier kind"};
+}
+
+kv_tiers::kv_tiers(std::vector<std::unique_ptr<kv_tier_store>> stores, uint64_t queue_bytes)
+    : stores_(std::move(stores)), queue_limit_(queue_bytes), stats_(stores_.size()) {
+  if (stores_.size() > 1) writer_ = std::thread([this] { writer_loop(); });
+}
+
+kv_tiers::~kv_tiers() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (writer_.joinable()) writer_.join();
+}
+
+void kv_tiers::save(const std::string& name, std::span<const std::byte> payload) {
+  if (stores_.empty()) return;
+  auto record = std::make_shared<const std::vector<std::byte>>(seal_record(name, payload));
+  const status first = stores_[0]->put(name, *record);
+  std::lock_guard lock(mu_);
+  if (first) {
+    ++stats_[0].stored;
+    stats_[0].bytes_in += payload.size();
+  } else {
+    ++stats_[0].errors;
+  }
+  for (size_t t = 1; t < stores_.size(); ++t) {
+    if (queued_bytes_ + record->size() > queue_limit_) {
+      ++stats_[t].dropped;
+      continue;
+    }
+    queued_bytes_ += record->size();
+    queue_.push_back(write{name, record, t, payload.size()});
+  }
+  wake_.notify_one();
+}
+
+void kv_tiers::writer_loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    write w = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    lock.unlock();
+    const status st = stores_[w.tier]->put(w.name, *w.record);
+    lock.lock();
+    writing_ = false;
+    queued_bytes_ -= w.record->size();
+    tier_stats& s = stats_[w.tier];
+    if (st) {
+      ++s.stored;
+      s.bytes_in += w.payload_bytes;
+    } else {
+      ++s.errors;
+    }
+    if (queue_.empty()) idle_.notify_all();
+  }
+}
+
+void kv_tiers::flush() {
+  std::unique_lock lock(mu_);
+  idle_.wait(lock, [&] { return stop_ || (queue_.empty() && !writing_); });
+}
+
+bool kv_tiers::load(const std::string& name, std::span<std::byte> out) {
+  for (size_t t = 0; t < stores_.size(); ++t) {
+    const auto start = std::chrono::steady_clock::now();
+    auto got = stores_[t]->get(name);
+    std::optional<std::span<const std::byte>> payload;
+    if (got && *got) payload = open_record(name, **got);
+    const bool hit = payload && payload->size() == out.size();
+    if (hit) std::memcpy(out.data(), payload->data(), out.size());
+    // A copy that fails its checks is dropped, so it is written again when recomputed.
+    if (got && *got && !hit) stores_[t]->erase(name);
+    {
+      std::lock_guard lock(mu_);
+      tier_stats& s = stats_[t];
+      ++s.lookups;
+      s.load_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!got) ++s.errors;
+      else if (!*got) ++s.misses;
+      else if (!hit) ++s.corrupt;
+      else {
+        ++s.hits;
+        s.bytes_out += out.size();
+      }
+    }
+    if (!hit) continue;
+    if (t > 0) {
+      // Up into the first tier, for the next time.
+      if (stores_[0]->put(name, **got)) {
+        std::lock_guard lock(mu_);
+        ++stats_[0].stored;
+        stats_[0].bytes_in += out.size();
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+std::vector<tier_stats> kv_tiers::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace troupe

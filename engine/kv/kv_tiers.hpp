@@ -1,0 +1,148 @@
+// kv_tiers: KV blocks below the pool. A cached prefix block whose KV a shard has computed is
+// copied down into the tiers (host memory, a local directory, a Redis or Valkey server),
+// so that when the pool has reused its block, a later prompt with the same prefix loads it
+// back instead of computing it again.
+//
+// Blocks are named by content: a shard's key prefix (its model, layer range, tensor-parallel
+// slice, cache type and block size: tier_prefix()) and the 128-bit chained hash of the
+// tokens up to the block's end (tier_key, which the scheduler computes, per namespace). So
+// replicas of one model share a remote tier, and a restarted one finds its prefixes there.
+//
+// Every stored block is a record (seal_record): a magic number, its name, its length and a
+// checksum over both. A record that is missing, truncated, corrupt, or names another key is
+// a miss: the block is computed again, never decoded from garbage.
+//
+// Writes are write-through: the first tier (host memory, usually) at once, the others by a
+// background thread with a bounded queue (writes that do not fit are dropped, and counted).
+// A load tries the tiers in order; a hit on a lower tier is copied into the first. A store
+// that fails (a server gone, a full disk) counts the error and reads as a miss; a Redis
+// tier that failed waits a second before it tries to connect again, so a store that is
+// away costs a step nothing but the check.
+//
+// Thread-safe: a shard's thread loads and saves, the writer thread writes the lower tiers.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "engine/util/expected.hpp"
+
+namespace troupe {
+
+enum class tier_kind : uint8_t { host, disk, redis };
+std::string_view tier_kind_name(tier_kind k);
+std::optional<tier_kind> parse_tier_kind(std::string_view s);
+
+struct tier_config {
+  tier_kind kind = tier_kind::host;
+  uint64_t capacity_bytes = 0;  // host, disk: the most bytes it holds, the least recently
+                                // used dropped first (0: the default, 1 GiB); redis: unused
+                                // (the server's maxmemory policy decides)
+  std::string path;             // disk: the directory (made if missing)
+  std::string address;          // redis: HOST:PORT
+  int32_t timeout_ms = 100;     // redis: connecting and each command
+};
+inline constexpr uint64_t default_tier_capacity = uint64_t{1} << 30;
+
+// What is wrong with a tier's settings, or nullopt.
+std::optional<std::string> validate(const tier_config& c);
+
+// A block's content address: the chained hash of its whole prefix (tokens up to the
+// block's end) under a namespace, 128 bits, so that two prefixes never share a name.
+struct tier_key {
+  uint64_t hi = 0, lo = 0;
+  bool operator==(const tier_key&) const = default;
+  static tier_key root(uint64_t ns);  // the empty prefix's
+  tier_key chain(std::span<const int32_t> block) const;
+  std::string hex() const;  // 32 hex digits
+};
+
+// A 64-bit checksum of bytes (every bit of the input reaches every bit of the result).
+uint64_t checksum64(std::span<const std::byte> bytes, uint64_t seed = 0);
+
+std::vector<std::byte> seal_record(std::string_view name, std::span<const std::byte> payload);
+// The payload of an intact record of `name`, or nullopt (truncated, corrupt, another name).
+std::optional<std::span<const std::byte>> open_record(std::string_view name, std::span<const std::byte> record);
+
+struct tier_stats {
+  uint64_t hits = 0;       // blocks loaded from this tier
+  uint64_t misses = 0;     // looked up here and absent
+  uint64_t corrupt = 0;    // present but failing the record's checks (dropped, recomputed)
+  uint64_t errors = 0;     // the store failed (unreachable, timed out, disk full)
+  uint64_t stored = 0;     // blocks written
+  uint64_t dropped = 0;    // writes dropped: the background queue was full
+  uint64_t bytes_in = 0;   // written to it
+  uint64_t bytes_out = 0;  // loaded from it
+  double load_seconds = 0; // spent in its lookups, hits or not
+  uint64_t lookups = 0;
+};
+
+// One tier's storage of records by name.
+class kv_tier_store {
+ public:
+  virtual ~kv_tier_store() = default;
+  virtual tier_kind kind() const = 0;
+  // Stores the record under `name`, replacing any; an error if the store failed.
+  virtual status put(const std::string& name, std::span<const std::byte> record) = 0;
+  // The record under `name`, nullopt if there is none; an error if the store failed.
+  virtual expected<std::optional<std::vector<std::byte>>> get(const std::string& name) = 0;
+  virtual void erase(const std::string& name) = 0;
+};
+
+std::unique_ptr<kv_tier_store> make_host_store(uint64_t capacity_bytes);
+expected<std::unique_ptr<kv_tier_store>> make_disk_store(const std::string& dir, uint64_t capacity_bytes);
+expected<std::unique_ptr<kv_tier_store>> make_redis_store(const std::string& address, int32_t timeout_ms);
+expected<std::unique_ptr<kv_tier_store>> make_tier_store(const tier_config& c);
+
+class kv_tiers {
+ public:
+  // Stores in order, the first the fastest; queue_bytes bounds the background writes.
+  explicit kv_tiers(std::vector<std::unique_ptr<kv_tier_store>> stores, uint64_t queue_bytes = uint64_t{256} << 20);
+  ~kv_tiers();  // the queued writes are dropped
+  kv_tiers(const kv_tiers&) = delete;
+  kv_tiers& operator=(const kv_tiers&) = delete;
+
+  // Copies a block's bytes down: the first tier now, the others in the background.
+  void save(const std::string& name, std::span<const std::byte> payload);
+  // Fills `out` with the block's bytes from the first tier that holds an intact copy of
+  // exactly that size; false if none does (out is then unspecified).
+  bool load(const std::string& name, std::span<std::byte> out);
+  // Waits until the background writes queued so far are done (tests, shutdown drains).
+  void flush();
+
+  size_t size() const { return stores_.size(); }
+  tier_kind kind(size_t i) const { return stores_[i]->kind(); }
+  std::vector<tier_stats> stats() const;
+
+ private:
+  struct write {
+    std::string name;
+    std::shared_ptr<const std::vector<std::byte>> record;
+    size_t tier;
+    uint64_t payload_bytes;
+  };
+  void writer_loop();
+
+  std::vector<std::unique_ptr<kv_tier_store>> stores_;
+  uint64_t queue_limit_;
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable wake_, idle_;
+  std::deque<write> queue_;
+  uint64_t queued_bytes_ = 0;
+  bool writing_ = false;
+  bool stop_ = false;
+  std::vector<tier_stats> stats_;
+  std::thread writer_;
+};
+
+}  // namespace troupe
