@@ -30,6 +30,10 @@ struct Claim {
                                    # here on (-1: none); blocks from there to the step's end
                                    # that it shares are replaced by its own copies (the
                                    # grant drops them and adds the copies)
+  tierTokens @11 :Int32;           # KV tiers, an admission: its prefix the tiers hold (whole
+                                   # blocks); what the pool lacks of it is loaded
+  loadsLanded @12 :Bool;           # KV tiers, a running request: its loads came back whole;
+                                   # its blocks are cached from now on
 }
 
 struct KvStep {
@@ -51,6 +55,8 @@ struct Grant {
                                    # rejected drafts that the step no longer needs, those a
                                    # compaction emptied, and from the first one replaced by
                                    # a copy on (added then holds the table from there)
+  loads @5 :Int32;                 # KV tiers, an admission: the last `loads` blocks before
+                                   # `first` are filled from the tiers
 }
 
 struct KvUsage {

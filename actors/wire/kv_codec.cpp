@@ -55,6 +55,8 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     out.setEvicted(c.evicted);
     out.setKvBudget(c.kv_budget);
     out.setRewriteFrom(c.rewrite_from);
+    out.setTierTokens(c.tier_tokens);
+    out.setLoadsLanded(c.loads_landed);
     int32_t& known = known_[c.id];
     if (c.admit) known = 0;
     const auto rest = c.tokens.subspan(static_cast<size_t>(known));
@@ -105,8 +107,12 @@ expected<kv_step_grants> kv_claim_sender::decode(std::span<const uint8_t> bytes)
                      span_text(first, first + count - 1)};
       if (c.kv_budget > 0 && slots > c.kv_budget)
         return error{who() + std::to_string(slots) + " slots pass the request's KV budget of " + std::to_string(c.kv_budget)};
+      const int64_t loads = g.getLoads();
+      if (loads < 0 || (loads > 0 && !c.admit) || loads * lim_.block_size > first)
+        return error{who() + std::to_string(loads) + " blocks to load before token " + std::to_string(first)};
       kv_grant out_g;
       out_g.id = c.id;
+      out_g.loads = static_cast<int32_t>(loads);
       out_g.first = static_cast<int32_t>(first);
       out_g.count = static_cast<int32_t>(count);
       out_g.dropped = static_cast<int32_t>(dropped);
@@ -182,6 +188,8 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
                      std::to_string(c.getAdmit() ? 0 : c.getComputed() - evicted) + " cached" +
                      (budget == 0 ? ", without a KV budget" : "")};
       const int64_t drafts = c.getSpeculative();
+      if (c.getTierTokens() < 0 || c.getTierTokens() > total || (!c.getAdmit() && c.getTierTokens() != 0))
+        return error{who() + "a tier prefix of " + std::to_string(c.getTierTokens()) + " tokens of " + std::to_string(total)};
       if (drafts < 0 || drafts > max_draft_tokens || (c.getAdmit() && drafts != 0))
         return error{who() + std::to_string(drafts) + " draft positions; a running request may claim 0.." +
                      std::to_string(max_draft_tokens)};
@@ -210,7 +218,8 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
       out.request.claims.push_back(kv_claim{request_id{c.getRequestId()}, c.getAdmit(), c.getComputed(),
                                             static_cast<int32_t>(std::min<uint32_t>(c.getHeldBlocks(), INT32_MAX)),
                                             c.getNamespace(), tokens_[c.getRequestId()], c.getSpeculative(),
-                                            c.getEvicted(), c.getKvBudget(), c.getRewriteFrom()});
+                                            c.getEvicted(), c.getKvBudget(), c.getRewriteFrom(), c.getTierTokens(),
+                                            c.getLoadsLanded()});
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed kv claims: ") + e.getDescription().cStr()};
@@ -229,6 +238,7 @@ std::vector<uint8_t> encode_kv_grants(uint64_t session, const kv_step_grants& g)
     out.setFirst(g.grants[k].first);
     out.setCount(g.grants[k].count);
     out.setDropped(g.grants[k].dropped);
+    out.setLoads(g.grants[k].loads);
     const auto& added = g.grants[k].added;
     auto list = out.initAdded(static_cast<unsigned>(added.size()));
     for (size_t b = 0; b < added.size(); ++b) list.set(static_cast<unsigned>(b), added[b].value);

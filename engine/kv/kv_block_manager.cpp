@@ -31,7 +31,7 @@ std::vector<block_id> kv_block_manager::match_prefix(std::span<const int32_t> to
 }
 
 bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, int32_t num_positions,
-                                std::span<const block_id> hits, uint64_t ns) {
+                                std::span<const block_id> hits, uint64_t ns, bool loading) {
   TROUPE_ASSERT(num_positions >= 0, num_positions);
   const int32_t num_tokens = std::min(num_positions, static_cast<int32_t>(tokens.size()));
   auto it = held_.find(id);
@@ -46,7 +46,7 @@ bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, 
   for (size_t i = 0; i < from_hits; ++i) hits_on_free += pool_.ref_count(hits[i]) == 0;
   if (fresh + hits_on_free > pool_.num_free()) return false;
 
-  if (first) it = held_.emplace(id, holding{{}, ns, prefix_block_index::root(ns), 0}).first;
+  if (first) it = held_.emplace(id, holding{{}, ns, prefix_block_index::root(ns), 0, loading}).first;
   holding& h = it->second;
   // Blocks past the positions wanted held rejected drafts, never a cached block (those
   // hold known tokens, which the positions cover).
@@ -65,12 +65,13 @@ bool kv_block_manager::allocate(request_id id, std::span<const int32_t> tokens, 
     cache_.evict(*b);  // it may have held a cached prefix nobody was using
     h.blocks.push_back(*b);
   }
-  // Hash (and, with caching on, cache) every block the known tokens fill.
-  const size_t full = static_cast<size_t>(num_tokens) / block_size_;
+  // Hash (and, with caching on, cache) every block the known tokens fill. (A block already
+  // cached, such as a hit, stays as it is.)
+  const size_t full = h.loading ? 0 : static_cast<size_t>(num_tokens) / block_size_;
   for (size_t b = static_cast<size_t>(h.num_hashed); b < full; ++b) {
     const auto blk = tokens.subspan(b * block_size_, block_size_);
     const uint64_t hash = prefix_block_index::chain(h.last_hash, blk);
-    if (prefix_caching_ && b >= from_hits) cache_.insert(hash, h.last_hash, blk, h.blocks[b]);
+    if (prefix_caching_ && b >= from_hits && !cache_.holds(h.blocks[b])) cache_.insert(hash, h.last_hash, blk, h.blocks[b]);
     h.last_hash = hash;
     h.num_hashed = static_cast<int32_t>(b + 1);
   }
@@ -143,6 +144,13 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
       // An evicting request's hits leave it room under its budget.
       if (c.kv_budget > 0) hits.resize(std::min(hits.size(), static_cast<size_t>((c.kv_budget - 1) / block_size_)));
       g.first = static_cast<int32_t>(hits.size()) * block_size_;
+      // The tiers hold more of its prefix: those blocks are loaded, not computed (whole
+      // blocks, and never its last token, whose logits are wanted).
+      const int32_t tier = std::min(c.tier_tokens, (total - 1) / block_size_ * block_size_);
+      if (prefix_caching_ && c.kv_budget == 0 && tier > g.first) {
+        g.loads = (tier - g.first) / block_size_;
+        g.first = tier;
+      }
     } else {
       if (held == held_.end()) return error{who() + "runs without blocks"};
       if (static_cast<int64_t>(held->second.blocks.size()) != c.held)
@@ -154,6 +162,7 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
                      " tokens (" + std::to_string(c.evicted) + " evicted), which its " +
                      std::to_string(held->second.blocks.size()) + " blocks contradict"};
       if (c.speculative < 0) return error{who() + "claims a negative number of drafts"};
+      if (c.loads_landed) held->second.loading = false;
       g.first = c.computed;
     }
     g.count = std::min(total + (c.admit ? 0 : c.speculative) - g.first, budget);
@@ -186,7 +195,7 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
     // An evicting request's blocks are cached as its admission fills them (its prompt, as
     // far as the first step takes it), not later: they would not hold its prefix for long.
     const std::span<const int32_t> cached = c.kv_budget > 0 && !c.admit ? std::span<const int32_t>{} : c.tokens;
-    if (!allocate(c.id, cached, end_slot, hits, c.ns)) {
+    if (!allocate(c.id, cached, end_slot, hits, c.ns, g.loads > 0)) {
       out.short_of_blocks = true;
       break;
     }

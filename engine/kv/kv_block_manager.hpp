@@ -59,6 +59,12 @@ struct kv_claim {
                              // last position must be its own: one shared with another
                              // request, or holding a cached prefix, is replaced by a copy
                              // first (copy-on-write; the compaction reads the old one)
+  int32_t tier_tokens = 0;   // KV tiers, an admission: its prefix the tiers hold, whole
+                             // blocks from the start; what the pool lacks of it is loaded
+                             // (kv_grant::loads) and counts as computed
+  bool loads_landed = false; // KV tiers, a running request: its loads came back whole, so
+                             // its blocks are cached from now on (not before: a failed load
+                             // would leave garbage in them)
 };
 
 struct kv_grant {
@@ -72,6 +78,8 @@ struct kv_grant {
                                  // `added`: those of rejected drafts, those a compaction
                                  // emptied, and from the first block replaced by a copy on
                                  // (`added` then holds the table from there)
+  int32_t loads = 0;             // KV tiers, an admission: the blocks of its table before
+                                 // `first` that the tiers fill (the last `loads` of them)
 };
 
 struct kv_step_request {
@@ -97,11 +105,12 @@ class kv_block_manager {
 
   // Sizes request `id`'s blocks to hold `num_positions` positions, starting from `hits` on
   // its first allocation, and caches the blocks that tokens of `tokens` fill (positions
-  // past tokens.size() are drafts: their blocks are held, never cached). Blocks past
+  // past tokens.size() are drafts: their blocks are held, never cached; with `loading` on
+  // its first allocation, nothing is cached until a claim says its loads landed). Blocks past
   // those positions (left by drafts) go back to the pool. Returns false, changing
   // nothing, if too few blocks are free.
   bool allocate(request_id id, std::span<const int32_t> tokens, int32_t num_positions,
-                std::span<const block_id> hits, uint64_t ns);
+                std::span<const block_id> hits, uint64_t ns, bool loading = false);
 
   // Releases every block of the request (cached ones stay cached until evicted).
   void free(request_id id);
@@ -134,6 +143,8 @@ class kv_block_manager {
     uint64_t ns = 0;
     uint64_t last_hash = 0;     // chained hash of the last cached (or hit) full block
     int32_t num_hashed = 0;     // full blocks whose hash is known
+    bool loading = false;       // KV tiers: some of its blocks are being loaded; none is
+                                // cached until they have landed
   };
 
   block_pool pool_;

@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
+
+#include "engine/kv/tier_types.hpp"
 
 #include "kernels/common/dtype.hpp"
 
@@ -17,6 +20,8 @@ struct kv_config {
   bool prefix_cache_per_key = true;  // ... of the same API key only (each key a namespace)
   std::optional<dtype> cache_type;   // what shards keep K and V in (none: the model's default,
                                      // kv_cache_type_for)
+  std::vector<tier_config> tiers;    // where cached prefix blocks go below the pool, fastest
+                                     // first (engine/kv/kv_tiers.hpp); empty: nowhere
 };
 
 }  // namespace troupe

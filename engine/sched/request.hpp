@@ -19,6 +19,7 @@
 #include "engine/generate/stop_matcher.hpp"
 #include "engine/kv/kv_eviction.hpp"
 #include "engine/kv/block_id.hpp"
+#include "engine/kv/tier_types.hpp"
 #include "engine/sample/rng.hpp"
 #include "engine/sample/sampler.hpp"
 #include "engine/tokenizer/utf8_stream.hpp"
@@ -83,6 +84,11 @@ struct request {
                                  // blocks hold num_computed_tokens - evicted slots
   kv_eviction_config eviction;   // its policy: its own, or the deployment's
   kv_eviction_state kept;        // what its eviction policy knows of each slot
+  // KV tiers (engine/kv/kv_tiers.hpp)
+  std::vector<tier_key> tier_keys;  // its full blocks' content addresses, as far as needed
+  int32_t tier_saved = 0;        // full blocks whose copy down is decided
+  bool loads_in_flight = false;  // its step in flight loads blocks from the tiers
+  bool loads_landed = false;     // they landed: its next claim says so
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;

@@ -21,6 +21,7 @@ scheduler::scheduler(const scheduler_config& cfg, const tokenizer& tok)
   TROUPE_ASSERT(cfg.max_step_tokens > 0 && cfg.max_running > 0 && cfg.context > 0 && cfg.vocab > 0,
                 cfg.max_step_tokens, cfg.max_running, cfg.context, cfg.vocab);
   if (!cfg.remote_kv) kv_.emplace(cfg.kv.num_blocks, cfg.kv.block_size, cfg.kv.prefix_caching);
+  if (cfg.tier_blocks > 0 && cfg.kv.prefix_caching) tiers_.emplace(cfg.tier_blocks);
   remote_usage_.num_blocks = remote_usage_.free = cfg.kv.num_blocks;
 }
 
@@ -137,6 +138,7 @@ void scheduler::requeue(request& r) {
   r.blocks.clear();
   r.state = request_state::waiting;
   r.in_flight = false;
+  r.loads_in_flight = r.loads_landed = false;
   ++r.num_preemptions;
   insert_waiting(&r);
 }
@@ -198,6 +200,8 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
     q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
                                 admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
                                 drafts, admit ? 0 : r.evicted, r.eviction.enabled() ? r.eviction.budget : 0});
+    if (admit) q.claims.back().tier_tokens = tier_prefix(r);
+    q.claims.back().loads_landed = !admit && r.loads_landed;
     // Its compaction this step, if any: the blocks it writes become its own.
     for (const planned_compaction& c : d.plan.compactions)
       if (c.id == r.id) q.claims.back().rewrite_from = c.rewrite_from();
@@ -235,7 +239,7 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
 bool scheduler::grant_here(step_draft& d, const kv_step_request& q) {
   const int32_t bs = cfg_.kv.block_size;
   for (const kv_claim& c : q.claims) {
-    if (c.admit || c.kv_budget > 0) return false;
+    if (c.admit || c.kv_budget > 0 || c.loads_landed) return false;
     const request* r = find(c.id);
     const int32_t end = static_cast<int32_t>(c.tokens.size()) + c.speculative;
     const int32_t held = r ? static_cast<int32_t>(r->blocks.size()) : 0;
@@ -268,6 +272,7 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
   c.rope_in_cache = r.eviction.rope_in_cache();
   c.attention = r.eviction.wants_attention();
   r.in_flight = true;
+  plan_tier_saves(d, r, first + known);
   d.plan.chunks.push_back(c);
   d.plan.num_tokens += count;
   d.budget -= count;
@@ -307,7 +312,19 @@ void scheduler::apply(step_draft& d, kv_step_grants g) {
       if (r->num_preemptions == 0) r->num_cached_prompt_tokens = grant.first;
       r->state = request_state::running;
       running_.push_back(r);
+      // KV tiers: the blocks the pool lacked are loaded first, the step's tokens after them.
+      const int32_t bs = cfg_.kv.block_size;
+      r->tier_saved = grant.first / bs;
+      if (grant.loads > 0 && tiers_) {
+        TROUPE_ASSERT(grant.loads <= grant.first / bs && grant.first / bs <= static_cast<int32_t>(r->blocks.size()), grant.loads);
+        for (int32_t b = grant.first / bs - grant.loads; b < grant.first / bs; ++b)
+          d.plan.tier_loads.push_back({r->id, r->blocks[b], key_of(*r, b)});
+        r->loads_in_flight = true;
+        tier_usage_.loaded_blocks += grant.loads;
+        tier_usage_.loaded_tokens += static_cast<uint64_t>(grant.loads) * bs;
+      }
     } else {
+      r->loads_landed = false;  // (the block manager has heard)
       TROUPE_ASSERT(grant.dropped <= static_cast<int32_t>(r->blocks.size()), grant.dropped, r->blocks.size());
       r->blocks.resize(r->blocks.size() - grant.dropped);
       r->blocks.insert(r->blocks.end(), grant.added.begin(), grant.added.end());
@@ -440,6 +457,75 @@ void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
   r.evicted += slots - keep;
   evicted_tokens_ += slots - keep;
   d.plan.compactions.push_back(std::move(c));
+}
+
+// KV tiers -------------------------------------------------------------------------------
+
+const tier_key& scheduler::key_of(request& r, int32_t block) {
+  const int32_t bs = cfg_.kv.block_size;
+  while (static_cast<int32_t>(r.tier_keys.size()) <= block) {
+    const size_t b = r.tier_keys.size();
+    const tier_key parent = b == 0 ? tier_key::root(r.params.cache_namespace) : r.tier_keys.back();
+    r.tier_keys.push_back(parent.chain(std::span<const int32_t>(r.tokens).subspan(b * bs, bs)));
+  }
+  return r.tier_keys[block];
+}
+
+// The tokens of r's prompt the tiers hold, in whole blocks from the start (never the last
+// token: its logits are wanted).
+int32_t scheduler::tier_prefix(request& r) {
+  if (!tiers_ || r.eviction.enabled()) return 0;
+  const int32_t bs = cfg_.kv.block_size;
+  const int32_t max_blocks = (r.num_tokens() - 1) / bs;
+  int32_t n = 0;
+  while (n < max_blocks && tiers_->contains(key_of(r, n))) ++n;
+  return n * bs;
+}
+
+// The blocks r's known tokens fill up to `end` are copied down after the step, unless the
+// tiers hold them already.
+void scheduler::plan_tier_saves(step_draft& d, request& r, int32_t end) {
+  if (!tiers_ || r.eviction.enabled()) return;
+  const int32_t bs = cfg_.kv.block_size;
+  const int32_t full = std::min(end / bs, static_cast<int32_t>(r.blocks.size()));
+  for (int32_t b = r.tier_saved; b < full; ++b) {
+    const tier_key& k = key_of(r, b);
+    if (tiers_->contains(k)) continue;
+    d.plan.tier_saves.push_back({r.id, r.blocks[b], k});
+    tiers_->add(k);
+    ++tier_usage_.saved_blocks;
+  }
+  r.tier_saved = std::max(r.tier_saved, full);
+}
+
+void scheduler::settle_tier_loads(const step_plan& plan, std::span<const request_id> failed) {
+  for (const tier_move& m : plan.tier_loads) {
+    request* r = find(m.id);
+    if (!r || !r->loads_in_flight) continue;
+    r->loads_in_flight = false;
+    if (std::find(failed.begin(), failed.end(), m.id) == failed.end()) {
+      r->loads_landed = true;
+      continue;
+    }
+    // Some block was gone or corrupt: forget what this request loaded and saved, and
+    // compute it all again (nothing of its step is kept).
+    ++tier_usage_.failed_loads;
+    for (const tier_move& l : plan.tier_loads)
+      if (l.id == m.id) tiers_->forget(l.key);
+    for (const tier_move& sv : plan.tier_saves)
+      if (sv.id == m.id) tiers_->forget(sv.key);
+    if (r->state != request_state::running) continue;
+    release(*r);
+    std::erase(running_, r);
+    requeue(*r);
+    --r->num_preemptions;  // (not a preemption)
+  }
+}
+
+tier_usage scheduler::tiers_now() const {
+  tier_usage u = tier_usage_;
+  u.directory = tiers_ ? tiers_->size() : 0;
+  return u;
 }
 
 scheduler::eviction_usage scheduler::eviction_now() const {

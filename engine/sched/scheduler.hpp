@@ -46,6 +46,7 @@
 
 #include "engine/kv/kv_block_manager.hpp"
 #include "engine/kv/kv_config.hpp"
+#include "engine/kv/tier_directory.hpp"
 #include "engine/sched/step_plan.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "engine/util/expected.hpp"
@@ -69,6 +70,18 @@ struct scheduler_config {
                                   // unless the request names its own
   std::string no_eviction;        // non-empty: why KV eviction cannot run here (requests
                                   // that ask for it are refused with this)
+  size_t tier_blocks = 0;         // KV tiers: blocks the tiers are taken to hold (the
+                                  // directory's size); 0: no tiers
+};
+
+// KV tiers, as the scheduler saw them: blocks it had loaded and saved, and loads that came
+// back failed (the block gone or corrupt in every tier: its request was computed again).
+struct tier_usage {
+  uint64_t loaded_blocks = 0;
+  uint64_t failed_loads = 0;   // requests
+  uint64_t saved_blocks = 0;
+  uint64_t loaded_tokens = 0;  // prompt tokens served by the tiers
+  size_t directory = 0;        // blocks the directory holds now
 };
 
 // A step being planned.
@@ -126,6 +139,12 @@ class scheduler {
   // of the accepted ones counts as computed, the rest of its draft slots as never written.
   std::vector<step_output> update_from_output(const step_plan& plan, std::span<sample_result> samples,
                                               std::span<const int32_t> emitted = {});
+  // KV tiers, before update_from_output: the requests of `plan` whose loads failed in some
+  // shard. Those go back to waiting, computing what they had loaded (their outputs of
+  // this step are dropped) and the directory forgets their blocks; the others' loads
+  // have landed.
+  void settle_tier_loads(const step_plan& plan, std::span<const request_id> failed);
+  tier_usage tiers_now() const;
   // KV eviction: the attention the slots of the step just applied received, its chunks'
   // sums one after the other (plan.attention_sums() of them), each summed over its last
   // attention_mass_queries tokens and `heads` softmax rows a token (query heads times
@@ -171,6 +190,9 @@ class scheduler {
   void make_room(step_draft& d, request& r, int32_t wanted);
   step_output finish(request& r, finish_reason why);
   void insert_waiting(request* r);
+  int32_t tier_prefix(request& r);
+  const tier_key& key_of(request& r, int32_t block);
+  void plan_tier_saves(step_draft& d, request& r, int32_t end);
 
   scheduler_config cfg_;
   const tokenizer& tok_;
@@ -184,6 +206,8 @@ class scheduler {
   uint64_t next_arrival_ = 0;
   std::vector<step_output> pending_;  // outputs decided in schedule() (out of memory)
   uint64_t queried_before_reset_ = 0, hits_before_reset_ = 0;
+  std::optional<tier_directory> tiers_;  // KV tiers, when there are some
+  tier_usage tier_usage_;
 };
 
 }  // namespace troupe

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/kv/block_id.hpp"
+#include "engine/kv/tier_types.hpp"
 #include "engine/sched/request.hpp"
 
 namespace troupe {
@@ -56,11 +57,24 @@ struct planned_compaction {
   }
 };
 
+// KV tiers: a block of a request's table, copied between the shards' caches and the tiers
+// (engine/kv/kv_tiers.hpp) under its content address.
+struct tier_move {
+  request_id id;
+  block_id block;
+  tier_key key;
+};
+
 struct step_plan {
   std::vector<scheduled_chunk> chunks;  // decode tokens first, then prefill chunks
   std::vector<request_id> preempted;    // requests sent back to waiting this step
   std::vector<planned_compaction> compactions;  // KV eviction: applied before the chunks,
                                                 // each of a request with a chunk here
+  std::vector<tier_move> tier_loads;  // KV tiers: filled before anything else (a request
+                                      // whose loads fail is computed again later; its
+                                      // outputs of this step are dropped)
+  std::vector<tier_move> tier_saves;  // KV tiers: copied down after the step (blocks its
+                                      // tokens filled), unless their request's loads failed
   int32_t num_tokens = 0;
   int32_t num_samples() const {
     int32_t n = 0;
