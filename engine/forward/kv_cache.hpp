@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
+#include <span>
 
 #include "kernels/common/aligned.hpp"
 #include "kernels/common/dtype.hpp"
@@ -35,6 +37,12 @@ class kv_cache {
   const kv_cache_shape& shape() const { return shape_; }
   int64_t bytes() const;
 
+  // One block's K and V, every layer (and scales), as bytes: what the KV tiers keep.
+  int64_t block_bytes() const { return block_bytes(shape_); }
+  static int64_t block_bytes(const kv_cache_shape& s);
+  void read_block(uint32_t block, std::span<std::byte> out) const;
+  void write_block(uint32_t block, std::span<const std::byte> in);
+
  private:
   kv_cache_shape shape_;
   int64_t layer_values_;
@@ -43,6 +51,11 @@ class kv_cache {
   aligned_vector<uint16_t> half_;
   aligned_vector<int8_t> int8_;
   aligned_vector<float> scales_;  // q8_0: per layer k_scale then v_scale
+
+  // The block's pieces, in order: (offset in bytes into the array, length), each array's
+  // base. f(base, offset, length) for each.
+  template <class F>
+  void for_each_piece(uint32_t block, F&& f) const;
 };
 
 }  // namespace troupe

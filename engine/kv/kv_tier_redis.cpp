@@ -47,6 +47,24 @@ class redis_store final : public kv_tier_store {
     return out;
   }
 
+  expected<size_t> leading_present(std::span<const std::string> names) override {
+    std::lock_guard lock(mu_);
+    if (auto st = connect(); !st) return st.err();
+    for (const std::string& name : names)
+      if (redisAppendCommand(ctx_, "EXISTS %b", name.data(), name.size()) != REDIS_OK) return fail();
+    size_t n = 0;
+    bool counting = true;
+    for (size_t i = 0; i < names.size(); ++i) {
+      void* reply = nullptr;
+      if (redisGetReply(ctx_, &reply) != REDIS_OK || !reply) return fail();
+      auto* r = static_cast<redisReply*>(reply);
+      counting = counting && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+      n += counting;
+      freeReplyObject(r);
+    }
+    return n;
+  }
+
   void erase(const std::string& name) override {
     std::lock_guard lock(mu_);
     if (!connect()) return;
@@ -75,15 +93,17 @@ class redis_store final : public kv_tier_store {
 
   template <class F>
   status check(redisReply* r, F&& look) {
-    if (!r) {
-      last_ = ctx_ && ctx_->err ? ctx_->errstr : "no reply";
-      close();
-      retry_at_ = clock::now() + std::chrono::seconds(1);
-      return error{"redis tier: " + last_};
-    }
+    if (!r) return fail();
     status st = look(r);
     freeReplyObject(r);
     return st;
+  }
+
+  error fail() {
+    last_ = ctx_ && ctx_->err ? ctx_->errstr : "no reply";
+    close();
+    retry_at_ = clock::now() + std::chrono::seconds(1);
+    return error{"redis tier: " + last_};
   }
 
   void close() {

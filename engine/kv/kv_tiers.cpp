@@ -151,6 +151,17 @@ std::optional<std::span<const std::byte>> open_record(std::string_view name, std
   return payload;
 }
 
+expected<size_t> kv_tier_store::leading_present(std::span<const std::string> names) {
+  size_t n = 0;
+  for (const std::string& name : names) {
+    auto got = get(name);
+    if (!got) return got.err();
+    if (!*got) break;
+    ++n;
+  }
+  return n;
+}
+
 namespace {
 
 // Records by name, least recently used first out, within a byte capacity.
@@ -216,6 +227,12 @@ class host_store final : public kv_tier_store {
     std::lock_guard lock(mu_);
     data_.erase(name);
     lru_.forget(name);
+  }
+  expected<size_t> leading_present(std::span<const std::string> names) override {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    while (n < names.size() && data_.count(names[n])) ++n;
+    return n;
   }
 
  private:
@@ -312,6 +329,12 @@ class disk_store final : public kv_tier_store {
     std::lock_guard lock(mu_);
     lru_.used(file);
     return std::optional<std::vector<std::byte>>{std::move(out)};
+  }
+
+  expected<size_t> leading_present(std::span<const std::string> names) override {
+    size_t n = 0;
+    while (n < names.size() && ::access((dir_ / file_name(names[n])).c_str(), F_OK) == 0) ++n;
+    return n;
   }
 
   void erase(const std::string& name) override {
@@ -456,6 +479,20 @@ bool kv_tiers::load(const std::string& name, std::span<std::byte> out) {
     return true;
   }
   return false;
+}
+
+size_t kv_tiers::leading_present(std::span<const std::string> names) {
+  size_t most = 0;
+  for (size_t t = 0; t < stores_.size() && most < names.size(); ++t) {
+    auto n = stores_[t]->leading_present(names);
+    if (!n) {
+      std::lock_guard lock(mu_);
+      ++stats_[t].errors;
+      continue;
+    }
+    most = std::max(most, *n);
+  }
+  return most;
 }
 
 std::vector<tier_stats> kv_tiers::stats() const {

@@ -70,6 +70,8 @@ class kv_tier_store {
   // The record under `name`, nullopt if there is none; an error if the store failed.
   virtual expected<std::optional<std::vector<std::byte>>> get(const std::string& name) = 0;
   virtual void erase(const std::string& name) = 0;
+  // How many of `names`, from the first, it holds (a Redis tier asks in one round trip).
+  virtual expected<size_t> leading_present(std::span<const std::string> names);
 };
 
 std::unique_ptr<kv_tier_store> make_host_store(uint64_t capacity_bytes);
@@ -90,6 +92,9 @@ class kv_tiers {
   // Fills `out` with the block's bytes from the first tier that holds an intact copy of
   // exactly that size; false if none does (out is then unspecified).
   bool load(const std::string& name, std::span<std::byte> out);
+  // How many of `names`, from the first, some tier holds (a restarted scheduler's view of
+  // what the tiers kept; the loads check the records).
+  size_t leading_present(std::span<const std::string> names);
   // Waits until the background writes queued so far are done (tests, shutdown drains).
   void flush();
 

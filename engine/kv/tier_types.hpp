@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "engine/kv/block_id.hpp"
+
 namespace troupe {
 
 enum class tier_kind : uint8_t { host, disk, redis };
@@ -36,6 +38,14 @@ struct tier_key {
   static tier_key root(uint64_t ns);  // the empty prefix's
   tier_key chain(std::span<const int32_t> block) const;
   std::string hex() const;  // 32 hex digits
+};
+
+// KV tiers: a block of a request's table, copied between the shards' caches and the tiers
+// (engine/kv/kv_tiers.hpp) under its content address.
+struct tier_move {
+  request_id id;
+  block_id block;
+  tier_key key;
 };
 
 }  // namespace troupe

@@ -89,6 +89,7 @@ struct request {
   int32_t tier_saved = 0;        // full blocks whose copy down is decided
   bool loads_in_flight = false;  // its step in flight loads blocks from the tiers
   bool loads_landed = false;     // they landed: its next claim says so
+  bool tier_probed = false;      // the tiers were asked what they hold of its prompt
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;

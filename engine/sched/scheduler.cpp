@@ -479,6 +479,12 @@ int32_t scheduler::tier_prefix(request& r) {
   const int32_t max_blocks = (r.num_tokens() - 1) / bs;
   int32_t n = 0;
   while (n < max_blocks && tiers_->contains(key_of(r, n))) ++n;
+  if (n < max_blocks && probe_ && !r.tier_probed) {
+    r.tier_probed = true;
+    key_of(r, max_blocks - 1);
+    const size_t found = probe_(std::span<const tier_key>(r.tier_keys).subspan(n, max_blocks - n));
+    for (size_t i = 0; i < found && n < max_blocks; ++i) tiers_->add(r.tier_keys[n++]);
+  }
   return n * bs;
 }
 

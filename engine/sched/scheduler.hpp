@@ -37,6 +37,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -144,6 +145,11 @@ class scheduler {
   // this step are dropped) and the directory forgets their blocks; the others' loads
   // have landed.
   void settle_tier_loads(const step_plan& plan, std::span<const request_id> failed);
+  // KV tiers that outlive the scheduler (a directory, Redis): asked, once per request whose
+  // prompt the directory does not cover, how many of the keys given (from the first) they
+  // hold. Those join the directory.
+  using tier_probe = std::function<size_t(std::span<const tier_key>)>;
+  void set_tier_probe(tier_probe p) { probe_ = std::move(p); }
   tier_usage tiers_now() const;
   // KV eviction: the attention the slots of the step just applied received, its chunks'
   // sums one after the other (plan.attention_sums() of them), each summed over its last
@@ -207,6 +213,7 @@ class scheduler {
   std::vector<step_output> pending_;  // outputs decided in schedule() (out of memory)
   uint64_t queried_before_reset_ = 0, hits_before_reset_ = 0;
   std::optional<tier_directory> tiers_;  // KV tiers, when there are some
+  tier_probe probe_;
   tier_usage tier_usage_;
 };
 

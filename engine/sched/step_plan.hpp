@@ -57,14 +57,6 @@ struct planned_compaction {
   }
 };
 
-// KV tiers: a block of a request's table, copied between the shards' caches and the tiers
-// (engine/kv/kv_tiers.hpp) under its content address.
-struct tier_move {
-  request_id id;
-  block_id block;
-  tier_key key;
-};
-
 struct step_plan {
   std::vector<scheduled_chunk> chunks;  // decode tokens first, then prefill chunks
   std::vector<request_id> preempted;    // requests sent back to waiting this step

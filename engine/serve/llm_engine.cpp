@@ -14,6 +14,8 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
   if (cfg.sched.context == 0) cfg.sched.context = m.config.max_seq_len;
   if (cfg.sched.vocab == 0) cfg.sched.vocab = m.config.vocab_size;
   if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(m, cfg.spec).value_or("");
+  if (cfg.sched.tier_blocks == 0 && !cfg.sched.kv.tiers.empty())
+    cfg.sched.tier_blocks = tier_directory_blocks(cfg.sched.kv, m.config, cfg.kv_type.value_or(kv_cache_type_for(m)));
   return cfg;
 }
 
@@ -35,6 +37,8 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
       return error{"a KV budget of " + std::to_string(ev.budget) + " tokens is past the model's context of " +
                    std::to_string(m.config.max_seq_len)};
   }
+  for (const tier_config& t : cfg.sched.kv.tiers)
+    if (auto e = validate(t)) return error{*e};
   if (s.method == spec_method::draft) {
     if (cfg.draft == nullptr) return error{"speculative method draft needs a draft model"};
     if (auto e = check_draft(*cfg.draft, m)) return error{*e};
@@ -75,6 +79,12 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
       cfg_.kv_type.value_or(kv_cache_type_for(m))));
   auto shard = std::make_unique<transformer_shard>(m, shard_spec{}, *cache_, pool_, solo_);
   transformer_shard* cpu = shard.get();
+  if (!cfg_.sched.kv.tiers.empty()) {
+    auto t = shard_tiers::open(cfg_.sched.kv.tiers, m, shard_spec{}, *cache_);
+    if (!t) throw std::invalid_argument(t.err().message);
+    tiers_ = std::move(t).value();
+    sched_.set_tier_probe([this](std::span<const tier_key> keys) { return tiers_->probe(keys); });
+  }
   shard_ = std::move(shard);
   start_speculation(cpu);
 }
@@ -82,6 +92,7 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
 expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const tokenizer& tok, engine_config cfg,
                                                          gpu_placement where) {
   if (cfg.kv_type) return error{"a KV cache type applies to the CPU; a GPU shard keeps its cache in its own type"};
+  if (!cfg.sched.kv.tiers.empty()) return error{"KV tiers serve CPU shards; a GPU shard's cache stays on its device"};
   if (cfg.spec.method == spec_method::draft || cfg.spec.method == spec_method::early_exit)
     return error{"on a GPU, speculative decoding proposes by n-gram only"};
   if (auto st = check(m, cfg); !st) return st.err();
@@ -116,6 +127,13 @@ std::vector<step_output> llm_engine::step() {
   }
   step_tokens got;
   batch_.clear();
+  // KV tiers: the loads first; a request one of whose blocks no tier held goes back to
+  // compute before anything is sampled for it.
+  std::vector<request_id> failed;
+  if (tiers_ && !plan.tier_loads.empty()) failed = tiers_->load(plan.tier_loads);
+  sched_.settle_tier_loads(plan, failed);
+  if (proposer_)
+    for (request_id id : failed) proposer_->forget(id);
   for (const auto& c : plan.compactions) batch_.compactions.push_back({c.block_table, c.kept, c.rotate, c.new_table});
   stats_.evicted_tokens = sched_.evicted_tokens();
   mass_.assign(static_cast<size_t>(plan.attention_sums()), 0.0f);
@@ -155,6 +173,7 @@ std::vector<step_output> llm_engine::step() {
       shard_->forward(batch_, hidden_.data(), logits_.data());
       got = sample_rows(plan, sched_, logits_.data(), vocab, cfg_.spec);
     }
+    if (tiers_) tiers_->save(plan.tier_saves, failed);
     stats_.spec_verifies += got.spec.verifies;
     stats_.spec_proposed += got.spec.proposed;
     stats_.spec_accepted += got.spec.accepted;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/forward/forward_shard.hpp"
+#include "engine/forward/shard_tiers.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/sched/scheduler.hpp"
 #include "engine/spec/speculative.hpp"
@@ -55,8 +56,8 @@ struct engine_stats {
 class llm_engine {
  public:
   // On the CPU, with cfg.num_threads threads. A speculative configuration that does not
-  // fit the model (validate, check_draft) throws std::invalid_argument: check it first
-  // with llm_engine::check.
+  // fit the model (validate, check_draft), or KV tiers that cannot be opened, throw
+  // std::invalid_argument: check it first with llm_engine::check.
   llm_engine(const model& m, const tokenizer& tok, engine_config cfg);
   // Whether cfg's speculative decoding fits m (and its draft); the problem in words.
   static status check(const model& m, const engine_config& cfg);
@@ -86,6 +87,13 @@ class llm_engine {
   size_t num_running() const { return sched_.num_running(); }
   kv_usage kv() const { return sched_.usage(); }
   const engine_stats& stats() const { return stats_; }
+  // KV tiers: the scheduler's figures, and each tier's (empty without tiers).
+  tier_usage tiers() const { return sched_.tiers_now(); }
+  std::vector<tier_stats> tier_figures() const { return tiers_ ? tiers_->tiers().stats() : std::vector<tier_stats>{}; }
+  // Waits for the tiers' background writes (tests; a clean stop).
+  void flush_tiers() {
+    if (tiers_) tiers_->tiers().flush();
+  }
   const scheduler_config& config() const { return sched_.config(); }
 
  private:
@@ -99,6 +107,7 @@ class llm_engine {
   std::unique_ptr<kv_cache> cache_;  // the CPU shard's, when made here
   no_collective solo_;
   std::unique_ptr<forward_shard> shard_;
+  std::unique_ptr<shard_tiers> tiers_;  // KV tiers, for the CPU shard
   engine_stats stats_;
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;

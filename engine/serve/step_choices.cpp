@@ -48,7 +48,9 @@ step_tokens replay_chosen(const step_plan& plan, scheduler& sched, std::span<con
     const std::span<const int32_t> rows = chosen.subspan(row, static_cast<size_t>(1 + c.num_draft));
     row += rows.size();
     request* r = sched.find(c.id);
-    if (r == nullptr) {  // ended while its step ran: its token, never recorded
+    // Ended while its step ran, or sent back to compute again (its KV loads failed): its
+    // token, never recorded.
+    if (r == nullptr || r->state != request_state::running) {
       out.samples.push_back({rows[0], 0.0f, {}});
       out.emitted.push_back(1);
       continue;
@@ -79,7 +81,9 @@ step_tokens sample_rows(const step_plan& plan, scheduler& sched, float* logits, 
     float* l = logits + row * static_cast<size_t>(vocab);
     row += 1 + static_cast<size_t>(c.num_draft);
     request* r = sched.find(c.id);
-    if (r == nullptr) {  // ended while its step ran: a placeholder, never recorded
+    // Ended while its step ran, or sent back to compute again (its KV loads failed): a
+    // placeholder, never recorded (its sampler untouched).
+    if (r == nullptr || r->state != request_state::running) {
       out.samples.emplace_back();
       out.emitted.push_back(1);
       continue;

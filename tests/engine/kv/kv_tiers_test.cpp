@@ -34,21 +34,12 @@ std::vector<std::unique_ptr<kv_tier_store>> stores(std::unique_ptr<kv_tier_store
   return out;
 }
 
-struct temp_dir {
-  std::filesystem::path path;
-  temp_dir() {
-    path = std::filesystem::temp_directory_path() /
-           ("troupe-tiers-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
-    std::filesystem::create_directories(path);
-  }
-  ~temp_dir() { std::filesystem::remove_all(path); }
-  std::vector<std::filesystem::path> blocks() const {
-    std::vector<std::filesystem::path> out;
-    for (const auto& e : std::filesystem::directory_iterator(path))
-      if (e.path().extension() == ".kvb") out.push_back(e.path());
-    return out;
-  }
-};
+std::vector<std::filesystem::path> block_files(const test::temp_dir& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    if (e.path().extension() == ".kvb") out.push_back(e.path());
+  return out;
+}
 
 }  // namespace
 
@@ -100,18 +91,18 @@ TEST_CASE("the host tier keeps the most recently used blocks within its capacity
 }
 
 TEST_CASE("the disk tier outlives its process, and a flipped or cut file is recomputed") {
-  temp_dir dir;
+  test::temp_dir dir;
   {
-    auto disk = make_disk_store(dir.path.string(), 0);
+    auto disk = make_disk_store(dir.path(), 0);
     REQUIRE(disk);
     kv_tiers tiers(stores(make_host_store(0), std::move(disk).value()));
     for (int i = 0; i < 3; ++i) tiers.save("blk" + std::to_string(i), bytes_of(4096, i));
     tiers.flush();
     CHECK(tiers.stats()[1].stored == 3);
   }
-  REQUIRE(dir.blocks().size() == 3);
+  REQUIRE(block_files(dir).size() == 3);
   // A restart: an empty host tier, the disk's blocks found again and promoted.
-  auto disk = make_disk_store(dir.path.string(), 0);
+  auto disk = make_disk_store(dir.path(), 0);
   REQUIRE(disk);
   kv_tiers tiers(stores(make_host_store(0), std::move(disk).value()));
   std::vector<std::byte> out(4096);
@@ -125,7 +116,7 @@ TEST_CASE("the disk tier outlives its process, and a flipped or cut file is reco
 
   // One file with a byte flipped, one cut short, one holding another block's record:
   // each a miss, counted as corrupt and deleted (blk0 is still in host memory).
-  auto files = dir.blocks();
+  auto files = block_files(dir);
   for (size_t i = 0; i < files.size(); ++i) {
     auto bytes = read_all(files[i].string());
     if (i == 0) bytes[bytes.size() / 2] ^= 1;
@@ -140,26 +131,26 @@ TEST_CASE("the disk tier outlives its process, and a flipped or cut file is reco
   s = tiers.stats();
   CHECK(s[1].corrupt - before.corrupt == 2);
   CHECK(s[1].hits == before.hits);
-  CHECK(dir.blocks().size() == 1);  // the two found corrupt are gone
+  CHECK(block_files(dir).size() == 1);  // the two found corrupt are gone
 }
 
 TEST_CASE("the disk tier drops its least recently used files past its capacity") {
-  temp_dir dir;
-  auto disk = make_disk_store(dir.path.string(), 5 * 1100);
+  test::temp_dir dir;
+  auto disk = make_disk_store(dir.path(), 5 * 1100);
   REQUIRE(disk);
   auto* d = disk->get();
   for (int i = 0; i < 8; ++i) {
     const auto rec = seal_record("x" + std::to_string(i), bytes_of(1000, i));
     REQUIRE(d->put("x" + std::to_string(i), rec));
   }
-  CHECK(dir.blocks().size() == 5);
+  CHECK(block_files(dir).size() == 5);
   CHECK_FALSE(d->get("x0").value());
   CHECK(d->get("x7").value());
 }
 
 TEST_CASE("a disk tier in a directory that cannot be made is refused") {
-  temp_dir dir;
-  const auto file = dir.path / "a-file";
+  test::temp_dir dir;
+  const std::filesystem::path file = dir.file("a-file");
   std::ofstream(file) << "x";
   auto disk = make_disk_store((file / "sub").string(), 0);
   REQUIRE_FALSE(disk);

@@ -1,6 +1,6 @@
 // The scheduler with KV tiers below its pool: which blocks its plans copy down and load
 // back, and what a failed load costs. The shards' side is in engine/kv/kv_tiers_test.cpp
-// and engine/forward/kv_tier_io_test.cpp.
+// and engine/serve/llm_engine_tiers_test.cpp.
 #include <algorithm>
 
 #include <doctest/doctest.h>
