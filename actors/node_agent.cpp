@@ -30,6 +30,7 @@ struct agent_state {
   std::string node;
   std::vector<unit_state> units;
   bool stopping = false;
+  std::shared_ptr<tier_meter> meter;
 };
 
 using self_ptr = caf::stateful_actor<agent_state>*;
@@ -59,9 +60,11 @@ void unit_down(self_ptr self, size_t i) {
 
 // (The node and units come as spawn arguments: CAF 0.17 binds a reference to a null
 // pointer when it starts an actor whose function takes no argument beyond self.)
-caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<unit_spec> units) {
+caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<unit_spec> units,
+                                  std::shared_ptr<tier_meter> meter) {
   auto& st = self->state;
   st.node = std::move(node);
+  st.meter = std::move(meter);
   for (auto& spec : units) st.units.push_back(unit_state{spec, {}, false, 0, 0, {}});
   for (size_t i = 0; i < st.units.size(); ++i) start_unit(self, i);
   self->set_down_handler([self](const caf::down_msg& dm) {
@@ -112,6 +115,8 @@ caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<u
           h.ready = h.ready && u.up;
           for (auto& m : u.now.members) h.actors.push_back({m.name, m.kind, u.up, u.restarts});
         }
+        if (st.meter)
+          for (const auto& [kind, s] : st.meter->totals()) h.tiers.push_back({std::string(tier_kind_name(kind)), s});
         return wire_message(wire_kind::node_health, wire::encode_node_health(h));
       },
       [](ping_atom, uint64_t x) { return x; },
@@ -120,8 +125,9 @@ caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<u
 
 }  // namespace
 
-caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vector<unit_spec> units) {
-  return sys.spawn(node_agent_behavior, std::move(node), std::move(units));
+caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vector<unit_spec> units,
+                            std::shared_ptr<tier_meter> meter) {
+  return sys.spawn(node_agent_behavior, std::move(node), std::move(units), std::move(meter));
 }
 
 }  // namespace troupe

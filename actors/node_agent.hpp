@@ -7,7 +7,8 @@
 //   (lookup_atom, name)      -> the named actor, if alive ("r0/stage1", "r0/scheduler",
 //                               "r0/stage1/shard0", ...)
 //   (kill_atom, name)        -> bool: kills the named actor (failure injection)
-//   (health_atom)            -> NodeHealth frame: every member, alive, restarts
+//   (health_atom)            -> NodeHealth frame: every member, alive, restarts, and the
+//                               process's KV-tier figures (the meter's, if given)
 //   (ping_atom, x)           -> x
 //
 // An exit message (the process stops) ends every unit without restarting any.
@@ -21,6 +22,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/wire/control_codec.hpp"
+#include "engine/kv/kv_tiers.hpp"
 
 namespace troupe {
 
@@ -41,6 +43,7 @@ struct unit_spec {
   std::function<unit_instance(caf::actor agent)> spawn;
 };
 
-caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vector<unit_spec> units);
+caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vector<unit_spec> units,
+                            std::shared_ptr<tier_meter> meter = nullptr);
 
 }  // namespace troupe

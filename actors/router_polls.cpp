@@ -2,6 +2,7 @@
 // node's agent and asked for its health, prefix-cache counts and speculative decoding
 // figures, every node agent asked for its restarts, and the metrics they make
 // (router_state.hpp).
+#include <functional>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -48,6 +49,10 @@ void find_scheduler(self_ptr self, size_t k) {
                     rep.spec_now.clear();
                     if (!rep.eviction_now.empty()) rep.evicted_base += rep.eviction_now[0];
                     rep.eviction_now.clear();
+                    rep.tiers_base.resize(tier_figures_size);
+                    for (size_t i = 0; i + 1 < rep.tiers_now.size() && i + 1 < tier_figures_size; ++i)
+                      rep.tiers_base[i] += rep.tiers_now[i];
+                    rep.tiers_now.clear();
                     rep.counted = sched.address();
                   }
                   self->state.core->replica_found(k);
@@ -92,7 +97,8 @@ void poll_one(self_ptr self, size_t k) {
   self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
       .then(
           [self, k](uint32_t cached, uint64_t hits, uint64_t queried, const std::string& method,
-                    const std::vector<uint64_t>& spec, const std::vector<uint64_t>& eviction) {
+                    const std::vector<uint64_t>& spec, const std::vector<uint64_t>& eviction,
+                    const std::vector<uint64_t>& tiers) {
             replica_slot& rep = self->state.replicas[k];
             rep.cached = cached;
             rep.hit_now = hits;
@@ -100,6 +106,7 @@ void poll_one(self_ptr self, size_t k) {
             rep.spec_method = method;
             if (spec.size() == spec_figures_size) rep.spec_now = spec;
             if (eviction.size() == eviction_figures_size) rep.eviction_now = eviction;
+            if (tiers.size() == tier_figures_size) rep.tiers_now = tiers;
           },
           [](caf::error&) {});
 }
@@ -124,6 +131,7 @@ void poll_nodes(self_ptr self) {
                     if (!h) return;
                     n.restarts = 0;
                     for (auto& a : h->actors) n.restarts = std::max(n.restarts, a.restarts);
+                    n.tiers = std::move(h->tiers);
                     n.answered = true;
                   },
                   [self, k](caf::error&) {
@@ -176,6 +184,54 @@ void render_speculation(prometheus_text& out, const router_state& st) {
   }
 }
 
+// KV tiers (engine/kv/kv_tiers.hpp): what the schedulers planned, summed over the
+// replicas, and what each node's tiers did, by node and kind (a node's counts start again
+// when its process does).
+void render_tiers(prometheus_text& out, const router_state& st) {
+  std::vector<uint64_t> sum(tier_figures_size, 0);
+  bool any = false;
+  for (const replica_slot& rep : st.replicas) {
+    for (size_t i = 0; i < rep.tiers_base.size() && i < sum.size(); ++i) sum[i] += rep.tiers_base[i];
+    for (size_t i = 0; i < rep.tiers_now.size() && i < sum.size(); ++i) sum[i] += rep.tiers_now[i];
+    any = any || !rep.tiers_now.empty();
+  }
+  for (const node_slot& n : st.nodes) any = any || !n.tiers.empty();
+  if (!any) return;
+  out.counter("troupe_kv_tier_loaded_tokens_total", "Prompt tokens whose KV was loaded from the tiers instead of computed.",
+              static_cast<double>(sum[0]));
+  out.counter("troupe_kv_tier_failed_loads_total",
+              "Requests whose tier loads failed (a block gone or corrupt): computed again.", static_cast<double>(sum[1]));
+  out.counter("troupe_kv_tier_saved_blocks_total", "KV blocks the schedulers had copied down into the tiers.",
+              static_cast<double>(sum[2]));
+  out.gauge("troupe_kv_tier_directory_blocks", "Blocks the schedulers believe the tiers hold.", static_cast<double>(sum[3]));
+  const struct {
+    const char* name;
+    const char* help;
+    std::function<double(const tier_stats&)> value;
+  } figures[] = {
+      {"troupe_kv_tier_hits_total", "Blocks loaded from the tier.", [](const tier_stats& s) { return double(s.hits); }},
+      {"troupe_kv_tier_misses_total", "Blocks looked up in the tier and absent.", [](const tier_stats& s) { return double(s.misses); }},
+      {"troupe_kv_tier_corrupt_total", "Blocks found in the tier failing their checks (dropped, computed again).",
+       [](const tier_stats& s) { return double(s.corrupt); }},
+      {"troupe_kv_tier_errors_total", "Tier operations that failed (store unreachable, timed out, full).",
+       [](const tier_stats& s) { return double(s.errors); }},
+      {"troupe_kv_tier_stored_blocks_total", "Blocks written to the tier.", [](const tier_stats& s) { return double(s.stored); }},
+      {"troupe_kv_tier_dropped_writes_total", "Writes dropped because the background queue was full.",
+       [](const tier_stats& s) { return double(s.dropped); }},
+      {"troupe_kv_tier_written_bytes_total", "Bytes written to the tier.", [](const tier_stats& s) { return double(s.bytes_in); }},
+      {"troupe_kv_tier_loaded_bytes_total", "Bytes loaded from the tier.", [](const tier_stats& s) { return double(s.bytes_out); }},
+      {"troupe_kv_tier_lookups_total", "Lookups in the tier, hits or not.", [](const tier_stats& s) { return double(s.lookups); }},
+      {"troupe_kv_tier_lookup_seconds_total", "Time spent in the tier's lookups (over lookups_total: the mean load latency).",
+       [](const tier_stats& s) { return s.load_seconds; }},
+  };
+  for (const auto& f : figures) {
+    out.family(f.name, f.help, "counter");
+    for (const node_slot& n : st.nodes)
+      if (n.answered)
+        for (const wire::tier_figures& t : n.tiers) out.sample(f.name, {{"node", n.addr.name}, {"tier", t.kind}}, f.value(t.stats));
+  }
+}
+
 }  // namespace
 
 std::string render_metrics(const router_state& st) {
@@ -210,6 +266,7 @@ std::string render_metrics(const router_state& st) {
   out.gauge("troupe_kv_eviction_held_tokens",
             "Tokens those requests' KV caches hold, summed (against troupe_kv_eviction_budget_tokens: the budget use).",
             static_cast<double>(ev[3]));
+  render_tiers(out, st);
   out.family("troupe_actor_restarts_total",
              "Restarts of a node's supervised actors (the most of any unit), since the node process started.", "counter");
   for (auto& n : st.nodes)

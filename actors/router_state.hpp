@@ -15,6 +15,7 @@
 
 #include "actors/caf/wire_message.hpp"
 #include "actors/router_actor.hpp"
+#include "actors/wire/control_codec.hpp"
 #include "engine/serve/request_router.hpp"
 
 namespace troupe::router_actor_impl {
@@ -36,6 +37,8 @@ struct replica_slot {
   // rest as its scheduler last said.
   uint64_t evicted_base = 0;
   std::vector<uint64_t> eviction_now = {};
+  // KV tiers' (tier_figures_size): its counters the same way, the directory as it said.
+  std::vector<uint64_t> tiers_base = {}, tiers_now = {};
   caf::actor_addr counted = {};  // the scheduler the *_now counts are of
   // What its scheduler last said of itself, for the status page.
   uint32_t kv_used = 0, kv_free = 0, running = 0, waiting = 0;
@@ -59,6 +62,7 @@ struct node_slot {
   bool asking = false;
   uint32_t restarts = 0;  // over the node's supervised actors, as its agent last said
   bool answered = false;
+  std::vector<wire::tier_figures> tiers = {};  // its process's KV tiers, as its agent last said
 };
 
 struct router_state {

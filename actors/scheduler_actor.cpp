@@ -77,6 +77,36 @@ void setup_drafts(scheduler_state& st) {
   restart_drafts(st);
 }
 
+// A prompt the directory does not cover is looked up in the tiers that outlive the
+// scheduler: as many of its blocks as every shard holds.
+void setup_tier_probe(scheduler_state& st) {
+  const scheduler_setup& s = st.setup;
+  if (s.probe_tiers.empty() || s.tier_prefixes.empty() || s.config.tier_blocks == 0) return;
+  std::vector<std::unique_ptr<kv_tier_store>> stores;
+  for (const tier_config& t : s.probe_tiers) {
+    auto store = make_tier_store(t);
+    if (!store) {
+      std::fprintf(stderr, "troupe: replica %s: KV tier %s not looked up: %s\n", s.replica.c_str(),
+                   std::string(tier_kind_name(t.kind)).c_str(), store.err().message.c_str());
+      continue;
+    }
+    stores.push_back(std::move(store).value());
+  }
+  if (stores.empty()) return;
+  st.probe = std::make_unique<kv_tiers>(std::move(stores));
+  st.sched->set_tier_probe([&st](std::span<const tier_key> keys) {
+    size_t held = keys.size();
+    std::vector<std::string> names;
+    for (const std::string& prefix : st.setup.tier_prefixes) {
+      names.clear();
+      for (size_t i = 0; i < held; ++i) names.push_back(prefix + keys[i].hex());
+      held = std::min(held, st.probe->leading_present(names));
+      if (held == 0) break;
+    }
+    return held;
+  });
+}
+
 void watch_sink(self_ptr self, const caf::actor& sink) {
   if (sink && self->state.monitored_sinks.insert(sink.address()).second) self->monitor(sink);
 }
@@ -87,6 +117,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   scheduler_config cfg = setup.config;
   cfg.remote_kv = remote_kv(st);
   st.sched = std::make_unique<scheduler>(cfg, *setup.tok);
+  setup_tier_probe(st);
   if (cfg.remote_kv) {
     wire::kv_limits lim;
     lim.num_blocks = cfg.kv.num_blocks;
@@ -200,8 +231,11 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         spec.insert(spec.end(), st.spec.by_accepted.begin(), st.spec.by_accepted.end());
         const scheduler::eviction_usage e = st.sched->eviction_now();
         std::vector<uint64_t> eviction{st.sched->evicted_tokens(), e.requests, e.budget_tokens, e.held_tokens};
+        const tier_usage t = st.sched->tiers_now();
+        std::vector<uint64_t> tiers{t.loaded_tokens, t.failed_loads, t.saved_blocks, t.directory};
         return caf::make_message(u.cached, u.hit_tokens, u.queried_tokens,
-                                 std::string(spec_method_name(st.setup.spec.method)), std::move(spec), std::move(eviction));
+                                 std::string(spec_method_name(st.setup.spec.method)), std::move(spec), std::move(eviction),
+                                 std::move(tiers));
       },
       [self](resolve_atom, uint64_t epoch) {
         if (epoch == self->state.epoch() && self->state.recovery->phase() == recovery_phase::looking_up) resolve(self);

@@ -16,7 +16,8 @@
 //                                                    tokens, prompt tokens looked up,
 //                                                    speculative method, its figures:
 //                                                    spec_figures_size below, KV
-//                                                    eviction's: eviction_figures below)
+//                                                    eviction's: eviction_figures below,
+//                                                    KV tiers': tier_figures_size below)
 //
 // Speculative decoding (setup.spec): before each plan the scheduler gives decoding
 // requests draft slots (plan_drafts) and claims their blocks with the step's. It fills
@@ -39,6 +40,11 @@
 // one round; more when blocks run short and a request is preempted); blocks released
 // when no step follows are handed back at once. Without one (tests, one-process tools),
 // the scheduler keeps its blocks itself.
+//
+// KV tiers (config.kv.tiers): plans carry the blocks the shards load before the step and
+// copy down after it (engine/sched/scheduler.hpp); the requests whose loads failed come
+// back with the step's output, and are computed again before anything of theirs is
+// sampled.
 //
 // Failures: the scheduler finds its stages (and its kv manager) by name through node
 // agents (its own, or one published at another node's port) and monitors them. When a
@@ -91,6 +97,12 @@ struct scheduler_setup {
   // found by name like a stage. Verify steps go through the stages like any step.
   speculative_config spec;
   stage_address draft;  // the draft actor, for spec.method draft and early-exit
+  // KV tiers (config.kv.tiers): the ones that outlive this scheduler and that it can reach
+  // (Redis; a directory on this node when every stage is here too), and each shard's
+  // names in them (engine/forward/shard_tiers.hpp): a prompt the scheduler's directory
+  // does not cover is looked up there, as far as every shard holds its blocks.
+  std::vector<tier_config> probe_tiers;
+  std::vector<std::string> tier_prefixes;
 };
 
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);
@@ -101,5 +113,9 @@ inline constexpr size_t spec_figures_size = 3 + max_draft_tokens + 1;
 // KV eviction's: tokens evicted since the scheduler started, then now: running requests
 // under a budget, their budgets and the tokens they hold, summed.
 inline constexpr size_t eviction_figures_size = 4;
+// KV tiers': prompt tokens loaded from the tiers, requests whose loads failed (computed
+// again), blocks copied down, since the scheduler started; then the blocks its directory
+// holds now.
+inline constexpr size_t tier_figures_size = 4;
 
 }  // namespace troupe

@@ -24,6 +24,7 @@
 #include "actors/wire/draft_codec.hpp"
 #include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
+#include "engine/kv/kv_tiers.hpp"
 #include "engine/serve/replica_recovery.hpp"
 #include "engine/serve/step_choices.hpp"
 #include "engine/spec/draft_exchange.hpp"
@@ -93,6 +94,9 @@ struct scheduler_state {
   uint64_t draft_sessions = 0;
   spec_tally spec;
 
+  // KV tiers that outlive the scheduler, asked about prompts its directory does not cover.
+  std::unique_ptr<kv_tiers> probe;
+
   uint64_t epoch() const { return recovery->epoch(); }
   bool ready() const { return recovery->ready(); }
 };
@@ -119,22 +123,6 @@ void run_from(self_ptr self, uint64_t epoch, size_t i, wire_message plan, wire_m
 void claim(self_ptr self, const kv_step_request& q, std::function<void(kv_step_grants)> then);
 void link_answer(self_ptr self, uint64_t link, const wire_message& out);
 void link_failed(self_ptr self, uint64_t link, const std::string& why);
-
-// scheduler_drafts.cpp
-// The request is gone from the scheduler or lost its blocks (finished, aborted,
-// preempted): whoever drafts for it forgets it.
-void forget_drafts(scheduler_state& st, request_id id);
-// Every request's drafts start afresh (the block ids are given out anew): a new session.
-void restart_drafts(scheduler_state& st);
-// Whether the next step can have drafts (a proposer here, or the draft actor found).
-bool can_draft(const scheduler_state& st);
-// Looks up the draft actor when it is missing (at most one lookup at a time).
-void find_draft(self_ptr self);
-// Has the draft actor fill `plan`'s draft slots, then calls `then` with the plan (its
-// chunks' tokens and tables its own meanwhile; chunks of requests that ended meanwhile
-// dropped). A plan without draft slots, or with the draft actor gone, goes at once
-// without drafts. Planning stays on while the order is out.
-void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<step_plan>)> then);
 
 // scheduler_drafts.cpp
 // The request is gone from the scheduler or lost its blocks (finished, aborted,

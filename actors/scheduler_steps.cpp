@@ -109,6 +109,14 @@ void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::sp
   maybe_step(self);
 }
 
+// KV tiers: the requests whose loads failed go back to compute before anything of theirs
+// is sampled; the others' loads have landed.
+void settle_loads(self_ptr self, const step_plan& plan, std::span<const request_id> failed) {
+  auto& st = self->state;
+  st.sched->settle_tier_loads(plan, failed);
+  for (request_id id : failed) forget_drafts(st, id);
+}
+
 // The tokens the last stage chose for every logit row of `plan` (a sampled chunk's, and
 // one per draft): each request records its tokens as its sampler would have drawn them.
 void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) {
@@ -118,6 +126,7 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) 
                        : expected<wire::step_result>(error{"no tokens"});
   if (!res || static_cast<int32_t>(res->tokens.size()) != plan.num_logit_rows())
     return lose(self, st.stages.size() - 1, res ? "chosen tokens do not match the step" : res.err().message);
+  settle_loads(self, plan, res->failed_loads);
   const auto& toks = res->tokens;
   std::vector<int32_t> chosen;
   size_t k = 0;
@@ -156,6 +165,7 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
                         : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_logit_rows())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
+    settle_loads(self, *plan, lg->failed_loads);
     step_tokens got = sample_rows(*plan, *st.sched, lg->data.data(), vocab, st.setup.spec);
     finish_step(self, *plan, got, lg->attention);
   });

@@ -11,6 +11,7 @@
 #include "actors/wire/activations_codec.hpp"
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/kv_cache_type.hpp"
+#include "engine/forward/shard_tiers.hpp"
 #include "kernels/cpu/sample.hpp"
 
 namespace troupe {
@@ -25,6 +26,7 @@ struct shard_core {
   std::unique_ptr<kv_cache> cache;
   no_collective solo;
   std::unique_ptr<forward_shard> shard;
+  std::unique_ptr<shard_tiers> tiers;  // KV tiers, when the replica has some
   std::unique_ptr<wire::step_decoder> decoder;
   aligned_vector<float> hidden, logits;
   std::vector<int32_t> chosen;
@@ -41,6 +43,7 @@ struct shard_core {
     if (!decoded) return error{"shard: " + decoded.err().message};
     const int32_t n = decoded->batch.num_tokens();
     hidden.resize(static_cast<size_t>(n) * c.dim);
+    std::vector<request_id> failed;  // KV tiers: loads that failed, here or before
     if (!shard->is_first_stage() && act.kind == wire_kind::linked_activations) {
       auto sent = act.bytes ? wire::decode_linked_activations(*act.bytes, c.dim, setup.max_step_tokens,
                                                               static_cast<int64_t>(decoded->attention.size()))
@@ -50,6 +53,7 @@ struct shard_core {
       if (!shard->take_next_input_from_link())
         return error{"shard: activations came over a device link this shard does not have"};
       std::copy(sent->attention.begin(), sent->attention.end(), decoded->attention.begin());
+      failed = std::move(sent->failed_loads);
     } else if (!shard->is_first_stage()) {
       if (act.kind != wire_kind::activations || !act.bytes) return error{"shard: expected activations"};
       auto sent = wire::decode_activations(*act.bytes, c.dim, setup.max_step_tokens,
@@ -59,21 +63,51 @@ struct shard_core {
       std::copy(sent->data.begin(), sent->data.end(), hidden.begin());
       // The earlier stages' attention sums: this stage's layers add theirs.
       std::copy(sent->attention.begin(), sent->attention.end(), decoded->attention.begin());
+      failed = std::move(sent->failed_loads);
     }
+    load_blocks(*decoded, failed);
     const bool head = shard->is_last_stage() && shard->spec().tp.rank == 0;
     const int32_t rows = decoded->batch.num_logits();
-    if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded);
+    if (head && rows > 0 && static_cast<int32_t>(decoded->choices.size()) == rows) return choose(*decoded, failed);
     logits.resize(static_cast<size_t>(rows) * c.vocab_size);
     shard->forward(decoded->batch, hidden.data(), head ? logits.data() : nullptr);
+    save_blocks(*decoded, failed);
     const auto& attention = decoded->attention;
     if (head)
       return wire_message(wire_kind::activations,
-                          wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data(), attention));
+                          wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data(), attention, failed));
     if (shard->is_last_stage()) return wire_message{};
     if (shard->has_link(link_side::output))
       return wire_message(wire_kind::linked_activations,
                           wire::encode_linked_activations(decoded->step_id, n, c.dim, attention));
-    return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, n, c.dim, hidden.data(), attention));
+    return wire_message(wire_kind::activations,
+                        wire::encode_activations(decoded->step_id, n, c.dim, hidden.data(), attention, failed));
+  }
+
+  // KV tiers, before the forward pass: the plan's loads of requests whose loads have not
+  // failed already join `failed` if they fail here (every one, without tiers here). With
+  // tensor parallelism the stage's shards pool theirs.
+  void load_blocks(const wire::decoded_step& d, std::vector<request_id>& failed) {
+    if (d.tier_loads.empty()) return;
+    std::vector<tier_move> loads;
+    for (const tier_move& m : d.tier_loads)
+      if (std::find(failed.begin(), failed.end(), m.id) == failed.end()) loads.push_back(m);
+    std::vector<request_id> here;
+    if (tiers) {
+      here = tiers->load(loads);
+    } else {
+      for (const tier_move& m : loads)
+        if (std::find(here.begin(), here.end(), m.id) == here.end()) here.push_back(m.id);
+    }
+    failed.insert(failed.end(), here.begin(), here.end());
+    if (setup.failures) setup.failures->add(d.step_id, failed);
+  }
+
+  // KV tiers, after the forward pass: the plan's saves, but for requests whose loads
+  // failed (in any shard of the stage).
+  void save_blocks(const wire::decoded_step& d, std::vector<request_id>& failed) {
+    if (setup.failures && !d.tier_loads.empty()) failed = setup.failures->take(d.step_id);
+    if (tiers && !d.tier_saves.empty()) tiers->save(d.tier_saves, failed);
   }
 
   // Joins the device link `msg` invites this shard into (as the sender, or a receiver),
@@ -91,7 +125,7 @@ struct shard_core {
   // The last stage's head, when every sampled row asks it to choose: the shard chooses
   // where its logits are (a GPU shard on the device), else they come here and the same
   // definition picks each token; only the tokens go back.
-  wire_message choose(const wire::decoded_step& d) {
+  wire_message choose(const wire::decoded_step& d, std::vector<request_id>& failed) {
     const int32_t vocab = setup.m->config.vocab_size;
     const auto rows = static_cast<int32_t>(d.choices.size());
     chosen.resize(rows);
@@ -101,9 +135,10 @@ struct shard_core {
       for (int32_t r = 0; r < rows; ++r)
         chosen[r] = troupe::choose(logits.data() + static_cast<size_t>(r) * vocab, vocab, d.choices[r], scratch);
     }
+    save_blocks(d, failed);
     tokens.clear();
     for (int32_t r = 0; r < rows; ++r) tokens.push_back({d.chosen_ids[r], chosen[r]});
-    return wire_message(wire_kind::step_result, wire::encode_step_result(d.step_id, tokens, d.attention));
+    return wire_message(wire_kind::step_result, wire::encode_step_result(d.step_id, tokens, d.attention, failed));
   }
 };
 
@@ -189,6 +224,16 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
                                                                          setup.kv.cache_type.value_or(kv_cache_type_for(*setup.m))));
     collective& comm = setup.group ? setup.group->member(setup.spec.tp.rank) : static_cast<collective&>(st.solo);
     st.shard = std::make_unique<transformer_shard>(*setup.m, setup.spec, *st.cache, *st.pool, comm);
+    if (!setup.kv.tiers.empty()) {
+      // A tier that cannot be opened leaves this shard without tiers: its loads fail, and
+      // their requests are computed instead.
+      auto t = shard_tiers::open(setup.kv.tiers, *setup.m, setup.spec, *st.cache, setup.meter);
+      if (t)
+        st.tiers = std::move(t).value();
+      else
+        std::fprintf(stderr, "troupe: shard of layers %d-%d: no KV tiers: %s\n", setup.spec.first_layer,
+                     setup.spec.end_layer - 1, t.err().message.c_str());
+    }
   } else if (!awaits_invite(setup)) {
     if (!build_gpu_shard(self, nullptr)) return {};
   }

@@ -18,6 +18,10 @@
 // steps. A shard that cannot be built ends, after aborting the group so that its peers
 // stop waiting for it. A link that cannot be joined leaves the shard on the host path.
 //
+// With KV tiers (kv.tiers, CPU shards only), a step first fills the blocks its plan loads
+// (engine/forward/shard_tiers.hpp), and after its forward pass copies down those it saves;
+// the requests whose loads failed, here or in an earlier stage, travel on with the output.
+//
 // plan is a StepPlan frame; activations is the previous stage's hidden states (ignored by
 // the first stage), or a linked_activations frame when they came over the device link.
 // The reply is this stage's hidden states (linked_activations when sent over a link), or,
@@ -39,6 +43,7 @@
 #include "actors/wire/control_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 #include "engine/forward/nccl_group.hpp"
+#include "engine/forward/tier_failures.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/kv/kv_config.hpp"
 
@@ -57,6 +62,9 @@ struct shard_setup {
   std::string device = "cpu";       // or "cuda:N"
   dtype gpu_weights = dtype::bf16;  // what a GPU shard keeps its weights as
   std::string link_host;            // where a step link listens (empty: no link)
+  // KV tiers (kv.tiers) on a tensor-parallel stage: where its shards' failed loads meet.
+  std::shared_ptr<tier_failures> failures;
+  std::shared_ptr<tier_meter> meter;  // where its tiers' figures are counted (the node's)
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

@@ -168,12 +168,15 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
       out.group = std::make_shared<local_collective_group>(layout.tp);
     }
   }
+  auto failures = layout.tp > 1 && !layout.kv.tiers.empty() ? std::make_shared<tier_failures>(layout.tp) : nullptr;
   for (int32_t r = 0; r < layout.tp; ++r) {
     shard_setup s;
+    s.failures = failures;
     s.m = &m;
     s.spec = shard_spec{layout.first_layer, layout.end_layer, tp_slice{r, layout.tp}};
     s.group = out.group;
     s.kv = layout.kv;
+    s.meter = layout.meter;
     s.threads = layout.threads_per_shard;
     s.max_step_tokens = layout.max_step_tokens;
     if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];

@@ -36,6 +36,7 @@
 
 #include "engine/forward/collective.hpp"
 #include "engine/kv/kv_config.hpp"
+#include "engine/kv/kv_tiers.hpp"
 #include "engine/forward/nccl_group.hpp"
 #include "engine/model/model.hpp"
 
@@ -50,6 +51,7 @@ struct stage_layout {
   dtype gpu_weights = dtype::bf16;
   std::string link_host = {};  // the node's host, where a lone CPU shard offers a step link
   kv_config kv = {};           // each shard's cache (the replica's, carried whole)
+  std::shared_ptr<tier_meter> meter = {};  // KV tiers: the node's figures, if counted
   int32_t max_step_tokens = 512;
 };
 

@@ -27,11 +27,28 @@ struct ActorStatus {
   restarts @3 :UInt32;
 }
 
+# A process's KV tiers of one kind (engine/kv/kv_tiers.hpp), summed over its shards since
+# it started.
+struct TierFigures {
+  kind @0 :Text;                   # "host", "disk" or "redis"
+  hits @1 :UInt64;
+  misses @2 :UInt64;
+  corrupt @3 :UInt64;
+  errors @4 :UInt64;
+  stored @5 :UInt64;
+  dropped @6 :UInt64;
+  bytesIn @7 :UInt64;
+  bytesOut @8 :UInt64;
+  loadSeconds @9 :Float64;
+  lookups @10 :UInt64;
+}
+
 struct NodeHealth {
   node @0 :Text;
   pid @1 :UInt32;
   actors @2 :List(ActorStatus);
   ready @3 :Bool;
+  tiers @4 :List(TierFigures);
 }
 
 # A request to stop one named actor (failure injection, or a drain).

@@ -47,6 +47,16 @@ struct Compaction {
   rotate @2 :Bool;
 }
 
+# KV tiers: a block of a request's table and its content address (the chained hash of the
+# request's tokens up to the block's end, 128 bits), which the stages' shards fill from
+# their tiers, or copy down into them (engine/kv/kv_tiers.hpp).
+struct TierMove {
+  requestId @0 :UInt64;
+  block @1 :UInt32;
+  keyHi @2 :UInt64;
+  keyLo @3 :UInt64;
+}
+
 struct StepPlan {
   stepId @0 :UInt64;               # increases by one per plan of a scheduler
   chunks @1 :List(Chunk);          # in batch order
@@ -56,6 +66,10 @@ struct StepPlan {
   session @4 :UInt64;              # the scheduler incarnation that sent the plan; after a
                                    # resetAll, plans from any other session are refused
   compactions @5 :List(Compaction);  # applied before the chunks
+  tierLoads @6 :List(TierMove);    # KV tiers: filled before anything else, each of a
+                                   # request with a chunk here
+  tierSaves @7 :List(TierMove);    # KV tiers: copied down after the step, unless their
+                                   # request's loads failed
 }
 
 # Hidden states handed from one stage to the next: [numTokens][dim] float32,
@@ -70,6 +84,9 @@ struct Activations {
   # little-endian, chunk after chunk in batch order, one per slot the chunk's last token
   # sees (first - evicted + its tokens); each stage adds its layers' to what it received.
   attention @4 :Data;
+  # KV tiers: the requests whose loads failed in this stage or an earlier one (a block no
+  # tier held intact): their outputs of this step are garbage and are dropped.
+  failedLoads @5 :List(UInt64);
 }
 
 # The tokens the last stage chose, when every sampled chunk of the plan asked it to choose
@@ -85,4 +102,5 @@ struct StepResult {
   samples @1 :List(Sample);        # one per chunk with sample set, in batch order
   error @2 :Text;                  # non-empty: the step failed and must be recomputed
   attention @3 :Data;              # as Activations.attention, summed over every stage
+  failedLoads @4 :List(UInt64);    # as Activations.failedLoads, over every stage
 }

@@ -11,7 +11,7 @@
 namespace troupe::wire {
 
 std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data,
-                                        std::span<const float> attention) {
+                                        std::span<const float> attention, std::span<const request_id> failed_loads) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::Activations>();
   root.setStepId(step_id);
@@ -21,6 +21,8 @@ std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, in
   auto d = root.initData(static_cast<unsigned>(bytes));
   std::memcpy(d.begin(), data, bytes);
   write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
+  auto failed = root.initFailedLoads(static_cast<unsigned>(failed_loads.size()));
+  for (size_t i = 0; i < failed_loads.size(); ++i) failed.set(static_cast<unsigned>(i), failed_loads[i].value);
   return to_bytes(msg);
 }
 
@@ -31,7 +33,8 @@ namespace {
 expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens, bool linked,
                                      int64_t attention) {
   frame_limits fl;
-  fl.max_bytes = (linked ? 0 : static_cast<size_t>(max_tokens) * dim * 4) + static_cast<size_t>(attention) * 4 + 4096;
+  fl.max_bytes = (linked ? 0 : static_cast<size_t>(max_tokens) * dim * 4) + static_cast<size_t>(attention) * 4 +
+                 static_cast<size_t>(max_tokens) * 8 + 4096;
   fl.traversal_words = fl.max_bytes / 8 + 64;
   fl.nesting = 4;
   auto frame = frame_reader::parse(bytes, fl);
@@ -49,6 +52,9 @@ expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim
     auto sums = read_floats(root.getAttention(), attention, "attention sums");
     if (!sums) return error{"activations carry " + sums.err().message};
     out.attention = std::move(sums).value();
+    auto failed = read_failed_loads(root.getFailedLoads(), max_tokens);
+    if (!failed) return error{"activations: " + failed.err().message};
+    out.failed_loads = std::move(failed).value();
     const auto d = root.getData();
     if (linked) {
       if (d.size() != 0) return error{"activations sent over a device link carry " + std::to_string(d.size()) + " bytes"};

@@ -9,13 +9,16 @@
 #include <span>
 #include <vector>
 
+#include "engine/kv/block_id.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::wire {
 
-// attention: the step's KV-eviction attention sums so far (schema/step.capnp), if any.
+// attention: the step's KV-eviction attention sums so far (schema/step.capnp), if any;
+// failed_loads: the requests whose KV-tier loads failed in this stage or an earlier one.
 std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data,
-                                        std::span<const float> attention = {});
+                                        std::span<const float> attention = {},
+                                        std::span<const request_id> failed_loads = {});
 
 struct decoded_activations {
   uint64_t step_id = 0;
@@ -23,6 +26,7 @@ struct decoded_activations {
   int32_t dim = 0;
   std::vector<float> data;       // [num_tokens][dim]
   std::vector<float> attention;  // the attention sums, as many as the receiver expects
+  std::vector<request_id> failed_loads;  // KV tiers (at most max_tokens of them)
 };
 
 // Checks the shape against what the receiver expects (dim, and exactly `attention` sums:

@@ -1,5 +1,7 @@
 #include "actors/wire/control_codec.hpp"
 
+#include <cmath>
+
 #include <cstring>
 
 #include <capnp/message.h>
@@ -37,6 +39,22 @@ std::vector<uint8_t> encode_node_health(const node_health& h) {
     a.setAlive(h.actors[i].alive);
     a.setRestarts(h.actors[i].restarts);
   }
+  auto tiers = r.initTiers(static_cast<unsigned>(h.tiers.size()));
+  for (size_t i = 0; i < h.tiers.size(); ++i) {
+    auto t = tiers[static_cast<unsigned>(i)];
+    const tier_stats& s = h.tiers[i].stats;
+    t.setKind(h.tiers[i].kind);
+    t.setHits(s.hits);
+    t.setMisses(s.misses);
+    t.setCorrupt(s.corrupt);
+    t.setErrors(s.errors);
+    t.setStored(s.stored);
+    t.setDropped(s.dropped);
+    t.setBytesIn(s.bytes_in);
+    t.setBytesOut(s.bytes_out);
+    t.setLoadSeconds(s.load_seconds);
+    t.setLookups(s.lookups);
+  }
   return to_bytes(msg);
 }
 
@@ -57,6 +75,23 @@ expected<node_health> decode_node_health(std::span<const uint8_t> bytes) {
       const auto kind = static_cast<uint16_t>(a.getKind());
       if (kind > static_cast<uint16_t>(actor_kind::draft)) return error{"node health: unknown actor kind " + std::to_string(kind)};
       h.actors.push_back({a.getName().cStr(), static_cast<actor_kind>(kind), a.getAlive(), a.getRestarts()});
+    }
+    for (auto t : r.getTiers()) {
+      const std::string kind = t.getKind().cStr();
+      if (!parse_tier_kind(kind)) return error{"node health: unknown KV tier kind \"" + kind.substr(0, 16) + "\""};
+      tier_stats s;
+      s.hits = t.getHits();
+      s.misses = t.getMisses();
+      s.corrupt = t.getCorrupt();
+      s.errors = t.getErrors();
+      s.stored = t.getStored();
+      s.dropped = t.getDropped();
+      s.bytes_in = t.getBytesIn();
+      s.bytes_out = t.getBytesOut();
+      s.load_seconds = t.getLoadSeconds();
+      s.lookups = t.getLookups();
+      if (!(s.load_seconds >= 0) || !std::isfinite(s.load_seconds)) return error{"node health: bad KV tier load time"};
+      h.tiers.push_back({kind, s});
     }
     return h;
   } catch (const kj::Exception& e) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/forward/nccl_group.hpp"
+#include "engine/kv/kv_tiers.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::wire {
@@ -23,11 +24,17 @@ struct actor_status {
   uint32_t restarts = 0;
 };
 
+struct tier_figures {
+  std::string kind;
+  tier_stats stats;
+};
+
 struct node_health {
   std::string node;
   uint32_t pid = 0;
   std::vector<actor_status> actors;
   bool ready = false;  // every supervised actor is alive
+  std::vector<tier_figures> tiers;  // the process's KV tiers, by kind
 };
 
 std::vector<uint8_t> encode_node_health(const node_health& h);

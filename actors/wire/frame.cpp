@@ -1,5 +1,7 @@
 #include "actors/wire/frame.hpp"
 
+#include <unordered_set>
+
 #include <cstring>
 
 #include <kj/exception.h>
@@ -56,6 +58,18 @@ expected<std::vector<float>> read_floats(capnp::Data::Reader d, int64_t count, c
     return error{std::to_string(d.size() / sizeof(float)) + " " + what + " where " + std::to_string(count) + " are expected"};
   std::vector<float> out(static_cast<size_t>(count));
   if (count > 0) std::memcpy(out.data(), d.begin(), d.size());
+  return out;
+}
+
+expected<std::vector<request_id>> read_failed_loads(capnp::List<uint64_t>::Reader ids, int64_t most) {
+  if (static_cast<int64_t>(ids.size()) > most)
+    return error{std::to_string(ids.size()) + " requests with failed loads; at most " + std::to_string(most)};
+  std::vector<request_id> out;
+  std::unordered_set<uint64_t> seen;
+  for (uint64_t id : ids) {
+    if (!seen.insert(id).second) return error{"request " + std::to_string(id) + " named twice among failed loads"};
+    out.push_back(request_id{id});
+  }
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include "engine/kv/block_id.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::wire {
@@ -63,5 +64,8 @@ void write_floats(Init&& init, std::span<const float> values) {
   std::memcpy(d.begin(), values.data(), values.size_bytes());
 }
 expected<std::vector<float>> read_floats(capnp::Data::Reader d, int64_t count, const std::string& what);
+
+// KV tiers: the requests whose loads failed, at most `most` of them, none twice.
+expected<std::vector<request_id>> read_failed_loads(capnp::List<uint64_t>::Reader ids, int64_t most);
 
 }  // namespace troupe::wire

@@ -71,6 +71,17 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
       out.setU(ch.u);
     }
   }
+  auto moves = [](auto list, const std::vector<tier_move>& from) {
+    for (size_t i = 0; i < from.size(); ++i) {
+      auto m = list[static_cast<unsigned>(i)];
+      m.setRequestId(from[i].id.value);
+      m.setBlock(from[i].block.value);
+      m.setKeyHi(from[i].key.hi);
+      m.setKeyLo(from[i].key.lo);
+    }
+  };
+  moves(root.initTierLoads(static_cast<unsigned>(plan.tier_loads.size())), plan.tier_loads);
+  moves(root.initTierSaves(static_cast<unsigned>(plan.tier_saves.size())), plan.tier_saves);
   auto rel = root.initReleased(static_cast<unsigned>(released.size()));
   for (size_t i = 0; i < released.size(); ++i) {
     rel.set(static_cast<unsigned>(i), released[i].value);
@@ -80,7 +91,8 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
 }
 
 expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
-  const auto fl = frame_limits::flat(static_cast<size_t>(lim_.max_step_tokens + lim_.max_chunks * 4) * 16 + (1 << 16));
+  const auto fl = frame_limits::flat(static_cast<size_t>(lim_.max_step_tokens + lim_.max_chunks * 4) * 16 +
+                                     static_cast<size_t>(lim_.num_blocks) * 2 * 48 + (1 << 16));
   auto frame = frame_reader::parse(bytes, fl);
   if (!frame) return frame.err();
   try {
@@ -176,8 +188,35 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
                      " blocks its table has after the plan"};
     }
 
+    // KV tiers: blocks of requests with a chunk here, in their tables as the plan leaves
+    // them, at most one load and one save per block.
+    const auto tier_loads = root.getTierLoads(), tier_saves = root.getTierSaves();
+    for (const auto& [list, what] : {std::pair{tier_loads, "load"}, std::pair{tier_saves, "save"}}) {
+      if (list.size() > lim_.num_blocks)
+        return error{"step plan has " + std::to_string(list.size()) + " tier " + what + "s; the pool has " +
+                     std::to_string(lim_.num_blocks) + " blocks"};
+      std::set<uint32_t> blocks;
+      for (unsigned i = 0; i < list.size(); ++i) {
+        const auto m = list[i];
+        auto who = [&] { return std::string("tier ") + what + " " + std::to_string(i) + " (request " + std::to_string(m.getRequestId()) + "): "; };
+        if (!blocks.insert(m.getBlock()).second) return error{who() + "block " + std::to_string(m.getBlock()) + " twice"};
+        bool found = false;
+        for (const auto ch : chunks) {
+          if (ch.getRequestId() != m.getRequestId()) continue;
+          for (uint32_t b : ch.getNewBlocks()) found = found || b == m.getBlock();
+          if (!found && !ch.getResetTable() && !reset_all)
+            if (auto it = tables_.find(m.getRequestId()); it != tables_.end())
+              found = std::find(it->second.begin(), it->second.end(), block_id{m.getBlock()}) != it->second.end();
+        }
+        if (!found) return error{who() + "block " + std::to_string(m.getBlock()) + " is not in a table of this plan"};
+      }
+    }
+
     decoded_step out;
     out.step_id = root.getStepId();
+    for (const auto& [list, to] : {std::pair{tier_loads, &out.tier_loads}, std::pair{tier_saves, &out.tier_saves}})
+      for (const auto m : list)
+        to->push_back({request_id{m.getRequestId()}, block_id{m.getBlock()}, tier_key{m.getKeyHi(), m.getKeyLo()}});
     for (const auto c : compactions) {
       out.compaction_tables.push_back(tables_[c.getRequestId()]);
       auto& kept = out.compaction_kept.emplace_back();
@@ -240,7 +279,7 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
 }
 
 std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens,
-                                        std::span<const float> attention) {
+                                        std::span<const float> attention, std::span<const request_id> failed_loads) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::StepResult>();
   root.setStepId(step_id);
@@ -250,6 +289,8 @@ std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen
     samples[static_cast<unsigned>(i)].setToken(tokens[i].token);
   }
   write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
+  auto failed = root.initFailedLoads(static_cast<unsigned>(failed_loads.size()));
+  for (size_t i = 0; i < failed_loads.size(); ++i) failed.set(static_cast<unsigned>(i), failed_loads[i].value);
   return to_bytes(msg);
 }
 
@@ -274,6 +315,9 @@ expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t
     auto sums = read_floats(root.getAttention(), attention, "attention sums");
     if (!sums) return error{"step result carries " + sums.err().message};
     out.attention = std::move(sums).value();
+    auto failed = read_failed_loads(root.getFailedLoads(), max_rows);
+    if (!failed) return error{"step result: " + failed.err().message};
+    out.failed_loads = std::move(failed).value();
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed step result: ") + e.getDescription().cStr()};

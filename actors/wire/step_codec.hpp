@@ -74,6 +74,8 @@ struct decoded_step {
   // KV eviction: the attention sums of the chunks that ask for them (schema/step.capnp),
   // zero, chunk after chunk; batch.sequences' attention_mass point into it.
   std::vector<float> attention;
+  // KV tiers: blocks to fill before the step, and to copy down after it.
+  std::vector<tier_move> tier_loads, tier_saves;
 };
 
 // The tokens a last stage chose: (request, token) per logit row, in batch order.
@@ -82,10 +84,12 @@ struct chosen_token {
   int32_t token = 0;
 };
 std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens,
-                                        std::span<const float> attention = {});
+                                        std::span<const float> attention = {},
+                                        std::span<const request_id> failed_loads = {});
 struct step_result {
   std::vector<chosen_token> tokens;
   std::vector<float> attention;  // the step's attention sums, as many as the receiver expects
+  std::vector<request_id> failed_loads;  // KV tiers: requests whose loads failed
 };
 // Checks that the count is at most max_rows, every token is inside the vocabulary, and
 // exactly `attention` sums came back.

@@ -68,7 +68,8 @@ size_t tier_directory_blocks(const kv_config& kv, const model_config& c, dtype k
 }
 
 expected<std::unique_ptr<shard_tiers>> shard_tiers::open(const std::vector<tier_config>& cfg, const model& m,
-                                                         const shard_spec& spec, kv_cache& cache) {
+                                                         const shard_spec& spec, kv_cache& cache,
+                                                         std::shared_ptr<tier_meter> meter) {
   std::vector<std::unique_ptr<kv_tier_store>> stores;
   for (const tier_config& t : cfg) {
     auto s = make_tier_store(t);
@@ -76,12 +77,20 @@ expected<std::unique_ptr<shard_tiers>> shard_tiers::open(const std::vector<tier_
                          "): " + s.err().message};
     stores.push_back(std::move(s).value());
   }
-  return std::make_unique<shard_tiers>(std::make_unique<kv_tiers>(std::move(stores)), tier_prefix(m, spec, cache.shape()),
-                                       cache);
+  return std::make_unique<shard_tiers>(std::make_shared<kv_tiers>(std::move(stores)), tier_prefix(m, spec, cache.shape()),
+                                       cache, std::move(meter));
 }
 
-shard_tiers::shard_tiers(std::unique_ptr<kv_tiers> tiers, std::string prefix, kv_cache& cache)
-    : tiers_(std::move(tiers)), prefix_(std::move(prefix)), cache_(cache), buf_(static_cast<size_t>(cache.block_bytes())) {}
+shard_tiers::shard_tiers(std::shared_ptr<kv_tiers> tiers, std::string prefix, kv_cache& cache,
+                         std::shared_ptr<tier_meter> meter)
+    : tiers_(std::move(tiers)), meter_(std::move(meter)), prefix_(std::move(prefix)), cache_(cache),
+      buf_(static_cast<size_t>(cache.block_bytes())) {
+  if (meter_) meter_->attach(tiers_);
+}
+
+shard_tiers::~shard_tiers() {
+  if (meter_) meter_->retire(*tiers_);
+}
 
 std::vector<request_id> shard_tiers::load(std::span<const tier_move> loads) {
   std::vector<request_id> failed;

@@ -38,9 +38,15 @@ class shard_tiers {
   // The tiers `cfg` names, for a shard of m with this spec and cache; an error names the
   // tier that cannot be opened (a directory that cannot be made; an address that is not
   // HOST:PORT). A Redis server need not be up yet.
+  // Its figures join `meter`'s, if given (a node's).
   static expected<std::unique_ptr<shard_tiers>> open(const std::vector<tier_config>& cfg, const model& m,
-                                                     const shard_spec& spec, kv_cache& cache);
-  shard_tiers(std::unique_ptr<kv_tiers> tiers, std::string prefix, kv_cache& cache);
+                                                     const shard_spec& spec, kv_cache& cache,
+                                                     std::shared_ptr<tier_meter> meter = nullptr);
+  shard_tiers(std::shared_ptr<kv_tiers> tiers, std::string prefix, kv_cache& cache,
+              std::shared_ptr<tier_meter> meter = nullptr);
+  ~shard_tiers();
+  shard_tiers(const shard_tiers&) = delete;
+  shard_tiers& operator=(const shard_tiers&) = delete;
 
   // Fills the blocks of `loads`; returns the requests one of whose blocks no tier held
   // intact (their steps must not be used).
@@ -55,7 +61,8 @@ class shard_tiers {
   const std::string& prefix() const { return prefix_; }
 
  private:
-  std::unique_ptr<kv_tiers> tiers_;
+  std::shared_ptr<kv_tiers> tiers_;
+  std::shared_ptr<tier_meter> meter_;
   std::string prefix_;
   kv_cache& cache_;
   std::vector<std::byte> buf_;

@@ -500,4 +500,56 @@ std::vector<tier_stats> kv_tiers::stats() const {
   return stats_;
 }
 
+tier_stats& operator+=(tier_stats& a, const tier_stats& b) {
+  a.hits += b.hits;
+  a.misses += b.misses;
+  a.corrupt += b.corrupt;
+  a.errors += b.errors;
+  a.stored += b.stored;
+  a.dropped += b.dropped;
+  a.bytes_in += b.bytes_in;
+  a.bytes_out += b.bytes_out;
+  a.load_seconds += b.load_seconds;
+  a.lookups += b.lookups;
+  return a;
+}
+
+namespace {
+
+void add_by_kind(std::vector<std::pair<tier_kind, tier_stats>>& to, const kv_tiers& t) {
+  const auto stats = t.stats();
+  for (size_t i = 0; i < stats.size(); ++i) {
+    auto it = std::find_if(to.begin(), to.end(), [&](const auto& e) { return e.first == t.kind(i); });
+    if (it == to.end()) it = to.insert(to.end(), {t.kind(i), tier_stats{}});
+    it->second += stats[i];
+  }
+}
+
+}  // namespace
+
+void tier_meter::attach(const std::shared_ptr<const kv_tiers>& t) {
+  std::lock_guard lock(mu_);
+  live_.push_back(t);
+  live_at_.push_back(t.get());
+}
+
+void tier_meter::retire(const kv_tiers& t) {
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < live_at_.size(); ++i) {
+    if (live_at_[i] != &t) continue;
+    add_by_kind(retired_, t);
+    live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
+    live_at_.erase(live_at_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+}
+
+std::vector<std::pair<tier_kind, tier_stats>> tier_meter::totals() const {
+  std::lock_guard lock(mu_);
+  auto out = retired_;
+  for (const auto& w : live_)
+    if (auto t = w.lock()) add_by_kind(out, *t);
+  return out;
+}
+
 }  // namespace troupe

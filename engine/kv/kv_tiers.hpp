@@ -60,6 +60,8 @@ struct tier_stats {
   uint64_t lookups = 0;
 };
 
+tier_stats& operator+=(tier_stats& a, const tier_stats& b);
+
 // One tier's storage of records by name.
 class kv_tier_store {
  public:
@@ -121,6 +123,21 @@ class kv_tiers {
   bool stop_ = false;
   std::vector<tier_stats> stats_;
   std::thread writer_;
+};
+
+// A process's KV-tier figures, summed by kind over its shards' tiers (a node's /metrics
+// figures): those alive now, and those of shards that have ended. Thread-safe.
+class tier_meter {
+ public:
+  void attach(const std::shared_ptr<const kv_tiers>& t);
+  void retire(const kv_tiers& t);  // its figures stay counted; it is no longer looked at
+  std::vector<std::pair<tier_kind, tier_stats>> totals() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::weak_ptr<const kv_tiers>> live_;
+  std::vector<const kv_tiers*> live_at_;
+  std::vector<std::pair<tier_kind, tier_stats>> retired_;
 };
 
 }  // namespace troupe

@@ -335,6 +335,55 @@ TEST_CASE("[kv] eviction keys: troupe-run's names, the deployment's default, mis
   says("policy = \"scissorhands\"\nbudget = 64\nhistory = 40\n", "history must be in 1..32");
 }
 
+TEST_CASE("[[tier]] tables: host, disk and Redis in order, paths beside the file, mistakes named") {
+  auto t = parse_topology_text(std::string(base) + ok_replica + R"(
+[[tier]]
+kind = "host"
+capacity_mb = 512
+[[tier]]
+kind = "disk"
+path = "kv-blocks"
+capacity_mb = 4096
+[[tier]]
+kind = "redis"
+address = "127.0.0.1:6379"
+timeout_ms = 50
+)",
+                               "t.toml", "/d");
+  REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
+  REQUIRE(t->kv.tiers.size() == 3);
+  CHECK(t->kv.tiers[0].kind == tier_kind::host);
+  CHECK(t->kv.tiers[0].capacity_bytes == uint64_t{512} << 20);
+  CHECK(t->kv.tiers[1].kind == tier_kind::disk);
+  CHECK(t->kv.tiers[1].path == "/d/kv-blocks");
+  CHECK(t->kv.tiers[2].kind == tier_kind::redis);
+  CHECK(t->kv.tiers[2].address == "127.0.0.1:6379");
+  CHECK(t->kv.tiers[2].timeout_ms == 50);
+  CHECK(problem(ok_replica + "[[tier]]\nkind = \"host\"\n").empty());
+
+  auto says = [](const std::string& extra, const std::string& part) {
+    const std::string p = problem(ok_replica + extra);
+    CAPTURE(p);
+    CHECK(p.find(part) != std::string::npos);
+  };
+  says("[[tier]]\nkind = \"tape\"\n", "kind \"tape\" is not a tier");
+  says("[[tier]]\ncapacity_mb = 5\n", "'kind' is missing");
+  says("[[tier]]\nkind = \"disk\"\n", "'path' is missing");
+  says("[[tier]]\nkind = \"redis\"\naddress = \"localhost\"\n", "needs an address as HOST:PORT");
+  says("[[tier]]\nkind = \"redis\"\naddress = \"h:99999\"\n", "no port in 1..65535");
+  says("[[tier]]\nkind = \"host\"\npath = \"x\"\n", "'path' belongs to disk tiers");
+  says("[[tier]]\nkind = \"disk\"\npath = \"x\"\naddress = \"h:1\"\n", "'address' belongs to redis tiers");
+  says("[[tier]]\nkind = \"host\"\ncapacity_mb = 0\n", "capacity_mb must be in");
+  says("[[tier]]\nkind = \"disk\"\npath = \"x\"\n[[tier]]\nkind = \"host\"\n", "the host tier comes first");
+  says("[[tier]]\nkind = \"host\"\ncolour = 1\n", "unknown key 'colour'");
+  says("[kv]\nprefix_caching = false\n[[tier]]\nkind = \"host\"\n", "prefix_caching must be on");
+  says("[tier]\nkind = \"host\"\n", "[[tier]] must be an array of tables");
+  // GPU shards keep their caches on the device.
+  const std::string p = problem("[[replica]]\nname = \"g\"\nstages = [ { node = \"n0\", layers = \"all\", devices = [\"cuda:0\"] } ]\n"
+                                "[[tier]]\nkind = \"host\"\n");
+  CHECK(p.find("KV tiers ([[tier]]) serve CPU shards") != std::string::npos);
+}
+
 TEST_CASE("a missing topology file and a gateway on an unknown node are errors") {
   auto t = parse_topology("/nonexistent/topology.toml");
   REQUIRE_FALSE(t.has_value());

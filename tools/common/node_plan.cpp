@@ -4,6 +4,8 @@
 
 #include "actors/gateway/openai.hpp"
 #include "actors/replica.hpp"
+#include "engine/forward/kv_cache_type.hpp"
+#include "engine/forward/shard_tiers.hpp"
 #include "engine/serve/llm_engine.hpp"
 
 namespace troupe::tools {
@@ -52,6 +54,24 @@ scheduler_placement scheduler_of(const topology& t, const model& m, const tokeni
   for (size_t i = 0; i < r.stages.size(); ++i)
     s.stages.push_back(address_of(stage_name(r.name, i), *t.node_named(r.stages[i].node), me));
   s.kv_manager = kv_manager_name(r.name);
+  if (!t.kv.tiers.empty()) {
+    const dtype kv_type = t.kv.cache_type.value_or(kv_cache_type_for(m));
+    s.config.tier_blocks = tier_directory_blocks(t.kv, m.config, kv_type);
+    // Each shard's names in the tiers, and those tiers the scheduler can look in: Redis,
+    // and a directory when every stage runs on this node.
+    bool all_here = true;
+    for (const stage_spec& st : r.stages) {
+      all_here = all_here && st.node == me.name;
+      const auto tp = static_cast<int32_t>(st.devices.size());
+      for (int32_t rank = 0; rank < tp; ++rank) {
+        const shard_spec spec{st.first_layer, end_layer(st, m.config.num_layers), tp_slice{rank, tp}};
+        s.tier_prefixes.push_back(tier_prefix(
+            m, spec, transformer_shard::cache_shape(m.config, spec, static_cast<int32_t>(t.kv.num_blocks), t.kv.block_size, kv_type)));
+      }
+    }
+    for (const tier_config& tc : t.kv.tiers)
+      if (tc.kind == tier_kind::redis || (tc.kind == tier_kind::disk && all_here)) s.probe_tiers.push_back(tc);
+  }
   p.kv.kv = t.kv;
   p.kv.context = m.config.max_seq_len;
   return p;

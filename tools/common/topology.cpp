@@ -139,8 +139,8 @@ class reader {
 };
 
 // The tables of a topology, and what each may hold.
-constexpr std::array<std::string_view, 9> top_tables = {"model", "gateway", "kv",   "scheduler", "failure",
-                                                        "gpu",   "speculative", "node", "replica"};
+constexpr std::array<std::string_view, 10> top_tables = {"model", "gateway",     "kv",   "scheduler", "failure",
+                                                         "gpu",   "speculative", "node", "replica",   "tier"};
 
 model_section parse_model(reader& rd, const toml::table& t, const std::string& base_dir) {
   model_section m;
@@ -213,6 +213,39 @@ kv_config parse_kv(reader& rd, const toml::table& t) {
       rd.fail(t.get("cache_type"), d.err().message);
   }
   return kv;
+}
+
+// One [[tier]] of the KV cache below the pool (engine/kv/kv_tiers.hpp), in the order given:
+// host memory first, if any, then disk and Redis.
+tier_config parse_tier(reader& rd, const toml::table& t, const std::string& w, const std::string& base_dir) {
+  tier_config c;
+  rd.only(t, w, {"kind", "capacity_mb", "path", "address", "timeout_ms"});
+  std::string kind;
+  if (rd.get(t, w, "kind", kind, true)) {
+    if (auto k = parse_tier_kind(kind))
+      c.kind = *k;
+    else
+      rd.fail(t.get("kind"), w + ": kind \"" + kind + "\" is not a tier (\"host\", \"disk\" or \"redis\")");
+  }
+  int64_t mb = 0;
+  rd.get_in(t, w, "capacity_mb", mb, 1, int64_t{1} << 24);
+  c.capacity_bytes = static_cast<uint64_t>(mb) << 20;
+  const bool disk = c.kind == tier_kind::disk, redis = c.kind == tier_kind::redis;
+  auto only_for = [&](const char* key, bool fits, const char* kinds) {
+    if (t.contains(key) && !fits) rd.fail(t.get(key), w + ": '" + key + "' belongs to " + kinds + " tiers");
+  };
+  only_for("path", disk, "disk");
+  only_for("address", redis, "redis");
+  only_for("timeout_ms", redis, "redis");
+  if (disk && rd.get(t, w, "path", c.path, true) && std::filesystem::path(c.path).is_relative() && !base_dir.empty())
+    c.path = (std::filesystem::path(base_dir) / c.path).string();
+  if (redis) {
+    rd.get(t, w, "address", c.address, true);
+    rd.get_in(t, w, "timeout_ms", c.timeout_ms, 1, 60000);
+  }
+  if (rd.ok())
+    if (auto e = validate(c)) rd.fail(&t, w + ": " + *e);
+  return c;
 }
 
 // The key of `t` among `spellings` (troupe-run's flag names are taken too), or the first
@@ -458,10 +491,10 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     const std::string_view key = k.str();
     if (std::find(top_tables.begin(), top_tables.end(), key) == top_tables.end()) {
       rd.fail(&v, "unknown table [" + std::string(key) + "] (a topology has [model], [gateway], [kv], [scheduler], "
-                  "[failure], [gpu], [speculative], [[node]] and [[replica]])");
+                  "[failure], [gpu], [speculative], [[node]], [[replica]] and [[tier]])");
       break;
     }
-    const bool array = key == "node" || key == "replica";
+    const bool array = key == "node" || key == "replica" || key == "tier";
     if (array ? !v.is_array_of_tables() : !v.is_table()) {
       rd.fail(&v, array ? "[[" + std::string(key) + "]] must be an array of tables"
                         : "'" + std::string(key) + "' must be a table ([" + std::string(key) + "])");
@@ -476,6 +509,16 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   t.model = parse_model(rd, *model, base_dir);
   if (rd.ok()) t.gateway = parse_gateway(rd, *gateway, base_dir);
   if (const toml::table* kv = root["kv"].as_table(); kv && rd.ok()) t.kv = parse_kv(rd, *kv);
+  if (const toml::array* tiers = root["tier"].as_array()) {
+    for (size_t i = 0; i < tiers->size() && rd.ok(); ++i) {
+      const std::string w = "[[tier]] #" + std::to_string(i + 1);
+      t.kv.tiers.push_back(parse_tier(rd, *(*tiers)[i].as_table(), w, base_dir));
+      if (rd.ok() && t.kv.tiers.back().kind == tier_kind::host && i > 0)
+        rd.fail((*tiers)[i].as_table(), w + ": the host tier comes first (the fastest, where loads look first)");
+    }
+    if (rd.ok() && !t.kv.prefix_caching)
+      rd.fail(tiers, "[[tier]] keeps cached prefixes: [kv] prefix_caching must be on");
+  }
   if (const toml::table* s = root["scheduler"].as_table(); s && rd.ok()) t.scheduler = parse_scheduler(rd, *s);
   if (const toml::table* kv = root["kv"].as_table(); kv && rd.ok()) t.scheduler.eviction = parse_kv_eviction(rd, *kv);
   if (const toml::table* f = root["failure"].as_table(); f && rd.ok()) t.failure = parse_failure(rd, *f);
@@ -522,6 +565,12 @@ std::string topology_warnings(const topology& t, const model_config& m) {
 
 status validate_topology(const topology& t, const model_config& m, int32_t q8_group_size) {
   for (const auto& r : t.replicas) {
+    if (!t.kv.tiers.empty())
+      for (const stage_spec& st : r.stages)
+        for (const std::string& d : st.devices)
+          if (d != "cpu")
+            return error{t.path + ": replica '" + r.name + "' runs on " + d +
+                         ": KV tiers ([[tier]]) serve CPU shards; a GPU shard's cache stays on its device"};
     int32_t next = 0;
     for (size_t s = 0; s < r.stages.size(); ++s) {
       const stage_spec& st = r.stages[s];

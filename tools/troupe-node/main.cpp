@@ -97,7 +97,18 @@ int main(int argc, char** argv) {
 
   system_config cfg(plan->failure);
   caf::actor_system sys{cfg};
-  caf::actor agent = spawn_node_agent(sys, opt.node, tools::units_of(*plan, m));
+  // KV tiers: the node's figures, summed over its shards' tiers, for /metrics.
+  std::shared_ptr<tier_meter> meter;
+  if (!topo->kv.tiers.empty()) {
+    meter = std::make_shared<tier_meter>();
+    for (auto& s : plan->stages) s.layout.meter = meter;
+    std::string kinds;
+    for (const tier_config& t : topo->kv.tiers)
+      kinds += (kinds.empty() ? "" : ", ") + std::string(tier_kind_name(t.kind)) +
+               (t.kind == tier_kind::disk ? " " + t.path : t.kind == tier_kind::redis ? " " + t.address : "");
+    std::fprintf(stderr, "troupe-node %s: KV tiers below the pool: %s\n", opt.node.c_str(), kinds.c_str());
+  }
+  caf::actor agent = spawn_node_agent(sys, opt.node, tools::units_of(*plan, m), meter);
   // Other nodes (and troupe-launch chaos) reach this node's agent at its port.
   const tools::node_spec& me = plan->node;
   if (auto bound = sys.middleman().publish(agent, me.port, me.host.c_str(), true); !bound) {

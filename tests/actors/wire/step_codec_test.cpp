@@ -644,4 +644,85 @@ TEST_CASE("attention sums: zero where the plan asks, carried by activations and 
   for (size_t n = 0; n < res.size(); ++n) CHECK_FALSE(decode_step_result(std::span(res).first(n), 512, 8, 7).has_value());
 }
 
+TEST_CASE("KV tier loads and saves reach the stage with their keys, and only blocks of the plan's tables") {
+  step_decoder dec(limits());
+  step_encoder enc;
+  enc.restart(1);
+  std::vector<block_id> t1{block_id{4}, block_id{7}, block_id{9}};
+  std::vector<int32_t> toks{5, 6};
+  step_plan plan;
+  scheduled_chunk a;
+  a.id = request_id{1};
+  a.first = 8;
+  a.count = 2;
+  a.tokens = toks;
+  a.block_table = t1;
+  a.sample = true;
+  plan.chunks = {a};
+  const tier_key k0{0x1122334455667788ull, 0x99aabbccddeeff00ull}, k1{3, 4};
+  plan.tier_loads = {{request_id{1}, block_id{4}, k0}, {request_id{1}, block_id{7}, k1}};
+  plan.tier_saves = {{request_id{1}, block_id{9}, tier_key{5, 6}}};
+  auto got = dec.decode(enc.encode(plan, {}));
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+  REQUIRE(got->tier_loads.size() == 2);
+  CHECK(got->tier_loads[0].id == request_id{1});
+  CHECK(got->tier_loads[0].block == block_id{4});
+  CHECK(got->tier_loads[0].key == k0);
+  CHECK(got->tier_loads[1].key == k1);
+  REQUIRE(got->tier_saves.size() == 1);
+  CHECK(got->tier_saves[0].key == tier_key{5, 6});
+
+  // A block outside the plan's tables, a request without a chunk, a block twice: refused,
+  // the decoder unchanged.
+  auto refused = [&](std::vector<tier_move> loads, const std::string& part) {
+    step_plan p = plan;
+    p.tier_loads = std::move(loads);
+    p.tier_saves.clear();
+    step_encoder e2;
+    e2.restart(2);
+    step_decoder d2(limits());
+    auto r = d2.decode(e2.encode(p, {}));
+    REQUIRE_FALSE(r.has_value());
+    CHECK_MESSAGE(r.err().message.find(part) != std::string::npos, r.err().message);
+    CHECK(d2.num_known_requests() == 0);
+  };
+  refused({{request_id{1}, block_id{5}, k0}}, "block 5 is not in a table of this plan");
+  refused({{request_id{2}, block_id{4}, k0}}, "is not in a table of this plan");
+  refused({{request_id{1}, block_id{4}, k0}, {request_id{1}, block_id{4}, k1}}, "block 4 twice");
+
+  // The next plan's loads may name blocks the stage knows from before.
+  step_plan next = plan;
+  next.chunks[0].first = 10;
+  next.chunks[0].count = 1;
+  std::vector<int32_t> one{7};
+  next.chunks[0].tokens = one;
+  next.tier_loads = {{request_id{1}, block_id{9}, k0}};
+  next.tier_saves.clear();
+  auto later = dec.decode(enc.encode(next, {}));
+  REQUIRE_MESSAGE(later.has_value(), (later ? "" : later.err().message));
+  CHECK(later->tier_loads.size() == 1);
+}
+
+TEST_CASE("failed tier loads travel back with activations and step results, bounded and without repeats") {
+  const std::vector<float> hidden(2 * 16, 0.5f);
+  const std::vector<request_id> failed{request_id{7}, request_id{3}};
+  auto back = decode_activations(encode_activations(3, 2, 16, hidden.data(), {}, failed), 16, 8);
+  REQUIRE(back.has_value());
+  CHECK(back->failed_loads == failed);
+  CHECK(decode_activations(encode_activations(3, 2, 16, hidden.data()), 16, 8)->failed_loads.empty());
+  const std::vector<request_id> twice{request_id{7}, request_id{7}};
+  auto dup = decode_activations(encode_activations(3, 2, 16, hidden.data(), {}, twice), 16, 8);
+  REQUIRE_FALSE(dup.has_value());
+  CHECK(dup.err().message.find("named twice") != std::string::npos);
+  std::vector<request_id> many;
+  for (uint64_t i = 0; i < 9; ++i) many.push_back(request_id{i});
+  CHECK_FALSE(decode_activations(encode_activations(3, 2, 16, hidden.data(), {}, many), 16, 8).has_value());
+
+  const std::vector<chosen_token> toks{{request_id{2}, 9}};
+  auto r = decode_step_result(encode_step_result(3, toks, {}, failed), 512, 8);
+  REQUIRE(r.has_value());
+  CHECK(r->failed_loads == failed);
+  CHECK_FALSE(decode_step_result(encode_step_result(3, toks, {}, many), 512, 8).has_value());
+}
+
 }  // namespace troupe::wire
