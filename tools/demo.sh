@@ -7,6 +7,10 @@
 #   tools/demo.sh                    serves ../shared/models/stories260K (deploy/tp2.toml)
 #   tools/demo.sh MODEL [TOKENIZER]  serves another llama2.c or GGUF model
 #   TROUPE_PORT=7500 tools/demo.sh   another client port (default 7400)
+#   TROUPE_TOPOLOGY=deploy/tiers.toml tools/demo.sh
+#                                    serves a one-process topology of your own; when it
+#                                    names a Redis KV tier on this machine with nothing
+#                                    answering there, a redis-server is started for it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh build >&2
@@ -14,13 +18,26 @@ tools/setup.sh build >&2
 port=${TROUPE_PORT:-7400}
 work=$(mktemp -d)
 node_pid=
+redis_pid=
 cleanup() {
   [[ -n $node_pid ]] && kill -TERM "$node_pid" 2>/dev/null && wait "$node_pid" 2>/dev/null || true
+  [[ -n $redis_pid ]] && kill -TERM "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
 
-if [[ $# -ge 1 ]]; then
+if [[ -n ${TROUPE_TOPOLOGY:-} ]]; then
+  topology=$TROUPE_TOPOLOGY
+  model=$(sed -n 's/^path *= *"\(.*\)"/\1/p' "$topology" | head -1)
+  # A Redis tier on this machine that nothing answers: a server for the demo's lifetime.
+  for redis_port in $(sed -n 's/^address *= *"\(127\.0\.0\.1\|localhost\):\([0-9]*\)"/\2/p' "$topology"); do
+    if ! redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+      echo "demo: starting redis-server on port $redis_port for the topology's Redis tier" >&2
+      redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+      redis_pid=$!
+    fi
+  done
+elif [[ $# -ge 1 ]]; then
   model=$(realpath "$1")
   tokenizer=${2:+$(realpath "$2")}
   topology=$work/topology.toml

@@ -59,6 +59,7 @@ struct workload {
   std::string api_key;
   bool chat = false;
   int turns = 1;  // multi-turn chat: each conversation sends this many growing requests
+  int think_ms = 0;  // ... pausing this long between its turns (a user reading)
 };
 
 struct sample {
@@ -66,7 +67,9 @@ struct sample {
   std::string error;
   double ttft_ms = 0, e2e_ms = 0, tpot_ms = 0;
   std::vector<double> itl_ms;
+  std::vector<double> turn_ttft_ms;  // a conversation's: every turn's time to first token
   int64_t output_tokens = 0, prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens the server reports cached (usage)
   std::string text;  // the output, for --outputs
 };
 
@@ -135,6 +138,8 @@ sample run_http(const std::string& host, int port, const workload& w, int i, con
       if (j.contains("usage") && j["usage"].is_object()) {
         s.output_tokens = j["usage"].value("completion_tokens", 0);
         s.prompt_tokens = j["usage"].value("prompt_tokens", 0);
+        if (const auto d = j["usage"].find("prompt_tokens_details"); d != j["usage"].end() && d->is_object())
+          s.cached_tokens = d->value("cached_tokens", 0);
       }
       if (!j.contains("choices") || j["choices"].empty()) continue;
       const auto& c = j["choices"][0];
@@ -247,9 +252,12 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
         else {
           all.output_tokens += s.output_tokens;
           all.prompt_tokens += s.prompt_tokens;
+          all.cached_tokens += s.cached_tokens;
           all.itl_ms.insert(all.itl_ms.end(), s.itl_ms.begin(), s.itl_ms.end());
           all.e2e_ms += s.e2e_ms;
         }
+        all.turn_ttft_ms.push_back(s.ttft_ms);
+        if (w.think_ms > 0 && t + 1 < w.turns) std::this_thread::sleep_for(std::chrono::milliseconds(w.think_ms));
       }
       results[i] = all;
     } else {
@@ -279,7 +287,7 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
   const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
 
   std::vector<double> ttft, tpot, itl, e2e;
-  int64_t out_tokens = 0, in_tokens = 0, completed = 0, good = 0;
+  int64_t out_tokens = 0, in_tokens = 0, cached_tokens = 0, completed = 0, good = 0;
   std::map<std::string, int> errors;
   if (!outputs_path.empty()) {
     std::ofstream f(outputs_path);
@@ -296,7 +304,13 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
     ++completed;
     out_tokens += s.output_tokens;
     in_tokens += s.prompt_tokens;
-    ttft.push_back(s.ttft_ms);
+    cached_tokens += s.cached_tokens;
+    // A conversation counts every turn's first token (later turns resend the history: what
+    // a prefix cache saves shows there).
+    if (s.turn_ttft_ms.empty())
+      ttft.push_back(s.ttft_ms);
+    else
+      ttft.insert(ttft.end(), s.turn_ttft_ms.begin(), s.turn_ttft_ms.end());
     e2e.push_back(s.e2e_ms);
     if (s.output_tokens > 1) tpot.push_back(s.tpot_ms);
     itl.insert(itl.end(), s.itl_ms.begin(), s.itl_ms.end());
@@ -307,7 +321,7 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
             {"rate", w.rate > 0 ? json(w.rate) : json(nullptr)},
             {"completed", completed},   {"errors", static_cast<int64_t>(w.requests) - completed},
             {"errors_by_kind", errors}, {"output_tokens", out_tokens},
-            {"prompt_tokens", in_tokens}, {"duration_s", secs},
+            {"prompt_tokens", in_tokens}, {"cached_prompt_tokens", cached_tokens}, {"duration_s", secs},
             {"requests_per_s", completed / secs}, {"output_tokens_per_s", out_tokens / secs},
             {"goodput_requests_per_s", good / secs},
             {"ttft_ms", dist(ttft)},    {"tpot_ms", dist(tpot)},
@@ -408,8 +422,10 @@ int main(int argc, char** argv) {
   app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(tools::non_negative());
   app.add_option("--seed", w.seed, "prompts' random seed: the same seed, the same prompts")->capture_default_str();
   app.add_flag("--chat", w.chat, "use /v1/chat/completions");
-  app.add_option("--turns", w.turns, "multi-turn chat: turns per conversation, each resending the growing history")
+  app.add_option("--turns", w.turns, "multi-turn chat: turns per conversation, each resending the growing history (TTFT then counts every turn)")
       ->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--think-ms", w.think_ms, "multi-turn chat: pause between a conversation's turns, in ms (a user reading)")
+      ->check(CLI::Range(0, 600000))->capture_default_str();
   app.add_option("--slo-ttft-ms", slo_ttft, "goodput counts requests within this TTFT (0: no limit)");
   app.add_option("--slo-tpot-ms", slo_tpot, "goodput counts requests within this TPOT (0: no limit)");
   app.add_option("--outputs", outputs_path,

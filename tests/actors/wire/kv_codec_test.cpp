@@ -67,8 +67,10 @@ struct twin_schedulers {
   size_t bytes_sent = 0, rounds = 0;
   int dropped = 0;  // blocks the kv manager's grants took off tables
 
-  static scheduler_config config(int32_t max_step_tokens, bool remote_kv, const kv_eviction_config& eviction = {}) {
+  static scheduler_config config(int32_t max_step_tokens, bool remote_kv, const kv_eviction_config& eviction = {},
+                                 size_t tier_blocks = 0) {
     scheduler_config cfg;
+    cfg.tier_blocks = tier_blocks;
     cfg.eviction = eviction;
     cfg.max_step_tokens = max_step_tokens;
     cfg.kv.num_blocks = 16;
@@ -79,9 +81,9 @@ struct twin_schedulers {
     cfg.remote_kv = remote_kv;
     return cfg;
   }
-  explicit twin_schedulers(int32_t max_step_tokens, const kv_eviction_config& eviction = {})
-      : local(config(max_step_tokens, false, eviction), test::tok512()),
-        remote(config(max_step_tokens, true, eviction), test::tok512()) {
+  explicit twin_schedulers(int32_t max_step_tokens, const kv_eviction_config& eviction = {}, size_t tier_blocks = 0)
+      : local(config(max_step_tokens, false, eviction, tier_blocks), test::tok512()),
+        remote(config(max_step_tokens, true, eviction, tier_blocks), test::tok512()) {
     tx.restart(42);
   }
 
@@ -112,6 +114,16 @@ struct twin_schedulers {
       CHECK(a.compactions[i].kept == b.compactions[i].kept);
       CHECK(test::block_values(a.compactions[i].block_table) == test::block_values(b.compactions[i].block_table));
     }
+    auto same_moves = [](const std::vector<tier_move>& x, const std::vector<tier_move>& y) {
+      REQUIRE(x.size() == y.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        CHECK(x[i].id == y[i].id);
+        CHECK(x[i].block == y[i].block);
+        CHECK(x[i].key == y[i].key);
+      }
+    };
+    same_moves(a.tier_loads, b.tier_loads);
+    same_moves(a.tier_saves, b.tier_saves);
     for (size_t i = 0; i < a.chunks.size(); ++i) {
       CHECK(a.chunks[i].id == b.chunks[i].id);
       CHECK(a.chunks[i].first == b.chunks[i].first);
@@ -163,6 +175,49 @@ TEST_CASE("a scheduler's claims through the kv codec plan the steps the in-proce
   CHECK(twins.rx.num_known_requests() == 0);
   CHECK(twins.rounds > 0);
   MESSAGE(twins.rounds << " exchanges, " << twins.bytes_sent << " bytes of claims");
+}
+
+TEST_CASE("KV tiers cross the kv codec: tier prefixes claimed, loads granted, landings heard, as in process") {
+  twin_schedulers twins(64, {}, 100);
+  auto prompt = [](int32_t first, int32_t n) {
+    request_params p;
+    for (int32_t i = 0; i < n; ++i) p.prompt.push_back(first + i);
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 6;
+    return p;
+  };
+  auto drain = [&] {
+    for (int step = 0; step < 100 && twins.local.has_unfinished(); ++step) {
+      const auto [a, b] = twins.plan();
+      twins.local.settle_tier_loads(a, {});
+      twins.remote.settle_tier_loads(b, {});
+      twins.finish(a, b, {});
+    }
+    REQUIRE_FALSE(twins.remote.has_unfinished());
+  };
+  twins.add(1, prompt(10, 21));
+  drain();
+  // Other prompts push it out of the 16-block pool; then it comes back from the tiers.
+  for (uint64_t id = 2; id <= 4; ++id) twins.add(id, prompt(100 + 30 * static_cast<int32_t>(id), 40));
+  drain();
+  twins.add(5, prompt(10, 21));
+  const auto [a, b] = twins.plan();
+  CHECK(a.tier_loads.size() == 5);  // 20 of its 21 tokens in whole blocks
+  twins.local.settle_tier_loads(a, {});
+  twins.remote.settle_tier_loads(b, {});
+  twins.finish(a, b, {});
+  drain();
+  // (The churn's preempted requests came back from the tiers too.)
+  CHECK(twins.local.tiers_now().loaded_tokens >= 20);
+  CHECK(twins.remote.tiers_now().loaded_tokens == twins.local.tiers_now().loaded_tokens);
+  CHECK(twins.release_all() == 0);
+  // Its blocks joined the kv manager's prefix cache once the landing was heard: the same
+  // prompt now hits the pool.
+  twins.add(6, prompt(10, 21));
+  const auto [c, d] = twins.plan();
+  CHECK(c.tier_loads.empty());
+  REQUIRE(d.chunks.size() == 1);
+  CHECK(d.chunks[0].first == 20);
 }
 
 TEST_CASE("draft positions cross the kv codec: claimed, granted, and their blocks dropped as in process") {
