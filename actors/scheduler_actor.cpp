@@ -8,6 +8,7 @@
 #include "actors/caf/errors.hpp"
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/client_codec.hpp"
+#include "engine/forward/shard_tiers.hpp"
 #include "engine/spec/ngram_proposer.hpp"
 
 namespace troupe {
@@ -82,25 +83,22 @@ void setup_drafts(scheduler_state& st) {
 void setup_tier_probe(scheduler_state& st) {
   const scheduler_setup& s = st.setup;
   if (s.probe_tiers.empty() || s.tier_prefixes.empty() || s.config.tier_blocks == 0) return;
-  std::vector<std::unique_ptr<kv_tier_store>> stores;
-  for (const tier_config& t : s.probe_tiers) {
-    auto store = make_tier_store(t);
-    if (!store) {
-      std::fprintf(stderr, "troupe: replica %s: KV tier %s not looked up: %s\n", s.replica.c_str(),
-                   std::string(tier_kind_name(t.kind)).c_str(), store.err().message.c_str());
-      continue;
+  for (const std::string& prefix : s.tier_prefixes) {
+    auto tiers = open_tiers(s.probe_tiers, prefix);
+    if (!tiers) {
+      std::fprintf(stderr, "troupe: replica %s: KV tiers not looked up: %s\n", s.replica.c_str(), tiers.err().message.c_str());
+      st.probes.clear();
+      return;
     }
-    stores.push_back(std::move(store).value());
+    st.probes.emplace_back(prefix, std::move(tiers).value());
   }
-  if (stores.empty()) return;
-  st.probe = std::make_unique<kv_tiers>(std::move(stores));
   st.sched->set_tier_probe([&st](std::span<const tier_key> keys) {
     size_t held = keys.size();
     std::vector<std::string> names;
-    for (const std::string& prefix : st.setup.tier_prefixes) {
+    for (const auto& [prefix, tiers] : st.probes) {
       names.clear();
       for (size_t i = 0; i < held; ++i) names.push_back(prefix + keys[i].hex());
-      held = std::min(held, st.probe->leading_present(names));
+      held = std::min(held, tiers->leading_present(names));
       if (held == 0) break;
     }
     return held;

@@ -94,8 +94,9 @@ struct scheduler_state {
   uint64_t draft_sessions = 0;
   spec_tally spec;
 
-  // KV tiers that outlive the scheduler, asked about prompts its directory does not cover.
-  std::unique_ptr<kv_tiers> probe;
+  // KV tiers that outlive the scheduler, asked about prompts its directory does not cover:
+  // as each shard sees them, by its names' prefix.
+  std::vector<std::pair<std::string, std::unique_ptr<kv_tiers>>> probes;
 
   uint64_t epoch() const { return recovery->epoch(); }
   bool ready() const { return recovery->ready(); }

@@ -67,18 +67,32 @@ size_t tier_directory_blocks(const kv_config& kv, const model_config& c, dtype k
   return static_cast<size_t>(std::clamp<uint64_t>(n, 1, uint64_t{1} << 24));
 }
 
-expected<std::unique_ptr<shard_tiers>> shard_tiers::open(const std::vector<tier_config>& cfg, const model& m,
-                                                         const shard_spec& spec, kv_cache& cache,
-                                                         std::shared_ptr<tier_meter> meter) {
+std::string tier_scope(const std::string& prefix) {
+  std::string s = prefix;
+  while (!s.empty() && s.back() == '/') s.pop_back();
+  std::replace(s.begin(), s.end(), '/', '-');
+  return s;
+}
+
+expected<std::unique_ptr<kv_tiers>> open_tiers(const std::vector<tier_config>& cfg, const std::string& prefix) {
   std::vector<std::unique_ptr<kv_tier_store>> stores;
   for (const tier_config& t : cfg) {
-    auto s = make_tier_store(t);
+    auto s = make_tier_store(t, tier_scope(prefix));
     if (!s) return error{"KV tier " + std::to_string(stores.size() + 1) + " (" + std::string(tier_kind_name(t.kind)) +
                          "): " + s.err().message};
     stores.push_back(std::move(s).value());
   }
-  return std::make_unique<shard_tiers>(std::make_shared<kv_tiers>(std::move(stores)), tier_prefix(m, spec, cache.shape()),
-                                       cache, std::move(meter));
+  return std::make_unique<kv_tiers>(std::move(stores));
+}
+
+expected<std::unique_ptr<shard_tiers>> shard_tiers::open(const std::vector<tier_config>& cfg, const model& m,
+                                                         const shard_spec& spec, kv_cache& cache,
+                                                         std::shared_ptr<tier_meter> meter) {
+  const std::string prefix = tier_prefix(m, spec, cache.shape());
+  auto tiers = open_tiers(cfg, prefix);
+  if (!tiers) return tiers.err();
+  return std::make_unique<shard_tiers>(std::shared_ptr<kv_tiers>(std::move(tiers).value()), prefix, cache,
+                                       std::move(meter));
 }
 
 shard_tiers::shard_tiers(std::shared_ptr<kv_tiers> tiers, std::string prefix, kv_cache& cache,

@@ -27,6 +27,12 @@
 namespace troupe {
 
 std::string tier_prefix(const model& m, const shard_spec& spec, const kv_cache_shape& shape);
+// The subdirectory of a disk tier that holds the blocks of names under `prefix`.
+std::string tier_scope(const std::string& prefix);
+
+// The tiers `cfg` names, as a shard with names under `prefix` (or a scheduler looking up
+// that shard's blocks) sees them; an error names the tier that cannot be opened.
+expected<std::unique_ptr<kv_tiers>> open_tiers(const std::vector<tier_config>& cfg, const std::string& prefix);
 
 // How many blocks the scheduler's tier directory should remember for `kv`'s tiers: their
 // capacities over a whole block's bytes (every layer; a Redis tier counted at its

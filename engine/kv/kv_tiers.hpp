@@ -77,9 +77,13 @@ class kv_tier_store {
 };
 
 std::unique_ptr<kv_tier_store> make_host_store(uint64_t capacity_bytes);
-expected<std::unique_ptr<kv_tier_store>> make_disk_store(const std::string& dir, uint64_t capacity_bytes);
+// A directory's records (in `scope`, a subdirectory, when given: each shard's own, so that
+// its capacity counts its files alone); a directory that cannot be made or written is an
+// error now, not at the first write.
+expected<std::unique_ptr<kv_tier_store>> make_disk_store(const std::string& dir, uint64_t capacity_bytes,
+                                                         const std::string& scope = "");
 expected<std::unique_ptr<kv_tier_store>> make_redis_store(const std::string& address, int32_t timeout_ms);
-expected<std::unique_ptr<kv_tier_store>> make_tier_store(const tier_config& c);
+expected<std::unique_ptr<kv_tier_store>> make_tier_store(const tier_config& c, const std::string& scope = "");
 
 class kv_tiers {
  public:

@@ -88,13 +88,14 @@ inline uint64_t submit(caf::scoped_actor& self, const caf::actor& sched, const s
 // What a scheduler's metrics_atom answers (scheduler_actor.hpp).
 struct scheduler_metrics {
   std::string method;
-  std::vector<uint64_t> spec, eviction;
+  std::vector<uint64_t> spec, eviction, tiers;
 };
 inline scheduler_metrics metrics_of(caf::scoped_actor& self, const caf::actor& sched) {
   scheduler_metrics m;
   self->request(sched, std::chrono::seconds(10), metrics_atom_v)
       .receive([&](uint32_t, uint64_t, uint64_t, const std::string& method, const std::vector<uint64_t>& spec,
-                   const std::vector<uint64_t>& eviction) { m = {method, spec, eviction}; },
+                   const std::vector<uint64_t>& eviction,
+                   const std::vector<uint64_t>& tiers) { m = {method, spec, eviction, tiers}; },
                [&](caf::error& e) { FAIL(self->system().render(e)); });
   return m;
 }

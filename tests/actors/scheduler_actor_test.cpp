@@ -172,8 +172,9 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
       if (i == 4) CHECK(lg.results[id].reason == finish_reason::stop);
     }
     // What speculation did: drafts proposed and verified, and some accepted.
-    const auto [method, spec, eviction] = test::metrics_of(self, sched);
+    const auto [method, spec, eviction, tiers] = test::metrics_of(self, sched);
     CHECK(method == spec_method_name(r.method));
+    CHECK(tiers == std::vector<uint64_t>(tier_figures_size, 0));  // (no tiers here)
     REQUIRE(spec.size() == spec_figures_size);
     CHECK(spec[0] > 10);           // verifies
     CHECK(spec[1] >= spec[0]);     // proposed: at least one a verify

@@ -62,7 +62,11 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(topology_warnings(*t, stories()).empty());
     ++n;
   }
-  CHECK(n == 7);
+  CHECK(n == 8);
+  auto tiers = parse_topology(dir + "/tiers.toml");
+  REQUIRE(tiers.has_value());
+  REQUIRE(tiers->kv.tiers.size() == 3);
+  CHECK(tiers->kv.tiers[2].address == "127.0.0.1:6379");
   auto two = parse_topology(dir + "/pp2x2.toml");
   REQUIRE(two.has_value());
   CHECK(two->replicas.size() == 2);

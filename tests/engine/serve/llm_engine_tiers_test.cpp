@@ -124,7 +124,8 @@ TEST_CASE("blocks flipped or cut in the disk tier are computed again, with the s
   e.flush_tiers();
   // Spoil every file: a flipped byte in some, a cut in the others.
   int n = 0;
-  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir.path())) {
+    if (f.path().extension() != ".kvb") continue;
     auto bytes = test::read_all(f.path().string());
     if (n++ % 2) bytes[bytes.size() - 3] ^= 0x40;
     else bytes.resize(bytes.size() / 2);
