@@ -88,6 +88,7 @@ struct shard_core {
   // failed already join `failed` if they fail here (every one, without tiers here). With
   // tensor parallelism the stage's shards pool theirs.
   void load_blocks(const wire::decoded_step& d, std::vector<request_id>& failed) {
+    if (tiers) tiers->prefetch(d.tier_prefetch);
     if (d.tier_loads.empty()) return;
     std::vector<tier_move> loads;
     for (const tier_move& m : d.tier_loads)

@@ -57,6 +57,11 @@ struct TierMove {
   keyLo @3 :UInt64;
 }
 
+struct TierKey {
+  hi @0 :UInt64;
+  lo @1 :UInt64;
+}
+
 struct StepPlan {
   stepId @0 :UInt64;               # increases by one per plan of a scheduler
   chunks @1 :List(Chunk);          # in batch order
@@ -70,6 +75,8 @@ struct StepPlan {
                                    # request with a chunk here
   tierSaves @7 :List(TierMove);    # KV tiers: copied down after the step, unless their
                                    # request's loads failed
+  tierPrefetch @8 :List(TierKey);  # KV tiers: blocks of waiting requests, read up into the
+                                   # first tier in the background
 }
 
 # Hidden states handed from one stage to the next: [numTokens][dim] float32,

@@ -82,6 +82,11 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
   };
   moves(root.initTierLoads(static_cast<unsigned>(plan.tier_loads.size())), plan.tier_loads);
   moves(root.initTierSaves(static_cast<unsigned>(plan.tier_saves.size())), plan.tier_saves);
+  auto prefetch = root.initTierPrefetch(static_cast<unsigned>(plan.tier_prefetch.size()));
+  for (size_t i = 0; i < plan.tier_prefetch.size(); ++i) {
+    prefetch[static_cast<unsigned>(i)].setHi(plan.tier_prefetch[i].hi);
+    prefetch[static_cast<unsigned>(i)].setLo(plan.tier_prefetch[i].lo);
+  }
   auto rel = root.initReleased(static_cast<unsigned>(released.size()));
   for (size_t i = 0; i < released.size(); ++i) {
     rel.set(static_cast<unsigned>(i), released[i].value);
@@ -92,7 +97,7 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
 
 expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
   const auto fl = frame_limits::flat(static_cast<size_t>(lim_.max_step_tokens + lim_.max_chunks * 4) * 16 +
-                                     static_cast<size_t>(lim_.num_blocks) * 2 * 48 + (1 << 16));
+                                     static_cast<size_t>(lim_.num_blocks) * 3 * 48 + (1 << 16));
   auto frame = frame_reader::parse(bytes, fl);
   if (!frame) return frame.err();
   try {
@@ -212,8 +217,14 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       }
     }
 
+    const auto prefetch = root.getTierPrefetch();
+    if (prefetch.size() > lim_.num_blocks)
+      return error{"step plan has " + std::to_string(prefetch.size()) + " tier prefetches; the pool has " +
+                   std::to_string(lim_.num_blocks) + " blocks"};
+
     decoded_step out;
     out.step_id = root.getStepId();
+    for (const auto k : prefetch) out.tier_prefetch.push_back(tier_key{k.getHi(), k.getLo()});
     for (const auto& [list, to] : {std::pair{tier_loads, &out.tier_loads}, std::pair{tier_saves, &out.tier_saves}})
       for (const auto m : list)
         to->push_back({request_id{m.getRequestId()}, block_id{m.getBlock()}, tier_key{m.getKeyHi(), m.getKeyLo()}});

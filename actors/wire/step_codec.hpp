@@ -74,8 +74,10 @@ struct decoded_step {
   // KV eviction: the attention sums of the chunks that ask for them (schema/step.capnp),
   // zero, chunk after chunk; batch.sequences' attention_mass point into it.
   std::vector<float> attention;
-  // KV tiers: blocks to fill before the step, and to copy down after it.
+  // KV tiers: blocks to fill before the step, and to copy down after it; blocks of
+  // waiting requests to read up in the background.
   std::vector<tier_move> tier_loads, tier_saves;
+  std::vector<tier_key> tier_prefetch;
 };
 
 // The tokens a last stage chose: (request, token) per logit row, in batch order.

@@ -118,6 +118,14 @@ std::vector<request_id> shard_tiers::load(std::span<const tier_move> loads) {
   return failed;
 }
 
+void shard_tiers::prefetch(std::span<const tier_key> keys) {
+  if (keys.empty()) return;
+  std::vector<std::string> names;
+  names.reserve(keys.size());
+  for (const tier_key& k : keys) names.push_back(prefix_ + k.hex());
+  tiers_->prefetch(names, buf_.size());
+}
+
 size_t shard_tiers::probe(std::span<const tier_key> keys) {
   std::vector<std::string> names;
   names.reserve(keys.size());

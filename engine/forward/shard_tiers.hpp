@@ -60,6 +60,8 @@ class shard_tiers {
   // Copies the blocks of `saves` down, but for those of the `failed` requests.
   void save(std::span<const tier_move> saves, std::span<const request_id> failed);
 
+  // Reads these blocks up into the first tier in the background (kv_tiers::prefetch).
+  void prefetch(std::span<const tier_key> keys);
   // How many of `keys`, from the first, some tier holds for this shard.
   size_t probe(std::span<const tier_key> keys);
 

@@ -198,6 +198,18 @@ void kv_tiers::writer_loop() {
     write w = std::move(queue_.front());
     queue_.pop_front();
     writing_ = true;
+    if (!w.record) {
+      --queued_prefetches_;
+      lock.unlock();
+      std::vector<std::string> one{w.name};
+      auto present = stores_[0]->leading_present(one);
+      const bool there = present && *present == 1;
+      if (!there) fetch(w.name, w.payload_bytes, 1, {});
+      lock.lock();
+      writing_ = false;
+      if (queue_.empty()) idle_.notify_all();
+      continue;
+    }
     lock.unlock();
     const status st = stores_[w.tier]->put(w.name, *w.record);
     lock.lock();
@@ -220,13 +232,28 @@ void kv_tiers::flush() {
 }
 
 bool kv_tiers::load(const std::string& name, std::span<std::byte> out) {
-  for (size_t t = 0; t < stores_.size(); ++t) {
+  return fetch(name, out.size(), 0, out);
+}
+
+void kv_tiers::prefetch(std::span<const std::string> names, size_t size) {
+  if (stores_.size() < 2) return;
+  std::lock_guard lock(mu_);
+  for (const std::string& name : names) {
+    if (queued_prefetches_ >= 4096) break;
+    ++queued_prefetches_;
+    queue_.push_back(write{name, nullptr, 0, size});
+  }
+  wake_.notify_one();
+}
+
+bool kv_tiers::fetch(const std::string& name, size_t size, size_t from, std::span<std::byte> out) {
+  for (size_t t = from; t < stores_.size(); ++t) {
     const auto start = std::chrono::steady_clock::now();
     auto got = stores_[t]->get(name);
     std::optional<std::span<const std::byte>> payload;
     if (got && *got) payload = open_record(name, **got);
-    const bool hit = payload && payload->size() == out.size();
-    if (hit) std::memcpy(out.data(), payload->data(), out.size());
+    const bool hit = payload && payload->size() == size;
+    if (hit && !out.empty()) std::memcpy(out.data(), payload->data(), size);
     // A copy that fails its checks is dropped, so it is written again when recomputed.
     if (got && *got && !hit) stores_[t]->erase(name);
     {
@@ -239,7 +266,7 @@ bool kv_tiers::load(const std::string& name, std::span<std::byte> out) {
       else if (!hit) ++s.corrupt;
       else {
         ++s.hits;
-        s.bytes_out += out.size();
+        s.bytes_out += size;
       }
     }
     if (!hit) continue;
@@ -248,7 +275,7 @@ bool kv_tiers::load(const std::string& name, std::span<std::byte> out) {
       if (stores_[0]->put(name, **got)) {
         std::lock_guard lock(mu_);
         ++stats_[0].stored;
-        stats_[0].bytes_in += out.size();
+        stats_[0].bytes_in += size;
       }
     }
     return true;

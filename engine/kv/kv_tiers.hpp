@@ -14,7 +14,8 @@
 //
 // Writes are write-through: the first tier (host memory, usually) at once, the others by a
 // background thread with a bounded queue (writes that do not fit are dropped, and counted).
-// A load tries the tiers in order; a hit on a lower tier is copied into the first. A store
+// A load tries the tiers in order; a hit on a lower tier is copied into the first. The same
+// thread prefetches: it reads blocks a later load will want up into the first tier. A store
 // that fails (a server gone, a full disk) counts the error and reads as a miss; a Redis
 // tier that failed waits a second before it tries to connect again, so a store that is
 // away costs a step nothing but the check.
@@ -98,6 +99,10 @@ class kv_tiers {
   // Fills `out` with the block's bytes from the first tier that holds an intact copy of
   // exactly that size; false if none does (out is then unspecified).
   bool load(const std::string& name, std::span<std::byte> out);
+  // In the background: blocks of `size` bytes the first tier lacks are looked up in the
+  // others and copied into it, so that a later load finds them there (a waiting request's
+  // prefix, read while other steps compute). Lookups past a bounded queue are dropped.
+  void prefetch(std::span<const std::string> names, size_t size);
   // How many of `names`, from the first, some tier holds (a restarted scheduler's view of
   // what the tiers kept; the loads check the records).
   size_t leading_present(std::span<const std::string> names);
@@ -109,6 +114,7 @@ class kv_tiers {
   std::vector<tier_stats> stats() const;
 
  private:
+  // A background job: a record written to a tier, or (without one) a block prefetched.
   struct write {
     std::string name;
     std::shared_ptr<const std::vector<std::byte>> record;
@@ -116,6 +122,10 @@ class kv_tiers {
     uint64_t payload_bytes;
   };
   void writer_loop();
+  // Looks `name` up from tier `from` on, counting each lookup in its tier's figures; an
+  // intact record of a `size`-byte block found below the first tier is copied into it.
+  // `out` (if not empty) gets the block's bytes.
+  bool fetch(const std::string& name, size_t size, size_t from, std::span<std::byte> out);
 
   std::vector<std::unique_ptr<kv_tier_store>> stores_;
   uint64_t queue_limit_;
@@ -123,6 +133,7 @@ class kv_tiers {
   std::condition_variable wake_, idle_;
   std::deque<write> queue_;
   uint64_t queued_bytes_ = 0;
+  size_t queued_prefetches_ = 0;
   bool writing_ = false;
   bool stop_ = false;
   std::vector<tier_stats> stats_;

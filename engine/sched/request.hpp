@@ -90,6 +90,7 @@ struct request {
   bool loads_in_flight = false;  // its step in flight loads blocks from the tiers
   bool loads_landed = false;     // they landed: its next claim says so
   bool tier_probed = false;      // the tiers were asked what they hold of its prompt
+  bool tier_prefetched = false;  // a plan named its blocks for reading up
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;

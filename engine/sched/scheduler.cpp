@@ -295,6 +295,7 @@ step_plan scheduler::end_step(step_draft& d) {
   }
   for (planned_compaction& c : d.plan.compactions)
     if (const request* r = find(c.id); r && r->blocks != c.block_table) c.new_table = r->blocks;
+  plan_tier_prefetch(d.plan);
   return std::move(d.plan);
 }
 
@@ -502,6 +503,23 @@ void scheduler::plan_tier_saves(step_draft& d, request& r, int32_t end) {
     ++tier_usage_.saved_blocks;
   }
   r.tier_saved = std::max(r.tier_saved, full);
+}
+
+// Requests still waiting after this plan: the blocks of their prompts the tiers hold are
+// read up into the first tier while the plan runs, so that their loads, when admitted,
+// are copies from memory (a few requests a plan, each once).
+void scheduler::plan_tier_prefetch(step_plan& plan) {
+  if (!tiers_ || !cfg_.tier_prefetch) return;
+  const int32_t bs = cfg_.kv.block_size;
+  int asked = 0;
+  for (request* r : waiting_) {
+    if (asked == 4) break;
+    if (r->tier_prefetched || r->eviction.enabled()) continue;
+    r->tier_prefetched = true;
+    ++asked;
+    const int32_t n = tier_prefix(*r) / bs;
+    for (int32_t b = 0; b < n; ++b) plan.tier_prefetch.push_back(r->tier_keys[static_cast<size_t>(b)]);
+  }
 }
 
 void scheduler::settle_tier_loads(const step_plan& plan, std::span<const request_id> failed) {

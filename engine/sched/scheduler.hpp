@@ -73,6 +73,8 @@ struct scheduler_config {
                                   // that ask for it are refused with this)
   size_t tier_blocks = 0;         // KV tiers: blocks the tiers are taken to hold (the
                                   // directory's size); 0: no tiers
+  bool tier_prefetch = false;     // KV tiers: plans name waiting requests' blocks, for the
+                                  // shards to read up from the lower tiers meanwhile
 };
 
 // KV tiers, as the scheduler saw them: blocks it had loaded and saved, and loads that came
@@ -199,6 +201,7 @@ class scheduler {
   int32_t tier_prefix(request& r);
   const tier_key& key_of(request& r, int32_t block);
   void plan_tier_saves(step_draft& d, request& r, int32_t end);
+  void plan_tier_prefetch(step_plan& plan);
 
   scheduler_config cfg_;
   const tokenizer& tok_;

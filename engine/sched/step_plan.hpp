@@ -67,6 +67,8 @@ struct step_plan {
                                       // outputs of this step are dropped)
   std::vector<tier_move> tier_saves;  // KV tiers: copied down after the step (blocks its
                                       // tokens filled), unless their request's loads failed
+  std::vector<tier_key> tier_prefetch;  // KV tiers: blocks of waiting requests' prefixes,
+                                        // read up into the first tier in the background
   int32_t num_tokens = 0;
   int32_t num_samples() const {
     int32_t n = 0;

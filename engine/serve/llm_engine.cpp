@@ -16,6 +16,7 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
   if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(m, cfg.spec).value_or("");
   if (cfg.sched.tier_blocks == 0 && !cfg.sched.kv.tiers.empty())
     cfg.sched.tier_blocks = tier_directory_blocks(cfg.sched.kv, m.config, cfg.kv_type.value_or(kv_cache_type_for(m)));
+  cfg.sched.tier_prefetch = cfg.sched.kv.tiers.size() > 1;
   return cfg;
 }
 
@@ -130,6 +131,7 @@ std::vector<step_output> llm_engine::step() {
   // KV tiers: the loads first; a request one of whose blocks no tier held goes back to
   // compute before anything is sampled for it.
   std::vector<request_id> failed;
+  if (tiers_) tiers_->prefetch(plan.tier_prefetch);
   if (tiers_ && !plan.tier_loads.empty()) failed = tiers_->load(plan.tier_loads);
   sched_.settle_tier_loads(plan, failed);
   if (proposer_)

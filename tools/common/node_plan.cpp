@@ -57,6 +57,7 @@ scheduler_placement scheduler_of(const topology& t, const model& m, const tokeni
   if (!t.kv.tiers.empty()) {
     const dtype kv_type = t.kv.cache_type.value_or(kv_cache_type_for(m));
     s.config.tier_blocks = tier_directory_blocks(t.kv, m.config, kv_type);
+    s.config.tier_prefetch = t.kv.tiers.size() > 1;
     // Each shard's names in the tiers, and those tiers the scheduler can look in: Redis,
     // and a directory when every stage runs on this node.
     bool all_here = true;

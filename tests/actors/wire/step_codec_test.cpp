@@ -662,6 +662,7 @@ TEST_CASE("KV tier loads and saves reach the stage with their keys, and only blo
   const tier_key k0{0x1122334455667788ull, 0x99aabbccddeeff00ull}, k1{3, 4};
   plan.tier_loads = {{request_id{1}, block_id{4}, k0}, {request_id{1}, block_id{7}, k1}};
   plan.tier_saves = {{request_id{1}, block_id{9}, tier_key{5, 6}}};
+  plan.tier_prefetch = {tier_key{7, 8}, k0};
   auto got = dec.decode(enc.encode(plan, {}));
   REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
   REQUIRE(got->tier_loads.size() == 2);
@@ -671,6 +672,7 @@ TEST_CASE("KV tier loads and saves reach the stage with their keys, and only blo
   CHECK(got->tier_loads[1].key == k1);
   REQUIRE(got->tier_saves.size() == 1);
   CHECK(got->tier_saves[0].key == tier_key{5, 6});
+  CHECK(got->tier_prefetch == std::vector<tier_key>{tier_key{7, 8}, k0});
 
   // A block outside the plan's tables, a request without a chunk, a block twice: refused,
   // the decoder unchanged.

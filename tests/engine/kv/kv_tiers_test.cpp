@@ -134,6 +134,36 @@ TEST_CASE("the disk tier outlives its process, and a flipped or cut file is reco
   CHECK(block_files(dir).size() == 1);  // the two found corrupt are gone
 }
 
+TEST_CASE("a prefetch reads blocks up from a lower tier in the background, and the load then finds them in memory") {
+  test::temp_dir dir;
+  {
+    kv_tiers writer(stores(make_host_store(0), make_disk_store(dir.path(), 0).value()));
+    for (int i = 0; i < 3; ++i) writer.save("p" + std::to_string(i), bytes_of(4096, i));
+    writer.flush();
+  }
+  kv_tiers tiers(stores(make_host_store(0), make_disk_store(dir.path(), 0).value()));
+  const std::vector<std::string> names{"p0", "p1", "p9"};
+  tiers.prefetch(names, 4096);
+  tiers.flush();
+  auto s = tiers.stats();
+  CHECK(s[1].hits == 2);    // p0 and p1 read up
+  CHECK(s[1].misses == 1);  // p9 is nowhere
+  CHECK(s[0].stored == 2);
+  std::vector<std::byte> out(4096);
+  REQUIRE(tiers.load("p1", out));
+  CHECK(out == bytes_of(4096, 1));
+  s = tiers.stats();
+  CHECK(s[0].hits == 1);  // from memory
+  CHECK(s[1].hits == 2);
+  // Blocks the first tier has already are not looked up again; one of another size is a miss.
+  tiers.prefetch(std::vector<std::string>{"p0"}, 4096);
+  tiers.prefetch(std::vector<std::string>{"p2"}, 100);
+  tiers.flush();
+  s = tiers.stats();
+  CHECK(s[1].lookups == 4);
+  CHECK(s[1].corrupt == 1);
+}
+
 TEST_CASE("the disk tier drops its least recently used files past its capacity") {
   test::temp_dir dir;
   auto disk = make_disk_store(dir.path(), 5 * 1100);

@@ -165,6 +165,28 @@ TEST_CASE("one namespace's blocks in the tiers are never another's") {
   CHECK(s.schedule().tier_loads.size() == 3);
 }
 
+TEST_CASE("a request that must wait has its blocks prefetched once, while other plans run") {
+  scheduler_config c = tiered(8);
+  c.tier_prefetch = true;
+  c.max_running = 1;
+  scheduler s(c, test::tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(13, 10)));
+  drain(s);
+  churn(s, 8, 10);
+  request_params longer = prompt_of(9, 300);
+  longer.max_tokens = 4;
+  REQUIRE(s.add(request_id{2}, longer));
+  REQUIRE(s.add(request_id{3}, prompt_of(13, 10)));  // behind request 2: max_running is 1
+  const step_plan p = s.schedule();
+  REQUIRE(p.chunks.size() == 1);
+  CHECK(p.chunks[0].id == request_id{2});
+  // Request 3's three blocks, for the shards to read up while request 2 runs.
+  REQUIRE(p.tier_prefetch.size() == 3);
+  CHECK(p.tier_prefetch[0] == tier_key::root(0).chain(std::span<const int32_t>(s.find(request_id{3})->tokens).first(4)));
+  run(s, p);
+  CHECK(s.schedule().tier_prefetch.empty());  // once
+}
+
 TEST_CASE("without tiers, plans carry no copies") {
   scheduler_config c = tiered(8);
   c.tier_blocks = 0;
@@ -173,6 +195,7 @@ TEST_CASE("without tiers, plans carry no copies") {
   const step_plan p = s.schedule();
   CHECK(p.tier_saves.empty());
   CHECK(p.tier_loads.empty());
+  CHECK(p.tier_prefetch.empty());
 }
 
 }  // namespace troupe
