@@ -534,8 +534,12 @@ void scheduler::settle_tier_loads(const step_plan& plan, std::span<const request
     // Some block was gone or corrupt: forget what this request loaded and saved, and
     // compute it all again (nothing of its step is kept).
     ++tier_usage_.failed_loads;
-    for (const tier_move& l : plan.tier_loads)
-      if (l.id == m.id) tiers_->forget(l.key);
+    for (const tier_move& l : plan.tier_loads) {
+      if (l.id != m.id) continue;
+      tiers_->forget(l.key);
+      --tier_usage_.loaded_blocks;  // (computed after all)
+      tier_usage_.loaded_tokens -= static_cast<uint64_t>(cfg_.kv.block_size);
+    }
     for (const tier_move& sv : plan.tier_saves)
       if (sv.id == m.id) tiers_->forget(sv.key);
     if (r->state != request_state::running) continue;

@@ -80,10 +80,10 @@ struct scheduler_config {
 // KV tiers, as the scheduler saw them: blocks it had loaded and saved, and loads that came
 // back failed (the block gone or corrupt in every tier: its request was computed again).
 struct tier_usage {
-  uint64_t loaded_blocks = 0;
+  uint64_t loaded_blocks = 0;  // loads that landed
   uint64_t failed_loads = 0;   // requests
   uint64_t saved_blocks = 0;
-  uint64_t loaded_tokens = 0;  // prompt tokens served by the tiers
+  uint64_t loaded_tokens = 0;  // prompt tokens served by the tiers (loads that landed)
   size_t directory = 0;        // blocks the directory holds now
 };
 

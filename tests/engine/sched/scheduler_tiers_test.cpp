@@ -107,6 +107,7 @@ TEST_CASE("a failed load drops the step's output and computes the request again"
   REQUIRE(r);
   CHECK(r->state == request_state::waiting);
   CHECK(s.tiers_now().failed_loads == 1);
+  CHECK(s.tiers_now().loaded_tokens == 0);  // none of them landed
   // The directory forgot those blocks: the request computes its whole prompt, copying its
   // blocks down again.
   const step_plan again = s.schedule();
