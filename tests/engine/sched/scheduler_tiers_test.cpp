@@ -60,6 +60,14 @@ void churn(scheduler& s, uint32_t blocks, uint64_t first_id) {
   drain(s);
 }
 
+// Request 1 computes a 13-token prompt (three whole blocks go to the tiers), then other
+// prompts push it out of a pool of `blocks`.
+void computed_then_lost(scheduler& s, uint32_t blocks) {
+  REQUIRE(s.add(request_id{1}, prompt_of(13, 10)));
+  drain(s);
+  churn(s, blocks, 10);
+}
+
 }  // namespace
 
 TEST_CASE("blocks a prompt fills are copied down once, and loaded back when the pool lost them") {
@@ -96,9 +104,7 @@ TEST_CASE("blocks a prompt fills are copied down once, and loaded back when the 
 
 TEST_CASE("a failed load drops the step's output and computes the request again") {
   scheduler s(tiered(8), test::tok512());
-  REQUIRE(s.add(request_id{1}, prompt_of(13, 10)));
-  drain(s);
-  churn(s, 8, 10);
+  computed_then_lost(s, 8);
   REQUIRE(s.add(request_id{2}, prompt_of(13, 10)));
   const step_plan p = s.schedule();
   REQUIRE(p.tier_loads.size() == 3);
@@ -125,9 +131,7 @@ TEST_CASE("a failed load drops the step's output and computes the request again"
 
 TEST_CASE("loaded blocks join the prefix cache only once their loads have landed") {
   scheduler s(tiered(16), test::tok512());
-  REQUIRE(s.add(request_id{1}, prompt_of(13, 10)));
-  drain(s);
-  churn(s, 16, 10);
+  computed_then_lost(s, 16);
   request_params longer = prompt_of(13, 10);
   longer.max_tokens = 8;
   REQUIRE(s.add(request_id{2}, longer));
@@ -171,9 +175,7 @@ TEST_CASE("a request that must wait has its blocks prefetched once, while other 
   c.tier_prefetch = true;
   c.max_running = 1;
   scheduler s(c, test::tok512());
-  REQUIRE(s.add(request_id{1}, prompt_of(13, 10)));
-  drain(s);
-  churn(s, 8, 10);
+  computed_then_lost(s, 8);
   request_params longer = prompt_of(9, 300);
   longer.max_tokens = 4;
   REQUIRE(s.add(request_id{2}, longer));
