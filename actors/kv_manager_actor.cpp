@@ -46,6 +46,7 @@ caf::behavior kv_manager_behavior(self_ptr self, kv_manager_setup setup) {
         const kv_usage u = st.blocks->usage();
         return caf::make_message(u.used, u.free, u.cached, static_cast<uint32_t>(st.receiver->num_known_requests()));
       },
+      [self](prefix_atom) { return self->state.blocks->summary().to_words(); },
   };
 }
 

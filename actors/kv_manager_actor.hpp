@@ -4,6 +4,8 @@
 //
 //   (claim_atom, KvStep frame) -> KvGrants frame
 //   (stats_atom)               -> (kv used, kv free, cached, known requests)
+//   (prefix_atom)              -> the prefix cache's summary, as words
+//                                 (engine/kv/prefix_summary.hpp)
 //
 // The block manager's state lives only here. When this actor dies (its supervisor spawns
 // it anew, empty), the scheduler learns it from the down message or from the refusal of

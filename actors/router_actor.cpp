@@ -109,6 +109,21 @@ void carry_out(self_ptr self, route_actions acts) {
   for (const route_cancel& c : acts.cancels) caf::anon_send(st.replicas[c.replica].sched, cancel_atom_v, c.attempt);
 }
 
+// What kv-aware routing needs of a request: its prompt's block chain. Nothing for the
+// least-loaded policy, or a frame that cannot be read (the scheduler will say why).
+route_prompt prompt_of(const router_state& st, std::span<const uint8_t> frame) {
+  route_prompt p;
+  if (st.core->config().policy != route_policy::kv_aware || !st.setup.tok) return p;
+  wire::request_limits lim;
+  lim.context = st.setup.context;
+  auto v = wire::peek_route(frame, *st.setup.tok, lim);
+  if (!v || (st.setup.context > 0 && v->prompt.size() >= static_cast<size_t>(st.setup.context))) return p;
+  p.block_size = st.setup.block_size;
+  p.tokens = static_cast<int32_t>(v->prompt.size());
+  p.chain = prefix_chain(v->prompt, v->cache_namespace, p.block_size);
+  return p;
+}
+
 void lose_replica(self_ptr self, size_t k, const std::string& why) {
   auto& st = self->state;
   replica_slot& rep = st.replicas[k];
@@ -146,7 +161,9 @@ namespace {
 caf::behavior router_behavior(self_ptr self, router_setup setup) {
   auto& st = self->state;
   st.setup = setup;
-  st.core = std::make_unique<request_router>(setup.replicas.size(), setup.wait_timeout);
+  route_config rc = setup.route;
+  rc.wait_timeout = setup.wait_timeout;
+  st.core = std::make_unique<request_router>(setup.replicas.size(), rc);
   for (auto& a : setup.replicas) {
     st.replicas.push_back(replica_slot{a});
     st.names.push_back(a.name);
@@ -166,7 +183,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
     if (st.core->has_request(id)) return refuse(self, sink, id, "request id in use");
     if (!req.bytes) return refuse(self, sink, id, "empty request");
     st.clients[id] = client{sink, req};
-    carry_out(self, st.core->accept(id, self->clock().now()));
+    carry_out(self, st.core->accept(id, self->clock().now(), prompt_of(st, *req.bytes)));
   };
   return {
       [accept](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) { accept(id, req, sink); },
@@ -275,6 +292,8 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
       [self](tick_atom) {
         auto& st = self->state;
         for (size_t k = 0; k < st.replicas.size(); ++k) poll_one(self, k);
+        if (st.core->config().policy == route_policy::kv_aware && st.ticks % 5 == 0)
+          for (size_t k = 0; k < st.replicas.size(); ++k) poll_summary(self, k);
         carry_out(self, st.core->tick(self->clock().now()));
         if (st.ticks++ % 10 == 0) poll_nodes(self);
         self->delayed_send(self, std::chrono::milliseconds(100), tick_atom_v);

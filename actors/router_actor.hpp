@@ -1,6 +1,7 @@
 // router_actor: the gateway's way to the replicas. The decisions are request_router's
-// (engine/serve/request_router.hpp): each request to the ready replica with the fewest
-// requests; its chunks relayed to its sink with the router's own numbers; when a replica's
+// (engine/serve/request_router.hpp): each request to the ready replica its policy picks
+// (least-loaded: the fewest requests; kv-aware: the lowest cost of computing what that
+// replica lacks of the prompt behind its queue); its chunks relayed to its sink with the router's own numbers; when a replica's
 // scheduler dies (its actor killed, its node gone or hung past the heartbeat timeout),
 // its requests resubmitted to another ready replica (or the same one, once it is back)
 // with the output already delivered, so that each stream continues where it stopped and
@@ -21,7 +22,8 @@
 //
 // Each finished request is logged (spdlog, one line: id, outcome, replica, tokens in and
 // out, time to first token, end-to-end time, resubmissions; never prompt or output text).
-// Replicas are polled for health every 100 ms, and schedulers say at once when they stop
+// Replicas are polled for health every 100 ms (kv-aware: for their prefix summaries every
+// 500 ms, and text prompts tokenized here to route them), and schedulers say at once when they stop
 // or start being ready; a scheduler is found by name through the node agent of its node,
 // local or at HOST:PORT. Time is the actor system's clock (CAF's test clock in tests).
 #pragma once
@@ -32,6 +34,9 @@
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
+
+#include "engine/serve/request_router.hpp"
+#include "engine/tokenizer/tokenizer.hpp"
 
 namespace troupe {
 
@@ -54,6 +59,10 @@ struct router_setup {
   std::vector<node_address> nodes;
   caf::actor agent;  // this node's agent, for local schedulers
   std::chrono::milliseconds wait_timeout{30000};
+  route_config route;              // the policy and its weights (its wait_timeout: the above)
+  const tokenizer* tok = nullptr;  // kv-aware: reads text prompts (none: prompts of ids only)
+  int32_t block_size = 16;         // kv-aware: the replicas' KV block size
+  int32_t context = 0;             // kv-aware: longest prompt worth reading (0: any)
 };
 
 caf::actor spawn_router(caf::actor_system& sys, const router_setup& setup);

@@ -111,6 +111,23 @@ void poll_one(self_ptr self, size_t k) {
           [](caf::error&) {});
 }
 
+void poll_summary(self_ptr self, size_t k) {
+  replica_slot& rep = self->state.replicas[k];
+  if (!rep.sched || rep.summary_asked) return;
+  rep.summary_asked = true;
+  const caf::actor_addr asked = rep.sched.address();
+  self->request(rep.sched, std::chrono::seconds(1), prefix_atom_v)
+      .then(
+          [self, k, asked](const std::vector<uint64_t>& words) {
+            replica_slot& rep = self->state.replicas[k];
+            rep.summary_asked = false;
+            if (rep.sched.address() != asked) return;  // a scheduler since lost
+            // Empty: the scheduler is recovering (its cache is being rebuilt).
+            self->state.core->replica_summary(k, prefix_summary::from_words(words).value_or(prefix_summary{}));
+          },
+          [self, k](caf::error&) { self->state.replicas[k].summary_asked = false; });
+}
+
 // Every node agent's restart count, for /metrics.
 void poll_nodes(self_ptr self) {
   auto& st = self->state;
@@ -253,6 +270,20 @@ std::string render_metrics(const router_state& st) {
   out.counter("troupe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.", static_cast<double>(hits));
   out.counter("troupe_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache.",
               static_cast<double>(queried));
+  out.family("troupe_replica_prefix_hit_tokens_total", "Prompt tokens served by each replica's prefix cache.", "counter");
+  for (auto& rep : st.replicas)
+    out.sample("troupe_replica_prefix_hit_tokens_total", {{"replica", rep.addr.name}}, double(rep.hit_base + rep.hit_now));
+  out.family("troupe_replica_prefix_queried_tokens_total", "Prompt tokens looked up in each replica's prefix cache.", "counter");
+  for (auto& rep : st.replicas)
+    out.sample("troupe_replica_prefix_queried_tokens_total", {{"replica", rep.addr.name}},
+               double(rep.queried_base + rep.queried_now));
+  const bool kv_aware = st.core->config().policy == route_policy::kv_aware;
+  out.family("troupe_router_policy", "The routing policy (the label; the value is 1).", "gauge");
+  out.sample("troupe_router_policy", {{"policy", kv_aware ? "kv-aware" : "least-loaded"}}, 1);
+  out.counter("troupe_router_prefix_routed_total", "Requests sent to a replica expected to hold part of their prompt (kv-aware).",
+              static_cast<double>(st.core->prefix_routed()));
+  out.counter("troupe_router_expected_hit_tokens_total", "Prompt tokens the chosen replicas were expected to hold (kv-aware).",
+              static_cast<double>(st.core->expected_hit_tokens()));
   render_speculation(out, st);
   // KV eviction (engine/kv/kv_eviction.hpp): summed over the replicas.
   std::vector<uint64_t> ev(eviction_figures_size, 0);

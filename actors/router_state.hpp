@@ -42,6 +42,7 @@ struct replica_slot {
   caf::actor_addr counted = {};  // the scheduler the *_now counts are of
   // What its scheduler last said of itself, for the status page.
   uint32_t kv_used = 0, kv_free = 0, running = 0, waiting = 0;
+  bool summary_asked = false;  // kv-aware: a prefix summary is being asked for
 };
 
 // A change the status page lists: a replica ready or not (and why), lost, or found.
@@ -96,6 +97,8 @@ void health_of(self_ptr self, size_t k, bool ready, const std::string& detail);
 // router_polls.cpp
 void poll_one(self_ptr self, size_t k);
 void poll_nodes(self_ptr self);
+// kv-aware routing: asks replica k's scheduler for its prefix summary.
+void poll_summary(self_ptr self, size_t k);
 std::string render_metrics(const router_state& st);
 // The status page's figures, as JSON (actors/gateway/status_page.hpp).
 std::string render_status(const router_state& st);

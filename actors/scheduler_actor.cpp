@@ -213,6 +213,15 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
                   [rp, u, running, waiting](caf::error&) mutable { rp.deliver(u.used, u.free, running, waiting); });
         return rp;
       },
+      [self](prefix_atom) -> caf::result<std::vector<uint64_t>> {
+        auto& st = self->state;
+        if (!st.kv || !st.ready()) return std::vector<uint64_t>{};
+        auto rp = self->make_response_promise<std::vector<uint64_t>>();
+        self->request(st.kv, std::chrono::seconds(2), prefix_atom_v)
+            .then([rp](std::vector<uint64_t>& words) mutable { rp.deliver(std::move(words)); },
+                  [rp](caf::error&) mutable { rp.deliver(std::vector<uint64_t>{}); });
+        return rp;
+      },
       [self](health_atom) {
         auto& st = self->state;
         // Whoever asks (the router) hears of later changes at once, not at its next poll.

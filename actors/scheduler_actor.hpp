@@ -18,6 +18,9 @@
 //                                                    spec_figures_size below, KV
 //                                                    eviction's: eviction_figures below,
 //                                                    KV tiers': tier_figures_size below)
+//   (prefix_atom)                                -> its prefix cache's summary as words
+//                                                    (engine/kv/prefix_summary.hpp; empty
+//                                                    while not ready), for kv-aware routing
 //
 // Speculative decoding (setup.spec): before each plan the scheduler gives decoding
 // requests draft slots (plan_drafts) and claims their blocks with the step's. It fills

@@ -303,6 +303,28 @@ expected<chunk_view> read_token_chunk(std::span<const uint8_t> bytes, bool whole
 }  // namespace
 
 expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) { return read_token_chunk(bytes, true); }
+expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer& tok, const request_limits& lim) {
+  auto frame = frame_reader::parse(bytes, client_limits(static_cast<size_t>(lim.max_prompt_bytes) * 2 + 65536));
+  if (!frame) return frame.err();
+  try {
+    auto r = (*frame)->root<schema::GenerateRequest>();
+    route_view v;
+    v.cache_namespace = r.getCacheNamespace();
+    auto prompt = r.getPrompt();
+    if (prompt.isText()) {
+      const auto text = prompt.getText();
+      if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
+      v.prompt = tok.encode(std::string_view(text.cStr(), text.size()), true);
+    } else {
+      for (int32_t t : prompt.getTokens())
+        if (t >= 0 && t < tok.size()) v.prompt.push_back(t);
+    }
+    return v;
+  } catch (const kj::Exception& e) {
+    return error{std::string("a malformed request: ") + e.getDescription().cStr()};
+  }
+}
+
 expected<chunk_view> peek_token_chunk(std::span<const uint8_t> bytes) { return read_token_chunk(bytes, false); }
 
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes) {

@@ -31,6 +31,15 @@ expected<sampling_params> read_sampling(schema::Sampling::Reader s, int32_t voca
 
 expected<request_params> decode_generate_request(std::span<const uint8_t> bytes, const tokenizer& tok,
                                                  const request_limits& lim);
+// What the router reads of a request (kv-aware routing): its prompt's token ids, as the
+// scheduler will see them (text tokenized with BOS; ids out of the vocabulary dropped:
+// the scheduler refuses the request anyway), and its prefix-cache namespace.
+struct route_view {
+  std::vector<int32_t> prompt;
+  uint64_t cache_namespace = 0;
+};
+expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer& tok, const request_limits& lim);
+
 std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, const request_params& p);
 // A request whose prompt is p.prompt's token ids, as they are (no BOS added).
 std::vector<uint8_t> encode_generate_request_tokens(const request_params& p);

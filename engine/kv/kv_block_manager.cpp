@@ -12,6 +12,12 @@ kv_block_manager::kv_block_manager(uint32_t num_blocks, int32_t block_size, bool
   TROUPE_ASSERT(block_size > 0 && num_blocks > 0, block_size, num_blocks);
 }
 
+prefix_summary kv_block_manager::summary() const {
+  prefix_summary s(cache_.size());
+  cache_.for_each_hash([&](uint64_t h) { s.add(h); });
+  return s;
+}
+
 std::vector<block_id> kv_block_manager::match_prefix(std::span<const int32_t> tokens, uint64_t ns) {
   std::vector<block_id> hits;
   if (!prefix_caching_ || tokens.empty()) return hits;

@@ -23,6 +23,7 @@
 
 #include "engine/kv/block_pool.hpp"
 #include "engine/kv/prefix_block_index.hpp"
+#include "engine/kv/prefix_summary.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe {
@@ -134,6 +135,8 @@ class kv_block_manager {
   std::span<const block_id> block_table(request_id id) const;
   int32_t block_size() const { return block_size_; }
   kv_usage usage() const;
+  // The cached prefixes, as a router sees them (engine/kv/prefix_summary.hpp).
+  prefix_summary summary() const;
   const block_pool& pool() const { return pool_; }
   uint32_t num_free_blocks() const { return pool_.num_free(); }
 

@@ -36,6 +36,11 @@ class prefix_block_index {
   void evict(block_id b);
   bool holds(block_id b) const { return block_hash_[b.value].has_value(); }
   size_t size() const { return nodes_.size(); }
+  // Each cached node's hash, in no order.
+  template <class F>
+  void for_each_hash(F&& f) const {
+    for (const auto& [hash, n] : nodes_) f(hash);
+  }
 
  private:
   struct node {

@@ -1,5 +1,7 @@
 #include "engine/serve/request_router.hpp"
 
+#include <algorithm>
+
 #include "kernels/common/assert.hpp"
 
 namespace troupe {
@@ -12,12 +14,12 @@ double ms_between(router_clock::time_point a, router_clock::time_point b) {
 
 }  // namespace
 
-request_router::request_router(size_t num_replicas, std::chrono::milliseconds wait_timeout)
-    : wait_timeout_(wait_timeout), replicas_(num_replicas) {
+request_router::request_router(size_t num_replicas, const route_config& cfg)
+    : cfg_(cfg), replicas_(num_replicas), recent_(num_replicas) {
   for (auto& r : replicas_) r.detail = "not found yet";
 }
 
-route_actions request_router::accept(uint64_t id, router_clock::time_point now) {
+route_actions request_router::accept(uint64_t id, router_clock::time_point now, route_prompt prompt) {
   route_actions out;
   if (requests_.count(id)) {
     // Not this request's end: the one in use keeps its own. Said to this caller alone.
@@ -31,16 +33,74 @@ route_actions request_router::accept(uint64_t id, router_clock::time_point now) 
   }
   routed& r = requests_[id];
   r.arrived = r.parked_since = now;
-  send_or_park(id, r, out);
+  r.prompt = std::move(prompt);
+  send_or_park(id, r, out, now);
   return out;
 }
 
-void request_router::send_or_park(uint64_t id, routed& r, route_actions& out) {
+size_t request_router::expected_blocks(size_t k, const route_prompt& p, router_clock::time_point now) {
+  const replica_view& rep = replicas_[k];
+  const recent_blocks& recent = recent_[k];
+  size_t n = 0;
+  for (; n < p.chain.size(); ++n) {
+    const uint64_t h = p.chain[n];
+    if (rep.summary && rep.summary->contains(h)) continue;
+    auto it = recent.at.find(h);
+    if (it == recent.at.end() || now - it->second > cfg_.recent_ttl) break;
+  }
+  return n;
+}
+
+void request_router::remember(size_t k, const route_prompt& p, router_clock::time_point now) {
+  recent_blocks& recent = recent_[k];
+  // Forget what is past its time, and the oldest past the bound.
+  while (!recent.order.empty() &&
+         (now - recent.order.front().second > cfg_.recent_ttl || recent.order.size() >= max_recent_blocks)) {
+    auto [h, at] = recent.order.front();
+    recent.order.pop_front();
+    if (auto it = recent.at.find(h); it != recent.at.end() && it->second == at) recent.at.erase(it);
+  }
+  for (uint64_t h : p.chain) {
+    recent.at[h] = now;
+    recent.order.emplace_back(h, now);
+  }
+}
+
+int32_t request_router::choose(const routed& r, router_clock::time_point now, size_t& hit_blocks) {
+  hit_blocks = 0;
   int32_t best = -1;
+  if (cfg_.policy == route_policy::least_loaded) {
+    for (size_t k = 0; k < replicas_.size(); ++k) {
+      const replica_view& rep = replicas_[k];
+      if (rep.found && rep.ready && (best < 0 || rep.active < replicas_[best].active)) best = static_cast<int32_t>(k);
+    }
+    return best;
+  }
+  double best_cost = 0;
   for (size_t k = 0; k < replicas_.size(); ++k) {
     const replica_view& rep = replicas_[k];
-    if (rep.found && rep.ready && (best < 0 || rep.active < replicas_[best].active)) best = static_cast<int32_t>(k);
+    if (!rep.found || !rep.ready) continue;
+    const size_t hits = expected_blocks(k, r.prompt, now);
+    const double miss = std::max<int64_t>(0, r.prompt.tokens - static_cast<int64_t>(hits) * r.prompt.block_size);
+    const double cost = miss + static_cast<double>(rep.pending_tokens) + cfg_.stream_tokens * static_cast<double>(rep.active);
+    if (best < 0 || cost < best_cost || (cost == best_cost && rep.active < replicas_[best].active)) {
+      best = static_cast<int32_t>(k);
+      best_cost = cost;
+      hit_blocks = hits;
+    }
   }
+  return best;
+}
+
+void request_router::settle_pending(routed& r) {
+  if (r.pending == 0) return;
+  if (r.replica >= 0) replicas_[r.replica].pending_tokens -= r.pending;
+  r.pending = 0;
+}
+
+void request_router::send_or_park(uint64_t id, routed& r, route_actions& out, router_clock::time_point now) {
+  size_t hit_blocks = 0;
+  const int32_t best = choose(r, now, hit_blocks);
   if (best < 0) {
     r.attempt = 0;
     r.replica = -1;
@@ -53,6 +113,16 @@ void request_router::send_or_park(uint64_t id, routed& r, route_actions& out) {
   r.replica = best;
   attempts_[r.attempt] = id;
   ++replicas_[best].active;
+  const int64_t hit_tokens = static_cast<int64_t>(hit_blocks) * r.prompt.block_size;
+  r.pending = std::max<int64_t>(0, r.prompt.tokens - hit_tokens);
+  replicas_[best].pending_tokens += r.pending;
+  if (cfg_.policy == route_policy::kv_aware) {
+    if (hit_tokens > 0) {
+      ++prefix_routed_;
+      expected_hit_tokens_ += static_cast<uint64_t>(hit_tokens);
+    }
+    remember(static_cast<size_t>(best), r.prompt, now);
+  }
   out.sends.push_back(route_send{id, r.attempt, static_cast<size_t>(best), !r.delivered.empty()});
 }
 
@@ -72,6 +142,7 @@ route_end request_router::end(uint64_t id, route_outcome outcome, error_code cod
   e.resubmits = r.resubmits;
   e.ttft_ms = r.ttft_ms;
   e.e2e_ms = ms_between(r.arrived, now);
+  settle_pending(r);
   if (r.attempt != 0) {
     attempts_.erase(r.attempt);
     if (r.replica >= 0 && replicas_[r.replica].active > 0) --replicas_[r.replica].active;
@@ -99,6 +170,7 @@ std::optional<route_chunk> request_router::chunk(uint64_t attempt, std::span<con
   if (a == attempts_.end()) return std::nullopt;
   routed& r = requests_.at(a->second);
   if (r.ttft_ms < 0 && !tokens.empty()) r.ttft_ms = ms_between(r.arrived, now);
+  if (!tokens.empty()) settle_pending(r);
   r.delivered.insert(r.delivered.end(), tokens.begin(), tokens.end());
   return route_chunk{a->second, r.seq++};
 }
@@ -127,15 +199,15 @@ void request_router::unpark(router_clock::time_point now, route_actions& out) {
   for (uint64_t id : parked) {
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second.attempt != 0) continue;
-    if (now - it->second.parked_since > wait_timeout_) {
-      const auto ms = wait_timeout_.count();
+    if (now - it->second.parked_since > cfg_.wait_timeout) {
+      const auto ms = cfg_.wait_timeout.count();
       out.ends.push_back(end(id, route_outcome::failed, error_code::unavailable,
                              "no replica could serve the request within " +
                                  (ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms"),
                              now));
       continue;
     }
-    send_or_park(id, it->second, out);
+    send_or_park(id, it->second, out, now);
   }
 }
 
@@ -170,10 +242,14 @@ route_actions request_router::replica_lost(size_t k, std::string why, router_clo
   set_ready(rep, false);
   rep.detail = std::move(why);
   rep.active = 0;
+  rep.pending_tokens = 0;
+  rep.summary.reset();  // its cache may be gone with it
+  recent_[k] = {};
   ++failovers_;
   std::vector<uint64_t> moved, cancelled;
   for (auto& [id, r] : requests_) {
     if (r.replica != static_cast<int32_t>(k) || r.attempt == 0) continue;
+    r.pending = 0;  // the replica's count went with it
     (r.cancelled ? cancelled : moved).push_back(id);
   }
   // A request its client cancelled ends now, as cancelled, wherever its replica went.
@@ -187,7 +263,7 @@ route_actions request_router::replica_lost(size_t k, std::string why, router_clo
     ++r.resubmits;
   }
   resubmitted_ += moved.size();
-  for (uint64_t id : moved) send_or_park(id, requests_.at(id), out);
+  for (uint64_t id : moved) send_or_park(id, requests_.at(id), out, now);
   return out;
 }
 

@@ -6,7 +6,7 @@
 //
 // A request's life:
 //
-//   accept --> parked --(a replica is ready: the fewest requests wins)--> sent as attempt a
+//   accept --> parked --(a replica is ready: the policy's choice)-------> sent as attempt a
 //                ^                                                          |
 //                +--- its replica lost: resubmitted with what it delivered -+
 //
@@ -18,6 +18,19 @@
 //   parked past wait_timeout: ended as unavailable
 //
 // Every end is one route_end, produced in one place, once per accepted request.
+//
+// Policies. least-loaded: the ready replica with the fewest requests. kv-aware: the ready
+// replica with the lowest cost, in prompt tokens,
+//
+//   cost(k) = (prompt - expected_hit(k)) + pending(k) + stream_tokens * active(k)
+//
+// expected_hit(k): the prompt's leading whole blocks replica k is expected to hold, by the
+// prefix summary its scheduler last published and the prompts sent there since (for
+// recent_ttl); pending(k): the prompt tokens still to compute of the requests sent there
+// that have no token yet; active(k): its requests. A request whose prefix is cached
+// somewhere goes there unless that replica's queue costs more than computing the prefix
+// again elsewhere; with no prefix anywhere the cost is load alone. Ties: fewer requests,
+// then the first replica.
 #pragma once
 
 #include <chrono>
@@ -29,11 +42,31 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/kv/prefix_summary.hpp"
 #include "engine/util/error_code.hpp"
 
 namespace troupe {
 
 using router_clock = std::chrono::steady_clock;
+
+enum class route_policy : uint8_t { least_loaded, kv_aware };
+
+struct route_config {
+  route_policy policy = route_policy::least_loaded;
+  std::chrono::milliseconds wait_timeout{30000};  // parked at most this long
+  double stream_tokens = 64;                      // kv-aware: a request's load beyond its
+                                                  // prompt, in prompt tokens
+  std::chrono::milliseconds recent_ttl{10000};    // kv-aware: prompts sent to a replica count
+                                                  // as cached there this long (its summary
+                                                  // may not show them yet)
+};
+
+// What kv-aware routing knows of a request's prompt.
+struct route_prompt {
+  std::vector<uint64_t> chain;  // prefix_chain() of its prompt, in its namespace
+  int32_t tokens = 0;           // its prompt's length
+  int32_t block_size = 0;       // tokens per block of the chain
+};
 
 // Send request `request` to replica `replica` as attempt `attempt` (a first attempt uses
 // the client's id; a resubmission carries the tokens delivered so far: delivered()).
@@ -90,11 +123,14 @@ class request_router {
   // gateway hands out.
   static constexpr uint64_t first_resubmission_id = uint64_t{2} << 62;
 
-  request_router(size_t num_replicas, std::chrono::milliseconds wait_timeout);
+  request_router(size_t num_replicas, const route_config& cfg);
+  request_router(size_t num_replicas, std::chrono::milliseconds wait_timeout)
+      : request_router(num_replicas, route_config{.wait_timeout = wait_timeout}) {}
 
   // -- requests --------------------------------------------------------------------------
-  // A new request: sent to a replica, parked, or (its id in use) ended as invalid.
-  route_actions accept(uint64_t id, router_clock::time_point now);
+  // A new request: sent to a replica, parked, or (its id in use) ended as invalid. Its
+  // prompt (chain and length) steers kv-aware routing; without one, the cost is load.
+  route_actions accept(uint64_t id, router_clock::time_point now, route_prompt prompt = {});
   // Whether `id` is a request here; what cancelling it takes.
   bool cancel(uint64_t id, router_clock::time_point now, route_actions& out);
   // A chunk of attempt `attempt` with these tokens: how its client numbers it, or nothing
@@ -124,11 +160,15 @@ class request_router {
   route_actions replica_lost(size_t k, std::string why, router_clock::time_point now);
   // Why a replica is not found yet, for health.
   void replica_detail(size_t k, std::string detail) { replicas_[k].detail = std::move(detail); }
+  // What its scheduler says its prefix cache holds now (kv-aware routing).
+  void replica_summary(size_t k, prefix_summary s) { replicas_[k].summary = std::move(s); }
 
   struct replica_view {
     bool found = false, ready = false;
-    size_t active = 0;  // requests sent there and not ended
+    size_t active = 0;           // requests sent there and not ended
+    int64_t pending_tokens = 0;  // prompt tokens to compute of those with no token yet
     std::string detail;
+    std::optional<prefix_summary> summary;  // as its scheduler last said (kv-aware)
   };
   const replica_view& replica(size_t k) const { return replicas_[k]; }
   size_t num_replicas() const { return replicas_.size(); }
@@ -139,6 +179,11 @@ class request_router {
   uint64_t failovers() const { return failovers_; }      // replica schedulers lost
   uint64_t resubmitted() const { return resubmitted_; }  // requests moved to another attempt
   uint64_t outages() const { return outages_; }          // times a replica stopped being ready
+  // kv-aware routing: sends to a replica expected to hold part of the prompt, and the
+  // prompt tokens it was expected to hold.
+  uint64_t prefix_routed() const { return prefix_routed_; }
+  uint64_t expected_hit_tokens() const { return expected_hit_tokens_; }
+  const route_config& config() const { return cfg_; }
 
  private:
   struct routed {
@@ -150,20 +195,35 @@ class request_router {
     bool cancelled = false;  // never resubmitted
     router_clock::time_point arrived, parked_since;
     double ttft_ms = -1;
+    route_prompt prompt;
+    int64_t pending = 0;     // counted in its replica's pending_tokens until its first token
   };
+  // Prompts sent to a replica lately, by block hash (kv-aware), oldest first.
+  struct recent_blocks {
+    std::unordered_map<uint64_t, router_clock::time_point> at;
+    std::deque<std::pair<uint64_t, router_clock::time_point>> order;
+  };
+  static constexpr size_t max_recent_blocks = size_t{1} << 16;
 
-  void send_or_park(uint64_t id, routed& r, route_actions& out);
+  void send_or_park(uint64_t id, routed& r, route_actions& out, router_clock::time_point now);
+  // The replica request `r` goes to (-1: none is ready), and the blocks it expects there.
+  int32_t choose(const routed& r, router_clock::time_point now, size_t& hit_blocks);
+  size_t expected_blocks(size_t k, const route_prompt& p, router_clock::time_point now);
+  void remember(size_t k, const route_prompt& p, router_clock::time_point now);
+  void settle_pending(routed& r);
   route_end end(uint64_t id, route_outcome outcome, error_code code, std::string why, router_clock::time_point now);
   void unpark(router_clock::time_point now, route_actions& out);
   void set_ready(replica_view& rep, bool ready);
 
-  std::chrono::milliseconds wait_timeout_;
+  route_config cfg_;
   std::vector<replica_view> replicas_;
+  std::vector<recent_blocks> recent_;
   std::unordered_map<uint64_t, routed> requests_;   // by the client's id
   std::unordered_map<uint64_t, uint64_t> attempts_; // attempt -> client id
   std::deque<uint64_t> parked_;
   uint64_t next_attempt_ = first_resubmission_id;
   uint64_t failovers_ = 0, resubmitted_ = 0, outages_ = 0;
+  uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0;
 };
 
 }  // namespace troupe

@@ -264,6 +264,26 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
   CHECK(u->replicas[0].scheduler_node == "n1");
 }
 
+TEST_CASE("[router]: kv-aware by default, least-loaded on request, mistakes named") {
+  auto t = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
+  REQUIRE(t.has_value());
+  CHECK(t->router.policy == route_policy::kv_aware);
+  CHECK(t->router.stream_tokens == 64);
+  auto u = parse_topology_text(std::string(base) + "[router]\npolicy = \"least-loaded\"\nstream_tokens = 8\n" + ok_replica,
+                               "t.toml", "/d");
+  REQUIRE_MESSAGE(u.has_value(), (u ? "" : u.err().message));
+  CHECK(u->router.policy == route_policy::least_loaded);
+  CHECK(u->router.stream_tokens == 8);
+  auto has = [](const std::string& msg, const std::string& part) {
+    CAPTURE(msg);
+    CHECK(msg.find(part) != std::string::npos);
+    CHECK(msg.find("t.toml:") != std::string::npos);
+  };
+  has(problem("[router]\npolicy = \"random\"\n" + ok_replica), "policy must be \"kv-aware\"");
+  has(problem("[router]\nstream_tokens = -1\n" + ok_replica), "'stream_tokens' = -1 is out of range");
+  has(problem("[router]\npolcy = \"kv-aware\"\n" + ok_replica), "polcy");
+}
+
 TEST_CASE("a [speculative] table: the command line's names, the draft beside the file, mistakes named") {
   auto none = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
   REQUIRE(none.has_value());

@@ -116,6 +116,11 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   h.prefix_cache_per_key = t.kv.prefix_cache_per_key;
   h.layout = layout_of(t, m.config.num_layers);
   g.router.wait_timeout = std::chrono::seconds(t.failure.recovery_timeout_s);
+  // Without a prefix cache there is nothing to route by.
+  g.router.route.policy = t.kv.prefix_caching ? t.router.policy : route_policy::least_loaded;
+  g.router.route.stream_tokens = t.router.stream_tokens;
+  g.router.block_size = t.kv.block_size;
+  g.router.context = m.config.max_seq_len;
   for (const auto& n : t.nodes) {
     const stage_address a = address_of("", n, me);
     g.router.nodes.push_back({n.name, a.host, a.port});

@@ -139,7 +139,7 @@ class reader {
 };
 
 // The tables of a topology, and what each may hold.
-constexpr std::array<std::string_view, 10> top_tables = {"model", "gateway",     "kv",   "scheduler", "failure",
+constexpr std::array<std::string_view, 11> top_tables = {"model", "gateway", "kv",      "scheduler", "failure", "router",
                                                          "gpu",   "speculative", "node", "replica",   "tier"};
 
 model_section parse_model(reader& rd, const toml::table& t, const std::string& base_dir) {
@@ -308,6 +308,24 @@ failure_config parse_failure(reader& rd, const toml::table& t) {
     rd.fail(t.get("restart"), w + ": restart must be \"always\" or \"never\"");
   f.restart = restart == "always";
   return f;
+}
+
+router_section parse_router(reader& rd, const toml::table& t) {
+  router_section r;
+  const std::string w = "[router]";
+  rd.only(t, w, {"policy", "stream_tokens"});
+  std::string policy;
+  if (rd.get(t, w, "policy", policy)) {
+    if (policy == "kv-aware" || policy == "least-loaded")
+      r.policy = policy == "kv-aware" ? route_policy::kv_aware : route_policy::least_loaded;
+    else
+      rd.fail(t.get("policy"), w + ": policy must be \"kv-aware\" (where the prompt's prefix is cached, weighed against "
+                                   "load) or \"least-loaded\"");
+  }
+  int32_t stream_tokens = static_cast<int32_t>(r.stream_tokens);
+  rd.get_in(t, w, "stream_tokens", stream_tokens, 0, 1 << 20);
+  r.stream_tokens = stream_tokens;
+  return r;
 }
 
 gpu_config parse_gpu(reader& rd, const toml::table& t) {
@@ -491,7 +509,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     const std::string_view key = k.str();
     if (std::find(top_tables.begin(), top_tables.end(), key) == top_tables.end()) {
       rd.fail(&v, "unknown table [" + std::string(key) + "] (a topology has [model], [gateway], [kv], [scheduler], "
-                  "[failure], [gpu], [speculative], [[node]], [[replica]] and [[tier]])");
+                  "[failure], [router], [gpu], [speculative], [[node]], [[replica]] and [[tier]])");
       break;
     }
     const bool array = key == "node" || key == "replica" || key == "tier";
@@ -522,6 +540,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (const toml::table* s = root["scheduler"].as_table(); s && rd.ok()) t.scheduler = parse_scheduler(rd, *s);
   if (const toml::table* kv = root["kv"].as_table(); kv && rd.ok()) t.scheduler.eviction = parse_kv_eviction(rd, *kv);
   if (const toml::table* f = root["failure"].as_table(); f && rd.ok()) t.failure = parse_failure(rd, *f);
+  if (const toml::table* r = root["router"].as_table(); r && rd.ok()) t.router = parse_router(rd, *r);
   if (const toml::table* g = root["gpu"].as_table(); g && rd.ok()) t.gpu = parse_gpu(rd, *g);
   if (const toml::table* sp = root["speculative"].as_table(); sp && rd.ok())
     t.speculative = parse_speculative(rd, *sp, base_dir);

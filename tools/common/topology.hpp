@@ -29,6 +29,7 @@
 #include "engine/kv/kv_config.hpp"
 #include "engine/model/config.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "engine/serve/request_router.hpp"
 #include "engine/util/expected.hpp"
 #include "kernels/common/dtype.hpp"
 #include "tools/common/speculative_options.hpp"
@@ -56,6 +57,12 @@ struct gateway_section {
   std::vector<std::string> cors_origins;  // browser origins the HTTP API answers ("*": any)
   int32_t max_connections = 1024;         // open at once, on each endpoint
   int32_t read_timeout_s = 30;            // for an HTTP request to arrive whole, a Cap'n Proto client to greet
+};
+
+struct router_section {
+  route_policy policy = route_policy::kv_aware;  // kv-aware | least-loaded
+  double stream_tokens = 64;                     // kv-aware: a request's load beyond its
+                                                 // prompt, in prompt tokens
 };
 
 struct failure_config {
@@ -101,6 +108,7 @@ struct topology {
   scheduler_config scheduler;  // max_step_tokens, max_running and [kv]'s eviction; the rest is
                                // filled per replica
   failure_config failure;
+  router_section router;
   gpu_config gpu;
   speculative_options speculative;  // the draft path is taken from the file's directory
   std::vector<node_spec> nodes;

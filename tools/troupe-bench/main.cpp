@@ -54,6 +54,7 @@ struct workload {
   int prompt_words = 100;     // words of the prompt (roughly tokens)
   int output_tokens = 64;
   int shared_prefix_words = 0;  // words every prompt starts with
+  int prefixes = 1;             // ... one of this many shared prefixes (tenants' system prompts)
   uint64_t seed = 1;
   std::string model;
   std::string api_key;
@@ -78,7 +79,10 @@ const char* words[] = {"the", "little", "dog", "ran", "to", "park", "and", "saw"
                        "lily", "went", "home", "mom", "said", "yes"};
 
 std::string prompt_for(const workload& w, int i) {
-  std::mt19937_64 shared(w.seed), own(w.seed * 1000003 + static_cast<uint64_t>(i));
+  // Request i's tenant, drawn from the seed; tenant 0's prefix is the one --prefixes 1 gives.
+  std::mt19937_64 tenant(w.seed * 7919 + static_cast<uint64_t>(i));
+  const uint64_t j = w.prefixes > 1 ? tenant() % static_cast<uint64_t>(w.prefixes) : 0;
+  std::mt19937_64 shared(w.seed + j * 0x9e3779b97f4a7c15ull), own(w.seed * 1000003 + static_cast<uint64_t>(i));
   std::string p;
   for (int k = 0; k < w.shared_prefix_words; ++k) p += std::string(k ? " " : "") + words[shared() % 30];
   for (int k = 0; k < w.prompt_words - w.shared_prefix_words; ++k) p += std::string(p.empty() ? "" : " ") + words[own() % 30];
@@ -403,9 +407,10 @@ int main(int argc, char** argv) {
       "troupe-bench: measure a serving endpoint as its clients see it.\n\n"
       "Targets: http://HOST:PORT (any OpenAI-compatible server: streamed completions, tokens\n"
       "counted from its `usage`) or capnp://HOST:PORT (troupe's own API). Workloads are seeded;\n"
-      "--shared-prefix N starts every prompt with the same N words. Prints a Markdown table\n"
-      "and, with --json, writes completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms /\n"
-      "e2e_ms objects with p50, p90, p99 and max.\n\n"
+      "--shared-prefix N starts every prompt with the same N words (with --prefixes K, one of K\n"
+      "such prefixes: tenants' system prompts). Prints a Markdown table and, with --json, writes\n"
+      "completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms / e2e_ms objects with\n"
+      "p50, p90, p99 and max.\n\n"
       "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --requests 64 --concurrency 8 --json out.json\n",
       "troupe-bench"};
   std::string endpoint, json_path, outputs_path;
@@ -420,6 +425,10 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-words", w.prompt_words)->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--output-tokens", w.output_tokens)->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(tools::non_negative());
+  app.add_option("--prefixes", w.prefixes,
+                 "with --shared-prefix: that many distinct shared prefixes (tenants' system prompts), each request "
+                 "drawing one at random from the seed")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--seed", w.seed, "prompts' random seed: the same seed, the same prompts")->capture_default_str();
   app.add_flag("--chat", w.chat, "use /v1/chat/completions");
   app.add_option("--turns", w.turns, "multi-turn chat: turns per conversation, each resending the growing history (TTFT then counts every turn)")

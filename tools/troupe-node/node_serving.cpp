@@ -86,6 +86,7 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
   const std::string& node = p.node.name;
   router_setup rs = g.router;
   rs.agent = agent;
+  rs.tok = &*model.tok;
   caf::actor router = spawn_router(sys, rs);
   // Both APIs' requests counted together, for /metrics.
   auto metrics = std::make_shared<gateway_metrics>();

@@ -232,4 +232,106 @@ TEST_CASE("router: a replica that stops being ready takes nothing new, and each 
   CHECK(r.num_ready() == 1);
 }
 
+namespace {
+
+// Three replicas, kv-aware, all ready.
+request_router kv_aware(size_t n = 3) {
+  route_config cfg;
+  cfg.policy = route_policy::kv_aware;
+  cfg.stream_tokens = 10;
+  cfg.recent_ttl = 5s;
+  request_router r(n, cfg);
+  for (size_t k = 0; k < n; ++k) {
+    r.replica_found(k);
+    CHECK(r.replica_health(k, true, "", t0).empty());
+  }
+  return r;
+}
+
+// A prompt of `blocks` whole blocks of 16 from `first` (and one token more), in namespace ns.
+route_prompt prompt_of(int32_t first, size_t blocks, uint64_t ns = 0) {
+  std::vector<int32_t> t(blocks * 16 + 1);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = first + static_cast<int32_t>(i);
+  return route_prompt{prefix_chain(t, ns, 16), static_cast<int32_t>(t.size()), 16};
+}
+
+}  // namespace
+
+TEST_CASE("router, kv-aware: a prompt goes where its prefix was sent before, while that replica's queue costs less than the prefix") {
+  request_router r = kv_aware();
+  // Nothing cached anywhere: load alone, so the first free replica.
+  CHECK(r.accept(1, t0, prompt_of(0, 8)).sends.at(0).replica == 0);
+  CHECK(r.replica(0).pending_tokens == 129);
+  // The same prefix again: replica 0 holds 128 of its 129 tokens, cost 1 + 129 + 10 there
+  // against 129 elsewhere... and 129 < 140, so it goes elsewhere while the first is queued.
+  CHECK(r.accept(2, t0, prompt_of(0, 8)).sends.at(0).replica == 1);
+  // Once the first has its first token, replica 0's queue is one stream (10): 1 + 10 wins.
+  REQUIRE(r.chunk(1, std::vector<int32_t>{5}, t0 + 1ms));
+  CHECK(r.replica(0).pending_tokens == 0);
+  REQUIRE(r.chunk(2, std::vector<int32_t>{5}, t0 + 1ms));
+  CHECK(r.accept(3, t0 + 2ms, prompt_of(0, 8)).sends.at(0).replica == 0);
+  CHECK(r.prefix_routed() == 1);
+  CHECK(r.expected_hit_tokens() == 128);
+  // A prompt sharing only the first half of the blocks gets them where they are.
+  route_prompt half = prompt_of(0, 8);
+  auto other = prompt_of(5000, 8);
+  std::copy(other.chain.begin() + 4, other.chain.end(), half.chain.begin() + 4);
+  REQUIRE(r.chunk(3, std::vector<int32_t>{5}, t0 + 3ms));
+  const auto s4 = r.accept(4, t0 + 4ms, half).sends.at(0);
+  CHECK(r.expected_hit_tokens() == 128 + 64);
+  CHECK(r.replica(s4.replica).pending_tokens == 65);
+  // An unrelated prompt goes to the least loaded: replica 2, which has nothing.
+  CHECK(r.accept(5, t0 + 5ms, prompt_of(9000, 8)).sends.at(0).replica == 2);
+}
+
+TEST_CASE("router, kv-aware: a scheduler's summary counts, other namespaces do not match, and sent prompts are forgotten after their time") {
+  request_router r = kv_aware(2);
+  // Replica 1 says it holds the prompt's blocks; replica 0 holds nothing and is idle.
+  prefix_summary s(16);
+  for (uint64_t h : prompt_of(0, 8).chain) s.add(h);
+  r.replica_summary(1, s);
+  CHECK(r.accept(1, t0, prompt_of(0, 8)).sends.at(0).replica == 1);
+  CHECK(r.expected_hit_tokens() == 128);
+  // The same tokens under another namespace share nothing: the emptier replica.
+  CHECK(r.accept(2, t0, prompt_of(0, 8, 99)).sends.at(0).replica == 0);
+  // Request 2's blocks count at replica 0 within the time they are remembered...
+  REQUIRE(r.chunk(1, std::vector<int32_t>{5}, t0 + 1ms));
+  REQUIRE(r.chunk(2, std::vector<int32_t>{5}, t0 + 1ms));
+  CHECK(r.accept(3, t0 + 1s, prompt_of(0, 8, 99)).sends.at(0).replica == 0);
+  REQUIRE(r.done(3, none, t0 + 1s));
+  // ... and not after (nothing says replica 0 still holds them): load decides, a tie
+  // going to the first replica with the fewest requests.
+  REQUIRE(r.done(1, none, t0 + 2s));
+  REQUIRE(r.done(2, none, t0 + 2s));
+  r.replica_summary(1, prefix_summary{});
+  CHECK(r.accept(4, t0 + 7s, prompt_of(0, 8, 99)).sends.at(0).replica == 0);
+  REQUIRE(r.chunk(4, std::vector<int32_t>{5}, t0 + 7s));
+  CHECK(r.accept(5, t0 + 7s, prompt_of(0, 8, 99)).sends.at(0).replica == 0);  // recent again
+  // A request without a prompt (the frame could not be read) goes by load.
+  CHECK(r.accept(6, t0 + 7s).sends.at(0).replica == 1);
+}
+
+TEST_CASE("router, kv-aware: a lost replica's summary and recent prompts are forgotten, its pending tokens with it") {
+  request_router r = kv_aware(2);
+  prefix_summary s(16);
+  for (uint64_t h : prompt_of(0, 8).chain) s.add(h);
+  r.replica_summary(0, s);
+  CHECK(r.accept(1, t0, prompt_of(0, 8)).sends.at(0).replica == 0);
+  const auto moved = r.replica_lost(0, "down", t0 + 1ms);
+  REQUIRE(moved.sends.size() == 1);
+  CHECK(moved.sends[0].replica == 1);
+  CHECK(r.replica(0).pending_tokens == 0);
+  CHECK(r.replica(1).pending_tokens == 129);
+  CHECK_FALSE(r.replica(0).summary);
+  r.replica_found(0);
+  CHECK(r.replica_health(0, true, "", t0 + 2ms).empty());
+  // Replica 1 now has the prompt (sent there); replica 0 has nothing.
+  REQUIRE(r.chunk(moved.sends[0].attempt, std::vector<int32_t>{5}, t0 + 3ms));
+  CHECK(r.accept(2, t0 + 4ms, prompt_of(0, 8)).sends.at(0).replica == 1);
+  REQUIRE(r.done(moved.sends[0].attempt, none, t0 + 5ms));
+  REQUIRE(r.done(2, none, t0 + 5ms));
+  CHECK(r.replica(1).pending_tokens == 0);
+  CHECK(r.replica(1).active == 0);
+}
+
 }  // namespace troupe
