@@ -24,13 +24,14 @@ struct final_words {
   const wire_message* result = nullptr;  // the scheduler's GenerateResult frame
   const char* outcome = "stop";
   uint32_t tokens_in = 0, tokens_out = 0;
+  bool unavailable = false;  // it ended with an error of that kind (SLO admission's refusal)
 };
 
 // The end of a request, said to `sink`: the one place a request's final message is made.
 // A finished request's result is the scheduler's, split into its last chunk and the
 // result proper, both numbered for the client; a cancelled or failed one's is made here.
 // One log line per request, never its text.
-void end_request(self_ptr self, const caf::actor& sink, const route_end& e, const final_words& words = {}) {
+void end_request(self_ptr self, const caf::actor& sink, const route_end& e, int32_t slo, const final_words& words = {}) {
   const char* outcome = e.outcome == route_outcome::cancelled ? "cancelled" : "error";
   uint32_t tokens_in = 0, tokens_out = e.delivered_tokens;
   wire_message last, result;
@@ -57,7 +58,20 @@ void end_request(self_ptr self, const caf::actor& sink, const route_end& e, cons
   }
   if (last.bytes) self->send(sink, chunk_atom_v, std::move(last));
   self->send(sink, done_atom_v, std::move(result));
-  const auto& st = self->state;
+  auto& st = self->state;
+  if (slo >= 0) {
+    // Its class's attainment: a finished request judged by its times; one its replica or
+    // the router could not take in time, refused; the rest (invalid, cancelled, internal
+    // errors) are not the targets' to count.
+    slo_outcome o = slo_outcome::failed;
+    const bool unavailable = e.outcome == route_outcome::failed ? e.code == error_code::unavailable
+                                                                 : words.unavailable;
+    if (unavailable)
+      o = slo_outcome::refused;
+    else if (e.outcome == route_outcome::finished && std::string_view(outcome) != "error")
+      o = slo_judge(st.setup.classes[slo], e.ttft_ms, e.e2e_ms, tokens_out);
+    ++st.slo_counts[slo][static_cast<size_t>(o)];
+  }
   spdlog::info("request id={} outcome={} replica={} tokens_in={} tokens_out={} ttft_ms={:.1f} e2e_ms={:.1f} resubmits={}",
                e.request, outcome, e.replica >= 0 ? st.names[e.replica] : "-", tokens_in, tokens_out,
                e.ttft_ms < 0 ? 0.0 : e.ttft_ms, e.e2e_ms, e.resubmits);
@@ -70,7 +84,7 @@ void refuse(self_ptr self, const caf::actor& sink, uint64_t id, const std::strin
   e.outcome = route_outcome::failed;
   e.code = error_code::invalid;
   e.why = why;
-  end_request(self, sink, e);
+  end_request(self, sink, e, -1);
 }
 
 void carry_out(self_ptr self, route_actions acts);
@@ -89,7 +103,7 @@ void carry_out(self_ptr self, route_actions acts) {
   for (const route_end& e : acts.ends) {
     auto it = st.clients.find(e.request);
     if (it == st.clients.end()) continue;
-    end_request(self, it->second.sink, e);
+    end_request(self, it->second.sink, e, it->second.slo);
     st.clients.erase(it);
   }
   for (const route_send& s : acts.sends) {
@@ -109,15 +123,20 @@ void carry_out(self_ptr self, route_actions acts) {
   for (const route_cancel& c : acts.cancels) caf::anon_send(st.replicas[c.replica].sched, cancel_atom_v, c.attempt);
 }
 
-// What kv-aware routing needs of a request: its prompt's block chain. Nothing for the
-// least-loaded policy, or a frame that cannot be read (the scheduler will say why).
-route_prompt prompt_of(const router_state& st, std::span<const uint8_t> frame) {
+// What the router reads of a request: its prompt's block chain for kv-aware routing (none
+// under least-loaded, or for a frame that cannot be read: the scheduler will say why) and
+// its SLO class (-1: none, or one that does not exist: the scheduler refuses it).
+route_prompt read_request(const router_state& st, std::span<const uint8_t> frame, int32_t& slo) {
   route_prompt p;
-  if (st.core->config().policy != route_policy::kv_aware || !st.setup.tok) return p;
+  slo = -1;
+  const bool kv_aware = st.core->config().policy == route_policy::kv_aware && st.setup.tok;
+  if (!kv_aware && st.setup.classes.empty()) return p;
   wire::request_limits lim;
   lim.context = st.setup.context;
-  auto v = wire::peek_route(frame, *st.setup.tok, lim);
-  if (!v || (st.setup.context > 0 && v->prompt.size() >= static_cast<size_t>(st.setup.context))) return p;
+  auto v = wire::peek_route(frame, kv_aware ? st.setup.tok : nullptr, lim);
+  if (!v) return p;
+  slo = v->slo_class.empty() ? st.setup.default_class : slo_class_index(st.setup.classes, v->slo_class);
+  if (!kv_aware || (st.setup.context > 0 && v->prompt.size() >= static_cast<size_t>(st.setup.context))) return p;
   p.block_size = st.setup.block_size;
   p.tokens = static_cast<int32_t>(v->prompt.size());
   p.chain = prefix_chain(v->prompt, v->cache_namespace, p.block_size);
@@ -169,6 +188,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
     st.names.push_back(a.name);
   }
   for (auto& n : setup.nodes) st.nodes.push_back(node_slot{n});
+  st.slo_counts.assign(setup.classes.size(), {});
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     for (size_t k = 0; k < st.replicas.size(); ++k) {
@@ -182,8 +202,10 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
     auto& st = self->state;
     if (st.core->has_request(id)) return refuse(self, sink, id, "request id in use");
     if (!req.bytes) return refuse(self, sink, id, "empty request");
-    st.clients[id] = client{sink, req};
-    carry_out(self, st.core->accept(id, self->clock().now(), prompt_of(st, *req.bytes)));
+    int32_t slo = -1;
+    route_prompt prompt = read_request(st, *req.bytes, slo);
+    st.clients[id] = client{sink, req, slo};
+    carry_out(self, st.core->accept(id, self->clock().now(), std::move(prompt)));
   };
   return {
       [accept](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) { accept(id, req, sink); },
@@ -227,9 +249,10 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
                                                                 : "stop";
         words.tokens_in = res->prompt_tokens;
         words.tokens_out = res->output_tokens;
+        words.unavailable = !res->error.empty() && res->error_type == error_code::unavailable;
         auto it = st.clients.find(e->request);
         if (it == st.clients.end()) return;
-        end_request(self, it->second.sink, *e, words);
+        end_request(self, it->second.sink, *e, it->second.slo, words);
         st.clients.erase(it);
       },
       [self](stats_atom) -> caf::result<uint32_t, uint32_t, uint32_t, uint32_t> {

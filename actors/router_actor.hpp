@@ -18,7 +18,8 @@
 //   (health_atom, n) -> replicas ready, answered once at least n are (the caller's
 //                     timeout bounds the wait)
 //   (metrics_atom) -> Prometheus text: replicas ready, failovers, resubmitted requests,
-//                     actor restarts per node (every node agent asked once a second)
+//                     actor restarts per node (every node agent asked once a second),
+//                     each SLO class's requests by outcome and its attainment
 //
 // Each finished request is logged (spdlog, one line: id, outcome, replica, tokens in and
 // out, time to first token, end-to-end time, resubmissions; never prompt or output text).
@@ -35,6 +36,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "engine/sched/slo.hpp"
 #include "engine/serve/request_router.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 
@@ -63,6 +65,8 @@ struct router_setup {
   const tokenizer* tok = nullptr;  // kv-aware: reads text prompts (none: prompts of ids only)
   int32_t block_size = 16;         // kv-aware: the replicas' KV block size
   int32_t context = 0;             // kv-aware: longest prompt worth reading (0: any)
+  std::vector<slo_class> classes;  // SLO classes, for their attainment in /metrics
+  int32_t default_class = -1;      // the class of requests that name none
 };
 
 caf::actor spawn_router(caf::actor_system& sys, const router_setup& setup);

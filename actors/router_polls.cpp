@@ -249,6 +249,29 @@ void render_tiers(prometheus_text& out, const router_state& st) {
   }
 }
 
+// Each SLO class's requests by outcome, its attainment and its targets.
+void render_slo(prometheus_text& out, const router_state& st) {
+  const auto& classes = st.setup.classes;
+  if (classes.empty()) return;
+  out.family("troupe_slo_requests_total", "Requests of each SLO class by outcome: met (both targets), missed, refused "
+             "(SLO admission, or no replica in time), failed (errors and cancels, not counted in attainment).", "counter");
+  for (size_t c = 0; c < classes.size(); ++c)
+    for (size_t o = 0; o < slo_outcomes; ++o)
+      out.sample("troupe_slo_requests_total", {{"class", classes[c].name}, {"outcome", slo_outcome_name(static_cast<slo_outcome>(o))}},
+                 static_cast<double>(st.slo_counts[c][o]));
+  out.family("troupe_slo_attainment", "Of each class's requests met, missed or refused, the share met (1 before any).", "gauge");
+  for (size_t c = 0; c < classes.size(); ++c) {
+    const auto& n = st.slo_counts[c];
+    const double judged = static_cast<double>(n[0] + n[1] + n[2]);
+    out.sample("troupe_slo_attainment", {{"class", classes[c].name}}, judged > 0 ? static_cast<double>(n[0]) / judged : 1.0);
+  }
+  out.family("troupe_slo_target_seconds", "Each class's targets: time to first token (ttft) and per output token (tpot).", "gauge");
+  for (const slo_class& c : classes) {
+    if (c.ttft_ms > 0) out.sample("troupe_slo_target_seconds", {{"class", c.name}, {"target", "ttft"}}, c.ttft_ms / 1000);
+    if (c.tpot_ms > 0) out.sample("troupe_slo_target_seconds", {{"class", c.name}, {"target", "tpot"}}, c.tpot_ms / 1000);
+  }
+}
+
 }  // namespace
 
 std::string render_metrics(const router_state& st) {
@@ -277,6 +300,7 @@ std::string render_metrics(const router_state& st) {
   for (auto& rep : st.replicas)
     out.sample("troupe_replica_prefix_queried_tokens_total", {{"replica", rep.addr.name}},
                double(rep.queried_base + rep.queried_now));
+  render_slo(out, st);
   const bool kv_aware = st.core->config().policy == route_policy::kv_aware;
   out.family("troupe_router_policy", "The routing policy (the label; the value is 1).", "gauge");
   out.sample("troupe_router_policy", {{"policy", kv_aware ? "kv-aware" : "least-loaded"}}, 1);

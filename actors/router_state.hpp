@@ -3,6 +3,7 @@
 // and node agents, and the metrics they feed). Internal to actors/.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <chrono>
 #include <deque>
@@ -55,6 +56,7 @@ struct router_event {
 struct client {
   caf::actor sink;
   wire_message request;
+  int32_t slo = -1;  // its SLO class (router_setup::classes), or -1
 };
 
 struct node_slot {
@@ -78,6 +80,7 @@ struct router_state {
   uint64_t ticks = 0;
   // Callers waiting for at least so many replicas to be ready.
   std::vector<std::pair<uint32_t, caf::response_promise>> ready_waiters;
+  std::vector<std::array<uint64_t, slo_outcomes>> slo_counts;  // per class, by slo_outcome
   std::deque<router_event> events;  // the latest, oldest first (at most max_events)
   static constexpr size_t max_events = 32;
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();

@@ -162,32 +162,39 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   st.recovery = std::make_unique<replica_recovery>(setup.recovery_timeout, self->clock().now());
   follow(self, st.recovery->start(self->clock().now()));
   self->send(self, tick_atom_v);
-  auto add = [self](uint64_t id, const wire_message& req, const caf::actor& sink) -> status {
+  // A request queued, or why not: invalid, or refused by SLO admission (unavailable).
+  struct refusal {
+    std::string why;
+    error_code kind = error_code::invalid;
+  };
+  auto add = [self](uint64_t id, const wire_message& req, const caf::actor& sink) -> std::optional<refusal> {
     auto& st = self->state;
-    if (!req.bytes) return error{"empty request"};
-    if (st.sinks.count(id)) return error{"request id " + std::to_string(id) + " is in use"};
+    if (!req.bytes) return refusal{"empty request"};
+    if (st.sinks.count(id)) return refusal{"request id " + std::to_string(id) + " is in use"};
     wire::request_limits lim;
     lim.context = st.setup.config.context;
     auto params = wire::decode_generate_request(*req.bytes, *st.setup.tok, lim);
-    if (!params) return params.err();
-    if (auto added = st.sched->add(request_id{id}, std::move(params).value()); !added) return added.err();
+    if (!params) return refusal{params.err().message};
+    params->arrival_ms = std::chrono::duration<double, std::milli>(self->clock().now().time_since_epoch()).count();
+    if (auto why = st.sched->slo_refusal(*params)) return refusal{*why, error_code::unavailable};
+    if (auto added = st.sched->add(request_id{id}, std::move(params).value()); !added) return refusal{added.err().message};
     st.sinks[id] = sink_entry{sink, 0};
     watch_sink(self, sink);
     maybe_step(self);
-    return ok();
+    return std::nullopt;
   };
   return {
       [self, add](generate_atom, const wire_message& req, const caf::actor& sink) -> caf::result<uint64_t> {
         const uint64_t id = self->state.next_id++;
-        if (auto s = add(id, req, sink); !s) return make_error(error_code::invalid, s.err().message);
+        if (auto r = add(id, req, sink)) return make_error(r->kind, r->why);
         return id;
       },
       [self, add](generate_atom, uint64_t id, const wire_message& req, const caf::actor& sink) {
-        if (auto s = add(id, req, sink); !s) {
+        if (auto r = add(id, req, sink)) {
           step_output out;
           out.id = request_id{id};
           out.finished = true;
-          self->send(sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, 0, s.err().message)));
+          self->send(sink, done_atom_v, wire_message(wire_kind::none, wire::encode_generate_result(id, out, 0, r->why, r->kind)));
         }
       },
       [self](cancel_atom, uint64_t id) -> bool {

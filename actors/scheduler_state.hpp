@@ -68,6 +68,7 @@ struct scheduler_state {
                                                  // every change, requests or not
   uint64_t next_id = 1;
   int32_t in_flight = 0;
+  caf::actor_clock::time_point last_step_done = {};  // when the latest step came back
 
   // The kv manager, when the blocks are claimed from one.
   caf::actor kv;                                     // invalid while lost

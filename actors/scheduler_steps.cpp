@@ -156,9 +156,16 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
   const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released, choices));
   st.released.clear();
   ++st.in_flight;
-  run_from(self, st.epoch(), 0, msg, wire_message{}, [self, plan](const wire_message& out) {
+  const auto sent = self->clock().now();
+  run_from(self, st.epoch(), 0, msg, wire_message{}, [self, plan, sent](const wire_message& out) {
     auto& st = self->state;
     --st.in_flight;
+    // The time this step held the pipeline's end: from when it went out, or from the step
+    // before it came back (several in flight), for SLO admission's estimates.
+    const auto now = self->clock().now();
+    st.sched->observe_step(plan->num_tokens,
+                           std::chrono::duration<double, std::milli>(now - std::max(sent, st.last_step_done)).count());
+    st.last_step_done = now;
     const int32_t vocab = st.setup.m->config.vocab_size;
     if (out.kind == wire_kind::step_result) return take_tokens(self, *plan, out);
     auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens, plan->attention_sums())

@@ -49,6 +49,8 @@ struct GenerateRequest {
                                         # most (1..16), 0 for none, -1 as the server is set
   kvEviction @12 :KvEviction;           # KV eviction: this request's own policy and budget
                                         # (unset: as the server is set)
+  sloClass @13 :Text;                   # its SLO class, a [[class]] of the topology (TTFT
+                                        # and TPOT targets, priority); empty: the default
 }
 
 # A request's KV eviction (docs/http-api.md): its cache holds `budget` tokens at most.

@@ -78,6 +78,15 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
   auto r = std::get<openai::api_request>(std::move(parsed));
   if (chat && turn_end) r.params.stop_tokens.push_back(*turn_end);
   if (!cfg.api_keys.empty()) r.params.cache_namespace = cache_namespace_of(key_of(req), cfg.prefix_cache_per_key);
+  // The SLO class by header, where the body names none.
+  if (const std::string h = req.get_header_value("X-Troupe-Class"); !h.empty() && r.params.slo_class.empty()) {
+    if (h.size() > wire::max_class_name) {
+      m->refused("invalid");
+      return send_error(res, {400, "the X-Troupe-Class header must be a class's name (1 to 64 bytes)", "invalid_request_error",
+                              "slo_class", ""});
+    }
+    r.params.slo_class = h;
+  }
   // Admission (admission.hpp): a full server answers at once; every choice of every
   // prompt is a completion.
   auto place = admit.admit(static_cast<int32_t>(r.prompts.size()) * r.n);

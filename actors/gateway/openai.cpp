@@ -274,6 +274,14 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   if (auto e = number("min_p", 0.0, 1.0, min_p)) return *e;
   if (auto e = number("repetition_penalty", 0.01, 10.0, repetition)) return *e;
   if (auto e = read_kv_eviction(j, lim, r)) return *e;
+  // troupe's extension: "slo_class": "interactive", a [[class]] of the topology (the
+  // scheduler says whether it exists; the X-Troupe-Class header says the same).
+  if (j.contains("slo_class") && !j["slo_class"].is_null()) {
+    const json& c = j["slo_class"];
+    if (!c.is_string() || c.get_ref<const std::string&>().empty() || c.get_ref<const std::string&>().size() > 64)
+      return bad("'slo_class' must be a class's name (a string of 1 to 64 bytes)", "slo_class");
+    r.params.slo_class = c.get<std::string>();
+  }
   // (Streaming eviction lets a request run past the context.)
   const int64_t most_tokens = r.params.eviction && r.params.eviction->rope_in_cache()
                                   ? int64_t{max_tokens_past_context}

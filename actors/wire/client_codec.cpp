@@ -81,6 +81,11 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     if (p.prompt.size() >= static_cast<size_t>(lim.context))
       return error{"the prompt is " + std::to_string(p.prompt.size()) + " tokens; the model's context is " +
                    std::to_string(lim.context)};
+    if (r.hasSloClass()) {
+      const auto c = r.getSloClass();
+      if (c.size() > max_class_name) return error{"sloClass is longer than " + std::to_string(max_class_name) + " bytes"};
+      p.slo_class.assign(c.cStr(), c.size());
+    }
     if (r.hasKvEviction()) {
       const auto e = r.getKvEviction();
       const auto policy = static_cast<uint16_t>(e.getPolicy());
@@ -157,6 +162,7 @@ void fill_request_params(schema::GenerateRequest::Builder r, const request_param
   r.setSpeculative(p.speculative);
   r.setCacheNamespace(p.cache_namespace);
   r.setStepsIncludePrompt(steps_include_prompt);
+  if (!p.slo_class.empty()) r.setSloClass(p.slo_class);
   if (p.eviction) {
     auto e = r.initKvEviction();
     e.setPolicy(static_cast<schema::KvPolicy>(p.eviction->policy));
@@ -303,21 +309,23 @@ expected<chunk_view> read_token_chunk(std::span<const uint8_t> bytes, bool whole
 }  // namespace
 
 expected<chunk_view> decode_token_chunk(std::span<const uint8_t> bytes) { return read_token_chunk(bytes, true); }
-expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer& tok, const request_limits& lim) {
+expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer* tok, const request_limits& lim) {
   auto frame = frame_reader::parse(bytes, client_limits(static_cast<size_t>(lim.max_prompt_bytes) * 2 + 65536));
   if (!frame) return frame.err();
   try {
     auto r = (*frame)->root<schema::GenerateRequest>();
     route_view v;
     v.cache_namespace = r.getCacheNamespace();
+    if (r.hasSloClass() && r.getSloClass().size() <= max_class_name) v.slo_class = r.getSloClass().cStr();
     auto prompt = r.getPrompt();
+    if (!tok) return v;
     if (prompt.isText()) {
       const auto text = prompt.getText();
       if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
-      v.prompt = tok.encode(std::string_view(text.cStr(), text.size()), true);
+      v.prompt = tok->encode(std::string_view(text.cStr(), text.size()), true);
     } else {
       for (int32_t t : prompt.getTokens())
-        if (t >= 0 && t < tok.size()) v.prompt.push_back(t);
+        if (t >= 0 && t < tok->size()) v.prompt.push_back(t);
     }
     return v;
   } catch (const kj::Exception& e) {

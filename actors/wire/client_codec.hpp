@@ -31,14 +31,18 @@ expected<sampling_params> read_sampling(schema::Sampling::Reader s, int32_t voca
 
 expected<request_params> decode_generate_request(std::span<const uint8_t> bytes, const tokenizer& tok,
                                                  const request_limits& lim);
-// What the router reads of a request (kv-aware routing): its prompt's token ids, as the
+// What the router reads of a request (kv-aware routing, SLO figures): its prompt's token ids, as the
 // scheduler will see them (text tokenized with BOS; ids out of the vocabulary dropped:
-// the scheduler refuses the request anyway), and its prefix-cache namespace.
+// the scheduler refuses the request anyway), its prefix-cache namespace and its class.
 struct route_view {
   std::vector<int32_t> prompt;
   uint64_t cache_namespace = 0;
+  std::string slo_class;
 };
-expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer& tok, const request_limits& lim);
+// An SLO class's name is this long at most.
+inline constexpr size_t max_class_name = 64;
+// (A null tokenizer leaves text prompts' ids out.)
+expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer* tok, const request_limits& lim);
 
 std::vector<uint8_t> encode_generate_request_text(const std::string& prompt, const request_params& p);
 // A request whose prompt is p.prompt's token ids, as they are (no BOS added).

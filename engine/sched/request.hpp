@@ -47,6 +47,8 @@ struct request_params {
                                           // on: -1 the engine's k, 0 none
   std::optional<kv_eviction_config> eviction;  // KV eviction: this request's own policy and
                                                // budget (nullopt: the deployment's)
+  std::string slo_class;                  // its SLO class (empty: the deployment's default)
+  double arrival_ms = 0;                  // when it arrived, on the caller's clock (deadlines)
   std::vector<int32_t> delivered;         // output an earlier attempt already streamed (a
                                           // request moved off a failed replica): replayed
                                           // through sampler, detokenizer and stop strings,
@@ -73,6 +75,9 @@ struct request {
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0;
   uint64_t arrival = 0;         // admission order, for FCFS and ties
+  int32_t slo = -1;             // its SLO class (scheduler_config::classes), or -1
+  double deadline_ms = 0;       // under classes: its first token is due then (arrival plus
+                                // its class's TTFT target; no target: never)
   request_state state = request_state::waiting;
   finish_reason reason = finish_reason::none;
   int32_t num_preemptions = 0;

@@ -1,8 +1,10 @@
 #include "engine/sched/scheduler.hpp"
 
-#include "engine/forward/step_batch.hpp"
-
 #include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/forward/step_batch.hpp"
 
 namespace troupe {
 
@@ -26,9 +28,56 @@ scheduler::scheduler(const scheduler_config& cfg, const tokenizer& tok)
 }
 
 bool scheduler::before(const request& a, const request& b) const {
+  if (!cfg_.classes.empty()) {
+    const int32_t pa = priority_of(a), pb = priority_of(b);
+    if (pa != pb) return pa < pb;
+    if (a.deadline_ms != b.deadline_ms) return a.deadline_ms < b.deadline_ms;
+    return a.arrival < b.arrival;
+  }
   if (cfg_.policy == schedule_policy::priority && a.params.priority != b.params.priority)
     return a.params.priority < b.params.priority;
   return a.arrival < b.arrival;
+}
+
+expected<int32_t> scheduler::class_of(const request_params& p) const {
+  if (p.slo_class.empty()) return cfg_.default_class;
+  const int32_t k = slo_class_index(cfg_.classes, p.slo_class);
+  if (k >= 0) return k;
+  if (cfg_.classes.empty()) return error{"class '" + p.slo_class + "': this deployment has no SLO classes"};
+  return error{"class '" + p.slo_class + "' does not exist (the classes: " + slo_class_names(cfg_.classes) + ")"};
+}
+
+std::optional<std::string> scheduler::slo_refusal(const request_params& p) const {
+  if (!cfg_.slo_admission) return std::nullopt;
+  auto k = class_of(p);
+  if (!k || *k < 0) return std::nullopt;  // add() says what is wrong; no class, no targets
+  const slo_class& c = cfg_.classes[*k];
+  request probe(request_id{0}, request_params{}, next_arrival_);
+  probe.slo = *k;
+  probe.deadline_ms = c.ttft_ms > 0 ? p.arrival_ms + c.ttft_ms : std::numeric_limits<double>::infinity();
+  auto fmt = [](double ms) { return std::to_string(static_cast<int64_t>(std::lround(ms))) + " ms"; };
+  if (c.ttft_ms > 0) {
+    // The prompt tokens still to compute of every request that runs before it, and its own.
+    int64_t ahead = static_cast<int64_t>(p.prompt.size() + p.delivered.size());
+    auto count = [&](const request* q) {
+      if (before(*q, probe)) {
+        const int64_t known = q->num_prompt_tokens + static_cast<int64_t>(q->params.delivered.size());
+        ahead += std::max<int64_t>(0, known - q->num_computed_tokens);
+      }
+    };
+    for (const request* q : waiting_) count(q);
+    for (const request* q : running_) count(q);
+    if (auto t = slo_.ttft_ms(ahead, cfg_.max_step_tokens); t && *t > c.ttft_ms)
+      return "class '" + c.name + "': the first token would come in about " + fmt(*t) + " (" + std::to_string(ahead) +
+             " prompt tokens to compute first), past its target of " + fmt(c.ttft_ms);
+  }
+  if (c.tpot_ms > 0) {
+    const auto decoding = static_cast<int32_t>(std::min<size_t>(running_.size() + 1, cfg_.max_running));
+    if (auto t = slo_.tpot_ms(decoding); t && *t > c.tpot_ms)
+      return "class '" + c.name + "': with " + std::to_string(decoding) + " requests decoding, a token would take about " +
+             fmt(*t) + ", past its target of " + fmt(c.tpot_ms);
+  }
+  return std::nullopt;
 }
 
 void scheduler::insert_waiting(request* r) {
@@ -74,8 +123,13 @@ status scheduler::add(request_id id, request_params p) {
     return error{who + "the output already delivered leaves nothing to generate"};
   for (int32_t t : p.delivered)
     if (t < 0 || t >= cfg_.vocab) return error{who + "delivered token id " + std::to_string(t) + " is outside the vocabulary"};
+  auto cls = class_of(p);
+  if (!cls) return error{who + cls.err().message};
   auto r = std::make_unique<request>(id, std::move(p), next_arrival_++);
   r->eviction = eviction;
+  r->slo = *cls;
+  r->deadline_ms = *cls >= 0 && cfg_.classes[*cls].ttft_ms > 0 ? r->params.arrival_ms + cfg_.classes[*cls].ttft_ms
+                                                                 : std::numeric_limits<double>::infinity();
   // Replay what was delivered: the same sampler, detokenizer and stop-string state as the
   // attempt that streamed it, and no text from it again.
   for (int32_t t : r->params.delivered) {

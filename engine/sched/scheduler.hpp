@@ -32,8 +32,11 @@
 // finished, aborted or preempted requests travel with the next claims (take_releases()
 // hands them over when no step follows).
 //
-// Policies: FCFS (arrival order) or priority (lower first, then arrival). Single-threaded;
-// owned by one engine loop.
+// Policies: FCFS (arrival order) or priority (lower first, then arrival). Under SLO classes
+// (engine/sched/slo.hpp): the class's priority (lower first), then the deadline of the first
+// token, then arrival; with slo_admission, a request whose class's targets the replica
+// cannot meet now, by its measured step times, is refused (slo_refusal) before it queues.
+// Single-threaded; owned by one engine loop.
 #pragma once
 
 #include <deque>
@@ -48,6 +51,7 @@
 #include "engine/kv/kv_block_manager.hpp"
 #include "engine/kv/kv_config.hpp"
 #include "engine/kv/tier_directory.hpp"
+#include "engine/sched/slo.hpp"
 #include "engine/sched/step_plan.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "engine/util/expected.hpp"
@@ -75,6 +79,10 @@ struct scheduler_config {
                                   // directory's size); 0: no tiers
   bool tier_prefetch = false;     // KV tiers: plans name waiting requests' blocks, for the
                                   // shards to read up from the lower tiers meanwhile
+  std::vector<slo_class> classes; // SLO classes requests may name; with any, the queue is
+                                  // ordered by priority, deadline, arrival
+  int32_t default_class = -1;     // the class of a request that names none (-1: none)
+  bool slo_admission = false;     // refuse what cannot meet its class's targets
 };
 
 // KV tiers, as the scheduler saw them: blocks it had loaded and saved, and loads that came
@@ -114,6 +122,14 @@ class scheduler {
   // Queues a request; an error (duplicate id, empty or too long prompt, bad token ids,
   // bad sampling parameters) leaves nothing queued.
   status add(request_id id, request_params params);
+  // With slo_admission: why a request of these parameters cannot meet its class's targets
+  // here now (the prompt tokens queued before it and its own at the measured step times;
+  // its cached prefix is not known yet, so all of its prompt counts), or nullopt.
+  std::optional<std::string> slo_refusal(const request_params& p) const;
+  // A step that computed `tokens` positions took `ms` (the estimates' measure).
+  void observe_step(int32_t tokens, double ms) { slo_.observe(tokens, ms); }
+  const slo_estimator& slo() const { return slo_; }
+
   // Ends a request at once, releasing its blocks; its final output, or nullopt if unknown.
   std::optional<step_output> abort(request_id id);
 
@@ -189,6 +205,12 @@ class scheduler {
 
  private:
   bool before(const request& a, const request& b) const;  // scheduling order
+  // Under classes: the order's key of a request (priority, deadline).
+  int32_t priority_of(const request& r) const {
+    return r.slo >= 0 ? cfg_.classes[r.slo].priority : r.params.priority;
+  }
+  // The class a request's parameters name (-1: none), or an error.
+  expected<int32_t> class_of(const request_params& p) const;
   void requeue(request& r);
   void release(request& r);
   void preempt(request& r, step_plan& plan);
@@ -218,6 +240,7 @@ class scheduler {
   std::optional<tier_directory> tiers_;  // KV tiers, when there are some
   tier_probe probe_;
   tier_usage tier_usage_;
+  slo_estimator slo_;
 };
 
 }  // namespace troupe

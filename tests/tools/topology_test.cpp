@@ -284,6 +284,58 @@ TEST_CASE("[router]: kv-aware by default, least-loaded on request, mistakes name
   has(problem("[router]\npolcy = \"kv-aware\"\n" + ok_replica), "polcy");
 }
 
+TEST_CASE("[[class]] tables and [scheduler] default_class: targets, priorities, admission, mistakes named") {
+  auto t = parse_topology_text(std::string(base) + R"([[class]]
+name = "chat"
+ttft_ms = 500
+tpot_ms = 50
+[[class]]
+name = "batch"
+ttft_ms = 60000
+priority = 1
+[scheduler]
+default_class = "chat"
+)" + ok_replica, "t.toml", "/d");
+  REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
+  REQUIRE(t->scheduler.classes.size() == 2);
+  CHECK(t->scheduler.classes[0].name == "chat");
+  CHECK(t->scheduler.classes[0].ttft_ms == 500);
+  CHECK(t->scheduler.classes[0].tpot_ms == 50);
+  CHECK(t->scheduler.classes[1].priority == 1);
+  CHECK(t->scheduler.classes[1].tpot_ms == 0);
+  CHECK(t->scheduler.default_class == 0);
+  CHECK(t->scheduler.slo_admission);
+  // Without [scheduler], the classes hold and admission is on; without classes, off.
+  auto u = parse_topology_text(std::string(base) + "[[class]]\nname = \"x\"\ntpot_ms = 20\n" + ok_replica, "t.toml", "/d");
+  REQUIRE(u.has_value());
+  CHECK(u->scheduler.classes.size() == 1);
+  CHECK(u->scheduler.slo_admission);
+  CHECK(u->scheduler.default_class == -1);
+  auto v = parse_topology_text(std::string(base) + "[[class]]\nname = \"x\"\ntpot_ms = 20\n[scheduler]\nslo_admission = false\n" +
+                                   ok_replica, "t.toml", "/d");
+  REQUIRE(v.has_value());
+  CHECK_FALSE(v->scheduler.slo_admission);
+  CHECK_FALSE(parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d")->scheduler.slo_admission);
+  auto has = [](const std::string& msg, const std::string& part) {
+    CAPTURE(msg);
+    CHECK(msg.find(part) != std::string::npos);
+    CHECK(msg.find("t.toml:") != std::string::npos);
+  };
+  has(problem("[[class]]\nname = \"x\"\n" + ok_replica), "a class needs a target");
+  has(problem("[[class]]\nttft_ms = 100\n" + ok_replica), "name");
+  has(problem("[[class]]\nname = \"x\"\nttft_ms = 1\n" + ok_replica), "ttft_ms must be in 10..3600000");
+  has(problem("[[class]]\nname = \"x\"\ntpot_ms = 0\n" + ok_replica), "tpot_ms must be in 1..600000");
+  has(problem("[[class]]\nname = \"x\"\nttft_ms = 20\ntpot_ms = 50\n" + ok_replica), "ttft_ms (20) is below tpot_ms (50)");
+  has(problem("[[class]]\nname = \"x\"\nttft_ms = 100\n[[class]]\nname = \"x\"\nttft_ms = 200\n" + ok_replica),
+      "class name 'x' is used twice");
+  has(problem("[[class]]\nname = \"x y\"\nttft_ms = 100\n" + ok_replica), "without spaces");
+  has(problem("[[class]]\nname = \"x\"\nttft_ms = 100\n[scheduler]\ndefault_class = \"y\"\n" + ok_replica),
+      "default_class 'y' is not a [[class]] (the classes: x)");
+  has(problem("[scheduler]\ndefault_class = \"y\"\n" + ok_replica), "(none is declared)");
+  has(problem("[scheduler]\nslo_admission = true\n" + ok_replica), "slo_admission needs [[class]] tables");
+  has(problem("[class]\nname = \"x\"\n" + ok_replica), "[[class]] must be an array of tables");
+}
+
 TEST_CASE("a [speculative] table: the command line's names, the draft beside the file, mistakes named") {
   auto none = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
   REQUIRE(none.has_value());

@@ -120,6 +120,8 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   g.router.route.policy = t.kv.prefix_caching ? t.router.policy : route_policy::least_loaded;
   g.router.route.stream_tokens = t.router.stream_tokens;
   g.router.block_size = t.kv.block_size;
+  g.router.classes = t.scheduler.classes;
+  g.router.default_class = t.scheduler.default_class;
   g.router.context = m.config.max_seq_len;
   for (const auto& n : t.nodes) {
     const stage_address a = address_of("", n, me);

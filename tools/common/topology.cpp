@@ -139,8 +139,8 @@ class reader {
 };
 
 // The tables of a topology, and what each may hold.
-constexpr std::array<std::string_view, 11> top_tables = {"model", "gateway", "kv",      "scheduler", "failure", "router",
-                                                         "gpu",   "speculative", "node", "replica",   "tier"};
+constexpr std::array<std::string_view, 12> top_tables = {"model", "gateway",     "kv",   "scheduler", "failure", "router",
+                                                         "gpu",   "speculative", "node", "replica",   "tier",    "class"};
 
 model_section parse_model(reader& rd, const toml::table& t, const std::string& base_dir) {
   model_section m;
@@ -286,11 +286,24 @@ kv_eviction_config parse_kv_eviction(reader& rd, const toml::table& t) {
   return e;
 }
 
-scheduler_config parse_scheduler(reader& rd, const toml::table& t) {
+scheduler_config parse_scheduler(reader& rd, const toml::table& t, const std::vector<slo_class>& classes) {
   scheduler_config s;
-  rd.only(t, "[scheduler]", {"max_step_tokens", "max_running"});
-  rd.get_in(t, "[scheduler]", "max_step_tokens", s.max_step_tokens, 1, 1 << 20);
-  rd.get_in(t, "[scheduler]", "max_running", s.max_running, 1, 1 << 16);
+  const std::string w = "[scheduler]";
+  rd.only(t, w, {"max_step_tokens", "max_running", "default_class", "slo_admission"});
+  rd.get_in(t, w, "max_step_tokens", s.max_step_tokens, 1, 1 << 20);
+  rd.get_in(t, w, "max_running", s.max_running, 1, 1 << 16);
+  s.classes = classes;
+  std::string name;
+  if (rd.get(t, w, "default_class", name)) {
+    s.default_class = slo_class_index(classes, name);
+    if (s.default_class < 0)
+      rd.fail(t.get("default_class"), w + ": default_class '" + name + "' is not a [[class]]" +
+                                           (classes.empty() ? " (none is declared)" : " (the classes: " + slo_class_names(classes) + ")"));
+  }
+  s.slo_admission = !classes.empty();
+  rd.get(t, w, "slo_admission", s.slo_admission);
+  if (rd.ok() && s.slo_admission && classes.empty() && t.contains("slo_admission"))
+    rd.fail(t.get("slo_admission"), w + ": slo_admission needs [[class]] tables (the targets it admits by)");
   return s;
 }
 
@@ -308,6 +321,29 @@ failure_config parse_failure(reader& rd, const toml::table& t) {
     rd.fail(t.get("restart"), w + ": restart must be \"always\" or \"never\"");
   f.restart = restart == "always";
   return f;
+}
+
+// One [[class]]: a request class's targets and priority (engine/sched/slo.hpp).
+slo_class parse_class(reader& rd, const toml::table& t, const std::string& w) {
+  slo_class c;
+  rd.only(t, w, {"name", "ttft_ms", "tpot_ms", "priority"});
+  rd.get(t, w, "name", c.name, true);
+  if (rd.ok() && (c.name.empty() || c.name.size() > 64 || c.name.find_first_of(" \t\r\n\"") != std::string::npos))
+    rd.fail(t.get("name"), w + ": name must be 1 to 64 bytes without spaces or quotes");
+  int64_t ttft = 0, tpot = 0;
+  // A first token takes a step and a round trip, a token a step: below these, no replica
+  // can meet a target, and a class would refuse everything.
+  rd.get_in(t, w, "ttft_ms", ttft, 10, 3600000);
+  rd.get_in(t, w, "tpot_ms", tpot, 1, 600000);
+  rd.get_in(t, w, "priority", c.priority, -1000, 1000);
+  if (rd.ok() && !t.contains("ttft_ms") && !t.contains("tpot_ms"))
+    rd.fail(&t, w + ": a class needs a target: ttft_ms, tpot_ms or both");
+  if (rd.ok() && ttft > 0 && tpot > 0 && ttft < tpot)
+    rd.fail(t.get("ttft_ms"), w + ": ttft_ms (" + std::to_string(ttft) + ") is below tpot_ms (" + std::to_string(tpot) +
+                                  "): a first token cannot come sooner than a later one");
+  c.ttft_ms = static_cast<double>(ttft);
+  c.tpot_ms = static_cast<double>(tpot);
+  return c;
 }
 
 router_section parse_router(reader& rd, const toml::table& t) {
@@ -509,10 +545,10 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     const std::string_view key = k.str();
     if (std::find(top_tables.begin(), top_tables.end(), key) == top_tables.end()) {
       rd.fail(&v, "unknown table [" + std::string(key) + "] (a topology has [model], [gateway], [kv], [scheduler], "
-                  "[failure], [router], [gpu], [speculative], [[node]], [[replica]] and [[tier]])");
+                  "[failure], [router], [gpu], [speculative], [[node]], [[replica]], [[tier]] and [[class]])");
       break;
     }
-    const bool array = key == "node" || key == "replica" || key == "tier";
+    const bool array = key == "node" || key == "replica" || key == "tier" || key == "class";
     if (array ? !v.is_array_of_tables() : !v.is_table()) {
       rd.fail(&v, array ? "[[" + std::string(key) + "]] must be an array of tables"
                         : "'" + std::string(key) + "' must be a table ([" + std::string(key) + "])");
@@ -537,7 +573,21 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     if (rd.ok() && !t.kv.prefix_caching)
       rd.fail(tiers, "[[tier]] keeps cached prefixes: [kv] prefix_caching must be on");
   }
-  if (const toml::table* s = root["scheduler"].as_table(); s && rd.ok()) t.scheduler = parse_scheduler(rd, *s);
+  std::vector<slo_class> classes;
+  if (const toml::array* cs = root["class"].as_array()) {
+    for (size_t i = 0; i < cs->size() && rd.ok(); ++i) {
+      const std::string w = "[[class]] #" + std::to_string(i + 1);
+      classes.push_back(parse_class(rd, *(*cs)[i].as_table(), w));
+      if (rd.ok() && slo_class_index(classes, classes.back().name) != static_cast<int32_t>(i))
+        rd.fail((*cs)[i].as_table(), w + ": class name '" + classes.back().name + "' is used twice");
+    }
+  }
+  if (const toml::table* s = root["scheduler"].as_table(); s && rd.ok()) {
+    t.scheduler = parse_scheduler(rd, *s, classes);
+  } else {
+    t.scheduler.classes = classes;
+    t.scheduler.slo_admission = !classes.empty();
+  }
   if (const toml::table* kv = root["kv"].as_table(); kv && rd.ok()) t.scheduler.eviction = parse_kv_eviction(rd, *kv);
   if (const toml::table* f = root["failure"].as_table(); f && rd.ok()) t.failure = parse_failure(rd, *f);
   if (const toml::table* r = root["router"].as_table(); r && rd.ok()) t.router = parse_router(rd, *r);

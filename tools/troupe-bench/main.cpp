@@ -61,6 +61,7 @@ struct workload {
   bool chat = false;
   int turns = 1;  // multi-turn chat: each conversation sends this many growing requests
   int think_ms = 0;  // ... pausing this long between its turns (a user reading)
+  std::string slo_class;  // the requests' SLO class (empty: the server's default)
 };
 
 struct sample {
@@ -127,6 +128,7 @@ sample run_http(const std::string& host, int port, const workload& w, int i, con
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   if (!w.api_key.empty()) req.set_header("Authorization", "Bearer " + w.api_key);
+  if (!w.slo_class.empty()) req.set_header("X-Troupe-Class", w.slo_class);
   const auto t0 = clock_type::now();
   auto last = t0;
   std::string buffer;
@@ -186,6 +188,7 @@ sample run_capnp(const std::string& address, const workload& w, int i) {
   p.sampling.seed = w.seed + static_cast<uint64_t>(i);
   p.max_tokens = w.output_tokens;
   p.ignore_eos = true;
+  p.slo_class = w.slo_class;
   const auto t0 = clock_type::now();
   auto last = t0;
   bool first = true;
@@ -425,6 +428,8 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-words", w.prompt_words)->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--output-tokens", w.output_tokens)->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--shared-prefix", w.shared_prefix_words, "words every prompt shares at its start")->check(tools::non_negative());
+  app.add_option("--class", w.slo_class,
+                 "the requests' SLO class, a [[class]] of the server's topology (HTTP: the X-Troupe-Class header)");
   app.add_option("--prefixes", w.prefixes,
                  "with --shared-prefix: that many distinct shared prefixes (tenants' system prompts), each request "
                  "drawing one at random from the seed")

@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
       "in the environment: TROUPE_API_KEY (never on the command line).\n\n"
       "Example:\n  troupe-client --connect 127.0.0.1:7400 -p \"Once upon a time\" -n 64 -t 0\n",
       "troupe-client"};
-  std::string address = "127.0.0.1:7400", prompt;
+  std::string address = "127.0.0.1:7400", prompt, slo_class;
   int32_t steps = 256, top_k = 0;
   float temperature = 1.0f, top_p = 0.9f, min_p = 0.0f;
   uint64_t seed = 0;
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("--stop", stops, "stop string (repeatable)");
   app.add_option("--logit-bias", biases, "TOKEN=BIAS (repeatable): add BIAS, in [-100, 100], to the token's logit before each choice")
       ->check(tools::token_bias_entry());
+  app.add_option("--class", slo_class, "the request's SLO class, a [[class]] of the topology (default: its default_class)");
   app.add_flag("--ids", ids, "print the generated token ids instead of text");
   app.add_flag("--ignore-eos", ignore_eos, "generate until -n even past EOS (benchmarks)");
   app.add_flag("--time", timing, "print first-token latency and tokens/s on stderr");
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
   p.stop_strings = stops;
   p.max_tokens = steps;
   p.ignore_eos = ignore_eos;
+  p.slo_class = slo_class;
   const auto t0 = std::chrono::steady_clock::now();
   auto first = t0;
   size_t received = 0;
