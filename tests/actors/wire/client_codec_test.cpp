@@ -65,6 +65,43 @@ TEST_CASE("a request's prefix-cache namespace travels with it, 0 when unset") {
   CHECK(ids->cache_namespace == 0);
 }
 
+TEST_CASE("a request's SLO class travels with it and the router reads it with the prompt, a name too long refused") {
+  const tokenizer& tok = test::tok512();
+  const request_limits lim = with_context(64);
+  request_params p;
+  p.max_tokens = 4;
+  p.slo_class = "interactive";
+  p.cache_namespace = 9;
+  const auto frame = encode_generate_request_text("Once upon", p);
+  auto got = decode_generate_request(frame, tok, lim);
+  REQUIRE(got.has_value());
+  CHECK(got->slo_class == "interactive");
+  auto seen = peek_route(frame, &tok, lim);
+  REQUIRE(seen.has_value());
+  CHECK(seen->slo_class == "interactive");
+  CHECK(seen->cache_namespace == 9);
+  CHECK(seen->prompt == tok.encode("Once upon", true));
+  // Without a tokenizer the router reads no ids (least-loaded routing needs none).
+  auto bare = peek_route(frame, nullptr, lim);
+  REQUIRE(bare.has_value());
+  CHECK(bare->prompt.empty());
+  CHECK(bare->slo_class == "interactive");
+  // Ids as they are; those outside the vocabulary left out (the scheduler refuses them).
+  p.prompt = {1, 5, 9999};
+  p.slo_class.clear();
+  auto ids = peek_route(encode_generate_request_tokens(p), &tok, lim);
+  REQUIRE(ids.has_value());
+  CHECK(ids->prompt == std::vector<int32_t>{1, 5});
+  CHECK(ids->slo_class.empty());
+  p.prompt = {1, 5};
+  CHECK(decode_generate_request(encode_generate_request_tokens(p), tok, lim)->slo_class.empty());
+  p.slo_class = std::string(max_class_name + 1, 'x');
+  auto long_name = decode_generate_request(encode_generate_request_tokens(p), tok, lim);
+  REQUIRE_FALSE(long_name.has_value());
+  CHECK(long_name.err().message.find("sloClass is longer than 64 bytes") != std::string::npos);
+  CHECK_FALSE(peek_route(std::vector<uint8_t>{1, 2, 3}, &tok, lim).has_value());
+}
+
 TEST_CASE("a request's speculative cap travels with it, -1 when unset, and a cap out of range is refused") {
   const tokenizer& tok = test::tok512();
   const request_limits lim = with_context(64);
