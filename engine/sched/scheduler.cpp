@@ -67,7 +67,9 @@ std::optional<std::string> scheduler::slo_refusal(const request_params& p) const
     };
     for (const request* q : waiting_) count(q);
     for (const request* q : running_) count(q);
-    if (auto t = slo_.ttft_ms(ahead, cfg_.max_step_tokens); t && *t > c.ttft_ms)
+    int32_t decoding = 0;
+    for (const request* q : running_) decoding += q->num_computed_tokens >= q->num_prompt_tokens;
+    if (auto t = slo_.ttft_ms(ahead, cfg_.max_step_tokens, decoding); t && *t > c.ttft_ms)
       return "class '" + c.name + "': the first token would come in about " + fmt(*t) + " (" + std::to_string(ahead) +
              " prompt tokens to compute first), past its target of " + fmt(c.ttft_ms);
   }

@@ -42,6 +42,7 @@ void slo_estimator::observe(int32_t tokens, double ms) {
   y_ = y_ * forget + ms;
   xx_ = xx_ * forget + x * x;
   xy_ = xy_ * forget + x * ms;
+  recent_ms_ = steps_ == 0 ? ms : recent_ms_ + recent_weight * (ms - recent_ms_);
   ++steps_;
 }
 
@@ -60,17 +61,22 @@ std::optional<slo_estimator::fit> slo_estimator::line() const {
   return f;
 }
 
-std::optional<double> slo_estimator::ttft_ms(int64_t tokens, int32_t max_step_tokens) const {
+std::optional<double> slo_estimator::ttft_ms(int64_t tokens, int32_t max_step_tokens, int32_t decoding) const {
   auto f = line();
   if (!f) return std::nullopt;
-  const int64_t steps = (std::max<int64_t>(tokens, 1) + max_step_tokens - 1) / std::max(max_step_tokens, 1);
-  return static_cast<double>(steps) * f->base_ms + static_cast<double>(tokens) * f->per_token_ms;
+  max_step_tokens = std::max(max_step_tokens, 1);
+  tokens = std::max<int64_t>(tokens, 1);
+  decoding = std::clamp(decoding, 0, max_step_tokens - 1);
+  const int64_t chunk = max_step_tokens - decoding;
+  const int64_t steps = (tokens + chunk - 1) / chunk;
+  const double step = f->base_ms + f->per_token_ms * static_cast<double>(std::min<int64_t>(max_step_tokens, decoding + tokens));
+  return static_cast<double>(steps) * step;
 }
 
 std::optional<double> slo_estimator::tpot_ms(int32_t decoding) const {
   auto f = line();
   if (!f) return std::nullopt;
-  return f->base_ms + f->per_token_ms * std::max(decoding, 1);
+  return std::max(f->base_ms + f->per_token_ms * std::max(decoding, 1), recent_ms_);
 }
 
 }  // namespace troupe

@@ -10,9 +10,13 @@
 //   step_ms = base_ms + per_token_ms * tokens
 //
 // by least squares over its recent steps (exponentially forgotten), and predicts from it:
-//   ttft(T) = ceil(T / max_step_tokens) * base_ms + T * per_token_ms, T being the prompt
-//             tokens queued before the request and its own;
-//   tpot(R) = base_ms + per_token_ms * R, R the requests decoding together.
+//   ttft(T) = ceil(T / chunk) * (base_ms + per_token_ms * min(max_step_tokens, R + T)),
+//             T being the prompt tokens queued before the request and its own, R the
+//             requests decoding, whose rows take their part of every step (chunk: what is
+//             left of max_step_tokens for prompts);
+//   tpot(R) = the larger of base_ms + per_token_ms * R (R the requests decoding together)
+//             and the mean of the latest steps (recent_ms: prompt chunks that share the
+//             steps with decoding lengthen every token's time, and they keep coming).
 // Until it has seen enough steps it predicts nothing (and nothing is refused).
 #pragma once
 
@@ -48,6 +52,7 @@ class slo_estimator {
  public:
   static constexpr double forget = 0.97;      // each step's weight against the one before
   static constexpr int32_t min_steps = 8;     // steps seen before anything is predicted
+  static constexpr double recent_weight = 0.2;  // of each step in recent_ms
 
   // A step that computed `tokens` positions (decode rows and prompt chunks) in `ms`.
   void observe(int32_t tokens, double ms);
@@ -56,12 +61,14 @@ class slo_estimator {
     double per_token_ms = 0;
   };
   std::optional<fit> line() const;
-  std::optional<double> ttft_ms(int64_t tokens, int32_t max_step_tokens) const;
+  std::optional<double> ttft_ms(int64_t tokens, int32_t max_step_tokens, int32_t decoding = 0) const;
   std::optional<double> tpot_ms(int32_t decoding) const;
   int64_t steps() const { return steps_; }
+  double recent_ms() const { return recent_ms_; }
 
  private:
   double w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // weighted sums
+  double recent_ms_ = 0;                             // the latest steps' mean time
   int64_t steps_ = 0;
 };
 

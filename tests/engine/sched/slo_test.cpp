@@ -55,9 +55,17 @@ TEST_CASE("slo estimator: predicts nothing until it has seen steps, then fits ba
   REQUIRE(f);
   CHECK(f->base_ms == doctest::Approx(2.0).epsilon(0.01));
   CHECK(f->per_token_ms == doctest::Approx(0.5).epsilon(0.01));
-  // 200 tokens at 64 a step: 4 steps of 2 ms and 200 tokens at 0.5 ms.
-  CHECK(*e.ttft_ms(200, 64) == doctest::Approx(4 * 2.0 + 100).epsilon(0.01));
-  CHECK(*e.tpot_ms(8) == doctest::Approx(2.0 + 4).epsilon(0.01));
+  // 200 tokens at 64 a step: 4 full steps of 2 + 32 ms.
+  CHECK(*e.ttft_ms(200, 64) == doctest::Approx(4 * 34.0).epsilon(0.01));
+  // With 16 requests decoding, 48 a step: 5 full steps; 10 tokens: one step of 26 rows.
+  CHECK(*e.ttft_ms(200, 64, 16) == doctest::Approx(5 * 34.0).epsilon(0.01));
+  CHECK(*e.ttft_ms(10, 64, 16) == doctest::Approx(2.0 + 13).epsilon(0.01));
+  // The latest steps carried prompt chunks (up to 61 tokens, 32.5 ms): a token now takes
+  // about their mean, more than 8 decoding rows alone would cost.
+  CHECK(e.recent_ms() > 10);
+  CHECK(*e.tpot_ms(8) == doctest::Approx(e.recent_ms()));
+  for (int i = 0; i < 40; ++i) e.observe(1, 2.5);
+  CHECK(*e.tpot_ms(8) == doctest::Approx(2.0 + 4).epsilon(0.05));
   // Steps of one size: all of their time is taken as the tokens'.
   slo_estimator same;
   for (int i = 0; i < 10; ++i) same.observe(10, 5.0);
@@ -128,6 +136,7 @@ TEST_CASE("slo admission: refuses early what its class cannot meet here, names w
   tight.classes[2].tpot_ms = 5;
   scheduler t(tight, test::tok512());
   for (int i = 0; i < 20; ++i) t.observe_step(1 + (i % 4) * 20, 2.0 + 0.5 * (1 + (i % 4) * 20));
+  for (int i = 0; i < 30; ++i) t.observe_step(8, 2.0 + 0.5 * 8);  // decoding alone lately
   for (uint64_t id = 1; id <= 7; ++id) REQUIRE(t.add(request_id{id}, prompt_of(4, "")).has_value());
   (void)t.schedule();
   auto slow = t.slo_refusal(prompt_of(4, "bulk"));
