@@ -1,9 +1,6 @@
 #include "actors/step_link.hpp"
 
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -11,11 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <exception>
-#include <initializer_list>
 #include <utility>
 #include <vector>
+
+#include "engine/util/tcp.hpp"
 
 namespace troupe {
 
@@ -28,32 +25,12 @@ constexpr int mid_frame_timeout_s = 5;  // a peer that stops in the middle of a 
 constexpr uint32_t max_error_text = 64 * 1024;
 constexpr size_t max_connections = 8;
 
-void put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t{p[i]} << (8 * i);
-  return v;
-}
-
-std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-bool read_exact(int fd, void* buf, size_t n) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, 0);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
-    } else if (r < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;  // closed, broken, or timed out mid-frame
-    }
-  }
-  return true;
-}
+using tcp::errno_text;
+using tcp::get32;
+using tcp::no_delay;
+using tcp::put32;
+using tcp::read_exact;
+using tcp::write_all;
 
 // A message header over the non-empty parts (at most four), in order.
 template <class Parts>
@@ -65,31 +42,6 @@ msghdr gather(const Parts& parts, iovec (&iov)[4]) {
   m.msg_iov = iov;
   m.msg_iovlen = count;
   return m;
-}
-
-bool write_all(int fd, std::initializer_list<std::pair<const void*, size_t>> parts) {
-  iovec iov[4];
-  msghdr m = gather(parts, iov);
-  while (m.msg_iovlen > 0) {
-    const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    auto left = static_cast<size_t>(w);
-    while (left > 0) {
-      if (left >= m.msg_iov[0].iov_len) {
-        left -= m.msg_iov[0].iov_len;
-        ++m.msg_iov;
-        --m.msg_iovlen;
-      } else {
-        m.msg_iov[0].iov_base = static_cast<char*>(m.msg_iov[0].iov_base) + left;
-        m.msg_iov[0].iov_len -= left;
-        left = 0;
-      }
-    }
-  }
-  return true;
 }
 
 bool kind_ok(uint32_t k) { return k <= static_cast<uint32_t>(wire_kind::last); }
@@ -105,52 +57,17 @@ bool read_message(int fd, uint32_t kind, uint32_t len, wire_message& out) {
   return true;
 }
 
-void no_delay(int fd) {
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-expected<addrinfo*> resolve(const std::string& host, uint16_t port, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  if (passive) hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0 || !res) return error{"step link: " + host + ": " + ::gai_strerror(rc)};
-  return res;
-}
-
 }  // namespace
 
 // Server.
 
 expected<std::unique_ptr<step_link_server>> step_link_server::start(const std::string& host, step_fn fn) {
-  auto addrs = resolve(host, 0, true);
-  if (!addrs) return addrs.err();
+  auto l = tcp::listen_on(host, 0, "step link", 4);
+  if (!l) return l.err();
   std::unique_ptr<step_link_server> s(new step_link_server);
   s->fn_ = std::move(fn);
-  std::string last = "no address";
-  for (addrinfo* a = *addrs; a && s->listen_fd_ < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last = errno_text("socket");
-      continue;
-    }
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 4) != 0) {
-      last = errno_text("bind " + host);
-      ::close(fd);
-      continue;
-    }
-    sockaddr_storage bound{};
-    socklen_t len = sizeof bound;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-    s->port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                 : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    s->listen_fd_ = fd;
-  }
-  ::freeaddrinfo(*addrs);
-  if (s->listen_fd_ < 0) return error{"step link: cannot listen on " + host + ": " + last};
+  s->listen_fd_ = l->fd;
+  s->port_ = l->port;
   if (::pipe2(s->wake_, O_CLOEXEC) != 0) return error{errno_text("step link: pipe")};
   s->thread_ = std::thread([p = s.get()] { p->run(); });
   return s;
@@ -192,9 +109,7 @@ void step_link_server::run() {
           conns.erase(conns.begin());
         }
         no_delay(c);
-        const timeval tv{mid_frame_timeout_s, 0};
-        ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        tcp::set_timeouts(c, mid_frame_timeout_s);
         conns.push_back(c);
       }
     }
@@ -238,36 +153,10 @@ bool step_link_server::serve_one(int fd) {
 
 expected<std::unique_ptr<step_link_client>> step_link_client::connect(const std::string& host, uint16_t port,
                                                                       answer_fn on_answer, broken_fn on_broken) {
-  auto addrs = resolve(host, port, false);
-  if (!addrs) return addrs.err();
-  int fd = -1;
-  std::string last = "no address";
-  for (addrinfo* a = *addrs; a && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) {
-      last = errno_text("socket");
-      continue;
-    }
-    bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-    if (!ok && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof err;
-      ok = ::poll(&p, 1, connect_timeout_ms) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
-      if (!ok) errno = err != 0 ? err : ETIMEDOUT;
-    }
-    if (!ok) {
-      last = errno_text("connect to " + host + ":" + std::to_string(port));
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(*addrs);
-  if (fd < 0) return error{"step link: " + last};
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  no_delay(fd);
+  auto fd = tcp::connect_to(host, port, connect_timeout_ms, "step link");
+  if (!fd) return fd.err();
   std::unique_ptr<step_link_client> c(new step_link_client);
-  c->fd_ = fd;
+  c->fd_ = *fd;
   c->on_answer_ = std::move(on_answer);
   c->on_broken_ = std::move(on_broken);
   c->reader_ = std::thread([p = c.get()] { p->read_answers(); });
