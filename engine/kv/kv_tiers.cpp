@@ -1,5 +1,9 @@
 #include "engine/kv/kv_tiers.hpp"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -81,27 +85,104 @@ std::string tier_key::hex() const {
   return s;
 }
 
-uint64_t checksum64(std::span<const std::byte> bytes, uint64_t seed) {
-  uint64_t a = seed ^ 0x243f6a8885a308d3ull, b = mix64(seed + bytes.size());
-  size_t i = 0;
-  for (; i + 16 <= bytes.size(); i += 16) {
-    uint64_t x, y;
-    std::memcpy(&x, bytes.data() + i, 8);
-    std::memcpy(&y, bytes.data() + i + 8, 8);
-    a = (a ^ x) * 0x9e3779b97f4a7c15ull;
-    b = (b ^ y) * 0xc2b2ae3d27d4eb4full;
-    a = (a << 29) | (a >> 35);
-    b = (b << 31) | (b >> 33);
+namespace {
+
+// checksum64's stripes: four 64-bit lanes over 32 bytes at a time, each adding the product
+// of the halves of its word (keyed) and its neighbour's word. Every version computes the
+// same sums; the widest the CPU has runs.
+alignas(32) constexpr uint64_t stripe_key[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull,
+                                                0xd6e8feb86659fd93ull};
+
+void stripes_scalar(uint64_t* acc, const std::byte* p, size_t n) {
+  for (size_t s = 0; s < n; ++s, p += 32) {
+    uint64_t x[4], next[4];
+    std::memcpy(x, p, 32);
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t d = x[j] ^ stripe_key[j];
+      next[j] = acc[j] + (d & 0xffffffffu) * (d >> 32) + x[j ^ 1];
+    }
+    std::memcpy(acc, next, 32);
   }
+}
+
+#if defined(__x86_64__)
+void stripes_sse2(uint64_t* acc, const std::byte* p, size_t n) {
+  __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(acc));
+  __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(acc + 2));
+  const __m128i k0 = _mm_load_si128(reinterpret_cast<const __m128i*>(stripe_key));
+  const __m128i k1 = _mm_load_si128(reinterpret_cast<const __m128i*>(stripe_key + 2));
+  for (size_t s = 0; s < n; ++s, p += 32) {
+    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+    const __m128i d0 = _mm_xor_si128(x0, k0), d1 = _mm_xor_si128(x1, k1);
+    a0 = _mm_add_epi64(a0, _mm_add_epi64(_mm_mul_epu32(d0, _mm_srli_epi64(d0, 32)), _mm_shuffle_epi32(x0, _MM_SHUFFLE(1, 0, 3, 2))));
+    a1 = _mm_add_epi64(a1, _mm_add_epi64(_mm_mul_epu32(d1, _mm_srli_epi64(d1, 32)), _mm_shuffle_epi32(x1, _MM_SHUFFLE(1, 0, 3, 2))));
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(acc), a0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + 2), a1);
+}
+
+__attribute__((target("avx2"))) void stripes_avx2(uint64_t* acc, const std::byte* p, size_t n) {
+  __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc));
+  const __m256i k = _mm256_load_si256(reinterpret_cast<const __m256i*>(stripe_key));
+  for (size_t s = 0; s < n; ++s, p += 32) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i d = _mm256_xor_si256(x, k);
+    a = _mm256_add_epi64(a, _mm256_add_epi64(_mm256_mul_epu32(d, _mm256_srli_epi64(d, 32)),
+                                             _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2))));
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), a);
+}
+#endif
+
+using stripes_fn = void (*)(uint64_t*, const std::byte*, size_t);
+
+stripes_fn stripes_for(checksum_unit u) {
+  switch (u) {
+    case checksum_unit::scalar: return stripes_scalar;
+#if defined(__x86_64__)
+    case checksum_unit::sse2: return stripes_sse2;
+    case checksum_unit::avx2: return __builtin_cpu_supports("avx2") ? stripes_avx2 : nullptr;
+#else
+    default: return nullptr;
+#endif
+  }
+  return nullptr;
+}
+
+uint64_t checksum_with(stripes_fn stripes, std::span<const std::byte> bytes, uint64_t seed) {
+  uint64_t acc[4];
+  for (int j = 0; j < 4; ++j) acc[j] = mix64(seed + static_cast<uint64_t>(j) * 0x9e3779b97f4a7c15ull + bytes.size());
+  const size_t n = bytes.size() / 32;
+  stripes(acc, bytes.data(), n);
   uint64_t tail = 0;
-  for (size_t k = 0; i < bytes.size(); ++i, ++k) tail |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * (k & 7));
-  return mix64(a ^ mix64(b ^ tail));
+  for (size_t i = n * 32; i < bytes.size(); ++i) tail = (tail ^ uint64_t{static_cast<uint8_t>(bytes[i])}) * 0x100000001b3ull;
+  uint64_t r = tail;
+  for (uint64_t a : acc) r = mix64(r ^ a);
+  return r;
+}
+
+}  // namespace
+
+uint64_t checksum64(std::span<const std::byte> bytes, uint64_t seed) {
+  static const stripes_fn widest = [] {
+    for (checksum_unit u : {checksum_unit::avx2, checksum_unit::sse2})
+      if (stripes_fn f = stripes_for(u)) return f;
+    return stripes_for(checksum_unit::scalar);
+  }();
+  return checksum_with(widest, bytes, seed);
+}
+
+std::optional<uint64_t> checksum64_on(checksum_unit u, std::span<const std::byte> bytes, uint64_t seed) {
+  const stripes_fn f = stripes_for(u);
+  if (!f) return std::nullopt;
+  return checksum_with(f, bytes, seed);
 }
 
 namespace {
 
 // A record: magic, name length, payload length, checksum, name, payload (little-endian).
-constexpr uint32_t record_magic = 0x3142564b;  // "KVB1"
+constexpr uint32_t record_magic = 0x3242564b;  // "KVB2"; a record of another layout is a miss
 constexpr size_t record_header = 4 + 4 + 8 + 8;
 
 template <class T>
@@ -121,6 +202,16 @@ uint64_t record_sum(std::string_view name, std::span<const std::byte> payload) {
 
 }  // namespace
 
+std::vector<std::byte> record_head(std::string_view name, std::span<const std::byte> payload) {
+  std::vector<std::byte> r(record_header + name.size());
+  put_le<uint32_t>(r.data(), record_magic);
+  put_le<uint32_t>(r.data() + 4, static_cast<uint32_t>(name.size()));
+  put_le<uint64_t>(r.data() + 8, payload.size());
+  put_le<uint64_t>(r.data() + 16, record_sum(name, payload));
+  std::memcpy(r.data() + record_header, name.data(), name.size());
+  return r;
+}
+
 std::vector<std::byte> seal_record(std::string_view name, std::span<const std::byte> payload) {
   std::vector<std::byte> r(record_header + name.size() + payload.size());
   put_le<uint32_t>(r.data(), record_magic);
@@ -130,6 +221,13 @@ std::vector<std::byte> seal_record(std::string_view name, std::span<const std::b
   std::memcpy(r.data() + record_header, name.data(), name.size());
   if (!payload.empty()) std::memcpy(r.data() + record_header + name.size(), payload.data(), payload.size());
   return r;
+}
+
+std::optional<std::string_view> record_name(std::span<const std::byte> record) {
+  if (record.size() < record_header || get_le<uint32_t>(record.data()) != record_magic) return std::nullopt;
+  const uint32_t name_len = get_le<uint32_t>(record.data() + 4);
+  if (name_len > record.size() - record_header) return std::nullopt;
+  return std::string_view(reinterpret_cast<const char*>(record.data() + record_header), name_len);
 }
 
 std::optional<std::span<const std::byte>> open_record(std::string_view name, std::span<const std::byte> record) {

@@ -17,6 +17,7 @@
 #include "kernels/cpu/gemm_w8a8.hpp"
 #include "tools/troupe-perf/attention_bench.hpp"
 #include "tools/troupe-perf/calibrate.hpp"
+#include "tools/troupe-perf/channel_bench.hpp"
 #include "tools/troupe-perf/eviction_bench.hpp"
 #include "tools/common/eviction_cli.hpp"
 #include "tools/common/model_loading.hpp"
@@ -282,10 +283,19 @@ int main(int argc, char** argv) {
   att->add_option("--head-dim", ash.head_dim)->check(CLI::Range(1, 1024))->capture_default_str();
   att->add_option("--cache", cache_name, "the cache's type (q8_0: int8, a scale per token and KV head)")
       ->check(CLI::IsMember({"f32", "f16", "q8_0"}))->capture_default_str();
+  auto* chn = app.add_subcommand("channel", "the KV channel on loopback beside raw TCP, the same bytes alternated");
+  tools::channel_bench_options cho;
+  chn->add_option("--mib", cho.total_mib, "MiB moved per measurement")->check(CLI::Range(1, 65536))->capture_default_str();
+  chn->add_option("--block-kib", cho.block_kib, "KiB per record (one KV block)")->check(CLI::Range(1, 65536))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
-  if (bw->parsed()) {
+  if (chn->parsed()) {
+    const auto c = tools::measure_channel(cho, runs);
+    char note[64];
+    std::snprintf(note, sizeof note, "%.2fx raw TCP (%.2f GB/s)", c.channel_gbs / c.raw_gbs, c.raw_gbs);
+    report("kv channel, loopback, " + std::to_string(cho.block_kib) + " KiB records", c.channel_gbs, "GB/s", note);
+  } else if (bw->parsed()) {
     thread_pool pool(threads);
     auto b = tools::measure_bandwidth(pool, mib << 20, runs);
     report("triad bandwidth, " + std::to_string(threads) + " threads", b.triad_gbs, "GB/s");

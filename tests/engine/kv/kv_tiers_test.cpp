@@ -59,6 +59,27 @@ TEST_CASE("a sealed record opens under its name only, and every flipped byte or 
   }
 }
 
+TEST_CASE("checksum64: every unit the CPU has gives the portable loop's sums, and any flipped bit changes it") {
+  std::vector<std::byte> b(1000);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::byte(static_cast<uint8_t>(i * 37 + 11));
+  for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{64}, size_t{999}, size_t{1000}}) {
+    const auto part = std::span(b).first(n);
+    const uint64_t want = *checksum64_on(checksum_unit::scalar, part, 5);
+    CHECK(checksum64(part, 5) == want);
+    for (checksum_unit u : {checksum_unit::sse2, checksum_unit::avx2})
+      if (auto got = checksum64_on(u, part, 5)) CHECK(*got == want);
+    CHECK(checksum64(part, 6) != want);  // the seed counts
+  }
+  const uint64_t whole = checksum64(b);
+  for (size_t i = 0; i < b.size(); i += 7)
+    for (int bit = 0; bit < 8; bit += 3) {
+      b[i] ^= std::byte(1 << bit);
+      CHECK(checksum64(b) != whole);
+      b[i] ^= std::byte(1 << bit);
+    }
+  CHECK(checksum64(b) == whole);
+}
+
 TEST_CASE("tier keys chain a prefix block by block, per namespace") {
   const std::vector<int32_t> a{1, 2, 3, 4}, b{1, 2, 3, 5};
   const tier_key r = tier_key::root(0);

@@ -1,0 +1,133 @@
+// kv_channel: KV blocks between node processes over a TCP connection of their own, beside
+// CAF's middleman (slow for bulk data: ../shared/notes/caf-capnp-facts.md) and the step
+// links. A sender streams sealed records (kv_tiers.hpp: name, length, checksum) to a
+// receiver, which checks each and hands it to its sink.
+//
+// Frames (little-endian):
+//   hello  sender -> receiver   "TKVH" u32 version                  first, within 5 s
+//   block  sender -> receiver   "TKVB" u32 length, a sealed record  (at most max_record)
+//   ack    receiver -> sender   "TKVA" u64 record bytes taken so far
+//
+// Flow control: a sender keeps at most `window` record bytes beyond the receiver's latest
+// ack in flight; send() writes the record itself (its payload never copied) and waits
+// while the window is full, so a slow receiver slows its producer instead of growing
+// memory. A receiver acknowledges a record once its sink has it. A frame that breaks the format (a wrong magic, a
+// record past max_record, a record whose header does not add up) ends that connection
+// with a reason; a record failing its checksum is dropped and counted (its block is
+// computed again where it was wanted). A peer silent for frame_timeout_s (5 s) in the
+// middle of a frame, or before its hello, is closed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/util/expected.hpp"
+
+namespace troupe {
+
+struct kv_channel_limits {
+  size_t max_record = size_t{64} << 20;  // bytes of one record at most
+  size_t window = size_t{16} << 20;      // bytes in flight beyond the receiver's ack
+  int max_connections = 16;              // a receiver's; the oldest goes for a newcomer
+  int frame_timeout_s = 5;               // a receiver waits this long for a hello, or for
+                                         // the rest of a frame begun
+};
+
+struct kv_channel_stats {
+  uint64_t records = 0;  // taken (receiver) or acknowledged (sender)
+  uint64_t bytes = 0;
+  uint64_t corrupt = 0;  // receiver: records failing their checks, dropped
+  uint64_t refused = 0;  // receiver: connections ended for a broken frame or a silent peer
+  uint64_t stalls = 0;   // sender: waits for the receiver's acks (the window was full)
+};
+
+class kv_channel_receiver {
+ public:
+  // A checked record: its name and payload (spans valid during the call). Called on the
+  // connection's thread; what it keeps, it copies.
+  using sink_fn = std::function<void(std::string_view name, std::span<const std::byte> payload)>;
+  using log_fn = std::function<void(const std::string&)>;
+
+  // Listens on host:port (0: any free port).
+  static expected<std::unique_ptr<kv_channel_receiver>> start(const std::string& host, uint16_t port, sink_fn sink,
+                                                              kv_channel_limits limits = {}, log_fn log = {});
+  ~kv_channel_receiver();  // closes every connection, waits for their threads
+  kv_channel_receiver(const kv_channel_receiver&) = delete;
+  kv_channel_receiver& operator=(const kv_channel_receiver&) = delete;
+
+  uint16_t port() const { return port_; }
+  kv_channel_stats stats() const;
+
+ private:
+  kv_channel_receiver() = default;
+  void accept_loop();
+  void serve(int fd);
+  void refuse(const std::string& why);
+
+  sink_fn sink_;
+  log_fn log_;
+  kv_channel_limits limits_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  uint16_t port_ = 0;
+  std::thread acceptor_;
+  mutable std::mutex mutex_;
+  struct connection {
+    int fd;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::deque<connection> connections_;
+  kv_channel_stats stats_;
+};
+
+class kv_channel_sender {
+ public:
+  static constexpr int connect_timeout_ms = 2000;
+
+  static expected<std::unique_ptr<kv_channel_sender>> connect(const std::string& host, uint16_t port,
+                                                              kv_channel_limits limits = {});
+  ~kv_channel_sender();  // stops at once: what is queued and unacknowledged is lost
+  kv_channel_sender(const kv_channel_sender&) = delete;
+  kv_channel_sender& operator=(const kv_channel_sender&) = delete;
+
+  // Writes `payload` as a record of `name`, once the window has room (one sender thread at
+  // a time; others wait their turn). An error once the channel broke (its reason), or for
+  // a record past max_record.
+  status send(std::string_view name, std::span<const std::byte> payload);
+  // Waits until the receiver has taken everything sent: true, or false when the channel
+  // broke or `timeout` passed first.
+  bool flush(std::chrono::milliseconds timeout);
+  // Why the channel broke; empty while it works.
+  std::string broken() const;
+  kv_channel_stats stats() const;
+
+ private:
+  kv_channel_sender() = default;
+  void read_acks();
+  void fail(const std::string& why);
+
+  kv_channel_limits limits_;
+  int fd_ = -1;
+  std::thread reader_;
+  std::mutex writing_;               // one record on the socket at a time
+  mutable std::mutex mutex_;         // the rest
+  std::condition_variable changed_;
+  uint64_t sent_ = 0, acked_ = 0;    // record bytes
+  bool closing_ = false;
+  std::string broken_;
+  kv_channel_stats stats_;
+};
+
+}  // namespace troupe
