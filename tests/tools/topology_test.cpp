@@ -62,7 +62,13 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(topology_warnings(*t, stories()).empty());
     ++n;
   }
-  CHECK(n == 8);
+  CHECK(n == 9);
+  auto tenants = parse_topology(dir + "/tenants.toml");
+  REQUIRE(tenants.has_value());
+  CHECK(tenants->router.policy == route_policy::kv_aware);
+  REQUIRE(tenants->scheduler.classes.size() == 2);
+  CHECK(tenants->scheduler.default_class == 0);
+  CHECK(tenants->scheduler.slo_admission);
   auto tiers = parse_topology(dir + "/tiers.toml");
   REQUIRE(tiers.has_value());
   REQUIRE(tiers->kv.tiers.size() == 3);
