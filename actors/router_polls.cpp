@@ -87,6 +87,7 @@ void poll_one(self_ptr self, size_t k) {
             if (rep.sched.address() != asked) return;
             rep.kv_used = used;
             rep.kv_free = free;
+            self->state.core->replica_free_blocks(k, free);
             rep.running = running;
             rep.waiting = waiting;
             health_of(self, k, ready, detail);

@@ -81,8 +81,16 @@ int32_t request_router::choose(const routed& r, router_clock::time_point now, si
     const replica_view& rep = replicas_[k];
     if (!rep.found || !rep.ready) continue;
     const size_t hits = expected_blocks(k, r.prompt, now);
-    const double miss = std::max<int64_t>(0, r.prompt.tokens - static_cast<int64_t>(hits) * r.prompt.block_size);
-    const double cost = miss + static_cast<double>(rep.pending_tokens) + cfg_.stream_tokens * static_cast<double>(rep.active);
+    const int64_t miss = std::max<int64_t>(0, r.prompt.tokens - static_cast<int64_t>(hits) * r.prompt.block_size);
+    // Blocks it would need past the pool's free ones (the prompt's misses and a block to
+    // generate into), in tokens.
+    int64_t short_tokens = 0;
+    if (rep.free_blocks >= 0 && r.prompt.block_size > 0) {
+      const int64_t need = (miss + r.prompt.block_size) / r.prompt.block_size;
+      short_tokens = std::max<int64_t>(0, need - rep.free_blocks) * r.prompt.block_size;
+    }
+    const double cost = static_cast<double>(miss + rep.pending_tokens + short_tokens) +
+                        cfg_.stream_tokens * static_cast<double>(rep.active);
     if (best < 0 || cost < best_cost || (cost == best_cost && rep.active < replicas_[best].active)) {
       best = static_cast<int32_t>(k);
       best_cost = cost;
@@ -243,6 +251,7 @@ route_actions request_router::replica_lost(size_t k, std::string why, router_clo
   rep.detail = std::move(why);
   rep.active = 0;
   rep.pending_tokens = 0;
+  rep.free_blocks = -1;
   rep.summary.reset();  // its cache may be gone with it
   recent_[k] = {};
   ++failovers_;

@@ -23,11 +23,14 @@
 // replica with the lowest cost, in prompt tokens,
 //
 //   cost(k) = (prompt - expected_hit(k)) + pending(k) + stream_tokens * active(k)
+//             + block_size * short(k)
 //
 // expected_hit(k): the prompt's leading whole blocks replica k is expected to hold, by the
 // prefix summary its scheduler last published and the prompts sent there since (for
 // recent_ttl); pending(k): the prompt tokens still to compute of the requests sent there
-// that have no token yet; active(k): its requests. A request whose prefix is cached
+// that have no token yet; active(k): its requests; short(k): the blocks the request would
+// need beyond those its pool last had free (they must be freed first: by requests
+// finishing, or by preempting one). A request whose prefix is cached
 // somewhere goes there unless that replica's queue costs more than computing the prefix
 // again elsewhere; with no prefix anywhere the cost is load alone. Ties: fewer requests,
 // then the first replica.
@@ -162,11 +165,14 @@ class request_router {
   void replica_detail(size_t k, std::string detail) { replicas_[k].detail = std::move(detail); }
   // What its scheduler says its prefix cache holds now (kv-aware routing).
   void replica_summary(size_t k, prefix_summary s) { replicas_[k].summary = std::move(s); }
+  // The blocks its pool has free, as its scheduler last said (-1: not known).
+  void replica_free_blocks(size_t k, int64_t free) { replicas_[k].free_blocks = free; }
 
   struct replica_view {
     bool found = false, ready = false;
     size_t active = 0;           // requests sent there and not ended
     int64_t pending_tokens = 0;  // prompt tokens to compute of those with no token yet
+    int64_t free_blocks = -1;    // its pool's free blocks, as last said (-1: not known)
     std::string detail;
     std::optional<prefix_summary> summary;  // as its scheduler last said (kv-aware)
   };

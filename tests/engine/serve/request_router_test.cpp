@@ -334,4 +334,24 @@ TEST_CASE("router, kv-aware: a lost replica's summary and recent prompts are for
   CHECK(r.replica(1).active == 0);
 }
 
+TEST_CASE("router, kv-aware: a replica short of free blocks for the prompt costs the tokens that must wait for them") {
+  request_router r = kv_aware(2);
+  // Both idle with nothing cached; replica 0 has 3 free blocks, the prompt needs 9 (129
+  // tokens and one to generate into): 6 short, 96 tokens. Replica 1 has room.
+  r.replica_free_blocks(0, 3);
+  r.replica_free_blocks(1, 100);
+  CHECK(r.accept(1, t0, prompt_of(0, 8)).sends.at(0).replica == 1);
+  // With its prefix on replica 0, only the last block is missing there: 2 blocks fit in 3.
+  prefix_summary s(16);
+  for (uint64_t h : prompt_of(5000, 8).chain) s.add(h);
+  r.replica_summary(0, s);
+  CHECK(r.accept(2, t0, prompt_of(5000, 8)).sends.at(0).replica == 0);
+  // Unknown free blocks count nothing.
+  r.replica_free_blocks(0, -1);
+  r.replica_free_blocks(1, -1);
+  REQUIRE(r.done(1, none, t0 + 1ms));
+  REQUIRE(r.done(2, none, t0 + 1ms));
+  CHECK(r.accept(3, t0 + 2ms, prompt_of(9000, 8)).sends.at(0).replica == 0);
+}
+
 }  // namespace troupe
