@@ -136,7 +136,7 @@ TEST_CASE("kv channel: a receiver that does not take records holds its sender wi
   CHECK((*s)->stats().stalls > 0);
 }
 
-TEST_CASE("kv channel: broken frames, an oversized record and a silent peer are refused with a reason; a corrupt record is dropped") {
+TEST_CASE("kv channel: broken frames, an oversized record and a silent peer are refused with a reason, and a corrupt record is dropped") {
   collected c;
   kv_channel_limits lim;
   lim.max_record = 1 << 16;
