@@ -239,6 +239,11 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         auto res = m.bytes ? wire::decode_generate_result(*m.bytes) : expected<wire::result_view>(error{"empty"});
         if (!res) return;
         const std::vector<int32_t> last = res->last ? res->last->tokens : std::vector<int32_t>{};
+        // Refused before any token (SLO admission, or a replica that could not recover):
+        // another replica may take it.
+        if (!res->error.empty() && res->error_type == error_code::unavailable && last.empty() &&
+            res->output_tokens == 0)
+          return carry_out(self, st.core->refused(res->request, res->error, self->clock().now()));
         auto e = st.core->done(res->request, last, self->clock().now());
         if (!e) return;  // an attempt the router gave up on
         final_words words;

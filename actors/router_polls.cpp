@@ -283,6 +283,9 @@ std::string render_metrics(const router_state& st) {
               static_cast<double>(st.core->failovers()));
   out.counter("troupe_requests_resubmitted_total", "Requests resubmitted to another replica.",
               static_cast<double>(st.core->resubmitted()));
+  out.counter("troupe_requests_redirected_total",
+              "Requests a replica refused before any token (SLO admission) and the router sent to another.",
+              static_cast<double>(st.core->redirected()));
   uint32_t cached = 0;
   uint64_t hits = 0, queried = 0;
   for (auto& rep : st.replicas) {

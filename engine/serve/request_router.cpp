@@ -69,17 +69,19 @@ void request_router::remember(size_t k, const route_prompt& p, router_clock::tim
 int32_t request_router::choose(const routed& r, router_clock::time_point now, size_t& hit_blocks) {
   hit_blocks = 0;
   int32_t best = -1;
+  auto refused = [&](size_t k) { return k < r.refused_by.size() && r.refused_by[k]; };
   if (cfg_.policy == route_policy::least_loaded) {
     for (size_t k = 0; k < replicas_.size(); ++k) {
       const replica_view& rep = replicas_[k];
-      if (rep.found && rep.ready && (best < 0 || rep.active < replicas_[best].active)) best = static_cast<int32_t>(k);
+      if (rep.found && rep.ready && !refused(k) && (best < 0 || rep.active < replicas_[best].active))
+        best = static_cast<int32_t>(k);
     }
     return best;
   }
   double best_cost = 0;
   for (size_t k = 0; k < replicas_.size(); ++k) {
     const replica_view& rep = replicas_[k];
-    if (!rep.found || !rep.ready) continue;
+    if (!rep.found || !rep.ready || refused(k)) continue;
     const size_t hits = expected_blocks(k, r.prompt, now);
     const int64_t miss = std::max<int64_t>(0, r.prompt.tokens - static_cast<int64_t>(hits) * r.prompt.block_size);
     // Blocks it would need past the pool's free ones (the prompt's misses and a block to
@@ -191,6 +193,32 @@ std::optional<route_end> request_router::done(uint64_t attempt, std::span<const 
   if (r.ttft_ms < 0 && !last_tokens.empty()) r.ttft_ms = ms_between(r.arrived, now);
   r.delivered.insert(r.delivered.end(), last_tokens.begin(), last_tokens.end());
   return end(a->second, route_outcome::finished, error_code::internal, "", now);
+}
+
+route_actions request_router::refused(uint64_t attempt, std::string why, router_clock::time_point now) {
+  route_actions out;
+  auto a = attempts_.find(attempt);
+  if (a == attempts_.end()) return out;
+  const uint64_t id = a->second;
+  routed& r = requests_.at(id);
+  const auto k = static_cast<size_t>(r.replica);
+  r.refused_by.resize(replicas_.size());
+  r.refused_by[k] = true;
+  // Another replica that is ready and has not refused it: sent there as a new attempt.
+  size_t hits = 0;
+  if (choose(r, now, hits) < 0) {
+    out.ends.push_back(end(id, route_outcome::failed, error_code::unavailable, std::move(why), now));
+    return out;
+  }
+  settle_pending(r);
+  attempts_.erase(r.attempt);
+  if (replicas_[k].active > 0) --replicas_[k].active;
+  r.attempt = 0;
+  r.replica = -1;
+  ++r.resubmits;
+  ++redirected_;
+  send_or_park(id, r, out, now);
+  return out;
 }
 
 std::optional<route_end> request_router::fail(uint64_t id, error_code code, std::string why,

@@ -142,6 +142,11 @@ class request_router {
   // The final result of attempt `attempt`, whose last chunk holds `last_tokens`: the end to
   // forward, or nothing (an attempt given up).
   std::optional<route_end> done(uint64_t attempt, std::span<const int32_t> last_tokens, router_clock::time_point now);
+  // Attempt `attempt` was refused by its replica before any token (SLO admission: that
+  // replica cannot serve it in time): it goes to a ready replica that has not refused it,
+  // or, when none is left, ends as unavailable with `why`. Nothing: an attempt given up.
+  route_actions refused(uint64_t attempt, std::string why, router_clock::time_point now);
+  uint64_t redirected() const { return redirected_; }  // refused requests sent elsewhere
   // A request the actor cannot carry on (its resubmission could not be built, or the final
   // result could not be forwarded): ended as failed.
   std::optional<route_end> fail(uint64_t id, error_code code, std::string why, router_clock::time_point now);
@@ -203,6 +208,7 @@ class request_router {
     double ttft_ms = -1;
     route_prompt prompt;
     int64_t pending = 0;     // counted in its replica's pending_tokens until its first token
+    std::vector<bool> refused_by;  // replicas whose SLO admission refused it
   };
   // Prompts sent to a replica lately, by block hash (kv-aware), oldest first.
   struct recent_blocks {
@@ -229,7 +235,7 @@ class request_router {
   std::deque<uint64_t> parked_;
   uint64_t next_attempt_ = first_resubmission_id;
   uint64_t failovers_ = 0, resubmitted_ = 0, outages_ = 0;
-  uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0;
+  uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0, redirected_ = 0;
 };
 
 }  // namespace troupe

@@ -354,4 +354,44 @@ TEST_CASE("router, kv-aware: a replica short of free blocks for the prompt costs
   CHECK(r.accept(3, t0 + 2ms, prompt_of(9000, 8)).sends.at(0).replica == 0);
 }
 
+TEST_CASE("router: a request refused before any token goes to a replica that has not refused it, and ends when none is left") {
+  for (route_policy policy : {route_policy::least_loaded, route_policy::kv_aware}) {
+    route_config cfg;
+    cfg.policy = policy;
+    request_router r(3, cfg);
+    for (size_t k = 0; k < 3; ++k) {
+      r.replica_found(k);
+      CHECK(r.replica_health(k, true, "", t0).empty());
+    }
+    CHECK(r.replica_health(2, false, "recovering", t0).empty());  // not ready: never tried
+    auto a = r.accept(7, t0, prompt_of(0, 4));
+    REQUIRE(a.sends.size() == 1);
+    const size_t first = a.sends[0].replica;
+    auto b = r.refused(7, "class 'chat': too late", t0 + 1ms);
+    REQUIRE(b.sends.size() == 1);
+    CHECK(b.ends.empty());
+    CHECK(b.sends[0].replica != first);
+    CHECK(b.sends[0].replica != 2);
+    CHECK(b.sends[0].attempt != 7);  // a new attempt
+    CHECK_FALSE(b.sends[0].resubmission);  // nothing delivered
+    CHECK(r.replica(first).active == 0);
+    CHECK(r.redirected() == 1);
+    // The old attempt's news is dropped.
+    CHECK_FALSE(r.done(7, none, t0 + 2ms));
+    // The second refuses too: nothing is left; the client hears the last reason.
+    auto c = r.refused(b.sends[0].attempt, "class 'chat': still too late", t0 + 3ms);
+    CHECK(c.sends.empty());
+    REQUIRE(c.ends.size() == 1);
+    CHECK(c.ends[0].outcome == route_outcome::failed);
+    CHECK(c.ends[0].code == error_code::unavailable);
+    CHECK(c.ends[0].why == "class 'chat': still too late");
+    CHECK(c.ends[0].resubmits == 1);
+    CHECK_FALSE(r.has_request(7));
+    CHECK(r.replica(0).active + r.replica(1).active == 0);
+    CHECK(r.replica(0).pending_tokens + r.replica(1).pending_tokens == 0);
+    // An attempt given up on changes nothing.
+    CHECK(r.refused(999, "x", t0 + 4ms).empty());
+  }
+}
+
 }  // namespace troupe
