@@ -48,7 +48,8 @@ expected<int32_t> scheduler::class_of(const request_params& p) const {
 }
 
 std::optional<std::string> scheduler::slo_refusal(const request_params& p) const {
-  if (!cfg_.slo_admission) return std::nullopt;
+  // A request moved off a lost replica has streamed already: it is not turned away now.
+  if (!cfg_.slo_admission || !p.delivered.empty()) return std::nullopt;
   auto k = class_of(p);
   if (!k || *k < 0) return std::nullopt;  // add() says what is wrong; no class, no targets
   const slo_class& c = cfg_.classes[*k];

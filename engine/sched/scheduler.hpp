@@ -124,7 +124,8 @@ class scheduler {
   status add(request_id id, request_params params);
   // With slo_admission: why a request of these parameters cannot meet its class's targets
   // here now (the prompt tokens queued before it and its own at the measured step times;
-  // its cached prefix is not known yet, so all of its prompt counts), or nullopt.
+  // its cached prefix is not known yet, so all of its prompt counts), or nullopt. A request
+  // with output already delivered (moved off a lost replica) is never refused.
   std::optional<std::string> slo_refusal(const request_params& p) const;
   // A step that computed `tokens` positions took `ms` (the estimates' measure).
   void observe_step(int32_t tokens, double ms) { slo_.observe(tokens, ms); }

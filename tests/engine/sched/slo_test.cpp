@@ -142,6 +142,11 @@ TEST_CASE("slo admission: refuses early what its class cannot meet here, names w
   auto slow = t.slo_refusal(prompt_of(4, "bulk"));
   REQUIRE(slow);
   CHECK(slow->find("with 8 requests decoding, a token would take about 6 ms, past its target of 5 ms") != std::string::npos);
+  // A request moved off a lost replica, with output delivered, is not turned away.
+  auto moved = prompt_of(100, "chat");
+  moved.delivered = {5, 6};
+  CHECK(s.slo_refusal(prompt_of(100, "chat")));
+  CHECK_FALSE(s.slo_refusal(moved));
   // Admission off: nothing is refused.
   auto off = cfg;
   off.slo_admission = false;
