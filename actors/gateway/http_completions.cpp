@@ -38,6 +38,11 @@ struct request_stream {
     }
     cv.notify_one();
   }
+  // An event taken and given back, to be the next again.
+  void unpop(stream_event e) {
+    std::lock_guard<std::mutex> lock(mu);
+    q.push_front(std::move(e));
+  }
   std::optional<stream_event> pop(clock_type::time_point deadline) {
     std::unique_lock<std::mutex> lock(mu);
     if (!cv.wait_until(lock, deadline, [&] { return !q.empty(); })) return std::nullopt;
@@ -227,6 +232,44 @@ void http_gateway::impl::completions(const httplib::Request& req, httplib::Respo
                                             st->output_tokens, st->cached_tokens(), r.logprobs, text_of),
                     "application/json");
     return;
+  }
+
+  // A stream of one completion takes its status from its first event: refused before any
+  // token (SLO admission, no replica in time, a request the scheduler will not take), it is
+  // answered with that status and the reason, not a 200 stream carrying the error. The
+  // connection is watched meanwhile, as for a whole answer.
+  if (ids.size() == 1) {
+    std::optional<stream_event> first;
+    auto next_look = clock_type::now();
+    while (!first) {
+      first = stream->pop(std::min(deadline, next_look + std::chrono::milliseconds(250)));
+      const auto now = clock_type::now();
+      if (first || now >= deadline) break;  // past the deadline, the stream says so
+      if (now >= next_look + std::chrono::milliseconds(250)) {
+        next_look = now;
+        if (watch && watch->gone(req.remote_addr, req.remote_port)) {
+          cancel_all();
+          st->client_gone = true;
+          caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+          finish_metrics();
+          held->release();
+          return;
+        }
+      }
+    }
+    if (first && first->done) {
+      auto v = first->frame.bytes ? wire::decode_generate_result(*first->frame.bytes) : expected<wire::result_view>(error{""});
+      if (v && !v->error.empty() && v->output_tokens == 0) {
+        apply(*first, nullptr);
+        caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+        finish_metrics();
+        held->release();
+        const openai::api_error e = failure_of(st->error, st->error_type, st->timed_out);
+        if (e.status == 503) res.set_header("Retry-After", "1");
+        return send_error(res, e);
+      }
+    }
+    if (first) stream->unpop(std::move(*first));
   }
 
   res.set_header("Cache-Control", "no-cache");

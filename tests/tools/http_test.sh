@@ -477,8 +477,11 @@ code=$(curl -s -o "$work/body" -D "$work/headers" -w '%{http_code}' "$base/v1/co
 [[ $code == 503 ]] || fail "no replica: status $code, wanted 503 ($(cat "$work/body"))"
 grep -q '"code":"unavailable"' "$work/body" && grep -q 'no replica could serve' "$work/body" || fail "no replica: $(cat "$work/body")"
 grep -qi '^Retry-After: 1' "$work/headers" || fail "no replica: no Retry-After"
-curl -sN "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":5,"stream":true}' >"$work/stream"
-grep -q '"code":"unavailable"' "$work/stream" && grep -q '^data: \[DONE\]' "$work/stream" || fail "no replica, streamed: $(cat "$work/stream")"
+# Streamed, the status is the same: nothing was streamed before the refusal.
+code=$(curl -sN -o "$work/stream" -D "$work/headers" -w '%{http_code}' "$base/v1/completions" -d '{"model":"stories260K","prompt":"Once","max_tokens":5,"stream":true}')
+[[ $code == 503 ]] || fail "no replica, streamed: status $code, wanted 503 ($(cat "$work/stream"))"
+grep -q '"code":"unavailable"' "$work/stream" || fail "no replica, streamed: $(cat "$work/stream")"
+grep -qi '^Retry-After: 1' "$work/headers" || fail "no replica, streamed: no Retry-After"
 curl -s "$base/metrics" >"$work/metrics2"; grep -q "^troupe_requests_total{outcome=\"unavailable\"} 2$" "$work/metrics2" || fail "unavailability not counted: $(grep troupe_requests_total "$work/metrics2")"
 stop_node
 echo "http: completions, chat, streams, bad input, disconnects, slow clients, 429, keys, metrics and unavailability behave"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SLO classes served by one troupe-node: a class that does not exist is a 400 naming the
-# classes (body field, header, and Cap'n Proto through troupe-client); a burst of long
+# classes (body field, header, a stream, and Cap'n Proto through troupe-client); a burst of long
 # prompts in a class whose TTFT target no replica could meet is refused early with a 503
 # that names the class and its target, while the same burst in a lenient class is served
 # whole; /metrics counts each class's outcomes and attainment. Bounded in time; every
@@ -49,6 +49,10 @@ code=$(post "$work/e" '{"model":"stories260K","prompt":"Hi","max_tokens":4,"slo_
 grep -q "class 'gold' does not exist (the classes: strict and lenient)" "$work/e" || fail "the 400 does not name the classes: $(cat "$work/e")"
 code=$(post "$work/e" '{"model":"stories260K","prompt":"Hi","max_tokens":4}' 'X-Troupe-Class: gold')
 [[ $code == 400 ]] || fail "an unknown class in the header: status $code"
+# Streamed, the same: its status, not a 200 stream carrying the error.
+code=$(post "$work/e" '{"model":"stories260K","prompt":"Hi","max_tokens":4,"stream":true,"slo_class":"gold"}')
+[[ $code == 400 ]] || fail "an unknown class, streamed: status $code: $(head -c 300 "$work/e")"
+grep -q "class 'gold' does not exist" "$work/e" || fail "the streamed 400 does not say why: $(cat "$work/e")"
 code=$(post "$work/e" '{"model":"stories260K","prompt":"Hi","max_tokens":4,"slo_class":7}')
 [[ $code == 400 ]] && grep -q "slo_class" "$work/e" || fail "a class that is not a string: status $code"
 if out=$(timeout 30 "$build/tools/troupe-client" --connect "${capnp_url#capnp://}" -p "Hi" -n 4 --class gold 2>&1); then
@@ -73,7 +77,9 @@ story = "Once upon a time, there was a little girl named Lily who loved to play 
 def burst(cls):
     out = [None] * 40
     def one(i):
-        body = json.dumps({"model": "stories260K", "prompt": f"{i} {story}", "max_tokens": 4, "slo_class": cls}).encode()
+        # Half of them streamed: a refused stream is answered with its status too.
+        body = json.dumps({"model": "stories260K", "prompt": f"{i} {story}", "max_tokens": 4, "slo_class": cls,
+                           "stream": i % 2 == 1}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
@@ -89,7 +95,8 @@ codes = sorted(set(c for c, _ in strict))
 refused = [b for c, b in strict if c == 503]
 assert set(codes) <= {200, 503}, codes
 assert refused, "no strict request was refused: %s" % codes
-msg = json.loads(refused[0])["error"]["message"]
+msg = json.loads(refused[-1])["error"]["message"]
+assert any(c == 503 for i, (c, _) in enumerate(strict) if i % 2 == 1), "no streamed strict request was refused with a 503"
 assert "class 'strict'" in msg and "past its target of 10 ms" in msg, msg
 lenient = burst("lenient")
 assert all(c == 200 for c, _ in lenient), sorted(set(c for c, _ in lenient))
