@@ -17,3 +17,15 @@ bench_model() {
   fi
   echo "$file"
 }
+
+# For a benchmark that starts clusters with troupe-launch: a scratch directory ($work),
+# launch() with its state there, every topology under it taken down on exit, free_port()
+# (a free loopback port when asked), and median() of the numbers on its input (of two,
+# the lower).
+bench_cluster_scratch() {
+  work=$(mktemp -d)
+  trap 'for t in "$work"/*.toml; do [[ -f $t ]] && launch down "$t" >/dev/null 2>&1; done; rm -rf "$work"' EXIT
+}
+launch() { build/tools/troupe-launch "$@" --state-dir "$work/state"; }
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }

@@ -18,14 +18,7 @@ REQUESTS=${REQUESTS:-96}
 tools/setup.sh build >&2
 source tools/bench-models.sh
 model=$(bench_model syn110m.q8_0.gguf --type q8_0)
-work=$(mktemp -d)
-launch() { build/tools/troupe-launch "$@" --state-dir "$work/state"; }
-cleanup() {
-  for t in "$work"/*.toml; do [[ -f $t ]] && launch down "$t" >/dev/null 2>&1; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+bench_cluster_scratch
 topology() {  # POLICY
   cat >"$work/$1.toml" <<TOML
 [model]
@@ -83,7 +76,6 @@ PY
     launch down "$work/$cfg.toml" >/dev/null
   done
 done
-median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 base=$(echo "${ttft[least-loaded]}" | median)
 echo "| [router] policy | TTFT p50 (ms), runs | median | TTFT p99 median | requests/s | prompt tokens cached | TTFT p50 against least-loaded |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"

@@ -17,14 +17,7 @@ REQUESTS=${REQUESTS:-40}
 tools/setup.sh build >&2
 source tools/bench-models.sh
 model=$(bench_model syn110m.q8_0.gguf --type q8_0)
-work=$(mktemp -d)
-launch() { build/tools/troupe-launch "$@" --state-dir "$work/state"; }
-cleanup() {
-  for t in "$work"/*.toml; do [[ -f $t ]] && launch down "$t" >/dev/null 2>&1; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+bench_cluster_scratch
 topology() {  # NAME ADMISSION
   cat >"$work/$1.toml" <<TOML
 [model]

@@ -59,6 +59,29 @@ frame_limits client_limits(size_t max_bytes) {
 
 }  // namespace
 
+namespace {
+
+// A request's prompt as token ids: text tokenized with BOS first, or ids as they are (an
+// id outside the vocabulary is an error, or, with `drop_unknown`, left out).
+expected<std::vector<int32_t>> read_prompt(schema::GenerateRequest::Prompt::Reader prompt, const tokenizer& tok,
+                                           const request_limits& lim, bool drop_unknown) {
+  std::vector<int32_t> ids;
+  if (prompt.isText()) {
+    const auto text = prompt.getText();
+    if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
+    return tok.encode(std::string_view(text.cStr(), text.size()), true);
+  }
+  for (int32_t t : prompt.getTokens()) {
+    if (t >= 0 && t < tok.size())
+      ids.push_back(t);
+    else if (!drop_unknown)
+      return error{"token id " + std::to_string(t) + " is outside the vocabulary"};
+  }
+  return ids;
+}
+
+}  // namespace
+
 expected<request_params> decode_generate_request(std::span<const uint8_t> bytes, const tokenizer& tok,
                                                  const request_limits& lim) {
   auto frame = frame_reader::parse(bytes, client_limits(static_cast<size_t>(lim.max_prompt_bytes) * 2 + 65536));
@@ -66,17 +89,9 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
   try {
     auto r = (*frame)->root<schema::GenerateRequest>();
     request_params p;
-    auto prompt = r.getPrompt();
-    if (prompt.isText()) {
-      const auto text = prompt.getText();
-      if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
-      p.prompt = tok.encode(std::string_view(text.cStr(), text.size()), true);
-    } else {
-      for (int32_t t : prompt.getTokens()) {
-        if (t < 0 || t >= tok.size()) return error{"token id " + std::to_string(t) + " is outside the vocabulary"};
-        p.prompt.push_back(t);
-      }
-    }
+    auto prompt = read_prompt(r.getPrompt(), tok, lim, false);
+    if (!prompt) return prompt.err();
+    p.prompt = std::move(prompt).value();
     if (p.prompt.empty()) return error{"the prompt is empty"};
     if (p.prompt.size() >= static_cast<size_t>(lim.context))
       return error{"the prompt is " + std::to_string(p.prompt.size()) + " tokens; the model's context is " +
@@ -319,14 +334,9 @@ expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer*
     if (r.hasSloClass() && r.getSloClass().size() <= max_class_name) v.slo_class = r.getSloClass().cStr();
     auto prompt = r.getPrompt();
     if (!tok) return v;
-    if (prompt.isText()) {
-      const auto text = prompt.getText();
-      if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
-      v.prompt = tok->encode(std::string_view(text.cStr(), text.size()), true);
-    } else {
-      for (int32_t t : prompt.getTokens())
-        if (t >= 0 && t < tok->size()) v.prompt.push_back(t);
-    }
+    auto ids = read_prompt(prompt, *tok, lim, true);
+    if (!ids) return ids.err();
+    v.prompt = std::move(ids).value();
     return v;
   } catch (const kj::Exception& e) {
     return error{std::string("a malformed request: ") + e.getDescription().cStr()};

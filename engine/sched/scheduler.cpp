@@ -27,15 +27,13 @@ scheduler::scheduler(const scheduler_config& cfg, const tokenizer& tok)
   remote_usage_.num_blocks = remote_usage_.free = cfg.kv.num_blocks;
 }
 
-bool scheduler::before(const request& a, const request& b) const {
+bool scheduler::before(const queue_key& a, const queue_key& b) const {
   if (!cfg_.classes.empty()) {
-    const int32_t pa = priority_of(a), pb = priority_of(b);
-    if (pa != pb) return pa < pb;
+    if (a.priority != b.priority) return a.priority < b.priority;
     if (a.deadline_ms != b.deadline_ms) return a.deadline_ms < b.deadline_ms;
-    return a.arrival < b.arrival;
+  } else if (cfg_.policy == schedule_policy::priority && a.priority != b.priority) {
+    return a.priority < b.priority;
   }
-  if (cfg_.policy == schedule_policy::priority && a.params.priority != b.params.priority)
-    return a.params.priority < b.params.priority;
   return a.arrival < b.arrival;
 }
 
@@ -53,15 +51,14 @@ std::optional<std::string> scheduler::slo_refusal(const request_params& p) const
   auto k = class_of(p);
   if (!k || *k < 0) return std::nullopt;  // add() says what is wrong; no class, no targets
   const slo_class& c = cfg_.classes[*k];
-  request probe(request_id{0}, request_params{}, next_arrival_);
-  probe.slo = *k;
-  probe.deadline_ms = c.ttft_ms > 0 ? p.arrival_ms + c.ttft_ms : std::numeric_limits<double>::infinity();
+  const queue_key probe{c.priority, c.ttft_ms > 0 ? p.arrival_ms + c.ttft_ms : std::numeric_limits<double>::infinity(),
+                        next_arrival_};
   auto fmt = [](double ms) { return std::to_string(static_cast<int64_t>(std::lround(ms))) + " ms"; };
   if (c.ttft_ms > 0) {
     // The prompt tokens still to compute of every request that runs before it, and its own.
     int64_t ahead = static_cast<int64_t>(p.prompt.size() + p.delivered.size());
     auto count = [&](const request* q) {
-      if (before(*q, probe)) {
+      if (before(key_of(*q), probe)) {
         const int64_t known = q->num_prompt_tokens + static_cast<int64_t>(q->params.delivered.size());
         ahead += std::max<int64_t>(0, known - q->num_computed_tokens);
       }

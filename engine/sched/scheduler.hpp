@@ -205,11 +205,18 @@ class scheduler {
   static bool past_context(const request& r) { return r.eviction.rope_in_cache(); }
 
  private:
-  bool before(const request& a, const request& b) const;  // scheduling order
-  // Under classes: the order's key of a request (priority, deadline).
-  int32_t priority_of(const request& r) const {
-    return r.slo >= 0 ? cfg_.classes[r.slo].priority : r.params.priority;
+  // Scheduling order: priority (the class's, under classes; else under the priority
+  // policy), then deadline (under classes), then arrival.
+  struct queue_key {
+    int32_t priority = 0;
+    double deadline_ms = 0;
+    uint64_t arrival = 0;
+  };
+  queue_key key_of(const request& r) const {
+    return {r.slo >= 0 ? cfg_.classes[r.slo].priority : r.params.priority, r.deadline_ms, r.arrival};
   }
+  bool before(const queue_key& a, const queue_key& b) const;
+  bool before(const request& a, const request& b) const { return before(key_of(a), key_of(b)); }
   // The class a request's parameters name (-1: none), or an error.
   expected<int32_t> class_of(const request_params& p) const;
   void requeue(request& r);
