@@ -90,24 +90,30 @@ void kv_channel_receiver::accept_loop() {
     if (c < 0) continue;
     tcp::no_delay(c);
     tcp::set_timeouts(c, limits_.frame_timeout_s);
-    std::lock_guard<std::mutex> lock(mutex_);
-    // Finished connections go; past the limit, the oldest makes room (a sender that vanished).
-    for (auto it = connections_.begin(); it != connections_.end();) {
-      if (it->done->load()) {
-        it->thread.join();
-        ::close(it->fd);
-        it = connections_.erase(it);
-      } else {
-        ++it;
+    // Finished connections go; past the limit, the oldest makes room (a sender that
+    // vanished). Joined outside the lock: a connection's thread takes it for its figures.
+    std::deque<connection> gone;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = connections_.begin(); it != connections_.end();) {
+        if (it->done->load()) {
+          gone.push_back(std::move(*it));
+          it = connections_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (static_cast<int>(connections_.size()) >= limits_.max_connections) {
+        ::shutdown(connections_.front().fd, SHUT_RDWR);
+        gone.push_back(std::move(connections_.front()));
+        connections_.pop_front();
       }
     }
-    if (static_cast<int>(connections_.size()) >= limits_.max_connections) {
-      connection& old = connections_.front();
-      ::shutdown(old.fd, SHUT_RDWR);
-      old.thread.join();
-      ::close(old.fd);
-      connections_.pop_front();
+    for (connection& g : gone) {
+      g.thread.join();
+      ::close(g.fd);
     }
+    std::lock_guard<std::mutex> lock(mutex_);
     auto done = std::make_shared<std::atomic<bool>>(false);
     connections_.push_back(connection{c, std::thread([this, c, done] {
                                         serve(c);

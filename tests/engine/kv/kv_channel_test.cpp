@@ -221,4 +221,23 @@ TEST_CASE("kv channel: a receiver that goes away breaks its sender with a reason
   CHECK_FALSE((*s2)->send("big", bytes_of(200, 1)).has_value());
 }
 
+TEST_CASE("kv channel: past its connections, a receiver closes the oldest for a newcomer") {
+  collected c;
+  kv_channel_limits lim;
+  lim.max_connections = 1;
+  auto r = receiver(c, lim);
+  auto a = kv_channel_sender::connect("127.0.0.1", r->port());
+  REQUIRE(a.has_value());
+  REQUIRE((*a)->send("a", bytes_of(10, 1)).has_value());
+  CHECK((*a)->flush(std::chrono::seconds(20)));
+  auto b = kv_channel_sender::connect("127.0.0.1", r->port());
+  REQUIRE(b.has_value());
+  REQUIRE((*b)->send("b", bytes_of(10, 2)).has_value());
+  CHECK((*b)->flush(std::chrono::seconds(20)));
+  for (int i = 0; i < 2000 && (*a)->broken().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK((*a)->broken() == "the receiver closed the channel");
+  REQUIRE(c.wait_for(2));
+  CHECK(c.got["b"] == bytes_of(10, 2));
+}
+
 }  // namespace troupe
