@@ -109,8 +109,12 @@ void carry_out(self_ptr self, route_actions acts) {
   for (const route_send& s : acts.sends) {
     const client& c = st.clients.at(s.request);
     wire_message frame = c.request;
-    if (s.resubmission) {
-      auto with = wire::with_delivered(*c.request.bytes, st.core->delivered(s.request));
+    if (s.resubmission || s.kv_to >= 0 || s.kv_from > 0) {
+      wire::route_rewrite w;
+      w.delivered = st.core->delivered(s.request);
+      if (s.kv_to >= 0) w.kv_to = st.replicas[s.kv_to].addr.name;
+      w.kv_from = s.kv_from;
+      auto with = wire::with_route(*c.request.bytes, w);
       if (!with) {
         fail(self, s.request, error_code::internal, with.err().message);
         continue;
@@ -184,6 +188,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
   rc.wait_timeout = setup.wait_timeout;
   st.core = std::make_unique<request_router>(setup.replicas.size(), rc);
   for (auto& a : setup.replicas) {
+    st.core->set_role(st.replicas.size(), a.role);
     st.replicas.push_back(replica_slot{a});
     st.names.push_back(a.name);
   }
@@ -244,6 +249,16 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         if (!res->error.empty() && res->error_type == error_code::unavailable && last.empty() &&
             res->output_tokens == 0)
           return carry_out(self, st.core->refused(res->request, res->error, self->clock().now()));
+        // A prefill replica's end of a request: its first token goes to the client, and the
+        // request on to its decode replica.
+        if (res->handed_off && res->error.empty()) {
+          if (auto to = res->last ? st.core->chunk(res->request, last, self->clock().now()) : std::nullopt) {
+            auto parts = wire::split_final_result(*m.bytes, to->request, to->seq);
+            if (!parts) return fail(self, to->request, error_code::internal, parts.err().message);
+            if (parts->last) self->send(st.clients.at(to->request).sink, chunk_atom_v, wire_message(wire_kind::none, std::move(*parts->last)));
+          }
+          return carry_out(self, st.core->handed_off(res->request, res->kv_sent, self->clock().now()));
+        }
         auto e = st.core->done(res->request, last, self->clock().now());
         if (!e) return;  // an attempt the router gave up on
         final_words words;

@@ -47,6 +47,7 @@ struct replica_address {
   std::string scheduler;   // the scheduler's name at its node's agent
   std::string host;        // empty: the local agent
   uint16_t port = 0;
+  replica_role role = replica_role::both;
 };
 
 // A node whose agent the router asks for restart counts (empty host: this node).

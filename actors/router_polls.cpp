@@ -286,6 +286,12 @@ std::string render_metrics(const router_state& st) {
   out.counter("troupe_requests_redirected_total",
               "Requests a replica refused before any token (SLO admission) and the router sent to another.",
               static_cast<double>(st.core->redirected()));
+  out.counter("troupe_requests_handed_off_total",
+              "Requests a prefill replica computed and handed to a decode replica (disaggregation).",
+              static_cast<double>(st.core->handoffs()));
+  out.family("troupe_replica_role", "Each replica's role: prefill, decode or both (1).", "gauge");
+  for (size_t k = 0; k < st.replicas.size(); ++k)
+    out.sample("troupe_replica_role", {{"replica", st.names[k]}, {"role", std::string(replica_role_name(st.core->replica(k).role))}}, 1);
   uint32_t cached = 0;
   uint64_t hits = 0, queried = 0;
   for (auto& rep : st.replicas) {

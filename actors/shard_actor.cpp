@@ -27,6 +27,8 @@ struct shard_core {
   no_collective solo;
   std::unique_ptr<forward_shard> shard;
   std::unique_ptr<shard_tiers> tiers;  // KV tiers, when the replica has some
+  std::unique_ptr<shard_push> push;    // a prefill replica's: blocks to decode replicas
+  std::unique_ptr<kv_landing> landing; // a decode replica's: blocks from prefill replicas
   std::unique_ptr<wire::step_decoder> decoder;
   aligned_vector<float> hidden, logits;
   std::vector<int32_t> chosen;
@@ -109,6 +111,7 @@ struct shard_core {
   void save_blocks(const wire::decoded_step& d, std::vector<request_id>& failed) {
     if (setup.failures && !d.tier_loads.empty()) failed = setup.failures->take(d.step_id);
     if (tiers && !d.tier_saves.empty()) tiers->save(d.tier_saves, failed);
+    if (push && !d.kv_pushes.empty()) push->push(d.kv_pushes, failed);
   }
 
   // Joins the device link `msg` invites this shard into (as the sender, or a receiver),
@@ -235,6 +238,17 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
         std::fprintf(stderr, "troupe: shard of layers %d-%d: no KV tiers: %s\n", setup.spec.first_layer,
                      setup.spec.end_layer - 1, t.err().message.c_str());
     }
+    // Disaggregation. Without a landing, handed-over requests compute their prompts here.
+    if (setup.kv_listen_port != 0 && st.tiers) {
+      auto l = kv_landing::start(setup.kv_listen_host, setup.kv_listen_port, st.tiers->prefix(), st.tiers->shared_tiers());
+      if (l)
+        st.landing = std::move(l).value();
+      else
+        std::fprintf(stderr, "troupe: shard of layers %d-%d: takes no KV from prefill replicas: %s\n",
+                     setup.spec.first_layer, setup.spec.end_layer - 1, l.err().message.c_str());
+    }
+    if (!setup.kv_peers.empty())
+      st.push = std::make_unique<shard_push>(tier_prefix(*setup.m, setup.spec, st.cache->shape()), *st.cache, setup.kv_peers);
   } else if (!awaits_invite(setup)) {
     if (!build_gpu_shard(self, nullptr)) return {};
   }

@@ -43,6 +43,7 @@
 #include "actors/wire/control_codec.hpp"
 #include "actors/wire/step_codec.hpp"
 #include "engine/forward/nccl_group.hpp"
+#include "engine/forward/shard_push.hpp"
 #include "engine/forward/tier_failures.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/kv/kv_config.hpp"
@@ -65,6 +66,12 @@ struct shard_setup {
   // KV tiers (kv.tiers) on a tensor-parallel stage: where its shards' failed loads meet.
   std::shared_ptr<tier_failures> failures;
   std::shared_ptr<tier_meter> meter;  // where its tiers' figures are counted (the node's)
+  // Disaggregation (engine/forward/shard_push.hpp), CPU shards: a decode replica's shard
+  // takes blocks on kv_listen (port 0: it does not) into its first tier; a prefill
+  // replica's sends them to its counterparts in kv_peers.
+  std::string kv_listen_host;
+  uint16_t kv_listen_port = 0;
+  std::vector<kv_peer> kv_peers;
 };
 
 caf::actor spawn_shard(caf::actor_system& sys, const shard_setup& setup);

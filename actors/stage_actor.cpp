@@ -182,6 +182,14 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];
     s.gpu_weights = layout.gpu_weights;
     s.link_host = layout.link_host;
+    if (layout.kv_listen_port != 0) {
+      s.kv_listen_host = layout.kv_listen_host;
+      s.kv_listen_port = static_cast<uint16_t>(layout.kv_listen_port + r);
+    }
+    for (kv_peer p : layout.kv_peers) {
+      p.port = static_cast<uint16_t>(p.port + r);
+      s.kv_peers.push_back(std::move(p));
+    }
     out.shards.push_back(spawn_shard(sys, s));
   }
   out.stage = sys.spawn(stage_behavior, out.shards, on_gpus, out.group, out.gpu_group);

@@ -38,6 +38,7 @@
 #include "engine/kv/kv_config.hpp"
 #include "engine/kv/kv_tiers.hpp"
 #include "engine/forward/nccl_group.hpp"
+#include "engine/forward/shard_push.hpp"
 #include "engine/model/model.hpp"
 
 namespace troupe {
@@ -53,6 +54,12 @@ struct stage_layout {
   kv_config kv = {};           // each shard's cache (the replica's, carried whole)
   std::shared_ptr<tier_meter> meter = {};  // KV tiers: the node's figures, if counted
   int32_t max_step_tokens = 512;
+  // Disaggregation: shard r of a decode replica's stage takes KV blocks on
+  // kv_listen_port + r (0: none); shard r of a prefill replica's sends them to each
+  // peer's port + r (the peers' stages have the same layers and tensor-parallel size).
+  std::string kv_listen_host = {};
+  uint16_t kv_listen_port = 0;
+  std::vector<kv_peer> kv_peers = {};
 };
 
 struct stage_group {

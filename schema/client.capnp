@@ -51,6 +51,13 @@ struct GenerateRequest {
                                         # (unset: as the server is set)
   sloClass @13 :Text;                   # its SLO class, a [[class]] of the topology (TTFT
                                         # and TPOT targets, priority); empty: the default
+  kvTo @14 :Text;                       # router -> a prefill replica only (the gateway clears
+                                        # it): compute the prompt, send its whole blocks' KV
+                                        # to this decode replica, stream the first token, and
+                                        # end there (GenerateResult.handedOff)
+  kvFrom @15 :UInt32;                   # router -> a decode replica only: the prompt's first
+                                        # kvFrom tokens' KV was sent here by a prefill replica
+                                        # (loaded, not computed, where it has landed)
 }
 
 # A request's KV eviction (docs/http-api.md): its cache holds `budget` tokens at most.
@@ -115,6 +122,9 @@ struct GenerateResult {
                                         # message (the router forwards it as a chunk)
   hasLast @8 :Bool;                     # last is set
   errorKind @9 :ErrorKind;              # when reason is error
+  handedOff @10 :Bool;                  # scheduler -> router only: a prefill replica's end of
+                                        # a request (kvTo) that goes on on its decode replica
+  kvSent @11 :UInt32;                   # with handedOff: the prompt tokens whose KV it sent
 }
 
 struct Health {

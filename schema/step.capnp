@@ -55,6 +55,7 @@ struct TierMove {
   block @1 :UInt32;
   keyHi @2 :UInt64;
   keyLo @3 :UInt64;
+  to @4 :Text;                     # kvPushes: the replica the block goes to
 }
 
 struct TierKey {
@@ -77,6 +78,9 @@ struct StepPlan {
                                    # request's loads failed
   tierPrefetch @8 :List(TierKey);  # KV tiers: blocks of waiting requests, read up into the
                                    # first tier in the background
+  kvPushes @9 :List(TierMove);     # disaggregation: prompt blocks sent to the decode replica
+                                   # each names (its shard of the same layers and slice)
+                                   # after the step, unless their request's loads failed
 }
 
 # Hidden states handed from one stage to the next: [numTokens][dim] float32,

@@ -25,7 +25,12 @@ kj::Promise<void> gateway_server::generate(GenerateContext context) {
   const uint64_t id = next_id_++;
   capnp::MallocMessageBuilder copy;
   copy.setRoot(params.getRequest());
-  copy.getRoot<schema::GenerateRequest>().disownDelivered();  // only the router resubmits
+  {
+    auto r = copy.getRoot<schema::GenerateRequest>();
+    r.disownDelivered();  // only the router resubmits, and hands requests over
+    r.disownKvTo();
+    r.setKvFrom(0);
+  }
   copy.getRoot<schema::GenerateRequest>().setCacheNamespace(  // never the client's choice
       g_.api_keys.empty() ? 0 : cache_namespace_of(params.getApiKey().cStr(), per_key_));
   sinks_.emplace(id, request_sink{params.getSink(), params.getApiKey().cStr(), std::move(*place), {}});

@@ -149,6 +149,15 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
       if (t < 0 || t >= tok.size()) return error{"delivered token id " + std::to_string(t) + " is outside the vocabulary"};
       p.delivered.push_back(t);
     }
+    if (r.hasKvTo()) {
+      const auto to = r.getKvTo();
+      if (to.size() > max_class_name) return error{"kvTo is longer than " + std::to_string(max_class_name) + " bytes"};
+      p.kv_to.assign(to.cStr(), to.size());
+    }
+    if (r.getKvFrom() > p.prompt.size())
+      return error{"kvFrom is " + std::to_string(r.getKvFrom()) + "; the prompt is " + std::to_string(p.prompt.size()) +
+                   " tokens"};
+    p.kv_from = static_cast<int32_t>(r.getKvFrom());
     return p;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed request: ") + e.getDescription().cStr()};
@@ -269,6 +278,8 @@ schema::GenerateResult::Builder fill_result(capnp::MallocMessageBuilder& msg, ui
   r.setError(error_text);
   if (!error_text.empty()) r.setErrorKind(to_schema(kind));
   r.setChunks(chunks);
+  r.setHandedOff(last.handed_off);
+  r.setKvSent(static_cast<uint32_t>(std::max(0, last.kv_sent)));
   return r;
 }
 
@@ -332,6 +343,7 @@ expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer*
     route_view v;
     v.cache_namespace = r.getCacheNamespace();
     if (r.hasSloClass() && r.getSloClass().size() <= max_class_name) v.slo_class = r.getSloClass().cStr();
+    v.eviction = r.hasKvEviction() && r.getKvEviction().getPolicy() != schema::KvPolicy::NONE;
     auto prompt = r.getPrompt();
     if (!tok) return v;
     auto ids = read_prompt(prompt, *tok, lim, true);
@@ -371,6 +383,8 @@ expected<result_view> read_generate_result(schema::GenerateResult::Reader r) {
       default: v.error_type = error_code::invalid; break;  // an unknown kind is not worth a retry
     }
     v.cached_prompt_tokens = r.getCachedPromptTokens();
+    v.handed_off = r.getHandedOff();
+    v.kv_sent = r.getKvSent();
     if (r.getHasLast()) {
       const auto c = r.getLast();
       chunk_view last;
@@ -386,15 +400,20 @@ expected<result_view> read_generate_result(schema::GenerateResult::Reader r) {
   }
 }
 
-expected<std::vector<uint8_t>> with_delivered(std::span<const uint8_t> request, std::span<const int32_t> delivered) {
+expected<std::vector<uint8_t>> with_route(std::span<const uint8_t> request, const route_rewrite& w) {
   auto frame = frame_reader::parse(request, client_limits(size_t{1} << 24));
   if (!frame) return frame.err();
   try {
     capnp::MallocMessageBuilder msg;
     msg.setRoot((*frame)->root<schema::GenerateRequest>());
     auto r = msg.getRoot<schema::GenerateRequest>();
-    auto d = r.initDelivered(static_cast<unsigned>(delivered.size()));
-    for (size_t i = 0; i < delivered.size(); ++i) d.set(static_cast<unsigned>(i), delivered[i]);
+    auto d = r.initDelivered(static_cast<unsigned>(w.delivered.size()));
+    for (size_t i = 0; i < w.delivered.size(); ++i) d.set(static_cast<unsigned>(i), w.delivered[i]);
+    if (w.kv_to.empty())
+      r.disownKvTo();
+    else
+      r.setKvTo(w.kv_to);
+    r.setKvFrom(w.kv_from);
     return to_bytes(msg);
   } catch (const kj::Exception& e) {
     return error{std::string("malformed request: ") + e.getDescription().cStr()};

@@ -38,6 +38,7 @@ struct route_view {
   std::vector<int32_t> prompt;
   uint64_t cache_namespace = 0;
   std::string slo_class;
+  bool eviction = false;  // it asks for KV eviction of its own
 };
 // An SLO class's name is this long at most.
 inline constexpr size_t max_class_name = 64;
@@ -79,15 +80,23 @@ struct result_view {
   std::string error;
   error_code error_type = error_code::invalid;  // when error is set: invalid, unavailable or internal
   std::optional<chunk_view> last;  // the final chunk, inside a scheduler's result
+  bool handed_off = false;         // a prefill replica's end of a request that goes on
+  uint32_t kv_sent = 0;            // with handed_off: prompt tokens whose KV it sent
 };
 expected<result_view> decode_generate_result(std::span<const uint8_t> bytes);
 // The same, from a result already parsed.
 expected<result_view> read_generate_result(schema::GenerateResult::Reader r);
 
-// The router's rewrites. A request frame with the output already delivered set; a chunk
-// renumbered for the client (request id and seq); a scheduler's final result split into
-// its final chunk (seq, if any) and the result proper (chunks counted to match).
-expected<std::vector<uint8_t>> with_delivered(std::span<const uint8_t> request, std::span<const int32_t> delivered);
+// The router's rewrites. A request frame with the output already delivered and the
+// disaggregation fields set (kvTo, kvFrom; empty or 0 clears them); a chunk renumbered for
+// the client (request id and seq); a scheduler's final result split into its final chunk
+// (seq, if any) and the result proper (chunks counted to match).
+struct route_rewrite {
+  std::span<const int32_t> delivered;
+  std::string kv_to;      // prefill only, for this decode replica
+  uint32_t kv_from = 0;   // prompt tokens whose KV a prefill replica sent
+};
+expected<std::vector<uint8_t>> with_route(std::span<const uint8_t> request, const route_rewrite& w);
 expected<std::vector<uint8_t>> renumber_chunk(std::span<const uint8_t> chunk, uint64_t request, uint32_t seq);
 struct split_result {
   std::optional<std::vector<uint8_t>> last;  // a TokenChunk frame

@@ -78,10 +78,12 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
       m.setBlock(from[i].block.value);
       m.setKeyHi(from[i].key.hi);
       m.setKeyLo(from[i].key.lo);
+      if (!from[i].to.empty()) m.setTo(from[i].to);
     }
   };
   moves(root.initTierLoads(static_cast<unsigned>(plan.tier_loads.size())), plan.tier_loads);
   moves(root.initTierSaves(static_cast<unsigned>(plan.tier_saves.size())), plan.tier_saves);
+  moves(root.initKvPushes(static_cast<unsigned>(plan.kv_pushes.size())), plan.kv_pushes);
   auto prefetch = root.initTierPrefetch(static_cast<unsigned>(plan.tier_prefetch.size()));
   for (size_t i = 0; i < plan.tier_prefetch.size(); ++i) {
     prefetch[static_cast<unsigned>(i)].setHi(plan.tier_prefetch[i].hi);
@@ -193,10 +195,11 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
                      " blocks its table has after the plan"};
     }
 
-    // KV tiers: blocks of requests with a chunk here, in their tables as the plan leaves
-    // them, at most one load and one save per block.
-    const auto tier_loads = root.getTierLoads(), tier_saves = root.getTierSaves();
-    for (const auto& [list, what] : {std::pair{tier_loads, "load"}, std::pair{tier_saves, "save"}}) {
+    // KV tiers and pushes: blocks of requests with a chunk here, in their tables as the
+    // plan leaves them, at most one load, one save and one push per block.
+    const auto tier_loads = root.getTierLoads(), tier_saves = root.getTierSaves(), pushes = root.getKvPushes();
+    for (const auto& [list, what] :
+         {std::pair{tier_loads, "load"}, std::pair{tier_saves, "save"}, std::pair{pushes, "push"}}) {
       if (list.size() > lim_.num_blocks)
         return error{"step plan has " + std::to_string(list.size()) + " tier " + what + "s; the pool has " +
                      std::to_string(lim_.num_blocks) + " blocks"};
@@ -205,6 +208,9 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
         const auto m = list[i];
         auto who = [&] { return std::string("tier ") + what + " " + std::to_string(i) + " (request " + std::to_string(m.getRequestId()) + "): "; };
         if (!blocks.insert(m.getBlock()).second) return error{who() + "block " + std::to_string(m.getBlock()) + " twice"};
+        if (m.getTo().size() > 64) return error{who() + "a replica name past 64 bytes"};
+        const bool push = std::string_view(what) == "push";
+        if (push != (m.getTo().size() > 0)) return error{who() + (push ? "no replica to send it to" : "a replica to send it to")};
         bool found = false;
         for (const auto ch : chunks) {
           if (ch.getRequestId() != m.getRequestId()) continue;
@@ -225,9 +231,11 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     decoded_step out;
     out.step_id = root.getStepId();
     for (const auto k : prefetch) out.tier_prefetch.push_back(tier_key{k.getHi(), k.getLo()});
-    for (const auto& [list, to] : {std::pair{tier_loads, &out.tier_loads}, std::pair{tier_saves, &out.tier_saves}})
+    for (const auto& [list, to] : {std::pair{tier_loads, &out.tier_loads}, std::pair{tier_saves, &out.tier_saves},
+                                   std::pair{pushes, &out.kv_pushes}})
       for (const auto m : list)
-        to->push_back({request_id{m.getRequestId()}, block_id{m.getBlock()}, tier_key{m.getKeyHi(), m.getKeyLo()}});
+        to->push_back({request_id{m.getRequestId()}, block_id{m.getBlock()}, tier_key{m.getKeyHi(), m.getKeyLo()},
+                       std::string(m.getTo().cStr(), m.getTo().size())});
     for (const auto c : compactions) {
       out.compaction_tables.push_back(tables_[c.getRequestId()]);
       auto& kept = out.compaction_kept.emplace_back();

@@ -78,6 +78,7 @@ struct decoded_step {
   // waiting requests to read up in the background.
   std::vector<tier_move> tier_loads, tier_saves;
   std::vector<tier_key> tier_prefetch;
+  std::vector<tier_move> kv_pushes;  // disaggregation: blocks sent to decode replicas after it
 };
 
 // The tokens a last stage chose: (request, token) per logit row, in batch order.

@@ -66,6 +66,7 @@ class shard_tiers {
   size_t probe(std::span<const tier_key> keys);
 
   kv_tiers& tiers() { return *tiers_; }
+  std::shared_ptr<kv_tiers> shared_tiers() const { return tiers_; }
   const std::string& prefix() const { return prefix_; }
 
  private:

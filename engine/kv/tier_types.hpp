@@ -46,6 +46,7 @@ struct tier_move {
   request_id id;
   block_id block;
   tier_key key;
+  std::string to = {};  // disaggregation's pushes: the decode replica it goes to
 };
 
 }  // namespace troupe

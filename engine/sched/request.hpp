@@ -53,6 +53,11 @@ struct request_params {
                                           // request moved off a failed replica): replayed
                                           // through sampler, detokenizer and stop strings,
                                           // counted as output, never streamed again
+  std::string kv_to;                      // disaggregation: prefill only; the prompt's whole
+                                          // blocks go to this decode replica, and the
+                                          // request ends after its first token (handed off)
+  int32_t kv_from = 0;                    // disaggregation: the prompt's first kv_from
+                                          // tokens' KV was sent here by a prefill replica
 };
 
 // A request's speculative decoding (engine/spec/speculative.hpp): its drafts and how long
@@ -96,6 +101,7 @@ struct request {
   bool loads_landed = false;     // they landed: its next claim says so
   bool tier_probed = false;      // the tiers were asked what they hold of its prompt
   bool tier_prefetched = false;  // a plan named its blocks for reading up
+  int32_t kv_pushed = 0;         // disaggregation (kv_to): prompt blocks whose push is planned
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;

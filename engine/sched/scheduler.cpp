@@ -123,6 +123,9 @@ status scheduler::add(request_id id, request_params p) {
     return error{who + "the output already delivered leaves nothing to generate"};
   for (int32_t t : p.delivered)
     if (t < 0 || t >= cfg_.vocab) return error{who + "delivered token id " + std::to_string(t) + " is outside the vocabulary"};
+  if (p.kv_to.size() > 64) return error{who + "a decode replica's name is 64 bytes at most"};
+  if (p.kv_from < 0 || p.kv_from > static_cast<int64_t>(p.prompt.size()))
+    return error{who + "kv_from must be within the prompt's " + std::to_string(p.prompt.size()) + " tokens"};
   auto cls = class_of(p);
   if (!cls) return error{who + cls.err().message};
   auto r = std::make_unique<request>(id, std::move(p), next_arrival_++);
@@ -139,6 +142,11 @@ status scheduler::add(request_id id, request_params p) {
     (void)r->stops.push(r->utf8.push(tok_.decode(prev, t)));
   }
   if (r->stops.stopped()) return error{who + "the output already delivered ends at a stop string"};
+  // Disaggregation: the prompt blocks a prefill replica sent are in this replica's first
+  // tier (or on their way): its directory learns them, so admission loads them. A block
+  // that has not landed fails its load, and the request computes it.
+  if (r->params.kv_from > 0 && tiers_ && !r->eviction.enabled())
+    for (int32_t b = 0; b < r->params.kv_from / cfg_.kv.block_size; ++b) tiers_->add(key_of(*r, b));
   insert_waiting(r.get());
   requests_.emplace(id, std::move(r));
   return ok();
@@ -193,6 +201,7 @@ void scheduler::requeue(request& r) {
   r.state = request_state::waiting;
   r.in_flight = false;
   r.loads_in_flight = r.loads_landed = false;
+  r.kv_pushed = 0;
   ++r.num_preemptions;
   insert_waiting(&r);
 }
@@ -327,6 +336,7 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
   c.attention = r.eviction.wants_attention();
   r.in_flight = true;
   plan_tier_saves(d, r, first + known);
+  plan_pushes(d, r, first + known);
   d.plan.chunks.push_back(c);
   d.plan.num_tokens += count;
   d.budget -= count;
@@ -468,13 +478,20 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
         why = finish_reason::stop;
       else if (r.num_output_tokens() >= p.max_tokens || (r.num_tokens() >= cfg_.context && !past_context(r)))
         why = finish_reason::length;
+      else if (!p.kv_to.empty()) {
+        why = finish_reason::length;  // prefill only: its decode replica goes on from here
+        out.handed_off = true;
+      }
       if (why != finish_reason::none) break;  // later tokens of an accepted run are dropped
     }
     out.num_prompt_tokens = r.num_prompt_tokens;
     out.num_output_tokens = r.num_output_tokens();
     if (why != finish_reason::none) {
+      if (out.handed_off) out.kv_sent = r.kv_pushed * cfg_.kv.block_size;
       step_output fin = finish(r, why);
-      out.text += fin.text;
+      // Text held back (half a character, a possible stop string) stays unsaid: the decode
+      // replica replays the tokens and says it once it is final.
+      if (!out.handed_off) out.text += fin.text;
       out.finished = true;
       out.reason = why;
     }
@@ -557,6 +574,17 @@ void scheduler::plan_tier_saves(step_draft& d, request& r, int32_t end) {
     ++tier_usage_.saved_blocks;
   }
   r.tier_saved = std::max(r.tier_saved, full);
+}
+
+// Disaggregation (kv_to): the prompt's whole blocks go to the decode replica as the step
+// fills them, those the prefix cache had with the first chunk. Sent after the step, before
+// its answer, so a handed-off request's KV has landed when the router hears of it.
+void scheduler::plan_pushes(step_draft& d, request& r, int32_t end) {
+  if (r.params.kv_to.empty() || r.eviction.enabled()) return;
+  const int32_t full = std::min(end, r.num_prompt_tokens) / cfg_.kv.block_size;
+  for (int32_t b = r.kv_pushed; b < full; ++b)
+    d.plan.kv_pushes.push_back({r.id, r.blocks[b], key_of(r, b), r.params.kv_to});
+  r.kv_pushed = std::max(r.kv_pushed, full);
 }
 
 // Requests still waiting after this plan: the blocks of their prompts the tiers hold are

@@ -231,6 +231,7 @@ class scheduler {
   int32_t tier_prefix(request& r);
   const tier_key& key_of(request& r, int32_t block);
   void plan_tier_saves(step_draft& d, request& r, int32_t end);
+  void plan_pushes(step_draft& d, request& r, int32_t end);
   void plan_tier_prefetch(step_plan& plan);
 
   scheduler_config cfg_;

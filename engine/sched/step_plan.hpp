@@ -69,6 +69,10 @@ struct step_plan {
                                       // tokens filled), unless their request's loads failed
   std::vector<tier_key> tier_prefetch;  // KV tiers: blocks of waiting requests' prefixes,
                                         // read up into the first tier in the background
+  std::vector<tier_move> kv_pushes;  // disaggregation: prompt blocks sent to the decode
+                                     // replica each names after the step (blocks its tokens
+                                     // filled, or the prefix cache had), unless their
+                                     // request's loads failed
   int32_t num_tokens = 0;
   int32_t num_samples() const {
     int32_t n = 0;
@@ -101,6 +105,9 @@ struct step_output {
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache
+  bool handed_off = false;  // disaggregation: a prefill-only request (kv_to) ended after its
+                            // first token, to go on on its decode replica
+  int32_t kv_sent = 0;      // with handed_off: prompt tokens whose KV was sent there
 };
 
 }  // namespace troupe

@@ -14,6 +14,15 @@ double ms_between(router_clock::time_point a, router_clock::time_point b) {
 
 }  // namespace
 
+std::string_view replica_role_name(replica_role r) {
+  switch (r) {
+    case replica_role::both: return "both";
+    case replica_role::prefill: return "prefill";
+    case replica_role::decode: return "decode";
+  }
+  return "both";
+}
+
 request_router::request_router(size_t num_replicas, const route_config& cfg)
     : cfg_(cfg), replicas_(num_replicas), recent_(num_replicas) {
   for (auto& r : replicas_) r.detail = "not found yet";
@@ -66,22 +75,58 @@ void request_router::remember(size_t k, const route_prompt& p, router_clock::tim
   }
 }
 
+void request_router::set_role(size_t k, replica_role role) {
+  if (replicas_[k].role == replica_role::prefill) --prefill_replicas_;
+  replicas_[k].role = role;
+  if (role == replica_role::prefill) ++prefill_replicas_;
+}
+
+int32_t request_router::least_loaded_decoder() const {
+  int32_t best = -1;
+  size_t best_load = 0;
+  for (size_t k = 0; k < replicas_.size(); ++k) {
+    const replica_view& rep = replicas_[k];
+    if (!rep.found || !rep.ready || rep.role == replica_role::prefill) continue;
+    const size_t load = rep.active + rep.incoming;
+    if (best < 0 || load < best_load) best = static_cast<int32_t>(k), best_load = load;
+  }
+  return best;
+}
+
 int32_t request_router::choose(const routed& r, router_clock::time_point now, size_t& hit_blocks) {
   hit_blocks = 0;
-  int32_t best = -1;
+  if (!disaggregated()) return choose_among(r, false, now, hit_blocks);
   auto refused = [&](size_t k) { return k < r.refused_by.size() && r.refused_by[k]; };
+  if (r.delivered.empty()) {
+    // A prefill replica, while a decode replica is there to take the request on; else a
+    // decode replica computes it whole.
+    if (!r.prompt.whole && least_loaded_decoder() >= 0)
+      if (const int32_t k = choose_among(r, true, now, hit_blocks); k >= 0) return k;
+  } else if (r.decode_to >= 0) {
+    // Handed over: where its KV went.
+    const replica_view& rep = replicas_[r.decode_to];
+    if (rep.found && rep.ready && !refused(static_cast<size_t>(r.decode_to))) return r.decode_to;
+  }
+  return choose_among(r, false, now, hit_blocks);
+}
+
+int32_t request_router::choose_among(const routed& r, bool prefill, router_clock::time_point now, size_t& hit_blocks) {
+  hit_blocks = 0;
+  int32_t best = -1;
+  auto eligible = [&](size_t k) {
+    const replica_view& rep = replicas_[k];
+    return rep.found && rep.ready && !(k < r.refused_by.size() && r.refused_by[k]) &&
+           (rep.role == replica_role::prefill) == prefill;
+  };
   if (cfg_.policy == route_policy::least_loaded) {
-    for (size_t k = 0; k < replicas_.size(); ++k) {
-      const replica_view& rep = replicas_[k];
-      if (rep.found && rep.ready && !refused(k) && (best < 0 || rep.active < replicas_[best].active))
-        best = static_cast<int32_t>(k);
-    }
+    for (size_t k = 0; k < replicas_.size(); ++k)
+      if (eligible(k) && (best < 0 || replicas_[k].active < replicas_[best].active)) best = static_cast<int32_t>(k);
     return best;
   }
   double best_cost = 0;
   for (size_t k = 0; k < replicas_.size(); ++k) {
     const replica_view& rep = replicas_[k];
-    if (!rep.found || !rep.ready || refused(k)) continue;
+    if (!eligible(k)) continue;
     const size_t hits = expected_blocks(k, r.prompt, now);
     const int64_t miss = std::max<int64_t>(0, r.prompt.tokens - static_cast<int64_t>(hits) * r.prompt.block_size);
     // Blocks it would need past the pool's free ones (the prompt's misses and a block to
@@ -108,7 +153,13 @@ void request_router::settle_pending(routed& r) {
   r.pending = 0;
 }
 
+void request_router::drop_decode_target(routed& r) {
+  if (r.prefilling && r.decode_to >= 0 && replicas_[r.decode_to].incoming > 0) --replicas_[r.decode_to].incoming;
+  r.prefilling = false;
+}
+
 void request_router::send_or_park(uint64_t id, routed& r, route_actions& out, router_clock::time_point now) {
+  drop_decode_target(r);
   size_t hit_blocks = 0;
   const int32_t best = choose(r, now, hit_blocks);
   if (best < 0) {
@@ -118,7 +169,7 @@ void request_router::send_or_park(uint64_t id, routed& r, route_actions& out, ro
     return;
   }
   // A first attempt carries the client's id, so its chunks pass through unchanged.
-  const bool first = r.resubmits == 0 && !attempts_.count(id);
+  const bool first = r.resubmits == 0 && r.delivered.empty() && !attempts_.count(id);
   r.attempt = first ? id : next_attempt_++;
   r.replica = best;
   attempts_[r.attempt] = id;
@@ -133,7 +184,17 @@ void request_router::send_or_park(uint64_t id, routed& r, route_actions& out, ro
     }
     remember(static_cast<size_t>(best), r.prompt, now);
   }
-  out.sends.push_back(route_send{id, r.attempt, static_cast<size_t>(best), !r.delivered.empty()});
+  route_send s{id, r.attempt, static_cast<size_t>(best), !r.delivered.empty()};
+  if (replicas_[best].role == replica_role::prefill) {
+    r.decode_to = least_loaded_decoder();  // (choose checked there is one)
+    r.kv_sent = 0;
+    r.prefilling = true;
+    ++replicas_[r.decode_to].incoming;
+    s.kv_to = r.decode_to;
+  } else if (best == r.decode_to) {
+    s.kv_from = r.kv_sent;
+  }
+  out.sends.push_back(s);
 }
 
 route_end request_router::end(uint64_t id, route_outcome outcome, error_code code, std::string why,
@@ -153,6 +214,7 @@ route_end request_router::end(uint64_t id, route_outcome outcome, error_code cod
   e.ttft_ms = r.ttft_ms;
   e.e2e_ms = ms_between(r.arrived, now);
   settle_pending(r);
+  drop_decode_target(r);
   if (r.attempt != 0) {
     attempts_.erase(r.attempt);
     if (r.replica >= 0 && replicas_[r.replica].active > 0) --replicas_[r.replica].active;
@@ -221,6 +283,34 @@ route_actions request_router::refused(uint64_t attempt, std::string why, router_
   return out;
 }
 
+route_actions request_router::handed_off(uint64_t attempt, uint32_t kv_sent, router_clock::time_point now) {
+  route_actions out;
+  auto a = attempts_.find(attempt);
+  if (a == attempts_.end()) return out;
+  const uint64_t id = a->second;
+  routed& r = requests_.at(id);
+  if (r.cancelled) {
+    out.ends.push_back(end(id, route_outcome::cancelled, error_code::invalid, "", now));
+    return out;
+  }
+  if (r.delivered.empty() || !r.prefilling) {
+    out.ends.push_back(end(id, route_outcome::failed, error_code::internal,
+                           "a replica handed over a request it was not asked to prefill", now));
+    return out;
+  }
+  settle_pending(r);
+  attempts_.erase(r.attempt);
+  if (r.replica >= 0 && replicas_[r.replica].active > 0) --replicas_[r.replica].active;
+  drop_decode_target(r);
+  r.kv_sent = kv_sent;
+  r.attempt = 0;
+  r.replica = -1;
+  r.parked_since = now;
+  ++handoffs_;
+  send_or_park(id, r, out, now);
+  return out;
+}
+
 std::optional<route_end> request_router::fail(uint64_t id, error_code code, std::string why,
                                               router_clock::time_point now) {
   if (!requests_.count(id)) return std::nullopt;
@@ -282,6 +372,14 @@ route_actions request_router::replica_lost(size_t k, std::string why, router_clo
   rep.free_blocks = -1;
   rep.summary.reset();  // its cache may be gone with it
   recent_[k] = {};
+  // KV handed (or on its way) to it is gone: the requests go to another decode replica,
+  // which computes their prompts.
+  rep.incoming = 0;
+  for (auto& [id, r] : requests_)
+    if (r.decode_to == static_cast<int32_t>(k)) {
+      r.decode_to = -1;  // (one still prefilling elsewhere is handed to another)
+      r.kv_sent = 0;
+    }
   ++failovers_;
   std::vector<uint64_t> moved, cancelled;
   for (auto& [id, r] : requests_) {

@@ -19,6 +19,15 @@
 //
 // Every end is one route_end, produced in one place, once per accepted request.
 //
+// Roles (disaggregation). Where some replicas prefill and others decode, a request is
+// sent to a prefill replica (by the policy, among the prefill replicas) naming the decode
+// replica with the fewest requests, coming or there; the prefill replica sends that one
+// the prompt's KV, streams the first token and hands the request back (handed_off); the
+// router then sends it on to the decode replica with the token delivered and the KV's
+// length. A decode replica lost before the handoff: another one, which computes the
+// prompt again. A prefill replica lost: another one, or, with none ready, a decode replica
+// computes the request whole. Replicas of role both take any request whole.
+//
 // Policies. least-loaded: the ready replica with the fewest requests. kv-aware: the ready
 // replica with the lowest cost, in prompt tokens,
 //
@@ -54,6 +63,12 @@ using router_clock = std::chrono::steady_clock;
 
 enum class route_policy : uint8_t { least_loaded, kv_aware };
 
+// What a replica does with requests: all of each (both), or one phase of disaggregated
+// serving: prefill (the prompt and the first token; its KV goes to a decode replica) or
+// decode (the rest, from the KV sent to it).
+enum class replica_role : uint8_t { both, prefill, decode };
+std::string_view replica_role_name(replica_role r);
+
 struct route_config {
   route_policy policy = route_policy::least_loaded;
   std::chrono::milliseconds wait_timeout{30000};  // parked at most this long
@@ -69,6 +84,8 @@ struct route_prompt {
   std::vector<uint64_t> chain;  // prefix_chain() of its prompt, in its namespace
   int32_t tokens = 0;           // its prompt's length
   int32_t block_size = 0;       // tokens per block of the chain
+  bool whole = false;           // served whole even where replicas have roles (it asks for
+                                // KV eviction of its own, which hands no blocks over)
 };
 
 // Send request `request` to replica `replica` as attempt `attempt` (a first attempt uses
@@ -78,6 +95,8 @@ struct route_send {
   uint64_t attempt = 0;
   size_t replica = 0;
   bool resubmission = false;
+  int32_t kv_to = -1;     // disaggregation: prefill only, its KV for this decode replica
+  uint32_t kv_from = 0;   // disaggregation: prompt tokens whose KV a prefill replica sent there
 };
 
 // Ask replica `replica` to cancel attempt `attempt`.
@@ -147,6 +166,11 @@ class request_router {
   // or, when none is left, ends as unavailable with `why`. Nothing: an attempt given up.
   route_actions refused(uint64_t attempt, std::string why, router_clock::time_point now);
   uint64_t redirected() const { return redirected_; }  // refused requests sent elsewhere
+  // A prefill replica handed attempt `attempt` over (its first token came as a chunk),
+  // having sent the KV of `kv_sent` prompt tokens to the decode replica it was named:
+  // sent there, or parked. Nothing: an attempt given up.
+  route_actions handed_off(uint64_t attempt, uint32_t kv_sent, router_clock::time_point now);
+  uint64_t handoffs() const { return handoffs_; }
   // A request the actor cannot carry on (its resubmission could not be built, or the final
   // result could not be forwarded): ended as failed.
   std::optional<route_end> fail(uint64_t id, error_code code, std::string why, router_clock::time_point now);
@@ -172,6 +196,8 @@ class request_router {
   void replica_summary(size_t k, prefix_summary s) { replicas_[k].summary = std::move(s); }
   // The blocks its pool has free, as its scheduler last said (-1: not known).
   void replica_free_blocks(size_t k, int64_t free) { replicas_[k].free_blocks = free; }
+  // Its role (all start as both).
+  void set_role(size_t k, replica_role role);
 
   struct replica_view {
     bool found = false, ready = false;
@@ -180,6 +206,8 @@ class request_router {
     int64_t free_blocks = -1;    // its pool's free blocks, as last said (-1: not known)
     std::string detail;
     std::optional<prefix_summary> summary;  // as its scheduler last said (kv-aware)
+    replica_role role = replica_role::both;
+    size_t incoming = 0;         // a decode replica's requests in prefill elsewhere
   };
   const replica_view& replica(size_t k) const { return replicas_[k]; }
   size_t num_replicas() const { return replicas_.size(); }
@@ -209,6 +237,10 @@ class request_router {
     route_prompt prompt;
     int64_t pending = 0;     // counted in its replica's pending_tokens until its first token
     std::vector<bool> refused_by;  // replicas whose SLO admission refused it
+    int32_t decode_to = -1;  // disaggregation: the decode replica its KV goes to (counted in
+                             // its incoming while prefilling), then the one holding it
+    uint32_t kv_sent = 0;    // prompt tokens whose KV landed at decode_to
+    bool prefilling = false; // its attempt is a prefill replica's (kv_to)
   };
   // Prompts sent to a replica lately, by block hash (kv-aware), oldest first.
   struct recent_blocks {
@@ -220,6 +252,12 @@ class request_router {
   void send_or_park(uint64_t id, routed& r, route_actions& out, router_clock::time_point now);
   // The replica request `r` goes to (-1: none is ready), and the blocks it expects there.
   int32_t choose(const routed& r, router_clock::time_point now, size_t& hit_blocks);
+  // Among the ready replicas of a role (`prefill`: prefill replicas; otherwise those that
+  // decode: decode and both) that have not refused r.
+  int32_t choose_among(const routed& r, bool prefill, router_clock::time_point now, size_t& hit_blocks);
+  int32_t least_loaded_decoder() const;
+  bool disaggregated() const { return prefill_replicas_ > 0; }
+  void drop_decode_target(routed& r);
   size_t expected_blocks(size_t k, const route_prompt& p, router_clock::time_point now);
   void remember(size_t k, const route_prompt& p, router_clock::time_point now);
   void settle_pending(routed& r);
@@ -235,7 +273,8 @@ class request_router {
   std::deque<uint64_t> parked_;
   uint64_t next_attempt_ = first_resubmission_id;
   uint64_t failovers_ = 0, resubmitted_ = 0, outages_ = 0;
-  uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0, redirected_ = 0;
+  uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0, redirected_ = 0, handoffs_ = 0;
+  size_t prefill_replicas_ = 0;
 };
 
 }  // namespace troupe

@@ -12,8 +12,9 @@ namespace troupe::tools {
 
 namespace {
 
-// The shards of stage `s` of a replica, run by node `me`.
-stage_layout layout_of(const topology& t, const model& m, const stage_spec& s, const node_spec& me) {
+// The shards of stage `i` of replica `r`, run by node `me`.
+stage_layout layout_of(const topology& t, const model& m, const replica_spec& r, size_t i, const node_spec& me) {
+  const stage_spec& s = r.stages[i];
   stage_layout l;
   const auto tp = static_cast<int32_t>(s.devices.size());
   l.first_layer = s.first_layer;
@@ -23,8 +24,18 @@ stage_layout layout_of(const topology& t, const model& m, const stage_spec& s, c
   l.devices = s.devices;
   l.gpu_weights = t.gpu.weights;
   l.link_host = me.host;
-  l.kv = t.kv;
+  l.kv = kv_of(t, r);
   l.max_step_tokens = t.scheduler.max_step_tokens;
+  // Disaggregation: a decode stage takes KV on its port; a prefill stage sends each
+  // decode replica's counterpart stage its blocks.
+  if (r.role == replica_role::decode) {
+    l.kv_listen_host = me.host;
+    l.kv_listen_port = s.kv_port;
+  }
+  if (r.role == replica_role::prefill)
+    for (const replica_spec& d : t.replicas)
+      if (d.role == replica_role::decode)
+        l.kv_peers.push_back({d.name, t.node_named(d.stages[i].node)->host, d.stages[i].kv_port});
   return l;
 }
 
@@ -44,7 +55,8 @@ scheduler_placement scheduler_of(const topology& t, const model& m, const tokeni
   s.tok = &tok;
   s.replica = r.name;
   s.config = t.scheduler;
-  s.config.kv = t.kv;
+  const kv_config kv = kv_of(t, r);
+  s.config.kv = kv;
   s.config.context = m.config.max_seq_len;
   s.config.vocab = m.config.vocab_size;
   // One plan in flight per stage keeps every stage of the pipeline busy.
@@ -54,10 +66,10 @@ scheduler_placement scheduler_of(const topology& t, const model& m, const tokeni
   for (size_t i = 0; i < r.stages.size(); ++i)
     s.stages.push_back(address_of(stage_name(r.name, i), *t.node_named(r.stages[i].node), me));
   s.kv_manager = kv_manager_name(r.name);
-  if (!t.kv.tiers.empty()) {
-    const dtype kv_type = t.kv.cache_type.value_or(kv_cache_type_for(m));
-    s.config.tier_blocks = tier_directory_blocks(t.kv, m.config, kv_type);
-    s.config.tier_prefetch = t.kv.tiers.size() > 1;
+  if (!kv.tiers.empty()) {
+    const dtype kv_type = kv.cache_type.value_or(kv_cache_type_for(m));
+    s.config.tier_blocks = tier_directory_blocks(kv, m.config, kv_type);
+    s.config.tier_prefetch = kv.tiers.size() > 1;
     // Each shard's names in the tiers, and those tiers the scheduler can look in: Redis,
     // and a directory when every stage runs on this node.
     bool all_here = true;
@@ -67,13 +79,13 @@ scheduler_placement scheduler_of(const topology& t, const model& m, const tokeni
       for (int32_t rank = 0; rank < tp; ++rank) {
         const shard_spec spec{st.first_layer, end_layer(st, m.config.num_layers), tp_slice{rank, tp}};
         s.tier_prefixes.push_back(tier_prefix(
-            m, spec, transformer_shard::cache_shape(m.config, spec, static_cast<int32_t>(t.kv.num_blocks), t.kv.block_size, kv_type)));
+            m, spec, transformer_shard::cache_shape(m.config, spec, static_cast<int32_t>(kv.num_blocks), kv.block_size, kv_type)));
       }
     }
-    for (const tier_config& tc : t.kv.tiers)
+    for (const tier_config& tc : kv.tiers)
       if (tc.kind == tier_kind::redis || (tc.kind == tier_kind::disk && all_here)) s.probe_tiers.push_back(tc);
   }
-  p.kv.kv = t.kv;
+  p.kv.kv = kv;
   p.kv.context = m.config.max_seq_len;
   return p;
 }
@@ -129,7 +141,7 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   }
   for (const auto& r : t.replicas) {
     const stage_address a = address_of(scheduler_name(r.name), *t.node_named(r.scheduler_node), me);
-    g.router.replicas.push_back({r.name, a.name, a.host, a.port});
+    g.router.replicas.push_back({r.name, a.name, a.host, a.port, r.role});
   }
   return g;
 }
@@ -149,7 +161,7 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
   for (const auto& r : t.replicas) {
     for (size_t i = 0; i < r.stages.size(); ++i) {
       const stage_spec& s = r.stages[i];
-      if (s.node == me->name) p.stages.push_back({r.name, i, layout_of(t, m, s, *me)});
+      if (s.node == me->name) p.stages.push_back({r.name, i, layout_of(t, m, r, i, *me)});
       if (s.node == me->name && !p.next_hop && i + 1 < r.stages.size() && r.stages[i + 1].node != me->name)
         p.next_hop = *t.node_named(r.stages[i + 1].node);
     }

@@ -50,10 +50,36 @@ void check_names(reader& rd, const topology& t, const toml::table& root) {
       rd.fail(at, "replica '" + r.name + "': scheduler on unknown node '" + r.scheduler_node + "'");
     if (rd.ok() && !names.count(r.draft_node))
       rd.fail(at, "replica '" + r.name + "': draft actor on unknown node '" + r.draft_node + "'");
+    for (size_t s = 0; rd.ok() && s < r.stages.size(); ++s)
+      for (size_t k = 0; rd.ok() && r.stages[s].kv_port != 0 && k < r.stages[s].devices.size(); ++k)
+        claim({t.node_named(r.stages[s].node)->host, static_cast<uint16_t>(r.stages[s].kv_port + k)},
+              "replica '" + r.name + "', stage " + std::to_string(s) + ", shard " + std::to_string(k) + "'s KV channel", at);
   }
+  // Disaggregation takes both halves.
+  auto any = [&](replica_role role) {
+    return std::any_of(t.replicas.begin(), t.replicas.end(), [&](const replica_spec& r) { return r.role == role; });
+  };
+  if (rd.ok() && any(replica_role::prefill) != any(replica_role::decode))
+    rd.fail(replica_tables, any(replica_role::prefill)
+                                ? "prefill replicas need a decode replica to hand their requests to (role = \"decode\")"
+                                : "decode replicas need a prefill replica to compute their prompts (role = \"prefill\")");
+  if (rd.ok() && any(replica_role::prefill) && !t.kv.prefix_caching)
+    rd.fail(replica_tables, "prefill and decode replicas name KV blocks by their prefix: [kv] prefix_caching must be on");
 }
 
 }  // namespace
+
+kv_config kv_of(const topology& t, const replica_spec& r) {
+  kv_config kv = t.kv;
+  if (r.num_blocks > 0) kv.num_blocks = r.num_blocks;
+  if (r.role == replica_role::decode && (kv.tiers.empty() || kv.tiers[0].kind != tier_kind::host)) {
+    tier_config landing;
+    landing.kind = tier_kind::host;
+    landing.capacity_bytes = static_cast<uint64_t>(r.landing_mb) << 20;
+    kv.tiers.insert(kv.tiers.begin(), landing);
+  }
+  return kv;
+}
 
 const node_spec* topology::node_named(const std::string& name) const {
   for (const auto& n : nodes)
@@ -192,6 +218,28 @@ status validate_topology(const topology& t, const model_config& m, int32_t q8_gr
     if (next != m.num_layers)
       return error{t.path + ": replica '" + r.name + "' leaves layers " + std::to_string(next) + "-" +
                    std::to_string(m.num_layers - 1) + " to no stage"};
+  }
+  // Disaggregation: a prefill replica's shard sends each block to the decode shard of the
+  // same layers and slice, over TCP from host memory.
+  const replica_spec* decode = nullptr;
+  for (const auto& r : t.replicas)
+    if (r.role == replica_role::decode && !decode) decode = &r;
+  for (const auto& r : t.replicas) {
+    if (r.role == replica_role::both) continue;
+    for (const stage_spec& st : r.stages)
+      for (const std::string& d : st.devices)
+        if (d != "cpu")
+          return error{t.path + ": replica '" + r.name + "' (" + std::string(replica_role_name(r.role)) + ") runs on " +
+                       d + ": prefill and decode replicas run on CPU shards (KV between GPUs is not sent yet)"};
+    bool same = r.stages.size() == decode->stages.size();
+    for (size_t s = 0; same && s < r.stages.size(); ++s)
+      same = r.stages[s].first_layer == decode->stages[s].first_layer &&
+             end_layer(r.stages[s], m.num_layers) == end_layer(decode->stages[s], m.num_layers) &&
+             r.stages[s].devices.size() == decode->stages[s].devices.size();
+    if (!same)
+      return error{t.path + ": replica '" + r.name + "' splits the model unlike replica '" + decode->name +
+                   "': prefill and decode replicas need the same stages (layers) and tensor-parallel sizes, "
+                   "so that each shard's KV has one counterpart"};
   }
   if (auto s = speculative_config_of(t.speculative, m, true); !s) return error{t.path + ": " + s.err().message};
   return ok();

@@ -89,6 +89,8 @@ struct stage_spec {
   int32_t last_layer = 0;            // inclusive, as written; -1: through the model's last layer
                                      // (layers = "N-end" or "all")
   std::vector<std::string> devices;  // "cpu" or "cuda:N"; one per tensor-parallel shard
+  uint16_t kv_port = 0;              // a decode replica's: shard r takes KV blocks from
+                                     // prefill replicas on kv_port + r of its node's host
 };
 
 struct replica_spec {
@@ -98,7 +100,12 @@ struct replica_spec {
   std::string draft_node;      // where its draft actor runs, with [speculative] method draft or
                                // early-exit (default: the scheduler's node, where orders and
                                // drafts cross no link)
+  replica_role role = replica_role::both;  // prefill | decode | both
+  int64_t num_blocks = 0;      // its KV pool (0: [kv] num_blocks)
+  int64_t landing_mb = 1024;   // a decode replica's host memory for KV that prefill replicas
+                               // sent (per shard; the first tier, added if [[tier]] has none)
 };
+
 
 struct topology {
   std::string path;  // the file it came from
@@ -116,6 +123,9 @@ struct topology {
 
   const node_spec* node_named(const std::string& name) const;
 };
+
+// A replica's KV settings: [kv] with its own pool size, and a decode replica's landing.
+kv_config kv_of(const topology& t, const replica_spec& r);
 
 // Reads and checks a topology file's structure (types, required fields, names, hosts,
 // ports, layer syntax). Relative model paths are taken from the file's directory.

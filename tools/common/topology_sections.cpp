@@ -304,7 +304,8 @@ bool device_ok(const std::string& d) {
 
 stage_spec parse_stage(reader& rd, const toml::table& t, const std::string& where) {
   stage_spec s;
-  rd.only(t, where, {"node", "layers", "devices"});
+  rd.only(t, where, {"node", "layers", "devices", "kv_port"});
+  if (int64_t port = 0; rd.get(t, where, "kv_port", port)) rd.port_of(port, t.get("kv_port"), where, s.kv_port);
   std::string layers;
   rd.get(t, where, "node", s.node, true);
   if (rd.get(t, where, "layers", layers, true) && !parse_layers(layers, s.first_layer, s.last_layer))
@@ -332,8 +333,18 @@ stage_spec parse_stage(reader& rd, const toml::table& t, const std::string& wher
 
 replica_spec parse_replica(reader& rd, const toml::table& t, const std::string& where) {
   replica_spec r;
-  rd.only(t, where, {"name", "stages", "scheduler", "draft"});
+  rd.only(t, where, {"name", "stages", "scheduler", "draft", "role", "num_blocks", "landing_mb"});
   rd.get(t, where, "name", r.name, true);
+  std::string role;
+  if (rd.get(t, where, "role", role)) {
+    if (role == "both" || role == "prefill" || role == "decode")
+      r.role = role == "both" ? replica_role::both : role == "prefill" ? replica_role::prefill : replica_role::decode;
+    else
+      rd.fail(t.get("role"), "replica '" + r.name + "': role must be \"prefill\" (prompts, whose KV goes to a decode "
+                             "replica), \"decode\" (generation from that KV) or \"both\"");
+  }
+  rd.get_in(t, where, "num_blocks", r.num_blocks, 1, int64_t{1} << 30);
+  rd.get_in(t, where, "landing_mb", r.landing_mb, 1, int64_t{1} << 20);
   rd.get(t, where, "scheduler", r.scheduler_node);
   rd.get(t, where, "draft", r.draft_node);
   const toml::array* stages = t["stages"].as_array();
@@ -347,6 +358,20 @@ replica_spec parse_replica(reader& rd, const toml::table& t, const std::string& 
     }
     r.stages.push_back(parse_stage(rd, *st, sw));
   }
+  for (size_t s = 0; rd.ok() && s < r.stages.size(); ++s) {
+    const stage_spec& st = r.stages[s];
+    const std::string sw = "replica '" + r.name + "', stage " + std::to_string(s);
+    if (r.role == replica_role::decode && st.kv_port == 0)
+      rd.fail(&t, sw + ": a decode replica's stages need a kv_port (where prefill replicas send KV)");
+    else if (r.role != replica_role::decode && st.kv_port != 0)
+      rd.fail(&t, sw + ": kv_port is for a decode replica's stages (this replica's role is " +
+                      std::string(replica_role_name(r.role)) + ")");
+    else if (st.kv_port + st.devices.size() - 1 > 65535)
+      rd.fail(&t, sw + ": kv_port " + std::to_string(st.kv_port) + " leaves no port for shard " +
+                      std::to_string(st.devices.size() - 1));
+  }
+  if (rd.ok() && t.contains("landing_mb") && r.role != replica_role::decode)
+    rd.fail(&t, "replica '" + r.name + "': landing_mb is for a decode replica");
   if (rd.ok() && r.scheduler_node.empty()) r.scheduler_node = r.stages[0].node;
   if (rd.ok() && r.draft_node.empty()) r.draft_node = r.scheduler_node;
   return r;
