@@ -292,6 +292,9 @@ std::string render_metrics(const router_state& st) {
   out.family("troupe_replica_role", "Each replica's role: prefill, decode or both (1).", "gauge");
   for (size_t k = 0; k < st.replicas.size(); ++k)
     out.sample("troupe_replica_role", {{"replica", st.names[k]}, {"role", std::string(replica_role_name(st.core->replica(k).role))}}, 1);
+  out.family("troupe_replica_requests", "Requests the router has sent to each replica that have not ended.", "gauge");
+  for (size_t k = 0; k < st.replicas.size(); ++k)
+    out.sample("troupe_replica_requests", {{"replica", st.names[k]}}, static_cast<double>(st.core->replica(k).active));
   uint32_t cached = 0;
   uint64_t hits = 0, queried = 0;
   for (auto& rep : st.replicas) {

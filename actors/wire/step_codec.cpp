@@ -203,11 +203,12 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       if (list.size() > lim_.num_blocks)
         return error{"step plan has " + std::to_string(list.size()) + " tier " + what + "s; the pool has " +
                      std::to_string(lim_.num_blocks) + " blocks"};
-      std::set<uint32_t> blocks;
+      std::set<std::pair<uint32_t, std::string>> blocks;  // (a push's block goes once to each replica)
       for (unsigned i = 0; i < list.size(); ++i) {
         const auto m = list[i];
         auto who = [&] { return std::string("tier ") + what + " " + std::to_string(i) + " (request " + std::to_string(m.getRequestId()) + "): "; };
-        if (!blocks.insert(m.getBlock()).second) return error{who() + "block " + std::to_string(m.getBlock()) + " twice"};
+        if (!blocks.emplace(m.getBlock(), std::string(m.getTo().cStr(), m.getTo().size())).second)
+          return error{who() + "block " + std::to_string(m.getBlock()) + " twice"};
         if (m.getTo().size() > 64) return error{who() + "a replica name past 64 bytes"};
         const bool push = std::string_view(what) == "push";
         if (push != (m.getTo().size() > 0)) return error{who() + (push ? "no replica to send it to" : "a replica to send it to")};

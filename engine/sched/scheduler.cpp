@@ -582,8 +582,14 @@ void scheduler::plan_tier_saves(step_draft& d, request& r, int32_t end) {
 void scheduler::plan_pushes(step_draft& d, request& r, int32_t end) {
   if (r.params.kv_to.empty() || r.eviction.enabled()) return;
   const int32_t full = std::min(end, r.num_prompt_tokens) / cfg_.kv.block_size;
-  for (int32_t b = r.kv_pushed; b < full; ++b)
-    d.plan.kv_pushes.push_back({r.id, r.blocks[b], key_of(r, b), r.params.kv_to});
+  for (int32_t b = r.kv_pushed; b < full; ++b) {
+    // A block the prefix cache shares with another request of this plan goes once to each
+    // replica.
+    const bool planned = std::any_of(d.plan.kv_pushes.begin(), d.plan.kv_pushes.end(), [&](const tier_move& m) {
+      return m.block == r.blocks[b] && m.to == r.params.kv_to;
+    });
+    if (!planned) d.plan.kv_pushes.push_back({r.id, r.blocks[b], key_of(r, b), r.params.kv_to});
+  }
   r.kv_pushed = std::max(r.kv_pushed, full);
 }
 

@@ -55,6 +55,13 @@ fail() {
 
 # A free loopback port (free when asked: a server started soon after binds it).
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# N free loopback ports, all different, on one line.
+free_ports() {
+  python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
 
 # scratch, for a test that starts clusters with troupe-launch: launch() runs it with the
 # test's state directory ($state), and every topology under $work is taken down on exit.

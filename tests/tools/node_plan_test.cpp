@@ -215,3 +215,44 @@ TEST_CASE("node plans: [kv] eviction reaches each scheduler, and is refused wher
 }
 
 }  // namespace troupe::tools
+
+namespace troupe::tools {
+
+TEST_CASE("node plans: a prefill replica's shards send to the decode replica's, which take KV into host memory") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const topology t = deployed("disagg.toml");
+  auto n0 = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(n0.has_value());
+  REQUIRE(n0->stages.size() == 1);
+  const stage_layout& p = n0->stages[0].layout;
+  CHECK(p.kv.num_blocks == 48);
+  CHECK(p.kv_listen_port == 0);
+  REQUIRE(p.kv_peers.size() == 1);
+  CHECK(p.kv_peers[0].replica == "d0");
+  CHECK(p.kv_peers[0].host == "127.0.0.1");
+  CHECK(p.kv_peers[0].port == 7420);
+  REQUIRE(n0->schedulers.size() == 1);
+  CHECK(n0->schedulers[0].setup.config.tier_blocks == 0);  // the prefill replica keeps no tiers
+  REQUIRE(n0->gateway.has_value());
+  REQUIRE(n0->gateway->router.replicas.size() == 2);
+  CHECK(n0->gateway->router.replicas[0].role == replica_role::prefill);
+  CHECK(n0->gateway->router.replicas[1].role == replica_role::decode);
+
+  auto n1 = plan_node(t, l.m, l.tok, "n1");
+  REQUIRE(n1.has_value());
+  REQUIRE(n1->stages.size() == 1);
+  const stage_layout& d = n1->stages[0].layout;
+  CHECK(d.kv.num_blocks == 256);
+  CHECK(d.kv_listen_host == "127.0.0.1");
+  CHECK(d.kv_listen_port == 7420);
+  CHECK(d.kv_peers.empty());
+  REQUIRE(d.kv.tiers.size() == 1);
+  CHECK(d.kv.tiers[0].capacity_bytes == uint64_t{256} << 20);
+  REQUIRE(n1->schedulers.size() == 1);
+  const scheduler_config& c = n1->schedulers[0].setup.config;
+  CHECK(c.kv.num_blocks == 256);
+  CHECK(c.tier_blocks > 0);  // its directory learns what lands
+  CHECK(n1->schedulers[0].kv.kv.num_blocks == 256);
+}
+
+}  // namespace troupe::tools

@@ -62,7 +62,20 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(topology_warnings(*t, stories()).empty());
     ++n;
   }
-  CHECK(n == 9);
+  CHECK(n == 10);
+  auto disagg = parse_topology(dir + "/disagg.toml");
+  REQUIRE(disagg.has_value());
+  REQUIRE(disagg->replicas.size() == 2);
+  CHECK(disagg->replicas[0].role == replica_role::prefill);
+  CHECK(disagg->replicas[1].role == replica_role::decode);
+  CHECK(disagg->replicas[1].stages[0].kv_port == 7420);
+  CHECK(kv_of(*disagg, disagg->replicas[0]).num_blocks == 48);
+  const kv_config landing = kv_of(*disagg, disagg->replicas[1]);
+  CHECK(landing.num_blocks == 256);
+  REQUIRE(landing.tiers.size() == 1);
+  CHECK(landing.tiers[0].kind == tier_kind::host);
+  CHECK(landing.tiers[0].capacity_bytes == uint64_t{256} << 20);
+  CHECK(kv_of(*disagg, disagg->replicas[0]).tiers.empty());
   auto tenants = parse_topology(dir + "/tenants.toml");
   REQUIRE(tenants.has_value());
   CHECK(tenants->router.policy == route_policy::kv_aware);
@@ -527,6 +540,73 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cpu"], gpus = 2 } ])",
   // A table written as a value, and an array of tables written as one.
   CHECK(parse_topology_text("kv = 5\n" + text, "t.toml", "/d").err().message.find("t.toml:1: 'kv' must be a table") !=
         std::string::npos);
+}
+
+}  // namespace troupe::tools
+
+namespace troupe::tools {
+
+TEST_CASE("replica roles: each half needs the other, decode stages a kv_port, both the same split") {
+  const std::string prefill = R"(
+[[replica]]
+name = "p0"
+role = "prefill"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "3-4", devices = ["cpu"] } ])";
+  const std::string decode = R"(
+[[replica]]
+name = "d0"
+role = "decode"
+stages = [ { node = "n1", layers = "0-2", devices = ["cpu"], kv_port = 7420 }, { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = 7421 } ])";
+  CHECK(problem(prefill + decode) == "");
+  CHECK(problem(prefill).find("need a decode replica") != std::string::npos);
+  CHECK(problem(decode).find("need a prefill replica") != std::string::npos);
+  CHECK(problem(R"([[replica]]
+name = "x"
+role = "decoder"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ])").find("role must be") != std::string::npos);
+  CHECK(problem(prefill + R"(
+[[replica]]
+name = "d0"
+role = "decode"
+stages = [ { node = "n1", layers = "all", devices = ["cpu"] } ])").find("need a kv_port") != std::string::npos);
+  CHECK(problem(R"(
+[[replica]]
+name = "r0"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = 7420 } ])").find("kv_port is for a decode replica") !=
+        std::string::npos);
+  // The same layers and tensor-parallel sizes, stage for stage.
+  CHECK(problem(prefill + R"(
+[[replica]]
+name = "d0"
+role = "decode"
+stages = [ { node = "n1", layers = "all", devices = ["cpu"], kv_port = 7420 } ])").find("same stages") != std::string::npos);
+  CHECK(problem(prefill + R"(
+[[replica]]
+name = "d0"
+role = "decode"
+stages = [ { node = "n1", layers = "0-2", devices = ["cpu", "cpu"], kv_port = 7420 }, { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = 7422 } ])")
+            .find("same stages") != std::string::npos);
+  // A KV port is a port like any other: no clash with a node's, nor a second shard's.
+  CHECK(problem(prefill + R"(
+[[replica]]
+name = "d0"
+role = "decode"
+stages = [ { node = "n1", layers = "0-2", devices = ["cpu"], kv_port = 7410 }, { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = 7421 } ])")
+            .find("port clash") != std::string::npos);
+  CHECK(problem(prefill + R"(
+[[replica]]
+name = "d0"
+role = "decode"
+stages = [ { node = "n1", layers = "0-2", devices = ["cpu"], kv_port = 70000 }, { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = 7421 } ])")
+            .find("not in 1..65535") != std::string::npos);
+  CHECK(problem(R"([[replica]]
+name = "p0"
+role = "prefill"
+landing_mb = 64
+stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ])").find("landing_mb is for a decode replica") != std::string::npos);
+  CHECK(problem(R"([kv]
+prefix_caching = false
+)" + prefill + decode).find("prefix_caching must be on") != std::string::npos);
 }
 
 }  // namespace troupe::tools

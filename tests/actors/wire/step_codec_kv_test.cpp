@@ -270,6 +270,44 @@ TEST_CASE("KV tier loads and saves reach the stage with their keys, and only blo
   CHECK(later->tier_loads.size() == 1);
 }
 
+TEST_CASE("KV pushes reach the stage with their replicas: a block once to each, always to one") {
+  std::vector<block_id> t1{block_id{4}, block_id{7}, block_id{9}};
+  std::vector<int32_t> toks{5, 6};
+  step_plan plan;
+  scheduled_chunk a;
+  a.id = request_id{1};
+  a.first = 8;
+  a.count = 2;
+  a.tokens = toks;
+  a.block_table = t1;
+  a.sample = true;
+  plan.chunks = {a};
+  auto decode = [&](std::vector<tier_move> pushes) {
+    step_plan p = plan;
+    p.kv_pushes = std::move(pushes);
+    step_encoder e;
+    e.restart(1);
+    step_decoder d(limits());
+    return d.decode(e.encode(p, {}));
+  };
+  auto got = decode({{request_id{1}, block_id{4}, tier_key{1, 2}, "d0"}, {request_id{1}, block_id{4}, tier_key{1, 2}, "d1"},
+                     {request_id{1}, block_id{7}, tier_key{3, 4}, "d0"}});
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+  REQUIRE(got->kv_pushes.size() == 3);
+  CHECK(got->kv_pushes[1].block == block_id{4});
+  CHECK(got->kv_pushes[1].to == "d1");
+  CHECK(got->kv_pushes[2].key == tier_key{3, 4});
+  auto twice = decode({{request_id{1}, block_id{4}, tier_key{1, 2}, "d0"}, {request_id{1}, block_id{4}, tier_key{1, 2}, "d0"}});
+  REQUIRE_FALSE(twice.has_value());
+  CHECK(twice.err().message.find("block 4 twice") != std::string::npos);
+  auto nowhere = decode({{request_id{1}, block_id{4}, tier_key{1, 2}, ""}});
+  REQUIRE_FALSE(nowhere.has_value());
+  CHECK(nowhere.err().message.find("no replica to send it to") != std::string::npos);
+  auto outside = decode({{request_id{1}, block_id{5}, tier_key{1, 2}, "d0"}});
+  REQUIRE_FALSE(outside.has_value());
+  CHECK(outside.err().message.find("not in a table of this plan") != std::string::npos);
+}
+
 TEST_CASE("failed tier loads travel back with activations and step results, bounded and without repeats") {
   const std::vector<float> hidden(2 * 16, 0.5f);
   const std::vector<request_id> failed{request_id{7}, request_id{3}};

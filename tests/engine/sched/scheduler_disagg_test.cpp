@@ -151,3 +151,37 @@ TEST_CASE("a decode replica without tiers computes a handed-over prompt, and bad
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("a prompt block the prefix cache shares is sent once to each decode replica in a step") {
+  scheduler s(config(0), test::tok512());
+  request_params first = prompt_of(13, 10);
+  first.kv_to = "d0";
+  REQUIRE(s.add(request_id{1}, first));
+  for (int i = 0; i < 4 && s.has_unfinished(); ++i) run(s, s.schedule());
+  REQUIRE_FALSE(s.has_unfinished());
+  // Three requests for the cached prompt, admitted in one step.
+  for (uint64_t id : {2, 3, 4}) {
+    request_params p = prompt_of(13, 10);
+    p.kv_to = id == 4 ? "d1" : "d0";
+    REQUIRE(s.add(request_id{id}, p));
+  }
+  const step_plan p = s.schedule();
+  REQUIRE(p.chunks.size() == 3);
+  std::vector<std::pair<uint32_t, std::string>> sent;
+  for (const tier_move& m : p.kv_pushes) sent.emplace_back(m.block.value, m.to);
+  std::sort(sent.begin(), sent.end());
+  CHECK(std::adjacent_find(sent.begin(), sent.end()) == sent.end());
+  CHECK(std::count_if(sent.begin(), sent.end(), [](const auto& x) { return x.second == "d0"; }) == 3);
+  CHECK(std::count_if(sent.begin(), sent.end(), [](const auto& x) { return x.second == "d1"; }) == 3);
+  // Every one of them is told its prompt's KV went, whoever's push carried the block.
+  const auto out = run(s, p);
+  REQUIRE(out.size() == 3);
+  for (const step_output& o : out) {
+    CHECK(o.handed_off);
+    CHECK(o.kv_sent == 12);
+  }
+}
+
+}  // namespace troupe

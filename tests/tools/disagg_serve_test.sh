@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Prefill/decode disaggregation served by real node processes: a prefill replica computes
+# each prompt and its first token, sends the prompt's KV over the KV channel to a decode
+# replica, which generates the rest from it. Greedy text, whole and streamed, is troupe-run's;
+# the decode replica reports the handed-over prompt tokens as loaded (cached), and /metrics
+# counts the handoffs. Then the same through PP=2 replicas on three processes
+# (troupe-launch), and with a decode replica's node killed mid-stream: its requests go on
+# on the other decode replica, each token delivered once. Bounded in time; every
+# process is stopped.
+# Usage: disagg_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+build=$1 src=$2 models=$3
+launch_scratch
+
+run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -t 0 -q --ignore-eos "$@"; }
+post() { curl -s -m 20 -o "$1" -w '%{http_code}' -H 'Content-Type: application/json' "$base/v1/completions" --data-binary "$2"; }
+# complete OUT PROMPT TOKENS [STREAM]: a greedy completion; its text in OUT.text, cached
+# prompt tokens in OUT.cached.
+complete() {
+  local code stream=${4:-false}
+  code=$(post "$1" '{"model":"stories260K","prompt":"'"$2"'","max_tokens":'"$3"',"temperature":0,"ignore_eos":true,"stream":'"$stream"'}')
+  [[ $code == 200 ]] || { echo "status $code: $(head -c 300 "$1")"; return 1; }
+  python3 - "$1" "$stream" <<'PY'
+import json, sys
+path, stream = sys.argv[1], sys.argv[2] == "true"
+text, cached = "", 0
+if stream:
+    for line in open(path):
+        if line.startswith("data: {"):
+            d = json.loads(line[6:])
+            text += "".join(c.get("text", "") for c in d.get("choices", []))
+else:
+    d = json.load(open(path))
+    text = d["choices"][0]["text"]
+    cached = d["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+open(path + ".text", "w").write(text)
+open(path + ".cached", "w").write(str(cached))
+PY
+}
+metric() { curl -s "$base/metrics" | sed -n "s/^$1 //p" | head -1; }
+
+story="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big red ball and wanted to play with it. Her mom said"
+want=$(run -p "$story" -n 512)
+want=${want#"$story"}
+
+# check WHAT: the story whole and streamed, as troupe-run says it.
+check() {
+  complete "$work/a" "$story" 60 || fail "$1: $(cat "$work/a")"
+  [[ $(cat "$work/a.text") == "${want:0:$(wc -c <"$work/a.text")}" && -s $work/a.text ]] ||
+    fail "$1: the text differs from troupe-run's: '$(cat "$work/a.text")'"
+  cached=$(cat "$work/a.cached")
+  [[ $cached -ge 32 ]] || fail "$1: the decode replica reports $cached prompt tokens loaded, not computed (want 32 or more)"
+  complete "$work/s" "$story" 60 true || fail "$1 streamed: $(cat "$work/s")"
+  [[ $(cat "$work/s.text") == $(cat "$work/a.text") ]] || fail "$1: the stream's text differs: '$(cat "$work/s.text")'"
+  echo "ok: $1: troupe-run's text, whole and streamed; $cached prompt tokens came from the prefill replica"
+}
+
+# One process: a prefill replica and a decode replica.
+read -ra ports <<<"$(free_ports 3)"
+cat >"$work/one.toml" <<TOML
+[model]
+path      = "$models/stories260K.bin"
+tokenizer = "$models/tok512.bin"
+[gateway]
+node  = "n0"
+capnp = "127.0.0.1:${ports[0]}"
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = ${ports[1]}
+[[replica]]
+name   = "p0"
+role   = "prefill"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
+[[replica]]
+name   = "d0"
+role   = "decode"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = ${ports[2]} } ]
+TOML
+start_node "$work/one.toml" "$work"
+base=$http_url
+check "one process"
+handed=$(metric troupe_requests_handed_off_total)
+[[ ${handed%.*} -ge 2 ]] || fail "troupe_requests_handed_off_total is '$handed' after two requests"
+[[ $(metric 'troupe_replica_role{replica="p0",role="prefill"}') == 1 ]] || fail "/metrics does not give p0's role"
+stop_tree "$node_pid"
+node_pid=
+
+# Three processes: the prefill replica PP=2 across n0 and n1, decode replica d0 PP=2 the
+# other way round, d1 whole on n2 (its scheduler there, so killing n2 loses it).
+read -ra ports <<<"$(free_ports 8)"
+cat >"$work/pp2.toml" <<TOML
+[model]
+path      = "$models/stories260K.bin"
+tokenizer = "$models/tok512.bin"
+[gateway]
+node  = "n0"
+capnp = "127.0.0.1:${ports[0]}"
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = ${ports[1]}
+[[node]]
+name = "n1"
+host = "127.0.0.1"
+port = ${ports[2]}
+[[node]]
+name = "n2"
+host = "127.0.0.1"
+port = ${ports[3]}
+[[replica]]
+name   = "p0"
+role   = "prefill"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "3-4", devices = ["cpu"] } ]
+[[replica]]
+name   = "d0"
+role   = "decode"
+stages = [ { node = "n1", layers = "0-2", devices = ["cpu"], kv_port = ${ports[4]} },
+           { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = ${ports[5]} } ]
+[[replica]]
+name   = "d1"
+role   = "decode"
+stages = [ { node = "n2", layers = "0-2", devices = ["cpu"], kv_port = ${ports[6]} },
+           { node = "n2", layers = "3-4", devices = ["cpu"], kv_port = ${ports[7]} } ]
+TOML
+out=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "troupe-launch up: $out"
+base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+[[ -n $base ]] || fail "no HTTP endpoint line: $out"
+check "PP=2 across three processes"
+
+# Node n2 (decode replica d1, whole) killed while streams run there and on d0: every stream
+# ends with troupe-run's text, each token once. The kill comes once the router has handed
+# a stream to d1; if that stream ended first, n2 is back (troupe-launch restarts it) for
+# another batch.
+metric_n() { local v; v=$(metric "$1"); echo "${v%.*}"; }
+for batch in 1 2 3 4 5; do
+  n2=$(launch status "$work/pp2.toml" 2>/dev/null | sed -n 's/^node n2 pid \([0-9]*\).*/\1/p' | head -1)
+  [[ -n $n2 ]] || fail "cannot find node n2's process: $(launch status "$work/pp2.toml" 2>&1)"
+  before=$(metric_n troupe_requests_resubmitted_total)
+  pids=()
+  for i in 1 2 3 4; do
+    complete "$work/k$batch.$i" "$story" 400 true >/dev/null 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 1 200); do
+    [[ $(metric_n 'troupe_replica_requests{replica="d1"}') -ge 1 ]] && break
+    sleep 0.002
+  done
+  kill -9 "$n2"
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  for i in 1 2 3 4; do
+    got=$(cat "$work/k$batch.$i.text" 2>/dev/null || true)
+    [[ -n $got && $got == "${want:0:${#got}}" ]] ||
+      fail "batch $batch, stream $i: '$got' ($(head -c 300 "$work/k$batch.$i" 2>/dev/null); $(grep -v 'info request' "$state/n0.log" | tail -3))"
+    grep -q '"finish_reason":"length"' "$work/k$batch.$i" || fail "batch $batch, stream $i did not run to its end: $(tail -c 300 "$work/k$batch.$i")"
+  done
+  moved=$(( $(metric_n troupe_requests_resubmitted_total) - before ))
+  [[ $moved -ge 1 ]] && break
+  for _ in $(seq 1 200); do [[ $(metric_n troupe_replicas_ready) == 3 ]] && break; sleep 0.1; done
+done
+[[ $moved -ge 1 ]] || fail "in five batches, d1 never held a stream when its node was killed"
+echo "ok: decode replica d1's node killed mid-stream (batch $batch): every stream ended with troupe-run's text ($moved moved to d0)"
+launch down "$work/pp2.toml" >/dev/null 2>&1 || true
+echo "PASS"
