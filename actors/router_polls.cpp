@@ -358,6 +358,7 @@ std::string render_status(const router_state& st) {
     const replica_slot& rep = st.replicas[k];
     const auto& view = st.core->replica(k);
     j["replicas"].push_back({{"name", rep.addr.name},
+                             {"role", std::string(replica_role_name(view.role))},
                              {"ready", view.ready},
                              {"found", view.found},
                              {"detail", view.detail},

@@ -73,7 +73,7 @@ function render(r) {
   const layout = Object.fromEntries((r.layout || []).map(x => [x.name, x.stages]));
   rows($("replicas"), r.replicas, (tr, x) => {
     tr.id = "replica-" + x.name;
-    cell(tr, x.name);
+    cell(tr, x.role && x.role !== "both" ? `${x.name} (${x.role})` : x.name);
     cell(tr, x.ready ? "ready" : x.found ? "recovering" : "down", x.ready ? "ok" : "bad");
     cell(tr, (layout[x.name] || []).map(s => `${s.node}: layers ${s.layers} on ${s.devices.join(", ")}`).join("; "));
     const total = x.kv_used + x.kv_free, td = cell(tr, "");

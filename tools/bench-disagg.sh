@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Prefill/decode disaggregation against colocation, for BENCHMARKS.md: the synthetic 110M
+# Q8_0 model on two node processes of one thread each (the same machine share either way),
+# serving two clients at once, both with Poisson arrivals (the same offered load for either
+# layout): chats (CHAT_WORDS-word prompts, 64 output tokens, CHAT_RATE a second) and long
+# documents (LONG_WORDS-word prompts, over 1,000 tokens, 16 output tokens, LONG_RATE a
+# second), within what one thread prefills and decodes on a machine without int8 dot
+# products; prefill chunks of 256 tokens in both layouts. Colocated: two replicas of role both, each
+# taking both kinds. Disaggregated: a prefill replica and a decode replica (deploy files
+# written the way deploy/disagg.toml is). Alternated RUNS times; prints each run, then a
+# Markdown table of medians: the chats' inter-token latency (what a long prompt computed
+# beside running streams stalls), their TTFT and the documents', and output throughput.
+#   tools/bench-disagg.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-2}
+CHAT_WORDS=${CHAT_WORDS:-30}
+CHAT_RATE=${CHAT_RATE:-0.6}
+CHAT_REQUESTS=${CHAT_REQUESTS:-60}
+LONG_WORDS=${LONG_WORDS:-1000}
+LONG_RATE=${LONG_RATE:-0.04}
+LONG_REQUESTS=${LONG_REQUESTS:-4}
+tools/setup.sh build >&2
+source tools/bench-models.sh
+# (A context of 2,048 tokens, for prompts past 1,000.)
+model=$(bench_model syn110m-ctx2k.q8_0.gguf --type q8_0 --context 2048)
+bench_cluster_scratch
+topology() {  # NAME
+  local second first
+  if [[ $1 == colocated ]]; then
+    first='name = "r0"'
+    second='name = "r1"'
+  else
+    first=$'name = "p0"\nrole = "prefill"'
+    second=$'name = "d0"\nrole = "decode"\nnum_blocks = 512'
+  fi
+  local kv=""
+  [[ $1 == disaggregated ]] && kv=", kv_port = $(free_port)"
+  cat >"$work/$1.toml" <<TOML
+[model]
+path = "$model"
+name = "s110m"
+[gateway]
+node = "n0"
+capnp = "127.0.0.1:$(free_port)"
+[kv]
+num_blocks = 256
+[scheduler]
+max_running = 16
+max_step_tokens = 256
+[[node]]
+name = "n0"
+host = "127.0.0.1"
+port = $(free_port)
+threads = 1
+[[node]]
+name = "n1"
+host = "127.0.0.1"
+port = $(free_port)
+threads = 1
+[[replica]]
+$first
+stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
+[[replica]]
+$second
+stages = [ { node = "n1", layers = "all", devices = ["cpu"]$kv } ]
+TOML
+}
+configs=(colocated disaggregated)
+for c in "${configs[@]}"; do topology "$c"; done
+declare -A itl99 itl50 cttft cttft99 lttft tput
+summary() {  # CHAT.json LONG.json
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+c, l = (json.load(open(p)) for p in sys.argv[1:3])
+for r in (c, l):
+    assert r["errors"] == 0, r.get("errors_by_kind")
+assert l["prompt_tokens"] / l["completed"] >= 1000, "long prompts of %.0f tokens" % (l["prompt_tokens"] / l["completed"])
+tok_s = (c["output_tokens"] + l["output_tokens"]) / max(c["duration_s"], l["duration_s"])
+print("%.0f %.0f %.0f %.0f %.0f %.1f %.0f" % (c["itl_ms"]["p99"], c["itl_ms"]["p50"], c["ttft_ms"]["p50"], c["ttft_ms"]["p99"],
+                                             l["ttft_ms"]["p50"], tok_s, l["prompt_tokens"] / l["completed"]))
+PY
+}
+for run in $(seq 1 "$RUNS"); do
+  for cfg in "${configs[@]}"; do
+    out=$(launch up "$work/$cfg.toml" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300)
+    url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+    build/tools/troupe-bench --endpoint "$url" --requests "$LONG_REQUESTS" --rate "$LONG_RATE" --prompt-words "$LONG_WORDS" \
+      --output-tokens 16 --seed $((run + 100)) --json "$work/long.json" >/dev/null &
+    long=$!
+    build/tools/troupe-bench --endpoint "$url" --requests "$CHAT_REQUESTS" --rate "$CHAT_RATE" --prompt-words "$CHAT_WORDS" \
+      --output-tokens 64 --seed "$run" --json "$work/chat.json" >/dev/null
+    wait "$long"
+    read -r i99 i50 ct ct99 lt tp ltok < <(summary "$work/chat.json" "$work/long.json")
+    itl99[$cfg]+="$i99 "
+    itl50[$cfg]+="$i50 "
+    cttft[$cfg]+="$ct "
+    cttft99[$cfg]+="$ct99 "
+    lttft[$cfg]+="$lt "
+    tput[$cfg]+="$tp "
+    echo "run $run, $cfg: chat ITL p99 $i99 ms (p50 $i50), chat TTFT p50 $ct ms (p99 $ct99), document TTFT p50 $lt ms ($ltok-token prompts), $tp output tok/s" >&2
+    launch down "$work/$cfg.toml" >/dev/null
+  done
+done
+base=$(echo "${itl99[colocated]}" | median)
+echo "| layout | chat ITL p99 (ms), runs | median | chat ITL p50 | chat TTFT p50 | chat TTFT p99 | document TTFT p50 | output tok/s | ITL p99 against colocated |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+for cfg in "${configs[@]}"; do
+  m=$(echo "${itl99[$cfg]}" | median)
+  echo "| $cfg | ${itl99[$cfg]}| $m | $(echo "${itl50[$cfg]}" | median) | $(echo "${cttft[$cfg]}" | median) | $(echo "${cttft99[$cfg]}" | median) | $(echo "${lttft[$cfg]}" | median) | $(echo "${tput[$cfg]}" | median) | $(awk -v a="$base" -v b="$m" 'BEGIN {printf "%.1fx", a / b}') |"
+done
