@@ -16,10 +16,10 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-2}
 CHAT_WORDS=${CHAT_WORDS:-30}
 CHAT_RATE=${CHAT_RATE:-0.6}
-CHAT_REQUESTS=${CHAT_REQUESTS:-60}
+CHAT_REQUESTS=${CHAT_REQUESTS:-72}
 LONG_WORDS=${LONG_WORDS:-1000}
-LONG_RATE=${LONG_RATE:-0.04}
-LONG_REQUESTS=${LONG_REQUESTS:-4}
+LONG_RATE=${LONG_RATE:-0.05}
+LONG_REQUESTS=${LONG_REQUESTS:-6}
 tools/setup.sh build >&2
 source tools/bench-models.sh
 # (A context of 2,048 tokens, for prompts past 1,000.)
