@@ -311,7 +311,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
       [self](health_atom) {
         const auto& core = *self->state.core;
         const uint32_t ready = core.num_ready();
-        return caf::make_message(ready > 0, static_cast<uint32_t>(core.num_replicas()), ready,
+        return caf::make_message(core.can_serve(), static_cast<uint32_t>(core.num_replicas()), ready,
                                  core.not_ready_detail(self->state.names), core.outages());
       },
       [self](health_atom, uint32_t at_least) -> caf::result<uint32_t> {

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Prefill/decode disaggregation against colocation, for BENCHMARKS.md: the synthetic 110M
-# Q8_0 model on two node processes of one thread each (the same machine share either way),
-# serving two clients at once, both with Poisson arrivals (the same offered load for either
-# layout): chats (CHAT_WORDS-word prompts, 64 output tokens, CHAT_RATE a second) and long
-# documents (LONG_WORDS-word prompts, over 1,000 tokens, 16 output tokens, LONG_RATE a
-# second), within what one thread prefills and decodes on a machine without int8 dot
-# products; prefill chunks of 256 tokens in both layouts. Colocated: two replicas of role both, each
-# taking both kinds. Disaggregated: a prefill replica and a decode replica (deploy files
-# written the way deploy/disagg.toml is). Alternated RUNS times; prints each run, then a
-# Markdown table of medians: the chats' inter-token latency (what a long prompt computed
+# Q8_0 model on the machine's two cores either way, serving two clients at once, both with
+# Poisson arrivals (the same offered load for either layout): chats (CHAT_WORDS-word
+# prompts, 64 output tokens, CHAT_RATE a second) and long documents (LONG_WORDS-word
+# prompts, over 1,000 tokens, 16 output tokens, LONG_RATE a second); prefill chunks of 256
+# tokens. Colocated: one replica, one process with two threads, taking both kinds.
+# Disaggregated: a prefill replica and a decode replica, one process and one thread each
+# (written the way deploy/disagg.toml is). The same workload (SEED) alternated RUNS times;
+# prints each run, then a Markdown table of medians: the chats' inter-token latency (what a long prompt computed
 # beside running streams stalls), their TTFT and the documents', and output throughput.
 #   tools/bench-disagg.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-2}
+SEED=${SEED:-1}  # every run the same arrivals and prompts
 CHAT_WORDS=${CHAT_WORDS:-30}
 CHAT_RATE=${CHAT_RATE:-0.6}
 CHAT_REQUESTS=${CHAT_REQUESTS:-72}
@@ -26,16 +26,16 @@ source tools/bench-models.sh
 model=$(bench_model syn110m-ctx2k.q8_0.gguf --type q8_0 --context 2048)
 bench_cluster_scratch
 topology() {  # NAME
-  local second first
+  local nodes replicas
   if [[ $1 == colocated ]]; then
-    first='name = "r0"'
-    second='name = "r1"'
+    # One replica on one process with both threads: every document shares its steps.
+    nodes=$'[[node]]\nname = "n0"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 2'
+    replicas=$'[[replica]]\nname = "r0"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]'
   else
-    first=$'name = "p0"\nrole = "prefill"'
-    second=$'name = "d0"\nrole = "decode"\nnum_blocks = 512'
+    nodes=$'[[node]]\nname = "n0"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 1\n[[node]]\nname = "n1"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 1'
+    replicas=$'[[replica]]\nname = "p0"\nrole = "prefill"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]\n'
+    replicas+=$'[[replica]]\nname = "d0"\nrole = "decode"\nnum_blocks = 512\nstages = [ { node = "n1", layers = "all", devices = ["cpu"], kv_port = '$(free_port)$' } ]'
   fi
-  local kv=""
-  [[ $1 == disaggregated ]] && kv=", kv_port = $(free_port)"
   cat >"$work/$1.toml" <<TOML
 [model]
 path = "$model"
@@ -48,22 +48,8 @@ num_blocks = 256
 [scheduler]
 max_running = 16
 max_step_tokens = 256
-[[node]]
-name = "n0"
-host = "127.0.0.1"
-port = $(free_port)
-threads = 1
-[[node]]
-name = "n1"
-host = "127.0.0.1"
-port = $(free_port)
-threads = 1
-[[replica]]
-$first
-stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
-[[replica]]
-$second
-stages = [ { node = "n1", layers = "all", devices = ["cpu"]$kv } ]
+$nodes
+$replicas
 TOML
 }
 configs=(colocated disaggregated)
@@ -86,10 +72,10 @@ for run in $(seq 1 "$RUNS"); do
     out=$(launch up "$work/$cfg.toml" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300)
     url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
     build/tools/troupe-bench --endpoint "$url" --requests "$LONG_REQUESTS" --rate "$LONG_RATE" --prompt-words "$LONG_WORDS" \
-      --output-tokens 16 --seed $((run + 100)) --json "$work/long.json" >/dev/null &
+      --output-tokens 16 --seed $((SEED + 100)) --json "$work/long.json" >/dev/null &
     long=$!
     build/tools/troupe-bench --endpoint "$url" --requests "$CHAT_REQUESTS" --rate "$CHAT_RATE" --prompt-words "$CHAT_WORDS" \
-      --output-tokens 64 --seed "$run" --json "$work/chat.json" >/dev/null
+      --output-tokens 64 --seed "$SEED" --json "$work/chat.json" >/dev/null
     wait "$long"
     read -r i99 i50 ct ct99 lt tp ltok < <(summary "$work/chat.json" "$work/long.json")
     itl99[$cfg]+="$i99 "

@@ -408,6 +408,11 @@ uint32_t request_router::num_ready() const {
   return n;
 }
 
+bool request_router::can_serve() const {
+  return std::any_of(replicas_.begin(), replicas_.end(),
+                     [](const replica_view& r) { return r.found && r.ready && r.role != replica_role::prefill; });
+}
+
 std::string request_router::not_ready_detail(std::span<const std::string> names) const {
   std::string detail;
   for (size_t k = 0; k < replicas_.size(); ++k) {

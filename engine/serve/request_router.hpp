@@ -212,6 +212,9 @@ class request_router {
   const replica_view& replica(size_t k) const { return replicas_[k]; }
   size_t num_replicas() const { return replicas_.size(); }
   uint32_t num_ready() const;
+  // Whether a request can be served to its end now: a ready replica that decodes (a prefill
+  // replica alone cannot finish one).
+  bool can_serve() const;
   // "replica NAME: why" for each replica that is not ready, names from `names`.
   std::string not_ready_detail(std::span<const std::string> names) const;
 

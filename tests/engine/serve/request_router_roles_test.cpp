@@ -171,3 +171,21 @@ TEST_CASE("roles: a handoff from an attempt that was not prefilling ends the req
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("roles: the pool can serve while a decode replica is ready, whatever the prefill replicas say") {
+  request_router r = roles();
+  CHECK(r.can_serve());
+  CHECK(r.replica_health(2, false, "recovering", t0).empty());
+  CHECK(r.can_serve());
+  CHECK(r.replica_health(3, false, "recovering", t0).empty());
+  CHECK_FALSE(r.can_serve());  // prefill replicas alone finish nothing
+  CHECK(r.num_ready() == 2);
+  CHECK(r.replica_health(0, false, "recovering", t0).empty());
+  CHECK(r.replica_health(1, false, "recovering", t0).empty());
+  CHECK(r.replica_health(2, true, "", t0).empty());
+  CHECK(r.can_serve());  // a decode replica computes requests whole
+}
+
+}  // namespace troupe
