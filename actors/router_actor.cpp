@@ -4,6 +4,7 @@
 // function that ends a request with its final message.
 #include "actors/router_actor.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include <caf/all.hpp>
@@ -134,11 +135,14 @@ route_prompt read_request(const router_state& st, std::span<const uint8_t> frame
   route_prompt p;
   slo = -1;
   const bool kv_aware = st.core->config().policy == route_policy::kv_aware && st.setup.tok;
-  if (!kv_aware && st.setup.classes.empty()) return p;
+  const bool roles = std::any_of(st.setup.replicas.begin(), st.setup.replicas.end(),
+                                 [](const replica_address& a) { return a.role != replica_role::both; });
+  if (!kv_aware && !roles && st.setup.classes.empty()) return p;
   wire::request_limits lim;
   lim.context = st.setup.context;
   auto v = wire::peek_route(frame, kv_aware ? st.setup.tok : nullptr, lim);
   if (!v) return p;
+  p.whole = v->eviction;  // its own KV eviction hands no blocks over: served whole
   slo = v->slo_class.empty() ? st.setup.default_class : slo_class_index(st.setup.classes, v->slo_class);
   if (!kv_aware || (st.setup.context > 0 && v->prompt.size() >= static_cast<size_t>(st.setup.context))) return p;
   p.block_size = st.setup.block_size;

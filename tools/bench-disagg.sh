@@ -7,8 +7,9 @@
 # tokens. Colocated: one replica, one process with two threads, taking both kinds.
 # Disaggregated: a prefill replica and a decode replica, one process and one thread each
 # (written the way deploy/disagg.toml is). The same workload (SEED) alternated RUNS times;
-# prints each run, then a Markdown table of medians: the chats' inter-token latency (what a long prompt computed
-# beside running streams stalls), their TTFT and the documents', and output throughput.
+# prints each run, then a Markdown table of medians: the chats' inter-token latency (what a
+# long prompt computed beside running streams stalls), their TTFT and the documents', and
+# output throughput.
 #   tools/bench-disagg.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -84,6 +84,10 @@ check "one process"
 handed=$(metric troupe_requests_handed_off_total)
 [[ ${handed%.*} -ge 2 ]] || fail "troupe_requests_handed_off_total is '$handed' after two requests"
 [[ $(metric 'troupe_replica_role{replica="p0",role="prefill"}') == 1 ]] || fail "/metrics does not give p0's role"
+# A request with KV eviction of its own hands nothing over: the decode replica serves it whole.
+code=$(post "$work/ev" '{"model":"stories260K","prompt":"'"$story"'","max_tokens":40,"temperature":0,"kv_eviction":{"policy":"streaming","budget":128}}')
+[[ $code == 200 ]] || fail "a request with its own KV eviction: status $code: $(head -c 300 "$work/ev")"
+[[ $(metric troupe_requests_handed_off_total) == "$handed" ]] || fail "a request with its own KV eviction was handed over"
 stop_tree "$node_pid"
 node_pid=
 

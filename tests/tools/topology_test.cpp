@@ -527,7 +527,7 @@ stages = [ { node = "n0", layers = "0-4", devices = ["cpu"], gpus = 2 } ])",
                                   "t.toml", "/d");
   REQUIRE_FALSE(gpus.has_value());
   CHECK(gpus.err().message ==
-        "t.toml:17: replica 'r0', stage 0: unknown key 'gpus' (it takes node, layers, devices)");
+        "t.toml:17: replica 'r0', stage 0: unknown key 'gpus' (it takes node, layers, devices, kv_port)");
   auto node_key = parse_topology_text(std::string(base) + "[[node]]\nname = \"n2\"\nhost = \"127.0.0.1\"\nport = 7412\nthread = 2\n" +
                                           ok_replica,
                                       "t.toml", "/d");

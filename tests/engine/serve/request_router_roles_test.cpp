@@ -123,7 +123,7 @@ TEST_CASE("roles: a prefill replica lost after the first token: the decode repli
   CHECK(r.delivered(7) == first_token);
 }
 
-TEST_CASE("roles: without a ready decode replica nothing is prefilled; requests wait for one") {
+TEST_CASE("roles: without a ready decode replica nothing is prefilled, and requests wait for one") {
   request_router r = roles();
   CHECK(r.replica_health(2, false, "recovering", t0).empty());
   CHECK(r.replica_health(3, false, "recovering", t0).empty());
