@@ -8,10 +8,11 @@
 //
 // The counterpart's landing (kv_landing) puts each record it takes into its shard's first
 // tier, where the loads its scheduler plans for the handed-over request find them. A push
-// waits until every destination has taken its blocks (or the time is up), so a request's
-// KV has landed before its prefill step answers. A block that cannot be sent (the decode
-// replica is gone, its channel broke) is counted and left: its load fails there, and the
-// decode replica computes it.
+// waits until every destination has taken its blocks (2 s at most; a destination that lets
+// the time pass, or breaks, is left alone for a second, doubling to 30 while it keeps
+// failing), so a request's KV has landed before its prefill step answers. A block that cannot be sent (the decode replica is gone, its
+// channel broke) is counted and left: its load fails there, and the decode replica
+// computes it.
 //
 // shard_push: one thread at a time (the shard's). kv_landing: its connections' threads.
 #pragma once
@@ -38,14 +39,14 @@ struct kv_peer {
 };
 
 struct push_stats {
-  uint64_t blocks = 0;  // taken by their destination
+  uint64_t blocks = 0;  // sent
   uint64_t bytes = 0;
-  uint64_t failed = 0;  // not sent, or not acknowledged in time
+  uint64_t failed = 0;  // blocks not sent, and flushes not acknowledged in time
 };
 
 class shard_push {
  public:
-  static constexpr std::chrono::milliseconds flush_timeout{5000};
+  static constexpr std::chrono::milliseconds flush_timeout{2000};
 
   shard_push(std::string prefix, kv_cache& cache, std::vector<kv_peer> peers, kv_channel_limits limits = {});
   ~shard_push();
@@ -61,9 +62,11 @@ class shard_push {
   struct destination {
     kv_peer peer;
     std::unique_ptr<kv_channel_sender> channel;
-    std::chrono::steady_clock::time_point retry_at{};  // after a failed connect
+    std::chrono::steady_clock::time_point retry_at{};  // after a failure
+    std::chrono::seconds backoff{1};                    // the next wait after a failure
   };
-  kv_channel_sender* channel_to(const std::string& replica);
+  destination* channel_to(const std::string& replica);  // connected, or null
+  static void back_off(destination& d, std::chrono::steady_clock::time_point now);
 
   std::string prefix_;
   kv_cache& cache_;

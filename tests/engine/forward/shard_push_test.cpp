@@ -4,9 +4,12 @@
 #include <cstring>
 #include <random>
 
+#include <unistd.h>
+
 #include <doctest/doctest.h>
 
 #include "engine/forward/shard_push.hpp"
+#include "engine/util/tcp.hpp"
 
 namespace troupe {
 
@@ -92,6 +95,26 @@ TEST_CASE("a block under another shard's prefix is dropped, and an absent replic
   lost.push(std::vector<tier_move>{move(1, 0, 10, "d9"), move(1, 1, 11, "d1"), move(1, 2, 12, "d1")}, {});
   CHECK(lost.stats().blocks == 0);
   CHECK(lost.stats().failed == 3);
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("a receiver that never acknowledges costs one flush, then is left alone") {
+  // A port that takes connections (the kernel's backlog) but never answers: a hung node.
+  auto hung = tcp::listen_on("127.0.0.1", 0, "a hung receiver");
+  REQUIRE(hung);
+  kv_cache prefill(shape());
+  shard_push push("p/", prefill, {kv_peer{"d0", "127.0.0.1", hung->port}});
+  push.push(std::vector<tier_move>{move(1, 0, 10), move(1, 1, 11)}, {});
+  CHECK(push.stats().blocks == 2);  // written into the socket...
+  CHECK(push.stats().failed == 1);  // ...never acknowledged
+  // Left alone now: the next step's blocks are not sent there at all.
+  push.push(std::vector<tier_move>{move(2, 2, 12), move(2, 3, 13)}, {});
+  CHECK(push.stats().blocks == 2);
+  CHECK(push.stats().failed == 3);
+  ::close(hung->fd);
 }
 
 }  // namespace troupe
