@@ -135,9 +135,7 @@ route_prompt read_request(const router_state& st, std::span<const uint8_t> frame
   route_prompt p;
   slo = -1;
   const bool kv_aware = st.core->config().policy == route_policy::kv_aware && st.setup.tok;
-  const bool roles = std::any_of(st.setup.replicas.begin(), st.setup.replicas.end(),
-                                 [](const replica_address& a) { return a.role != replica_role::both; });
-  if (!kv_aware && !roles && st.setup.classes.empty()) return p;
+  if (!kv_aware && !st.core->disaggregated() && st.setup.classes.empty()) return p;
   wire::request_limits lim;
   lim.context = st.setup.context;
   auto v = wire::peek_route(frame, kv_aware ? st.setup.tok : nullptr, lim);

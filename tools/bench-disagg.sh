@@ -70,8 +70,7 @@ PY
 }
 for run in $(seq 1 "$RUNS"); do
   for cfg in "${configs[@]}"; do
-    out=$(launch up "$work/$cfg.toml" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300)
-    url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+    url=$(launch_http "$work/$cfg.toml")
     build/tools/troupe-bench --endpoint "$url" --requests "$LONG_REQUESTS" --rate "$LONG_RATE" --prompt-words "$LONG_WORDS" \
       --output-tokens 16 --seed $((SEED + 100)) --json "$work/long.json" >/dev/null &
     long=$!
@@ -94,5 +93,5 @@ echo "| layout | chat ITL p99 (ms), runs | median | chat ITL p50 | chat TTFT p50
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for cfg in "${configs[@]}"; do
   m=$(echo "${itl99[$cfg]}" | median)
-  echo "| $cfg | ${itl99[$cfg]}| $m | $(echo "${itl50[$cfg]}" | median) | $(echo "${cttft[$cfg]}" | median) | $(echo "${cttft99[$cfg]}" | median) | $(echo "${lttft[$cfg]}" | median) | $(echo "${tput[$cfg]}" | median) | $(awk -v a="$base" -v b="$m" 'BEGIN {printf "%.1fx", a / b}') |"
+  echo "| $cfg | ${itl99[$cfg]}| $m | $(echo "${itl50[$cfg]}" | median) | $(echo "${cttft[$cfg]}" | median) | $(echo "${cttft99[$cfg]}" | median) | $(echo "${lttft[$cfg]}" | median) | $(echo "${tput[$cfg]}" | median) | $(ratio "$base" "$m") |"
 done

@@ -54,8 +54,7 @@ for p in h2o scissorhands streaming; do topology "$p" "policy = \"$p\"" "budget 
 declare -A tpot tput
 for run in $(seq 1 "$RUNS"); do
   for cfg in full h2o scissorhands streaming; do
-    out=$(launch up "$work/$cfg.toml" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300)
-    url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+    url=$(launch_http "$work/$cfg.toml")
     build/tools/troupe-bench --endpoint "$url" --requests 8 --concurrency 4 --prompt-words 200 --output-tokens 1500 \
       --seed "$run" --json "$work/r.json" >/dev/null
     read -r t r < <(python3 -c '

@@ -62,8 +62,7 @@ for run in $(seq 1 "$RUNS"); do
   for cfg in "${configs[@]}"; do
     rm -rf "$work/disk"
     redis-cli -p "$redis_port" flushall >/dev/null
-    out=$(launch up "$work/$cfg.toml" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300)
-    url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+    url=$(launch_http "$work/$cfg.toml")
     build/tools/troupe-bench --endpoint "$url" --chat --turns 10 --think-ms 3000 --requests 6 --concurrency 6 \
       --prompt-words 60 --output-tokens 12 --seed "$run" --json "$work/r.json" >/dev/null
     sleep 1.5  # the router's next poll
@@ -96,5 +95,5 @@ echo "| --- | --- | ---: | ---: | ---: | --- | ---: |"
 for cfg in "${configs[@]}"; do
   m=$(echo "${ttft[$cfg]}" | median)
   name=$([[ $cfg == all ]] && echo "host 48 MB + disk 96 MB + redis" || echo "$cfg")
-  echo "| $name | ${ttft[$cfg]}| $m | $(echo "${ttft99[$cfg]}" | median) | $(echo "${cached[$cfg]}" | median)% | ${hits[$cfg]} | $(awk -v a="$base" -v b="$m" 'BEGIN {printf "%.1fx", a / b}') |"
+  echo "| $name | ${ttft[$cfg]}| $m | $(echo "${ttft99[$cfg]}" | median) | $(echo "${cached[$cfg]}" | median)% | ${hits[$cfg]} | $(ratio "$base" "$m") |"
 done

@@ -29,3 +29,7 @@ bench_cluster_scratch() {
 launch() { build/tools/troupe-launch "$@" --state-dir "$work/state"; }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+# launch_http TOPOLOGY: starts its nodes (both client APIs on free ports) and prints the
+# HTTP endpoint. ratio A B: A over B, as "N.Nx".
+launch_http() { launch up "$1" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300 | sed -n 's|^endpoint: \(http://.*\)|\1|p'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1fx", a / b}'; }

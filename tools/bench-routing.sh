@@ -56,8 +56,7 @@ for c in "${configs[@]}"; do topology "$c"; done
 declare -A ttft ttft99 tput cached
 for run in $(seq 1 "$RUNS"); do
   for cfg in "${configs[@]}"; do
-    out=$(launch up "$work/$cfg.toml" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300)
-    url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+    url=$(launch_http "$work/$cfg.toml")
     build/tools/troupe-bench --endpoint "$url" --requests "$REQUESTS" --concurrency 4 --shared-prefix "$PREFIX" \
       --prefixes "$TENANTS" --prompt-words $((PREFIX + 20)) --output-tokens 8 --seed "$run" --json "$work/r.json" >/dev/null
     read -r t t99 tp c < <(python3 - "$work/r.json" <<'PY'
@@ -81,5 +80,5 @@ echo "| [router] policy | TTFT p50 (ms), runs | median | TTFT p99 median | reque
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
 for cfg in "${configs[@]}"; do
   m=$(echo "${ttft[$cfg]}" | median)
-  echo "| $cfg | ${ttft[$cfg]}| $m | $(echo "${ttft99[$cfg]}" | median) | $(echo "${tput[$cfg]}" | median) | $(echo "${cached[$cfg]}" | median)% | $(awk -v a="$base" -v b="$m" 'BEGIN {printf "%.1fx", a / b}') |"
+  echo "| $cfg | ${ttft[$cfg]}| $m | $(echo "${ttft99[$cfg]}" | median) | $(echo "${tput[$cfg]}" | median) | $(echo "${cached[$cfg]}" | median)% | $(ratio "$base" "$m") |"
 done

@@ -51,8 +51,7 @@ configs=(admission-on admission-off)
 topology admission-on true
 topology admission-off false
 for cfg in "${configs[@]}"; do
-  out=$(launch up "$work/$cfg.toml" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300)
-  url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+  url=$(launch_http "$work/$cfg.toml")
   # A few requests first, so that no level pays for a cold start (and the estimates have steps).
   build/tools/troupe-bench --endpoint "$url" --requests 4 --concurrency 1 --prompt-words 150 --output-tokens 32 >/dev/null
   # shellcheck disable=SC2086

@@ -75,10 +75,8 @@ void request_router::remember(size_t k, const route_prompt& p, router_clock::tim
   }
 }
 
-void request_router::set_role(size_t k, replica_role role) {
-  if (replicas_[k].role == replica_role::prefill) --prefill_replicas_;
-  replicas_[k].role = role;
-  if (role == replica_role::prefill) ++prefill_replicas_;
+bool request_router::disaggregated() const {
+  return std::any_of(replicas_.begin(), replicas_.end(), [](const replica_view& r) { return r.role == replica_role::prefill; });
 }
 
 int32_t request_router::least_loaded_decoder() const {

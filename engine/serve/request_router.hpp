@@ -197,7 +197,9 @@ class request_router {
   // The blocks its pool has free, as its scheduler last said (-1: not known).
   void replica_free_blocks(size_t k, int64_t free) { replicas_[k].free_blocks = free; }
   // Its role (all start as both).
-  void set_role(size_t k, replica_role role);
+  void set_role(size_t k, replica_role role) { replicas_[k].role = role; }
+  // Some replicas prefill (and others decode): requests go in two phases.
+  bool disaggregated() const;
 
   struct replica_view {
     bool found = false, ready = false;
@@ -259,7 +261,6 @@ class request_router {
   // decode: decode and both) that have not refused r.
   int32_t choose_among(const routed& r, bool prefill, router_clock::time_point now, size_t& hit_blocks);
   int32_t least_loaded_decoder() const;
-  bool disaggregated() const { return prefill_replicas_ > 0; }
   void drop_decode_target(routed& r);
   size_t expected_blocks(size_t k, const route_prompt& p, router_clock::time_point now);
   void remember(size_t k, const route_prompt& p, router_clock::time_point now);
@@ -277,7 +278,6 @@ class request_router {
   uint64_t next_attempt_ = first_resubmission_id;
   uint64_t failovers_ = 0, resubmitted_ = 0, outages_ = 0;
   uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0, redirected_ = 0, handoffs_ = 0;
-  size_t prefill_replicas_ = 0;
 };
 
 }  // namespace troupe

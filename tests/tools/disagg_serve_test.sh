@@ -56,19 +56,23 @@ check() {
   echo "ok: $1: troupe-run's text, whole and streamed; $cached prompt tokens came from the prefill replica"
 }
 
+# cluster FILE NODES KV_PORTS: a stories260K topology at FILE with nodes n0.. (the gateway
+# on n0), every one on its own free port, and KV_PORTS more free ports in $kv for the
+# replicas, which the caller appends.
+cluster() {
+  local ports i
+  read -ra ports <<<"$(free_ports $(($2 + 1 + $3)))"
+  {
+    printf '[model]\npath = "%s"\ntokenizer = "%s"\n' "$models/stories260K.bin" "$models/tok512.bin"
+    printf '[gateway]\nnode = "n0"\ncapnp = "127.0.0.1:%s"\n' "${ports[0]}"
+    for ((i = 0; i < $2; i++)); do printf '[[node]]\nname = "n%d"\nhost = "127.0.0.1"\nport = %s\n' "$i" "${ports[i + 1]}"; done
+  } >"$1"
+  kv=("${ports[@]:$(($2 + 1))}")
+}
+
 # One process: a prefill replica and a decode replica.
-read -ra ports <<<"$(free_ports 3)"
-cat >"$work/one.toml" <<TOML
-[model]
-path      = "$models/stories260K.bin"
-tokenizer = "$models/tok512.bin"
-[gateway]
-node  = "n0"
-capnp = "127.0.0.1:${ports[0]}"
-[[node]]
-name = "n0"
-host = "127.0.0.1"
-port = ${ports[1]}
+cluster "$work/one.toml" 1 1
+cat >>"$work/one.toml" <<TOML
 [[replica]]
 name   = "p0"
 role   = "prefill"
@@ -76,7 +80,7 @@ stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
 [[replica]]
 name   = "d0"
 role   = "decode"
-stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = ${ports[2]} } ]
+stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = ${kv[0]} } ]
 TOML
 start_node "$work/one.toml" "$work"
 base=$http_url
@@ -93,26 +97,8 @@ node_pid=
 
 # Three processes: the prefill replica PP=2 across n0 and n1, decode replica d0 PP=2 the
 # other way round, d1 whole on n2 (its scheduler there, so killing n2 loses it).
-read -ra ports <<<"$(free_ports 8)"
-cat >"$work/pp2.toml" <<TOML
-[model]
-path      = "$models/stories260K.bin"
-tokenizer = "$models/tok512.bin"
-[gateway]
-node  = "n0"
-capnp = "127.0.0.1:${ports[0]}"
-[[node]]
-name = "n0"
-host = "127.0.0.1"
-port = ${ports[1]}
-[[node]]
-name = "n1"
-host = "127.0.0.1"
-port = ${ports[2]}
-[[node]]
-name = "n2"
-host = "127.0.0.1"
-port = ${ports[3]}
+cluster "$work/pp2.toml" 3 4
+cat >>"$work/pp2.toml" <<TOML
 [[replica]]
 name   = "p0"
 role   = "prefill"
@@ -120,13 +106,13 @@ stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", la
 [[replica]]
 name   = "d0"
 role   = "decode"
-stages = [ { node = "n1", layers = "0-2", devices = ["cpu"], kv_port = ${ports[4]} },
-           { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = ${ports[5]} } ]
+stages = [ { node = "n1", layers = "0-2", devices = ["cpu"], kv_port = ${kv[0]} },
+           { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = ${kv[1]} } ]
 [[replica]]
 name   = "d1"
 role   = "decode"
-stages = [ { node = "n2", layers = "0-2", devices = ["cpu"], kv_port = ${ports[6]} },
-           { node = "n2", layers = "3-4", devices = ["cpu"], kv_port = ${ports[7]} } ]
+stages = [ { node = "n2", layers = "0-2", devices = ["cpu"], kv_port = ${kv[2]} },
+           { node = "n2", layers = "3-4", devices = ["cpu"], kv_port = ${kv[3]} } ]
 TOML
 out=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "troupe-launch up: $out"
 base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")

@@ -9,6 +9,30 @@
 
 namespace troupe::wire {
 
+namespace {
+
+// A plan of one chunk: request 1's tokens 5 and 6 at position 8, its table blocks 4, 7
+// and 9 (the plan's spans point into this object, which therefore stays put).
+struct chunk_plan {
+  std::vector<block_id> table{block_id{4}, block_id{7}, block_id{9}};
+  std::vector<int32_t> tokens{5, 6};
+  step_plan plan;
+  chunk_plan() {
+    scheduled_chunk a;
+    a.id = request_id{1};
+    a.first = 8;
+    a.count = 2;
+    a.tokens = tokens;
+    a.block_table = table;
+    a.sample = true;
+    plan.chunks = {a};
+  }
+  chunk_plan(const chunk_plan&) = delete;
+  chunk_plan& operator=(const chunk_plan&) = delete;
+};
+
+}  // namespace
+
 TEST_CASE("KV eviction reaches the stage: each chunk's slots and RoPE positions, and the compactions before them") {
   for (kv_policy policy : {kv_policy::streaming, kv_policy::h2o}) {
     CAPTURE(kv_policy_name(policy));
@@ -213,17 +237,8 @@ TEST_CASE("KV tier loads and saves reach the stage with their keys, and only blo
   step_decoder dec(limits());
   step_encoder enc;
   enc.restart(1);
-  std::vector<block_id> t1{block_id{4}, block_id{7}, block_id{9}};
-  std::vector<int32_t> toks{5, 6};
-  step_plan plan;
-  scheduled_chunk a;
-  a.id = request_id{1};
-  a.first = 8;
-  a.count = 2;
-  a.tokens = toks;
-  a.block_table = t1;
-  a.sample = true;
-  plan.chunks = {a};
+  const chunk_plan c;
+  step_plan plan = c.plan;
   const tier_key k0{0x1122334455667788ull, 0x99aabbccddeeff00ull}, k1{3, 4};
   plan.tier_loads = {{request_id{1}, block_id{4}, k0}, {request_id{1}, block_id{7}, k1}};
   plan.tier_saves = {{request_id{1}, block_id{9}, tier_key{5, 6}}};
@@ -271,19 +286,9 @@ TEST_CASE("KV tier loads and saves reach the stage with their keys, and only blo
 }
 
 TEST_CASE("KV pushes reach the stage with their replicas: a block once to each, always to one") {
-  std::vector<block_id> t1{block_id{4}, block_id{7}, block_id{9}};
-  std::vector<int32_t> toks{5, 6};
-  step_plan plan;
-  scheduled_chunk a;
-  a.id = request_id{1};
-  a.first = 8;
-  a.count = 2;
-  a.tokens = toks;
-  a.block_table = t1;
-  a.sample = true;
-  plan.chunks = {a};
+  const chunk_plan c;
   auto decode = [&](std::vector<tier_move> pushes) {
-    step_plan p = plan;
+    step_plan p = c.plan;
     p.kv_pushes = std::move(pushes);
     step_encoder e;
     e.restart(1);

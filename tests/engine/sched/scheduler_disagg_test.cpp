@@ -34,6 +34,15 @@ request_params prompt_of(int32_t n, int32_t first) {
   return p;
 }
 
+// The 13-token prompt as a prefill replica hands it over: its first token (7) delivered,
+// the KV of its three whole blocks sent.
+request_params handed_over() {
+  request_params q = prompt_of(13, 10);
+  q.delivered = {7};
+  q.kv_from = 12;
+  return q;
+}
+
 std::vector<step_output> run(scheduler& s, const step_plan& plan, int32_t token = 7, std::vector<request_id> failed = {}) {
   s.settle_tier_loads(plan, failed);
   std::vector<sample_result> samples(plan.num_samples());
@@ -73,9 +82,7 @@ TEST_CASE("a prefill-only request sends its prompt's whole blocks as they fill, 
 
   // The keys are the content addresses a decode replica computes for the same prompt.
   scheduler d(config(100), test::tok512());
-  request_params q = prompt_of(13, 10);
-  q.delivered = {7};
-  q.kv_from = 12;
+  request_params q = handed_over();
   REQUIRE(d.add(request_id{2}, q));
   const step_plan dp = d.schedule();
   REQUIRE(dp.tier_loads.size() == 3);
@@ -116,9 +123,7 @@ TEST_CASE("a first token that ends the request is an ordinary end, not a handoff
 
 TEST_CASE("blocks that have not landed fail their loads: the decode replica computes the prompt") {
   scheduler d(config(100), test::tok512());
-  request_params q = prompt_of(13, 10);
-  q.delivered = {7};
-  q.kv_from = 12;
+  request_params q = handed_over();
   REQUIRE(d.add(request_id{1}, q));
   const step_plan p = d.schedule();
   REQUIRE(p.tier_loads.size() == 3);
@@ -132,9 +137,7 @@ TEST_CASE("blocks that have not landed fail their loads: the decode replica comp
 
 TEST_CASE("a decode replica without tiers computes a handed-over prompt, and bad fields are refused") {
   scheduler d(config(0), test::tok512());
-  request_params q = prompt_of(13, 10);
-  q.delivered = {7};
-  q.kv_from = 12;
+  request_params q = handed_over();
   REQUIRE(d.add(request_id{1}, q));
   const step_plan p = d.schedule();
   CHECK(p.tier_loads.empty());
