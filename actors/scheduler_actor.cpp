@@ -42,11 +42,11 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
   }
 }
 
-void fail_request(self_ptr self, request_id id, const std::string& why) {
+void fail_request(self_ptr self, request_id id, const std::string& why, error_code kind) {
   auto& st = self->state;
   if (auto out = st.sched->abort(id)) {
     forget_drafts(st, id);
-    send_result(self, id.value, *out, why, error_code::unavailable);
+    send_result(self, id.value, *out, why, kind);
     st.released.push_back(id);
   }
 }

@@ -185,9 +185,19 @@ void drop_in_flight(self_ptr self, bool was_ready) {
   st.released.clear();
   const size_t requeued = st.sched->reset_kv();
   restart_drafts(st);  // the drafts' caches are in block ids given out anew
+  // A request lost with every step of it lately would take the replica down with it again.
+  const std::vector<request_id> doomed = st.sched->doomed();
   if (was_ready)
     std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
-                 st.setup.replica.c_str(), st.recovery->why().c_str(), requeued);
+                 st.setup.replica.c_str(), st.recovery->why().c_str(), requeued - doomed.size());
+  for (request_id id : doomed) {
+    const std::string why = "request " + std::to_string(id.value) + ": its last " +
+                            std::to_string(scheduler::max_lost_steps) + " steps failed on replica " +
+                            st.setup.replica + " (the latest: " + st.recovery->why() +
+                            "); it is ended rather than computed into the same failure again";
+    std::fprintf(stderr, "troupe: %s\n", why.c_str());
+    fail_request(self, id, why, error_code::internal);
+  }
 }
 
 }  // namespace

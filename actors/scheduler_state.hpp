@@ -115,7 +115,7 @@ void send_result(self_ptr self, uint64_t id, const step_output& out, const std::
 void dispatch(self_ptr self, std::vector<step_output> outs);
 // Ends a request this replica cannot serve (it did not recover in time): the client may
 // try again later.
-void fail_request(self_ptr self, request_id id, const std::string& why);
+void fail_request(self_ptr self, request_id id, const std::string& why, error_code kind = error_code::unavailable);
 void announce(self_ptr self);
 
 // scheduler_steps.cpp

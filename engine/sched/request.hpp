@@ -88,6 +88,7 @@ struct request {
   int32_t num_preemptions = 0;
   int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
   bool in_flight = false;  // a step computing this request has not come back yet
+  int32_t lost_steps = 0;   // its steps lost with the replica's state since one last came back
   std::vector<block_id> blocks;  // its KV blocks, as the block manager granted them
   draft_state drafts;            // speculative decoding
   int32_t evicted = 0;           // KV eviction: tokens dropped from its cache, so its

@@ -154,7 +154,10 @@ status scheduler::add(request_id id, request_params p) {
 
 size_t scheduler::reset_kv() {
   const size_t n = running_.size();
-  for (request* r : running_) requeue(*r);
+  for (request* r : running_) {
+    if (r->in_flight) ++r->lost_steps;
+    requeue(*r);
+  }
   running_.clear();
   const kv_usage before = kv_ ? kv_->usage() : remote_usage_;
   queried_before_reset_ += before.queried_tokens;
@@ -164,6 +167,13 @@ size_t scheduler::reset_kv() {
   remote_usage_ = kv_usage{};
   remote_usage_.num_blocks = remote_usage_.free = cfg_.kv.num_blocks;
   return n;
+}
+
+std::vector<request_id> scheduler::doomed() const {
+  std::vector<request_id> ids;
+  for (const request* r : waiting_)
+    if (r->lost_steps >= max_lost_steps) ids.push_back(r->id);
+  return ids;
 }
 
 request* scheduler::find(request_id id) {
@@ -449,7 +459,10 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
       k += n;
       ++row;
     }
-    if (rp) rp->in_flight = false;
+    if (rp) {
+      rp->in_flight = false;
+      rp->lost_steps = 0;  // a step of it came back
+    }
     if (!rp || rp->state != request_state::running || rp->num_computed_tokens != c.first) continue;
     request& r = *rp;
     // The known tokens' KV, and the accepted drafts' (every emitted token but the last).

@@ -139,6 +139,11 @@ class scheduler {
   // plans in flight must be dropped, never applied. Returns how many requests were sent
   // back.
   size_t reset_kv();
+  // Requests whose last max_lost_steps steps were each lost with the replica's state (a
+  // plan a stage refuses every time, a step that always times out): recomputing them would
+  // fail the same way again, so the caller ends them (abort) with an error.
+  static constexpr int32_t max_lost_steps = 4;
+  std::vector<request_id> doomed() const;
 
   // Plans a step with the block manager the scheduler owns (remote_kv off).
   step_plan schedule();

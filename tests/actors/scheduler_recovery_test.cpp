@@ -14,6 +14,7 @@
 #include "actors/scheduler_actor.hpp"
 #include "actors/wire/activations_codec.hpp"
 #include "actors/wire/client_codec.hpp"
+#include "actors/wire/step_codec.hpp"
 #include "tests/actors/actor_test_support.hpp"
 
 namespace troupe {
@@ -63,6 +64,26 @@ caf::behavior broken_stage(caf::event_based_actor*, std::shared_ptr<int> steps) 
 // A one-stage pipeline that answers a step of one token with finite logits.
 caf::behavior working_stage(caf::event_based_actor*, int32_t vocab) {
   return {[vocab](step_atom, const wire_message&, const wire_message&) -> wire_message {
+    const std::vector<float> logits(vocab, 0.5f);
+    return wire_message(wire_kind::activations, wire::encode_activations(0, 1, vocab, logits.data()));
+  }};
+}
+
+// A one-stage pipeline that refuses every plan carrying request `poison` and answers the
+// others with finite logits, one row a plan (a one-token step: the canary's, or a request
+// of one prompt token).
+caf::behavior poisoned_stage(caf::event_based_actor*, const test::loaded* l, uint64_t poison) {
+  wire::step_limits lim;
+  lim.vocab = l->m.config.vocab_size;
+  lim.context = l->m.config.max_seq_len;
+  lim.num_blocks = 1u << 20;
+  auto decoder = std::make_shared<wire::step_decoder>(lim);
+  return {[decoder, poison, vocab = lim.vocab](step_atom, const wire_message& plan,
+                                               const wire_message&) -> caf::result<wire_message> {
+    auto step = decoder->decode(*plan.bytes);
+    if (!step) return make_error(error_code::invalid, step.err().message);
+    for (request_id id : step->ids)
+      if (id.value == poison) return make_error(error_code::invalid, "this plan is refused");
     const std::vector<float> logits(vocab, 0.5f);
     return wire_message(wire_kind::activations, wire::encode_activations(0, 1, vocab, logits.data()));
   }};
@@ -164,6 +185,52 @@ TEST_CASE("scheduler actor: a request waiting past the recovery timeout ends as 
   CHECK(result->request == 5);
   CHECK(result->error_type == error_code::unavailable);
   CHECK(result->error == "replica r0 did not recover within 2 s (stage 0: this stage is broken)");
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  d.run();
+}
+
+TEST_CASE("scheduler actor: a request whose every step is refused ends with the reason, and the replica serves on") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  deterministic_system d;
+  auto names = std::make_shared<std::map<std::string, caf::actor>>();
+  (*names)["r0/stage0"] = d.sys.spawn(poisoned_stage, &l, uint64_t{5});
+  auto sched = spawn_scheduler(d.sys, one_stage(l, d.sys.spawn(agent_behavior, names), 30s));
+  caf::scoped_actor self{d.sys, true};
+  auto send = [&](uint64_t id, const std::vector<int32_t>& prompt) {
+    request_params p;
+    p.prompt = prompt;
+    p.max_tokens = 1;
+    self->send(sched, generate_atom_v, id, wire_message(wire_kind::none, wire::encode_generate_request_tokens(p)),
+               caf::actor{self});
+  };
+  auto result = [&]() {
+    std::optional<wire::result_view> r;
+    self->receive([&](done_atom, const wire_message& m) { r = wire::decode_generate_result(*m.bytes).value(); },
+                  caf::after(0s) >> [] {});
+    return r;
+  };
+  send(5, l.tok.encode("Once upon a time", true));
+  // Each loss comes while the replica is ready, so each is looked into at once: without a
+  // cap the replica would spin through the same plan for ever. Its fourth step ends it.
+  d.run();
+  auto r = result();
+  CHECK(r.has_value());
+  if (r) {
+    CHECK(r->request == 5);
+    CHECK(r->error_type == error_code::internal);
+    CHECK(r->error == "request 5: its last 4 steps failed on replica r0 (the latest: stage 0: this plan is refused); "
+                      "it is ended rather than computed into the same failure again");
+  }
+  // The replica is ready again, and serves the next request.
+  send(6, {l.tok.bos_id()});
+  d.run();
+  r = result();
+  CHECK(r.has_value());
+  if (r) {
+    CHECK(r->request == 6);
+    CHECK(r->error.empty());
+    CHECK(r->output_tokens == 1);
+  }
   self->send_exit(sched, caf::exit_reason::user_shutdown);
   d.run();
 }

@@ -245,6 +245,36 @@ TEST_CASE("two plans in flight: the second leaves out the first's requests, and 
   CHECK(s.find(request_id{4})->num_computed_tokens == 4);
 }
 
+TEST_CASE("a request whose steps are lost with the replica every time is doomed, one that progresses is not") {
+  scheduler s(small(64), test::tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(8, 300, 5)).has_value());
+  auto lose_a_step = [&s] {
+    REQUIRE(s.schedule().chunks.size() == 1);
+    CHECK(s.reset_kv() == 1);
+  };
+  for (int32_t i = 1; i < scheduler::max_lost_steps; ++i) lose_a_step();
+  CHECK(s.doomed().empty());
+  // A step of it comes back: the count starts again.
+  CHECK(run(s, s.schedule()).size() == 1);
+  for (int32_t i = 1; i < scheduler::max_lost_steps; ++i) lose_a_step();
+  CHECK(s.doomed().empty());
+  lose_a_step();
+  CHECK(s.doomed() == std::vector<request_id>{request_id{1}});
+  REQUIRE(s.abort(request_id{1}));
+  CHECK(s.doomed().empty());
+  // Losses while a request waits, no step of it in flight, are not its steps'.
+  scheduler one(small(64, 64, 1), test::tok512());
+  REQUIRE(one.add(request_id{1}, prompt_of(8, 300, 5)).has_value());
+  REQUIRE(one.add(request_id{2}, prompt_of(8, 100, 5)).has_value());
+  for (int32_t i = 0; i < scheduler::max_lost_steps; ++i) {
+    const step_plan p = one.schedule();
+    REQUIRE(p.chunks.size() == 1);
+    CHECK(p.chunks[0].id == request_id{1});
+    (void)one.reset_kv();
+  }
+  CHECK(one.doomed() == std::vector<request_id>{request_id{1}});
+}
+
 }  // namespace troupe
 
 namespace troupe {
