@@ -71,7 +71,9 @@ std::optional<std::string> scheduler::slo_refusal(const request_params& p) const
       return "class '" + c.name + "': the first token would come in about " + fmt(*t) + " (" + std::to_string(ahead) +
              " prompt tokens to compute first), past its target of " + fmt(c.ttft_ms);
   }
-  if (c.tpot_ms > 0) {
+  // A prefill-only request (kv_to) decodes on another replica: its tokens' pace is not
+  // this replica's to judge.
+  if (c.tpot_ms > 0 && p.kv_to.empty()) {
     const auto decoding = static_cast<int32_t>(std::min<size_t>(running_.size() + 1, cfg_.max_running));
     if (auto t = slo_.tpot_ms(decoding); t && *t > c.tpot_ms)
       return "class '" + c.name + "': with " + std::to_string(decoding) + " requests decoding, a token would take about " +

@@ -16,7 +16,10 @@
 //             left of max_step_tokens for prompts);
 //   tpot(R) = the larger of base_ms + per_token_ms * R (R the requests decoding together)
 //             and the mean of the latest steps (recent_ms: prompt chunks that share the
-//             steps with decoding lengthen every token's time, and they keep coming).
+//             steps with decoding lengthen every token's time, and they keep coming). The
+//             mean spans about as many steps as a request decodes (1 / recent_weight), not
+//             the last few: those are all prompt chunks whenever a prompt has just come,
+//             and a request's tokens meet chunks only at the rate prompts arrive.
 // Until it has seen enough steps it predicts nothing (and nothing is refused).
 #pragma once
 
@@ -52,7 +55,7 @@ class slo_estimator {
  public:
   static constexpr double forget = 0.97;      // each step's weight against the one before
   static constexpr int32_t min_steps = 8;     // steps seen before anything is predicted
-  static constexpr double recent_weight = 0.2;  // of each step in recent_ms
+  static constexpr double recent_weight = 1.0 / 32;  // of each step in recent_ms
 
   // A step that computed `tokens` positions (decode rows and prompt chunks) in `ms`.
   void observe(int32_t tokens, double ms);

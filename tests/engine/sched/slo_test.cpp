@@ -64,7 +64,15 @@ TEST_CASE("slo estimator: predicts nothing until it has seen steps, then fits ba
   // about their mean, more than 8 decoding rows alone would cost.
   CHECK(e.recent_ms() > 10);
   CHECK(*e.tpot_ms(8) == doctest::Approx(e.recent_ms()));
-  for (int i = 0; i < 40; ++i) e.observe(1, 2.5);
+  // Decoding alone lately (steps of 1 and 8 rows, 4.25 ms on average): the line's time for
+  // 8 rows. The mean forgets the chunks over about a request's decoding, not in a few steps.
+  auto decode_only = [&e](int steps) {
+    for (int i = 0; i < steps; ++i) e.observe(1 + (i % 2) * 7, 2.0 + 0.5 * (1 + (i % 2) * 7));
+  };
+  decode_only(4);
+  CHECK(e.recent_ms() > 10);
+  decode_only(150);
+  CHECK(e.recent_ms() == doctest::Approx(4.25).epsilon(0.05));
   CHECK(*e.tpot_ms(8) == doctest::Approx(2.0 + 4).epsilon(0.05));
   // Steps of one size: all of their time is taken as the tokens'.
   slo_estimator same;
@@ -136,12 +144,16 @@ TEST_CASE("slo admission: refuses early what its class cannot meet here, names w
   tight.classes[2].tpot_ms = 5;
   scheduler t(tight, test::tok512());
   for (int i = 0; i < 20; ++i) t.observe_step(1 + (i % 4) * 20, 2.0 + 0.5 * (1 + (i % 4) * 20));
-  for (int i = 0; i < 30; ++i) t.observe_step(8, 2.0 + 0.5 * 8);  // decoding alone lately
+  for (int i = 0; i < 150; ++i) t.observe_step(8, 2.0 + 0.5 * 8);  // decoding alone lately
   for (uint64_t id = 1; id <= 7; ++id) REQUIRE(t.add(request_id{id}, prompt_of(4, "")).has_value());
   (void)t.schedule();
   auto slow = t.slo_refusal(prompt_of(4, "bulk"));
   REQUIRE(slow);
   CHECK(slow->find("with 8 requests decoding, a token would take about 6 ms, past its target of 5 ms") != std::string::npos);
+  // Prefilled here and decoded on another replica: this replica's decoding pace is not its.
+  auto prefill_only = prompt_of(4, "bulk");
+  prefill_only.kv_to = "d0";
+  CHECK_FALSE(t.slo_refusal(prefill_only));
   // A request moved off a lost replica, with output delivered, is not turned away.
   auto moved = prompt_of(100, "chat");
   moved.delivered = {5, 6};
