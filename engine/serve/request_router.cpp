@@ -98,8 +98,13 @@ int32_t request_router::choose(const routed& r, router_clock::time_point now, si
   if (r.delivered.empty()) {
     // A prefill replica, while a decode replica is there to take the request on; else a
     // decode replica computes it whole.
-    if (!r.prompt.whole && least_loaded_decoder() >= 0)
+    if (!r.prompt.whole && least_loaded_decoder() >= 0) {
       if (const int32_t k = choose_among(r, true, now, hit_blocks); k >= 0) return k;
+      // Refused by the prefill replicas that are ready (SLO admission): their word stands.
+      // A decode replica computing the prompt whole would stall its streams for it.
+      for (size_t k = 0; k < replicas_.size(); ++k)
+        if (refused(k) && replicas_[k].role == replica_role::prefill && replicas_[k].ready) return -1;
+    }
   } else if (r.decode_to >= 0) {
     // Handed over: where its KV went.
     const replica_view& rep = replicas_[r.decode_to];

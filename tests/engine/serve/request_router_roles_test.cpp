@@ -135,6 +135,32 @@ TEST_CASE("roles: without a ready decode replica nothing is prefilled, and reque
   CHECK(back.sends[0].kv_to == 3);
 }
 
+TEST_CASE("roles: a request every prefill replica refused is refused, not computed whole by a decode replica") {
+  request_router r = roles();
+  auto a = r.accept(7, t0);
+  REQUIRE(a.sends.size() == 1);
+  CHECK(a.sends[0].replica == 0);
+  auto again = r.refused(a.sends[0].attempt, "class 'chat': the first token would come too late", t0 + 1ms);
+  REQUIRE(again.sends.size() == 1);
+  CHECK(again.sends[0].replica == 1);  // the other prefill replica
+  CHECK(again.sends[0].kv_to >= 2);
+  auto no = r.refused(again.sends[0].attempt, "class 'chat': the first token would come too late", t0 + 2ms);
+  CHECK(no.sends.empty());
+  REQUIRE(no.ends.size() == 1);
+  CHECK(no.ends[0].outcome == route_outcome::failed);
+  CHECK(no.ends[0].code == error_code::unavailable);
+  CHECK(no.ends[0].why == "class 'chat': the first token would come too late");
+  CHECK(r.replica(2).incoming + r.replica(3).incoming == 0);
+  CHECK(r.replica(2).active + r.replica(3).active == 0);
+  // With no prefill replica ready, a decode replica still computes requests whole.
+  CHECK(r.replica_health(0, false, "recovering", t0).empty());
+  CHECK(r.replica_health(1, false, "recovering", t0).empty());
+  auto whole = r.accept(8, t0 + 3ms);
+  REQUIRE(whole.sends.size() == 1);
+  CHECK(whole.sends[0].replica >= 2);
+  CHECK(whole.sends[0].kv_to == -1);
+}
+
 TEST_CASE("roles: a request for KV eviction of its own is served whole by a decode replica") {
   request_router r = roles(route_policy::kv_aware);
   route_prompt p;
