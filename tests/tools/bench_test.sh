@@ -30,6 +30,18 @@ timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --model stories260K -
   --concurrency 3 --output-tokens 8 --prompt-words 10 --json "$work/chat.json" >/dev/null || fail "multi-turn run"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["completed"] == 3 and d["prompt_tokens"] > 3 * 3 * 12, d' \
   "$work/chat.json" || fail "multi-turn prompts did not grow"
+# A sweep's levels repeat their prompts, which the prefix cache then holds; with
+# --fresh-prompts each level draws its own.
+for fresh in "" --fresh-prompts; do
+  timeout 120 "$build/tools/troupe-bench" --endpoint "$http" --model stories260K --requests 4 --sweep-concurrency 2,2 \
+    $fresh --prompt-words 80 --output-tokens 4 --seed 7 --json "$work/levels$fresh.json" >/dev/null || fail "sweep $fresh"
+done
+python3 - "$work/levels.json" "$work/levels--fresh-prompts.json" <<'PY' || fail "--fresh-prompts"
+import json, sys
+same, fresh = (json.load(open(p)) for p in sys.argv[1:3])
+assert same[1]["cached_prompt_tokens"] > 0.5 * same[1]["prompt_tokens"], same[1]
+assert fresh[1]["cached_prompt_tokens"] < 0.2 * fresh[1]["prompt_tokens"], fresh[1]
+PY
 python3 - "$work" <<'PY' || fail "counts disagree"
 import json, re, sys
 w = sys.argv[1]

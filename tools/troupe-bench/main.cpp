@@ -447,12 +447,15 @@ int main(int argc, char** argv) {
                  "for every token exactly once, in order)");
   app.add_option("--json", json_path, "write the results here (an array with --sweep-*)");
   std::vector<double> sweep;
-  bool sweep_rate = false, requests_per_level = false;
+  bool sweep_rate = false, requests_per_level = false, fresh_prompts = false;
   std::string svg_path;
   auto* sc = app.add_option("--sweep-concurrency", sweep, "run at each of these concurrencies")->delimiter(',');
   auto* sr = app.add_option("--sweep-rate", sweep, "run at each of these arrival rates")->delimiter(',');
   sc->excludes(sr);
   app.add_flag("--scale-requests", requests_per_level, "in a sweep, at least 2 x the level requests per level");
+  app.add_flag("--fresh-prompts", fresh_prompts,
+               "in a sweep, level k draws its prompts from seed + k, so that no level finds an earlier level's "
+               "prompts in a prefix cache");
   app.add_option("--svg", svg_path, "with a sweep: a chart of latency percentiles and throughput against load");
   CLI11_PARSE(app, argc, argv);
   if (w.shared_prefix_words > w.prompt_words) w.prompt_words = w.shared_prefix_words + 1;
@@ -491,8 +494,10 @@ int main(int argc, char** argv) {
     loads.push_back(w.rate > 0 ? w.rate : w.concurrency);
   }
   bool header = true;
-  for (double level : loads) {
+  for (size_t k = 0; k < loads.size(); ++k) {
+    const double level = loads[k];
     workload lw = w;
+    if (fresh_prompts) lw.seed = w.seed + k;
     if (!sweep.empty()) {
       if (sweep_rate) lw.rate = level; else lw.concurrency = static_cast<int>(level);
       if (requests_per_level) lw.requests = std::max(w.requests, static_cast<int>(2 * level));
