@@ -113,8 +113,8 @@ inline bool remote_drafts(const scheduler_state& st) { return st.draft_limits.ha
 void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text,
                  error_code kind = error_code::invalid);
 void dispatch(self_ptr self, std::vector<step_output> outs);
-// Ends a request this replica cannot serve (it did not recover in time): the client may
-// try again later.
+// Ends a request this replica cannot serve: it did not recover in time (unavailable: the
+// client may try again later), or the request's own steps keep failing (internal).
 void fail_request(self_ptr self, request_id id, const std::string& why, error_code kind = error_code::unavailable);
 void announce(self_ptr self);
 
