@@ -27,16 +27,6 @@ source tools/bench-models.sh
 model=$(bench_model syn110m-ctx2k.q8_0.gguf --type q8_0 --context 2048)
 bench_cluster_scratch
 topology() {  # NAME
-  local nodes replicas
-  if [[ $1 == colocated ]]; then
-    # One replica on one process with both threads: every document shares its steps.
-    nodes=$'[[node]]\nname = "n0"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 2'
-    replicas=$'[[replica]]\nname = "r0"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]'
-  else
-    nodes=$'[[node]]\nname = "n0"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 1\n[[node]]\nname = "n1"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 1'
-    replicas=$'[[replica]]\nname = "p0"\nrole = "prefill"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]\n'
-    replicas+=$'[[replica]]\nname = "d0"\nrole = "decode"\nnum_blocks = 512\nstages = [ { node = "n1", layers = "all", devices = ["cpu"], kv_port = '$(free_port)$' } ]'
-  fi
   cat >"$work/$1.toml" <<TOML
 [model]
 path = "$model"
@@ -49,8 +39,7 @@ num_blocks = 256
 [scheduler]
 max_running = 16
 max_step_tokens = 256
-$nodes
-$replicas
+$(layout_toml "$1" 512)
 TOML
 }
 configs=(colocated disaggregated)

@@ -33,3 +33,20 @@ median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR
 # HTTP endpoint. ratio A B: A over B, as "N.Nx".
 launch_http() { launch up "$1" --http 127.0.0.1:0 --capnp 127.0.0.1:0 --timeout 300 | sed -n 's|^endpoint: \(http://.*\)|\1|p'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1fx", a / b}'; }
+# layout_toml colocated|disaggregated [DECODE_BLOCKS]: the [[node]] and [[replica]] tables
+# of the machine's two cores either way: one replica on one process with both threads, or
+# a prefill replica and a decode replica (as deploy/disagg.toml has them), one process and
+# one thread each, the decode replica with DECODE_BLOCKS blocks when given.
+layout_toml() {
+  if [[ $1 == colocated ]]; then
+    printf '[[node]]\nname = "n0"\nhost = "127.0.0.1"\nport = %s\nthreads = 2\n' "$(free_port)"
+    printf '[[replica]]\nname = "r0"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]\n'
+    return
+  fi
+  local n
+  for n in n0 n1; do printf '[[node]]\nname = "%s"\nhost = "127.0.0.1"\nport = %s\nthreads = 1\n' "$n" "$(free_port)"; done
+  printf '[[replica]]\nname = "p0"\nrole = "prefill"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]\n'
+  printf '[[replica]]\nname = "d0"\nrole = "decode"\n'
+  [[ -n ${2:-} ]] && printf 'num_blocks = %s\n' "$2"
+  printf 'stages = [ { node = "n1", layers = "all", devices = ["cpu"], kv_port = %s } ]\n' "$(free_port)"
+}

@@ -25,16 +25,8 @@ source tools/bench-models.sh
 model=$(bench_model syn110m.q8_0.gguf --type q8_0)
 bench_cluster_scratch
 topology() {  # NAME (LAYOUT-ADMISSION)
-  local layout=${1%-*} admission=${1##*-} nodes replicas
+  local admission=${1##*-}
   [[ $admission == on ]] && admission=true || admission=false
-  if [[ $layout == colocated ]]; then
-    nodes=$'[[node]]\nname = "n0"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 2'
-    replicas=$'[[replica]]\nname = "r0"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]'
-  else
-    nodes=$'[[node]]\nname = "n0"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 1\n[[node]]\nname = "n1"\nhost = "127.0.0.1"\nport = '$(free_port)$'\nthreads = 1'
-    replicas=$'[[replica]]\nname = "p0"\nrole = "prefill"\nstages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]\n'
-    replicas+=$'[[replica]]\nname = "d0"\nrole = "decode"\nstages = [ { node = "n1", layers = "all", devices = ["cpu"], kv_port = '$(free_port)$' } ]'
-  fi
   cat >"$work/$1.toml" <<TOML
 [model]
 path = "$model"
@@ -51,8 +43,7 @@ slo_admission = $admission
 name = "chat"
 ttft_ms = $TTFT_MS
 tpot_ms = $TPOT_MS
-$nodes
-$replicas
+$(layout_toml "${1%-*}")
 TOML
 }
 for cfg in "${configs[@]}"; do
