@@ -14,7 +14,12 @@ build=$1 src=$2 models=$3
 launch_scratch
 
 run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -t 0 -q --ignore-eos "$@"; }
-post() { curl -s -m 20 -o "$1" -w '%{http_code}' -H 'Content-Type: application/json' "$base/v1/completions" --data-binary "$2"; }
+# post OUT BODY: prints the status; curl's exit status goes to OUT.curl (28: it timed out).
+post() {
+  local rc=0
+  curl -s -m 20 -o "$1" -w '%{http_code}' -H 'Content-Type: application/json' "$base/v1/completions" --data-binary "$2" || rc=$?
+  echo "$rc" >"$1.curl"
+}
 # complete OUT PROMPT TOKENS [STREAM]: a greedy completion; its text in OUT.text, cached
 # prompt tokens in OUT.cached.
 complete() {
@@ -142,7 +147,8 @@ for batch in 1 2 3 4 5; do
   for i in 1 2 3 4; do
     got=$(cat "$work/k$batch.$i.text" 2>/dev/null || true)
     [[ -n $got && $got == "${want:0:${#got}}" ]] ||
-      fail "batch $batch, stream $i: '$got' ($(head -c 300 "$work/k$batch.$i" 2>/dev/null); $(grep -v 'info request' "$state/n0.log" | tail -3))"
+      fail "batch $batch, stream $i: '$got' (curl exit $(cat "$work/k$batch.$i.curl" 2>/dev/null); the stream's end: \
+$(tail -c 300 "$work/k$batch.$i" 2>/dev/null); the nodes said: $(grep -h -v 'info request' "$state"/n*.log | grep 'troupe' | tail -12))"
     grep -q '"finish_reason":"length"' "$work/k$batch.$i" || fail "batch $batch, stream $i did not run to its end: $(tail -c 300 "$work/k$batch.$i")"
   done
   moved=$(( $(metric_n troupe_requests_resubmitted_total) - before ))
