@@ -10,9 +10,9 @@
 // tier, where the loads its scheduler plans for the handed-over request find them. A push
 // waits until every destination has taken its blocks (2 s at most; a destination that lets
 // the time pass, or breaks, is left alone for a second, doubling to 30 while it keeps
-// failing), so a request's KV has landed before its prefill step answers. A block that cannot be sent (the decode replica is gone, its
-// channel broke) is counted and left: its load fails there, and the decode replica
-// computes it.
+// failing), so a request's KV has landed before its prefill step answers. A block that
+// cannot be sent (the decode replica is gone, its channel broke) is counted and left: its
+// load fails there, and the decode replica computes it.
 //
 // shard_push: one thread at a time (the shard's). kv_landing: its connections' threads.
 #pragma once

@@ -96,14 +96,16 @@ int32_t request_router::choose(const routed& r, router_clock::time_point now, si
   if (!disaggregated()) return choose_among(r, false, now, hit_blocks);
   auto refused = [&](size_t k) { return k < r.refused_by.size() && r.refused_by[k]; };
   if (r.delivered.empty()) {
-    // A prefill replica, while a decode replica is there to take the request on; else a
-    // decode replica computes it whole.
+    // A prefill replica, while a decode replica is there to take the request on; else, with
+    // no prefill replica ready, a decode replica computes it whole. Every ready one refused
+    // it (SLO admission): their word stands, for a decode replica computing the prompt
+    // would stall its streams for it.
     if (!r.prompt.whole && least_loaded_decoder() >= 0) {
       if (const int32_t k = choose_among(r, true, now, hit_blocks); k >= 0) return k;
-      // Refused by the prefill replicas that are ready (SLO admission): their word stands.
-      // A decode replica computing the prompt whole would stall its streams for it.
-      for (size_t k = 0; k < replicas_.size(); ++k)
-        if (refused(k) && replicas_[k].role == replica_role::prefill && replicas_[k].ready) return -1;
+      if (std::any_of(replicas_.begin(), replicas_.end(), [](const replica_view& v) {
+            return v.role == replica_role::prefill && v.found && v.ready;
+          }))
+        return -1;
     }
   } else if (r.decode_to >= 0) {
     // Handed over: where its KV went.

@@ -211,8 +211,9 @@ TEST_CASE("scheduler actor: a request whose every step is refused ends with the 
   };
   send(5, l.tok.encode("Once upon a time", true));
   // Each loss comes while the replica is ready, so each is looked into at once: without a
-  // cap the replica would spin through the same plan for ever. Its fourth step ends it.
-  d.run();
+  // cap the replica would spin through the same plan for ever (here: until the bound on
+  // messages, and the request has no answer). Its fourth step ends it.
+  d.coordinator.run(10000);
   auto r = result();
   CHECK(r.has_value());
   if (r) {
