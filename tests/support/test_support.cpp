@@ -9,8 +9,6 @@
 
 #include <doctest/doctest.h>
 
-#include "engine/sample/rng.hpp"
-
 namespace troupe::test {
 
 // TROUPE_SHARED_DIR in the environment overrides the configured directory (a GPU machine
@@ -92,13 +90,6 @@ std::vector<reference_case> read_reference(const std::string& path) {
   }
   REQUIRE(!out.empty());
   return out;
-}
-
-std::vector<float> random_floats(size_t n, uint64_t seed, float lo, float hi) {
-  rng r(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = lo + (hi - lo) * r.uniform();
-  return v;
 }
 
 std::vector<block_id> block_range(int64_t count, uint32_t first) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/kv/block_id.hpp"
+#include "tests/support/random_data.hpp"
 
 #include "engine/model/model.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
@@ -29,8 +30,6 @@ struct reference_case {
 // Reads a reference .jsonl file (one object per line with prompt, steps, ids_after_bos,
 // text, and optionally logprobs).
 std::vector<reference_case> read_reference(const std::string& path);
-
-std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 
 // Block tables from plain numbers, and back: blocks first, first + 1, ... (count of
 // them); the blocks named; the numbers of blocks, for comparing and printing.

@@ -11,7 +11,7 @@
 #include <doctest/doctest.h>
 
 #include "engine/sample/rng.hpp"
-#include "tests/support/test_support.hpp"
+#include "tests/support/random_data.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace troupe {

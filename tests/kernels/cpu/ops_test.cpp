@@ -12,7 +12,7 @@
 #include "kernels/cpu/rope.hpp"
 #include "kernels/cpu/silu_mul.hpp"
 #include "kernels/cpu/softmax.hpp"
-#include "tests/support/test_support.hpp"
+#include "tests/support/random_data.hpp"
 
 namespace troupe {
 

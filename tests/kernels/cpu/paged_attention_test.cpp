@@ -9,7 +9,8 @@
 #include <doctest/doctest.h>
 
 #include "engine/sample/rng.hpp"
-#include "tests/support/test_support.hpp"
+#include "kernels/common/dtype.hpp"
+#include "tests/support/random_data.hpp"
 #include "tests/support/tolerance.hpp"
 
 namespace troupe {
