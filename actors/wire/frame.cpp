@@ -33,14 +33,14 @@ expected<std::unique_ptr<frame_reader>> frame_reader::parse(std::span<const uint
     return error{"frame's segment table describes " + std::to_string(table_bytes + words * 8) +
                  " bytes, the frame has " + std::to_string(bytes.size())};
   std::unique_ptr<frame_reader> f(new frame_reader);
-  f->words_.resize(bytes.size() / 8);
-  std::memcpy(f->words_.data(), bytes.data(), bytes.size());
+  f->words_ = kj::heapArray<capnp::word>(bytes.size() / 8);
+  std::memcpy(f->words_.begin(), bytes.data(), bytes.size());
   capnp::ReaderOptions opts;
   opts.traversalLimitInWords = lim.traversal_words;
   opts.nestingLimit = lim.nesting;
   try {
     f->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(
-        kj::ArrayPtr<const capnp::word>(f->words_.data(), f->words_.size()), opts);
+        f->words_.asPtr(), opts);
   } catch (const kj::Exception& e) {
     return error{std::string("malformed frame: ") + e.getDescription().cStr()};
   }

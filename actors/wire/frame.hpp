@@ -14,6 +14,7 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <kj/array.h>
 
 #include "engine/kv/block_id.hpp"
 #include "engine/util/expected.hpp"
@@ -47,7 +48,7 @@ class frame_reader {
 
  private:
   frame_reader() = default;
-  std::vector<capnp::word> words_;
+  kj::Array<capnp::word> words_;  // (capnp::word cannot be copied or moved: no std::vector)
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
 };
 

@@ -198,8 +198,9 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     // KV tiers and pushes: blocks of requests with a chunk here, in their tables as the
     // plan leaves them, at most one load, one save and one push per block.
     const auto tier_loads = root.getTierLoads(), tier_saves = root.getTierSaves(), pushes = root.getKvPushes();
-    for (const auto& [list, what] :
+    for (const auto& [list, kind] :
          {std::pair{tier_loads, "load"}, std::pair{tier_saves, "save"}, std::pair{pushes, "push"}}) {
+      const std::string what = kind;  // (clang 14 lets no lambda capture a structured binding)
       if (list.size() > lim_.num_blocks)
         return error{"step plan has " + std::to_string(list.size()) + " tier " + what + "s; the pool has " +
                      std::to_string(lim_.num_blocks) + " blocks"};

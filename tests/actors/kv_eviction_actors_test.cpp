@@ -61,7 +61,8 @@ TEST_CASE("KV eviction through the scheduler actor: each request's policy, strea
     test::ledger lg;
     test::collect(self, lg, reqs.size());
     for (const auto& [id, i] : index) {
-      CAPTURE(texts[i]);
+      const std::string& text = texts[i];  // (a variable: clang 14 captures no binding)
+      CAPTURE(text);
       CHECK(lg.ends[id] == 1);
       CHECK(lg.tokens[id] == (*alone)[i].tokens);
     }
@@ -109,7 +110,8 @@ TEST_CASE("KV eviction through the actors: evicting requests copy the cached blo
   test::ledger lg;
   test::collect(self, lg, reqs.size() - 1);
   for (const auto& [id, i] : index) {
-    CAPTURE(i);
+    const size_t request = i;  // (a variable: clang 14 captures no binding)
+    CAPTURE(request);
     CHECK(lg.tokens[id].size() == 100);
     if (!reqs[i].eviction) CHECK(lg.tokens[id] == alone[i].tokens);  // the shared blocks, unchanged
     CHECK(lg.results[id].cached_prompt_tokens >= 32);

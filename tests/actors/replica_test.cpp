@@ -101,7 +101,8 @@ TEST_CASE("PP and TP layouts of actors give the engine's greedy tokens") {
       {"PP=2 x TP=2", {{0, 3, 2}, {3, 5, 2}}},
   };
   for (const auto& [name, layout] : layouts) {
-    CAPTURE(name);
+    const std::string layout_name = name;  // (a variable: clang 14 captures no binding)
+    CAPTURE(layout_name);
     const auto got = run_on_actors(sys, l, layout, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i] == (*alone)[i].tokens);
   }

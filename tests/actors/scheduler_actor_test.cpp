@@ -55,7 +55,8 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   // TP=2 in one stage with one step in flight; PP=2 with a step per stage in flight.
   for (const auto& [layout, in_flight] : std::vector<std::pair<std::vector<stage_layout>, int32_t>>{
            {{{0, 5, 2}}, 1}, {{{0, 2, 1}, {2, 5, 1}}, 2}}) {
-  CAPTURE(in_flight);
+  const int32_t steps_in_flight = in_flight;  // (a variable: clang 14 captures no binding)
+  CAPTURE(steps_in_flight);
   scheduler_setup setup = test::scheduler_for(l, "r0", layout.size());
   auto rep = spawn_replica(sys, l.m, test::with_kv(layout, setup.config.kv, setup.config.max_step_tokens));
   setup.agent = rep.agent;
@@ -84,7 +85,8 @@ TEST_CASE("16 concurrent streams through the scheduler actor: complete, in order
   test::collect(self, lg, reqs.size() + 1);  // checks numbering and the final chunks
   CHECK(lg.results[cancelled].reason == finish_reason::aborted);
   for (const auto& [id, i] : index) {
-    CAPTURE(texts[i]);
+    const std::string& text = texts[i];  // (a variable: clang 14 captures no binding)
+    CAPTURE(text);
     CHECK(lg.ends[id] == 1);
     CHECK(lg.tokens[id] == alone[i].tokens);
     CHECK(lg.results[id].output_tokens == alone[i].tokens.size());
@@ -166,7 +168,8 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
     test::ledger lg;
     test::collect(self, lg, reqs.size());  // checks numbering and the final chunks
     for (const auto& [id, i] : index) {
-      CAPTURE(texts[i]);
+      const std::string& text = texts[i];  // (a variable: clang 14 captures no binding)
+      CAPTURE(text);
       CHECK(lg.ends[id] == 1);
       if (reqs[i].sampling.temperature == 0.0f) CHECK(lg.tokens[id] == alone[i].tokens);
       if (i == 4) CHECK(lg.results[id].reason == finish_reason::stop);
@@ -244,7 +247,8 @@ TEST_CASE("a draft actor that dies costs drafts, not output: the replica stays r
   };
   auto check = [&](const test::ledger& lg, const std::map<uint64_t, size_t>& index) {
     for (const auto& [id, i] : index) {
-      CAPTURE(prompts[i]);
+      const std::string& prompt = prompts[i];  // (a variable: clang 14 captures no binding)
+      CAPTURE(prompt);
       CHECK(lg.tokens.at(id) == alone[i].tokens);
     }
   };
