@@ -86,11 +86,8 @@ proto_facts read_facts(const std::string& s) {
   return f;
 }
 
-}  // namespace
-
-expected<vocabulary> load_sentencepiece_model(const std::string& path, int32_t vocab_size) {
-  sentencepiece::SentencePieceProcessor sp;
-  if (const auto st = sp.Load(path); !st.ok()) return error{path + ": not a SentencePiece model: " + st.ToString()};
+expected<vocabulary> vocabulary_of(const sentencepiece::SentencePieceProcessor& sp, const std::string& path,
+                                   int32_t vocab_size) {
   const proto_facts facts = read_facts(sp.serialized_model_proto());
   static const char* const types[] = {"?", "unigram", "bpe", "word", "char"};
   if (facts.model_type != 2)
@@ -132,6 +129,21 @@ expected<vocabulary> load_sentencepiece_model(const std::string& path, int32_t v
   v.add_space_prefix = facts.add_dummy_prefix;
   if (auto e = validate(v)) return error{path + ": " + *e};
   return v;
+}
+
+}  // namespace
+
+expected<vocabulary> load_sentencepiece_model(const std::string& path, int32_t vocab_size) {
+  sentencepiece::SentencePieceProcessor sp;
+  if (const auto st = sp.Load(path); !st.ok()) return error{path + ": not a SentencePiece model: " + st.ToString()};
+  return vocabulary_of(sp, path, vocab_size);
+}
+
+expected<vocabulary> parse_sentencepiece_model(std::string_view bytes, const std::string& path, int32_t vocab_size) {
+  sentencepiece::SentencePieceProcessor sp;
+  if (const auto st = sp.LoadFromSerializedProto(bytes); !st.ok())
+    return error{path + ": not a SentencePiece model: " + st.ToString()};
+  return vocabulary_of(sp, path, vocab_size);
 }
 
 }  // namespace troupe

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "engine/tokenizer/vocabulary.hpp"
 #include "engine/util/expected.hpp"
@@ -17,5 +18,7 @@ namespace troupe {
 // vocab_size: the model's embedding rows (0: the file's piece count); a file with more
 // pieces is an error, one with fewer is padded with unused pieces.
 expected<vocabulary> load_sentencepiece_model(const std::string& path, int32_t vocab_size = 0);
+// The same from the file's bytes; `path` names them in errors.
+expected<vocabulary> parse_sentencepiece_model(std::string_view bytes, const std::string& path, int32_t vocab_size = 0);
 
 }  // namespace troupe

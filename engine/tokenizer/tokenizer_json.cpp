@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 constexpr uintmax_t max_file = uintmax_t{512} << 20;
 constexpr int64_t max_ids = int64_t{1} << 22;
 
-expected<json> read_json(const fs::path& p) {
+expected<std::string> read_text(const fs::path& p) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(p, ec);
   if (ec) return error{p.string() + ": " + ec.message()};
@@ -28,9 +28,19 @@ expected<json> read_json(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream s;
   s << in.rdbuf();
-  json j = json::parse(s.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return error{p.string() + ": not a JSON object"};
+  return s.str();
+}
+
+expected<json> parse_object(std::string_view text, const std::string& where) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return error{where + ": not a JSON object"};
   return j;
+}
+
+expected<json> read_json(const fs::path& p) {
+  auto text = read_text(p);
+  if (!text) return text.err();
+  return parse_object(*text, p.string());
 }
 
 // Every object of type `type` in a (possibly Sequence) pre-tokenizer, normalizer or decoder.
@@ -51,7 +61,21 @@ std::string token_text(const json& t) {  // "<s>" or {"content": "<s>", ...}
 }  // namespace
 
 expected<vocabulary> load_tokenizer_json(const std::string& path, int32_t vocab_size) {
-  auto parsed = read_json(path);
+  auto text = read_text(path);
+  if (!text) return text.err();
+  std::string config_text;
+  const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
+  if (fs::exists(config)) {
+    auto c = read_text(config);
+    if (!c) return c.err();
+    config_text = std::move(*c);
+  }
+  return parse_tokenizer_json(*text, config_text, path, vocab_size);
+}
+
+expected<vocabulary> parse_tokenizer_json(std::string_view tokenizer_json, std::string_view config_json,
+                                          const std::string& path, int32_t vocab_size) {
+  auto parsed = parse_object(tokenizer_json, path);
   if (!parsed) return parsed.err();
   const json& j = *parsed;
   auto bad = [&](const std::string& what) { return error{path + ": " + what}; };
@@ -206,9 +230,8 @@ expected<vocabulary> load_tokenizer_json(const std::string& path, int32_t vocab_
   };
   int32_t bos = -1, eos = -1;
   std::optional<bool> add_bos;
-  const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
-  if (fs::exists(config)) {
-    auto c = read_json(config);
+  if (!config_json.empty()) {
+    auto c = parse_object(config_json, (fs::path(path).parent_path() / "tokenizer_config.json").string());
     if (!c) return c.err();
     if (c->contains("bos_token")) bos = id_of(token_text((*c)["bos_token"]));
     if (c->contains("eos_token")) eos = id_of(token_text((*c)["eos_token"]));

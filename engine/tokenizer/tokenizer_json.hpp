@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "engine/tokenizer/vocabulary.hpp"
 #include "engine/util/expected.hpp"
@@ -18,7 +19,11 @@ namespace troupe {
 
 // vocab_size: the model's embedding rows (0: as many as the file has); a vocabulary with
 // more ids is an error, one with fewer is padded with unused pieces.
+// The tokenizer_config.json beside it, where there is one, names the special tokens.
 expected<vocabulary> load_tokenizer_json(const std::string& path, int32_t vocab_size = 0);
+// The same from the two files' text (config_json "" for none); `path` names them in errors.
+expected<vocabulary> parse_tokenizer_json(std::string_view tokenizer_json, std::string_view config_json,
+                                          const std::string& path, int32_t vocab_size = 0);
 
 // The chat template (Jinja text) of the tokenizer_config.json beside a tokenizer.json, or
 // "" when there is none (a list of named templates: the one named "default").

@@ -22,8 +22,13 @@ bool is_byte_piece(const std::string& p) {
 expected<vocabulary> load_llama2c_vocabulary(const std::string& path, int32_t vocab_size) {
   auto file = mapped_file::open(path);
   if (!file) return file.err();
+  return parse_llama2c_vocabulary(*file, vocab_size);
+}
+
+expected<vocabulary> parse_llama2c_vocabulary(const mapped_file& file, int32_t vocab_size) {
+  const std::string& path = file.path();
   if (vocab_size <= 0) return error{path + ": vocabulary size " + std::to_string(vocab_size) + " is invalid"};
-  byte_reader r(file->data(), file->size(), path);
+  byte_reader r(file.data(), file.size(), path);
   int32_t max_len = 0;
   r.read(max_len, "max_token_length");
   if (!r.failed() && (max_len <= 0 || max_len > 4096))

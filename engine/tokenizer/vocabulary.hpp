@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/util/expected.hpp"
+#include "engine/util/mapped_file.hpp"
 
 namespace troupe {
 
@@ -47,6 +48,7 @@ struct vocabulary {
 // Reads a llama2.c tokenizer.bin: int32 max_token_length, then vocab_size records of
 // { float score; int32 len; char bytes[len] }. vocab_size comes from the model.
 expected<vocabulary> load_llama2c_vocabulary(const std::string& path, int32_t vocab_size);
+expected<vocabulary> parse_llama2c_vocabulary(const mapped_file& file, int32_t vocab_size);
 
 // The pre-tokenizer patterns of the byte-level families, as their tokenizer.json files
 // write them (llama.cpp's GGUF names: "llama-bpe", "qwen2", "gpt-2").

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace troupe {
 
@@ -39,26 +40,44 @@ expected<mapped_file> mapped_file::open(const std::string& path) {
   return f;
 }
 
+mapped_file mapped_file::copy_of(std::span<const uint8_t> bytes, std::string path) {
+  mapped_file f;
+  f.path_ = std::move(path);
+  f.size_ = bytes.size();
+  if (!bytes.empty()) {
+    f.owned_.reset(new uint8_t[bytes.size()]);
+    std::memcpy(f.owned_.get(), bytes.data(), bytes.size());
+    f.data_ = f.owned_.get();
+  }
+  return f;
+}
+
 mapped_file::mapped_file(mapped_file&& o) noexcept
-    : data_(o.data_), size_(o.size_), path_(std::move(o.path_)) {
+    : data_(o.data_), size_(o.size_), path_(std::move(o.path_)), owned_(std::move(o.owned_)) {
   o.data_ = nullptr;
   o.size_ = 0;
 }
 
 mapped_file& mapped_file::operator=(mapped_file&& o) noexcept {
   if (this != &o) {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    release();
     data_ = o.data_;
     size_ = o.size_;
     path_ = std::move(o.path_);
+    owned_ = std::move(o.owned_);
     o.data_ = nullptr;
     o.size_ = 0;
   }
   return *this;
 }
 
-mapped_file::~mapped_file() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+mapped_file::~mapped_file() { release(); }
+
+void mapped_file::release() {
+  if (data_ != nullptr && !owned_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  owned_.reset();
+  data_ = nullptr;
+  size_ = 0;
 }
 
 }  // namespace troupe

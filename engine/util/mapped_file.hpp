@@ -1,9 +1,14 @@
 // mapped_file: a whole file mapped read-only into memory, for weights that are used in
-// place. Movable, not copyable; the mapping lives as long as the object.
+// place. Movable, not copyable; the mapping lives as long as the object. A file's bytes
+// may also be held in memory (copy_of): the fuzz targets hand the loaders inputs that way,
+// in an allocation of exactly their size, so a read past the end is AddressSanitizer's to
+// find rather than the page's slack to hide.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 
 #include "engine/util/expected.hpp"
@@ -13,6 +18,8 @@ namespace troupe {
 class mapped_file {
  public:
   static expected<mapped_file> open(const std::string& path);
+  // The bytes, copied, under the name `path` (which error messages give).
+  static mapped_file copy_of(std::span<const uint8_t> bytes, std::string path);
 
   mapped_file() = default;
   mapped_file(mapped_file&& o) noexcept;
@@ -26,9 +33,12 @@ class mapped_file {
   const std::string& path() const { return path_; }
 
  private:
+  void release();
+
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::string path_;
+  std::unique_ptr<uint8_t[]> owned_;  // copy_of's bytes; otherwise data_ is a mapping
 };
 
 }  // namespace troupe

@@ -6,10 +6,13 @@
 #include <string_view>
 #include <fstream>
 #include <iterator>
+#include <span>
 
 #include <doctest/doctest.h>
 
 #include "engine/model/model.hpp"
+#include "engine/tokenizer/tokenizer.hpp"
+#include "engine/tokenizer/vocabulary.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -165,6 +168,39 @@ TEST_CASE("corrupted GGUF files are rejected with the problem named") {
   b = orig;
   put<uint32_t>(b, ti + 8 + name_len, 9);  // 9 dimensions
   expect_error(dir, b, {"dimensions"});
+}
+
+TEST_CASE("a file's bytes held in memory load as the file does, errors naming the name given") {
+  for (const char* f : {"stories260K.bin", "stories260K.gguf"}) {
+    CAPTURE(f);
+    const auto bytes = test::read_all(test::models_dir() + "/" + f);
+    const auto span = std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    auto from_file = load_model(test::models_dir() + "/" + f);
+    REQUIRE(from_file.has_value());
+    const bool gguf = std::string_view(f).ends_with(".gguf");
+    auto held = gguf ? load_gguf(mapped_file::copy_of(span, "held")) : load_llama2c(mapped_file::copy_of(span, "held"));
+    REQUIRE(held.has_value());
+    CHECK(held->path == "held");
+    CHECK(held->format == from_file->format);
+    CHECK(held->config.dim == from_file->config.dim);
+    CHECK(held->weights.streamed_bytes() == from_file->weights.streamed_bytes());
+    const matrix_view& a = held->weights.token_embedding;
+    const matrix_view& b = from_file->weights.token_embedding;
+    REQUIRE(a.type == dtype::f32);
+    REQUIRE(b.type == dtype::f32);
+    CHECK(std::memcmp(a.data, b.data, sizeof(float) * static_cast<size_t>(a.cols)) == 0);
+    auto cut = gguf ? load_gguf(mapped_file::copy_of(span.first(span.size() / 2), "half"))
+                    : load_llama2c(mapped_file::copy_of(span.first(span.size() / 2), "half"));
+    REQUIRE_FALSE(cut.has_value());
+    CHECK(cut.err().message.find("half") == 0);
+  }
+  const auto tok = test::read_all(test::models_dir() + "/tok512.bin");
+  const auto tok_span = std::span(reinterpret_cast<const uint8_t*>(tok.data()), tok.size());
+  auto v = parse_llama2c_vocabulary(mapped_file::copy_of(tok_span, "tok"), 512);
+  REQUIRE(v.has_value());
+  CHECK(v->pieces == test::tok512().vocab().pieces);
+  CHECK_FALSE(parse_llama2c_vocabulary(mapped_file::copy_of(tok_span.first(100), "tok"), 512).has_value());
+  CHECK(mapped_file::copy_of({}, "empty").size() == 0);
 }
 
 TEST_CASE("a missing file, or a directory that is no model, is an error, not a crash") {

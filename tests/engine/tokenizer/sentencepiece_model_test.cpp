@@ -63,6 +63,15 @@ TEST_CASE("a SentencePiece BPE model encodes as libsentencepiece does, byte fall
   REQUIRE(sp.Load(path).ok());
   CHECK(tok.bos_id() == sp.bos_id());
   CHECK(tok.eos_id() == sp.eos_id());
+  // The file's bytes (the fuzz target's way in) read the same; other bytes are refused.
+  const auto bytes = test::read_all(path);
+  auto from_bytes = parse_sentencepiece_model(std::string_view(bytes.data(), bytes.size()), "mem.model");
+  REQUIRE(from_bytes.has_value());
+  CHECK(from_bytes->pieces == v->pieces);
+  CHECK(from_bytes->scores == v->scores);
+  auto garbage = parse_sentencepiece_model("not a model", "mem.model");
+  REQUIRE_FALSE(garbage.has_value());
+  CHECK(garbage.err().message.find("mem.model: not a SentencePiece model") == 0);
   rng r(11);
   int differ = 0;
   for (int i = 0; i < 600; ++i) {

@@ -150,6 +150,21 @@ TEST_CASE("tokenizer_config.json beside tokenizer.json names BOS and EOS and whe
   CHECK(v->add_bos);
   const tokenizer tok(*v);
   CHECK(tok.encode("he", true) == std::vector<int32_t>{258, 256});
+
+  // The same two files as text (the fuzz target's way in) read the same; without the
+  // config, the usual names decide and BOS is not added.
+  auto from_text = parse_tokenizer_json(j.dump(), R"({"bos_token": "<|start|>", "eos_token": "<|endoftext|>", "add_bos_token": true})",
+                                        "mem/tokenizer.json");
+  REQUIRE(from_text.has_value());
+  CHECK(from_text->pieces == v->pieces);
+  CHECK(from_text->bos_id == 258);
+  CHECK(from_text->add_bos);
+  auto alone = parse_tokenizer_json(j.dump(), "", "mem/tokenizer.json");
+  REQUIRE(alone.has_value());
+  CHECK_FALSE(alone->add_bos);
+  auto bad_config = parse_tokenizer_json(j.dump(), "[1]", "mem/tokenizer.json");
+  REQUIRE_FALSE(bad_config.has_value());
+  CHECK(bad_config.err().message == "mem/tokenizer_config.json: not a JSON object");
 }
 
 }  // namespace troupe
