@@ -39,8 +39,10 @@ expected<std::unique_ptr<frame_reader>> frame_reader::parse(std::span<const uint
   opts.traversalLimitInWords = lim.traversal_words;
   opts.nestingLimit = lim.nesting;
   try {
-    f->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(
-        f->words_.asPtr(), opts);
+    f->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(f->words_.asPtr(), opts);
+    // Every protocol's root is a struct: one whose pointer is out of bounds, or not a struct
+    // pointer, is refused here, before a decoder's root<T>() would throw outside its guard.
+    (void)f->reader_->getRoot<capnp::AnyStruct>();
   } catch (const kj::Exception& e) {
     return error{std::string("malformed frame: ") + e.getDescription().cStr()};
   }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <capnp/any.h>
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <kj/array.h>

@@ -249,4 +249,20 @@ TEST_CASE("a failed request's error kind travels with its text, through the rout
   CHECK(unknown->error_type == error_code::invalid);
 }
 
+TEST_CASE("a frame whose root pointer leaves the message, or is no struct, is an error in every decoder") {
+  // One segment of one word: a struct pointer 100 words past the end; then a list pointer.
+  const std::vector<uint8_t> out_of_bounds = {0, 0, 0, 0, 1, 0, 0, 0, 0x90, 0x01, 0, 0, 1, 0, 0, 0};
+  std::vector<uint8_t> list = out_of_bounds;
+  list[8] = 0x01;  // a list pointer, offset 0
+  list[9] = 0;
+  for (const auto& bytes : {out_of_bounds, list}) {
+    auto result = decode_generate_result(bytes);
+    REQUIRE_FALSE(result.has_value());
+    CHECK(result.err().message.find("malformed frame") != std::string::npos);
+    CHECK_FALSE(split_final_result(bytes, 1, 1).has_value());
+    CHECK_FALSE(decode_token_chunk(bytes).has_value());
+    CHECK_FALSE(decode_generate_request(bytes, test::tok512(), request_limits{512}).has_value());
+  }
+}
+
 }  // namespace troupe::wire
