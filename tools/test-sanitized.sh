@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The unit suites (kernels, engine, actors, tools) built with AddressSanitizer and UBSan
 # and run: the loaders' corrupt-file loops and the codecs' fuzz loops find out-of-bounds
-# reads only here. Built by clang, which compiles this unoptimized, instrumented code in
-# about half the time g++ takes (and checks the code against a second compiler);
-# unoptimized (-O0: a sanitized -O3 build takes several times as long to compile) but for
-# the kernels, which are built at -O1 so the suites that run whole models finish in
-# minutes; without CUDA, into BUILD_DIR (default build-sanitize). Any report fails the run.
+# reads only here. Built by clang (tools/configure-sanitized.sh, in the directory the fuzz
+# targets share), unoptimized (-O0: a sanitized -O3 build takes several times as long to
+# compile) but for the kernels, which are built at -O1 so the suites that run whole models
+# finish in minutes; without CUDA, into BUILD_DIR (default build-sanitize). Any report
+# fails the run.
 #
 # One case is left out: the W8A8 check against llama2.c's runq.c, whose first tokens'
 # log-probabilities must agree within 1e-3. Unoptimized, the compiler forms no fused
@@ -17,8 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-sanitize}
 tools/install-packages.sh
-echo "test-sanitized: configuring $dir (clang, AddressSanitizer and UBSan, -O0 with -O1 kernels, no CUDA)"
-cmake -S . -B "$dir" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DTROUPE_SANITIZE=ON -DTROUPE_CUDA=OFF >/dev/null
+tools/configure-sanitized.sh "$dir"
 echo "test-sanitized: building the unit suites ($(nproc) jobs)"
 cmake --build "$dir" -j "$(nproc)" --target kernels_test engine_test actors_test tools_test
 export ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1
