@@ -106,6 +106,8 @@ if [[ -t 0 ]]; then
   echo "demo: the node keeps serving at capnp://$endpoint; in another terminal try"
   echo "  build/tools/troupe-client --connect $endpoint -p \"Once upon a time\" -n 100 -t 0.8"
   echo "  curl $http/v1/chat/completions -d '{\"model\": \"$model_id\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
+  echo "demo: it serves loopback only, without API keys; to require them (and to serve off"
+  echo "  loopback), set api_keys_file in the topology's [gateway] (deploy/*.toml show where)."
   echo "demo: Ctrl-C stops it."
   wait "$node_pid"
 fi
