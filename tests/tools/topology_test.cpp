@@ -609,4 +609,13 @@ prefix_caching = false
 )" + prefill + decode).find("prefix_caching must be on") != std::string::npos);
 }
 
+TEST_CASE("an integer key given a float is refused, however large the float") {
+  for (const char* value : {"2.0", "7.4e31", "-1e300", "inf", "nan"}) {
+    CAPTURE(value);
+    auto t = parse_topology_text(std::string(base) + ok_replica + "[scheduler]\nmax_running = " + value + "\n", "t.toml", "/d");
+    REQUIRE_FALSE(t.has_value());
+    CHECK(t.err().message.find("'max_running' must be an integer") != std::string::npos);
+  }
+}
+
 }  // namespace troupe::tools

@@ -89,9 +89,12 @@ class reader {
       }
       fail(n, where + ": '" + key + "' must be true or false");
     } else {
-      if (auto v = n->value<int64_t>()) {
-        if (*v < 0 || *v > INT32_MAX) return fail(n, where + ": '" + key + "' = " + std::to_string(*v) + " is out of range");
-        out = static_cast<T>(*v);
+      // An integer node only: toml++'s value<int64_t>() converts a float as well, with
+      // undefined behaviour past int64's range (7.4e31 did).
+      if (const auto* i = n->as_integer()) {
+        const int64_t v = i->get();
+        if (v < 0 || v > INT32_MAX) return fail(n, where + ": '" + key + "' = " + std::to_string(v) + " is out of range");
+        out = static_cast<T>(v);
         return true;
       }
       fail(n, where + ": '" + key + "' must be an integer");
