@@ -292,7 +292,8 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
           return make_error(error_code::disabled, "this shard has no step link");
         if (!st.link) {
           auto server = step_link_server::start(
-              s.link_host, [core = st.core](const wire_message& plan, const wire_message& act) { return core->step(plan, act); });
+              s.link_host, [core = st.core](const wire_message& plan, const wire_message& act) { return core->step(plan, act); },
+              s.link_ports);
           if (!server) return make_error(error_code::internal, server.err().message);
           st.link = std::move(server).value();
           std::fprintf(stderr, "troupe: step link for layers %d-%d on %s:%u\n", s.spec.first_layer, s.spec.end_layer - 1,

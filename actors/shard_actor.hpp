@@ -47,6 +47,7 @@
 #include "engine/forward/tier_failures.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/kv/kv_config.hpp"
+#include "engine/util/tcp.hpp"
 
 namespace troupe {
 
@@ -63,6 +64,7 @@ struct shard_setup {
   std::string device = "cpu";       // or "cuda:N"
   dtype gpu_weights = dtype::bf16;  // what a GPU shard keeps its weights as
   std::string link_host;            // where a step link listens (empty: no link)
+  tcp::port_range link_ports;       // on which port (any, by default)
   // KV tiers (kv.tiers) on a tensor-parallel stage: where its shards' failed loads meet.
   std::shared_ptr<tier_failures> failures;
   std::shared_ptr<tier_meter> meter;  // where its tiers' figures are counted (the node's)

@@ -182,6 +182,7 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];
     s.gpu_weights = layout.gpu_weights;
     s.link_host = layout.link_host;
+    s.link_ports = layout.link_ports;
     if (layout.kv_listen_port != 0) {
       s.kv_listen_host = layout.kv_listen_host;
       s.kv_listen_port = static_cast<uint16_t>(layout.kv_listen_port + r);

@@ -40,6 +40,7 @@
 #include "engine/forward/nccl_group.hpp"
 #include "engine/forward/shard_push.hpp"
 #include "engine/model/model.hpp"
+#include "engine/util/tcp.hpp"
 
 namespace troupe {
 
@@ -51,6 +52,7 @@ struct stage_layout {
   std::vector<std::string> devices = {};  // per shard: "cpu" (the default) or "cuda:N"
   dtype gpu_weights = dtype::bf16;
   std::string link_host = {};  // the node's host, where a lone CPU shard offers a step link
+  tcp::port_range link_ports = {};  // the node's ports for links (any, by default)
   kv_config kv = {};           // each shard's cache (the replica's, carried whole)
   std::shared_ptr<tier_meter> meter = {};  // KV tiers: the node's figures, if counted
   int32_t max_step_tokens = 512;

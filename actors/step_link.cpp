@@ -1,6 +1,8 @@
 #include "actors/step_link.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -8,7 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <exception>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -46,6 +51,22 @@ msghdr gather(const Parts& parts, iovec (&iov)[4]) {
 
 bool kind_ok(uint32_t k) { return k <= static_cast<uint32_t>(wire_kind::last); }
 
+// "host:port" of a peer.
+std::string address_text(const sockaddr_storage& a) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+    port = ntohs(v4->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+    port = ntohs(v6->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
 // `len` bytes from fd as a message of `kind`; no bytes is a message without a frame.
 bool read_message(int fd, uint32_t kind, uint32_t len, wire_message& out) {
   out = wire_message{};
@@ -61,8 +82,9 @@ bool read_message(int fd, uint32_t kind, uint32_t len, wire_message& out) {
 
 // Server.
 
-expected<std::unique_ptr<step_link_server>> step_link_server::start(const std::string& host, step_fn fn) {
-  auto l = tcp::listen_on(host, 0, "step link", 4);
+expected<std::unique_ptr<step_link_server>> step_link_server::start(const std::string& host, step_fn fn,
+                                                                   tcp::port_range ports) {
+  auto l = tcp::listen_in(host, ports, "step link", 4);
   if (!l) return l.err();
   std::unique_ptr<step_link_server> s(new step_link_server);
   s->fn_ = std::move(fn);
@@ -85,6 +107,7 @@ step_link_server::~step_link_server() {
 
 void step_link_server::run() {
   std::vector<int> conns;
+  std::map<int, std::string> peers;  // each connection's address, for the log
   std::vector<pollfd> fds;
   for (;;) {
     fds.assign({{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}});
@@ -95,35 +118,57 @@ void step_link_server::run() {
     }
     if (fds[0].revents) break;
     std::vector<int> done;
-    for (size_t k = 2; k < fds.size(); ++k)
-      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !serve_one(fds[k].fd)) done.push_back(fds[k].fd);
+    for (size_t k = 2; k < fds.size(); ++k) {
+      std::string why;
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !serve_one(fds[k].fd, why)) {
+        done.push_back(fds[k].fd);
+        if (!why.empty())
+          std::fprintf(stderr, "troupe: step link on port %u: closed the connection from %s: %s\n",
+                       static_cast<unsigned>(port_), peers[fds[k].fd].c_str(), why.c_str());
+      }
+    }
     for (int c : done) {
       ::close(c);
       conns.erase(std::find(conns.begin(), conns.end(), c));
+      peers.erase(c);
     }
     if (fds[1].revents & POLLIN) {
-      const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      sockaddr_storage from{};
+      socklen_t len = sizeof from;
+      const int c = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC);
       if (c >= 0) {
         if (conns.size() >= max_connections) {  // the oldest goes (a scheduler that vanished)
           ::close(conns.front());
+          peers.erase(conns.front());
           conns.erase(conns.begin());
         }
         no_delay(c);
         tcp::set_timeouts(c, mid_frame_timeout_s);
         conns.push_back(c);
+        peers[c] = address_text(from);
       }
     }
   }
   for (int c : conns) ::close(c);
 }
 
-bool step_link_server::serve_one(int fd) {
+bool step_link_server::serve_one(int fd, std::string& why) {
   uint8_t h[step_header];
-  if (!read_exact(fd, h, sizeof h) || get32(h) != frame_magic) return false;
-  const uint32_t plan_kind = get32(h + 4), plan_len = get32(h + 8), act_kind = get32(h + 12), act_len = get32(h + 16);
-  if (!kind_ok(plan_kind) || !kind_ok(act_kind) || plan_len > wire_message::max_frame_bytes ||
-      act_len > wire_message::max_frame_bytes)
+  if (!read_exact(fd, h, sizeof h)) return false;
+  if (get32(h) != frame_magic) {
+    why = "not a step link frame";
     return false;
+  }
+  const uint32_t plan_kind = get32(h + 4), plan_len = get32(h + 8), act_kind = get32(h + 12), act_len = get32(h + 16);
+  if (!kind_ok(plan_kind) || !kind_ok(act_kind)) {
+    why = "a message of unknown kind";
+    return false;
+  }
+  if (plan_len > wire_message::max_frame_bytes || act_len > wire_message::max_frame_bytes) {
+    why = "a frame of " + std::to_string(std::max(plan_len, act_len)) + " bytes, past the limit of " +
+          std::to_string(wire_message::max_frame_bytes);
+    return false;
+  }
   wire_message plan, act;
   if (!read_message(fd, plan_kind, plan_len, plan) || !read_message(fd, act_kind, act_len, act)) return false;
   const expected<wire_message> out = [&]() -> expected<wire_message> {

@@ -33,6 +33,7 @@
 
 #include "actors/caf/wire_message.hpp"
 #include "engine/util/expected.hpp"
+#include "engine/util/tcp.hpp"
 
 namespace troupe {
 
@@ -44,7 +45,9 @@ class step_link_server {
   using step_fn = std::function<expected<wire_message>(const wire_message& plan, const wire_message& act)>;
 
   // Listens on host:<any free port>.
-  static expected<std::unique_ptr<step_link_server>> start(const std::string& host, step_fn fn);
+  // Listens on host, on the first free port of `ports` (any port by default).
+  static expected<std::unique_ptr<step_link_server>> start(const std::string& host, step_fn fn,
+                                                           tcp::port_range ports = {});
   ~step_link_server();  // closes the sockets; waits for a running step to end
 
   step_link_server(const step_link_server&) = delete;
@@ -55,7 +58,9 @@ class step_link_server {
  private:
   step_link_server() = default;
   void run();
-  bool serve_one(int fd);  // one step; false: the connection is done
+  // One step; false: the connection is done, `why` saying how the peer broke the
+  // protocol (empty when it closed, or stalled mid-frame).
+  bool serve_one(int fd, std::string& why);
 
   step_fn fn_;
   int listen_fd_ = -1;

@@ -42,7 +42,12 @@ void set_timeouts(int fd, int seconds) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-expected<listener> listen_on(const std::string& host, uint16_t port, const std::string& who, int backlog) {
+namespace {
+
+// listen_on, telling a port in use (*in_use) from every other failure.
+expected<listener> listen_one(const std::string& host, uint16_t port, const std::string& who, int backlog,
+                              bool* in_use) {
+  *in_use = false;
   auto addrs = resolve(host, port, true, who);
   if (!addrs) return addrs.err();
   listener l;
@@ -56,6 +61,7 @@ expected<listener> listen_on(const std::string& host, uint16_t port, const std::
     const int one = 1;
     if (port != 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
+      *in_use = errno == EADDRINUSE;
       last = errno_text("bind " + host + ":" + std::to_string(port));
       ::close(fd);
       continue;
@@ -70,6 +76,28 @@ expected<listener> listen_on(const std::string& host, uint16_t port, const std::
   ::freeaddrinfo(*addrs);
   if (l.fd < 0) return error{who + ": cannot listen on " + host + ": " + last};
   return l;
+}
+
+}  // namespace
+
+expected<listener> listen_on(const std::string& host, uint16_t port, const std::string& who, int backlog) {
+  bool in_use = false;
+  return listen_one(host, port, who, backlog, &in_use);
+}
+
+std::string port_range::str() const {
+  if (any()) return "any port";
+  return first == last ? std::to_string(first) : std::to_string(first) + "-" + std::to_string(last);
+}
+
+expected<listener> listen_in(const std::string& host, port_range range, const std::string& who, int backlog) {
+  if (range.any()) return listen_on(host, 0, who, backlog);
+  for (uint32_t p = range.first; p <= range.last; ++p) {
+    bool in_use = false;
+    auto l = listen_one(host, static_cast<uint16_t>(p), who, backlog, &in_use);
+    if (l || !in_use) return l;
+  }
+  return error{who + ": every port of " + range.str() + " on " + host + " is in use"};
 }
 
 expected<int> connect_to(const std::string& host, uint16_t port, int timeout_ms, const std::string& who) {

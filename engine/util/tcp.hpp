@@ -22,6 +22,17 @@ struct listener {
 };
 // A listening socket on host:port (close-on-exec), `who` naming it in errors.
 expected<listener> listen_on(const std::string& host, uint16_t port, const std::string& who, int backlog = 8);
+
+// Ports a listener may take (a firewall's opening): first..last, inclusive; 0 and 0, any
+// free port the system gives.
+struct port_range {
+  uint16_t first = 0, last = 0;
+  bool any() const { return first == 0; }
+  std::string str() const;  // "20000-20099", "20000", "any port"
+};
+// A listening socket on the first free port of `range`; an error naming the range when
+// every port of it is taken (or the reason, for any other failure).
+expected<listener> listen_in(const std::string& host, port_range range, const std::string& who, int backlog = 8);
 // A connected socket (blocking, TCP_NODELAY), or why not within timeout_ms.
 expected<int> connect_to(const std::string& host, uint16_t port, int timeout_ms, const std::string& who);
 

@@ -236,4 +236,30 @@ TEST_CASE("a step link client reports a server that is not there") {
   CHECK_FALSE(bad_host.has_value());
 }
 
+TEST_CASE("a step link takes the first free port of the range it is given, and names the range when all are taken") {
+  // Two neighbouring ports nothing listens on.
+  uint16_t first = 0;
+  for (uint16_t p = 31000; p < 33000 && first == 0; p += 2) {
+    auto a = tcp::listen_on("127.0.0.1", p, "probe"), b = tcp::listen_on("127.0.0.1", static_cast<uint16_t>(p + 1), "probe");
+    if (a && b) first = p;
+    for (auto* l : {&a, &b})
+      if (*l) ::close((*l)->fd);
+  }
+  REQUIRE(first != 0);
+  const tcp::port_range range{first, static_cast<uint16_t>(first + 1)};
+  auto one = step_link_server::start("127.0.0.1", echo_step, range);
+  REQUIRE(one.has_value());
+  CHECK((*one)->port() == first);
+  auto two = step_link_server::start("127.0.0.1", echo_step, range);
+  REQUIRE(two.has_value());
+  CHECK((*two)->port() == first + 1);
+  auto three = step_link_server::start("127.0.0.1", echo_step, range);
+  REQUIRE_FALSE(three.has_value());
+  CHECK(three.err().message == "step link: every port of " + range.str() + " on 127.0.0.1 is in use");
+  // Any other failure is not taken for a busy port.
+  auto bad_host = step_link_server::start("no-such-host.invalid", echo_step, range);
+  REQUIRE_FALSE(bad_host.has_value());
+  CHECK(bad_host.err().message.find("in use") == std::string::npos);
+}
+
 }  // namespace troupe

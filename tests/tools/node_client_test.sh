@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real troupe-node on 127.0.0.1 serving a topology, and troupe-client against it:
 # greedy output equal to troupe-run's, 16 concurrent streams, health, junk bytes on the
-# ports and on step links, and a clean stop on SIGTERM. Bounded in time; the node is
+# ports and on step links (refused with a log line), step links within a node's
+# link_ports, and a clean stop on SIGTERM. Bounded in time; the node is
 # always killed.
 # Usage: node_client_test.sh BUILD_DIR TOPOLOGY MODELS_DIR
 set -euo pipefail
@@ -70,12 +71,37 @@ print(sum(1 for r in t.get("replica", []) for s in r["stages"]
           if s["node"] != r.get("scheduler", r["stages"][0]["node"]) and s["devices"] == ["cpu"]))' "$topology")
 opened=$(wc -w <<<"$ports")
 [[ $opened == "$expected" ]] || { echo "$opened step links opened, $expected expected"; exit 1; }
+# A node that names link_ports opens its step links there.
+python3 - "$topology" "$work" <<'PY' || exit 1
+import re, sys, tomllib
+t = tomllib.load(open(sys.argv[1], "rb"))
+gateway = t["gateway"]["node"]
+for n in t["node"]:
+    if "link_ports" not in n:
+        continue
+    lo, _, hi = str(n["link_ports"]).partition("-")
+    lo, hi = int(lo), int(hi or lo)
+    log = open(f"{sys.argv[2]}/{'node' if n['name'] == gateway else n['name']}.err").read()
+    ports = list(map(int, re.findall(r"^troupe: step link for layers .* on .*:(\d+)$", log, re.M)))
+    links = sum(1 for r in t.get("replica", []) for s in r["stages"]
+                if s["node"] == n["name"] != r.get("scheduler", r["stages"][0]["node"]) and s["devices"] == ["cpu"])
+    if len(ports) != links:
+        sys.exit(f"node {n['name']} opened {len(ports)} step links, {links} expected")
+    for port in ports:
+        if not lo <= port <= hi:
+            sys.exit(f"node {n['name']} opened a step link on {port}, outside its link_ports {lo}-{hi}")
+PY
 for port in $ports; do
   timeout 5 bash -c "cat '$work/junk2' >/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
 done
 client -p "Once upon a time" -n 30 >"$work/after"
 run -p "Once upon a time" -n 30 >"$work/after.run"
 cmp -s "$work/after" "$work/after.run" || { echo "wrong output after junk"; exit 1; }
+# Each step link said whom it hung up on, and why.
+for port in $ports; do
+  grep -q "^troupe: step link on port $port: closed the connection from 127.0.0.1:[0-9]*: not a step link frame$" "$work"/*.err ||
+    { echo "the step link on port $port did not log the junk it refused"; cat "$work"/*.err; exit 1; }
+done
 
 [[ $(client --stats | sed -n 's/^kv_blocks_used //p') == 0 ]] || { echo "blocks still in use"; exit 1; }
 

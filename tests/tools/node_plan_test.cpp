@@ -109,6 +109,19 @@ TEST_CASE("node plans: the node's flags move the endpoints, and a node the topol
   CHECK(none.err().message.find("no node named 'n9'") != std::string::npos);
 }
 
+TEST_CASE("node plans: a node's link_ports reach its stages, any port elsewhere") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  const topology t = deployed("pp2.toml");  // n1 names link_ports, n0 does not
+  auto n1 = plan_node(t, l.m, l.tok, "n1");
+  REQUIRE(n1.has_value());
+  REQUIRE(n1->stages.size() == 1);
+  CHECK(n1->stages[0].layout.link_ports.str() == "7440-7449");
+  auto n0 = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE(n0.has_value());
+  REQUIRE(n0->stages.size() == 1);
+  CHECK(n0->stages[0].layout.link_ports.any());
+}
+
 TEST_CASE("node plans: [speculative] reaches each scheduler, and the draft actor runs where the replica says") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   topology t = deployed("pp2.toml");

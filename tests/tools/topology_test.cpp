@@ -609,6 +609,36 @@ prefix_caching = false
 )" + prefill + decode).find("prefix_caching must be on") != std::string::npos);
 }
 
+TEST_CASE("a node's link_ports: a port or a range, any port without, mistakes and clashes named") {
+  // A third node, with link ports, after the two of `base`.
+  auto with_ports = [](const std::string& value, const std::string& host = "127.0.0.1") {
+    return "[[node]]\nname = \"n2\"\nhost = \"" + host + "\"\nport = 7412\nlink_ports = " + value + "\n" + ok_replica;
+  };
+  auto parsed = parse_topology_text(std::string(base) + with_ports(R"("20000-20099")"), "t.toml", "/d");
+  REQUIRE(parsed.has_value());
+  CHECK(parsed->nodes[0].link_ports.any());
+  CHECK(parsed->nodes[2].link_ports.first == 20000);
+  CHECK(parsed->nodes[2].link_ports.last == 20099);
+  CHECK(parsed->nodes[2].link_ports.str() == "20000-20099");
+  auto single = parse_topology_text(std::string(base) + with_ports("20000"), "t.toml", "/d");
+  REQUIRE(single.has_value());
+  CHECK(single->nodes[2].link_ports.str() == "20000");
+  CHECK(problem(with_ports(R"("20000")")) == "");
+
+  CHECK(problem(with_ports(R"("20000-")")).find("link_ports is a port (20000) or a range") != std::string::npos);
+  CHECK(problem(with_ports(R"("a-b")")).find("link_ports is a port") != std::string::npos);
+  CHECK(problem(with_ports("true")).find("link_ports is a port") != std::string::npos);
+  CHECK(problem(with_ports(R"("0-10")")).find("port 0 is not in 1..65535") != std::string::npos);
+  CHECK(problem(with_ports(R"("20000-70000")")).find("port 70000 is not in 1..65535") != std::string::npos);
+  CHECK(problem(with_ports(R"("20099-20000")")).find("20099-20000 ends before it starts") != std::string::npos);
+  // The range may not hold another endpoint of the same host; another host's is fine.
+  CHECK(problem(with_ports(R"("7395-7405")")).find("port clash: link_ports 7395-7405 of node 'n2' take port 7400, "
+                                                    "which the gateway's capnp endpoint uses") != std::string::npos);
+  CHECK(problem(with_ports(R"("7411-7420")")).find("take port 7411, which node 'n1' uses") != std::string::npos);
+  CHECK(problem(with_ports(R"("7395-7411")", "10.0.0.2")) == "");
+  CHECK(problem(with_ports(R"("7412-7420")")).find("take port 7412, which node 'n2' uses") != std::string::npos);
+}
+
 TEST_CASE("an integer key given a float is refused, however large the float") {
   for (const char* value : {"2.0", "7.4e31", "-1e300", "inf", "nan"}) {
     CAPTURE(value);

@@ -24,6 +24,7 @@ stage_layout layout_of(const topology& t, const model& m, const replica_spec& r,
   l.devices = s.devices;
   l.gpu_weights = t.gpu.weights;
   l.link_host = me.host;
+  l.link_ports = me.link_ports;
   l.kv = kv_of(t, r);
   l.max_step_tokens = t.scheduler.max_step_tokens;
   // Disaggregation: a decode stage takes KV on its port; a prefill stage sends each

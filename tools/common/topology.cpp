@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <toml++/toml.h>
 
@@ -24,9 +26,11 @@ void check_names(reader& rd, const topology& t, const toml::table& root) {
   const toml::array* replica_tables = root["replica"].as_array();
   std::set<std::string> names;
   std::map<std::string, std::string> ports;  // host:port -> who
+  std::vector<std::pair<endpoint, std::string>> claimed;
   auto claim = [&](const endpoint& e, const std::string& who, const toml::node* at) {
     auto [it, fresh] = ports.emplace(e.str(), who);
     if (!fresh) rd.fail(at, "port clash: " + who + " and " + it->second + " both use " + e.str());
+    claimed.emplace_back(e, who);
   };
   for (size_t i = 0; rd.ok() && i < t.nodes.size(); ++i) {
     const node_spec& n = t.nodes[i];
@@ -54,6 +58,17 @@ void check_names(reader& rd, const topology& t, const toml::table& root) {
       for (size_t k = 0; rd.ok() && r.stages[s].kv_port != 0 && k < r.stages[s].devices.size(); ++k)
         claim({t.node_named(r.stages[s].node)->host, static_cast<uint16_t>(r.stages[s].kv_port + k)},
               "replica '" + r.name + "', stage " + std::to_string(s) + ", shard " + std::to_string(k) + "'s KV channel", at);
+  }
+  // A node's link ports are its step links' alone.
+  for (size_t i = 0; rd.ok() && i < t.nodes.size(); ++i) {
+    const node_spec& n = t.nodes[i];
+    if (n.link_ports.any()) continue;
+    for (const auto& [e, who] : claimed)
+      if (e.host == n.host && e.port >= n.link_ports.first && e.port <= n.link_ports.last) {
+        rd.fail(&(*node_tables)[i], "port clash: link_ports " + n.link_ports.str() + " of node '" + n.name +
+                                        "' take port " + std::to_string(e.port) + ", which " + who + " uses");
+        break;
+      }
   }
   // Disaggregation takes both halves.
   auto any = [&](replica_role role) {

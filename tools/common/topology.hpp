@@ -31,6 +31,7 @@
 #include "engine/sched/scheduler.hpp"
 #include "engine/serve/request_router.hpp"
 #include "engine/util/expected.hpp"
+#include "engine/util/tcp.hpp"
 #include "kernels/common/dtype.hpp"
 #include "tools/common/speculative_options.hpp"
 
@@ -81,6 +82,7 @@ struct node_spec {
   std::string host;
   uint16_t port = 0;    // its agent's, where the other nodes find it
   int32_t threads = 1;  // CPU threads for the shards it runs
+  tcp::port_range link_ports;  // where its step links listen (link_ports = "A-B"; any port if unset)
 };
 
 struct stage_spec {

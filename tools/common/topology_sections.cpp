@@ -265,13 +265,38 @@ speculative_options parse_speculative(reader& rd, const toml::table& t, const st
 
 node_spec parse_node(reader& rd, const toml::table& t, const std::string& where) {
   node_spec n;
-  rd.only(t, where, {"name", "host", "port", "threads"});
+  rd.only(t, where, {"name", "host", "port", "threads", "link_ports"});
   rd.get(t, where, "name", n.name, true);
   const std::string named = where + " '" + n.name + "'";
   if (rd.get(t, where, "host", n.host, true)) rd.host_ok(n.host, t.get("host"), named);
   int64_t port = 0;
   if (rd.get(t, where, "port", port, true)) rd.port_of(port, t.get("port"), named, n.port);
   rd.get_in(t, named, "threads", n.threads, 1, 1024);
+  // link_ports: a port (20000) or a range ("20000-20099") its step links listen on, for a
+  // firewall's opening.
+  if (const toml::node* lp = t.get("link_ports")) {
+    int64_t first = 0, last = 0;
+    bool shaped = false;
+    if (const auto* v = lp->as_integer()) {
+      first = last = v->get();
+      shaped = true;
+    } else if (auto text = lp->value<std::string>()) {
+      const size_t dash = text->find('-');
+      const std::string a = text->substr(0, dash), b = dash == std::string::npos ? a : text->substr(dash + 1);
+      auto number = [](const std::string& d, int64_t& out) {
+        if (d.empty() || d.size() > 5 || d.find_first_not_of("0123456789") != std::string::npos) return false;
+        out = std::stoll(d);
+        return true;
+      };
+      shaped = number(a, first) && number(b, last);
+    }
+    const std::string what = named + ": link_ports";
+    if (!shaped)
+      rd.fail(lp, what + " is a port (20000) or a range of them (\"20000-20099\")");
+    else if (rd.port_of(first, lp, what, n.link_ports.first) && rd.port_of(last, lp, what, n.link_ports.last) &&
+             first > last)
+      rd.fail(lp, what + " " + std::to_string(first) + "-" + std::to_string(last) + " ends before it starts");
+  }
   return n;
 }
 
