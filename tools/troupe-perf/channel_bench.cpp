@@ -37,8 +37,11 @@ double channel_once(const channel_bench_options& o, const std::vector<std::byte>
   if (!s) throw std::runtime_error(s.err().message);
   const size_t blocks = (o.total_mib << 20) / block.size();
   const auto t0 = clock_type::now();
-  for (size_t i = 0; i < blocks; ++i)
-    if (auto sent = (*s)->send("b" + std::to_string(i), block); !sent) throw std::runtime_error(sent.err().message);
+  for (size_t i = 0; i < blocks; ++i) {
+    std::string name = "b";  // (appended: "b" + to_string() trips g++ 12's -Wrestrict)
+    name += std::to_string(i);
+    if (auto sent = (*s)->send(name, block); !sent) throw std::runtime_error(sent.err().message);
+  }
   if (!(*s)->flush(std::chrono::minutes(5))) throw std::runtime_error("the channel did not drain: " + (*s)->broken());
   const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
   return static_cast<double>(landed.load()) / secs / 1e9;
