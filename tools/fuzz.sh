@@ -11,11 +11,11 @@
 # When the fault is fixed, copy that input into tests/fuzz/regressions/NAME/.
 #
 # Usage: tools/fuzz.sh [--seconds N] [--make-seeds] [BUILD_DIR] [TARGET...]
-#   --seconds N    fuzzing time per target (default 45); targets run two at a time
+#   --seconds N    fuzzing time per target (default 60); targets run two at a time
 #   --make-seeds   rewrite tests/fuzz/corpus from the seed writer, and stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=45
+seconds=60
 make_seeds=0
 args=()
 while (($#)); do
