@@ -6,9 +6,10 @@
 # builds its suites there), so the two share their libraries.
 #
 # Each target starts from its committed seeds (tests/fuzz/corpus/NAME, read only; the
-# topology parser from deploy/) and keeps what it finds in a scratch directory. A crash, a leak, a timeout or running out of memory
-# fails the run; the input that did it is kept under BUILD_DIR/fuzz/artifacts and named.
-# When the fault is fixed, copy that input into tests/fuzz/regressions/NAME/.
+# topology parser from deploy/) and keeps what it finds in a scratch directory. A crash,
+# a leak, a timeout or running out of memory fails the run; the input that did it is kept
+# under BUILD_DIR/fuzz/artifacts and named. When the fault is fixed, copy that input into
+# tests/fuzz/regressions/NAME/.
 #
 # Usage: tools/fuzz.sh [--seconds N] [--make-seeds] [BUILD_DIR] [TARGET...]
 #   --seconds N    fuzzing time per target (default 60); targets run two at a time
