@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzes every parser of outside input (tests/fuzz: checkpoints, tokenizer files, the wire
+# Fuzzes the parsers of outside input (tests/fuzz: checkpoints, tokenizer files, the wire
 # frames, the OpenAI bodies, topologies) for a bounded time, under AddressSanitizer and
 # UBSan, and replays each target's regression inputs first. Builds the libFuzzer targets
 # with clang into BUILD_DIR, the sanitized build's directory (tools/test-sanitized.sh

@@ -1,6 +1,6 @@
 // The OpenAI API's request bodies, given any text: a completion (selector 0), a chat
-// completion (1), /tokenize (2) and /detokenize (3). Each is a request or a 4xx error
-// naming what is wrong; a chat's messages go through each template.
+// completion (1), /tokenize (2) and /detokenize (3). Each is a request or an error; a
+// completion's refusal must be a 4xx (the client's fault, never the server's).
 #include <string>
 
 #include "actors/gateway/openai.hpp"
