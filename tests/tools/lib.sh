@@ -23,6 +23,10 @@ stop_tree() {
 # sets node_pid, http_url (http://...) and capnp_url (capnp://...). Needs $build.
 start_node() {
   local topology=$1 dir=$2
+  # Emptied here, not only by the redirection below: that runs in the background job, and
+  # the wait below could otherwise read the endpoints of a node started before.
+  : >"$dir/node.out"
+  : >"$dir/node.err"
   timeout 180 "$build/tools/troupe-node" "$topology" --capnp 127.0.0.1:0 --http 127.0.0.1:0 \
     >"$dir/node.out" 2>"$dir/node.err" &
   node_pid=$!

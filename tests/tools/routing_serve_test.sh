@@ -56,6 +56,7 @@ for policy in kv-aware least-loaded; do
   [[ $(cat "$work/first.cached") == 0 ]] || fail "$policy: the first request found $(cat "$work/first.cached") cached tokens"
   # The stream: a different prompt, generating for seconds (streaming eviction runs past
   # the context), so r0 stays busy with it; cancelled by closing it.
+  : >"$work/stream"  # not only by the background job's redirection: the wait below reads it
   curl -s -N -m 60 -H 'Content-Type: application/json' "$http_url/v1/completions" \
     --data-binary '{"model":"stories260K","prompt":"Tom had a dog.","max_tokens":200000,"ignore_eos":true,"stream":true,"kv_eviction":{"policy":"streaming","budget":128}}' \
     >"$work/stream" &
