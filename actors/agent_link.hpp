@@ -4,9 +4,16 @@
 // `use(agent, fresh)` runs with the agent (`fresh`: just connected, for the caller to
 // keep and monitor); `fail(error)` when the node cannot be reached. Callers forget a
 // remote agent when a request to it fails, so the next call connects again.
+//
+// The middleman is asked to connect only to an address that has just completed a TCP
+// handshake (probed in a thread of its own, within `probe_ms`): the middleman connects
+// with a blocking connect() in its one thread, so an address that drops SYNs (a firewall,
+// a host gone dark, a full accept queue) would hold that thread for the kernel's retries,
+// about two minutes, with every other connection and the node's shutdown behind it.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <set>
 #include <string>
 
@@ -15,15 +22,33 @@
 
 namespace troupe {
 
+constexpr int probe_ms = 1000;
+constexpr int connect_s = 2;  // for the middleman's connection and handshake, after the probe
+
+// A detached actor that answers one connect_atom with true once host:port completes a TCP
+// handshake, or an error saying why not within probe_ms, then quits.
+caf::behavior tcp_probe(caf::event_based_actor* self, std::string host, uint16_t port);
+
+// The blocking form for threads outside actors (tools, a node's own threads): the probe,
+// then the middleman's connection, each within its time.
+caf::expected<caf::actor> connect_agent(caf::actor_system& sys, const std::string& host, uint16_t port);
+
 template <class Self, class Use, class Fail>
 void with_agent(Self* self, const caf::actor& local, const caf::actor& known, const std::string& host, uint16_t port,
                 Use use, Fail fail) {
   if (port == 0) return use(local, false);
   if (known) return use(known, false);
-  self->request(self->system().middleman().actor_handle(), std::chrono::seconds(2), caf::connect_atom_v, host, port)
-      .then([use](const caf::node_id&, caf::strong_actor_ptr& ptr,
-                  const std::set<std::string>&) mutable { use(caf::actor_cast<caf::actor>(ptr), true); },
-            [fail](caf::error& e) mutable { fail(e); });
+  auto probe = self->system().template spawn<caf::detached>(tcp_probe, host, port);
+  self->request(probe, std::chrono::milliseconds(probe_ms + 1000), caf::connect_atom_v)
+      .then(
+          [self, host, port, use, fail](bool) mutable {
+            self->request(self->system().middleman().actor_handle(), std::chrono::seconds(connect_s), caf::connect_atom_v,
+                          host, port)
+                .then([use](const caf::node_id&, caf::strong_actor_ptr& ptr,
+                            const std::set<std::string>&) mutable { use(caf::actor_cast<caf::actor>(ptr), true); },
+                      [fail](caf::error& e) mutable { fail(e); });
+          },
+          [fail](caf::error& e) mutable { fail(e); });
 }
 
 }  // namespace troupe

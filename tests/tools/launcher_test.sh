@@ -50,7 +50,8 @@ grep -q "overlaps" <<<"$out" || { echo "no reason given: $out"; exit 1; }
 # A node that cannot start (its port is taken): up says which and why as soon as the node
 # exits, not when its wait for the cluster runs out (an hour here, past the test's own
 # time limit), and leaves nothing running (the gateway's node, waiting for a replica that
-# cannot come, stops at once on SIGTERM).
+# cannot come, stops on SIGTERM within its 5 s, even with a connection to the squatter,
+# which accepts nothing, still pending).
 port1=$(sed -n '/^name *= *"n1"/,/^$/ s/^port *= *\([0-9]*\)/\1/p' "$topo")
 python3 -c 'import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1); print("bound", flush=True); time.sleep(60)' \

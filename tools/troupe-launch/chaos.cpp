@@ -15,6 +15,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "actors/agent_link.hpp"
 #include "actors/caf/system_config.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/client/troupe_client.hpp"
@@ -68,7 +69,7 @@ int print_actors(const topology& topo) {
   caf::scoped_actor self{sys};
   int rc = 0;
   for (const auto& n : topo.nodes) {
-    auto agent = sys.middleman().remote_actor(n.host, n.port);
+    auto agent = connect_agent(sys, n.host, n.port);
     const auto h = agent ? agent_health(self, *agent) : std::nullopt;
     const bool answered = h.has_value();
     if (h)
@@ -163,7 +164,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       caf::expected<caf::actor> agent{caf::actor{}};
       for (int tries = 0; tries < 10 && by_kind.empty(); ++tries) {
         if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        agent = sys.middleman().remote_actor(node.host, node.port);
+        agent = connect_agent(sys, node.host, node.port);
         if (!agent) continue;
         if (auto h = agent_health(self, *agent))
           for (auto& a : h->actors)

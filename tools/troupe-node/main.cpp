@@ -8,8 +8,12 @@
 // What runs where is tools/common/node_plan.hpp's; this only wires it.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -31,6 +35,20 @@ namespace {
 int fail(const std::string& what) {
   std::fprintf(stderr, "troupe-node: %s\n", what.c_str());
   return 1;
+}
+
+// The actor system's teardown waits for every actor's thread, and CAF's middleman connects
+// with a blocking connect(): to a peer that drops SYNs (a host gone dark, a full accept
+// queue) that thread waits out the kernel's retries, minutes. A stopped node ends within
+// `grace` whatever it waits for, and says so.
+void exit_within(std::chrono::seconds grace, const std::string& node, int rc) {
+  std::thread([grace, node, rc] {
+    std::this_thread::sleep_for(grace);
+    std::fprintf(stderr, "troupe-node %s: still stopping after %lld s (a connection to a peer that does not answer); exiting\n",
+                 node.c_str(), static_cast<long long>(grace.count()));
+    std::fflush(nullptr);
+    std::_Exit(rc);
+  }).detach();
 }
 
 }  // namespace
@@ -121,7 +139,8 @@ int main(int argc, char** argv) {
   const int rc = plan->gateway ? tools::serve_gateway(sys, agent, *plan, *topo, *loaded, std::move(api_keys), stop_signals)
                                : tools::serve_stages(*plan, stop_signals);
   stopping = true;
+  exit_within(std::chrono::seconds(5), opt.node, rc);
   if (hop.joinable()) hop.join();
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
-  return rc;
+  return rc;  // the actor system stops as it goes out of scope
 }

@@ -7,6 +7,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "actors/agent_link.hpp"
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/gateway_metrics.hpp"
 #include "actors/gateway/router_calls.hpp"
@@ -30,7 +31,7 @@ std::thread report_hop(caf::actor_system& sys, const node_plan& p, std::atomic<b
   if (!p.next_hop) return {};
   return std::thread([&sys, &stopping, peer = *p.next_hop, node = p.node.name] {
     for (int attempt = 0; attempt < 300 && !stopping; ++attempt) {
-      auto dir = sys.middleman().remote_actor(peer.host, peer.port);
+      auto dir = connect_agent(sys, peer.host, peer.port);
       if (!dir) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));  // not up yet: try again
         continue;
