@@ -27,10 +27,11 @@ caf::behavior tcp_probe(caf::event_based_actor* self, std::string host, uint16_t
 }
 
 caf::expected<caf::actor> connect_agent(caf::actor_system& sys, const std::string& host, uint16_t port) {
-  if (auto up = probe(host, port); !up) return caf::make_error(caf::sec::cannot_connect_to_node, up.err().message);
+  if (!own_links(sys))
+    if (auto up = probe(host, port); !up) return caf::make_error(caf::sec::cannot_connect_to_node, up.err().message);
   caf::scoped_actor self{sys};
   caf::expected<caf::actor> agent{caf::sec::cannot_connect_to_node};
-  self->request(sys.middleman().actor_handle(), std::chrono::seconds(connect_s), caf::connect_atom_v, host, port)
+  self->request(node_links(sys), std::chrono::seconds(connect_s), caf::connect_atom_v, host, port)
       .receive([&](const caf::node_id&, caf::strong_actor_ptr& ptr,
                    const std::set<std::string>&) { agent = caf::actor_cast<caf::actor>(ptr); },
                [&](caf::error& e) { agent = std::move(e); });

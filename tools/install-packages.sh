@@ -7,7 +7,8 @@ packages=(g++ clang cmake ninja-build pkg-config doctest-dev libcli11-dev libtom
           python3-torch   # (the model families' test compares logits with a torch reference)
           systemd python3-yaml   # (troupe-launch export's test verifies units, reads manifests)
           chromium               # (the status page's test renders it headless)
-          libhiredis-dev redis-server)  # (the KV cache's Redis tier; its tests start a server)
+          libhiredis-dev redis-server   # (the KV cache's Redis tier; its tests start a server)
+          libssl-dev openssl)           # (TLS between nodes; its test plays strangers with openssl s_client)
 # The HTTP API's test drives it with the official openai npm package.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

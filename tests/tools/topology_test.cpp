@@ -648,4 +648,31 @@ TEST_CASE("an integer key given a float is refused, however large the float") {
   }
 }
 
+TEST_CASE("[tls]: each node's files by {node}, paths from the topology's folder, mistakes named") {
+  const std::string tls = "[tls]\nca = \"certs/ca.pem\"\ncert = \"certs/{node}.pem\"\nkey = \"/keys/{node}-{node}.key\"\n";
+  auto t = parse_topology_text(std::string(base) + ok_replica + tls, "t.toml", "/d");
+  REQUIRE(t.has_value());
+  CHECK(t->tls.on());
+  CHECK(t->tls.ca == "/d/certs/ca.pem");
+  CHECK(t->tls.ca_key() == "/d/certs/ca.key");
+  CHECK(t->tls.cert_of("n1") == "/d/certs/n1.pem");
+  CHECK(t->tls.key_of("n1") == "/keys/n1-n1.key");
+  auto plain = parse_topology_text(std::string(base) + ok_replica, "t.toml", "/d");
+  REQUIRE(plain.has_value());
+  CHECK_FALSE(plain->tls.on());
+
+  auto refused = [&](const std::string& table) {
+    auto r = parse_topology_text(std::string(base) + ok_replica + table, "t.toml", "/d");
+    return r ? std::string() : r.err().message;
+  };
+  CHECK(refused("[tls]\nca = \"ca.pem\"\ncert = \"n.pem\"\nkey = \"{node}.key\"\n").find("'cert' names every node's own file: it must hold {node}") != std::string::npos);
+  CHECK(refused("[tls]\nca = \"ca.pem\"\ncert = \"{node}.pem\"\n").find("'key'") != std::string::npos);
+  CHECK(refused("[tls]\nca = \"ca.key\"\ncert = \"{node}.pem\"\nkey = \"{node}.key\"\n").find("its key is kept beside it") != std::string::npos);
+  CHECK(refused("[tls]\nca = \"ca.pem\"\ncert = \"{node}.pem\"\nkey = \"{node}.pem\"\n").find("three files") != std::string::npos);
+  CHECK(refused("[tls]\nca = \"ca.pem\"\ncert = \"{node}.pem\"\nkey = \"{node}.key\"\ncafile = \"x\"\n").find("cafile") != std::string::npos);
+  const std::string launch_node = "[[node]]\nname = \"troupe-launch\"\nhost = \"127.0.0.1\"\nport = 7412\n";
+  CHECK(refused(launch_node + tls).find("the operator's certificate under [tls]") != std::string::npos);
+  CHECK(refused(launch_node) == "");
+}
+
 }  // namespace troupe::tools

@@ -36,6 +36,8 @@ void check_names(reader& rd, const topology& t, const toml::table& root) {
     const node_spec& n = t.nodes[i];
     const toml::node* at = &(*node_tables)[i];
     if (!names.insert(n.name).second) rd.fail(at, "node name '" + n.name + "' is used twice");
+    if (rd.ok() && t.tls.on() && n.name == tls_section::operator_name)
+      rd.fail(at, "node name '" + n.name + "' is the operator's certificate under [tls]: name the node otherwise");
     claim({n.host, n.port}, "node '" + n.name + "'", at);
   }
   const toml::node* gw = root.get("gateway");
@@ -96,6 +98,16 @@ kv_config kv_of(const topology& t, const replica_spec& r) {
   return kv;
 }
 
+std::string tls_section::with_node(std::string pattern, const std::string& node) {
+  for (size_t at = pattern.find("{node}"); at != std::string::npos; at = pattern.find("{node}", at + node.size()))
+    pattern.replace(at, 6, node);
+  return pattern;
+}
+
+std::string tls_section::ca_key() const {
+  return std::filesystem::path(ca).replace_extension(".key").string();
+}
+
 const node_spec* topology::node_named(const std::string& name) const {
   for (const auto& n : nodes)
     if (n.name == name) return &n;
@@ -120,7 +132,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
     const std::string_view key = k.str();
     if (std::find(top_tables.begin(), top_tables.end(), key) == top_tables.end()) {
       rd.fail(&v, "unknown table [" + std::string(key) + "] (a topology has [model], [gateway], [kv], [scheduler], "
-                  "[failure], [router], [gpu], [speculative], [[node]], [[replica]], [[tier]] and [[class]])");
+                  "[failure], [router], [gpu], [speculative], [tls], [[node]], [[replica]], [[tier]] and [[class]])");
       break;
     }
     const bool array = key == "node" || key == "replica" || key == "tier" || key == "class";
@@ -169,6 +181,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   if (const toml::table* g = root["gpu"].as_table(); g && rd.ok()) t.gpu = parse_gpu(rd, *g);
   if (const toml::table* sp = root["speculative"].as_table(); sp && rd.ok())
     t.speculative = parse_speculative(rd, *sp, base_dir);
+  if (const toml::table* tls = root["tls"].as_table(); tls && rd.ok()) t.tls = parse_tls(rd, *tls, base_dir);
   if (!rd.ok()) return error{rd.error_message()};
   const toml::array* nodes = root["node"].as_array();
   if (!nodes || nodes->empty()) return error{name + ": no [[node]] is declared"};

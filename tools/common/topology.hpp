@@ -14,6 +14,8 @@
 //   [failure]     failure_config    heartbeats, recovery timeout, restarts
 //   [gpu]         gpu_config        what GPU shards keep their weights in
 //   [speculative] speculative_options  speculative decoding: method, k, draft, exit_layer
+//   [tls]         tls_section       the cluster's CA and each node's certificate and key:
+//                                   links between nodes mutually authenticated and encrypted
 //   [[node]]      node_spec         one process
 //   [[replica]]   replica_spec      one copy of the model: its stages
 //
@@ -77,6 +79,25 @@ struct gpu_config {
   dtype weights = dtype::bf16;  // what shards on cuda:N keep their weights in: bf16, f16 or f32
 };
 
+// Links between nodes over TLS, each side showing a certificate that the cluster's CA
+// signed (`troupe-launch certs TOPOLOGY` makes them all). Unset: plain TCP, for loopback
+// and trusted networks.
+struct tls_section {
+  std::string ca;    // the cluster CA's certificate (PEM); its key (ca.key beside it) stays off the nodes
+  std::string cert;  // each node's certificate (PEM), "{node}" standing for the node's name
+  std::string key;   // each node's private key (PEM), likewise
+  bool on() const { return !ca.empty(); }
+  // The certificate troupe-launch shows when it reaches node agents (status --actors, chaos).
+  static constexpr const char* operator_name = "troupe-launch";
+  std::string cert_of(const std::string& node) const { return with_node(cert, node); }
+  std::string key_of(const std::string& node) const { return with_node(key, node); }
+  // ca.pem -> ca.key: where troupe-launch certs keeps the CA's key.
+  std::string ca_key() const;
+
+ private:
+  static std::string with_node(std::string pattern, const std::string& node);
+};
+
 struct node_spec {
   std::string name;
   std::string host;
@@ -120,6 +141,7 @@ struct topology {
   router_section router;
   gpu_config gpu;
   speculative_options speculative;  // the draft path is taken from the file's directory
+  tls_section tls;
   std::vector<node_spec> nodes;
   std::vector<replica_spec> replicas;
 

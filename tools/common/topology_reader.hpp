@@ -142,8 +142,9 @@ class reader {
 };
 
 // The tables of a topology, and what each may hold.
-constexpr std::array<std::string_view, 12> top_tables = {"model", "gateway",     "kv",   "scheduler", "failure", "router",
-                                                         "gpu",   "speculative", "node", "replica",   "tier",    "class"};
+constexpr std::array<std::string_view, 13> top_tables = {"model", "gateway",     "kv",   "scheduler", "failure",
+                                                         "router", "gpu",       "speculative", "tls",  "node",
+                                                         "replica", "tier",     "class"};
 
 model_section parse_model(reader& rd, const toml::table& t, const std::string& base_dir);
 gateway_section parse_gateway(reader& rd, const toml::table& t, const std::string& base_dir);
@@ -157,6 +158,7 @@ failure_config parse_failure(reader& rd, const toml::table& t);
 slo_class parse_class(reader& rd, const toml::table& t, const std::string& w);
 router_section parse_router(reader& rd, const toml::table& t);
 gpu_config parse_gpu(reader& rd, const toml::table& t);
+tls_section parse_tls(reader& rd, const toml::table& t, const std::string& base_dir);
 speculative_options parse_speculative(reader& rd, const toml::table& t, const std::string& base_dir);
 node_spec parse_node(reader& rd, const toml::table& t, const std::string& where);
 replica_spec parse_replica(reader& rd, const toml::table& t, const std::string& where);

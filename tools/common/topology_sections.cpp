@@ -57,6 +57,28 @@ gateway_section parse_gateway(reader& rd, const toml::table& t, const std::strin
   return g;
 }
 
+tls_section parse_tls(reader& rd, const toml::table& t, const std::string& base_dir) {
+  tls_section s;
+  const std::string w = "[tls]";
+  rd.only(t, w, {"ca", "cert", "key"});
+  rd.get(t, w, "ca", s.ca, true);
+  rd.get(t, w, "cert", s.cert, true);
+  rd.get(t, w, "key", s.key, true);
+  if (!rd.ok()) return s;
+  for (const char* k : {"cert", "key"}) {
+    const std::string& v = std::string(k) == "cert" ? s.cert : s.key;
+    if (v.find("{node}") == std::string::npos)
+      rd.fail(t.get(k), w + ": '" + k + "' names every node's own file: it must hold {node} (\"certs/{node}." +
+                            (std::string(k) == "cert" ? "pem" : "key") + "\")");
+  }
+  if (rd.ok() && std::filesystem::path(s.ca).extension() == ".key")
+    rd.fail(t.get("ca"), w + ": 'ca' names the CA's certificate (\"certs/ca.pem\"); its key is kept beside it, ca.key");
+  if (rd.ok() && (s.ca == s.cert || s.ca == s.key || s.cert == s.key)) rd.fail(&t, w + ": ca, cert and key must be three files");
+  for (std::string* p : {&s.ca, &s.cert, &s.key})
+    if (std::filesystem::path(*p).is_relative()) *p = (std::filesystem::path(base_dir) / *p).lexically_normal().string();
+  return s;
+}
+
 kv_config parse_kv(reader& rd, const toml::table& t) {
   kv_config kv;
   const std::string w = "[kv]";

@@ -18,6 +18,7 @@
 #include "actors/agent_link.hpp"
 #include "actors/caf/system_config.hpp"
 #include "actors/caf/type_ids.hpp"
+#include "actors/tls/node_links.hpp"
 #include "actors/client/troupe_client.hpp"
 #include "actors/wire/control_codec.hpp"
 #include "tools/common/stats.hpp"
@@ -60,12 +61,30 @@ std::optional<wire::node_health> agent_health(caf::scoped_actor& self, const caf
   return out;
 }
 
+// With [tls], troupe-launch reaches node agents as the cluster's operator, with its own
+// certificate: its TLS context (none without [tls]), or nothing, having said why, when its
+// files are missing or wrong.
+std::optional<std::shared_ptr<tls::context>> operator_tls(const topology& topo) {
+  if (!topo.tls.on()) return std::shared_ptr<tls::context>{};
+  auto ctx = tls::context::load({topo.tls.ca, topo.tls.cert_of(tls_section::operator_name),
+                                 topo.tls.key_of(tls_section::operator_name)});
+  if (!ctx) {
+    std::fprintf(stderr, "troupe-launch: [tls]: %s (troupe-launch certs %s makes it)\n", ctx.err().message.c_str(),
+                 topo.path.c_str());
+    return std::nullopt;
+  }
+  return *ctx;
+}
+
 }  // namespace
 
 int print_actors(const topology& topo) {
   system_config cfg(failure_detection{std::chrono::milliseconds(topo.failure.heartbeat_ms),
                                        std::chrono::milliseconds(topo.failure.timeout_ms)});
+  const auto tls_ctx = operator_tls(topo);
+  if (!tls_ctx) return 1;
   caf::actor_system sys{cfg};
+  node_links_scope links(sys, *tls_ctx);
   caf::scoped_actor self{sys};
   int rc = 0;
   for (const auto& n : topo.nodes) {
@@ -87,7 +106,10 @@ int print_actors(const topology& topo) {
 int run_chaos(const topology& topo, const std::string& endpoint, const std::string& table_file, const chaos_options& opt) {
   system_config cfg(failure_detection{std::chrono::milliseconds(topo.failure.heartbeat_ms),
                                        std::chrono::milliseconds(topo.failure.timeout_ms)});
+  const auto tls_ctx = operator_tls(topo);
+  if (!tls_ctx) return 1;
   caf::actor_system sys{cfg};
+  node_links_scope links(sys, *tls_ctx);
   caf::scoped_actor self{sys};
   auto client = troupe_client::connect(endpoint);
   uint64_t outages = 0;  // the gateway's count when it was last seen whole

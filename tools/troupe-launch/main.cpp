@@ -23,9 +23,11 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/client/troupe_client.hpp"
+#include "actors/tls/tls_files.hpp"
 #include "tools/common/cli.hpp"
 #include "tools/common/model_loading.hpp"
 #include "tools/common/topology.hpp"
+#include "tools/troupe-launch/certs.hpp"
 #include "tools/troupe-launch/chaos.hpp"
 #include "tools/troupe-launch/export.hpp"
 #include "tools/troupe-launch/processes.hpp"
@@ -55,7 +57,10 @@ int main(int argc, char** argv) {
       "  troupe-launch export systemd deploy/pp2.toml --out units/\n"
       "  troupe-launch export k8s deploy/pp2.toml --out manifests/ --image registry/troupe:1\n"
       "                                         write systemd units, or Kubernetes manifests, for\n"
-      "                                         every node (deploy/README.md walks through both)\n",
+      "                                         every node (deploy/README.md walks through both)\n"
+      "  troupe-launch certs deploy/pp2-tls.toml\n"
+      "                                         make the cluster's CA and a certificate per node, the\n"
+      "                                         files [tls] names (links between nodes over TLS)\n",
       "troupe-launch"};
   app.require_subcommand(1);
   std::string topology, state_dir = "/tmp/troupe-launch-" + std::to_string(getuid()), capnp, http, node_bin;
@@ -93,6 +98,10 @@ int main(int argc, char** argv) {
   exporter->add_option("--image", xopt.image, "k8s: the container image with troupe-node on its PATH")->capture_default_str();
   exporter->add_option("--models-claim", xopt.models_claim, "k8s: the PersistentVolumeClaim holding the model files")
       ->capture_default_str();
+  auto* certs = app.add_subcommand("certs", "make the cluster's CA and every node's certificate and key ([tls])");
+  bool renew = false;
+  certs->add_option("topology", topology, "topology file with a [tls] table")->required();
+  certs->add_flag("--renew", renew, "issue new node certificates even where valid ones exist (the CA is kept)");
   bool with_actors = false;
   status->add_flag("--actors", with_actors, "also list every node's supervised actors (alive, restarts)");
   up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)")
@@ -108,6 +117,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (exporter->parsed()) return tools::run_export(*topo, topology, export_kind, export_out, xopt);
+  if (certs->parsed()) return tools::make_certs(*topo, renew);
   std::error_code ec;
   fs::create_directories(state_dir, ec);
   const std::string table = state_file(state_dir, topology);
@@ -177,6 +187,15 @@ int main(int argc, char** argv) {
   }
   if (const std::string w = tools::topology_warnings(*topo, m->config); !w.empty())
     std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), w.c_str());
+  // Links over TLS: every local node's files checked here, before any node starts.
+  for (const node_spec& n : topo->nodes) {
+    if (!topo->tls.on() || !is_local(n.host)) continue;
+    if (auto c = tls::check({topo->tls.ca, topo->tls.cert_of(n.name), topo->tls.key_of(n.name)}); !c) {
+      std::fprintf(stderr, "troupe-launch: node %s: [tls]: %s (troupe-launch certs %s makes them)\n", n.name.c_str(),
+                   c.err().message.c_str(), topology.c_str());
+      return 1;
+    }
+  }
   std::optional<model> draft;  // loaded to be checked; the nodes load their own
   if (auto spec = tools::speculative_from(topo->speculative, *m, draft, true); !spec) {
     std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), spec.err().message.c_str());

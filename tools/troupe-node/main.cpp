@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -22,6 +23,7 @@
 
 #include "actors/caf/errors.hpp"
 #include "actors/caf/system_config.hpp"
+#include "actors/tls/node_links.hpp"
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "tools/common/model_loading.hpp"
@@ -64,6 +66,13 @@ int main(int argc, char** argv) {
   if (!topo) return fail(topo.err().message);
   if (opt.node.empty()) opt.node = topo->gateway.node;
   if (!topo->node_named(opt.node)) return fail(opt.topology + ": no node named '" + opt.node + "'");
+  // Links to other nodes over TLS: this node's files checked before anything loads.
+  std::shared_ptr<tls::context> tls_ctx;
+  if (topo->tls.on()) {
+    auto ctx = tls::context::load({topo->tls.ca, topo->tls.cert_of(opt.node), topo->tls.key_of(opt.node)});
+    if (!ctx) return fail(opt.node + ": [tls]: " + ctx.err().message + " (troupe-launch certs " + opt.topology + " makes them)");
+    tls_ctx = *ctx;
+  }
   std::fprintf(stderr, "troupe-node %s: loading %s\n", opt.node.c_str(), topo->model.path.c_str());
   auto loaded = tools::load_model_and_tokenizer(topo->model.path, topo->model.tokenizer);
   if (!loaded) return fail(loaded.err().message);
@@ -115,6 +124,7 @@ int main(int argc, char** argv) {
 
   system_config cfg(plan->failure);
   caf::actor_system sys{cfg};
+  node_links_scope links(sys, tls_ctx);
   // KV tiers: the node's figures, summed over its shards' tiers, for /metrics.
   std::shared_ptr<tier_meter> meter;
   if (!topo->kv.tiers.empty()) {
@@ -129,7 +139,10 @@ int main(int argc, char** argv) {
   caf::actor agent = spawn_node_agent(sys, opt.node, tools::units_of(*plan, m), meter);
   // Other nodes (and troupe-launch chaos) reach this node's agent at its port.
   const tools::node_spec& me = plan->node;
-  if (auto bound = sys.middleman().publish(agent, me.port, me.host.c_str(), true); !bound) {
+  if (tls_ctx)
+    std::fprintf(stderr, "troupe-node %s: links to other nodes over TLS (%s, trusting %s)\n", opt.node.c_str(),
+                 tls_ctx->files().cert.c_str(), tls_ctx->files().ca.c_str());
+  if (auto bound = publish_agent(sys, agent, me.port, me.host); !bound) {
     caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
     return fail(opt.node + ": cannot listen on " + me.host + ":" + std::to_string(me.port) + ": " +
                 reason_of(bound.error()));

@@ -1,0 +1,356 @@
+#include "actors/tls/node_links.hpp"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <caf/io/basp_broker.hpp>
+#include <caf/io/middleman_actor_impl.hpp>
+#include <caf/io/network/default_multiplexer.hpp>
+#include <caf/io/network/doorman_impl.hpp>
+#include <caf/io/network/stream.hpp>
+#include <openssl/err.h>
+
+#include "engine/util/tcp.hpp"
+
+namespace troupe {
+
+namespace {
+
+namespace net = caf::io::network;
+using rw_state = net::rw_state;
+
+constexpr int connect_ms = 1000;  // the TCP handshake to a peer
+
+const caf::atom_value links_key = caf::atom("troupelink");
+
+// The node's log of refused peers: every refusal, up to 20 lines in 10 s; past that, how
+// many more there were, once the 10 s are over (a flood of strangers cannot fill the log).
+void log_refusal(const char* fmt_port_peer_reason, uint16_t port, const std::string& peer, const std::string& reason) {
+  static std::mutex mu;
+  static auto window = std::chrono::steady_clock::now();
+  static int lines = 0, held = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - window > std::chrono::seconds(10)) {
+    if (held > 0)
+      std::fprintf(stderr, "troupe: node links: %d more connection(s) refused in 10 s, not logged one by one\n", held);
+    window = now;
+    lines = held = 0;
+  }
+  if (++lines > 20) {
+    ++held;
+    return;
+  }
+  std::fprintf(stderr, fmt_port_peer_reason, port, peer.c_str(), reason.c_str());
+}
+
+// Accepted connections still in their TLS handshake, each shut down once past its
+// deadline by one watcher thread (the multiplexer has no timers of its own). A socket
+// leaves the table before it is closed, so the watcher never touches a reused descriptor.
+class handshake_watch {
+ public:
+  static handshake_watch& instance() {
+    static handshake_watch w;
+    return w;
+  }
+  void add(const void* who, int fd, uint16_t port, std::string peer, std::atomic<bool>* timed_out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_[who] = {fd, port, std::move(peer), std::chrono::steady_clock::now() + std::chrono::milliseconds(handshake_ms),
+                     timed_out};
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+  void remove(const void* who) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(who);
+  }
+  ~handshake_watch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct entry {
+    int fd;
+    uint16_t port;
+    std::string peer;
+    std::chrono::steady_clock::time_point deadline;
+    std::atomic<bool>* timed_out;  // the stream's, which says nothing more of it
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(250));
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.deadline > now) {
+          ++it;
+          continue;
+        }
+        // The multiplexer sees the end of the stream and closes it as any other.
+        *it->second.timed_out = true;
+        ::shutdown(it->second.fd, SHUT_RDWR);
+        log_refusal("troupe: node link on port %u: closed the connection from %s: %s\n", it->second.port,
+                    it->second.peer, "no TLS handshake within " + std::to_string(handshake_ms) + " ms");
+        it = pending_.erase(it);
+      }
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::map<const void*, entry> pending_;
+  std::thread thread_;
+  bool stop_ = false;
+};
+
+// One TLS connection over a non-blocking socket, driven by CAF's multiplexer: the
+// handshake first (the accepting side's, in the multiplexer; a connecting side's is done
+// before the socket is handed over), then records. While the handshake waits for the peer,
+// pending writes leave the poll set (else a silent peer would spin the multiplexer) and
+// return once it is done.
+class tls_stream : public net::stream {
+ public:
+  tls_stream(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, bool established, uint16_t port)
+      : net::stream(mpx, fd), ssl_(std::move(ssl)), established_(established), port_(port) {
+    if (!established_) {
+      auto addr = net::remote_addr_of_fd(fd);
+      auto peer_port = net::remote_port_of_fd(fd);
+      peer_ = (addr ? *addr : std::string("?")) + ":" + std::to_string(peer_port ? *peer_port : 0);
+      handshake_watch::instance().add(this, fd, port_, peer_, &timed_out_);
+    }
+  }
+  ~tls_stream() override {
+    if (!established_) handshake_watch::instance().remove(this);
+  }
+
+  void handle_event(net::operation op) override {
+    struct policy {
+      tls_stream& s;
+      rw_state read_some(size_t& n, net::native_socket, void* buf, size_t len) { return s.read_some(n, buf, len); }
+      rw_state write_some(size_t& n, net::native_socket, const void* buf, size_t len) { return s.write_some(n, buf, len); }
+      bool must_read_more(net::native_socket, size_t threshold) {
+        return s.established_ && static_cast<size_t>(SSL_pending(s.ssl_.get())) >= threshold;
+      }
+    } p{*this};
+    handle_event_impl(op, p);
+  }
+
+ private:
+  // 1: done; 0: waiting for the peer; -1: failed (and said why).
+  int handshake() {
+    if (failed_) return -1;
+    ERR_clear_error();
+    const int r = SSL_do_handshake(ssl_.get());
+    if (r == 1) {
+      established_ = true;
+      handshake_watch::instance().remove(this);
+      if (parked_write_) {
+        parked_write_ = false;
+        backend().add(net::operation::write, fd(), this);
+      }
+      return 1;
+    }
+    const int e = SSL_get_error(ssl_.get(), r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) return 0;
+    if (!failed_ && !timed_out_)
+      log_refusal("troupe: node link on port %u: refused %s: %s\n", port_, peer_, tls::handshake_failure(ssl_.get(), r));
+    failed_ = true;
+    return -1;
+  }
+  rw_state read_some(size_t& n, void* buf, size_t len) {
+    n = 0;
+    if (!established_) {
+      const int h = handshake();
+      if (h < 0) return rw_state::failure;
+      if (h == 0) return rw_state::success;  // nothing yet: wait for the next read event
+    }
+    if (len == 0) return rw_state::success;
+    ERR_clear_error();
+    const int r = SSL_read(ssl_.get(), buf, static_cast<int>(len));
+    if (r > 0) {
+      n = static_cast<size_t>(r);
+      return rw_state::success;
+    }
+    const int e = SSL_get_error(ssl_.get(), r);
+    return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? rw_state::success : rw_state::failure;
+  }
+  rw_state write_some(size_t& n, const void* buf, size_t len) {
+    n = 0;
+    if (!established_) {
+      const int h = handshake();
+      if (h < 0) return rw_state::failure;
+      if (h == 0) {
+        parked_write_ = true;
+        backend().del(net::operation::write, fd(), this);
+        return rw_state::success;
+      }
+    }
+    if (len == 0) return rw_state::indeterminate;
+    ERR_clear_error();
+    const int r = SSL_write(ssl_.get(), buf, static_cast<int>(len));
+    if (r > 0) {
+      n = static_cast<size_t>(r);
+      return rw_state::success;
+    }
+    const int e = SSL_get_error(ssl_.get(), r);
+    return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? rw_state::success : rw_state::failure;
+  }
+
+  tls::ssl_ptr ssl_;
+  bool established_;
+  bool parked_write_ = false;
+  bool failed_ = false;
+  std::atomic<bool> timed_out_{false};
+  uint16_t port_;
+  std::string peer_;
+};
+
+class tls_scribe : public caf::io::scribe {
+ public:
+  tls_scribe(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, bool established, uint16_t port)
+      : caf::io::scribe(net::conn_hdl_from_socket(fd)), stream_(mpx, fd, std::move(ssl), established, port) {}
+  void configure_read(caf::io::receive_policy::config config) override {
+    stream_.configure_read(config);
+    if (!launched_) {
+      launched_ = true;
+      stream_.start(this);
+    }
+  }
+  void ack_writes(bool enable) override { stream_.ack_writes(enable); }
+  std::vector<char>& wr_buf() override { return stream_.wr_buf(); }
+  std::vector<char>& rd_buf() override { return stream_.rd_buf(); }
+  void graceful_shutdown() override {
+    stream_.graceful_shutdown();
+    detach(&stream_.backend(), false);
+  }
+  void flush() override { stream_.flush(this); }
+  std::string addr() const override {
+    auto x = net::remote_addr_of_fd(stream_.fd());
+    return x ? *x : std::string();
+  }
+  uint16_t port() const override {
+    auto x = net::remote_port_of_fd(stream_.fd());
+    return x ? *x : 0;
+  }
+  void add_to_loop() override { stream_.activate(this); }
+  void remove_from_loop() override { stream_.passivate(); }
+
+ private:
+  bool launched_ = false;
+  tls_stream stream_;
+};
+
+class tls_doorman : public net::doorman_impl {
+ public:
+  tls_doorman(net::default_multiplexer& mpx, int fd, std::shared_ptr<tls::context> ctx, uint16_t port)
+      : net::doorman_impl(mpx, fd), ctx_(std::move(ctx)), port_(port) {}
+  bool new_connection() override {
+    if (detached()) return false;
+    auto& mpx = acceptor_.backend();
+    const int fd = acceptor_.accepted_socket();
+    net::nonblocking(fd, true);
+    net::tcp_nodelay(fd, true);
+    tls::ssl_ptr ssl(SSL_new(ctx_->get()));
+    if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) {
+      ::close(fd);
+      return false;
+    }
+    SSL_set_accept_state(ssl.get());
+    auto scribe = caf::make_counted<tls_scribe>(mpx, fd, std::move(ssl), false, port_);
+    auto hdl = scribe->hdl();
+    parent()->add_scribe(std::move(scribe));
+    return caf::io::doorman::new_connection(&mpx, hdl);
+  }
+
+ private:
+  std::shared_ptr<tls::context> ctx_;
+  uint16_t port_;
+};
+
+// Troupe's middleman actor: CAF's, but its connections are made within a time limit
+// (CAF's own waits in a blocking connect() for the kernel's retries, minutes, to a peer
+// that drops SYNs) and, with a TLS context, over TLS both ways.
+class links_actor : public caf::io::middleman_actor_impl {
+ public:
+  links_actor(caf::actor_config& cfg, caf::actor basp, std::shared_ptr<tls::context> ctx)
+      : caf::io::middleman_actor_impl(cfg, std::move(basp)), ctx_(std::move(ctx)) {}
+  const char* name() const override { return "troupe.node_links"; }
+
+ protected:
+  // The TCP connection and the TLS handshake, each within its time, before the socket
+  // goes to the multiplexer (this actor's thread waits; no other does).
+  caf::expected<caf::io::scribe_ptr> connect(const std::string& host, uint16_t port) override {
+    const std::string who = "node " + host + ":" + std::to_string(port);
+    auto fd = tcp::connect_to(host, port, connect_ms, who);
+    if (!fd) return caf::make_error(caf::sec::cannot_connect_to_node, fd.err().message);
+    if (!ctx_) {
+      net::nonblocking(*fd, true);
+      return mpx().new_scribe(*fd);
+    }
+    auto ssl = tls::connect_handshake(*ctx_, *fd, handshake_ms);
+    if (!ssl) {
+      ::close(*fd);
+      return caf::make_error(caf::sec::cannot_connect_to_node, who + ": " + ssl.err().message);
+    }
+    net::nonblocking(*fd, true);
+    return caf::make_counted<tls_scribe>(mpx(), *fd, std::move(*ssl), true, port);
+  }
+  caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {
+    if (!ctx_) return caf::io::middleman_actor_impl::open(port, addr, reuse);
+    auto fd = net::new_tcp_acceptor_impl(port, addr, reuse);
+    if (!fd) return std::move(fd.error());
+    auto bound = net::local_port_of_fd(*fd);
+    return caf::make_counted<tls_doorman>(mpx(), *fd, ctx_, bound ? *bound : port);
+  }
+
+ private:
+  net::default_multiplexer& mpx() { return static_cast<net::default_multiplexer&>(system().middleman().backend()); }
+  std::shared_ptr<tls::context> ctx_;
+};
+
+}  // namespace
+
+node_links_scope::node_links_scope(caf::actor_system& sys, std::shared_ptr<tls::context> ctx) : sys_(sys) {
+  auto basp = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+  links_ = sys.spawn<links_actor, caf::detached + caf::hidden>(basp, std::move(ctx));
+  sys.registry().put(links_key, links_);
+}
+
+node_links_scope::~node_links_scope() {
+  sys_.registry().erase(links_key);
+  caf::anon_send_exit(links_, caf::exit_reason::user_shutdown);
+}
+
+caf::io::middleman_actor node_links(caf::actor_system& sys) {
+  if (auto links = sys.registry().get<caf::strong_actor_ptr>(links_key))
+    return caf::actor_cast<caf::io::middleman_actor>(links);
+  return sys.middleman().actor_handle();
+}
+
+bool own_links(caf::actor_system& sys) { return sys.registry().get<caf::strong_actor_ptr>(links_key) != nullptr; }
+
+caf::expected<uint16_t> publish_agent(caf::actor_system& sys, const caf::actor& agent, uint16_t port,
+                                      const std::string& host) {
+  caf::scoped_actor self{sys};
+  caf::expected<uint16_t> bound{caf::sec::cannot_open_port};
+  self->request(node_links(sys), caf::infinite, caf::publish_atom_v, port, caf::actor_cast<caf::strong_actor_ptr>(agent),
+                std::set<std::string>{}, host, true)
+      .receive([&](uint16_t p) { bound = p; }, [&](caf::error& e) { bound = std::move(e); });
+  return bound;
+}
+
+}  // namespace troupe

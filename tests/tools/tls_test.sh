@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Links between nodes over TLS, on real processes on 127.0.0.1: troupe-launch certs makes
+# the cluster's files (keys private, kept when run again); a PP=2 cluster with [tls] serves
+# greedy text identical to troupe-run's, and troupe-launch reaches its agents with its own
+# certificate. Strangers are refused and named in the node's log: a plain-TCP CAF client
+# (valid frames, no TLS), a node of another cluster, a TLS client without a certificate,
+# one with another cluster's certificate that trusts this cluster, and one that never
+# finishes its handshake (closed after the handshake deadline).
+# Bounded in time; leftovers are killed.
+# Usage: tls_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+set -euo pipefail
+build=$1 src=$2 models=$3
+source "$(dirname "$0")/lib.sh"
+scratch
+state=$work/state
+launch() { timeout 120 "$build/tools/troupe-launch" "$@"; }
+trap 'launch down "$work/pp2.toml" --state-dir "$state" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/pp2.toml" >"$work/pp2.toml"
+printf '\n[tls]\nca = "certs/ca.pem"\ncert = "certs/{node}.pem"\nkey = "certs/{node}.key"\n' >>"$work/pp2.toml"
+
+# Without the files, up says which is missing and how to make them; nothing starts.
+if out=$(launch up "$work/pp2.toml" --state-dir "$state" 2>&1); then fail "up without certificates succeeded"; fi
+grep -q "certs/ca.pem: cannot open" <<<"$out" && grep -q "troupe-launch certs" <<<"$out" || fail "no reason given: $out"
+[[ ! -f $state/pp2.procs ]] || fail "nodes were started without certificates"
+
+out=$(launch certs "$work/pp2.toml")
+for f in ca n0 n1 troupe-launch; do [[ -s $work/certs/$f.pem && -s $work/certs/$f.key ]] || fail "certs: no $f: $out"; done
+for k in "$work"/certs/*.key; do [[ $(stat -c %a "$k") == 600 ]] || fail "$k is readable by others: $(stat -c %a "$k")"; done
+grep -q "wrote $work/certs/n1.pem (n1, signed by troupe cluster CA (pp2)" <<<"$out" || fail "certs report: $out"
+again=$(launch certs "$work/pp2.toml")
+[[ $(grep -c '^kept' <<<"$again") == 4 ]] || fail "certs run again did not keep the files: $again"
+
+ep=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --state-dir "$state" | sed -n 's|^endpoint: capnp://||p')
+[[ -n $ep ]] || fail "no endpoint over TLS: $(tail -5 "$state"/n0.log)"
+for n in n0 n1; do grep -q "troupe-node $n: links to other nodes over TLS" "$state/$n.log" || fail "$n does not say it uses TLS"; done
+got=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 40 -t 0)
+want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 40 -t 0 -q)
+[[ $got == "$want" ]] || fail "output over TLS differs: $got / $want"
+actors=$(launch status "$work/pp2.toml" --state-dir "$state" --actors)
+grep -q '^actor r0/stage1 node n1 kind stage alive' <<<"$actors" || fail "troupe-launch with its certificate: $actors"
+
+port1=$(sed -n '/^name *= *"n1"/,/^$/ s/^port *= *\([0-9]*\)/\1/p' "$work/pp2.toml")
+refusals() { grep -c "troupe: node link on port $port1: refused\|troupe: node link on port $port1: closed" "$state/n1.log" || true; }
+expect_refusal() {  # WHAT PATTERN: the log gains a line naming PATTERN within 10 s
+  for _ in $(seq 1 100); do grep -q "$2" "$state/n1.log" && return 0; sleep 0.1; done
+  fail "$1: n1's log does not say '$2': $(tail -3 "$state/n1.log")"
+}
+
+# A stranger with valid CAF frames over plain TCP: the same topology without [tls].
+sed '/^\[tls\]/,$d' "$work/pp2.toml" >"$work/plain.toml"
+cp "$state/pp2.procs" "$state/plain.procs"
+out=$(launch status "$work/plain.toml" --state-dir "$state" --actors 2>&1 || true)
+grep -q "node n1 does not answer" <<<"$out" || fail "a plain-TCP client reached n1: $out"
+grep -q '^actor ' <<<"$out" && fail "a plain-TCP client listed actors: $out"
+expect_refusal "plain TCP" "refused 127.0.0.1:[0-9]*: it does not speak TLS"
+
+# A node of another cluster (its own CA).
+mkdir -p "$work/other"
+sed 's|certs/|other/|' "$work/pp2.toml" >"$work/other.toml"
+launch certs "$work/other.toml" >/dev/null
+cp "$state/pp2.procs" "$state/other.procs"
+out=$(launch status "$work/other.toml" --state-dir "$state" --actors 2>&1 || true)
+grep -q '^actor ' <<<"$out" && fail "another cluster's troupe-launch listed actors: $out"
+expect_refusal "another cluster" "it does not trust this node's certificate"
+
+# TLS clients: without a certificate; with another cluster's that trusts this cluster's CA.
+timeout 10 openssl s_client -connect "127.0.0.1:$port1" -CAfile "$work/certs/ca.pem" </dev/null >/dev/null 2>&1 || true
+expect_refusal "no certificate" "it showed no certificate"
+timeout 10 openssl s_client -connect "127.0.0.1:$port1" -CAfile "$work/certs/ca.pem" \
+  -cert "$work/other/n0.pem" -key "$work/other/n0.key" </dev/null >/dev/null 2>&1 || true
+expect_refusal "another cluster's certificate" "its certificate is not of this cluster"
+
+# One that connects and says nothing is closed after the handshake deadline.
+python3 - "$port1" <<'PY' || fail "a silent connection stayed open"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=15)
+try:
+    got = s.recv(10)
+except socket.timeout:
+    sys.exit("still open after 15 s")
+except ConnectionResetError:
+    got = b""
+sys.exit(0 if got == b"" else f"got {got!r}")
+PY
+expect_refusal "silent" "closed the connection from 127.0.0.1:[0-9]*: no TLS handshake within 5000 ms"
+
+# Still serving, as before.
+again=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 40 -t 0)
+[[ $again == "$want" ]] || fail "output after the strangers differs: $again"
+launch down "$work/pp2.toml" --state-dir "$state" >/dev/null
+echo "refused or closed: $(refusals) connections from strangers"
