@@ -36,7 +36,7 @@ const caf::atom_value links_key = caf::atom("troupelink");
 
 // The node's log of refused peers: every refusal, up to 20 lines in 10 s; past that, how
 // many more there were, once the 10 s are over (a flood of strangers cannot fill the log).
-void log_refusal(const char* fmt_port_peer_reason, uint16_t port, const std::string& peer, const std::string& reason) {
+void log_refusal(const std::string& line) {
   static std::mutex mu;
   static auto window = std::chrono::steady_clock::now();
   static int lines = 0, held = 0;
@@ -52,21 +52,23 @@ void log_refusal(const char* fmt_port_peer_reason, uint16_t port, const std::str
     ++held;
     return;
   }
-  std::fprintf(stderr, fmt_port_peer_reason, port, peer.c_str(), reason.c_str());
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-// Accepted connections still in their TLS handshake, each shut down once past its
-// deadline by one watcher thread (the multiplexer has no timers of its own). A socket
-// leaves the table before it is closed, so the watcher never touches a reused descriptor.
+// Connections still in their TLS handshake, each shut down once past its deadline by one
+// watcher thread (the multiplexer has no timers of its own). A socket leaves the table
+// before it is closed, so the watcher never touches a reused descriptor.
 class handshake_watch {
  public:
   static handshake_watch& instance() {
     static handshake_watch w;
     return w;
   }
-  void add(const void* who, int fd, uint16_t port, std::string peer, std::atomic<bool>* timed_out) {
+  // `what`: the log line's start, "troupe: node link ...: "; `timed_out`: the stream's flag,
+  // set when the watcher closes it (the stream then says nothing more of it).
+  void add(const void* who, int fd, std::string what, std::atomic<bool>* timed_out) {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_[who] = {fd, port, std::move(peer), std::chrono::steady_clock::now() + std::chrono::milliseconds(handshake_ms),
+    pending_[who] = {fd, std::move(what), std::chrono::steady_clock::now() + std::chrono::milliseconds(handshake_ms),
                      timed_out};
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
@@ -86,10 +88,9 @@ class handshake_watch {
  private:
   struct entry {
     int fd;
-    uint16_t port;
-    std::string peer;
+    std::string what;
     std::chrono::steady_clock::time_point deadline;
-    std::atomic<bool>* timed_out;  // the stream's, which says nothing more of it
+    std::atomic<bool>* timed_out;
   };
   void run() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -104,8 +105,7 @@ class handshake_watch {
         // The multiplexer sees the end of the stream and closes it as any other.
         *it->second.timed_out = true;
         ::shutdown(it->second.fd, SHUT_RDWR);
-        log_refusal("troupe: node link on port %u: closed the connection from %s: %s\n", it->second.port,
-                    it->second.peer, "no TLS handshake within " + std::to_string(handshake_ms) + " ms");
+        log_refusal(it->second.what + "no TLS handshake within " + std::to_string(handshake_ms) + " ms; closed");
         it = pending_.erase(it);
       }
     }
@@ -118,20 +118,24 @@ class handshake_watch {
 };
 
 // One TLS connection over a non-blocking socket, driven by CAF's multiplexer: the
-// handshake first (the accepting side's, in the multiplexer; a connecting side's is done
-// before the socket is handed over), then records. While the handshake waits for the peer,
+// handshake first, on either side, then records. While the handshake waits for the peer,
 // pending writes leave the poll set (else a silent peer would spin the multiplexer) and
-// return once it is done.
+// return once it is done. No thread ever waits for a peer's handshake.
 class tls_stream : public net::stream {
  public:
-  tls_stream(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, bool established, uint16_t port)
-      : net::stream(mpx, fd), ssl_(std::move(ssl)), established_(established), port_(port) {
-    if (!established_) {
+  // `port`: the listening port (accepted) or the peer's (connecting); `peer`: "host:port"
+  // of the node connected to, empty for an accepted connection (its address is read here).
+  tls_stream(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, uint16_t port, const std::string& peer)
+      : net::stream(mpx, fd), ssl_(std::move(ssl)) {
+    if (peer.empty()) {
       auto addr = net::remote_addr_of_fd(fd);
       auto peer_port = net::remote_port_of_fd(fd);
-      peer_ = (addr ? *addr : std::string("?")) + ":" + std::to_string(peer_port ? *peer_port : 0);
-      handshake_watch::instance().add(this, fd, port_, peer_, &timed_out_);
+      what_ = "troupe: node link on port " + std::to_string(port) + ": " + (addr ? *addr : std::string("?")) + ":" +
+              std::to_string(peer_port ? *peer_port : 0) + ": ";
+    } else {
+      what_ = "troupe: node link to " + peer + ": ";
     }
+    handshake_watch::instance().add(this, fd, what_, &timed_out_);
   }
   ~tls_stream() override {
     if (!established_) handshake_watch::instance().remove(this);
@@ -166,8 +170,7 @@ class tls_stream : public net::stream {
     }
     const int e = SSL_get_error(ssl_.get(), r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) return 0;
-    if (!failed_ && !timed_out_)
-      log_refusal("troupe: node link on port %u: refused %s: %s\n", port_, peer_, tls::handshake_failure(ssl_.get(), r));
+    if (!timed_out_) log_refusal(what_ + "refused: " + tls::handshake_failure(ssl_.get(), r));
     failed_ = true;
     return -1;
   }
@@ -211,23 +214,25 @@ class tls_stream : public net::stream {
   }
 
   tls::ssl_ptr ssl_;
-  bool established_;
+  bool established_ = false;
   bool parked_write_ = false;
   bool failed_ = false;
   std::atomic<bool> timed_out_{false};
-  uint16_t port_;
-  std::string peer_;
+  std::string what_;
 };
 
 class tls_scribe : public caf::io::scribe {
  public:
-  tls_scribe(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, bool established, uint16_t port)
-      : caf::io::scribe(net::conn_hdl_from_socket(fd)), stream_(mpx, fd, std::move(ssl), established, port) {}
+  tls_scribe(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, uint16_t port, const std::string& peer)
+      : caf::io::scribe(net::conn_hdl_from_socket(fd)), stream_(mpx, fd, std::move(ssl), port, peer) {}
   void configure_read(caf::io::receive_policy::config config) override {
     stream_.configure_read(config);
     if (!launched_) {
       launched_ = true;
       stream_.start(this);
+      // A write with nothing to write starts the handshake (the connecting side's first
+      // flight) whether or not the broker writes first.
+      stream_.force_empty_write(this);
     }
   }
   void ack_writes(bool enable) override { stream_.ack_writes(enable); }
@@ -270,7 +275,7 @@ class tls_doorman : public net::doorman_impl {
       return false;
     }
     SSL_set_accept_state(ssl.get());
-    auto scribe = caf::make_counted<tls_scribe>(mpx, fd, std::move(ssl), false, port_);
+    auto scribe = caf::make_counted<tls_scribe>(mpx, fd, std::move(ssl), port_, "");
     auto hdl = scribe->hdl();
     parent()->add_scribe(std::move(scribe));
     return caf::io::doorman::new_connection(&mpx, hdl);
@@ -291,8 +296,8 @@ class links_actor : public caf::io::middleman_actor_impl {
   const char* name() const override { return "troupe.node_links"; }
 
  protected:
-  // The TCP connection and the TLS handshake, each within its time, before the socket
-  // goes to the multiplexer (this actor's thread waits; no other does).
+  // The TCP connection within its time (this actor's thread waits for it); the TLS
+  // handshake then runs in the multiplexer, with the other side's and the same deadline.
   caf::expected<caf::io::scribe_ptr> connect(const std::string& host, uint16_t port) override {
     const std::string who = "node " + host + ":" + std::to_string(port);
     auto fd = tcp::connect_to(host, port, connect_ms, who);
@@ -301,13 +306,14 @@ class links_actor : public caf::io::middleman_actor_impl {
       net::nonblocking(*fd, true);
       return mpx().new_scribe(*fd);
     }
-    auto ssl = tls::connect_handshake(*ctx_, *fd, handshake_ms);
-    if (!ssl) {
-      ::close(*fd);
-      return caf::make_error(caf::sec::cannot_connect_to_node, who + ": " + ssl.err().message);
-    }
     net::nonblocking(*fd, true);
-    return caf::make_counted<tls_scribe>(mpx(), *fd, std::move(*ssl), true, port);
+    tls::ssl_ptr ssl(SSL_new(ctx_->get()));
+    if (!ssl || SSL_set_fd(ssl.get(), *fd) != 1) {
+      ::close(*fd);
+      return caf::make_error(caf::sec::cannot_connect_to_node, who + ": cannot start TLS: " + tls::error_queue("no reason"));
+    }
+    SSL_set_connect_state(ssl.get());
+    return caf::make_counted<tls_scribe>(mpx(), *fd, std::move(ssl), port, host + ":" + std::to_string(port));
   }
   caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {
     if (!ctx_) return caf::io::middleman_actor_impl::open(port, addr, reuse);

@@ -1,10 +1,5 @@
 #include "actors/tls/tls_context.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-
-#include <chrono>
-
 #include <openssl/err.h>
 #include <openssl/x509.h>
 
@@ -60,33 +55,6 @@ std::string handshake_failure(SSL* ssl, int ret) {
     return "the peer refused the handshake (" + queue + ")";
   if (e == SSL_ERROR_SYSCALL || e == SSL_ERROR_ZERO_RETURN) return "it closed the connection during the TLS handshake";
   return queue.empty() ? "the TLS handshake failed" : "the TLS handshake failed (" + queue + ")";
-}
-
-expected<ssl_ptr> connect_handshake(const context& ctx, int fd, int timeout_ms) {
-  ERR_clear_error();
-  ssl_ptr ssl(SSL_new(ctx.get()));
-  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) return error{"cannot start TLS: " + error_queue("no reason given")};
-  const int flags = ::fcntl(fd, F_GETFL);
-  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-  const auto by = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  expected<ssl_ptr> out = error{"the TLS handshake took longer than " + std::to_string(timeout_ms) + " ms"};
-  for (;;) {
-    const int r = SSL_connect(ssl.get());
-    if (r == 1) {
-      out = std::move(ssl);
-      break;
-    }
-    const int e = SSL_get_error(ssl.get(), r);
-    if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
-      out = error{handshake_failure(ssl.get(), r)};
-      break;
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(by - std::chrono::steady_clock::now()).count();
-    pollfd p{fd, static_cast<short>(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
-    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) break;
-  }
-  ::fcntl(fd, F_SETFL, flags);
-  return out;
 }
 
 }  // namespace troupe::tls

@@ -39,12 +39,9 @@ std::string handshake_failure(SSL* ssl, int ret);
 // OpenSSL's error queue of this thread as one line (emptied), or `fallback` when empty.
 std::string error_queue(const char* fallback);
 
-// A blocking client handshake on a connected, blocking socket, done within timeout_ms: the
-// session, ready for SSL_read and SSL_write, or why not.
 struct ssl_free {
   void operator()(SSL* s) const { SSL_free(s); }
 };
 using ssl_ptr = std::unique_ptr<SSL, ssl_free>;
-expected<ssl_ptr> connect_handshake(const context& ctx, int fd, int timeout_ms);
 
 }  // namespace troupe::tls

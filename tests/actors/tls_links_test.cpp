@@ -108,7 +108,7 @@ TEST_CASE("tls links: a node of the cluster joins, another cluster's and a plain
     node_links_scope links(sys, c.context("b1", "b"));
     auto refused = connect_agent(sys, "127.0.0.1", *port);
     REQUIRE(!refused);
-    CHECK(sys.render(refused.error()).find("certificate") != std::string::npos);
+    CHECK(refused.error() == caf::sec::disconnect_during_handshake);  // each side logs why
   }
   SUBCASE("another cluster's certificate, trusting this cluster's CA") {
     // It trusts the server, but the server does not trust it.
@@ -123,7 +123,8 @@ TEST_CASE("tls links: a node of the cluster joins, another cluster's and a plain
     caf::actor_system sys{cfg};
     node_links_scope links(sys);
     auto refused = connect_agent(sys, "127.0.0.1", *port);
-    CHECK(!refused);
+    REQUIRE(!refused);
+    CHECK(refused.error() == caf::sec::disconnect_during_handshake);
   }
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }

@@ -8,13 +8,21 @@
 # back to where they started, and every SIGSTOPped node was noticed within three
 # heartbeat intervals. TOPOLOGY (default deploy/pp2x2.toml) may be any with the same
 # nodes and endpoints: deploy/disagg-pp2.toml runs the ledger over a prefill and a decode
-# replica. Bounded in time; every process is stopped at the end.
-# Usage: chaos_test.sh BUILD_DIR SOURCE_DIR [TOPOLOGY]
+# replica. With `tls` after it, the same over TLS: a copy of the topology with [tls], the
+# certificates made by troupe-launch certs. Bounded in time; every process is stopped at
+# the end.
+# Usage: chaos_test.sh BUILD_DIR SOURCE_DIR [TOPOLOGY [tls]]
 set -euo pipefail
 build=$1 src=$2
 state=$(mktemp -d)
 topo=${3:-$src/deploy/pp2x2.toml}
 name=$(basename "$topo" .toml)
+if [[ ${4:-} == tls ]]; then
+  sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$topo" >"$state/$name.toml"
+  printf '\n[tls]\nca = "certs/ca.pem"\ncert = "certs/{node}.pem"\nkey = "certs/{node}.key"\n' >>"$state/$name.toml"
+  topo=$state/$name.toml
+  "$build/tools/troupe-launch" certs "$topo" >/dev/null
+fi
 replicas=$(grep -c '^\[\[replica\]\]' "$topo")
 launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
 client() { timeout 30 "$build/tools/troupe-client" --connect 127.0.0.1:7400 "$@"; }
@@ -33,6 +41,10 @@ cleanup() {
 trap cleanup EXIT
 
 launch up "$topo" >"$state/up.out"
+if [[ ${4:-} == tls ]]; then
+  [[ $(grep -l "links to other nodes over TLS" "$state"/*.log | wc -l) == $(grep -c '^\[\[node\]\]' "$topo") ]] ||
+    { echo "not every node uses TLS"; exit 1; }
+fi
 for _ in $(seq 1 100); do [[ $(client --health || true) == ready ]] && break; sleep 0.1; done
 [[ $(client --health) == ready ]] || { echo "the replicas never became ready"; exit 1; }
 actors_before=$(launch status "$topo" --actors | grep -c ' alive ')
