@@ -302,11 +302,8 @@ class links_actor : public caf::io::middleman_actor_impl {
     const std::string who = "node " + host + ":" + std::to_string(port);
     auto fd = tcp::connect_to(host, port, connect_ms, who);
     if (!fd) return caf::make_error(caf::sec::cannot_connect_to_node, fd.err().message);
-    if (!ctx_) {
-      net::nonblocking(*fd, true);
-      return mpx().new_scribe(*fd);
-    }
     net::nonblocking(*fd, true);
+    if (!ctx_) return mpx().new_scribe(*fd);
     tls::ssl_ptr ssl(SSL_new(ctx_->get()));
     if (!ssl || SSL_set_fd(ssl.get(), *fd) != 1) {
       ::close(*fd);

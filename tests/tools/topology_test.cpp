@@ -62,7 +62,7 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(topology_warnings(*t, stories()).empty());
     ++n;
   }
-  CHECK(n == 11);
+  CHECK(n == 12);
   auto disagg = parse_topology(dir + "/disagg.toml");
   REQUIRE(disagg.has_value());
   REQUIRE(disagg->replicas.size() == 2);
