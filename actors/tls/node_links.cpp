@@ -125,8 +125,10 @@ class tls_stream : public net::stream {
  public:
   // `port`: the listening port (accepted) or the peer's (connecting); `peer`: "host:port"
   // of the node connected to, empty for an accepted connection (its address is read here).
-  tls_stream(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, uint16_t port, const std::string& peer)
-      : net::stream(mpx, fd), ssl_(std::move(ssl)) {
+  // `owner`: the scribe this stream belongs to, kept alive while a write is parked.
+  tls_stream(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, uint16_t port, const std::string& peer,
+             net::stream_manager* owner)
+      : net::stream(mpx, fd), ssl_(std::move(ssl)), owner_(owner) {
     if (peer.empty()) {
       auto addr = net::remote_addr_of_fd(fd);
       auto peer_port = net::remote_port_of_fd(fd);
@@ -139,6 +141,13 @@ class tls_stream : public net::stream {
   }
   ~tls_stream() override {
     if (!established_) handshake_watch::instance().remove(this);
+  }
+
+  void removed_from_loop(net::operation op) override {
+    // Out of the loop for good: a parked write's hold goes too (last, as it may be the
+    // scribe's last reference, as CAF's own are).
+    auto hold = op == net::operation::read ? std::move(parked_) : nullptr;
+    net::stream::removed_from_loop(op);
   }
 
   void handle_event(net::operation op) override {
@@ -162,9 +171,11 @@ class tls_stream : public net::stream {
     if (r == 1) {
       established_ = true;
       handshake_watch::instance().remove(this);
-      if (parked_write_) {
-        parked_write_ = false;
-        backend().add(net::operation::write, fd(), this);
+      if (parked_) {
+        // Back in the poll set as CAF's own flush would put it, the pending bytes untouched.
+        state_.writing = false;
+        force_empty_write(parked_);
+        parked_.reset();
       }
       return 1;
     }
@@ -197,8 +208,11 @@ class tls_stream : public net::stream {
       const int h = handshake();
       if (h < 0) return rw_state::failure;
       if (h == 0) {
-        parked_write_ = true;
-        backend().del(net::operation::write, fd(), this);
+        if (!parked_) {
+          // Leaving the poll set drops the stream's hold on its scribe: hold it here.
+          parked_.reset(owner_);
+          backend().del(net::operation::write, fd(), this);
+        }
         return rw_state::success;
       }
     }
@@ -215,7 +229,8 @@ class tls_stream : public net::stream {
 
   tls::ssl_ptr ssl_;
   bool established_ = false;
-  bool parked_write_ = false;
+  net::stream_manager* owner_;
+  caf::intrusive_ptr<net::stream_manager> parked_;  // set while a write waits for the handshake
   bool failed_ = false;
   std::atomic<bool> timed_out_{false};
   std::string what_;
@@ -224,7 +239,7 @@ class tls_stream : public net::stream {
 class tls_scribe : public caf::io::scribe {
  public:
   tls_scribe(net::default_multiplexer& mpx, int fd, tls::ssl_ptr ssl, uint16_t port, const std::string& peer)
-      : caf::io::scribe(net::conn_hdl_from_socket(fd)), stream_(mpx, fd, std::move(ssl), port, peer) {}
+      : caf::io::scribe(net::conn_hdl_from_socket(fd)), stream_(mpx, fd, std::move(ssl), port, peer, this) {}
   void configure_read(caf::io::receive_policy::config config) override {
     stream_.configure_read(config);
     if (!launched_) {

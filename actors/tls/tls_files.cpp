@@ -1,7 +1,9 @@
 #include "actors/tls/tls_files.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -59,15 +61,19 @@ expected<pkey_ptr> read_key(const std::string& path) {
 }
 
 status write_pem(const std::string& path, bool secret, X509* cert, EVP_PKEY* key) {
-  // A key is created 0600 from the start, never readable by others for a moment.
-  const mode_t old = ::umask(secret ? 077 : 022);
-  file_ptr f(std::fopen(path.c_str(), "wb"));
-  ::umask(old);
-  if (!f) return error{path + ": cannot write"};
+  // A key is created 0600 from the start, never readable by others for a moment (and an
+  // existing file is made so before it is written).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, secret ? 0600 : 0644);
+  if (fd < 0) return error{path + ": cannot write"};
+  if (secret) ::fchmod(fd, 0600);
+  file_ptr f(::fdopen(fd, "wb"));
+  if (!f) {
+    ::close(fd);
+    return error{path + ": cannot write"};
+  }
   const bool ok = cert ? PEM_write_X509(f.get(), cert) == 1
                        : PEM_write_PrivateKey(f.get(), key, nullptr, nullptr, 0, nullptr, nullptr) == 1;
-  if (!ok) return error{path + ": " + ssl_reason("cannot write")};
-  if (secret) ::chmod(path.c_str(), 0600);  // an existing file keeps its mode otherwise
+  if (!ok || std::fflush(f.get()) != 0) return error{path + ": " + ssl_reason("cannot write")};
   return ok_t{};
 }
 

@@ -39,14 +39,14 @@ int fail(const std::string& what) {
   return 1;
 }
 
-// The actor system's teardown waits for every actor's thread, and CAF's middleman connects
-// with a blocking connect(): to a peer that drops SYNs (a host gone dark, a full accept
-// queue) that thread waits out the kernel's retries, minutes. A stopped node ends within
-// `grace` whatever it waits for, and says so.
+// The actor system's teardown waits for every actor's thread: one blocked on a peer (a
+// lookup's connection to a host gone dark, at most seconds through node_links) or a thread
+// that does not end would hold a stopped node. It ends within `grace` whatever it waits
+// for, and says so.
 void exit_within(std::chrono::seconds grace, const std::string& node, int rc) {
   std::thread([grace, node, rc] {
     std::this_thread::sleep_for(grace);
-    std::fprintf(stderr, "troupe-node %s: still stopping after %lld s (a connection to a peer that does not answer); exiting\n",
+    std::fprintf(stderr, "troupe-node %s: still stopping after %lld s (waiting on a peer or a thread); exiting\n",
                  node.c_str(), static_cast<long long>(grace.count()));
     std::fflush(nullptr);
     std::_Exit(rc);
