@@ -17,9 +17,11 @@ namespace troupe {
 
 namespace {
 
-// An agent stand-in that answers any string with its reverse.
-caf::behavior reverser() {
-  return {[](const std::string& s) { return std::string(s.rbegin(), s.rend()); }};
+// An agent stand-in that answers any string with its reverse, after `prefix`. (Spawned
+// with an argument: CAF 0.17 reads a null argument tuple for a function spawned with none,
+// which UBSan reports.)
+caf::behavior reverser(std::string prefix) {
+  return {[prefix](const std::string& s) { return prefix + std::string(s.rbegin(), s.rend()); }};
 }
 
 // A listening port whose accept queue is full (nobody accepts): the kernel drops every
@@ -55,7 +57,7 @@ TEST_CASE("connect_agent: an address that drops SYNs is refused in time and leav
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   node_links_scope links(sys);
-  auto agent = sys.spawn(reverser);
+  auto agent = sys.spawn(reverser, std::string());
   auto published = sys.middleman().publish(agent, 0, "127.0.0.1", true);
   REQUIRE(published);
 
