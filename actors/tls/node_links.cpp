@@ -194,13 +194,7 @@ class tls_stream : public net::stream {
     }
     if (len == 0) return rw_state::success;
     ERR_clear_error();
-    const int r = SSL_read(ssl_.get(), buf, static_cast<int>(len));
-    if (r > 0) {
-      n = static_cast<size_t>(r);
-      return rw_state::success;
-    }
-    const int e = SSL_get_error(ssl_.get(), r);
-    return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? rw_state::success : rw_state::failure;
+    return record_result(SSL_read(ssl_.get(), buf, static_cast<int>(len)), n);
   }
   rw_state write_some(size_t& n, const void* buf, size_t len) {
     n = 0;
@@ -218,7 +212,11 @@ class tls_stream : public net::stream {
     }
     if (len == 0) return rw_state::indeterminate;
     ERR_clear_error();
-    const int r = SSL_write(ssl_.get(), buf, static_cast<int>(len));
+    return record_result(SSL_write(ssl_.get(), buf, static_cast<int>(len)), n);
+  }
+  // An SSL_read's or SSL_write's result r for CAF: bytes moved, nothing yet (the socket
+  // not ready; the multiplexer calls again), or the link's end.
+  rw_state record_result(int r, size_t& n) {
     if (r > 0) {
       n = static_cast<size_t>(r);
       return rw_state::success;
@@ -358,8 +356,6 @@ caf::io::middleman_actor node_links(caf::actor_system& sys) {
     return caf::actor_cast<caf::io::middleman_actor>(links);
   return sys.middleman().actor_handle();
 }
-
-bool own_links(caf::actor_system& sys) { return sys.registry().get<caf::strong_actor_ptr>(links_key) != nullptr; }
 
 caf::expected<uint16_t> publish_agent(caf::actor_system& sys, const caf::actor& agent, uint16_t port,
                                       const std::string& host) {

@@ -38,10 +38,6 @@ class node_links_scope {
 // The middleman actor for links to other nodes: a live node_links_scope's, else CAF's.
 caf::io::middleman_actor node_links(caf::actor_system& sys);
 
-// Whether a node_links_scope serves this system (else connections go through CAF's
-// middleman, unbounded in time).
-bool own_links(caf::actor_system& sys);
-
 // Publishes `agent` at host:port (0: any) through node_links: the port bound, or why not.
 caf::expected<uint16_t> publish_agent(caf::actor_system& sys, const caf::actor& agent, uint16_t port,
                                       const std::string& host);
