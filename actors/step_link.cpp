@@ -34,8 +34,6 @@ using tcp::errno_text;
 using tcp::get32;
 using tcp::no_delay;
 using tcp::put32;
-using tcp::read_exact;
-using tcp::write_all;
 
 // A message header over the non-empty parts (at most four), in order.
 template <class Parts>
@@ -51,110 +49,156 @@ msghdr gather(const Parts& parts, iovec (&iov)[4]) {
 
 bool kind_ok(uint32_t k) { return k <= static_cast<uint32_t>(wire_kind::last); }
 
-// "host:port" of a peer.
-std::string address_text(const sockaddr_storage& a) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (a.ss_family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-    ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
-    port = ntohs(v4->sin_port);
-  } else if (a.ss_family == AF_INET6) {
-    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-    ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
-    port = ntohs(v6->sin6_port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
-
-// `len` bytes from fd as a message of `kind`; no bytes is a message without a frame.
-bool read_message(int fd, uint32_t kind, uint32_t len, wire_message& out) {
+// `len` bytes from s as a message of `kind`; no bytes is a message without a frame.
+bool read_message(link_stream& s, uint32_t kind, uint32_t len, wire_message& out) {
   out = wire_message{};
   out.kind = static_cast<wire_kind>(kind);
   if (len == 0) return true;
   std::vector<uint8_t> bytes(len);
-  if (!read_exact(fd, bytes.data(), len)) return false;
+  if (!s.read_exact(bytes.data(), len)) return false;
   out = wire_message(static_cast<wire_kind>(kind), std::move(bytes));
   return true;
 }
+
+constexpr size_t max_handshakes = 8;  // newcomers in their handshake at once; more are closed
 
 }  // namespace
 
 // Server.
 
 expected<std::unique_ptr<step_link_server>> step_link_server::start(const std::string& host, step_fn fn,
-                                                                   tcp::port_range ports) {
+                                                                   tcp::port_range ports,
+                                                                   std::shared_ptr<const link_guard> guard) {
   auto l = tcp::listen_in(host, ports, "step link", 4);
   if (!l) return l.err();
   std::unique_ptr<step_link_server> s(new step_link_server);
   s->fn_ = std::move(fn);
+  s->guard_ = std::move(guard);
   s->listen_fd_ = l->fd;
   s->port_ = l->port;
-  if (::pipe2(s->wake_, O_CLOEXEC) != 0) return error{errno_text("step link: pipe")};
+  if (::pipe2(s->wake_, O_CLOEXEC | O_NONBLOCK) != 0) return error{errno_text("step link: pipe")};
   s->thread_ = std::thread([p = s.get()] { p->run(); });
   return s;
 }
 
 step_link_server::~step_link_server() {
   if (thread_.joinable()) {
-    const char b = 1;
-    [[maybe_unused]] const ssize_t w = ::write(wake_[1], &b, 1);
+    stopping_ = true;
+    wake();
     thread_.join();
   }
+  for (handshake& h : handshakes_) ::shutdown(h.fd, SHUT_RDWR);
+  for (handshake& h : handshakes_) {
+    h.thread.join();
+    ::close(h.fd);
+  }
+  conns_.clear();
+  ready_.clear();
   for (int fd : {listen_fd_, wake_[0], wake_[1]})
     if (fd >= 0) ::close(fd);
 }
 
+void step_link_server::wake() {
+  const char b = 1;
+  [[maybe_unused]] const ssize_t w = ::write(wake_[1], &b, 1);
+}
+
 void step_link_server::run() {
-  std::vector<int> conns;
-  std::map<int, std::string> peers;  // each connection's address, for the log
   std::vector<pollfd> fds;
   for (;;) {
+    // A secured connection may hold a step already decrypted, which poll cannot see.
+    const bool buffered = std::any_of(conns_.begin(), conns_.end(), [](const connection& c) { return c.stream->buffered(); });
     fds.assign({{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}});
-    for (int c : conns) fds.push_back({c, POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    for (const connection& c : conns_) fds.push_back({c.stream->fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), buffered ? 0 : -1) < 0) {
       if (errno == EINTR) continue;
       break;
     }
-    if (fds[0].revents) break;
-    std::vector<int> done;
-    for (size_t k = 2; k < fds.size(); ++k) {
+    if (fds[0].revents) {
+      char drain[64];
+      while (::read(wake_[0], drain, sizeof drain) > 0) {
+      }
+      if (stopping_) break;
+    }
+    std::vector<size_t> done;
+    for (size_t k = 0; k < conns_.size(); ++k) {
       std::string why;
-      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !serve_one(fds[k].fd, why)) {
-        done.push_back(fds[k].fd);
+      if (((fds[k + 2].revents & (POLLIN | POLLHUP | POLLERR)) || conns_[k].stream->buffered()) &&
+          !serve_one(*conns_[k].stream, why)) {
+        done.push_back(k);
         if (!why.empty())
           std::fprintf(stderr, "troupe: step link on port %u: closed the connection from %s: %s\n",
-                       static_cast<unsigned>(port_), peers[fds[k].fd].c_str(), why.c_str());
+                       static_cast<unsigned>(port_), conns_[k].peer.c_str(), why.c_str());
       }
     }
-    for (int c : done) {
-      ::close(c);
-      conns.erase(std::find(conns.begin(), conns.end(), c));
-      peers.erase(c);
+    for (auto k = done.rbegin(); k != done.rend(); ++k) conns_.erase(conns_.begin() + static_cast<ptrdiff_t>(*k));
+    // Newcomers whose handshakes are done, then the handshakes' threads.
+    std::vector<connection> ready;
+    {
+      std::lock_guard<std::mutex> lock(ready_mutex_);
+      ready.swap(ready_);
     }
-    if (fds[1].revents & POLLIN) {
-      sockaddr_storage from{};
-      socklen_t len = sizeof from;
-      const int c = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC);
-      if (c >= 0) {
-        if (conns.size() >= max_connections) {  // the oldest goes (a scheduler that vanished)
-          ::close(conns.front());
-          peers.erase(conns.front());
-          conns.erase(conns.begin());
-        }
-        no_delay(c);
-        tcp::set_timeouts(c, mid_frame_timeout_s);
-        conns.push_back(c);
-        peers[c] = address_text(from);
+    for (connection& c : ready) {
+      if (conns_.size() >= max_connections) conns_.erase(conns_.begin());  // the oldest goes (a scheduler that vanished)
+      conns_.push_back(std::move(c));
+    }
+    for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+      if (!it->done->load()) {
+        ++it;
+        continue;
       }
+      it->thread.join();
+      ::close(it->fd);
+      it = handshakes_.erase(it);
     }
+    if (fds[1].revents & POLLIN) accept_one();
   }
-  for (int c : conns) ::close(c);
+  conns_.clear();
 }
 
-bool step_link_server::serve_one(int fd, std::string& why) {
+void step_link_server::accept_one() {
+  sockaddr_storage from{};
+  socklen_t len = sizeof from;
+  const int c = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC);
+  if (c < 0) return;
+  no_delay(c);
+  std::string peer = tcp::address_text(from);
+  if (!guard_) {
+    if (conns_.size() >= max_connections) conns_.erase(conns_.begin());  // the oldest goes
+    conns_.push_back({plain_stream(c), std::move(peer)});
+    conns_.back().stream->set_timeout(mid_frame_timeout_s);
+    return;
+  }
+  const std::string where = "troupe: step link on port " + std::to_string(port_) + ": ";
+  if (handshakes_.size() >= max_handshakes) {
+    ::close(c);
+    log_link_refusal(where + peer + ": refused: " + std::to_string(max_handshakes) + " connections in their handshake already");
+    return;
+  }
+  const int mine = ::fcntl(c, F_DUPFD_CLOEXEC, 0);
+  if (mine < 0) {
+    ::close(c);
+    return;
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  handshakes_.push_back({c, std::thread([this, mine, peer, where, done] {
+                           auto s = guard_->server(mine, link_handshake_ms);
+                           if (s) {
+                             (*s)->set_timeout(mid_frame_timeout_s);
+                             std::lock_guard<std::mutex> lock(ready_mutex_);
+                             ready_.push_back({std::move(s).value(), peer});
+                           } else {
+                             log_link_refusal(where + peer + ": refused: " + s.err().message);
+                           }
+                           done->store(true);
+                           wake();
+                         }),
+                         done});
+}
+
+bool step_link_server::serve_one(link_stream& s, std::string& why) {
   uint8_t h[step_header];
-  if (!read_exact(fd, h, sizeof h)) return false;
+  if (!s.read_exact(h, sizeof h)) return false;
   if (get32(h) != frame_magic) {
     why = "not a step link frame";
     return false;
@@ -170,7 +214,7 @@ bool step_link_server::serve_one(int fd, std::string& why) {
     return false;
   }
   wire_message plan, act;
-  if (!read_message(fd, plan_kind, plan_len, plan) || !read_message(fd, act_kind, act_len, act)) return false;
+  if (!read_message(s, plan_kind, plan_len, plan) || !read_message(s, act_kind, act_len, act)) return false;
   const expected<wire_message> out = [&]() -> expected<wire_message> {
     try {
       return fn_(plan, act);
@@ -186,22 +230,25 @@ bool step_link_server::serve_one(int fd, std::string& why) {
     put32(a + 4, 1);
     put32(a + 8, 0);
     put32(a + 12, n);
-    return write_all(fd, {{a, sizeof a}, {why.data(), n}});
+    return s.write_all({{a, sizeof a}, {why.data(), n}});
   }
   put32(a + 4, 0);
   put32(a + 8, static_cast<uint32_t>(out->kind));
   put32(a + 12, static_cast<uint32_t>(out->size()));
-  return write_all(fd, {{a, sizeof a}, {out->bytes ? out->bytes->data() : nullptr, out->size()}});
+  return s.write_all({{a, sizeof a}, {out->bytes ? out->bytes->data() : nullptr, out->size()}});
 }
 
 // Client.
 
 expected<std::unique_ptr<step_link_client>> step_link_client::connect(const std::string& host, uint16_t port,
-                                                                      answer_fn on_answer, broken_fn on_broken) {
+                                                                      answer_fn on_answer, broken_fn on_broken,
+                                                                      std::shared_ptr<const link_guard> guard) {
   auto fd = tcp::connect_to(host, port, connect_timeout_ms, "step link");
   if (!fd) return fd.err();
+  auto stream = open_client_stream(guard.get(), *fd, link_handshake_ms);
+  if (!stream) return error{"step link to " + host + ":" + std::to_string(port) + ": " + stream.err().message};
   std::unique_ptr<step_link_client> c(new step_link_client);
-  c->fd_ = *fd;
+  c->stream_ = std::move(stream).value();
   c->on_answer_ = std::move(on_answer);
   c->on_broken_ = std::move(on_broken);
   c->reader_ = std::thread([p = c.get()] { p->read_answers(); });
@@ -215,10 +262,9 @@ step_link_client::~step_link_client() {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_writer_.notify_all();
   }
-  ::shutdown(fd_, SHUT_RDWR);
+  stream_->shutdown();
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
-  ::close(fd_);
 }
 
 void step_link_client::report(const std::string& why) {
@@ -238,11 +284,12 @@ status step_link_client::send(const wire_message& plan, const wire_message& act)
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failed_.empty()) return error{"step link: " + failed_};
   size_t taken = 0;  // bytes of the frame the socket took
-  if (backlog_.empty()) {
+  if (backlog_.empty() && !stream_->secured()) {  // a secured frame goes out through the writer
+    const int fd = stream_->fd();
     iovec iov[4];
     msghdr m = gather(parts, iov);
     for (;;) {
-      const ssize_t w = ::sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0 && errno == EINTR) continue;
       if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return error{errno_text("step link: send")};
       if (w > 0) taken += static_cast<size_t>(w);
@@ -272,7 +319,7 @@ void step_link_client::write_backlog() {
     if (closing_) return;
     const std::vector<uint8_t>& front = backlog_.front();  // stays queued while it goes out
     lock.unlock();
-    const bool sent = write_all(fd_, {{front.data(), front.size()}});
+    const bool sent = stream_->write_all({{front.data(), front.size()}});
     lock.lock();
     if (!sent) {
       failed_ = errno_text("send");
@@ -288,7 +335,7 @@ void step_link_client::read_answers() {
   std::string why = "the stage closed the step link";
   for (;;) {
     uint8_t h[answer_header];
-    if (!read_exact(fd_, h, sizeof h)) break;
+    if (!stream_->read_exact(h, sizeof h)) break;
     const uint32_t st = get32(h + 4), kind = get32(h + 8), len = get32(h + 12);
     if (get32(h) != frame_magic || st > 1 || !kind_ok(kind) || len > wire_message::max_frame_bytes ||
         (st == 1 && len > max_error_text)) {
@@ -296,7 +343,7 @@ void step_link_client::read_answers() {
       break;
     }
     wire_message m;
-    if (!read_message(fd_, kind, len, m)) break;
+    if (!read_message(*stream_, kind, len, m)) break;
     if (st == 0) {
       on_answer_(std::move(m));
     } else {

@@ -18,6 +18,10 @@
 // that breaks these rules ends the connection (the server then waits for the next); the
 // payloads are the same Cap'n Proto frames the actor messages carry, checked by the same
 // decoders.
+//
+// Secured (a link_guard: TLS with the node's certificate), a link carries the same frames
+// over TLS; the server runs each newcomer's handshake on a thread of its own, so a
+// stranger that stalls its handshake holds up no step, and logs each peer it refuses.
 #pragma once
 
 #include <atomic>
@@ -33,6 +37,7 @@
 
 #include "actors/caf/wire_message.hpp"
 #include "engine/util/expected.hpp"
+#include "engine/util/link_stream.hpp"
 #include "engine/util/tcp.hpp"
 
 namespace troupe {
@@ -44,10 +49,11 @@ class step_link_server {
  public:
   using step_fn = std::function<expected<wire_message>(const wire_message& plan, const wire_message& act)>;
 
-  // Listens on host:<any free port>.
-  // Listens on host, on the first free port of `ports` (any port by default).
+  // Listens on host, on the first free port of `ports` (any port by default); secured by
+  // `guard` (the process's by default; null: plain TCP).
   static expected<std::unique_ptr<step_link_server>> start(const std::string& host, step_fn fn,
-                                                           tcp::port_range ports = {});
+                                                           tcp::port_range ports = {},
+                                                           std::shared_ptr<const link_guard> guard = process_link_guard());
   ~step_link_server();  // closes the sockets; waits for a running step to end
 
   step_link_server(const step_link_server&) = delete;
@@ -57,15 +63,34 @@ class step_link_server {
 
  private:
   step_link_server() = default;
+  struct connection {
+    std::unique_ptr<link_stream> stream;
+    std::string peer;  // its address, for the log
+  };
+  // A newcomer in its handshake, on its own thread: the thread owns a duplicate of `fd`
+  // (closed by the thread on failure), and shutting `fd` down ends the handshake at once.
+  struct handshake {
+    int fd;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
   void run();
+  void accept_one();
   // One step; false: the connection is done, `why` saying how the peer broke the
   // protocol (empty when it closed, or stalled mid-frame).
-  bool serve_one(int fd, std::string& why);
+  bool serve_one(link_stream& s, std::string& why);
+  void wake();
 
   step_fn fn_;
+  std::shared_ptr<const link_guard> guard_;
   int listen_fd_ = -1;
-  int wake_[2] = {-1, -1};  // a pipe: the destructor writes, run() returns
+  int wake_[2] = {-1, -1};  // a pipe: the destructor and finished handshakes write
+  std::atomic<bool> stopping_{false};
   uint16_t port_ = 0;
+  std::vector<connection> conns_;     // run()'s
+  std::vector<handshake> handshakes_;  // run()'s, then the destructor's
+  std::mutex ready_mutex_;
+  std::vector<connection> ready_;  // handshakes done, for run() to take
   std::thread thread_;
 };
 
@@ -80,8 +105,10 @@ class step_link_client {
   using answer_fn = std::function<void(expected<wire_message>)>;
   using broken_fn = std::function<void(const std::string& why)>;
 
-  static expected<std::unique_ptr<step_link_client>> connect(const std::string& host, uint16_t port,
-                                                             answer_fn on_answer, broken_fn on_broken);
+  // Connects, and over a secured link completes the handshake, within a few seconds.
+  static expected<std::unique_ptr<step_link_client>> connect(
+      const std::string& host, uint16_t port, answer_fn on_answer, broken_fn on_broken,
+      std::shared_ptr<const link_guard> guard = process_link_guard());
   ~step_link_client();
 
   step_link_client(const step_link_client&) = delete;
@@ -95,7 +122,7 @@ class step_link_client {
   void write_backlog();
   void report(const std::string& why);
 
-  int fd_ = -1;
+  std::unique_ptr<link_stream> stream_;
   answer_fn on_answer_;
   broken_fn on_broken_;
   std::atomic<bool> closing_{false};

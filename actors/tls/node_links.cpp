@@ -21,6 +21,7 @@
 #include <caf/io/network/stream.hpp>
 #include <openssl/err.h>
 
+#include "engine/util/link_stream.hpp"
 #include "engine/util/tcp.hpp"
 
 namespace troupe {
@@ -33,27 +34,6 @@ using rw_state = net::rw_state;
 constexpr int connect_ms = 1000;  // the TCP handshake to a peer
 
 const caf::atom_value links_key = caf::atom("troupelink");
-
-// The node's log of refused peers: every refusal, up to 20 lines in 10 s; past that, how
-// many more there were, once the 10 s are over (a flood of strangers cannot fill the log).
-void log_refusal(const std::string& line) {
-  static std::mutex mu;
-  static auto window = std::chrono::steady_clock::now();
-  static int lines = 0, held = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto now = std::chrono::steady_clock::now();
-  if (now - window > std::chrono::seconds(10)) {
-    if (held > 0)
-      std::fprintf(stderr, "troupe: node links: %d more connection(s) refused in 10 s, not logged one by one\n", held);
-    window = now;
-    lines = held = 0;
-  }
-  if (++lines > 20) {
-    ++held;
-    return;
-  }
-  std::fprintf(stderr, "%s\n", line.c_str());
-}
 
 // Connections still in their TLS handshake, each shut down once past its deadline by one
 // watcher thread (the multiplexer has no timers of its own). A socket leaves the table
@@ -105,7 +85,7 @@ class handshake_watch {
         // The multiplexer sees the end of the stream and closes it as any other.
         *it->second.timed_out = true;
         ::shutdown(it->second.fd, SHUT_RDWR);
-        log_refusal(it->second.what + "no TLS handshake within " + std::to_string(handshake_ms) + " ms; closed");
+        log_link_refusal(it->second.what + "no TLS handshake within " + std::to_string(handshake_ms) + " ms; closed");
         it = pending_.erase(it);
       }
     }
@@ -181,7 +161,7 @@ class tls_stream : public net::stream {
     }
     const int e = SSL_get_error(ssl_.get(), r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) return 0;
-    if (!timed_out_) log_refusal(what_ + "refused: " + tls::handshake_failure(ssl_.get(), r));
+    if (!timed_out_) log_link_refusal(what_ + "refused: " + tls::handshake_failure(ssl_.get(), r));
     failed_ = true;
     return -1;
   }

@@ -15,10 +15,11 @@
 #include <caf/io/middleman_actor.hpp>
 
 #include "actors/tls/tls_context.hpp"
+#include "engine/util/link_stream.hpp"
 
 namespace troupe {
 
-constexpr int handshake_ms = 5000;
+constexpr int handshake_ms = link_handshake_ms;
 
 // Troupe's middleman actor for links to other nodes, for the scope's lifetime (declare it
 // after the actor system, so it ends first): over TLS with `ctx`, plain TCP without; its

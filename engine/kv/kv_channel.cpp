@@ -27,12 +27,13 @@ constexpr size_t min_record = 24;   // a sealed record's header
 
 expected<std::unique_ptr<kv_channel_receiver>> kv_channel_receiver::start(const std::string& host, uint16_t port,
                                                                           sink_fn sink, kv_channel_limits limits,
-                                                                          log_fn log) {
+                                                                          log_fn log, std::shared_ptr<const link_guard> guard) {
   auto l = tcp::listen_on(host, port, "kv channel", 16);
   if (!l) return l.err();
   std::unique_ptr<kv_channel_receiver> r(new kv_channel_receiver);
   r->sink_ = std::move(sink);
   r->log_ = std::move(log);
+  r->guard_ = std::move(guard);
   r->limits_ = limits;
   r->listen_fd_ = l->fd;
   r->port_ = l->port;
@@ -86,10 +87,17 @@ void kv_channel_receiver::accept_loop() {
     }
     if (fds[0].revents) return;
     if (!(fds[1].revents & POLLIN)) continue;
-    const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof from;
+    const int c = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC);
     if (c < 0) continue;
+    const int mine = ::fcntl(c, F_DUPFD_CLOEXEC, 0);
+    if (mine < 0) {
+      ::close(c);
+      continue;
+    }
     tcp::no_delay(c);
-    tcp::set_timeouts(c, limits_.frame_timeout_s);
+    const std::string peer = tcp::address_text(from);
     // Finished connections go; past the limit, the oldest makes room (a sender that
     // vanished). Joined outside the lock: a connection's thread takes it for its figures.
     std::deque<connection> gone;
@@ -115,8 +123,8 @@ void kv_channel_receiver::accept_loop() {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     auto done = std::make_shared<std::atomic<bool>>(false);
-    connections_.push_back(connection{c, std::thread([this, c, done] {
-                                        serve(c);
+    connections_.push_back(connection{c, std::thread([this, c, mine, peer, done] {
+                                        serve(mine, peer);
                                         ::shutdown(c, SHUT_RDWR);
                                         done->store(true);
                                       }),
@@ -124,27 +132,38 @@ void kv_channel_receiver::accept_loop() {
   }
 }
 
-void kv_channel_receiver::serve(int fd) {
+void kv_channel_receiver::serve(int mine, const std::string& peer) {
+  auto opened = open_server_stream(guard_.get(), mine, link_handshake_ms);
+  if (!opened) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.refused;
+    }
+    log_link_refusal("troupe: kv channel on port " + std::to_string(port_) + ": " + peer + ": refused: " + opened.err().message);
+    return;
+  }
+  link_stream& s = **opened;
+  s.set_timeout(limits_.frame_timeout_s);
   uint8_t h[8];
-  if (!tcp::read_exact(fd, h, sizeof h)) return refuse("no hello within " + std::to_string(limits_.frame_timeout_s) + " s");
+  if (!s.read_exact(h, sizeof h)) return refuse("no hello within " + std::to_string(limits_.frame_timeout_s) + " s");
   if (tcp::get32(h) != hello_magic) return refuse("a peer that is not a kv channel sender");
   if (tcp::get32(h + 4) != version) return refuse("a sender of version " + std::to_string(tcp::get32(h + 4)));
   std::vector<std::byte> record;
   uint64_t taken = 0;
   for (;;) {
     // Between frames a sender may be quiet as long as it likes; within one, 5 s.
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, -1) < 0) {
+    pollfd p{s.fd(), POLLIN, 0};
+    if (!s.buffered() && ::poll(&p, 1, -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    if (!tcp::read_exact(fd, h, sizeof h)) return;  // closed between frames: done
+    if (!s.read_exact(h, sizeof h)) return;  // closed between frames: done
     if (tcp::get32(h) != block_magic) return refuse("a frame that is not a block");
     const uint32_t len = tcp::get32(h + 4);
     if (len < min_record || len > limits_.max_record)
       return refuse("a record of " + std::to_string(len) + " bytes (at most " + std::to_string(limits_.max_record) + ")");
     record.resize(len);
-    if (!tcp::read_exact(fd, record.data(), len)) return refuse("a block cut short");
+    if (!s.read_exact(record.data(), len)) return refuse("a block cut short");
     const auto name = record_name(record);
     if (!name) return refuse("a record whose header does not add up");
     const auto payload = open_record(*name, record);
@@ -163,26 +182,27 @@ void kv_channel_receiver::serve(int fd) {
     uint8_t a[12];
     tcp::put32(a, ack_magic);
     tcp::put64(a + 4, taken);
-    if (!tcp::write_all(fd, {{a, sizeof a}})) return;
+    if (!s.write_all({{a, sizeof a}})) return;
   }
 }
 
 // -- sender ---------------------------------------------------------------------------------
 
 expected<std::unique_ptr<kv_channel_sender>> kv_channel_sender::connect(const std::string& host, uint16_t port,
-                                                                        kv_channel_limits limits) {
+                                                                        kv_channel_limits limits,
+                                                                        std::shared_ptr<const link_guard> guard) {
   auto fd = tcp::connect_to(host, port, connect_timeout_ms, "kv channel");
   if (!fd) return fd.err();
+  const std::string to = "kv channel to " + host + ":" + std::to_string(port);
+  auto stream = open_client_stream(guard.get(), *fd, link_handshake_ms);
+  if (!stream) return error{to + ": " + stream.err().message};
   uint8_t h[8];
   tcp::put32(h, hello_magic);
   tcp::put32(h + 4, version);
-  if (!tcp::write_all(*fd, {{h, sizeof h}})) {
-    ::close(*fd);
-    return error{tcp::errno_text("kv channel: hello to " + host + ":" + std::to_string(port))};
-  }
+  if (!(*stream)->write_all({{h, sizeof h}})) return error{tcp::errno_text(to + ": hello")};
   std::unique_ptr<kv_channel_sender> s(new kv_channel_sender);
   s->limits_ = limits;
-  s->fd_ = *fd;
+  s->stream_ = std::move(stream).value();
   s->reader_ = std::thread([p = s.get()] { p->read_acks(); });
   return s;
 }
@@ -193,10 +213,10 @@ kv_channel_sender::~kv_channel_sender() {
     closing_ = true;
   }
   changed_.notify_all();
-  ::shutdown(fd_, SHUT_RDWR);
+  stream_->shutdown();
   if (reader_.joinable()) reader_.join();
   std::lock_guard<std::mutex> w(writing_);  // a send() under way has failed by now
-  ::close(fd_);
+  stream_.reset();
 }
 
 void kv_channel_sender::fail(const std::string& why) {
@@ -205,7 +225,7 @@ void kv_channel_sender::fail(const std::string& why) {
     if (broken_.empty() && !closing_) broken_ = why;
   }
   changed_.notify_all();
-  ::shutdown(fd_, SHUT_RDWR);
+  stream_->shutdown();
 }
 
 std::string kv_channel_sender::broken() const {
@@ -240,7 +260,7 @@ status kv_channel_sender::send(std::string_view name, std::span<const std::byte>
   uint8_t h[8];
   tcp::put32(h, block_magic);
   tcp::put32(h + 4, static_cast<uint32_t>(size));
-  if (!tcp::write_all(fd_, {{h, sizeof h}, {head.data(), head.size()}, {payload.data(), payload.size()}})) {
+  if (!stream_->write_all({{h, sizeof h}, {head.data(), head.size()}, {payload.data(), payload.size()}})) {
     fail(tcp::errno_text("send"));
     return error{"kv channel: " + broken()};
   }
@@ -255,14 +275,14 @@ bool kv_channel_sender::flush(std::chrono::milliseconds timeout) {
 void kv_channel_sender::read_acks() {
   uint8_t a[12];
   for (;;) {
-    if (!tcp::read_exact(fd_, a, sizeof a)) return fail("the receiver closed the channel");
+    if (!stream_->read_exact(a, sizeof a)) return fail("the receiver closed the channel");
     if (tcp::get32(a) != ack_magic) return fail("the receiver sent something other than an ack");
     const uint64_t taken = tcp::get64(a + 4);
     std::lock_guard<std::mutex> lock(mutex_);
     if (taken < acked_ || taken > sent_) {
       broken_ = broken_.empty() ? "the receiver acknowledged bytes never sent" : broken_;
       changed_.notify_all();
-      ::shutdown(fd_, SHUT_RDWR);
+      stream_->shutdown();
       return;
     }
     if (taken > acked_) ++stats_.records;  // one ack a record

@@ -16,6 +16,10 @@
 // with a reason; a record failing its checksum is dropped and counted (its block is
 // computed again where it was wanted). A peer silent for frame_timeout_s (5 s) in the
 // middle of a frame, or before its hello, is closed.
+//
+// Secured (a link_guard: TLS with the node's certificate), a channel carries the same
+// frames over TLS, after a handshake each receiver connection runs on its own thread; a
+// peer that fails it is refused and logged.
 #pragma once
 
 #include <atomic>
@@ -33,6 +37,7 @@
 #include <vector>
 
 #include "engine/util/expected.hpp"
+#include "engine/util/link_stream.hpp"
 
 namespace troupe {
 
@@ -59,9 +64,11 @@ class kv_channel_receiver {
   using sink_fn = std::function<void(std::string_view name, std::span<const std::byte> payload)>;
   using log_fn = std::function<void(const std::string&)>;
 
-  // Listens on host:port (0: any free port).
-  static expected<std::unique_ptr<kv_channel_receiver>> start(const std::string& host, uint16_t port, sink_fn sink,
-                                                              kv_channel_limits limits = {}, log_fn log = {});
+  // Listens on host:port (0: any free port); secured by `guard` (the process's by
+  // default; null: plain TCP).
+  static expected<std::unique_ptr<kv_channel_receiver>> start(
+      const std::string& host, uint16_t port, sink_fn sink, kv_channel_limits limits = {}, log_fn log = {},
+      std::shared_ptr<const link_guard> guard = process_link_guard());
   ~kv_channel_receiver();  // closes every connection, waits for their threads
   kv_channel_receiver(const kv_channel_receiver&) = delete;
   kv_channel_receiver& operator=(const kv_channel_receiver&) = delete;
@@ -72,11 +79,14 @@ class kv_channel_receiver {
  private:
   kv_channel_receiver() = default;
   void accept_loop();
-  void serve(int fd);
+  // One connection: `fd` is the receiver's (shut down to end it), `mine` a duplicate the
+  // connection's stream owns.
+  void serve(int mine, const std::string& peer);
   void refuse(const std::string& why);
 
   sink_fn sink_;
   log_fn log_;
+  std::shared_ptr<const link_guard> guard_;
   kv_channel_limits limits_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
@@ -96,8 +106,9 @@ class kv_channel_sender {
  public:
   static constexpr int connect_timeout_ms = 2000;
 
-  static expected<std::unique_ptr<kv_channel_sender>> connect(const std::string& host, uint16_t port,
-                                                              kv_channel_limits limits = {});
+  static expected<std::unique_ptr<kv_channel_sender>> connect(
+      const std::string& host, uint16_t port, kv_channel_limits limits = {},
+      std::shared_ptr<const link_guard> guard = process_link_guard());
   ~kv_channel_sender();  // stops at once: what is queued and unacknowledged is lost
   kv_channel_sender(const kv_channel_sender&) = delete;
   kv_channel_sender& operator=(const kv_channel_sender&) = delete;
@@ -119,7 +130,7 @@ class kv_channel_sender {
   void fail(const std::string& why);
 
   kv_channel_limits limits_;
-  int fd_ = -1;
+  std::unique_ptr<link_stream> stream_;
   std::thread reader_;
   std::mutex writing_;               // one record on the socket at a time
   mutable std::mutex mutex_;         // the rest

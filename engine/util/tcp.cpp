@@ -1,5 +1,6 @@
 #include "engine/util/tcp.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -30,6 +31,21 @@ expected<addrinfo*> resolve(const std::string& host, uint16_t port, bool passive
 }  // namespace
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::string address_text(const sockaddr_storage& a) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+    port = ntohs(v4->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+    port = ntohs(v6->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
 
 void no_delay(int fd) {
   const int one = 1;

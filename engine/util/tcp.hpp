@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include <sys/socket.h>
+
 #include "engine/util/expected.hpp"
 
 namespace troupe::tcp {
@@ -35,6 +37,9 @@ struct port_range {
 expected<listener> listen_in(const std::string& host, port_range range, const std::string& who, int backlog = 8);
 // A connected socket (blocking, TCP_NODELAY), or why not within timeout_ms.
 expected<int> connect_to(const std::string& host, uint16_t port, int timeout_ms, const std::string& who);
+
+// "host:port" of an address (a peer accept() reported).
+std::string address_text(const sockaddr_storage& a);
 
 void no_delay(int fd);
 // SO_RCVTIMEO and SO_SNDTIMEO: a read or write that stalls this long fails.

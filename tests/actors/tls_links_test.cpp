@@ -11,34 +11,14 @@
 #include "actors/tls/node_links.hpp"
 #include "actors/tls/tls_context.hpp"
 #include "actors/tls/tls_files.hpp"
+#include "tests/actors/tls_clusters.hpp"
+#include "tests/support/byte_relay.hpp"
 
 namespace troupe {
 
 namespace {
 
-namespace fs = std::filesystem;
-
-// A scratch directory with two clusters' files: CA "a" with nodes a1, a2; CA "b" with b1.
-struct clusters {
-  fs::path dir;
-  clusters() {
-    dir = fs::temp_directory_path() / ("troupe-tls-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    for (const char* ca : {"a", "b"}) REQUIRE(tls::make_ca(path(ca, "pem"), path(ca, "key"), std::string("CA ") + ca));
-    for (const char* n : {"a1", "a2"}) REQUIRE(tls::issue(path("a", "pem"), path("a", "key"), path(n, "pem"), path(n, "key"), n, "127.0.0.1"));
-    REQUIRE(tls::issue(path("b", "pem"), path("b", "key"), path("b1", "pem"), path("b1", "key"), "b1", "127.0.0.1"));
-  }
-  ~clusters() { fs::remove_all(dir); }
-  std::string path(const std::string& name, const char* ext) const { return (dir / (name + "." + ext)).string(); }
-  tls::credentials of(const std::string& node, const std::string& ca) const {
-    return {path(ca, "pem"), path(node, "pem"), path(node, "key")};
-  }
-  std::shared_ptr<tls::context> context(const std::string& node, const std::string& ca) const {
-    auto c = tls::context::load(of(node, ca));
-    REQUIRE(c.has_value());
-    return *c;
-  }
-};
+using test::clusters;
 
 // (Spawned with an argument: CAF 0.17 reads a null argument tuple for a function spawned
 // with none, which UBSan reports.)
@@ -46,10 +26,10 @@ caf::behavior echo(std::string prefix) {
   return {[prefix](const std::string& s) { return prefix + s; }};
 }
 
-std::string ask(caf::actor_system& sys, const caf::actor& who) {
+std::string ask(caf::actor_system& sys, const caf::actor& who, const std::string& what = "hello") {
   caf::scoped_actor self{sys};
   std::string answer;
-  self->request(who, std::chrono::seconds(5), std::string("hello"))
+  self->request(who, std::chrono::seconds(5), what)
       .receive([&](const std::string& s) { answer = s; }, [&](caf::error& e) { answer = "error: " + sys.render(e); });
   return answer;
 }
@@ -145,6 +125,35 @@ TEST_CASE("plain links: troupe's middleman actor connects and publishes without 
   REQUIRE(reached);
   CHECK(ask(sys, *reached) == "echo hello");
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("tls links carry no plaintext: the bytes between two nodes, recorded") {
+  std::signal(SIGPIPE, SIG_IGN);
+  clusters c;
+  const std::string secret = "Once upon a time, a secret prompt";
+  for (const bool secured : {false, true}) {
+    CAPTURE(secured);
+    auto server_cfg = with_middleman();
+    caf::actor_system server{server_cfg};
+    node_links_scope server_links(server, secured ? c.context("a1", "a") : nullptr);
+    auto agent = server.spawn(echo, std::string("echo "));
+    auto port = publish_agent(server, agent, 0, "127.0.0.1");
+    REQUIRE(port);
+    test::byte_relay wire(*port);
+    {
+      auto cfg = with_middleman();
+      caf::actor_system sys{cfg};
+      node_links_scope links(sys, secured ? c.context("a2", "a") : nullptr);
+      auto reached = connect_agent(sys, "127.0.0.1", wire.port());
+      REQUIRE(reached);
+      CHECK(ask(sys, *reached, secret) == "echo " + secret);
+    }
+    // In the clear, the recording holds the message; over TLS, not even CAF's own names.
+    CHECK(wire.saw(secret) == !secured);
+    CHECK(wire.saw("echo ") == !secured);
+    CHECK(wire.bytes().size() > secret.size());
+    caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+  }
 }
 
 }  // namespace troupe

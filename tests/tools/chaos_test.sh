@@ -8,8 +8,9 @@
 # back to where they started, and every SIGSTOPped node was noticed within three
 # heartbeat intervals. TOPOLOGY (default deploy/pp2x2.toml) may be any with the same
 # nodes and endpoints: deploy/disagg-pp2.toml runs the ledger over a prefill and a decode
-# replica. With `tls` after it, the same over TLS: a copy of the topology with [tls], the
-# certificates made by troupe-launch certs. Bounded in time; every process is stopped at
+# replica. With `tls` after it, the same over TLS (middleman links, step links and KV
+# channels): a copy of the topology with [tls], the certificates made by troupe-launch
+# certs; no link within the cluster may be refused, and handed-over KV must land. Bounded in time; every process is stopped at
 # the end.
 # Usage: chaos_test.sh BUILD_DIR SOURCE_DIR [TOPOLOGY [tls]]
 set -euo pipefail
@@ -42,7 +43,7 @@ trap cleanup EXIT
 
 launch up "$topo" >"$state/up.out"
 if [[ ${4:-} == tls ]]; then
-  [[ $(grep -l "links to other nodes over TLS" "$state"/*.log | wc -l) == $(grep -c '^\[\[node\]\]' "$topo") ]] ||
+  [[ $(grep -l "links to other nodes (actors, step links, KV) over TLS" "$state"/*.log | wc -l) == $(grep -c '^\[\[node\]\]' "$topo") ]] ||
     { echo "not every node uses TLS"; exit 1; }
 fi
 for _ in $(seq 1 100); do [[ $(client --health || true) == ready ]] && break; sleep 0.1; done
@@ -52,6 +53,15 @@ actors_before=$(launch status "$topo" --actors | grep -c ' alive ')
 # The failure-free run, the reference for every later round.
 bench "$state/clean.jsonl"
 [[ $(grep -c '"ok":true' "$state/clean.jsonl") == 64 ]] || { echo "the failure-free run failed"; cat "$state/clean.jsonl.err"; exit 1; }
+if [[ ${4:-} == tls ]]; then
+  # Nothing of the cluster's own was refused; with prefill replicas, the KV they handed
+  # over landed (over the KV channels, TLS too) and was loaded by the decode replicas.
+  if grep -h "refused" "$state"/*.log; then echo "a link within the cluster was refused over TLS"; exit 1; fi
+  if grep -q '^role *= *"prefill"' "$topo"; then
+    loaded=$(curl -s http://127.0.0.1:7401/metrics | sed -n 's/^troupe_kv_tier_loaded_tokens_total //p' | head -1)
+    [[ ${loaded%.*} -gt 0 ]] || { echo "no handed-over KV was loaded (troupe_kv_tier_loaded_tokens_total ${loaded:-missing})"; exit 1; }
+  fi
+fi
 
 # Rounds of the 64 requests, each compared with the failure-free run, while chaos runs.
 rounds=0 bad=0

@@ -5,7 +5,8 @@
 # certificate. Strangers are refused and named in the node's log: a plain-TCP CAF client
 # (valid frames, no TLS), a node of another cluster, a TLS client without a certificate,
 # one with another cluster's certificate that trusts this cluster, and one that never
-# finishes its handshake (closed after the handshake deadline).
+# finishes its handshake (closed after the handshake deadline). The step link between the
+# stages is TLS as well, and refuses the same strangers.
 # Bounded in time; leftovers are killed.
 # Usage: tls_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
@@ -33,7 +34,7 @@ again=$(launch certs "$work/pp2.toml")
 
 ep=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --state-dir "$state" | sed -n 's|^endpoint: capnp://||p')
 [[ -n $ep ]] || fail "no endpoint over TLS: $(tail -5 "$state"/n0.log)"
-for n in n0 n1; do grep -q "troupe-node $n: links to other nodes over TLS" "$state/$n.log" || fail "$n does not say it uses TLS"; done
+for n in n0 n1; do grep -q "troupe-node $n: links to other nodes (actors, step links, KV) over TLS" "$state/$n.log" || fail "$n does not say it uses TLS"; done
 got=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 40 -t 0)
 want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 40 -t 0 -q)
 [[ $got == "$want" ]] || fail "output over TLS differs: $got / $want"
@@ -84,6 +85,16 @@ except ConnectionResetError:
 sys.exit(0 if got == b"" else f"got {got!r}")
 PY
 expect_refusal "silent" "127.0.0.1:[0-9]*: no TLS handshake within 5000 ms; closed"
+
+# The step link (n1's stage, stepped by n0's scheduler) is TLS too: the scheduler used it,
+# and a client without a certificate or without TLS is refused at its port.
+step_port=$(sed -n 's/.*troupe: step link for layers [0-9-]* on 127.0.0.1:\([0-9]*\)$/\1/p' "$state/n1.log" | head -1)
+[[ -n $step_port ]] || fail "n1 opened no step link: $(tail -5 "$state/n1.log")"
+grep -q "its steps go through the middleman" "$state/n0.log" && fail "n0 did not use the step link over TLS: $(grep middleman "$state/n0.log")"
+timeout 10 openssl s_client -connect "127.0.0.1:$step_port" -CAfile "$work/certs/ca.pem" </dev/null >/dev/null 2>&1 || true
+expect_refusal "step link, no certificate" "troupe: step link on port $step_port: 127.0.0.1:[0-9]*: refused: it showed no certificate"
+printf 'TRSL\0\0\0\0' | timeout 10 python3 -c "import socket,sys; s=socket.create_connection(('127.0.0.1',$step_port)); s.sendall(sys.stdin.buffer.read()); s.settimeout(8); s.recv(10)" 2>/dev/null || true
+expect_refusal "step link, plain TCP" "troupe: step link on port $step_port: 127.0.0.1:[0-9]*: refused: it does not speak TLS"
 
 # Still serving, as before.
 again=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 40 -t 0)

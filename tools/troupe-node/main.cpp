@@ -24,6 +24,7 @@
 #include "actors/caf/errors.hpp"
 #include "actors/caf/system_config.hpp"
 #include "actors/tls/node_links.hpp"
+#include "actors/tls/tls_links.hpp"
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/forward_shard.hpp"
 #include "tools/common/model_loading.hpp"
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
     auto ctx = tls::context::load({topo->tls.ca, topo->tls.cert_of(opt.node), topo->tls.key_of(opt.node)});
     if (!ctx) return fail(opt.node + ": [tls]: " + ctx.err().message + " (troupe-launch certs " + opt.topology + " makes them)");
     tls_ctx = *ctx;
+    set_process_link_guard(tls::link_guard_of(tls_ctx));  // step links and KV channels
   }
   std::fprintf(stderr, "troupe-node %s: loading %s\n", opt.node.c_str(), topo->model.path.c_str());
   auto loaded = tools::load_model_and_tokenizer(topo->model.path, topo->model.tokenizer);
@@ -140,7 +142,7 @@ int main(int argc, char** argv) {
   // Other nodes (and troupe-launch chaos) reach this node's agent at its port.
   const tools::node_spec& me = plan->node;
   if (tls_ctx)
-    std::fprintf(stderr, "troupe-node %s: links to other nodes over TLS (%s, trusting %s)\n", opt.node.c_str(),
+    std::fprintf(stderr, "troupe-node %s: links to other nodes (actors, step links, KV) over TLS (%s, trusting %s)\n", opt.node.c_str(),
                  tls_ctx->files().cert.c_str(), tls_ctx->files().ca.c_str());
   if (auto bound = publish_agent(sys, agent, me.port, me.host); !bound) {
     caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
