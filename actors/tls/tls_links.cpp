@@ -39,19 +39,7 @@ class tls_link final : public link_stream {
 
   void set_timeout(int seconds) override { timeout_ms_ = seconds > 0 ? seconds * 1000 : -1; }
 
-  bool read_exact(void* buf, size_t n) override {
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-      const auto [r, e] = call([&](SSL* s) { return SSL_read(s, p, static_cast<int>(std::min<size_t>(n, INT_MAX))); });
-      if (r > 0) {
-        p += r;
-        n -= static_cast<size_t>(r);
-      } else if (!wait(e)) {
-        return false;
-      }
-    }
-    return true;
-  }
+  bool read_exact(void* buf, size_t n) override { return whole(SSL_read, static_cast<char*>(buf), n); }
 
   bool write_all(std::initializer_list<std::pair<const void*, size_t>> parts) override {
     std::lock_guard<std::mutex> turn(writing_);
@@ -60,10 +48,10 @@ class tls_link final : public link_stream {
     if (total <= coalesce_bytes) {
       out_.clear();
       for (const auto& [p, n] : parts) out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
-      return write(out_.data(), out_.size());
+      return whole(SSL_write, out_.data(), out_.size());
     }
     for (const auto& [p, n] : parts)
-      if (!write(static_cast<const char*>(p), n)) return false;
+      if (!whole(SSL_write, static_cast<const char*>(p), n)) return false;
     return true;
   }
 
@@ -95,9 +83,12 @@ class tls_link final : public link_stream {
     if (err == SSL_ERROR_WANT_WRITE) return wait_for(fd(), POLLOUT, timeout_ms_);
     return false;
   }
-  bool write(const char* p, size_t n) {
-    while (n > 0) {  // partial writes: the context's mode
-      const auto [r, e] = call([&](SSL* s) { return SSL_write(s, p, static_cast<int>(std::min<size_t>(n, INT_MAX))); });
+  // All n bytes through `io` (SSL_read, or SSL_write: partial writes are the context's
+  // mode), waiting for the socket between calls as OpenSSL asks.
+  template <class Io, class Byte>
+  bool whole(Io io, Byte* p, size_t n) {
+    while (n > 0) {
+      const auto [r, e] = call([&](SSL* s) { return io(s, p, static_cast<int>(std::min<size_t>(n, INT_MAX))); });
       if (r > 0) {
         p += r;
         n -= static_cast<size_t>(r);

@@ -19,6 +19,8 @@
 
 #include <doctest/doctest.h>
 
+#include "tests/support/byte_relay.hpp"
+
 namespace troupe {
 
 namespace {
@@ -79,12 +81,8 @@ std::unique_ptr<step_link_client> connect_to(const step_link_server& s, inbox& i
 
 // A plain socket to the server, for frames no client would send.
 int raw_connect(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const int fd = test::connect_loopback(port);
+  REQUIRE(fd >= 0);
   return fd;
 }
 

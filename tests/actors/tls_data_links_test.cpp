@@ -88,13 +88,18 @@ struct inbox {
 };
 
 int raw_connect(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const int fd = test::connect_loopback(port);
+  REQUIRE(fd >= 0);
   return fd;
+}
+
+// The link guards of the test clusters' nodes: a1 and a2 of cluster a, b1 of cluster b.
+struct node_guards {
+  std::shared_ptr<const link_guard> a1, a2, b1;
+};
+node_guards guards(const clusters& c) {
+  return {tls::link_guard_of(c.context("a1", "a")), tls::link_guard_of(c.context("a2", "a")),
+          tls::link_guard_of(c.context("b1", "b"))};
 }
 
 std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
@@ -104,9 +109,7 @@ std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes
 TEST_CASE("tls step links: steps within a cluster, strangers refused and logged, a silent one holds up nothing") {
   std::signal(SIGPIPE, SIG_IGN);
   clusters c;
-  const auto a1 = tls::link_guard_of(c.context("a1", "a"));
-  const auto a2 = tls::link_guard_of(c.context("a2", "a"));
-  const auto b1 = tls::link_guard_of(c.context("b1", "b"));
+  const auto [a1, a2, b1] = guards(c);
   stderr_capture log;
   auto server = step_link_server::start("127.0.0.1", echo_step, {}, a1);
   REQUIRE(server.has_value());
@@ -149,9 +152,7 @@ TEST_CASE("tls step links: steps within a cluster, strangers refused and logged,
 TEST_CASE("tls kv channels: records within a cluster, strangers refused and logged") {
   std::signal(SIGPIPE, SIG_IGN);
   clusters c;
-  const auto a1 = tls::link_guard_of(c.context("a1", "a"));
-  const auto a2 = tls::link_guard_of(c.context("a2", "a"));
-  const auto b1 = tls::link_guard_of(c.context("b1", "b"));
+  const auto [a1, a2, b1] = guards(c);
   stderr_capture log;
   std::mutex m;
   std::vector<std::string> landed;
@@ -194,8 +195,7 @@ TEST_CASE("tls kv channels: records within a cluster, strangers refused and logg
 TEST_CASE("secured step links and kv channels carry no plaintext: bytes recorded on the wire") {
   std::signal(SIGPIPE, SIG_IGN);
   clusters c;
-  const auto a1 = tls::link_guard_of(c.context("a1", "a"));
-  const auto a2 = tls::link_guard_of(c.context("a2", "a"));
+  const auto [a1, a2, b1] = guards(c);
   for (const bool secured : {false, true}) {
     CAPTURE(secured);
     const auto server_guard = secured ? a1 : nullptr, client_guard = secured ? a2 : nullptr;

@@ -2,6 +2,8 @@
 // clear. It forwards each connection it accepts to a target port and keeps a copy of every
 // byte that crosses it, both ways.
 //
+// connect_loopback: a plain TCP connection to 127.0.0.1:port, for bytes no client sends.
+//
 // stderr_capture: what the process writes to stderr (any thread) while it lives, for tests
 // of log lines.
 #pragma once
@@ -13,6 +15,9 @@
 #include <thread>
 
 namespace troupe::test {
+
+// A connected socket, or -1.
+int connect_loopback(uint16_t port);
 
 class byte_relay {
  public:

@@ -14,17 +14,13 @@
 
 #include "engine/kv/kv_channel.hpp"
 #include "engine/util/tcp.hpp"
+#include "tools/common/stats.hpp"
 
 namespace troupe::tools {
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The channel: records of block_kib each, sent until total_mib have landed.
 double channel_once(const channel_bench_options& o, const std::vector<std::byte>& block) {
