@@ -1,21 +1,77 @@
 #include "actors/client/troupe_client.hpp"
 
 #include <cstdlib>
+#include <memory>
 
-#include <capnp/ez-rpc.h>
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
 #include <kj/async.h>
 
+#include "actors/tls/kj_tls.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "schema/client.capnp.h"
 
 namespace troupe {
 
+namespace {
+
+// The event loop of this thread, shared by its clients (KJ allows a thread one), for as
+// long as one of them lives.
+struct thread_io {
+  kj::AsyncIoContext context = kj::setupAsyncIo();
+};
+std::shared_ptr<thread_io> io_of_this_thread() {
+  thread_local std::weak_ptr<thread_io> current;
+  auto io = current.lock();
+  if (!io) {
+    io = std::make_shared<thread_io>();
+    current = io;
+  }
+  return io;
+}
+
+}  // namespace
+
+// The connection: plain, or over TLS (made by hand: EzRpcClient takes no stream).
 struct troupe_client::impl {
-  impl(const std::string& a, std::string key)
-      : address(a), rpc(a), gateway(rpc.getMain<schema::Gateway>()), api_key(std::move(key)) {}
+  impl(const std::string& a, std::string key, const std::string& ca_file)
+      : io(io_of_this_thread()), address(a), api_key(std::move(key)) {
+    const bool secure = a.rfind("capnps://", 0) == 0;
+    const std::string where = secure ? a.substr(9) : a.rfind("capnp://", 0) == 0 ? a.substr(8) : a;
+    const std::string host = host_of(where);
+    kj::Promise<kj::Own<kj::AsyncIoStream>> stream =
+        io->context.provider->getNetwork().parseAddress(where).then([](kj::Own<kj::NetworkAddress> addr) {
+          return addr->connect().attach(kj::mv(addr));
+        });
+    if (secure) {
+      auto ctx = tls::endpoint_context::client(ca_file);
+      if (!ctx) {
+        stream = kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(ctx.err().message.c_str()));
+      } else {
+        stream = stream.then([c = *ctx, host](kj::Own<kj::AsyncIoStream> s) mutable {
+          return tls::connect_tls(*c, kj::mv(s), host).attach(kj::mv(c));
+        });
+      }
+    }
+    gateway = capnp::Capability::Client(stream.then([this](kj::Own<kj::AsyncIoStream> s) {
+                connection = kj::mv(s);
+                rpc = kj::heap<capnp::TwoPartyClient>(*connection);
+                return rpc->bootstrap();
+              })).castAs<schema::Gateway>();
+  }
+  kj::WaitScope& wait_scope() { return io->context.waitScope; }
+
+  // "host" of "host:port" or "[v6]:port".
+  static std::string host_of(const std::string& where) {
+    if (!where.empty() && where[0] == '[') return where.substr(1, where.find(']') - 1);
+    return where.substr(0, where.rfind(':'));
+  }
+
+  std::shared_ptr<thread_io> io;  // first: it goes last
   std::string address;
-  capnp::EzRpcClient rpc;
-  schema::Gateway::Client gateway;
+  kj::Own<kj::AsyncIoStream> connection;
+  kj::Own<capnp::TwoPartyClient> rpc;
+  schema::Gateway::Client gateway = nullptr;
   std::string api_key;
 };
 
@@ -79,6 +135,8 @@ std::string describe(const std::string& address, const std::string& api_key, con
     // Its answer began "HTTP" (read as a Cap'n Proto frame: that many segments, plus one).
     why = "it answers in HTTP: that is an HTTP endpoint, and this client speaks Cap'n Proto (use the address the "
           "node prints as endpoint: capnp://...)";
+  else if (const size_t tls = what.find("TLS: "); tls != std::string::npos)
+    why = "TLS: " + what.substr(tls + 5);  // the handshake's own words
   else if (e.getType() == kj::Exception::Type::DISCONNECTED)
     why = "the connection was lost (" + what + ")";
   else if (what.rfind("remote exception: ", 0) == 0)
@@ -94,11 +152,14 @@ std::string describe(const std::string& address, const std::string& api_key, con
 troupe_client::troupe_client(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
 troupe_client::~troupe_client() = default;
 
-std::unique_ptr<troupe_client> troupe_client::connect(const std::string& address, const std::string& api_key) {
-  std::string key = api_key;
+std::unique_ptr<troupe_client> troupe_client::connect(const std::string& address, const std::string& api_key,
+                                                      const std::string& ca_file) {
+  std::string key = api_key, ca = ca_file;
   if (key.empty())
     if (const char* env = std::getenv("TROUPE_API_KEY")) key = env;
-  return std::unique_ptr<troupe_client>(new troupe_client(std::make_unique<impl>(address, key)));
+  if (ca.empty())
+    if (const char* env = std::getenv("TROUPE_CA")) ca = env;
+  return std::unique_ptr<troupe_client>(new troupe_client(std::make_unique<impl>(address, key, ca)));
 }
 
 expected<client_result> troupe_client::generate(const std::string& prompt, const request_params& params,
@@ -106,7 +167,7 @@ expected<client_result> troupe_client::generate(const std::string& prompt, const
                                                 const std::function<void(const client_chunk&)>& on_chunk) {
   client_result result;
   try {
-    auto& ws = impl_->rpc.getWaitScope();
+    auto& ws = impl_->wait_scope();
     auto paf = kj::newPromiseAndFulfiller<void>();
     auto req = impl_->gateway.generateRequest();
     wire::fill_generate_request(req.initRequest(), prompt, params, steps_include_prompt);
@@ -127,7 +188,7 @@ expected<bool> troupe_client::cancel(uint64_t request) {
     auto req = impl_->gateway.cancelRequest();
     req.setRequestId(request);
     req.setApiKey(impl_->api_key);
-    return req.send().wait(impl_->rpc.getWaitScope()).getFound();
+    return req.send().wait(impl_->wait_scope()).getFound();
   } catch (const kj::Exception& e) {
     return error{describe(impl_->address, impl_->api_key, e)};
   }
@@ -136,7 +197,7 @@ expected<bool> troupe_client::cancel(uint64_t request) {
 expected<client_health> troupe_client::health() {
   try {
     // The response owns the message its reader points into: keep it while reading.
-    auto response = impl_->gateway.healthRequest().send().wait(impl_->rpc.getWaitScope());
+    auto response = impl_->gateway.healthRequest().send().wait(impl_->wait_scope());
     auto h = response.getHealth();
     return client_health{h.getReady(), h.getDetail().cStr(), h.getReplicas(), h.getReplicasReady(), h.getOutages()};
   } catch (const kj::Exception& e) {
@@ -148,7 +209,7 @@ expected<client_stats> troupe_client::stats() {
   try {
     auto req = impl_->gateway.statsRequest();
     req.setApiKey(impl_->api_key);
-    auto response = req.send().wait(impl_->rpc.getWaitScope());
+    auto response = req.send().wait(impl_->wait_scope());
     auto s = response.getStats();
     return client_stats{s.getRequestsRunning(), s.getRequestsWaiting(), s.getKvBlocksUsed(), s.getKvBlocksFree()};
   } catch (const kj::Exception& e) {

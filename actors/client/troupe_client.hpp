@@ -46,9 +46,12 @@ struct client_stats {
 
 class troupe_client {
  public:
-  // host:port; the connection is made lazily and errors surface from the first call.
+  // host:port or capnp://host:port, plain; capnps://host:port over TLS, the gateway's
+  // certificate checked against ca_file (empty: $TROUPE_CA, else the system's CAs) and
+  // the host. The connection is made lazily and errors surface from the first call.
   // api_key: sent with every call but health; empty takes $TROUPE_API_KEY (if set).
-  static std::unique_ptr<troupe_client> connect(const std::string& address, const std::string& api_key = "");
+  static std::unique_ptr<troupe_client> connect(const std::string& address, const std::string& api_key = "",
+                                                const std::string& ca_file = "");
   ~troupe_client();
 
   // steps_include_prompt: max_tokens counts the prompt's tokens after BOS (troupe-run's -n).

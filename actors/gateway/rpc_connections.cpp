@@ -4,10 +4,15 @@
 #include <cstdio>
 #include <list>
 
+#include <sys/socket.h>
+
 #include <capnp/rpc-twoparty.h>
 
 #include "actors/gateway/api_keys.hpp"
 #include "actors/gateway/rpc_gateway_impl.hpp"
+#include "actors/tls/kj_tls.hpp"
+#include "engine/util/link_stream.hpp"
+#include "engine/util/tcp.hpp"
 
 namespace troupe {
 
@@ -159,7 +164,49 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
   }
 
  private:
+  // Over TLS, a newcomer's handshake comes first, within link_handshake_ms; at most
+  // max_connections handshakes at once (a flood of silent ones then costs newcomers, not
+  // the connections already in), and each one refused is a line in the log.
   void admit(kj::Own<kj::AsyncIoStream>&& stream) {
+    if (!limits_.tls) return admit_plain(kj::mv(stream));
+    const std::string peer = peer_of(*stream);
+    if (handshakes_ >= limits_.max_connections) {
+      note(refused, "refused a connection: " + std::to_string(handshakes_) + " TLS handshakes under way");
+      return;
+    }
+    ++handshakes_;
+    auto deadline = timer_.afterDelay(link_handshake_ms * kj::MILLISECONDS).then([]() -> kj::Own<kj::AsyncIoStream> {
+      throw kj::Exception(kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
+                          kj::str("no TLS handshake within ", link_handshake_ms, " ms"));
+    });
+    tasks_.add(tls::accept_tls(*limits_.tls, kj::mv(stream))
+                   .exclusiveJoin(kj::mv(deadline))
+                   .then(
+                       [this](kj::Own<kj::AsyncIoStream>&& s) {
+                         --handshakes_;
+                         admit_plain(kj::mv(s));
+                       },
+                       [this, peer](kj::Exception&& e) {
+                         --handshakes_;
+                         std::string why = e.getDescription().cStr();
+                         if (why.rfind("TLS: ", 0) == 0) why = why.substr(5);
+                         log_link_refusal("troupe-capnp: " + peer + ": refused: " + why);
+                       }));
+  }
+
+  // "host:port" of a connection's peer.
+  static std::string peer_of(kj::AsyncIoStream& s) {
+    sockaddr_storage a{};
+    kj::uint len = sizeof a;
+    try {
+      s.getpeername(reinterpret_cast<sockaddr*>(&a), &len);
+    } catch (const kj::Exception&) {
+      return "?";
+    }
+    return tcp::address_text(a);
+  }
+
+  void admit_plain(kj::Own<kj::AsyncIoStream>&& stream) {
     if (book_.live >= limits_.max_connections && !evict_oldest_waiting()) {
       note(refused, "refused a connection: " + std::to_string(book_.live) +
            " are open (max_connections), every one a client that has made a call");
@@ -203,6 +250,7 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
   kj::Timer& timer_;
   const rpc_limits limits_;
   connection_book book_;
+  int32_t handshakes_ = 0;  // TLS handshakes under way
   uint64_t unreported_[note_kinds] = {};
   std::chrono::steady_clock::time_point last_report_[note_kinds] = {};
   kj::TaskSet tasks_;  // last: its connections go first

@@ -21,6 +21,10 @@
 
 namespace troupe {
 
+namespace tls {
+class endpoint_context;
+}
+
 class gateway_metrics;
 
 struct rpc_limits {
@@ -29,6 +33,9 @@ struct rpc_limits {
                                     // the connection longest without a keyed call, if any
   int32_t greeting_timeout_s = 30;  // a connection that has not asked for the gateway by then is closed
   bool prefix_cache_per_key = true;  // each key's requests in a prefix-cache namespace of their own
+  // The endpoint's certificate: clients speak TLS (capnps://), each handshake within 5 s
+  // (null: plain TCP).
+  std::shared_ptr<const tls::endpoint_context> tls;
 };
 
 class rpc_gateway {

@@ -6,7 +6,10 @@
 # (valid frames, no TLS), a node of another cluster, a TLS client without a certificate,
 # one with another cluster's certificate that trusts this cluster, and one that never
 # finishes its handshake (closed after the handshake deadline). The step link between the
-# stages is TLS as well, and refuses the same strangers.
+# stages is TLS as well, and refuses the same strangers. The Cap'n Proto endpoint speaks
+# TLS with the gateway node's certificate: troupe-client with the cluster's CA gets the
+# same text, a plain client is refused and logged, one trusting another CA refuses the
+# gateway, and the bytes a relay records hold neither the prompt nor the text.
 # Bounded in time; leftovers are killed.
 # Usage: tls_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
@@ -19,6 +22,8 @@ trap 'launch down "$work/pp2.toml" --state-dir "$state" >/dev/null 2>&1 || true;
 
 sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/pp2.toml" >"$work/pp2.toml"
 printf '\n[tls]\nca = "certs/ca.pem"\ncert = "certs/{node}.pem"\nkey = "certs/{node}.key"\n' >>"$work/pp2.toml"
+# The Cap'n Proto endpoint over TLS too, with the gateway node's certificate.
+sed -i 's|^\[gateway\]$|[gateway]\ntls_cert = "certs/n0.pem"\ntls_key = "certs/n0.key"|' "$work/pp2.toml"
 
 # Without the files, up says which is missing and how to make them; nothing starts.
 if out=$(launch up "$work/pp2.toml" --state-dir "$state" 2>&1); then fail "up without certificates succeeded"; fi
@@ -32,10 +37,11 @@ grep -q "wrote $work/certs/n1.pem (n1, signed by troupe cluster CA (pp2)" <<<"$o
 again=$(launch certs "$work/pp2.toml")
 [[ $(grep -c '^kept' <<<"$again") == 4 ]] || fail "certs run again did not keep the files: $again"
 
-ep=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --state-dir "$state" | sed -n 's|^endpoint: capnp://||p')
+ep=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --state-dir "$state" | sed -n 's|^endpoint: capnps://||p')
 [[ -n $ep ]] || fail "no endpoint over TLS: $(tail -5 "$state"/n0.log)"
 for n in n0 n1; do grep -q "troupe-node $n: links to other nodes (actors, step links, KV) over TLS" "$state/$n.log" || fail "$n does not say it uses TLS"; done
-got=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 40 -t 0)
+client() { timeout 60 "$build/tools/troupe-client" "$@"; }
+got=$(client --connect "capnps://$ep" --ca "$work/certs/ca.pem" -p "Once upon a time" -n 40 -t 0)
 want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 40 -t 0 -q)
 [[ $got == "$want" ]] || fail "output over TLS differs: $got / $want"
 actors=$(launch status "$work/pp2.toml" --state-dir "$state" --actors)
@@ -96,8 +102,40 @@ expect_refusal "step link, no certificate" "troupe: step link on port $step_port
 printf 'TRSL\0\0\0\0' | timeout 10 python3 -c "import socket,sys; s=socket.create_connection(('127.0.0.1',$step_port)); s.sendall(sys.stdin.buffer.read()); s.settimeout(8); s.recv(10)" 2>/dev/null || true
 expect_refusal "step link, plain TCP" "troupe: step link on port $step_port: 127.0.0.1:[0-9]*: refused: it does not speak TLS"
 
+# Clients of the Cap'n Proto endpoint: one without TLS is refused and logged; one that
+# does not trust the gateway's CA refuses it; and what crosses the wire to one that
+# does holds neither the prompt nor the text.
+if out=$(client --connect "$ep" -p "Once upon a time" -n 8 -t 0 2>&1); then fail "a plain client was served over TLS: $out"; fi
+for _ in $(seq 1 100); do grep -q "troupe-capnp: 127.0.0.1:[0-9]*: refused: it does not speak TLS" "$state/n0.log" && break; sleep 0.1; done
+grep -q "troupe-capnp: 127.0.0.1:[0-9]*: refused: it does not speak TLS" "$state/n0.log" || fail "the plain client's refusal is not logged: $(tail -3 "$state/n0.log")"
+if out=$(client --connect "capnps://$ep" --ca "$work/other/ca.pem" -p "Once upon a time" -n 8 -t 0 2>&1); then fail "a client trusting another CA was served"; fi
+grep -q "the gateway's certificate is not trusted" <<<"$out" || fail "no reason given to the client: $out"
+relay_port=$(free_port)
+python3 - "$relay_port" "${ep##*:}" "$work/wire.bin" <<'PY' &
+import socket, sys, threading
+listen = socket.socket(); listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listen.bind(("127.0.0.1", int(sys.argv[1]))); listen.listen(1); listen.settimeout(30)
+open(sys.argv[3] + ".ready", "w").close()
+a, _ = listen.accept(); b = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+wire = open(sys.argv[3], "wb")
+def pump(src, dst):
+    while (data := src.recv(65536)):
+        wire.write(data); wire.flush(); dst.sendall(data)
+    dst.shutdown(socket.SHUT_WR)
+threads = [threading.Thread(target=pump, args=p) for p in ((a, b), (b, a))]
+for t in threads: t.start()
+for t in threads: t.join()
+PY
+relay=$!
+for _ in $(seq 1 50); do [[ -f $work/wire.bin.ready ]] && break; sleep 0.1; done
+through=$(client --connect "capnps://127.0.0.1:$relay_port" --ca "$work/certs/ca.pem" -p "Once upon a time" -n 40 -t 0)
+[[ $through == "$want" ]] || fail "output through the relay differs: $through"
+wait "$relay" || true
+[[ -s $work/wire.bin ]] || fail "the relay recorded nothing"
+if grep -aq "Once upon a time" "$work/wire.bin" || grep -aqF "${want:20:24}" "$work/wire.bin"; then fail "the prompt or the text crossed the wire in the clear"; fi
+
 # Still serving, as before.
-again=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 40 -t 0)
+again=$(client --connect "capnps://$ep" --ca "$work/certs/ca.pem" -p "Once upon a time" -n 40 -t 0)
 [[ $again == "$want" ]] || fail "output after the strangers differs: $again"
 launch down "$work/pp2.toml" --state-dir "$state" >/dev/null
 echo "refused or closed: $(refusals) connections from strangers"

@@ -675,4 +675,23 @@ TEST_CASE("[tls]: each node's files by {node}, paths from the topology's folder,
   CHECK(refused(launch_node) == "");
 }
 
+TEST_CASE("[gateway] tls_cert and tls_key: the Cap'n Proto endpoint's files, together or not at all") {
+  auto with = [&](const std::string& keys) {
+    std::string text = base;
+    const std::string at = "capnp = \"127.0.0.1:7400\"\n";
+    text.replace(text.find(at), at.size(), at + keys);
+    return parse_topology_text(text + ok_replica, "t.toml", "/d");
+  };
+  auto t = with("tls_cert = \"certs/gw.pem\"\ntls_key = \"/k/gw.key\"\n");
+  REQUIRE(t.has_value());
+  CHECK(t->gateway.tls_cert == "/d/certs/gw.pem");
+  CHECK(t->gateway.tls_key == "/k/gw.key");
+  auto plain = with("");
+  REQUIRE(plain.has_value());
+  CHECK(plain->gateway.tls_cert.empty());
+  auto half = with("tls_cert = \"gw.pem\"\n");
+  REQUIRE(!half);
+  CHECK(half.err().message.find("'tls_cert' and 'tls_key' go together") != std::string::npos);
+}
+
 }  // namespace troupe::tools

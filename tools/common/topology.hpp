@@ -60,6 +60,7 @@ struct gateway_section {
   std::vector<std::string> cors_origins;  // browser origins the HTTP API answers ("*": any)
   int32_t max_connections = 1024;         // open at once, on each endpoint
   int32_t read_timeout_s = 30;            // for an HTTP request to arrive whole, a Cap'n Proto client to greet
+  std::string tls_cert, tls_key;          // the Cap'n Proto endpoint over TLS (PEM files; empty: plain)
 };
 
 struct router_section {

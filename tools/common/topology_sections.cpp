@@ -32,7 +32,8 @@ model_section parse_model(reader& rd, const toml::table& t, const std::string& b
 gateway_section parse_gateway(reader& rd, const toml::table& t, const std::string& base_dir) {
   gateway_section g;
   const std::string w = "[gateway]";
-  rd.only(t, w, {"node", "capnp", "http", "api_keys_file", "cors_origins", "max_connections", "read_timeout_s"});
+  rd.only(t, w, {"node", "capnp", "http", "api_keys_file", "cors_origins", "max_connections", "read_timeout_s",
+                 "tls_cert", "tls_key"});
   rd.get(t, w, "node", g.node, true);
   rd.endpoint_of(t, w, "capnp", g.capnp, true);
   rd.endpoint_of(t, w, "http", g.http, false);
@@ -54,6 +55,12 @@ gateway_section parse_gateway(reader& rd, const toml::table& t, const std::strin
   }
   rd.get_in(t, w, "max_connections", g.max_connections, 1, 65536);
   rd.get_in(t, w, "read_timeout_s", g.read_timeout_s, 1, 3600);
+  // tls_cert and tls_key: the Cap'n Proto endpoint speaks TLS with them (both, or neither).
+  for (auto [key, value] : {std::pair{"tls_cert", &g.tls_cert}, std::pair{"tls_key", &g.tls_key}})
+    if (rd.get(t, w, key, *value) && std::filesystem::path(*value).is_relative())
+      *value = (std::filesystem::path(base_dir) / *value).lexically_normal().string();
+  if (rd.ok() && g.tls_cert.empty() != g.tls_key.empty())
+    rd.fail(&t, w + ": 'tls_cert' and 'tls_key' go together: the endpoint's certificate and its key");
   return g;
 }
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -416,10 +417,13 @@ int main(int argc, char** argv) {
       "p50, p90, p99 and max.\n\n"
       "Example:\n  troupe-bench --endpoint http://127.0.0.1:8080 --requests 64 --concurrency 8 --json out.json\n",
       "troupe-bench"};
-  std::string endpoint, json_path, outputs_path;
+  std::string endpoint, json_path, outputs_path, ca_file;
   workload w;
   double slo_ttft = 0, slo_tpot = 0;
-  app.add_option("--endpoint", endpoint, "http://HOST:PORT or capnp://HOST:PORT")->required();
+  app.add_option("--endpoint", endpoint, "http://HOST:PORT, capnp://HOST:PORT or capnps://HOST:PORT (Cap'n Proto over TLS)")
+      ->required();
+  app.add_option("--ca", ca_file, "capnps://: the CA file (PEM) the gateway's certificate must chain to (default: $TROUPE_CA, else the system's)")
+      ->check(CLI::ExistingFile);
   app.add_option("--model", w.model, "model name for HTTP servers (default: the first the server's /v1/models lists)");
   app.add_option("--api-key", w.api_key, "bearer key for HTTP servers");
   app.add_option("--requests", w.requests)->check(CLI::Range(1, 1000000))->capture_default_str();
@@ -461,12 +465,14 @@ int main(int argc, char** argv) {
   if (w.shared_prefix_words > w.prompt_words) w.prompt_words = w.shared_prefix_words + 1;
   sweep_rate = sr->count() > 0;
 
-  const bool http = endpoint.rfind("http://", 0) == 0, capnp = endpoint.rfind("capnp://", 0) == 0;
-  if (!http && !capnp) {
-    std::fprintf(stderr, "troupe-bench: --endpoint must start with http:// or capnp://\n");
+  const bool http = endpoint.rfind("http://", 0) == 0, capnp = endpoint.rfind("capnp://", 0) == 0,
+             capnps = endpoint.rfind("capnps://", 0) == 0;
+  if (!http && !capnp && !capnps) {
+    std::fprintf(stderr, "troupe-bench: --endpoint must start with http://, capnp:// or capnps://\n");
     return 2;
   }
-  std::string hostport = endpoint.substr(http ? 7 : 8);
+  if (!ca_file.empty()) ::setenv("TROUPE_CA", ca_file.c_str(), 1);  // the client library's
+  std::string hostport = endpoint.substr(http ? 7 : capnps ? 9 : 8);
   while (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
   const size_t colon = hostport.rfind(':');
   if (colon == std::string::npos) {
@@ -475,6 +481,7 @@ int main(int argc, char** argv) {
   }
   const std::string host = hostport.substr(0, colon);
   const int port = std::atoi(hostport.c_str() + colon + 1);
+  if (capnps) hostport = "capnps://" + hostport;  // what the client library connects to
   if (http && w.model.empty()) {
     auto m = served_model(host, port, w.api_key);
     if (!m) {

@@ -18,17 +18,23 @@ int main(int argc, char** argv) {
       "Prints the prompt, then the continuation as it streams, as troupe-run does; -n counts\n"
       "tokens after BOS with the prompt included, as troupe-run's -n does. --health, --stats\n"
       "and --cancel ID ask the gateway instead of generating. A gateway with API keys wants one\n"
-      "in the environment: TROUPE_API_KEY (never on the command line).\n\n"
+      "in the environment: TROUPE_API_KEY (never on the command line). A gateway with a\n"
+      "certificate ([gateway] tls_cert) speaks TLS: connect to capnps://HOST:PORT, and name\n"
+      "the CA that signed it with --ca (or TROUPE_CA) unless the system trusts it.\n\n"
       "Example:\n  troupe-client --connect 127.0.0.1:7400 -p \"Once upon a time\" -n 64 -t 0\n",
       "troupe-client"};
-  std::string address = "127.0.0.1:7400", prompt, slo_class;
+  std::string address = "127.0.0.1:7400", prompt, slo_class, ca_file;
   int32_t steps = 256, top_k = 0;
   float temperature = 1.0f, top_p = 0.9f, min_p = 0.0f;
   uint64_t seed = 0;
   std::vector<std::string> stops, biases;
   bool ids = false, health = false, stats = false, ignore_eos = false, timing = false;
   int64_t cancel = -1;
-  app.add_option("-c,--connect", address, "gateway HOST:PORT")->check(tools::host_port())->capture_default_str();
+  app.add_option("-c,--connect", address, "gateway HOST:PORT (capnps://HOST:PORT: over TLS)")
+      ->check(tools::host_port())
+      ->capture_default_str();
+  app.add_option("--ca", ca_file, "capnps://: the CA file (PEM) the gateway's certificate must chain to (default: $TROUPE_CA, else the system's)")
+      ->check(CLI::ExistingFile);
   app.add_option("-p,--prompt", prompt, "prompt text");
   app.add_option("-n,--steps", steps, "tokens after BOS, prompt included")->check(CLI::Range(1, 1 << 22))->capture_default_str();
   app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
@@ -48,7 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--cancel", cancel, "cancel a request by id")->check(tools::non_negative());
   CLI11_PARSE(app, argc, argv);
 
-  auto client = troupe_client::connect(address);
+  auto client = troupe_client::connect(address, "", ca_file);
   if (health) {
     auto h = client->health();
     if (!h) {

@@ -111,7 +111,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
   caf::actor_system sys{cfg};
   node_links_scope links(sys, *tls_ctx);
   caf::scoped_actor self{sys};
-  auto client = troupe_client::connect(endpoint);
+  auto client = troupe_client::connect(endpoint, "", topo.tls.ca);
   uint64_t outages = 0;  // the gateway's count when it was last seen whole
   auto whole = [&](bool* noticed = nullptr) {
     auto h = client->health();

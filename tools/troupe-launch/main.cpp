@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
     std::string endpoint;
     std::ifstream out(fs::path(state_dir) / (topo->gateway.node + ".out"));
     for (std::string line; std::getline(out, line);)
-      if (line.rfind("endpoint: capnp://", 0) == 0) endpoint = line.substr(18);
+      if (line.rfind("endpoint: capnp", 0) == 0) endpoint = line.substr(10);  // capnp:// or capnps://
     if (endpoint.empty() || read_state(table).empty()) {
       std::fprintf(stderr, "troupe-launch chaos: %s is not up (start it with troupe-launch up)\n", topology.c_str());
       return 1;
@@ -235,11 +235,12 @@ int main(int argc, char** argv) {
     std::ifstream f(out);
     std::string line;
     while (std::getline(f, line)) {
-      if (line.rfind("endpoint: capnp://", 0) == 0) endpoint = line.substr(18);
+      if (line.rfind("endpoint: capnp", 0) == 0) endpoint = line.substr(10);  // capnp:// or capnps://
       if (line.rfind("endpoint: http://", 0) == 0) http_endpoint = line.substr(10);
     }
     if (!endpoint.empty()) {
-      auto h = troupe_client::connect(endpoint)->health();
+      // (A gateway over TLS shows a certificate of the cluster's CA, or one $TROUPE_CA trusts.)
+      auto h = troupe_client::connect(endpoint, "", topo->tls.ca)->health();
       if (h && h->ready) break;
     }
     for (const proc& p : procs) {
@@ -294,7 +295,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-launch: supervisor (pid %d) restarts nodes that exit; log in %s/supervisor.log\n", sup,
                  state_dir.c_str());
   }
-  std::printf("endpoint: capnp://%s\n", endpoint.c_str());
+  std::printf("endpoint: %s\n", endpoint.c_str());
   if (!http_endpoint.empty()) std::printf("endpoint: %s\n", http_endpoint.c_str());
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "actors/gateway/gateway_metrics.hpp"
 #include "actors/gateway/router_calls.hpp"
 #include "actors/replica.hpp"
+#include "actors/tls/kj_tls.hpp"
 #include "engine/forward/transformer_shard.hpp"
 
 namespace troupe::tools {
@@ -85,6 +86,15 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
                   const loaded_model& model, std::vector<std::string> api_keys, const sigset_t& stop_signals) {
   const gateway_plan& g = *p.gateway;
   const std::string& node = p.node.name;
+  rpc_limits rpc = g.rpc;
+  if (!t.gateway.tls_cert.empty()) {
+    auto ctx = tls::endpoint_context::server(t.gateway.tls_cert, t.gateway.tls_key);
+    if (!ctx) {
+      std::fprintf(stderr, "troupe-node %s: [gateway] tls_cert, tls_key: %s\n", node.c_str(), ctx.err().message.c_str());
+      return 1;
+    }
+    rpc.tls = *ctx;
+  }
   router_setup rs = g.router;
   rs.agent = agent;
   rs.tok = &*model.tok;
@@ -119,7 +129,7 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
   } else if (rc == 0) {
     if (std::chrono::steady_clock::now() >= by)
       std::fprintf(stderr, "troupe-node %s: no replica is ready yet; serving anyway (health says why)\n", node.c_str());
-    auto port = gateway.start(g.capnp_endpoint.host, g.capnp_endpoint.port, g.rpc);
+    auto port = gateway.start(g.capnp_endpoint.host, g.capnp_endpoint.port, rpc);
     if (!port) {
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
@@ -128,7 +138,8 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
       std::fprintf(stderr, "troupe-node %s: serving %s (%s; %s; on CPUs: %s), %zu replica(s)\n", node.c_str(),
                    m.path.c_str(), m.format.c_str(), describe(m.config).c_str(),
                    transformer_shard::cpu_kernels(m, t.kv.cache_type).c_str(), t.replicas.size());
-      std::printf("endpoint: capnp://%s:%u\n", g.capnp_endpoint.host.c_str(), static_cast<unsigned>(*port));
+      std::printf("endpoint: %s://%s:%u\n", rpc.tls ? "capnps" : "capnp", g.capnp_endpoint.host.c_str(),
+                  static_cast<unsigned>(*port));
       std::fflush(stdout);
       int sig = 0;
       sigwait(&stop_signals, &sig);
