@@ -82,7 +82,7 @@ class kj_tls_stream final : public kj::AsyncIoStream {
     const long verify = SSL_get_verify_result(ssl_.get());
     if (verify != X509_V_OK)
       return std::string("the gateway's certificate is not trusted (") + X509_verify_cert_error_string(verify) +
-             "): pass its CA with --ca";
+             "); name the CA that signed it with --ca or TROUPE_CA";
     return handshake_failure(ssl_.get(), ret);
   }
 

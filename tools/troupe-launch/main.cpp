@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
   const std::string out = (fs::path(state_dir) / (gateway->name + ".out")).string();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   const bool tty = isatty(STDERR_FILENO);
-  std::string endpoint, http_endpoint;
+  std::string endpoint, http_endpoint, last_error;
   int dots = 0;
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream f(out);
@@ -242,6 +242,14 @@ int main(int argc, char** argv) {
       // (A gateway over TLS shows a certificate of the cluster's CA, or one $TROUPE_CA trusts.)
       auto h = troupe_client::connect(endpoint, "", topo->tls.ca)->health();
       if (h && h->ready) break;
+      if (!h) last_error = h.err().message;
+      if (!h && last_error.find("TLS: ") != std::string::npos) {  // waiting will not mend it
+        if (tty) std::fprintf(stderr, "\n");
+        std::fprintf(stderr, "troupe-launch: %s\n", last_error.c_str());
+        stop_all(procs, topo->gateway.node, false);
+        fs::remove(table, ec);
+        return 1;
+      }
     }
     for (const proc& p : procs) {
       waitpid(p.pid, nullptr, WNOHANG);
@@ -272,7 +280,8 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, SIG_DFL);
   if (tty) std::fprintf(stderr, "\n");
   if (endpoint.empty() || std::chrono::steady_clock::now() >= deadline) {
-    std::fprintf(stderr, "troupe-launch: the cluster did not answer within %d s; see the logs in %s\n", timeout_s, state_dir.c_str());
+    std::fprintf(stderr, "troupe-launch: the cluster did not answer within %d s%s; see the logs in %s\n", timeout_s,
+                 last_error.empty() ? "" : (" (last: " + last_error + ")").c_str(), state_dir.c_str());
     stop_all(procs, topo->gateway.node, false);
     fs::remove(table, ec);
     return 1;
