@@ -1,7 +1,6 @@
 #include "engine/tokenizer/tokenizer.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <queue>
@@ -58,6 +57,19 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+// The byte a byte token's text "<0xHH>" names, or -1 for any other text.
+int byte_of_piece(const std::string& p) {
+  if (p.size() != 6 || p.compare(0, 3, "<0x") != 0 || p[5] != '>') return -1;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  const int hi = hex(p[3]), lo = hex(p[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 }  // namespace
 
 std::optional<std::string> pattern_error(const std::string& pattern) {
@@ -77,8 +89,11 @@ tokenizer::tokenizer(vocabulary v) : v_(std::move(v)) {
     const std::string& p = v_.pieces[i];
     switch (v_.kinds[i]) {
       case token_kind::byte: {
-        unsigned b = 0;
-        std::sscanf(p.c_str(), "<0x%2X>", &b);
+        const int b = byte_of_piece(p);
+        if (b < 0) {  // a byte token whose text names no byte ("<0x-4>"): its text, as any piece
+          decoded_[i] = p;
+          break;
+        }
         if (byte_ids_[b] < 0) byte_ids_[b] = i;
         decoded_[i] = std::string(1, static_cast<char>(b));
         break;

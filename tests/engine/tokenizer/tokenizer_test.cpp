@@ -63,6 +63,21 @@ TEST_CASE("merges take the highest score first, the leftmost on ties") {
   CHECK(t.encode("ba", false) == std::vector<int32_t>{4, 3});
 }
 
+TEST_CASE("a byte token whose text names no byte is its text, and the real byte tokens still serve") {
+  vocabulary v;
+  v.pieces = {"<unk>", "<s>", "</s>", "<0x-4>", "<0x41>", "<0xzz>", "<0x4142>", "a"};
+  v.scores.assign(v.pieces.size(), 0);
+  v.kinds.assign(v.pieces.size(), token_kind::byte);
+  v.kinds[0] = token_kind::unknown;
+  v.kinds[1] = v.kinds[2] = token_kind::control;
+  v.kinds[7] = token_kind::normal;
+  v.add_space_prefix = false;
+  const tokenizer t(v);  // "<0x-4>" once indexed a 256-entry table at 4294967292
+  CHECK(t.decode_all({3, 5, 6}) == "<0x-4><0xzz><0x4142>");
+  CHECK(t.decode_all({4}) == "A");
+  CHECK(t.encode("A", false) == std::vector<int32_t>{4});  // the one true byte token
+}
+
 TEST_CASE("control and user-defined pieces in the text are their tokens, the text around them merged apart") {
   vocabulary v;
   v.pieces = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im", " ", "u", "s", "\n", " u", " us", "<", "|", "i", "m"};
