@@ -3,7 +3,7 @@
 # (with sudo when not root). tools/setup.sh and the CI build variants call it.
 set -euo pipefail
 packages=(g++ clang cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusplus-dev capnproto libcapnp-dev libcaf-dev libspdlog-dev
-          libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev curl python3 prometheus
+          libcpp-httplib-dev libboost-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev curl python3 prometheus
           python3-torch   # (the model families' test compares logits with a torch reference)
           systemd python3-yaml   # (troupe-launch export's test verifies units, reads manifests)
           chromium               # (the status page's test renders it headless)

@@ -65,7 +65,7 @@ std::string gateway_metrics::render(const router_stats& st) const {
   out.family("troupe_kv_blocks", "KV blocks by state.", "gauge");
   out.sample("troupe_kv_blocks", {{"state", "used"}}, st.kv_used);
   out.sample("troupe_kv_blocks", {{"state", "free"}}, st.kv_free);
-  out.family("troupe_connections_open", "Client connections each API holds (HTTP: those on a connection thread).", "gauge");
+  out.family("troupe_connections_open", "Client connections each API holds.", "gauge");
   out.sample("troupe_connections_open", {{"api", "http"}}, static_cast<double>(connections_open(api::http)));
   out.sample("troupe_connections_open", {{"api", "capnp"}}, static_cast<double>(connections_open(api::capnp)));
   out.family("troupe_connections_shed_total",

@@ -6,13 +6,11 @@
 // OPTIONS on a route answers 204 with the methods it takes; for a browser origin in
 // cors_origins, every answer carries the CORS headers that let its pages call the API.
 //
-// The HTTP server (cpp-httplib, from Debian: small, threaded, chunked responses for
-// SSE) serves each connection on a thread (http_connections: started as connections
-// come, up to max_connections; a connection whose request has not arrived whole within
-// read_timeout_s is answered 408 and closed, and so is the one that has waited longest
-// for its request when every thread is busy and another connection comes); each request
-// submits to the router actor with a sink actor of its own that queues the chunks for the
-// request's thread.
+// The HTTP server (http_server.hpp: event-driven, Boost.Asio and Beast) holds every
+// connection on one I/O thread and runs the routes on a few handler threads; a completion
+// submits to the router actor with a sink actor of its own, which answers, or writes the
+// stream's events, as the router's chunks arrive. Connections, slow clients and slow
+// readers are the server's to bound: see http_server.hpp.
 #pragma once
 
 #include <memory>
@@ -29,6 +27,10 @@
 
 namespace troupe {
 
+namespace tls {
+class endpoint_context;
+}
+
 class gateway_metrics;
 
 struct http_config {
@@ -40,9 +42,16 @@ struct http_config {
   size_t max_body_bytes = size_t{1} << 20;  // larger bodies get 413
   int32_t max_requests = 64;             // in flight; more get 429
   int32_t request_timeout_s = 600;       // a request that takes longer ends with an error
-  int32_t max_connections = 1024;        // served at once (a thread each); more wait their turn
-                                         // (at least max_requests + 32: see connection_cap)
+  int32_t max_connections = 16384;       // held at once; a newcomer past them takes the place of
+                                         // the one waiting longest for its request (at least
+                                         // max_requests + 32: see connection_cap)
   int32_t read_timeout_s = 30;           // a request (head and body) must arrive within it, or 408
+  int32_t idle_timeout_s = 60;           // a keep-alive connection unused this long is closed
+  int32_t write_timeout_s = 30;          // a client that takes none of its answer this long is gone
+  size_t max_stream_buffer_bytes = size_t{1} << 20;  // a stream's reader this far behind is gone
+  int32_t handler_threads = 4;           // run the routes (the I/O has a thread of its own)
+  int32_t drain_timeout_s = 10;          // on stop, answers in flight get this long to finish
+  std::shared_ptr<const tls::endpoint_context> tls;  // HTTPS, where set
   std::vector<std::string> api_keys;     // empty: no authentication
   bool prefix_cache_per_key = true;      // each key's requests in a prefix-cache namespace of their own
   std::vector<std::string> cors_origins;  // browser origins answered with CORS headers ("*": any)

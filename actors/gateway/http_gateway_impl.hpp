@@ -1,47 +1,33 @@
-// http_gateway's inside, shared by its files: http_gateway.cpp (the server, its routes and
-// the connection limits) and http_completions.cpp (the completion routes). Internal to
-// actors/gateway.
+// http_gateway's inside, shared by its files: http_gateway.cpp (the server and its routes)
+// and http_completions.cpp (the completion routes). Internal to actors/gateway.
 #pragma once
 
-#include <httplib.h>
 #include <strings.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
-#include <thread>
 
 #include <caf/all.hpp>
 
 #include "actors/gateway/admission.hpp"
 #include "actors/gateway/api_keys.hpp"
 #include "actors/gateway/gateway_metrics.hpp"
-#include "actors/gateway/http_connections.hpp"
 #include "actors/gateway/http_gateway.hpp"
+#include "actors/gateway/http_server.hpp"
 
 namespace troupe {
-
-// The HTTP library's server with a listening queue of the system's length: the library
-// listens with room for 5 connections not yet accepted, and a burst of clients beyond
-// that has its connections dropped and retried a second later.
-struct http_server final : httplib::Server {
-  void widen_listen_queue() { ::listen(svr_sock_, SOMAXCONN); }
-};
 
 struct http_gateway::impl {
   caf::actor_system& sys;
   caf::actor router;
   http_config cfg;
-  http_server server;
-  std::thread thread;
+  std::unique_ptr<http::server> server;  // from start()
   admission admit;  // completions in flight, against max_requests
   std::atomic<bool> draining{false};
   std::shared_ptr<gateway_metrics> m;  // shared with the Cap'n Proto gateway
-  std::unique_ptr<connection_watch> watch;  // from start()
-  std::shared_ptr<connection_threads> threads;  // from start()
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
   // From the configuration: whether any origin may call, and the token ending a chat turn
@@ -58,44 +44,47 @@ struct http_gateway::impl {
 
   // The bearer key a request carries ("" for none): "Authorization: Bearer KEY", the
   // scheme in any case (RFC 9110).
-  static std::string key_of(const httplib::Request& req) {
-    const std::string h = req.get_header_value("Authorization");
+  static std::string key_of(const http::request& req) {
+    const std::string h = req.header("Authorization");
     if (h.size() < 7 || strncasecmp(h.c_str(), "bearer ", 7) != 0) return {};
     const size_t b = h.find_first_not_of(' ', 7), e = h.find_last_not_of(" \t");
     return b == std::string::npos ? std::string() : h.substr(b, e + 1 - b);
   }
   // Whether the request may pass; if not, res holds the 401 that says why (never the key).
-  bool authorized(const httplib::Request& req, httplib::Response& res) const {
+  bool authorized(const http::request& req, http::response& res) const {
     if (cfg.api_keys.empty()) return true;
     const std::string key = key_of(req);
     if (!key.empty() && key_allowed(cfg.api_keys, key)) return true;
     std::string why = "the API key is not one of this server's keys";
-    if (!req.has_header("Authorization"))
+    if (!req.has("Authorization"))
       why = "no API key: send one as the header 'Authorization: Bearer KEY'";
     else if (key.empty())
       why = "the Authorization header must read 'Bearer KEY'";
     send_error(res, {401, why, "invalid_request_error", "", "invalid_api_key"});
-    res.set_header("WWW-Authenticate", req.has_header("Authorization") ? "Bearer error=\"invalid_token\"" : "Bearer");
+    res.set("WWW-Authenticate", req.has("Authorization") ? "Bearer error=\"invalid_token\"" : "Bearer");
     return false;
   }
 
-  static void send_error(httplib::Response& res, const openai::api_error& e) {
+  static void send_error(http::response& res, const openai::api_error& e) {
     res.status = e.status;
-    res.set_content(openai::error_body(e), "application/json");
+    res.set("Content-Type", "application/json");
+    res.body = openai::error_body(e);
+  }
+  static void set_json(http::response& res, std::string body) {
+    res.set("Content-Type", "application/json");
+    res.body = std::move(body);
   }
 
-  // The request has arrived whole (head and body): the slow-request deadline is met.
-  void arrived(const httplib::Request& req) const {
-    if (watch) watch->arrived(req.remote_addr, req.remote_port);
-  }
-
-  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
-  void tokenize(const httplib::Request& req, httplib::Response& res);
-  void detokenize(const httplib::Request& req, httplib::Response& res);
+  // Every request, on one of the server's handler threads: the route's answer, in `res`
+  // (which carries the CORS headers already), or for the completions an answer to come.
+  void route(const std::shared_ptr<http::exchange>& ex, http::response& res);
+  // The completion routes: whether they answered in res (a refusal), or will answer
+  // through ex themselves.
+  bool completions(const std::shared_ptr<http::exchange>& ex, http::response& res, bool chat);
+  void tokenize(const http::request& req, http::response& res);
+  void detokenize(const http::request& req, http::response& res);
   // Whether the request may use the tokenizer; if not, res holds why.
-  bool tokenizer_for(const httplib::Request& req, httplib::Response& res) const;
-  // A POST route's handler, by its path (none for an unknown path).
-  void post(const httplib::Request& req, httplib::Response& res);
+  bool tokenizer_for(const http::request& req, http::response& res) const;
   std::string render_metrics();
   std::string render_status();
 };

@@ -84,8 +84,8 @@ code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$http_url/v1/completions" -
 [[ $code == 200 ]] || fail "HTTP after the flood: $code"
 kill -0 "$node" || fail "the node died"
 
-# Stopping is not held up by connections waiting for their request (each would hold its
-# thread, and the stop, until read_timeout_s).
+# Stopping is not held up by connections waiting for their request: they are closed at
+# once, not left to their read_timeout_s.
 python3 - "$http_url" >"$work/holder" 2>&1 <<'PY' &
 import sys, time
 from raw_conns import HALF_GET, address, connect

@@ -415,9 +415,8 @@ rss_after=$(rss)
 (( rss_after - rss_before < 65536 )) || fail "memory grew by $(( (rss_after - rss_before) / 1024 )) MiB under overload"
 
 # Slow and idle clients: 200 connections that send half a request and wait, and one that
-# trickles its request a byte at a time, take no place from a working client (each
-# connection has a thread of its own), and each is answered 408 and closed once the read
-# timeout (2 s here) has passed.
+# trickles its request a byte at a time, take no place from a working client, and each is
+# answered 408 and closed once the read timeout (2 s here) has passed.
 python3 - "$http_url" >"$work/slow" 2>&1 <<'PY' || fail "slow clients: $(cat "$work/slow")"
 import json, socket, subprocess, sys, time
 from raw_conns import HALF_POST, address, connect

@@ -9,7 +9,10 @@
 # stages is TLS as well, and refuses the same strangers. The Cap'n Proto endpoint speaks
 # TLS with the gateway node's certificate: troupe-client with the cluster's CA gets the
 # same text, a plain client is refused and logged, one trusting another CA refuses the
-# gateway, and the bytes a relay records hold neither the prompt nor the text.
+# gateway, and the bytes a relay records hold neither the prompt nor the text. The HTTP
+# endpoint is HTTPS with the same certificate: curl and troupe-bench with the cluster's CA
+# are served the same text, a plain HTTP client's handshake is refused and logged, and a
+# client without the CA refuses the gateway.
 # Bounded in time; leftovers are killed.
 # Usage: tls_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
@@ -37,8 +40,10 @@ grep -q "wrote $work/certs/n1.pem (n1, signed by troupe cluster CA (pp2)" <<<"$o
 again=$(launch certs "$work/pp2.toml")
 [[ $(grep -c '^kept' <<<"$again") == 4 ]] || fail "certs run again did not keep the files: $again"
 
-ep=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --state-dir "$state" | sed -n 's|^endpoint: capnps://||p')
-[[ -n $ep ]] || fail "no endpoint over TLS: $(tail -5 "$state"/n0.log)"
+launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0 --state-dir "$state" >"$work/up"
+ep=$(sed -n 's|^endpoint: capnps://||p' "$work/up")
+hep=$(sed -n 's|^endpoint: https://||p' "$work/up")
+[[ -n $ep && -n $hep ]] || fail "no endpoints over TLS: $(cat "$work/up") $(tail -5 "$state"/n0.log)"
 for n in n0 n1; do grep -q "troupe-node $n: links to other nodes (actors, step links, KV) over TLS" "$state/$n.log" || fail "$n does not say it uses TLS"; done
 client() { timeout 60 "$build/tools/troupe-client" "$@"; }
 got=$(client --connect "capnps://$ep" --ca "$work/certs/ca.pem" -p "Once upon a time" -n 40 -t 0)
@@ -133,6 +138,23 @@ through=$(client --connect "capnps://127.0.0.1:$relay_port" --ca "$work/certs/ca
 wait "$relay" || true
 [[ -s $work/wire.bin ]] || fail "the relay recorded nothing"
 if grep -aq "Once upon a time" "$work/wire.bin" || grep -aqF "${want:20:24}" "$work/wire.bin"; then fail "the prompt or the text crossed the wire in the clear"; fi
+
+# HTTPS: the same text with the cluster's CA, from curl and from troupe-bench; a plain
+# HTTP client is refused (and logged), and one without the CA refuses the gateway.
+# (troupe-run's -n 40 counts the prompt's 4 tokens: 36 more.)
+body='{"model":"stories260K","prompt":"Once upon a time","max_tokens":36,"temperature":0}'
+curl -s --cacert "$work/certs/ca.pem" "https://$hep/v1/completions" -d "$body" >"$work/https" || true
+text=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/https") ||
+  fail "HTTPS completion: $(head -c 300 "$work/https")"
+[[ "Once upon a time$text" == "$want" ]] || fail "HTTPS text differs: $text"
+timeout 60 "$build/tools/troupe-bench" --endpoint "https://$hep" --ca "$work/certs/ca.pem" --requests 4 --concurrency 2 \
+  --output-tokens 8 >"$work/bench" 2>&1 || fail "troupe-bench over HTTPS: $(tail -3 "$work/bench")"
+if curl -s -m 10 "http://$hep/health" >/dev/null; then fail "plain HTTP was answered on the HTTPS endpoint"; fi
+for _ in $(seq 1 100); do grep -q "troupe-http: refused [0-9]* TLS handshake" "$state/n0.log" && break; sleep 0.1; done
+grep -q "troupe-http: refused [0-9]* TLS handshake" "$state/n0.log" || fail "the plain HTTP client's refusal is not logged"
+rc=0
+curl -s -m 10 "https://$hep/health" >/dev/null || rc=$?
+[[ $rc == 60 ]] || fail "a client without the cluster's CA: curl exit $rc, wanted 60 (certificate not trusted)"
 
 # Still serving, as before.
 again=$(client --connect "capnps://$ep" --ca "$work/certs/ca.pem" -p "Once upon a time" -n 40 -t 0)

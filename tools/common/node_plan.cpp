@@ -111,7 +111,9 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   // Completions in flight each endpoint admits (actors/gateway/admission.hpp).
   const int32_t max_requests = std::max(1, t.scheduler.max_running * 4);
   g.rpc.max_requests = max_requests;
-  g.rpc.max_connections = t.gateway.max_connections;
+  g.auto_connections = t.gateway.max_connections == 0;
+  const int32_t max_connections = g.auto_connections ? 1024 : t.gateway.max_connections;
+  g.rpc.max_connections = max_connections;
   g.rpc.greeting_timeout_s = t.gateway.read_timeout_s;
   g.rpc.prefix_cache_per_key = t.kv.prefix_cache_per_key;
   http_config& h = g.http;
@@ -123,7 +125,7 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   h.limits.context = m.config.max_seq_len;
   h.limits.max_tokens = m.config.max_seq_len;
   h.max_requests = max_requests;
-  h.max_connections = t.gateway.max_connections;
+  h.max_connections = max_connections;
   h.cors_origins = t.gateway.cors_origins;
   h.read_timeout_s = t.gateway.read_timeout_s;
   h.prefix_cache_per_key = t.kv.prefix_cache_per_key;

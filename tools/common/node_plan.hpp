@@ -47,6 +47,9 @@ struct draft_placement {
 struct gateway_plan {
   endpoint capnp_endpoint, http_endpoint;
   bool serve_http = false;
+  // max_connections not set in the topology: each endpoint's from the open-file limit
+  // (fit_connections_to_descriptors), 1024 until then.
+  bool auto_connections = false;
   rpc_limits rpc;
   http_config http;     // without keys, tokenizer or metrics, which the node adds
   router_setup router;  // its agent is the node's, filled in when it is spawned

@@ -58,7 +58,8 @@ struct gateway_section {
   endpoint http;                          // the OpenAI-compatible HTTP endpoint (port 0: none)
   std::string api_keys_file;              // one key a line; required off loopback
   std::vector<std::string> cors_origins;  // browser origins the HTTP API answers ("*": any)
-  int32_t max_connections = 1024;         // open at once, on each endpoint
+  int32_t max_connections = 0;            // open at once, on each endpoint (0: as the open-file
+                                          // limit allows, up to 65536 HTTP and 4096 Cap'n Proto)
   int32_t read_timeout_s = 30;            // for an HTTP request to arrive whole, a Cap'n Proto client to greet
   std::string tls_cert, tls_key;          // the Cap'n Proto endpoint over TLS (PEM files; empty: plain)
 };

@@ -91,10 +91,27 @@ std::string prompt_for(const workload& w, int i) {
   return p;
 }
 
+// How the HTTP endpoint is reached: http:// or https://, then with the CA its certificate
+// must chain to (--ca, $TROUPE_CA, else the system's). Set once, before any request.
+struct http_site {
+  bool https = false;
+  std::string ca;
+};
+http_site site;
+
+httplib::Client open_http(const std::string& host, int port) {
+  httplib::Client cli((site.https ? "https://" : "http://") + host + ":" + std::to_string(port));
+  if (site.https) {
+    cli.enable_server_certificate_verification(true);
+    if (!site.ca.empty()) cli.set_ca_cert_path(site.ca.c_str());
+  }
+  return cli;
+}
+
 // The model an OpenAI-compatible server serves, from its /v1/models (the first listed), for
 // a run that names none; or why there is none.
 expected<std::string> served_model(const std::string& host, int port, const std::string& api_key) {
-  httplib::Client cli(host, port);
+  httplib::Client cli = open_http(host, port);
   cli.set_connection_timeout(10, 0);
   cli.set_read_timeout(30, 0);
   httplib::Headers headers;
@@ -112,7 +129,7 @@ expected<std::string> served_model(const std::string& host, int port, const std:
 sample run_http(const std::string& host, int port, const workload& w, int i, const json* history = nullptr,
                 std::string* reply = nullptr) {
   sample s;
-  httplib::Client cli(host, port);
+  httplib::Client cli = open_http(host, port);
   cli.set_read_timeout(600, 0);
   cli.set_connection_timeout(10, 0);
   json body = {{"model", w.model}, {"max_tokens", w.output_tokens}, {"temperature", 0}, {"stream", true},
@@ -409,8 +426,9 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
       "troupe-bench: measure a serving endpoint as its clients see it.\n\n"
-      "Targets: http://HOST:PORT (any OpenAI-compatible server: streamed completions, tokens\n"
-      "counted from its `usage`) or capnp://HOST:PORT (troupe's own API). Workloads are seeded;\n"
+      "Targets: http://HOST:PORT or https://HOST:PORT (any OpenAI-compatible server: streamed\n"
+      "completions, tokens counted from its `usage`), or capnp://HOST:PORT or capnps://HOST:PORT\n"
+      "(troupe's own API; --ca for the TLS ones). Workloads are seeded;\n"
       "--shared-prefix N starts every prompt with the same N words (with --prefixes K, one of K\n"
       "such prefixes: tenants' system prompts). Prints a Markdown table and, with --json, writes\n"
       "completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms / e2e_ms objects with\n"
@@ -420,9 +438,12 @@ int main(int argc, char** argv) {
   std::string endpoint, json_path, outputs_path, ca_file;
   workload w;
   double slo_ttft = 0, slo_tpot = 0;
-  app.add_option("--endpoint", endpoint, "http://HOST:PORT, capnp://HOST:PORT or capnps://HOST:PORT (Cap'n Proto over TLS)")
+  app.add_option("--endpoint", endpoint,
+                 "http://HOST:PORT, https://HOST:PORT, capnp://HOST:PORT or capnps://HOST:PORT (Cap'n Proto over TLS)")
       ->required();
-  app.add_option("--ca", ca_file, "capnps://: the CA file (PEM) the gateway's certificate must chain to (default: $TROUPE_CA, else the system's)")
+  app.add_option("--ca", ca_file,
+                 "https:// and capnps://: the CA file (PEM) the gateway's certificate must chain to (default: $TROUPE_CA, "
+                 "else the system's)")
       ->check(CLI::ExistingFile);
   app.add_option("--model", w.model, "model name for HTTP servers (default: the first the server's /v1/models lists)");
   app.add_option("--api-key", w.api_key, "bearer key for HTTP servers");
@@ -465,14 +486,16 @@ int main(int argc, char** argv) {
   if (w.shared_prefix_words > w.prompt_words) w.prompt_words = w.shared_prefix_words + 1;
   sweep_rate = sr->count() > 0;
 
-  const bool http = endpoint.rfind("http://", 0) == 0, capnp = endpoint.rfind("capnp://", 0) == 0,
+  site.https = endpoint.rfind("https://", 0) == 0;
+  const bool http = site.https || endpoint.rfind("http://", 0) == 0, capnp = endpoint.rfind("capnp://", 0) == 0,
              capnps = endpoint.rfind("capnps://", 0) == 0;
   if (!http && !capnp && !capnps) {
-    std::fprintf(stderr, "troupe-bench: --endpoint must start with http://, capnp:// or capnps://\n");
+    std::fprintf(stderr, "troupe-bench: --endpoint must start with http://, https://, capnp:// or capnps://\n");
     return 2;
   }
   if (!ca_file.empty()) ::setenv("TROUPE_CA", ca_file.c_str(), 1);  // the client library's
-  std::string hostport = endpoint.substr(http ? 7 : capnps ? 9 : 8);
+  if (const char* ca = std::getenv("TROUPE_CA")) site.ca = ca;
+  std::string hostport = endpoint.substr(site.https ? 8 : http ? 7 : capnps ? 9 : 8);
   while (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
   const size_t colon = hostport.rfind(':');
   if (colon == std::string::npos) {

@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
     std::string line;
     while (std::getline(f, line)) {
       if (line.rfind("endpoint: capnp", 0) == 0) endpoint = line.substr(10);  // capnp:// or capnps://
-      if (line.rfind("endpoint: http://", 0) == 0) http_endpoint = line.substr(10);
+      if (line.rfind("endpoint: http", 0) == 0) http_endpoint = line.substr(10);  // http:// or https://
     }
     if (!endpoint.empty()) {
       // (A gateway over TLS shows a certificate of the cluster's CA, or one $TROUPE_CA trusts.)

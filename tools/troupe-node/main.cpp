@@ -111,11 +111,11 @@ int main(int argc, char** argv) {
     auto keys = tools::gateway_keys(*topo, *plan->gateway);
     if (!keys) return fail(keys.err().message);
     api_keys = std::move(keys).value();
-    tools::check_descriptor_room(opt.node, *plan->gateway);
+    tools::fit_connections_to_descriptors(opt.node, *plan->gateway);
   }
 
   // A peer that closes its connection while this node writes to it is an error of that
-  // write, never the end of the node (the HTTP library writes without MSG_NOSIGNAL).
+  // write, never the end of the node (not every library writes with MSG_NOSIGNAL).
   std::signal(SIGPIPE, SIG_IGN);
   // Block the stop signals before any thread starts, so only the serving waits see them.
   sigset_t stop_signals;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "tools/troupe-node/node_options.hpp"
 
 #include <sys/resource.h>
@@ -66,7 +67,7 @@ expected<std::vector<std::string>> gateway_keys(const topology& t, const gateway
   return keys;
 }
 
-void check_descriptor_room(const std::string& node, const gateway_plan& g) {
+void fit_connections_to_descriptors(const std::string& node, gateway_plan& g) {
   // Every client connection holds a descriptor: the soft limit goes up to the hard one
   // (often 1024 of 500,000 or more). Short of room, endpoints out of descriptors take
   // them from each other as they are freed, and a flood on one can keep the other's
@@ -82,6 +83,18 @@ void check_descriptor_room(const std::string& node, const gateway_plan& g) {
     limit = r.rlim_cur == RLIM_INFINITY ? int64_t{1} << 30 : static_cast<int64_t>(r.rlim_cur);
   }
   const int64_t room = limit - 256;  // the node's own files and peers
+  if (g.auto_connections) {
+    // Not set in the topology: the Cap'n Proto endpoint a quarter of the room (at most
+    // 4096), the HTTP endpoint the rest (at most 65536), each at least 64.
+    const auto clamp = [](int64_t v, int64_t hi) { return static_cast<int32_t>(std::clamp<int64_t>(v, 64, hi)); };
+    g.rpc.max_connections = clamp(g.serve_http ? room / 4 : room, 4096);
+    g.http.max_connections = clamp(room - g.rpc.max_connections, 65536);
+    std::fprintf(stderr, "troupe-node %s: connections held at once: %d Cap'n Proto%s (from the open-file limit, %lld)\n",
+                 node.c_str(), g.rpc.max_connections,
+                 g.serve_http ? (", " + std::to_string(connection_cap(g.http)) + " HTTP").c_str() : "",
+                 static_cast<long long>(limit));
+    return;
+  }
   const int64_t wanted = int64_t{g.rpc.max_connections} + (g.serve_http ? connection_cap(g.http) : 0);
   if (room < wanted)
     std::fprintf(stderr,

@@ -26,6 +26,6 @@ expected<std::vector<std::string>> gateway_keys(const topology& t, const gateway
 
 // Raises the soft limit on open descriptors to the hard one, and says (on stderr) when even
 // that leaves less room than the gateway's endpoints may hold at once.
-void check_descriptor_room(const std::string& node, const gateway_plan& g);
+void fit_connections_to_descriptors(const std::string& node, gateway_plan& g);
 
 }  // namespace troupe::tools

@@ -106,6 +106,7 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
   hc.api_keys = std::move(api_keys);
   hc.tok = &*model.tok;
   hc.metrics = metrics;
+  hc.tls = rpc.tls;  // the same certificate: HTTPS
   http_gateway http(sys, router, hc);
   int rc = 0;
   std::fprintf(stderr, "troupe-node %s: vocabulary %s (%s)\n", node.c_str(), describe(model.tok->vocab()).c_str(),
@@ -119,7 +120,8 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
       std::fprintf(stderr, "troupe-node: %s\n", port.err().message.c_str());
       rc = 1;
     } else {
-      std::printf("endpoint: http://%s:%u\n", g.http_endpoint.host.c_str(), static_cast<unsigned>(*port));
+      std::printf("endpoint: %s://%s:%u\n", hc.tls ? "https" : "http", g.http_endpoint.host.c_str(),
+                  static_cast<unsigned>(*port));
     }
   }
   const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(t.failure.recovery_timeout_s);
