@@ -74,6 +74,12 @@ std::string gateway_metrics::render(const router_stats& st) const {
              "counter");
   out.sample("troupe_connections_shed_total", {{"api", "http"}}, static_cast<double>(connections_shed(api::http)));
   out.sample("troupe_connections_shed_total", {{"api", "capnp"}}, static_cast<double>(connections_shed(api::capnp)));
+  out.family("troupe_slow_readers_total",
+             "Streams ended, and their requests cancelled, for a client that took its tokens too slowly (1 MiB "
+             "behind, or nothing taken for the write timeout).",
+             "counter");
+  out.sample("troupe_slow_readers_total", {{"api", "http"}}, static_cast<double>(slow_readers(api::http)));
+  out.sample("troupe_slow_readers_total", {{"api", "capnp"}}, static_cast<double>(slow_readers(api::capnp)));
   out.histogram("troupe_time_to_first_token_seconds", "Time from request to first token.", ttft_);
   out.histogram("troupe_time_per_output_token_seconds", "Mean time per token after the first, per request.", tpot_);
   out.histogram("troupe_inter_token_latency_seconds", "Gaps between streamed chunks.", itl_);

@@ -58,6 +58,9 @@ class gateway_metrics {
   void connection_opened(api a) { connections_[index(a)].open.fetch_add(1, std::memory_order_relaxed); }
   void connection_closed(api a) { connections_[index(a)].open.fetch_sub(1, std::memory_order_relaxed); }
   void connection_shed(api a) { connections_[index(a)].shed.fetch_add(1, std::memory_order_relaxed); }
+  // A stream ended for a client that took its chunks too slowly.
+  void slow_reader(api a) { connections_[index(a)].slow_readers.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t slow_readers(api a) const { return connections_[index(a)].slow_readers.load(); }
   int64_t connections_open(api a) const { return connections_[index(a)].open.load(); }
   uint64_t connections_shed(api a) const { return connections_[index(a)].shed.load(); }
 
@@ -73,6 +76,7 @@ class gateway_metrics {
   struct connection_counts {
     std::atomic<int64_t> open{0};
     std::atomic<uint64_t> shed{0};
+    std::atomic<uint64_t> slow_readers{0};
   };
   static size_t index(api a) { return a == api::http ? 0 : 1; }
   connection_counts connections_[2];

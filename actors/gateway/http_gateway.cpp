@@ -139,9 +139,6 @@ std::string http_gateway::impl::render_metrics() {
     out.counter("troupe_http_slow_requests_total",
                 "Connections answered 408 and closed for not sending a whole request within the read timeout",
                 static_cast<double>(hs.timed_out));
-    out.counter("troupe_http_slow_readers_total",
-                "Streams ended, and their requests cancelled, for a reader that fell behind or took nothing for the write timeout",
-                static_cast<double>(hs.slow_readers));
     out.gauge("troupe_http_streams_open", "Streamed answers being written now", static_cast<double>(hs.streaming));
     out.gauge("troupe_http_threads", "The HTTP server's threads: one for every connection's I/O, the rest handle requests",
               static_cast<double>(hs.threads));
@@ -195,6 +192,7 @@ expected<uint16_t> http_gateway::start() {
     else
       m->connection_shed(gateway_metrics::api::http);
   };
+  sc.on_slow_reader = [m = g->m] { m->slow_reader(gateway_metrics::api::http); };
   g->server = std::make_unique<http::server>(std::move(sc), [g](std::shared_ptr<http::exchange> ex) {
     http::response res;
     try {

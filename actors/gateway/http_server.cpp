@@ -365,7 +365,10 @@ class exchange_impl final : public exchange, public std::enable_shared_from_this
       gone_ = true;
       fn = std::move(gone_fn_);
     }
-    if (slow_) ++srv_.slow_readers;
+    if (slow_) {
+      ++srv_.slow_readers;
+      if (srv_.cfg.on_slow_reader) srv_.cfg.on_slow_reader();
+    }
     if (fn) fn();
   }
   void sent(size_t credit) { pending_.fetch_sub(credit); }

@@ -114,6 +114,8 @@ struct server_config {
   // Told, on the I/O thread, of each connection: +1 opened, -1 closed, 0 closed to make
   // room (then -1 as well).
   std::function<void(int change)> on_connection;
+  // Told, on the I/O thread, of each stream ended for a reader that fell behind.
+  std::function<void()> on_slow_reader;
 };
 
 // Counts since start, and what is open now.

@@ -112,7 +112,11 @@ class gateway_server final : public schema::Gateway::Server {
     admission::ticket place;
     request_times times;
     uint32_t output_tokens = 0;  // relayed so far
+    size_t unacknowledged = 0;   // bytes of chunks sent whose calls have not returned
   };
+  // A client whose chunk calls have not returned for this many bytes reads too slowly: its
+  // request is cancelled (as HTTP's slow readers are), so it holds no more than this.
+  static constexpr size_t max_unacknowledged = size_t{1} << 20;
   struct error_handler final : kj::TaskSet::ErrorHandler {
     void taskFailed(kj::Exception&&) override {}  // a client that went away
   };

@@ -94,11 +94,23 @@ void gateway_server::forward(const event& e) {
     request_sink& r = it->second;
     g_.metrics->chunk(r.times);
     r.output_tokens += chunk.getTokens().size();
+    const uint64_t id = chunk.getRequestId();
+    const size_t n = e.frame.bytes->size();
+    if (r.unacknowledged + n > max_unacknowledged) {
+      // The client takes its chunks too slowly: the request ends rather than queue them.
+      g_.metrics->slow_reader(gateway_metrics::api::capnp);
+      return client_gone(id);
+    }
+    r.unacknowledged += n;
     auto req = r.sink.chunkRequest();
     req.setChunk(chunk);
     // A chunk that cannot be delivered (the client has gone) ends its request: the
     // replica stops generating for no one.
-    tasks_.add(req.send().catch_([this, id = chunk.getRequestId()](kj::Exception&&) { client_gone(id); }));
+    tasks_.add(req.send().then(
+        [this, id, n]() {
+          if (auto it = sinks_.find(id); it != sinks_.end()) it->second.unacknowledged -= n;
+        },
+        [this, id](kj::Exception&&) { client_gone(id); }));
   } else {
     auto result = (*f)->root<schema::GenerateResult>();
     auto it = sinks_.find(result.getRequestId());

@@ -348,8 +348,12 @@ route_actions request_router::tick(router_clock::time_point now) {
   return out;
 }
 
-void request_router::set_ready(replica_view& rep, bool ready) {
-  if (rep.ready && !ready) ++outages_;
+void request_router::set_ready(replica_view& rep, bool ready, router_clock::time_point now) {
+  if (rep.ready && !ready && !(rep.down_before && now - rep.ready_since < outage_settle)) {
+    ++outages_;
+    rep.down_before = true;
+  }
+  if (!rep.ready && ready) rep.ready_since = now;
   rep.ready = ready;
 }
 
@@ -360,7 +364,7 @@ route_actions request_router::replica_health(size_t k, bool ready, std::string d
   replica_view& rep = replicas_[k];
   if (!rep.found) return out;  // news from a scheduler given up on
   const bool was = rep.ready;
-  set_ready(rep, ready);
+  set_ready(rep, ready, now);
   rep.detail = std::move(detail);
   if (ready && !was) unpark(now, out);
   return out;
@@ -370,7 +374,7 @@ route_actions request_router::replica_lost(size_t k, std::string why, router_clo
   route_actions out;
   replica_view& rep = replicas_[k];
   rep.found = false;
-  set_ready(rep, false);
+  set_ready(rep, false, now);
   rep.detail = std::move(why);
   rep.active = 0;
   rep.pending_tokens = 0;

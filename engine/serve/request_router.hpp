@@ -210,6 +210,8 @@ class request_router {
     std::optional<prefix_summary> summary;  // as its scheduler last said (kv-aware)
     replica_role role = replica_role::both;
     size_t incoming = 0;         // a decode replica's requests in prefill elsewhere
+    router_clock::time_point ready_since{};  // when it last became ready
+    bool down_before = false;    // it has had an outage (counted)
   };
   const replica_view& replica(size_t k) const { return replicas_[k]; }
   size_t num_replicas() const { return replicas_.size(); }
@@ -222,7 +224,11 @@ class request_router {
 
   uint64_t failovers() const { return failovers_; }      // replica schedulers lost
   uint64_t resubmitted() const { return resubmitted_; }  // requests moved to another attempt
-  uint64_t outages() const { return outages_; }          // times a replica stopped being ready
+  // Times a replica stopped being ready, each outage once: a replica that fails again
+  // within outage_settle of coming back (recovering by steps, a stage rejoining) is still
+  // in the same outage. Counted since this router started.
+  uint64_t outages() const { return outages_; }
+  static constexpr std::chrono::seconds outage_settle{10};
   // kv-aware routing: sends to a replica expected to hold part of the prompt, and the
   // prompt tokens it was expected to hold.
   uint64_t prefix_routed() const { return prefix_routed_; }
@@ -267,7 +273,7 @@ class request_router {
   void settle_pending(routed& r);
   route_end end(uint64_t id, route_outcome outcome, error_code code, std::string why, router_clock::time_point now);
   void unpark(router_clock::time_point now, route_actions& out);
-  void set_ready(replica_view& rep, bool ready);
+  void set_ready(replica_view& rep, bool ready, router_clock::time_point now);
 
   route_config cfg_;
   std::vector<replica_view> replicas_;

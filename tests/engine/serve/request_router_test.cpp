@@ -217,6 +217,26 @@ TEST_CASE("router: a request the actor cannot carry on ends once, as failed") {
   CHECK_FALSE(r.done(9, none, t0 + 3ms));
 }
 
+TEST_CASE("router: a replica that fails again soon after coming back is in the same outage") {
+  request_router r = two_ready();
+  CHECK(r.replica_health(0, false, "recovering", t0).empty());
+  CHECK(r.outages() == 1);
+  // Flapping while it recovers: back, down, back, lost, found, back.
+  r.replica_health(0, true, "", t0 + 1s);
+  r.replica_health(0, false, "a stage rejoining", t0 + 2s);
+  r.replica_health(0, true, "", t0 + 3s);
+  r.replica_lost(0, "scheduler down", t0 + 4s);
+  r.replica_found(0);
+  r.replica_health(0, true, "", t0 + 5s);
+  CHECK(r.outages() == 1);
+  // Ready for longer than the settling time, then down: another outage.
+  r.replica_health(0, false, "recovering", t0 + 5s + request_router::outage_settle);
+  CHECK(r.outages() == 2);
+  // The other replica's outage is its own.
+  r.replica_health(1, false, "recovering", t0 + 5s + request_router::outage_settle);
+  CHECK(r.outages() == 3);
+}
+
 TEST_CASE("router: a replica that stops being ready takes nothing new, and each stop counts as an outage") {
   request_router r = two_ready();
   CHECK(r.replica_health(0, false, "recovering", t0).empty());
