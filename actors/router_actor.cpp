@@ -141,6 +141,7 @@ route_prompt read_request(const router_state& st, std::span<const uint8_t> frame
   auto v = wire::peek_route(frame, kv_aware ? st.setup.tok : nullptr, lim);
   if (!v) return p;
   p.whole = v->eviction;  // its own KV eviction hands no blocks over: served whole
+  p.delivered = std::move(v->delivered);
   slo = v->slo_class.empty() ? st.setup.default_class : slo_class_index(st.setup.classes, v->slo_class);
   if (!kv_aware || (st.setup.context > 0 && v->prompt.size() >= static_cast<size_t>(st.setup.context))) return p;
   p.block_size = st.setup.block_size;
@@ -187,6 +188,7 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
   auto& st = self->state;
   st.setup = setup;
   route_config rc = setup.route;
+  st.next_client = request_id_base(3, rc.gateway);
   rc.wait_timeout = setup.wait_timeout;
   st.core = std::make_unique<request_router>(setup.replicas.size(), rc);
   for (auto& a : setup.replicas) {

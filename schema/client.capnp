@@ -40,8 +40,8 @@ struct GenerateRequest {
                                         # (llama2.c's and troupe-run's -n)
   delivered @9 :List(Int32);            # output an earlier attempt already streamed: the
                                         # router resubmits a request from a failed replica
-                                        # with it; replayed, never streamed again (the
-                                        # gateway clears it in client requests)
+                                        # with it, a client one from a lost gateway;
+                                        # replayed, never streamed again
   cacheNamespace @10 :UInt64 = 0;       # prefix-cache isolation: cached prompt blocks are
                                         # shared only within one namespace; the gateway sets
                                         # it (from the API key), whatever a client sent

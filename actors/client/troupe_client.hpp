@@ -31,6 +31,7 @@ struct client_result {
   uint32_t output_tokens = 0;
   bool sequence_ok = true;       // chunks arrived numbered 0, 1, 2, ... without gaps
   std::string error;             // from the server, when reason is none
+  uint32_t attempts = 0;         // gateways it was sent to (more than 1: failed over)
 };
 
 struct client_health {
@@ -48,11 +49,16 @@ class troupe_client {
  public:
   // host:port or capnp://host:port, plain; capnps://host:port over TLS, the gateway's
   // certificate checked against ca_file (empty: $TROUPE_CA, else the system's CAs) and
-  // the host. The connection is made lazily and errors surface from the first call.
-  // api_key: sent with every call but health; empty takes $TROUPE_API_KEY (if set).
-  static std::unique_ptr<troupe_client> connect(const std::string& address, const std::string& api_key = "",
+  // the host. Several gateways of one deployment, separated by commas: calls go to the
+  // first that answers, and a generation whose gateway is lost (its connection closed or
+  // refused, or the gateway draining) goes on at the next with the tokens already
+  // delivered, so the caller sees each token once. The connection is made lazily and
+  // errors surface from the first call. api_key: sent with every call but health; empty
+  // takes $TROUPE_API_KEY (if set).
+  static std::unique_ptr<troupe_client> connect(const std::string& addresses, const std::string& api_key = "",
                                                 const std::string& ca_file = "");
   ~troupe_client();
+  size_t endpoints() const;
 
   // steps_include_prompt: max_tokens counts the prompt's tokens after BOS (troupe-run's -n).
   expected<client_result> generate(const std::string& prompt, const request_params& params,
@@ -66,6 +72,8 @@ class troupe_client {
 
  private:
   explicit troupe_client(std::unique_ptr<impl> i);
+  template <class Call>
+  auto at_any(Call&& call) -> decltype(call(std::declval<struct gateway_link&>()));
   std::unique_ptr<impl> impl_;
 };
 

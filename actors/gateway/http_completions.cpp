@@ -13,8 +13,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// HTTP request ids live far above the Cap'n Proto gateway's, through the same router.
-std::atomic<uint64_t> next_http_id{uint64_t{1} << 62};
 
 // The HTTP answer to a request that ended in an error: the request's own fault is a 400, no
 // replica able to serve it in time a 503 (retry later), the server's fault a 500, and the
@@ -246,7 +244,7 @@ bool http_gateway::impl::completions(const std::shared_ptr<http::exchange>& ex, 
   job->created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   job->text_of = [tok = cfg.tok](int32_t t) { return tok ? std::string(tok->decode(-1, t)) : std::to_string(t); };
   const size_t total = r.prompts.size() * static_cast<size_t>(r.n);
-  for (size_t i = 0; i < total; ++i) job->ids.push_back(next_http_id++);
+  for (size_t i = 0; i < total; ++i) job->ids.push_back(next_id++);
   job->cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(job->ids[0]);
   job->choices.resize(total);
   job->finished.assign(total, false);

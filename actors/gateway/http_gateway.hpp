@@ -52,6 +52,7 @@ struct http_config {
   int32_t handler_threads = 4;           // run the routes (the I/O has a thread of its own)
   int32_t drain_timeout_s = 10;          // on stop, answers in flight get this long to finish
   std::shared_ptr<const tls::endpoint_context> tls;  // HTTPS, where set
+  uint32_t gateway = 0;                  // which of the deployment's gateways (its request ids)
   std::vector<std::string> api_keys;     // empty: no authentication
   bool prefix_cache_per_key = true;      // each key's requests in a prefix-cache namespace of their own
   std::vector<std::string> cors_origins;  // browser origins answered with CORS headers ("*": any)

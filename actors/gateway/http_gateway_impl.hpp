@@ -17,6 +17,7 @@
 #include "actors/gateway/gateway_metrics.hpp"
 #include "actors/gateway/http_gateway.hpp"
 #include "actors/gateway/http_server.hpp"
+#include "engine/serve/request_router.hpp"
 
 namespace troupe {
 
@@ -27,6 +28,9 @@ struct http_gateway::impl {
   std::unique_ptr<http::server> server;  // from start()
   admission admit;  // completions in flight, against max_requests
   std::atomic<bool> draining{false};
+  // HTTP request ids live above the Cap'n Proto API's, through the same router, each
+  // gateway's apart (request_id_base).
+  std::atomic<uint64_t> next_id;
   std::shared_ptr<gateway_metrics> m;  // shared with the Cap'n Proto gateway
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
@@ -36,7 +40,7 @@ struct http_gateway::impl {
   std::optional<int32_t> turn_end;
 
   impl(caf::actor_system& s, caf::actor rtr, http_config c)
-      : sys(s), router(std::move(rtr)), cfg(std::move(c)), admit(cfg.max_requests),
+      : sys(s), router(std::move(rtr)), cfg(std::move(c)), admit(cfg.max_requests), next_id(request_id_base(1, cfg.gateway)),
         m(cfg.metrics ? cfg.metrics : std::make_shared<gateway_metrics>()) {
     any_origin = std::find(cfg.cors_origins.begin(), cfg.cors_origins.end(), "*") != cfg.cors_origins.end();
     if (cfg.tok) turn_end = openai::turn_end_token(cfg.chat, *cfg.tok);

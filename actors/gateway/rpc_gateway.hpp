@@ -36,6 +36,7 @@ struct rpc_limits {
   // The endpoint's certificate: clients speak TLS (capnps://), each handshake within 5 s
   // (null: plain TCP).
   std::shared_ptr<const tls::endpoint_context> tls;
+  uint32_t gateway = 0;  // which of the deployment's gateways (its request ids)
 };
 
 class rpc_gateway {

@@ -17,6 +17,7 @@
 #include <kj/async-io.h>
 #include <kj/async.h>
 
+#include "engine/serve/request_router.hpp"
 #include "actors/caf/wire_message.hpp"
 #include "actors/gateway/admission.hpp"
 #include "actors/gateway/gateway_metrics.hpp"
@@ -96,7 +97,8 @@ struct rpc_gateway::impl {
 class gateway_server final : public schema::Gateway::Server {
  public:
   gateway_server(rpc_gateway::impl& g, const rpc_limits& limits)
-      : g_(g), admit_(limits.max_requests), per_key_(limits.prefix_cache_per_key), tasks_(errors_) {}
+      : g_(g), admit_(limits.max_requests), per_key_(limits.prefix_cache_per_key),
+        next_id_(request_id_base(0, limits.gateway) + 1), tasks_(errors_) {}
 
   kj::Promise<void> generate(GenerateContext context) override;
   kj::Promise<void> cancel(CancelContext context) override;
@@ -127,7 +129,7 @@ class gateway_server final : public schema::Gateway::Server {
   rpc_gateway::impl& g_;
   admission admit_;
   const bool per_key_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_;  // this gateway's part of the ids (request_id_base)
   std::unordered_map<uint64_t, request_sink> sinks_;
   error_handler errors_;
   kj::TaskSet tasks_;

@@ -27,7 +27,8 @@ kj::Promise<void> gateway_server::generate(GenerateContext context) {
   copy.setRoot(params.getRequest());
   {
     auto r = copy.getRoot<schema::GenerateRequest>();
-    r.disownDelivered();  // only the router resubmits, and hands requests over
+    // A client's delivered tokens are what another gateway gave it before that gateway was
+    // lost: the request goes on after them. Handing requests over is the router's alone.
     r.disownKvTo();
     r.setKvFrom(0);
   }

@@ -39,6 +39,7 @@ struct route_view {
   uint64_t cache_namespace = 0;
   std::string slo_class;
   bool eviction = false;  // it asks for KV eviction of its own
+  std::vector<int32_t> delivered;  // output a client was given by another gateway
 };
 // An SLO class's name is this long at most.
 inline constexpr size_t max_class_name = 64;

@@ -24,7 +24,7 @@ std::string_view replica_role_name(replica_role r) {
 }
 
 request_router::request_router(size_t num_replicas, const route_config& cfg)
-    : cfg_(cfg), replicas_(num_replicas), recent_(num_replicas) {
+    : cfg_(cfg), replicas_(num_replicas), recent_(num_replicas), next_attempt_(request_id_base(2, cfg.gateway)) {
   for (auto& r : replicas_) r.detail = "not found yet";
 }
 
@@ -42,6 +42,7 @@ route_actions request_router::accept(uint64_t id, router_clock::time_point now, 
   }
   routed& r = requests_[id];
   r.arrived = r.parked_since = now;
+  r.delivered = std::move(prompt.delivered);  // a resubmission from the start
   r.prompt = std::move(prompt);
   send_or_park(id, r, out, now);
   return out;

@@ -77,7 +77,16 @@ struct route_config {
   std::chrono::milliseconds recent_ttl{10000};    // kv-aware: prompts sent to a replica count
                                                   // as cached there this long (its summary
                                                   // may not show them yet)
+  uint32_t gateway = 0;                           // which of the deployment's gateways this
+                                                  // router serves: its ids are its own
 };
+
+// Request ids, unique across a deployment's gateways: the top two bits say whose (0 the
+// Cap'n Proto API's, 1 HTTP's, 2 a router's resubmissions, 3 a router's own choice), the
+// next 14 which gateway, the rest count.
+inline uint64_t request_id_base(uint64_t space, uint32_t gateway) {
+  return (space << 62) | (static_cast<uint64_t>(gateway & 0x3fff) << 48);
+}
 
 // What kv-aware routing knows of a request's prompt.
 struct route_prompt {
@@ -86,6 +95,8 @@ struct route_prompt {
   int32_t block_size = 0;       // tokens per block of the chain
   bool whole = false;           // served whole even where replicas have roles (it asks for
                                 // KV eviction of its own, which hands no blocks over)
+  std::vector<int32_t> delivered;  // output its client was given before (by another
+                                   // gateway): replayed, never streamed again
 };
 
 // Send request `request` to replica `replica` as attempt `attempt` (a first attempt uses
@@ -281,7 +292,7 @@ class request_router {
   std::unordered_map<uint64_t, routed> requests_;   // by the client's id
   std::unordered_map<uint64_t, uint64_t> attempts_; // attempt -> client id
   std::deque<uint64_t> parked_;
-  uint64_t next_attempt_ = first_resubmission_id;
+  uint64_t next_attempt_;  // from first_resubmission_id, in this gateway's part
   uint64_t failovers_ = 0, resubmitted_ = 0, outages_ = 0;
   uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0, redirected_ = 0, handoffs_ = 0;
 };

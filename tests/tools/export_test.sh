@@ -29,7 +29,7 @@ for topo in "$src"/deploy/*.toml; do
 import configparser, glob, os, sys, tomllib
 topo = tomllib.load(open(sys.argv[1], "rb"))
 restart = topo.get("failure", {}).get("restart", "always")
-gateway = topo["gateway"]["node"]
+gateways = [topo["gateway"]["node"]] + [g["node"] for g in topo["gateway"].get("also", [])]
 hosts = {n["name"]: n["host"] for n in topo["node"]}
 for n in topo["node"]:
     path = os.path.join(sys.argv[2], f"troupe-{sys.argv[3]}-{n['name']}.service")
@@ -42,9 +42,9 @@ for n in topo["node"]:
     assert s["User"] == "troupe"
     assert int(s["LimitNOFILE"]) > 2 * topo["gateway"].get("max_connections", 1024)
     after = c["Unit"]["After"].split()
-    if n["name"] == gateway:
+    if n["name"] in gateways:  # after its host's other nodes, gateways aside (no cycle)
         for m, h in hosts.items():
-            if m != gateway and h == n["host"]:
+            if m not in gateways and h == n["host"]:
                 assert f"troupe-{sys.argv[3]}-{m}.service" in after, (m, after)
 PY
 
@@ -105,13 +105,17 @@ for st in by_kind["StatefulSet"].values():
     for m in c["volumeMounts"]:
         assert m["name"] in volumes, f"mount of an undeclared volume {m['name']}"
     assert volumes["topology"]["configMap"]["name"] == configmap["metadata"]["name"]
-# The client Service: the gateway's pod, its declared ports.
+# The client Service: every gateway's pod (none other), each with its declared ports.
 client = [s for s in services.values() if s["spec"].get("clusterIP") != "None"]
 assert len(client) == 1
-gw = next(st for st in by_kind["StatefulSet"].values() if st["spec"]["template"]["metadata"]["labels"]["troupe.node"] == topo["gateway"]["node"])
-assert selects(client[0]["spec"]["selector"], gw["spec"]["template"]["metadata"]["labels"])
-gw_ports = {p["name"] for p in gw["spec"]["template"]["spec"]["containers"][0]["ports"]}
-assert all(p["targetPort"] in gw_ports for p in client[0]["spec"]["ports"])
+gateways = [topo["gateway"]["node"]] + [g["node"] for g in topo["gateway"].get("also", [])]
+for st in by_kind["StatefulSet"].values():
+    labels = st["spec"]["template"]["metadata"]["labels"]
+    is_gateway = labels["troupe.node"] in gateways
+    assert selects(client[0]["spec"]["selector"], labels) == is_gateway, labels["troupe.node"]
+    if is_gateway:
+        gw_ports = {p["name"] for p in st["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        assert all(p["targetPort"] in gw_ports for p in client[0]["spec"]["ports"])
 assert pod_topo["gateway"]["api_keys_file"] == "/etc/troupe/secrets/api-keys"
 assert pod_topo["model"]["path"].startswith("/models/")
 PY

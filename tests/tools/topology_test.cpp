@@ -62,7 +62,7 @@ TEST_CASE("every topology in deploy/ parses and fits stories260K") {
     CHECK(topology_warnings(*t, stories()).empty());
     ++n;
   }
-  CHECK(n == 12);
+  CHECK(n == 13);
   auto disagg = parse_topology(dir + "/disagg.toml");
   REQUIRE(disagg.has_value());
   REQUIRE(disagg->replicas.size() == 2);
@@ -216,10 +216,15 @@ TEST_CASE("HTTP gateway settings: defaults, what a topology sets, and values out
   REQUIRE(t.has_value());
   CHECK(t->gateway.max_connections == 0);  // as the open-file limit allows
   CHECK(t->gateway.read_timeout_s == 30);
-  auto u = with_gateway("max_connections = 200\nread_timeout_s = 5\n");
+  CHECK(t->gateway.idle_timeout_s == 60);
+  auto u = with_gateway("max_connections = 200\nread_timeout_s = 5\nidle_timeout_s = 600\n");
   REQUIRE(u.has_value());
   CHECK(u->gateway.max_connections == 200);
   CHECK(u->gateway.read_timeout_s == 5);
+  CHECK(u->gateway.idle_timeout_s == 600);
+  auto idle0 = with_gateway("idle_timeout_s = 0\n");
+  REQUIRE_FALSE(idle0.has_value());
+  CHECK(idle0.err().message.find("idle_timeout_s must be in 1..86400") != std::string::npos);
   for (const char* bad : {"max_connections = 0\n", "max_connections = 100000\n"}) {
     auto v = with_gateway(bad);
     REQUIRE_FALSE(v.has_value());
@@ -692,6 +697,35 @@ TEST_CASE("[gateway] tls_cert and tls_key: the Cap'n Proto endpoint's files, tog
   auto half = with("tls_cert = \"gw.pem\"\n");
   REQUIRE(!half);
   CHECK(half.err().message.find("'tls_cert' and 'tls_key' go together") != std::string::npos);
+}
+
+TEST_CASE("more gateway nodes: [[gateway.also]], each its node and endpoints, none twice") {
+  auto with = [](const std::string& also) {
+    return parse_topology_text(std::string(base) + ok_replica + also, "t.toml", "/d");
+  };
+  auto t = with("[[gateway.also]]\nnode = \"n1\"\ncapnp = \"127.0.0.1:7402\"\nhttp = \"127.0.0.1:7403\"\n");
+  REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
+  const auto places = t->gateway.places();
+  REQUIRE(places.size() == 2);
+  CHECK(places[0].node == "n0");
+  CHECK(places[1].node == "n1");
+  CHECK(places[1].capnp.port == 7402);
+  CHECK(places[1].http.port == 7403);
+  CHECK(t->gateway.index_of("n1") == 1);
+  CHECK(t->gateway.index_of("n0") == 0);
+  struct bad_case {
+    std::string also, says;
+  };
+  for (const auto& b : {bad_case{"[[gateway.also]]\nnode = \"n9\"\ncapnp = \"127.0.0.1:7402\"\n", "unknown node 'n9'"},
+                        bad_case{"[[gateway.also]]\nnode = \"n0\"\ncapnp = \"127.0.0.1:7402\"\n", "names node 'n0' twice"},
+                        bad_case{"[[gateway.also]]\nnode = \"n1\"\ncapnp = \"127.0.0.1:7400\"\n", "port clash"},
+                        bad_case{"[[gateway.also]]\nnode = \"n1\"\n", "capnp"},
+                        bad_case{"[[gateway.also]]\nnode = \"n1\"\ncapnp = \"127.0.0.1:7402\"\nport = 3\n", "port"}}) {
+    CAPTURE(b.also);
+    auto v = with(b.also);
+    REQUIRE_FALSE(v.has_value());
+    CHECK(v.err().message.find(b.says) != std::string::npos);
+  }
 }
 
 }  // namespace troupe::tools

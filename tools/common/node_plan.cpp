@@ -103,11 +103,14 @@ std::vector<replica_layout> layout_of(const topology& t, int32_t num_layers) {
   return out;
 }
 
-gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, const endpoint_overrides& o) {
+gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, const endpoint_overrides& o, int index) {
   gateway_plan g;
-  g.capnp_endpoint = o.capnp.value_or(t.gateway.capnp);
-  g.http_endpoint = o.http.value_or(t.gateway.http);
-  g.serve_http = o.http.has_value() || t.gateway.http.port != 0;
+  const gateway_place place = t.gateway.places()[static_cast<size_t>(index)];
+  g.capnp_endpoint = o.capnp.value_or(place.capnp);
+  g.http_endpoint = o.http.value_or(place.http);
+  g.serve_http = o.http.has_value() || place.http.port != 0;
+  g.index = index;
+  g.rpc.gateway = g.http.gateway = g.router.route.gateway = static_cast<uint32_t>(index);
   // Completions in flight each endpoint admits (actors/gateway/admission.hpp).
   const int32_t max_requests = std::max(1, t.scheduler.max_running * 4);
   g.rpc.max_requests = max_requests;
@@ -128,6 +131,7 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   h.max_connections = max_connections;
   h.cors_origins = t.gateway.cors_origins;
   h.read_timeout_s = t.gateway.read_timeout_s;
+  h.idle_timeout_s = t.gateway.idle_timeout_s;
   h.prefix_cache_per_key = t.kv.prefix_cache_per_key;
   h.layout = layout_of(t, m.config.num_layers);
   g.router.wait_timeout = std::chrono::seconds(t.failure.recovery_timeout_s);
@@ -195,7 +199,7 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
                    std::to_string(m.config.max_seq_len)};
     if (drafts) s.draft = address_of(draft_name(r.name), *t.node_named(r.draft_node), *me);
   }
-  if (t.gateway.node == me->name) p.gateway = gateway_of(t, m, *me, overrides);
+  if (const int k = t.gateway.index_of(me->name); k >= 0) p.gateway = gateway_of(t, m, *me, overrides, k);
   return p;
 }
 

@@ -50,6 +50,7 @@ struct gateway_plan {
   // max_connections not set in the topology: each endpoint's from the open-file limit
   // (fit_connections_to_descriptors), 1024 until then.
   bool auto_connections = false;
+  int index = 0;  // which of the deployment's gateways ([gateway] 0, [[gateway.also]] 1 on)
   rpc_limits rpc;
   http_config http;     // without keys, tokenizer or metrics, which the node adds
   router_setup router;  // its agent is the node's, filled in when it is spawned

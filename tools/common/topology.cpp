@@ -41,9 +41,15 @@ void check_names(reader& rd, const topology& t, const toml::table& root) {
     claim({n.host, n.port}, "node '" + n.name + "'", at);
   }
   const toml::node* gw = root.get("gateway");
-  if (rd.ok() && !names.count(t.gateway.node)) rd.fail(gw, "[gateway] names unknown node '" + t.gateway.node + "'");
-  if (rd.ok()) claim(t.gateway.capnp, "the gateway's capnp endpoint", gw);
-  if (rd.ok() && t.gateway.http.port != 0) claim(t.gateway.http, "the gateway's http endpoint", gw);
+  std::set<std::string> gateway_nodes;
+  for (const gateway_place& g : t.gateway.places()) {
+    const std::string who = g.node == t.gateway.node ? "the gateway" : "gateway '" + g.node + "'";
+    if (rd.ok() && !names.count(g.node)) rd.fail(gw, "[gateway] names unknown node '" + g.node + "'");
+    if (rd.ok() && !gateway_nodes.insert(g.node).second)
+      rd.fail(gw, "[gateway] names node '" + g.node + "' twice: a node runs one gateway");
+    if (rd.ok()) claim(g.capnp, who + "'s capnp endpoint", gw);
+    if (rd.ok() && g.http.port != 0) claim(g.http, who + "'s http endpoint", gw);
+  }
   std::set<std::string> replica_names;
   for (size_t i = 0; rd.ok() && i < t.replicas.size(); ++i) {
     const replica_spec& r = t.replicas[i];

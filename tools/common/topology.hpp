@@ -52,6 +52,13 @@ struct model_section {
   std::string chat_template = "auto";  // auto (the model's own) | raw | llama2 | chatml
 };
 
+// One of a deployment's gateway nodes: where it serves the client APIs.
+struct gateway_place {
+  std::string node;
+  endpoint capnp;  // the Cap'n Proto endpoint
+  endpoint http;   // the OpenAI-compatible HTTP endpoint (port 0: none)
+};
+
 struct gateway_section {
   std::string node;                       // the node process that serves clients
   endpoint capnp;                         // the Cap'n Proto endpoint
@@ -61,7 +68,24 @@ struct gateway_section {
   int32_t max_connections = 0;            // open at once, on each endpoint (0: as the open-file
                                           // limit allows, up to 65536 HTTP and 4096 Cap'n Proto)
   int32_t read_timeout_s = 30;            // for an HTTP request to arrive whole, a Cap'n Proto client to greet
+  int32_t idle_timeout_s = 60;            // an HTTP keep-alive connection unused this long is closed
   std::string tls_cert, tls_key;          // the Cap'n Proto endpoint over TLS (PEM files; empty: plain)
+  std::vector<gateway_place> also;        // more gateway nodes ([[gateway.also]]), each with
+                                          // a router and both APIs, the settings above theirs
+
+  // Every gateway node: the one above first, then those `also` names.
+  std::vector<gateway_place> places() const {
+    std::vector<gateway_place> all{{node, capnp, http}};
+    all.insert(all.end(), also.begin(), also.end());
+    return all;
+  }
+  // Which gateway `name` is (-1: none).
+  int index_of(const std::string& name) const {
+    const auto all = places();
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i].node == name) return static_cast<int>(i);
+    return -1;
+  }
 };
 
 struct router_section {

@@ -33,7 +33,7 @@ gateway_section parse_gateway(reader& rd, const toml::table& t, const std::strin
   gateway_section g;
   const std::string w = "[gateway]";
   rd.only(t, w, {"node", "capnp", "http", "api_keys_file", "cors_origins", "max_connections", "read_timeout_s",
-                 "tls_cert", "tls_key"});
+                 "idle_timeout_s", "tls_cert", "tls_key", "also"});
   rd.get(t, w, "node", g.node, true);
   rd.endpoint_of(t, w, "capnp", g.capnp, true);
   rd.endpoint_of(t, w, "http", g.http, false);
@@ -55,10 +55,27 @@ gateway_section parse_gateway(reader& rd, const toml::table& t, const std::strin
   }
   rd.get_in(t, w, "max_connections", g.max_connections, 1, 65536);
   rd.get_in(t, w, "read_timeout_s", g.read_timeout_s, 1, 3600);
+  rd.get_in(t, w, "idle_timeout_s", g.idle_timeout_s, 1, 86400);
   // tls_cert and tls_key: the Cap'n Proto endpoint speaks TLS with them (both, or neither).
   for (auto [key, value] : {std::pair{"tls_cert", &g.tls_cert}, std::pair{"tls_key", &g.tls_key}})
     if (rd.get(t, w, key, *value) && std::filesystem::path(*value).is_relative())
       *value = (std::filesystem::path(base_dir) / *value).lexically_normal().string();
+  // [[gateway.also]]: more gateway nodes, each its node and endpoints.
+  if (const toml::node* also = t.get("also")) {
+    const toml::array* a = also->as_array();
+    if (!a || !a->is_array_of_tables())
+      rd.fail(also, w + ": 'also' must be [[gateway.also]] tables, each a gateway node's node, capnp and http");
+    for (size_t i = 0; a && rd.ok() && i < a->size(); ++i) {
+      const toml::table& e = *(*a)[i].as_table();
+      const std::string at = "[[gateway.also]] " + std::to_string(i + 1);
+      gateway_place p;
+      rd.only(e, at, {"node", "capnp", "http"});
+      rd.get(e, at, "node", p.node, true);
+      rd.endpoint_of(e, at, "capnp", p.capnp, true);
+      rd.endpoint_of(e, at, "http", p.http, false);
+      g.also.push_back(std::move(p));
+    }
+  }
   if (rd.ok() && g.tls_cert.empty() != g.tls_key.empty())
     rd.fail(&t, w + ": 'tls_cert' and 'tls_key' go together: the endpoint's certificate and its key");
   return g;

@@ -74,6 +74,7 @@ struct sample {
   int64_t output_tokens = 0, prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens the server reports cached (usage)
   std::string text;  // the output, for --outputs
+  bool failed_over = false;  // its gateway was lost and another finished it (Cap'n Proto)
 };
 
 const char* words[] = {"the", "little", "dog", "ran", "to", "park", "and", "saw", "a", "big", "red", "ball", "she",
@@ -198,9 +199,31 @@ sample run_http(const std::string& host, int port, const workload& w, int i, con
   return s;
 }
 
+// Several gateways ("capnp://a:1,b:2"): request i tries them from the (i mod n)th on, so
+// that the requests spread over them as a load balancer would spread them.
+std::string gateways_from(const std::string& address, int i) {
+  std::vector<std::string> list;
+  std::string scheme;
+  for (size_t from = 0; from <= address.size();) {
+    size_t to = address.find(',', from);
+    if (to == std::string::npos) to = address.size();
+    std::string one = address.substr(from, to - from);
+    if (const size_t s = one.find("://"); s != std::string::npos)
+      scheme = one.substr(0, s + 3);
+    else if (!one.empty())
+      one = scheme + one;
+    if (!one.empty()) list.push_back(one);
+    from = to + 1;
+  }
+  if (list.size() < 2) return address;
+  std::string out;
+  for (size_t k = 0; k < list.size(); ++k) out += (k ? "," : "") + list[(k + static_cast<size_t>(i)) % list.size()];
+  return out;
+}
+
 sample run_capnp(const std::string& address, const workload& w, int i) {
   sample s;
-  auto client = troupe_client::connect(address);
+  auto client = troupe_client::connect(gateways_from(address, i));
   request_params p;
   p.sampling.temperature = 0.0f;
   p.sampling.seed = w.seed + static_cast<uint64_t>(i);
@@ -229,6 +252,7 @@ sample run_capnp(const std::string& address, const workload& w, int i) {
   s.output_tokens = r->output_tokens;
   s.prompt_tokens = r->prompt_tokens;
   s.text = r->text;
+  s.failed_over = r->attempts > 1;
   if (s.output_tokens > 1) s.tpot_ms = (s.e2e_ms - s.ttft_ms) / static_cast<double>(s.output_tokens - 1);
   s.ok = !first;
   // Every token exactly once, in order: chunks numbered without gaps, and as many tokens
@@ -349,6 +373,7 @@ json run_level(const workload& w, const std::string& endpoint, bool http, const 
             {"prompt_tokens", in_tokens}, {"cached_prompt_tokens", cached_tokens}, {"duration_s", secs},
             {"requests_per_s", completed / secs}, {"output_tokens_per_s", out_tokens / secs},
             {"goodput_requests_per_s", good / secs},
+            {"failed_over", std::count_if(results.begin(), results.end(), [](const sample& s) { return s.failed_over; })},
             {"ttft_ms", dist(ttft)},    {"tpot_ms", dist(tpot)},
             {"itl_ms", dist(itl)},      {"e2e_ms", dist(e2e)}};
   if (header) {
@@ -428,7 +453,8 @@ int main(int argc, char** argv) {
       "troupe-bench: measure a serving endpoint as its clients see it.\n\n"
       "Targets: http://HOST:PORT or https://HOST:PORT (any OpenAI-compatible server: streamed\n"
       "completions, tokens counted from its `usage`), or capnp://HOST:PORT or capnps://HOST:PORT\n"
-      "(troupe's own API; --ca for the TLS ones). Workloads are seeded;\n"
+      "(troupe's own API; --ca for the TLS ones; several gateways as capnp://A:P,B:Q: requests\n"
+      "spread over them, and fail over from a lost one). Workloads are seeded;\n"
       "--shared-prefix N starts every prompt with the same N words (with --prefixes K, one of K\n"
       "such prefixes: tenants' system prompts). Prints a Markdown table and, with --json, writes\n"
       "completed, errors, output_tokens and ttft_ms / tpot_ms / itl_ms / e2e_ms objects with\n"

@@ -20,7 +20,9 @@ int main(int argc, char** argv) {
       "and --cancel ID ask the gateway instead of generating. A gateway with API keys wants one\n"
       "in the environment: TROUPE_API_KEY (never on the command line). A gateway with a\n"
       "certificate ([gateway] tls_cert) speaks TLS: connect to capnps://HOST:PORT, and name\n"
-      "the CA that signed it with --ca (or TROUPE_CA) unless the system trusts it.\n\n"
+      "the CA that signed it with --ca (or TROUPE_CA) unless the system trusts it. A deployment\n"
+      "with several gateways: name them all, separated by commas; a gateway lost mid-stream\n"
+      "hands the stream to the next, and no token is printed twice.\n\n"
       "Example:\n  troupe-client --connect 127.0.0.1:7400 -p \"Once upon a time\" -n 64 -t 0\n",
       "troupe-client"};
   std::string address = "127.0.0.1:7400", prompt, slo_class, ca_file;
@@ -30,7 +32,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> stops, biases;
   bool ids = false, health = false, stats = false, ignore_eos = false, timing = false;
   int64_t cancel = -1;
-  app.add_option("-c,--connect", address, "gateway HOST:PORT (capnps://HOST:PORT: over TLS)")
+  app.add_option("-c,--connect", address, "gateway HOST:PORT (capnps://HOST:PORT: over TLS; several: A:P,B:Q)")
       ->check(tools::host_port())
       ->capture_default_str();
   app.add_option("--ca", ca_file, "capnps://: the CA file (PEM) the gateway's certificate must chain to (default: $TROUPE_CA, else the system's)")

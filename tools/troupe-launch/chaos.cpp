@@ -131,9 +131,11 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
     }
     return false;
   };
+  // Every node but a lone gateway's: with several gateways, they are targets too (the
+  // harness's client fails over between them).
   std::vector<const node_spec*> targets;
   for (const auto& n : topo.nodes)
-    if (n.name != topo.gateway.node) targets.push_back(&n);
+    if (n.name != topo.gateway.node || !topo.gateway.also.empty()) targets.push_back(&n);
   if (targets.empty()) {
     std::fprintf(stderr, "troupe-launch chaos: every actor runs on the gateway's node; nothing to inject into\n");
     return 2;
@@ -169,7 +171,11 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
     for (const auto& k : opt.kinds)
       if (k != "actor") others.push_back(k);
     r.kind = has_actor && (others.empty() || rng() % 2 == 0) ? "actor" : others[rng() % others.size()];
-    const node_spec& node = *targets[rng() % targets.size()];
+    const node_spec* pick = targets[rng() % targets.size()];
+    // A gateway is killed, never stopped: the harness's own calls to a stopped gateway would
+    // wait for it, and it is the harness that resumes it.
+    if (r.kind == "sigstop" && topo.gateway.index_of(pick->name) >= 0) r.kind = "sigkill";
+    const node_spec& node = *pick;
     // The supervisor may be rewriting the table for a restarted node: look again briefly.
     int pid = 0;
     for (int tries = 0; tries < 100 && pid <= 0; ++tries) {

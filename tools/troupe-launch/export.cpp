@@ -83,12 +83,14 @@ std::string deployment_name(const std::string& topology_path) {
 std::vector<exported_file> systemd_units(const topology& t, const export_options& o) {
   const std::string name = deployment_name(o.topology_file);
   const std::string bin = (fs::path(o.bin_dir) / "troupe-node").string();
-  const int64_t files = int64_t{t.gateway.max_connections} * 2 + 4096;
+  // Each client connection a descriptor: both endpoints' max_connections (unset: what a
+  // node gives them, at most 65536 HTTP and 4096 Cap'n Proto), and the node's own.
+  const int64_t files = (t.gateway.max_connections > 0 ? int64_t{t.gateway.max_connections} * 2 : 65536 + 4096) + 4096;
   std::vector<exported_file> out;
   std::map<std::string, std::vector<std::string>> by_host;  // the units each host runs
   for (const auto& n : t.nodes) by_host[n.host].push_back(name + "-" + n.name + ".service");
   for (const auto& n : t.nodes) {
-    const bool gateway = n.name == t.gateway.node;
+    const bool gateway = t.gateway.index_of(n.name) >= 0;
     std::ostringstream u;
     u << "# troupe-launch export systemd " << o.topology_file << ": node " << n.name << " on " << n.host
       << (gateway ? ", the gateway" : "") << ".\n";
@@ -97,11 +99,11 @@ std::vector<exported_file> systemd_units(const topology& t, const export_options
       << (gateway ? " (the gateway)" : "") << "\n";
     u << "Wants=network-online.target\n";
     u << "After=network-online.target";
-    // The gateway starts after the other nodes of its host, and stops before them (it
-    // drains the requests in flight first).
+    // A gateway starts after the other (not gateway) nodes of its host, and stops before
+    // them (it drains the requests in flight first).
     if (gateway)
-      for (const auto& unit : by_host[n.host])
-        if (unit != name + "-" + n.name + ".service") u << " " << unit;
+      for (const auto& m : t.nodes)
+        if (m.host == n.host && t.gateway.index_of(m.name) < 0) u << " " << name << "-" << m.name << ".service";
     u << "\nPartOf=" << name << ".target\n\n";
     u << "[Service]\n";
     u << "Type=simple\n";
@@ -168,7 +170,9 @@ expected<std::vector<exported_file>> k8s_manifests(const topology& t, const mode
   std::istringstream lines(topo.str());
   for (std::string line; std::getline(lines, line);) y << "    " << line << "\n";
   for (const auto& n : t.nodes) {
-    const bool gateway = n.name == t.gateway.node;
+    const int gateway_index = t.gateway.index_of(n.name);
+    const bool gateway = gateway_index >= 0;
+    const tools::gateway_place place = gateway ? t.gateway.places()[static_cast<size_t>(gateway_index)] : tools::gateway_place{};
     const std::string unit = name + "-" + n.name;
     // Its address: a headless Service that names the pod as soon as it has an address
     // (the nodes find each other before they are ready).
@@ -186,20 +190,21 @@ expected<std::vector<exported_file>> k8s_manifests(const topology& t, const mode
       << "  selector:\n    matchLabels:\n      app.kubernetes.io/instance: " << name << "\n      troupe.node: " << q(n.name) << "\n"
       << "  template:\n    metadata:\n      labels:\n        app.kubernetes.io/name: troupe\n        app.kubernetes.io/instance: "
       << name << "\n        troupe.node: " << q(n.name) << "\n"
+      << (gateway ? "        troupe.gateway: \"true\"\n" : "")
       << "    spec:\n      terminationGracePeriodSeconds: 40\n"
       << "      containers:\n        - name: troupe-node\n          image: " << q(o.image) << "\n"
       << "          command: [\"troupe-node\", \"/etc/troupe/topology.toml\", \"--node\", " << q(n.name) << "]\n"
       << "          ports:\n            - name: agent\n              containerPort: " << n.port << "\n";
     if (gateway) {
-      y << "            - name: capnp\n              containerPort: " << t.gateway.capnp.port << "\n";
-      if (t.gateway.http.port != 0) y << "            - name: http\n              containerPort: " << t.gateway.http.port << "\n";
+      y << "            - name: capnp\n              containerPort: " << place.capnp.port << "\n";
+      if (place.http.port != 0) y << "            - name: http\n              containerPort: " << place.http.port << "\n";
     }
     // Loading weights takes time: the startup probe allows 10 minutes. Ready: the gateway
     // while /health says a replica can serve (503 while none can, or while it drains);
     // another node once its agent answers.
     y << "          startupProbe:\n            tcpSocket:\n              port: agent\n            periodSeconds: 5\n"
       << "            failureThreshold: 120\n";
-    if (gateway && t.gateway.http.port != 0)
+    if (gateway && place.http.port != 0)
       y << "          readinessProbe:\n            httpGet:\n              path: /health\n              port: http\n"
         << "            periodSeconds: 2\n            failureThreshold: 2\n";
     else
@@ -220,10 +225,11 @@ expected<std::vector<exported_file>> k8s_manifests(const topology& t, const mode
     if (gateway)
       y << "        - name: api-keys\n          secret:\n            secretName: " << name << "-api-keys\n";
   }
-  // The client endpoints.
+  // The client endpoints: every gateway of the deployment behind one Service (kube-proxy
+  // spreads the connections over those that are ready).
   y << "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: " << name << "\n"
     << "  labels:\n    app.kubernetes.io/name: troupe\n    app.kubernetes.io/instance: " << name << "\n"
-    << "spec:\n  selector:\n    app.kubernetes.io/instance: " << name << "\n    troupe.node: " << q(t.gateway.node) << "\n"
+    << "spec:\n  selector:\n    app.kubernetes.io/instance: " << name << "\n    troupe.gateway: \"true\"\n"
     << "  ports:\n    - name: capnp\n      port: " << t.gateway.capnp.port << "\n      targetPort: capnp\n";
   if (t.gateway.http.port != 0) y << "    - name: http\n      port: " << t.gateway.http.port << "\n      targetPort: http\n";
   return std::vector<exported_file>{{name + ".yaml", y.str()}};

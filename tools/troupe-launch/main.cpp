@@ -44,6 +44,16 @@ void on_interrupt(int sig) { interrupted = sig; }
 
 }  // namespace
 
+// The endpoints a gateway node said it serves ("capnp://...", "https://..."), from its
+// output in the state folder.
+std::vector<std::string> gateway_endpoints(const std::string& state_dir, const std::string& node) {
+  std::vector<std::string> out;
+  std::ifstream f(fs::path(state_dir) / (node + ".out"));
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("endpoint: ", 0) == 0) out.push_back(line.substr(10));
+  return out;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "troupe-launch: start, inspect and stop the node processes of a topology.\n\n"
@@ -149,10 +159,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-launch chaos: --gap-ms '%s' is not MIN-MAX\n", gap.c_str());
       return 2;
     }
+    // Every gateway's Cap'n Proto endpoint: the harness's client fails over between them.
     std::string endpoint;
-    std::ifstream out(fs::path(state_dir) / (topo->gateway.node + ".out"));
-    for (std::string line; std::getline(out, line);)
-      if (line.rfind("endpoint: capnp", 0) == 0) endpoint = line.substr(10);  // capnp:// or capnps://
+    for (const auto& g : topo->gateway.places())
+      for (const std::string& e : gateway_endpoints(state_dir, g.node))
+        if (e.rfind("capnp", 0) == 0) endpoint += (endpoint.empty() ? "" : ",") + e;
     if (endpoint.empty() || read_state(table).empty()) {
       std::fprintf(stderr, "troupe-launch chaos: %s is not up (start it with troupe-launch up)\n", topology.c_str());
       return 1;
@@ -213,13 +224,20 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, on_interrupt);
   std::vector<proc> procs;
   const tools::node_spec* gateway = nullptr;
+  // The stages' nodes first, then the gateways (the first one, which --capnp and --http
+  // move, last of all).
   for (const auto& n : topo->nodes) {
-    if (n.name == topo->gateway.node) {
-      gateway = &n;
+    if (topo->gateway.index_of(n.name) >= 0) {
+      if (n.name == topo->gateway.node) gateway = &n;
       continue;
     }
     procs.push_back({n.name, start_node(node_bin, topo_abs, n, "", "", state_dir)});
     std::fprintf(stderr, "troupe-launch: started node %s (pid %d) on %s\n", n.name.c_str(), procs.back().pid, n.host.c_str());
+  }
+  for (const auto& g : topo->gateway.also) {
+    const tools::node_spec& n = *topo->node_named(g.node);
+    procs.push_back({n.name, start_node(node_bin, topo_abs, n, "", "", state_dir)});
+    std::fprintf(stderr, "troupe-launch: started node %s (pid %d), a gateway\n", n.name.c_str(), procs.back().pid);
   }
   procs.push_back({gateway->name, start_node(node_bin, topo_abs, *gateway, capnp, http, state_dir)});
   std::fprintf(stderr, "troupe-launch: started node %s (pid %d), the gateway\n", gateway->name.c_str(), procs.back().pid);
@@ -306,5 +324,14 @@ int main(int argc, char** argv) {
   }
   std::printf("endpoint: %s\n", endpoint.c_str());
   if (!http_endpoint.empty()) std::printf("endpoint: %s\n", http_endpoint.c_str());
+  // The other gateways' endpoints, once each has said them (they are up by now, or soon).
+  for (const auto& g : topo->gateway.also) {
+    std::vector<std::string> lines;
+    for (int i = 0; i < 100 && lines.empty(); ++i) {
+      lines = gateway_endpoints(state_dir, g.node);
+      if (lines.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    for (const std::string& e : lines) std::printf("endpoint: %s\n", e.c_str());
+  }
   return 0;
 }

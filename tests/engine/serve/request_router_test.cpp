@@ -272,7 +272,11 @@ request_router kv_aware(size_t n = 3) {
 route_prompt prompt_of(int32_t first, size_t blocks, uint64_t ns = 0) {
   std::vector<int32_t> t(blocks * 16 + 1);
   for (size_t i = 0; i < t.size(); ++i) t[i] = first + static_cast<int32_t>(i);
-  return route_prompt{prefix_chain(t, ns, 16), static_cast<int32_t>(t.size()), 16};
+  route_prompt p;
+  p.chain = prefix_chain(t, ns, 16);
+  p.tokens = static_cast<int32_t>(t.size());
+  p.block_size = 16;
+  return p;
 }
 
 }  // namespace
@@ -412,6 +416,41 @@ TEST_CASE("router: a request refused before any token goes to a replica that has
     // An attempt given up on changes nothing.
     CHECK(r.refused(999, "x", t0 + 4ms).empty());
   }
+}
+
+
+TEST_CASE("router: a request that comes with delivered tokens goes on after them, and keeps them through a failover") {
+  request_router r = two_ready();
+  route_prompt p;
+  p.delivered = {5, 6};  // what another gateway gave its client
+  auto sent = r.accept(1, t0, p);
+  REQUIRE(sent.sends.size() == 1);
+  CHECK(sent.sends[0].resubmission);  // its frame carries them
+  CHECK(sent.sends[0].attempt != 1);
+  CHECK(r.delivered(1) == std::vector<int32_t>{5, 6});
+  const std::vector<int32_t> more{7};
+  REQUIRE(r.chunk(sent.sends[0].attempt, more, t0 + 1ms));
+  auto lost = r.replica_lost(sent.sends[0].replica, "down", t0 + 2ms);
+  REQUIRE(lost.sends.size() == 1);
+  CHECK(r.delivered(1) == std::vector<int32_t>{5, 6, 7});
+}
+
+TEST_CASE("router: each gateway's router numbers its attempts in a part of its own") {
+  route_config a, b;
+  b.gateway = 1;
+  request_router ra(1, a), rb(1, b);
+  for (auto* r : {&ra, &rb}) {
+    r->replica_found(0);
+    r->replica_health(0, true, "", t0);
+  }
+  route_prompt p;
+  p.delivered = {1};
+  const uint64_t x = ra.accept(7, t0, p).sends.at(0).attempt, y = rb.accept(7, t0, p).sends.at(0).attempt;
+  CHECK(x != y);
+  CHECK(x >= request_router::first_resubmission_id);
+  CHECK(y >= request_router::first_resubmission_id);
+  CHECK(request_id_base(0, 1) != request_id_base(0, 0));
+  CHECK(request_id_base(1, 0) > request_id_base(0, 0x3fff));
 }
 
 }  // namespace troupe
