@@ -181,38 +181,27 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> start_tls(const endpoint_context& ctx, k
 }  // namespace
 
 expected<std::shared_ptr<endpoint_context>> endpoint_context::server(const std::string& cert, const std::string& key) {
-  ERR_clear_error();
-  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
-  if (!ctx) return error{"cannot make a TLS context: " + error_queue("no reason given")};
-  auto fail = [&](const std::string& what) -> error {
-    const std::string why = error_queue("no reason given");
-    SSL_CTX_free(ctx);
-    return error{what + ": " + why};
-  };
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1) return fail(cert);
+  auto made = new_ssl_ctx(TLS_server_method(), TLS1_2_VERSION);
+  if (!made) return made.err();
+  SSL_CTX* ctx = made->get();
+  if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1) return failed(cert);
   if (SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
-    const error e = fail(key);
+    const error e = failed(key);
     if (e.message.find("mismatch") == std::string::npos) return e;
     return error{key + ": not the key of " + cert};
   }
-  return std::shared_ptr<endpoint_context>(new endpoint_context(ctx, true));
+  return std::shared_ptr<endpoint_context>(new endpoint_context(made->release(), true));
 }
 
 expected<std::shared_ptr<endpoint_context>> endpoint_context::client(const std::string& ca_file) {
-  ERR_clear_error();
-  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
-  if (!ctx) return error{"cannot make a TLS context: " + error_queue("no reason given")};
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  auto made = new_ssl_ctx(TLS_client_method(), TLS1_2_VERSION);
+  if (!made) return made.err();
+  SSL_CTX* ctx = made->get();
   const bool loaded = ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx) == 1
                                       : SSL_CTX_load_verify_locations(ctx, ca_file.c_str(), nullptr) == 1;
-  if (!loaded) {
-    const std::string why = error_queue("no reason given");
-    SSL_CTX_free(ctx);
-    return error{(ca_file.empty() ? std::string("the system's CAs") : ca_file) + ": " + why};
-  }
+  if (!loaded) return failed(ca_file.empty() ? std::string("the system's CAs") : ca_file);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
-  return std::shared_ptr<endpoint_context>(new endpoint_context(ctx, false));
+  return std::shared_ptr<endpoint_context>(new endpoint_context(made->release(), false));
 }
 
 endpoint_context::~endpoint_context() { SSL_CTX_free(ctx_); }

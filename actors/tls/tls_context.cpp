@@ -15,26 +15,31 @@ std::string error_queue(const char* fallback) {
   return r.empty() ? fallback : r;
 }
 
+expected<ssl_ctx_ptr> new_ssl_ctx(const SSL_METHOD* method, int min_version) {
+  ERR_clear_error();
+  ssl_ctx_ptr ctx(SSL_CTX_new(method));
+  if (!ctx) return error{"cannot make a TLS context: " + error_queue("no reason given")};
+  SSL_CTX_set_min_proto_version(ctx.get(), min_version);
+  return ctx;
+}
+
+error failed(const std::string& what) { return error{what + ": " + error_queue("no reason given")}; }
+
 expected<std::shared_ptr<context>> context::load(const credentials& c) {
   if (auto s = check(c); !s) return s.err();
-  SSL_CTX* ctx = SSL_CTX_new(TLS_method());
-  if (!ctx) return error{"cannot make a TLS context: " + error_queue("no reason given")};
-  auto fail = [&](const std::string& what) -> error {
-    const std::string why = error_queue("no reason given");
-    SSL_CTX_free(ctx);
-    return error{what + ": " + why};
-  };
-  SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+  auto made = new_ssl_ctx(TLS_method(), TLS1_3_VERSION);
+  if (!made) return made.err();
+  SSL_CTX* ctx = made->get();
   // CAF's write buffer may move between the tries of one write; partial writes are counted.
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
   SSL_CTX_set_num_tickets(ctx, 0);
-  if (SSL_CTX_use_certificate_chain_file(ctx, c.cert.c_str()) != 1) return fail(c.cert);
-  if (SSL_CTX_use_PrivateKey_file(ctx, c.key.c_str(), SSL_FILETYPE_PEM) != 1) return fail(c.key);
-  if (SSL_CTX_check_private_key(ctx) != 1) return fail(c.key);
-  if (SSL_CTX_load_verify_locations(ctx, c.ca.c_str(), nullptr) != 1) return fail(c.ca);
+  if (SSL_CTX_use_certificate_chain_file(ctx, c.cert.c_str()) != 1) return failed(c.cert);
+  if (SSL_CTX_use_PrivateKey_file(ctx, c.key.c_str(), SSL_FILETYPE_PEM) != 1) return failed(c.key);
+  if (SSL_CTX_check_private_key(ctx) != 1) return failed(c.key);
+  if (SSL_CTX_load_verify_locations(ctx, c.ca.c_str(), nullptr) != 1) return failed(c.ca);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
-  return std::shared_ptr<context>(new context(ctx, c));
+  return std::shared_ptr<context>(new context(made->release(), c));
 }
 
 context::~context() { SSL_CTX_free(ctx_); }

@@ -44,4 +44,15 @@ struct ssl_free {
 };
 using ssl_ptr = std::unique_ptr<SSL, ssl_free>;
 
+struct ssl_ctx_free {
+  void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
+};
+using ssl_ctx_ptr = std::unique_ptr<SSL_CTX, ssl_ctx_free>;
+
+// A fresh SSL_CTX of `method` that speaks `min_version` or later (this thread's OpenSSL
+// errors cleared first), or why there is none.
+expected<ssl_ctx_ptr> new_ssl_ctx(const SSL_METHOD* method, int min_version);
+// A step of building one failed: `what` (the file it read, say) and OpenSSL's reasons.
+error failed(const std::string& what);
+
 }  // namespace troupe::tls

@@ -304,7 +304,7 @@ TEST_CASE("[router]: kv-aware by default, least-loaded on request, mistakes name
     CHECK(msg.find("t.toml:") != std::string::npos);
   };
   has(problem("[router]\npolicy = \"random\"\n" + ok_replica), "policy must be \"kv-aware\"");
-  has(problem("[router]\nstream_tokens = -1\n" + ok_replica), "'stream_tokens' = -1 is out of range");
+  has(problem("[router]\nstream_tokens = -1\n" + ok_replica), "stream_tokens must be in 0..1048576");
   has(problem("[router]\npolcy = \"kv-aware\"\n" + ok_replica), "polcy");
 }
 
@@ -317,11 +317,16 @@ tpot_ms = 50
 name = "batch"
 ttft_ms = 60000
 priority = 1
+[[class]]
+name = "urgent"
+ttft_ms = 100
+priority = -10
 [scheduler]
 default_class = "chat"
 )" + ok_replica, "t.toml", "/d");
   REQUIRE_MESSAGE(t.has_value(), (t ? "" : t.err().message));
-  REQUIRE(t->scheduler.classes.size() == 2);
+  REQUIRE(t->scheduler.classes.size() == 3);
+  CHECK(t->scheduler.classes[2].priority == -10);  // lower runs first: below 0 too
   CHECK(t->scheduler.classes[0].name == "chat");
   CHECK(t->scheduler.classes[0].ttft_ms == 500);
   CHECK(t->scheduler.classes[0].tpot_ms == 50);

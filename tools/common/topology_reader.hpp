@@ -93,7 +93,9 @@ class reader {
       // undefined behaviour past int64's range (7.4e31 did).
       if (const auto* i = n->as_integer()) {
         const int64_t v = i->get();
-        if (v < 0 || v > INT32_MAX) return fail(n, where + ": '" + key + "' = " + std::to_string(v) + " is out of range");
+        // (Negative only where the key's type takes a sign: [[class]] priority.)
+        const int64_t lowest = std::is_signed_v<T> ? INT32_MIN : 0;
+        if (v < lowest || v > INT32_MAX) return fail(n, where + ": '" + key + "' = " + std::to_string(v) + " is out of range");
         out = static_cast<T>(v);
         return true;
       }
