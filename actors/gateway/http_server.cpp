@@ -1,5 +1,6 @@
 #include "actors/gateway/http_server.hpp"
 
+#include <pthread.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <strings.h>
@@ -131,7 +132,11 @@ response default_error_page(int status, const std::string& message, const std::s
 class worker_pool {
  public:
   explicit worker_pool(size_t n) {
-    for (size_t i = 0; i < std::max<size_t>(1, n); ++i) threads_.emplace_back([this] { work(); });
+    for (size_t i = 0; i < std::max<size_t>(1, n); ++i)
+      threads_.emplace_back([this] {
+        pthread_setname_np(pthread_self(), "http-handler");  // (top -H, gdb)
+        work();
+      });
   }
   ~worker_pool() { stop(); }
   void post(std::function<void()> fn) {
@@ -309,6 +314,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::shared_ptr<exchange_impl> current_;  // the request being served
   unsigned version_ = 11;
   bool keep_alive_ = true, answer_begun_ = false, answer_done_ = false, streaming_ = false, chunked_ = false;
+  bool head_only_ = false;  // a HEAD request: no body in the answer
 
   std::deque<piece> out_;
   size_t out_offset_ = 0;  // into out_.front()
@@ -627,6 +633,7 @@ void connection::parse() {
   r.body = std::move(msg.body());
   r.peer = peer_;
   version_ = r.version;
+  head_only_ = r.method == "HEAD";
   keep_alive_ = msg.keep_alive() && !srv_.draining;
   current_ = std::make_shared<exchange_impl>(srv_, weak_from_this(), std::move(r));
   srv_.dispatch(current_);
@@ -691,8 +698,9 @@ void connection::respond(const exchange_impl* ex, response r) {
   answer_begun_ = answer_done_ = true;
   if (srv_.draining) keep_alive_ = false;
   const bool close = !keep_alive_;
+  // An answer to HEAD is its head alone (the length says what GET would have sent).
   send_now(head_text(r, version_, "Content-Length: " + std::to_string(r.body.size()) + "\r\n", close, version_ == 10 && !close) +
-           r.body);
+           (head_only_ ? std::string() : r.body));
 }
 
 void connection::begin_stream(const exchange_impl* ex, response head) {
@@ -869,7 +877,10 @@ expected<uint16_t> server::start() {
   }
   s.workers = std::make_unique<worker_pool>(s.cfg.handler_threads);
   s.accept();
-  s.io_thread = std::thread([p = impl_] { p->io.run(); });
+  s.io_thread = std::thread([p = impl_] {
+    pthread_setname_np(pthread_self(), "http-io");
+    p->io.run();
+  });
   return s.acceptor.local_endpoint().port();
 }
 

@@ -172,6 +172,13 @@ TEST_CASE("http server: answers, keeps the connection alive, and answers pipelin
   CHECK(a < b);
   CHECK(b < cc);
   CHECK_FALSE(c.closed);
+  // HEAD: the head alone, and the connection goes on.
+  c.got.clear();
+  c.send("HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /after HTTP/1.1\r\n\r\n");
+  c.read_for(5s, "GET /after 0");
+  CHECK(c.got.find("HEAD /h") == std::string::npos);
+  CHECK(c.got.find("Content-Length: 9\r\n\r\nHTTP/1.1 200 OK") != std::string::npos);
+  CHECK(c.got.find("GET /after 0") != std::string::npos);
 }
 
 TEST_CASE("http server: a client that half-closes after its whole request gets its answer") {
