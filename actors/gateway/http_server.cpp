@@ -1,4 +1,5 @@
 #include "actors/gateway/http_server.hpp"
+#include "actors/gateway/http_reader.hpp"
 
 #include <pthread.h>
 #include <openssl/err.h>
@@ -22,14 +23,10 @@
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/beast/http/error.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/string_body.hpp>
 
 namespace troupe::http {
 
 namespace asio = boost::asio;
-namespace bhttp = boost::beast::http;
 using tcp = asio::ip::tcp;
 using clock_type = std::chrono::steady_clock;
 
@@ -233,7 +230,9 @@ class connection : public std::enable_shared_from_this<connection> {
   // refusal, a 408, the answer before a close) is written, then the connection closes.
   enum class phase { handshake, idle, reading, serving, closing, closed };
 
-  connection(server::impl& s, tcp::socket sock) : srv_(s), sock_(std::move(sock)), timer_(s.io), write_timer_(s.io) {
+  connection(server::impl& s, tcp::socket sock)
+      : srv_(s), sock_(std::move(sock)), timer_(s.io), write_timer_(s.io),
+        reader_({s.cfg.max_head_bytes, s.cfg.max_body_bytes}) {
     boost::system::error_code ec;
     const auto ep = sock_.remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -307,9 +306,8 @@ class connection : public std::enable_shared_from_this<connection> {
   std::string peer_;
   phase phase_ = phase::idle;
 
-  std::string in_;  // read, not yet parsed
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
-  bool reading_ = false, stop_reading_ = false, peer_eof_ = false, sent_continue_ = false;
+  request_reader reader_;  // what has been read, into requests
+  bool reading_ = false, stop_reading_ = false, peer_eof_ = false;
 
   std::shared_ptr<exchange_impl> current_;  // the request being served
   unsigned version_ = 11;
@@ -508,7 +506,7 @@ void connection::enter_idle() {
 
 void connection::read() {
   if (reading_ || stop_reading_ || peer_eof_ || phase_ == phase::closed || phase_ == phase::closing) return;
-  if (phase_ == phase::serving && in_.size() >= srv_.cfg.max_head_bytes) return;  // enough read ahead
+  if (phase_ == phase::serving && reader_.buffered() >= srv_.cfg.max_head_bytes) return;  // enough read ahead
   reading_ = true;
   auto self = shared_from_this();
   if (tls_) {
@@ -537,13 +535,13 @@ void connection::got(const boost::system::error_code& ec, const char* data, size
   if (ec) return close();  // reset, or worse: the client is gone
   if (n == 0) return read();
   if (phase_ == phase::closing) return;  // what comes after a last answer is not read
-  in_.append(data, n);
+  reader_.add(std::string_view(data, n));
   if (phase_ == phase::idle) {
     phase_ = phase::reading;
     arm(srv_.cfg.read_timeout);
   }
   if (phase_ == phase::reading) return parse();
-  read();  // serving: what a pipelining client sends ahead waits in in_
+  read();  // serving: what a pipelining client sends ahead waits in the reader
 }
 
 // The client will send nothing more: a request begun will not end; one being served still
@@ -580,61 +578,30 @@ bool connection::reset_seen() {
 }
 
 void connection::parse() {
-  if (!parser_) {
-    parser_.emplace();
-    parser_->header_limit(static_cast<uint32_t>(std::min<size_t>(srv_.cfg.max_head_bytes, UINT32_MAX)));
-    parser_->body_limit(srv_.cfg.max_body_bytes);
-    parser_->eager(true);
-    sent_continue_ = false;
-  }
-  size_t used_all = 0;
-  boost::system::error_code ec;
-  while (used_all < in_.size() && !parser_->is_done()) {
-    const size_t used = parser_->put(asio::buffer(in_.data() + used_all, in_.size() - used_all), ec);
-    used_all += used;
-    if (ec || used == 0) break;
-  }
-  if (ec == bhttp::error::need_more) ec = {};
-  if (ec) {
-    parser_.reset();
-    in_.clear();
-    if (ec == bhttp::error::body_limit) return refuse(413, "the request body is too large", "");
-    if (ec == bhttp::error::header_limit)
-      return refuse(431, "the request's head is larger than " + std::to_string(srv_.cfg.max_head_bytes) + " bytes", "");
-    if (ec == bhttp::error::bad_content_length) return refuse(400, "Content-Length is not a length", "");
-    return refuse(400, "the request's head is not HTTP/1.1 (a request line, then headers)", "");
-  }
-  in_.erase(0, used_all);
-  if (!parser_->is_done()) {
-    if (peer_eof_) return close();  // it will not end
-    // A client that asked to be told before it sends its body is told now.
-    if (parser_->is_header_done() && !sent_continue_ && parser_->get().version() == 11) {
-      const auto expect = parser_->get()[bhttp::field::expect];
-      if (same_name(std::string_view(expect.data(), expect.size()), "100-continue")) {
-        sent_continue_ = true;
-        send_now(continue_line);
-      }
+  switch (reader_.step()) {
+    case request_reader::state::refused: {
+      const request_reader::refusal& why = reader_.why();
+      return refuse(why.status, why.message, "");
     }
-    return read();
+    case request_reader::state::need_more:
+      if (peer_eof_) return close();  // it will not end
+      // A client that asked to be told before it sends its body is told now.
+      if (reader_.wants_continue()) send_now(continue_line);
+      return read();
+    case request_reader::state::request:
+      break;
   }
   // A whole request: it is served.
-  auto msg = parser_->release();
-  parser_.reset();
+  bool keep_alive = true;
+  request r = reader_.take(keep_alive);
   leave_waiting();
   disarm();
   phase_ = phase::serving;
   answer_begun_ = answer_done_ = false;
-  request r;
-  r.method = std::string(msg.method_string());
-  r.target = std::string(msg.target());
-  r.path = r.target.substr(0, r.target.find('?'));
-  r.version = msg.version() == 10 ? 10 : 11;
-  for (const auto& f : msg) r.headers.push_back({std::string(f.name_string()), std::string(f.value())});
-  r.body = std::move(msg.body());
   r.peer = peer_;
   version_ = r.version;
   head_only_ = r.method == "HEAD";
-  keep_alive_ = msg.keep_alive() && !srv_.draining;
+  keep_alive_ = keep_alive && !srv_.draining;
   current_ = std::make_shared<exchange_impl>(srv_, weak_from_this(), std::move(r));
   srv_.dispatch(current_);
   if (peer_eof_ && version_ == 11) schedule_probe();
@@ -654,9 +621,8 @@ void connection::refuse(int status, const std::string& message, const std::strin
 void connection::next() {
   current_.reset();
   if (!keep_alive_ || srv_.draining) return finish();
-  if (in_.empty()) {
+  if (reader_.buffered() == 0) {
     if (peer_eof_) return finish();
-    std::string().swap(in_);
     enter_idle();
     return read();
   }

@@ -232,6 +232,19 @@ void openai(const fs::path& out) {
   seed(out, "detokenize", 3, R"({"model": "m", "tokens": [1, 2, 3]})");
 }
 
+// HTTP requests as clients send them (selector: the piece size they arrive in).
+void http_requests(const fs::path& out) {
+  seed(out, "get", 0, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  seed(out, "post", 4,
+       "POST /v1/completions?x=1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 26\r\n"
+       "Authorization: Bearer k\r\n\r\n{\"model\":\"m\",\"prompt\":\"a\"}");
+  seed(out, "chunked", 2, "POST /tokenize HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+  seed(out, "pipelined", 7,
+       "GET /a HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiHEAD /c HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  seed(out, "expect", 5, "POST /x HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\nabcd");
+  seed(out, "bad-length", 6, "POST /x HTTP/1.1\r\nContent-Length: 12abc\r\n\r\n{}");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -246,6 +259,7 @@ int main(int argc, char** argv) {
   tokenizer_files(out / "tokenizer_files", scratch);
   wire_frames(out / "wire");
   openai(out / "openai");
+  http_requests(out / "http_reader");
   fs::remove_all(scratch);
   return 0;
 }

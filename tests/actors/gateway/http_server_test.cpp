@@ -1,8 +1,9 @@
-// The event-driven HTTP server against real sockets on 127.0.0.1: framing, keep-alive,
+// The event-driven HTTP server against real sockets on 127.0.0.1, and its request reader: framing, keep-alive,
 // pipelining, half-closed and departed clients, slow clients and slow readers, the
 // connection cap, and draining. Outcomes are asserted, never durations: every wait is
 // bounded and only says how long to wait for the outcome.
 #include "actors/gateway/http_server.hpp"
+#include "actors/gateway/http_reader.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -415,4 +416,51 @@ TEST_CASE("http server: stop closes connections whose request has not arrived, w
   for (int i = 0; i < 500 && !stopped; ++i) std::this_thread::sleep_for(10ms);
   CHECK(stopped);  // long before the drain's bound
   stopper.join();
+}
+
+TEST_CASE("http reader: requests fed a byte at a time, chunked with trailers, pipelined, and refusals") {
+  http::request_reader::limits lim;
+  lim.max_head_bytes = 256;
+  lim.max_body_bytes = 64;
+  http::request_reader r(lim);
+  const std::string two = "POST /a?q=1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n"
+                          "GET /b HTTP/1.0\r\n\r\n";
+  std::vector<http::request> got;
+  std::vector<bool> keep;
+  for (char c : two) {
+    r.add(std::string_view(&c, 1));
+    while (r.step() == http::request_reader::state::request) {
+      bool k = false;
+      got.push_back(r.take(k));
+      keep.push_back(k);
+    }
+  }
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].method == "POST");
+  CHECK(got[0].path == "/a");
+  CHECK(got[0].target == "/a?q=1");
+  CHECK(got[0].body == "abc");
+  CHECK(keep[0]);
+  CHECK(got[1].version == 10);
+  CHECK_FALSE(keep[1]);  // HTTP/1.0 without keep-alive
+  CHECK(r.buffered() == 0);
+  // A body past the limit, declared or chunked, and a head that is not HTTP.
+  for (const auto& [bad, status] : std::vector<std::pair<std::string, int>>{
+           {"POST /x HTTP/1.1\r\nContent-Length: 65\r\n\r\n", 413},
+           {"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n" + std::string(65, 'z'), 413},
+           {"GET /x HTTP/1.1\r\nX: " + std::string(300, 'h') + "\r\n\r\n", 431},
+           {"HELLO\r\n\r\n", 400}}) {
+    http::request_reader b(lim);
+    b.add(bad);
+    CHECK(b.step() == http::request_reader::state::refused);
+    CHECK(b.why().status == status);
+  }
+  // Expect: 100-continue, once, when the head is whole and the body is not.
+  http::request_reader e(lim);
+  e.add("POST /x HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n");
+  CHECK(e.step() == http::request_reader::state::need_more);
+  CHECK(e.wants_continue());
+  CHECK_FALSE(e.wants_continue());
+  e.add("ok");
+  CHECK(e.step() == http::request_reader::state::request);
 }
