@@ -189,6 +189,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   tcp::acceptor acceptor{io};
   std::optional<asio::ssl::context> ssl;
   std::thread io_thread;
+  std::shared_future<void> io_done;  // its run() has returned
   std::unique_ptr<worker_pool> workers;
 
   // On the I/O thread only.
@@ -843,9 +844,12 @@ expected<uint16_t> server::start() {
   }
   s.workers = std::make_unique<worker_pool>(s.cfg.handler_threads);
   s.accept();
-  s.io_thread = std::thread([p = impl_] {
+  auto done = std::make_shared<std::promise<void>>();
+  s.io_done = done->get_future().share();
+  s.io_thread = std::thread([p = impl_, done] {
     pthread_setname_np(pthread_self(), "http-io");
     p->io.run();
+    done->set_value();
   });
   return s.acceptor.local_endpoint().port();
 }
@@ -866,19 +870,22 @@ void server::stop(std::chrono::milliseconds drain) {
   });
   const auto until = clock_type::now() + drain;
   while (clock_type::now() < until) {
-    std::promise<size_t> left;
-    auto f = left.get_future();
-    asio::post(s.io, [p = impl_, &left] { left.set_value(p->conns.size()); });
+    auto left = std::make_shared<std::promise<size_t>>();
+    auto f = left->get_future();
+    asio::post(s.io, [p = impl_, left] { left->set_value(p->conns.size()); });
     if (f.wait_for(std::chrono::seconds(1)) == std::future_status::ready && f.get() == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // The rest are closed; with nothing left to wait for, the I/O thread's run() returns once
+  // every handler has run (and let go of what it held: the server among them).
   asio::post(s.io, [p = impl_] {
     std::vector<std::shared_ptr<connection>> all;
     for (auto& [_, c] : p->conns) all.push_back(c);
     for (auto& c : all) c->close();
     p->report(true);
-    p->io.stop();
+    p->keep_running.reset();
   });
+  if (s.io_done.wait_for(std::chrono::seconds(2)) != std::future_status::ready) s.io.stop();  // (never seen)
   s.io_thread.join();
   s.workers->stop();
 }
