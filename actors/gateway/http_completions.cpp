@@ -252,7 +252,6 @@ bool http_gateway::impl::completions(const std::shared_ptr<http::exchange>& ex, 
   job->prompt_tokens_of.assign(r.prompts.size(), 0);
   job->cached_tokens_of.assign(r.prompts.size(), 0);
   auto sink = sys.spawn(completion_sink, job, std::chrono::milliseconds(std::chrono::seconds(cfg.request_timeout_s)));
-  ex->on_gone([sink] { caf::anon_send(sink, cancel_atom_v); });
   size_t k = 0;
   for (const auto& prompt : r.prompts)
     for (int32_t i = 0; i < r.n; ++i) {
@@ -263,6 +262,8 @@ bool http_gateway::impl::completions(const std::shared_ptr<http::exchange>& ex, 
                                     : wire::encode_generate_request_text(prompt.text, p);
       caf::anon_send(router, generate_atom_v, job->ids[k++], wire_message(wire_kind::none, std::move(frame)), sink);
     }
+  // (After the requests: a client already gone has them cancelled, not left to run.)
+  ex->on_gone([sink] { caf::anon_send(sink, cancel_atom_v); });
   return false;
 }
 
