@@ -234,7 +234,10 @@ std::optional<std::span<const std::byte>> open_record(std::string_view name, std
   if (record.size() < record_header || get_le<uint32_t>(record.data()) != record_magic) return std::nullopt;
   const uint32_t name_len = get_le<uint32_t>(record.data() + 4);
   const uint64_t len = get_le<uint64_t>(record.data() + 8);
-  if (name_len != name.size() || len != record.size() - record_header - name_len) return std::nullopt;
+  // (The name first: a record shorter than its name says would make the length below wrap,
+  // and a length field that matched the wrapped value would send the reads past the end.)
+  if (name_len != name.size() || name_len > record.size() - record_header) return std::nullopt;
+  if (len != record.size() - record_header - name_len) return std::nullopt;
   if (std::memcmp(record.data() + record_header, name.data(), name.size()) != 0) return std::nullopt;
   const auto payload = record.subspan(record_header + name_len);
   if (record_sum(name, payload) != get_le<uint64_t>(record.data() + 16)) return std::nullopt;

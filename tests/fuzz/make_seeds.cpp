@@ -3,6 +3,7 @@
 // from what the parsers accept. (The topology parser's seeds are the shipped topologies,
 // deploy/*.toml.) tools/fuzz.sh --make-seeds runs it.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -19,6 +20,7 @@
 #include "actors/wire/draft_codec.hpp"
 #include "actors/wire/kv_codec.hpp"
 #include "actors/wire/step_codec.hpp"
+#include "engine/kv/kv_tiers.hpp"
 #include "engine/model/checkpoint_writer.hpp"
 #include "engine/sched/scheduler.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
@@ -245,6 +247,27 @@ void http_requests(const fs::path& out) {
   seed(out, "bad-length", 6, "POST /x HTTP/1.1\r\nContent-Length: 12abc\r\n\r\n{}");
 }
 
+std::vector<uint8_t> seal_bytes(const std::string& name, std::span<const std::byte> payload) {
+  const auto r = seal_record(name, payload);
+  std::vector<uint8_t> out(r.size());
+  std::memcpy(out.data(), r.data(), r.size());
+  return out;
+}
+
+// KV records as the channel and the stores carry them.
+void kv_records(const fs::path& out) {
+  std::vector<std::byte> payload(96);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 7);
+  const std::string name = "kv/0123456789abcdef/3";
+  seed(out, "record", 0, seal_bytes(name, payload));
+  std::vector<uint8_t> named{static_cast<uint8_t>(name.size())};
+  named.insert(named.end(), name.begin(), name.end());
+  const auto r = seal_bytes(name, payload);
+  named.insert(named.end(), r.begin(), r.end());
+  seed(out, "named-record", 1, named);
+  seed(out, "empty-payload", 0, seal_bytes("x", {}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -260,6 +283,7 @@ int main(int argc, char** argv) {
   wire_frames(out / "wire");
   openai(out / "openai");
   http_requests(out / "http_reader");
+  kv_records(out / "kv_records");
   fs::remove_all(scratch);
   return 0;
 }

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +59,17 @@ TEST_CASE("a sealed record opens under its name only, and every flipped byte or 
     bad[i] ^= std::byte{0x10};
     CHECK_FALSE(open_record("m/L0-5/abc", bad));
   }
+}
+
+TEST_CASE("a record shorter than the name it claims is refused, whatever its length field says") {
+  // The header (24 bytes) and 4 bytes where a 10-byte name should be; the length field set
+  // to what size - header - name_len wraps to, which once passed the check.
+  const auto rec = seal_record("m/L0-5/abc", {});
+  std::vector<std::byte> cut(rec.begin(), rec.begin() + 24 + 4);
+  const uint64_t wrapped = uint64_t{28} - 24 - 10;
+  std::memcpy(cut.data() + 8, &wrapped, sizeof wrapped);
+  CHECK_FALSE(open_record("m/L0-5/abc", cut));
+  CHECK_FALSE(record_name(cut));
 }
 
 TEST_CASE("checksum64: every unit the CPU has gives the portable loop's sums, and any flipped bit changes it") {
