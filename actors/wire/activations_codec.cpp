@@ -64,7 +64,9 @@ expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim
       return error{"activations carry " + std::to_string(d.size()) + " bytes for " + std::to_string(out.num_tokens) +
                    " x " + std::to_string(dim) + " floats"};
     out.data.resize(static_cast<size_t>(out.num_tokens) * dim);
-    std::memcpy(out.data.data(), d.begin(), d.size());
+    // (No tokens: an empty vector's data() may be null, which memcpy may not take even
+    // for 0 bytes.)
+    if (d.size() > 0) std::memcpy(out.data.data(), d.begin(), d.size());
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed activations: ") + e.getDescription().cStr()};
