@@ -3,7 +3,6 @@
 
 #include <cctype>
 #include <cstdio>
-#include <cstring>
 
 #include "actors/caf/type_ids.hpp"
 #include "actors/gateway/http_gateway_impl.hpp"
