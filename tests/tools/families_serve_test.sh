@@ -76,8 +76,10 @@ for family in llama3 qwen2 mistral; do
   t=$work/$family-pp2.toml
   topology "$t" "$dir" '{ node = "n0", layers = "0-1", devices = ["cpu"] }, { node = "n1", layers = "2-3", devices = ["cpu"] }' 7760
   launched+=("$t")
+  with_tls "$t"
   timeout 120 "$build/tools/troupe-launch" up "$t" --state-dir "$work/state" >/dev/null 2>"$work/launch.err" ||
     fail "troupe-launch up, $family, PP=2: $(tail -3 "$work/launch.err")"
+  launched_over_tls "$t" "$work/state"
   got=$(timeout 60 "$build/tools/troupe-client" --connect 127.0.0.1:7760 -t 0 -p "$prompt" -n 48) ||
     fail "troupe-client, $family, PP=2"
   "$build/tools/troupe-launch" down "$t" --state-dir "$work/state" >/dev/null 2>&1

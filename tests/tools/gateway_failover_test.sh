@@ -10,9 +10,10 @@
 # Bounded in time; every process is stopped at the end.
 # Usage: gateway_failover_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 src=$2
 state=$(mktemp -d)
-sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/two-gateways.toml" >"$state/t.toml"
+topology_copy "$src/deploy/two-gateways.toml" "$state/t.toml"
 topo=$state/t.toml
 launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
 cleanup() {
@@ -23,9 +24,9 @@ cleanup() {
   rm -rf "$state"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 launch up "$topo" >"$state/up.out"
+launched_over_tls "$topo" "$state"
 for ep in capnp://127.0.0.1:7430 capnp://127.0.0.1:7432 http://127.0.0.1:7431 http://127.0.0.1:7433; do
   grep -qx "endpoint: $ep" "$state/up.out" || fail "up did not print $ep: $(cat "$state/up.out")"
 done

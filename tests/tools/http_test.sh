@@ -468,7 +468,7 @@ stop_node
 # No replica can serve (the second node of a pipeline never starts): after the recovery
 # timeout a request gets 503 with Retry-After (a client may retry), not a 400 (which says
 # the request itself is wrong), whole or streamed.
-sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/pp2.toml" >"$work/pp2.toml"
+topology_copy "$src/deploy/pp2.toml" "$work/pp2.toml"
 printf '\n[failure]\nrecovery_timeout_s = 1\n' >>"$work/pp2.toml"
 start_node "$work/pp2.toml" "$work"
 base=$http_url

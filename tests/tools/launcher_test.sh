@@ -6,6 +6,7 @@
 # Bounded in time; leftovers are killed.
 # Usage: launcher_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 state=$(mktemp -d)
 launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
@@ -17,10 +18,12 @@ cleanup() {
   rm -rf "$state"
 }
 trap cleanup EXIT
-topo=$src/deploy/pp2-tp2.toml
+topo=$state/pp2-tp2.toml
+topology_copy "$src/deploy/pp2-tp2.toml" "$topo"
 
 ep=$(launch up "$topo" --capnp 127.0.0.1:0 | sed -n 's|^endpoint: capnp://||p')
 [[ -n $ep ]] || { echo "no endpoint line"; exit 1; }
+launched_over_tls "$topo" "$state"
 got=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 50 -t 0)
 want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 50 -t 0 -q)
 [[ $got == "$want" ]] || { echo "output differs"; echo "$got"; echo "$want"; exit 1; }
@@ -43,7 +46,6 @@ launch status "$topo" >/dev/null && { echo "status still lists nodes after down"
 # A mistake is reported and nothing starts.
 bad=$state/bad.toml
 sed 's/layers = "3-4"/layers = "2-4"/' "$topo" >"$bad"
-sed -i "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$bad"
 if out=$(launch up "$bad" 2>&1); then echo "a bad topology was started"; exit 1; fi
 grep -q "overlaps" <<<"$out" || { echo "no reason given: $out"; exit 1; }
 [[ ! -f $state/bad.procs ]] || { echo "processes were started for a bad topology"; exit 1; }

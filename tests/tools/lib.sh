@@ -19,6 +19,46 @@ stop_tree() {
   wait "$pid" 2>/dev/null || true
 }
 
+# Every process test has a twin over TLS: the same script with TROUPE_TEST_TLS=1. There,
+# every topology a test starts gains a [tls] table and the certificates troupe-launch certs
+# makes (beside the topology, kept across the test's topologies), so that the nodes'
+# links (actors, step links, KV channels) and troupe-launch's links to node agents all
+# run over TLS; each started node must say so in its log. Client endpoints stay plain,
+# as on loopback.
+tls_twin() { [[ ${TROUPE_TEST_TLS:-} == 1 ]]; }
+TLS_LINE="links to other nodes (actors, step links, KV) over TLS"
+# with_tls FILE: in the twin, FILE over TLS (once however often asked). Needs $build.
+with_tls() {
+  tls_twin || return 0
+  grep -q '^\[tls\]' "$1" ||
+    printf '\n[tls]\nca = "certs/ca.pem"\ncert = "certs/{node}.pem"\nkey = "certs/{node}.key"\n' >>"$1"
+  "$build/tools/troupe-launch" certs "$1" >/dev/null
+}
+# topology_copy SRC DST: a copy of a topology of deploy/ with the shared models' path made
+# absolute (DST may live anywhere), over TLS in the twin.
+topology_copy() {
+  sed -e "s|\.\./\.\./shared|$(cd "$(dirname "$1")/../.." && pwd)/shared|" "$1" >"$2"
+  with_tls "$2"
+}
+# tls_logged LOG...: in the twin, fails unless every LOG says its node's links run over TLS.
+tls_logged() {
+  tls_twin || return 0
+  local log
+  for log in "$@"; do
+    grep -qF "$TLS_LINE" "$log" || { echo "FAIL: $log does not say its links run over TLS"; tail -5 "$log"; exit 1; }
+  done
+}
+# launched_over_tls TOPOLOGY STATE_DIR: tls_logged for every node troupe-launch started.
+launched_over_tls() {
+  tls_twin || return 0
+  local logs=() n
+  for n in $("$build/tools/troupe-launch" status "$1" --state-dir "$2" 2>/dev/null | sed -n 's/^node \([^ ]*\) pid.*/\1/p'); do
+    logs+=("$2/$n.log")
+  done
+  [[ ${#logs[@]} -gt 0 ]] || { echo "FAIL: troupe-launch status lists no node of $1"; exit 1; }
+  tls_logged "${logs[@]}"
+}
+
 # Starts troupe-node on TOPOLOGY with both APIs on free loopback ports, logs in DIR, and
 # sets node_pid, http_url (http://...) and capnp_url (capnp://...). Needs $build.
 start_node() {
@@ -27,6 +67,7 @@ start_node() {
   # the wait below could otherwise read the endpoints of a node started before.
   : >"$dir/node.out"
   : >"$dir/node.err"
+  with_tls "$topology"
   timeout 180 "$build/tools/troupe-node" "$topology" --capnp 127.0.0.1:0 --http 127.0.0.1:0 \
     >"$dir/node.out" 2>"$dir/node.err" &
   node_pid=$!
@@ -34,13 +75,11 @@ start_node() {
   http_url=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' "$dir/node.out")
   capnp_url=$(sed -n 's|^endpoint: \(capnp://.*\)|\1|p' "$dir/node.out")
   [[ -n $http_url && -n $capnp_url ]] || { cat "$dir/node.err"; echo "FAIL: the node did not start"; exit 1; }
+  tls_logged "$dir/node.err"
 }
 
-# A copy of deploy/single.toml with the shared models' path made absolute, at DIR/t.toml.
-single_topology() {
-  local src=$1 dir=$2
-  sed -e "s|\.\./\.\./shared|$(cd "$src/.." && pwd)/shared|" "$src/deploy/single.toml" >"$dir/t.toml"
-}
+# A copy of deploy/single.toml (topology_copy) at DIR/t.toml.
+single_topology() { topology_copy "$1/deploy/single.toml" "$2/t.toml"; }
 
 # The scaffolding of a process test: a scratch directory ($work) and the servers it starts
 # ($node_pid, and any pid added to $others), all stopped and removed on exit however the
@@ -72,7 +111,11 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 launch_scratch() {
   scratch
   state=$work/state
-  launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
+  launch() {
+    if [[ $1 == up ]]; then with_tls "$2"; fi
+    timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state" || return
+    if [[ $1 == up ]]; then launched_over_tls "$2" "$state"; fi
+  }
   trap 'for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
 }
 

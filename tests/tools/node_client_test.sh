@@ -7,8 +7,10 @@
 # Usage: node_client_test.sh BUILD_DIR TOPOLOGY MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-build=$1 topology=$2 models=$3
+build=$1 models=$3
 scratch
+topology=$work/$(basename "$2")
+topology_copy "$2" "$topology"
 
 # Every node but the gateway's first, then the gateway's node.
 gateway=$(sed -n '/^\[gateway\]/,/^\[/ s/^node *= *"\(.*\)"/\1/p' "$topology")
@@ -33,6 +35,7 @@ client() { timeout 60 "$build/tools/troupe-client" --connect "$ep" -t 0 "$@"; }
 # The endpoint is up once a replica is ready; every replica, soon after.
 for _ in $(seq 1 100); do [[ $(client --health || true) == ready ]] && break; sleep 0.1; done
 [[ $(client --health) == ready ]] || { echo "health is not ready"; exit 1; }
+tls_logged "$work"/*.err
 
 prompts=("" "Once upon a time" "The cat" "Lily and Tom went to the" "One day" "He was" "She saw a big" "The sun was"
          "Tim had a red" "In the park" "A little bird" "Mom said" "They played" "The dog ran" "There was a"
@@ -97,9 +100,12 @@ done
 client -p "Once upon a time" -n 30 >"$work/after"
 run -p "Once upon a time" -n 30 >"$work/after.run"
 cmp -s "$work/after" "$work/after.run" || { echo "wrong output after junk"; exit 1; }
-# Each step link said whom it hung up on, and why.
+# Each step link said whom it hung up on, and why: junk is not a step link frame, or over
+# TLS, not a handshake.
 for port in $ports; do
-  grep -q "^troupe: step link on port $port: closed the connection from 127.0.0.1:[0-9]*: not a step link frame$" "$work"/*.err ||
+  refusal="closed the connection from 127.0.0.1:[0-9]*: not a step link frame$"
+  if tls_twin; then refusal="127.0.0.1:[0-9]*: refused: "; fi
+  grep -q "^troupe: step link on port $port: $refusal" "$work"/*.err ||
     { echo "the step link on port $port did not log the junk it refused"; cat "$work"/*.err; exit 1; }
 done
 

@@ -5,6 +5,7 @@
 # 127.0.0.2, loopback to the kernel but not a host the launcher treats as local.
 # Usage: ssh_launch_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 state=$(mktemp -d)
 launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
@@ -34,12 +35,14 @@ sed -e "s|\.\./\.\./shared|$shared|" -e '/^name = "n1"/,/^port/ s/^host = "127.0
   "$src/deploy/pp2.toml" >"$state/t.toml"
 printf '\n[failure]\nrestart = "never"\n' >>"$state/t.toml"
 grep -q '127.0.0.2' "$state/t.toml" || { echo "the test topology has no remote node"; exit 1; }
+with_tls "$state/t.toml"
 
 ep=$(launch up "$state/t.toml" --capnp 127.0.0.1:0 | sed -n 's|^endpoint: capnp://||p')
 [[ -n $ep ]] || { cat "$state"/*.log; echo "no endpoint"; exit 1; }
 grep -qx "127.0.0.2 troupe-node '$state/t.toml' --node 'n1'" "$state/ssh.log" ||
   { echo "ssh was not asked to start node n1 as expected:"; cat "$state/ssh.log"; exit 1; }
 [[ $(grep -c . "$state/ssh.log") == 1 ]] || { echo "ssh started more than node n1"; exit 1; }
+launched_over_tls "$state/t.toml" "$state"
 
 got=$(timeout 60 "$build/tools/troupe-client" --connect "$ep" -p "Once upon a time" -n 50 -t 0)
 want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "Once upon a time" -n 50 -t 0 -q)
