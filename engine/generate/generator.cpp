@@ -36,6 +36,7 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
   cfg.kv_type = opts_.kv_type;
   cfg.spec = opts_.spec;
   cfg.draft = opts_.draft;
+  cfg.heads = opts_.heads;
   cfg.sched.eviction = opts_.eviction;
   if (auto st = llm_engine::check(model_, cfg); !st) return st.err();
   llm_engine engine(model_, tok_, cfg);

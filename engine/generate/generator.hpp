@@ -35,6 +35,7 @@ struct generator_options {
   std::optional<dtype> kv_type;   // the KV cache's (default: kv_cache_type_for)
   speculative_config spec;        // speculative decoding (engine/spec/speculative.hpp)
   const model* draft = nullptr;   // the draft model, for spec.method draft
+  const speculative_heads* heads = nullptr;  // the head file, for medusa and eagle
   kv_eviction_config eviction;    // KV eviction (engine/kv/kv_eviction.hpp)
 };
 

@@ -3,6 +3,8 @@
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/kv_cache_type.hpp"
 #include "engine/serve/step_choices.hpp"
+#include "engine/spec/eagle_proposer.hpp"
+#include "engine/spec/medusa_proposer.hpp"
 #include "engine/spec/model_proposer.hpp"
 #include "engine/spec/ngram_proposer.hpp"
 
@@ -44,6 +46,10 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
     if (cfg.draft == nullptr) return error{"speculative method draft needs a draft model"};
     if (auto e = check_draft(*cfg.draft, m)) return error{*e};
   }
+  if (s.uses_heads()) {
+    if (cfg.heads == nullptr) return error{"speculative method " + std::string(spec_method_name(s.method)) + " needs a head file"};
+    if (auto e = check_heads(s, *cfg.heads)) return error{*e};
+  }
   return ok();
 }
 
@@ -64,6 +70,8 @@ void llm_engine::start_speculation(transformer_shard* cpu_shard) {
       if (cpu_shard == nullptr) throw std::invalid_argument("early exit runs on a CPU shard only");
       proposer_ = std::make_unique<model_proposer>(model_, *cpu_shard, s.exit_layer_for(model_.config.num_layers));
       break;
+    case spec_method::medusa: proposer_ = std::make_unique<medusa_proposer>(model_, *cfg_.heads, pool_); break;
+    case spec_method::eagle: proposer_ = std::make_unique<eagle_proposer>(model_, *cfg_.heads, pool_); break;
     case spec_method::draft:
       if (cpu_shard == nullptr) throw std::invalid_argument("a draft model runs beside a CPU shard only");
       proposer_ = std::make_unique<model_proposer>(*cfg_.draft, static_cast<int32_t>(cfg_.sched.kv.num_blocks),
@@ -94,7 +102,7 @@ expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const t
                                                          gpu_placement where) {
   if (cfg.kv_type) return error{"a KV cache type applies to the CPU; a GPU shard keeps its cache in its own type"};
   if (!cfg.sched.kv.tiers.empty()) return error{"KV tiers serve CPU shards; a GPU shard's cache stays on its device"};
-  if (cfg.spec.method == spec_method::draft || cfg.spec.method == spec_method::early_exit)
+  if (cfg.spec.method == spec_method::draft || cfg.spec.method == spec_method::early_exit || cfg.spec.uses_heads())
     return error{"on a GPU, speculative decoding proposes by n-gram only"};
   if (auto st = check(m, cfg); !st) return st.err();
   cfg = complete(cfg, m);
@@ -174,6 +182,8 @@ std::vector<step_output> llm_engine::step() {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
       got = sample_rows(plan, sched_, logits_.data(), vocab, cfg_.spec);
+      // (Heads that read features run on CPU shards, whose forward() leaves them here.)
+      if (proposer_) observe_features(plan, sched_, got.emitted, hidden_.data(), model_.config.dim, *proposer_);
     }
     if (tiers_) tiers_->save(plan.tier_saves, failed);
     stats_.spec_verifies += got.spec.verifies;

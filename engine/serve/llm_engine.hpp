@@ -40,6 +40,7 @@ struct engine_config {
                                  // model's, kv_cache_type_for)
   speculative_config spec;       // speculative decoding (engine/spec/speculative.hpp)
   const model* draft = nullptr;  // the draft model, loaded, for spec.method draft
+  const speculative_heads* heads = nullptr;  // the head file, loaded, for medusa and eagle
 };
 
 struct engine_stats {

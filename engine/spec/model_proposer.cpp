@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/argmax.hpp"
-#include "kernels/cpu/sample.hpp"
 
 namespace troupe {
 
@@ -68,23 +66,7 @@ void model_proposer::propose(std::span<draft_slot> slots) {
     run_(batch_, hidden_.data(), logits_.data());
     for (size_t row = 0; row < in.size(); ++row) {
       draft_slot& s = slots[in[row]];
-      request& r = *s.req;
-      sampler& view = views_[in[row]];
-      float* l = logits_.data() + row * vocab;
-      const bool greedy = view.params().temperature == 0.0f;
-      float* q;
-      if (greedy) {
-        greedy_.resize(vocab);
-        q = greedy_.data();
-      } else {
-        s.q.resize(s.q.size() + vocab);
-        q = s.q.data() + s.q.size() - vocab;
-      }
-      view.distribution(l, vocab, q);  // greedy: 1 at the argmax
-      const float u = greedy ? 0.0f : s.uniforms.empty() ? r.drafts.stream.uniform() : s.uniforms[s.tokens.size()];
-      const int32_t d = greedy ? argmax(q, vocab) : draw(q, vocab, u);
-      view.replay(d);
-      s.tokens.push_back(d);
+      choose_draft(s, views_[in[row]], logits_.data() + row * vocab, vocab, greedy_);
     }
   }
   if (!own_kv_) return;

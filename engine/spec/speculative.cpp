@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "engine/spec/heads.hpp"
+#include "kernels/cpu/argmax.hpp"
+#include "kernels/cpu/sample.hpp"
+
 namespace troupe {
 
 std::string_view spec_method_name(spec_method m) {
@@ -10,12 +14,15 @@ std::string_view spec_method_name(spec_method m) {
     case spec_method::ngram: return "ngram";
     case spec_method::draft: return "draft";
     case spec_method::early_exit: return "early-exit";
+    case spec_method::medusa: return "medusa";
+    case spec_method::eagle: return "eagle";
   }
   return "?";
 }
 
 std::optional<spec_method> parse_spec_method(std::string_view s) {
-  for (spec_method m : {spec_method::none, spec_method::ngram, spec_method::draft, spec_method::early_exit})
+  for (spec_method m : {spec_method::none, spec_method::ngram, spec_method::draft, spec_method::early_exit,
+                        spec_method::medusa, spec_method::eagle})
     if (s == spec_method_name(m)) return m;
   if (s == "off") return spec_method::none;
   return std::nullopt;
@@ -55,6 +62,17 @@ std::optional<std::string> check_draft(const model& draft, const model& target) 
       if (a[i] != b[i])
         return "the draft model's token " + std::to_string(i) + " differs from the target's: a draft must share the target's vocabulary";
   }
+  return std::nullopt;
+}
+
+std::optional<std::string> check_heads(const speculative_config& c, const speculative_heads& h) {
+  const bool medusa = h.kind == heads_kind::medusa;
+  if (c.method != (medusa ? spec_method::medusa : spec_method::eagle))
+    return h.path + " holds " + (medusa ? "Medusa heads" : "an EAGLE head") + "; speculative method " +
+           std::string(spec_method_name(c.method)) + " needs " + (medusa ? "an EAGLE head" : "Medusa heads");
+  if (c.k > h.depth())
+    return "k " + std::to_string(c.k) + " drafts a step, deeper than the " + std::to_string(h.depth()) +
+           " Medusa heads of " + h.path + " reach";
   return std::nullopt;
 }
 
@@ -100,6 +118,41 @@ void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<dra
   if (slots.empty()) return;
   p.propose(slots);
   take_drafts(plan, slots);
+}
+
+void choose_draft(draft_slot& s, sampler& view, float* logits, int32_t vocab, std::vector<float>& scratch) {
+  const bool greedy = view.params().temperature == 0.0f;
+  float* q;
+  if (greedy) {
+    scratch.resize(static_cast<size_t>(vocab));
+    q = scratch.data();
+  } else {
+    s.q.resize(s.q.size() + static_cast<size_t>(vocab));
+    q = s.q.data() + s.q.size() - vocab;
+  }
+  view.distribution(logits, vocab, q);  // greedy: 1 at the argmax
+  const float u = greedy ? 0.0f : s.uniforms.empty() ? s.req->drafts.stream.uniform() : s.uniforms[s.tokens.size()];
+  const int32_t d = greedy ? argmax(q, vocab) : draw(q, vocab, u);
+  view.replay(d);
+  s.tokens.push_back(d);
+}
+
+void observe_features(const step_plan& plan, scheduler& sched, std::span<const int32_t> emitted, const float* hidden,
+                      int32_t dim, proposer& p) {
+  if (!p.wants_features()) return;
+  size_t row = 0, sampled = 0;
+  for (const auto& c : plan.chunks) {
+    int32_t held = c.count - c.num_draft;  // the known tokens
+    if (c.sample) {
+      TROUPE_ASSERT(sampled < emitted.size(), sampled, emitted.size());
+      const int32_t e = emitted[sampled++];
+      if (c.num_draft > 0) held += e - 1;  // and the accepted drafts
+    }
+    const request* r = sched.find(c.id);
+    if (r && r->state == request_state::running)  // (one that ended meanwhile is forgotten)
+      p.observe(c.id, c.first, hidden + row * static_cast<size_t>(dim), held);
+    row += static_cast<size_t>(c.count);
+  }
 }
 
 void take_drafts(step_plan& plan, std::span<draft_slot> slots) {

@@ -11,7 +11,9 @@
 //   4. the target computes every known and drafted token and verifies each request's run.
 //
 // Proposers: n-gram lookup in the request's own tokens (ngram_proposer.hpp), a draft
-// model, and the target's first layers by early exit (model_proposer.hpp).
+// model, and the target's first layers by early exit (model_proposer.hpp), and trained
+// heads on the target's features: Medusa (medusa_proposer.hpp) and EAGLE
+// (eagle_proposer.hpp), which see the features each step computed (observe_features).
 #pragma once
 
 #include <algorithm>
@@ -28,9 +30,10 @@
 
 namespace troupe {
 
-enum class spec_method : uint8_t { none, ngram, draft, early_exit };
+enum class spec_method : uint8_t { none, ngram, draft, early_exit, medusa, eagle };
 
-std::string_view spec_method_name(spec_method m);  // "ngram", "draft", "early-exit", "none"
+// "ngram", "draft", "early-exit", "medusa", "eagle", "none"
+std::string_view spec_method_name(spec_method m);
 std::optional<spec_method> parse_spec_method(std::string_view s);
 
 struct speculative_config {
@@ -45,6 +48,8 @@ struct speculative_config {
                                  // many (at 8 requests decoding, none)
 
   bool enabled() const { return method != spec_method::none; }
+  // Trained heads (a head file) propose: Medusa or EAGLE.
+  bool uses_heads() const { return method == spec_method::medusa || method == spec_method::eagle; }
   // The exit layer early exit runs with, for a target of num_layers layers.
   int32_t exit_layer_for(int32_t num_layers) const {
     return exit_layer > 0 ? exit_layer : std::max(1, num_layers / 4);
@@ -56,6 +61,11 @@ std::optional<std::string> validate(const speculative_config& c, const model_con
 // Checks a draft model against the target: the same vocabulary (size and, where both
 // files carry one, every token's text).
 std::optional<std::string> check_draft(const model& draft, const model& target);
+
+struct speculative_heads;
+// Checks a head file against the configuration: its kind is the method's, and Medusa's
+// heads reach k drafts.
+std::optional<std::string> check_heads(const speculative_config& c, const speculative_heads& h);
 
 // One request's draft slots in a step, for a proposer to fill.
 struct draft_slot {
@@ -73,10 +83,30 @@ class proposer {
  public:
   virtual ~proposer() = default;
   virtual void propose(std::span<draft_slot> slots) = 0;
+  // Proposers that draft from the target's features: after each step, the features (the
+  // last layer's output, before the final norm; [n][dim]) of request `id`'s tokens at
+  // positions first .. first + n - 1, which the step computed and the request now holds.
+  virtual bool wants_features() const { return false; }
+  virtual void observe(request_id id, int32_t first, const float* features, int32_t n) {
+    (void)id, (void)first, (void)features, (void)n;
+  }
   // The request's KV is gone (finished, preempted): what the proposer kept for it too.
   virtual void forget(request_id id) { (void)id; }
   virtual void forget_all() {}
 };
+
+// Appends to `s` the draft its request's sampler would choose from `logits` (penalties
+// and biases, over the sequence and s's drafts so far, as `view` has them; view is then
+// advanced over it): greedy, the argmax; sampling, a draw with the request's draft stream,
+// and its distribution kept in s.q for verification. `scratch` holds a greedy one.
+void choose_draft(draft_slot& s, sampler& view, float* logits, int32_t vocab, std::vector<float>& scratch);
+
+// After a step: hands p (when it wants them) the features of every chunk's tokens that its
+// request now holds: all its known tokens; of a verified chunk's drafts, the accepted ones
+// (emitted: per sampled chunk, as step_tokens has it; requests still running only).
+// hidden: [tokens of the step][dim].
+void observe_features(const step_plan& plan, scheduler& sched, std::span<const int32_t> emitted, const float* hidden,
+                      int32_t dim, proposer& p);
 
 // The most drafts a request takes per step: k, or its own cap when lower.
 inline int32_t draft_cap(const request& r, const speculative_config& c) {

@@ -23,7 +23,9 @@
 #include "engine/kv/kv_tiers.hpp"
 #include "engine/model/checkpoint_writer.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "engine/spec/heads.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
+#include "tests/fuzz/heads_target.hpp"
 #include "tests/fuzz/wire_setup.hpp"
 
 namespace fs = std::filesystem;
@@ -84,6 +86,29 @@ void model_files(const fs::path& out, const fs::path& scratch) {
   check(write_hf_dir((scratch / "hf").string(), spec, src));
   seed(out, "safetensors", 2, read_file(scratch / "hf" / "model.safetensors"));
   seed(out, "config", 3, read_file(scratch / "hf" / "config.json"));
+
+  // Head files for heads_target(): Medusa heads with classifiers of their own, and an
+  // EAGLE layer.
+  const model target = fuzz::heads_target();
+  const int64_t dim = target.config.dim, vocab = target.config.vocab_size, ffn = 48;
+  const std::vector<float> ramp(static_cast<size_t>(vocab * 2 * dim), 0.01f);
+  std::vector<head_tensor> medusa;
+  for (const char* h : {"medusa.0", "medusa.1"}) {
+    medusa.push_back({std::string(h) + ".0.weight", {dim, dim}, ramp.data()});
+    medusa.push_back({std::string(h) + ".0.bias", {dim}, ramp.data()});
+    medusa.push_back({std::string(h) + ".output.weight", {vocab, dim}, ramp.data()});
+  }
+  check(write_heads((scratch / "h.gguf").string(), medusa, target, fuzz::heads_vocabulary()));
+  seed(out, "heads-medusa", 4, read_file(scratch / "h.gguf"));
+  const std::vector<head_tensor> eagle = {
+      {"eagle.fc.weight", {dim, 2 * dim}, ramp.data()},   {"eagle.fc.bias", {dim}, ramp.data()},
+      {"eagle.attn_norm.weight", {dim}, ramp.data()},     {"eagle.attn_q.weight", {dim, dim}, ramp.data()},
+      {"eagle.attn_k.weight", {dim, dim}, ramp.data()},   {"eagle.attn_v.weight", {dim, dim}, ramp.data()},
+      {"eagle.attn_output.weight", {dim, dim}, ramp.data()}, {"eagle.ffn_norm.weight", {dim}, ramp.data()},
+      {"eagle.ffn_gate.weight", {ffn, dim}, ramp.data()}, {"eagle.ffn_up.weight", {ffn, dim}, ramp.data()},
+      {"eagle.ffn_down.weight", {dim, ffn}, ramp.data()}};
+  check(write_heads((scratch / "h.gguf").string(), eagle, target, fuzz::heads_vocabulary()));
+  seed(out, "heads-eagle", 4, read_file(scratch / "h.gguf"));
 }
 
 void tokenizer_files(const fs::path& out, const fs::path& scratch) {

@@ -1,18 +1,21 @@
 // The checkpoint loaders, given any bytes: a GGUF file (selector 0), a llama2.c checkpoint
-// (1), a safetensors file (2) or a Hugging Face config.json (3). Each either loads or says
-// why not; a model that loads has a vocabulary a tokenizer accepts.
+// (1), a safetensors file (2), a Hugging Face config.json (3) or a head file of speculative
+// decoding, for a small model (4: heads_target.hpp). Each either loads or says why not; a
+// model that loads has a vocabulary a tokenizer accepts.
 #include <string>
 
 #include "engine/model/hf_config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/model/safetensors_file.hpp"
+#include "engine/spec/heads.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
+#include "tests/fuzz/heads_target.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace troupe;
   fuzz::input in;
-  if (!fuzz::split(data, size, 4, in)) return 0;
+  if (!fuzz::split(data, size, 5, in)) return 0;
   switch (in.selector) {
     case 0: {
       auto m = load_gguf(mapped_file::copy_of(in.rest, "input.gguf"));
@@ -25,6 +28,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 1: (void)load_llama2c(mapped_file::copy_of(in.rest, "input.bin")); break;
     case 2: (void)safetensors_file::parse(mapped_file::copy_of(in.rest, "input.safetensors")); break;
     case 3: (void)parse_hf_config(in.text(), "config.json"); break;
+    case 4: {
+      static const model target = fuzz::heads_target();
+      (void)load_heads(mapped_file::copy_of(in.rest, "heads.gguf"), target, &fuzz::heads_vocabulary());
+      break;
+    }
   }
   return 0;
 }

@@ -388,7 +388,8 @@ TEST_CASE("a [speculative] table: the command line's names, the draft beside the
     CAPTURE(p);
     CHECK(p.find(part) != std::string::npos);
   };
-  says("method = \"medusa\"\n", "t.toml:20: [speculative]: method must be ngram, draft, early-exit or none");
+  says("method = \"hydra\"\n", "t.toml:20: [speculative]: method must be ngram, draft, early-exit or none");
+  says("method = \"medusa\"\n", "t.toml:20: [speculative]: method medusa: trained heads propose in troupe-run");
   says("method = \"ngram\"\nk = 0\n", "k must be in 1..16");
   says("method = \"ngram\"\nk = 17\n", "k must be in 1..16");
   says("method = \"ngram\"\ndraft_length = 2\n", "draft_length");
@@ -396,7 +397,7 @@ TEST_CASE("a [speculative] table: the command line's names, the draft beside the
   says("method = \"early-exit\"\nexit_layer = 2\nexit-layer = 2\n", "given twice");
   says("method = \"ngram\"\nexit_layer = 2\n", "[speculative] exit_layer applies to early-exit");
   says("method = \"draft\"\n", "[speculative] method draft needs [speculative] draft = FILE");
-  says("k = 4\n", "apply with [speculative] method ngram, draft or early-exit");
+  says("k = 4\n", "apply with [speculative] method ngram, draft, early-exit, medusa or eagle");
 }
 
 TEST_CASE("[kv] eviction keys: troupe-run's names, the deployment's default, mistakes named") {

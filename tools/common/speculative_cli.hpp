@@ -12,13 +12,17 @@ inline void add_speculative_options(CLI::App& app, speculative_options& o) {
   const char* group = "Speculative decoding";
   app.add_option("--speculative", o.method,
                  "ngram (prompt lookup), draft (a smaller model, --draft), early-exit (the model's first layers), "
-                 "or none; output is the model's own, token for token when greedy")
-      ->check(CLI::IsMember({"none", "ngram", "draft", "early-exit"}))
+                 "medusa or eagle (trained heads, --heads), or none; output is the model's own, token for token "
+                 "when greedy")
+      ->check(CLI::IsMember({"none", "ngram", "draft", "early-exit", "medusa", "eagle"}))
       ->group(group)
       ->capture_default_str();
   app.add_option("-k", o.k, "drafted tokens per step at most, 1..16 (default 3); adapts to acceptance")
       ->group(group);
   app.add_option("--draft", o.draft, "the draft model (--speculative draft): any format, the model's vocabulary")
+      ->group(group);
+  app.add_option("--heads", o.heads,
+                 "the head file (--speculative medusa or eagle) that troupe-train made for this model")
       ->group(group);
   app.add_option("--exit-layer", o.exit_layer, "early exit after this many layers (default: a quarter of them)")
       ->group(group);

@@ -1,5 +1,7 @@
 #include "tools/common/speculative_options.hpp"
 
+#include <algorithm>
+
 namespace troupe::tools {
 
 expected<speculative_config> speculative_config_of(const speculative_options& o, const model_config& target,
@@ -9,14 +11,15 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
   const std::string k_name = topology ? "[speculative] k" : "-k";
   const std::string draft_name = topology ? "[speculative] draft" : "--draft";
   const std::string exit_name = topology ? "[speculative] exit_layer" : "--exit-layer";
+  const std::string heads_name = topology ? "[speculative] heads" : "--heads";
   speculative_config c;
   const auto method = parse_spec_method(o.method);
-  if (!method) return error{method_name + ": '" + o.method + "' is not ngram, draft, early-exit or none"};
+  if (!method) return error{method_name + ": '" + o.method + "' is not ngram, draft, early-exit, medusa, eagle or none"};
   c.method = *method;
   if (!c.enabled()) {
-    if (o.k != -1 || !o.draft.empty() || o.exit_layer != 0)
-      return error{k_name + ", " + draft_name + " and " + exit_name + " apply with " + method_name +
-                   " ngram, draft or early-exit"};
+    if (o.k != -1 || !o.draft.empty() || o.exit_layer != 0 || !o.heads.empty())
+      return error{k_name + ", " + draft_name + ", " + heads_name + " and " + exit_name + " apply with " + method_name +
+                   " ngram, draft, early-exit, medusa or eagle"};
     return c;
   }
   if (o.k != -1) c.k = o.k;
@@ -24,6 +27,10 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
   if (o.exit_layer != 0 && c.method != spec_method::early_exit) return error{exit_name + " applies to early-exit"};
   if (o.exit_layer < 0) return error{exit_name + " must be 1 or more"};
   if (!o.draft.empty() && c.method != spec_method::draft) return error{draft_name + " applies to draft"};
+  if (!o.heads.empty() && !c.uses_heads()) return error{heads_name + " applies to medusa and eagle"};
+  if (c.uses_heads() && o.heads.empty())
+    return error{method_name + " " + o.method + " needs " + heads_name + (topology ? " = FILE" : " FILE") +
+                 ", a head file troupe-train made for this model"};
   if (c.method == spec_method::draft && o.draft.empty())
     return error{method_name + " draft needs " + draft_name + (topology ? " = FILE" : " FILE") +
                  ", a model with this model's vocabulary"};
@@ -32,14 +39,25 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
 }
 
 expected<speculative_config> speculative_from(const speculative_options& o, const model& target,
-                                              std::optional<model>& draft, bool topology) {
+                                              const vocabulary* target_vocab, speculative_models& loaded,
+                                              bool topology) {
   auto c = speculative_config_of(o, target.config, topology);
-  if (!c || c->method != spec_method::draft) return c;
+  if (!c) return c;
+  if (c->uses_heads()) {
+    const std::string heads_name = topology ? "[speculative] heads " : "--heads ";
+    auto h = load_heads(o.heads, target, target_vocab);
+    if (!h) return error{heads_name + h.err().message};
+    if (o.k == -1) c->k = std::min(c->k, (*h)->depth());
+    if (auto e = check_heads(*c, **h)) return error{*e};
+    loaded.heads = std::move(*h);
+    return c;
+  }
+  if (c->method != spec_method::draft) return c;
   const std::string draft_name = topology ? "[speculative] draft " : "--draft ";
   auto d = load_model(o.draft);
   if (!d) return error{draft_name + o.draft + ": " + d.err().message};
   if (auto e = check_draft(*d, target)) return error{draft_name + o.draft + ": " + *e};
-  draft = std::move(*d);
+  loaded.draft = std::move(*d);
   return c;
 }
 

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "engine/model/model.hpp"
+#include "engine/spec/heads.hpp"
 #include "engine/spec/speculative.hpp"
 #include "engine/util/expected.hpp"
 
@@ -18,6 +20,13 @@ struct speculative_options {
   int32_t k = -1;               // -1: the method's default
   std::string draft;            // the draft model's file, for method draft
   int32_t exit_layer = 0;       // 0: a quarter of the target's layers
+  std::string heads;            // the head file, for methods medusa and eagle
+};
+
+// What a speculative configuration loads: a draft model, or trained heads.
+struct speculative_models {
+  std::optional<model> draft;
+  std::unique_ptr<speculative_heads> heads;
 };
 
 // The configuration for a target of shape `target`, without loading anything: the first
@@ -26,9 +35,10 @@ struct speculative_options {
 expected<speculative_config> speculative_config_of(const speculative_options& o, const model_config& target,
                                                    bool topology = false);
 
-// The same, and with method draft the draft model loaded into `draft` and checked against
-// the target.
+// The same, and with method draft the draft model loaded and checked against the target;
+// with medusa or eagle, the head file (checked against target_vocab too, where given).
 expected<speculative_config> speculative_from(const speculative_options& o, const model& target,
-                                              std::optional<model>& draft, bool topology = false);
+                                              const vocabulary* target_vocab, speculative_models& loaded,
+                                              bool topology = false);
 
 }  // namespace troupe::tools

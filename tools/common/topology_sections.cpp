@@ -297,8 +297,15 @@ speculative_options parse_speculative(reader& rd, const toml::table& t, const st
   speculative_options o;
   const std::string w = "[speculative]";
   rd.only(t, w, {"method", "k", "draft", "exit_layer", "exit-layer"});
-  if (rd.get(t, w, "method", o.method) && !parse_spec_method(o.method))
-    rd.fail(t.get("method"), w + ": method must be ngram, draft, early-exit or none");
+  if (rd.get(t, w, "method", o.method)) {
+    const auto m = parse_spec_method(o.method);
+    if (!m)
+      rd.fail(t.get("method"), w + ": method must be ngram, draft, early-exit or none");
+    else if (*m == spec_method::medusa || *m == spec_method::eagle)
+      rd.fail(t.get("method"), w + ": method " + o.method +
+                                   ": trained heads propose in troupe-run and troupe-perf; a cluster's replicas do not "
+                                   "run them yet (ngram, draft or early-exit do)");
+  }
   rd.get_in(t, w, "k", o.k, 1, max_draft_tokens);
   if (rd.get(t, w, "draft", o.draft) && std::filesystem::path(o.draft).is_relative())
     o.draft = (std::filesystem::path(base_dir) / o.draft).lexically_normal().string();

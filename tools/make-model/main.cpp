@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/model/checkpoint_writer.hpp"
+#include "engine/spec/heads.hpp"
 #include "engine/tokenizer/tokenizer_json.hpp"
 #include "tools/common/model_loading.hpp"
 
@@ -107,7 +108,35 @@ int main(int argc, char** argv) {
   app.add_option("--damp", damp, "the scale of --damp-layers")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   app.add_option("--keep-layers", keep_layers, "with --from: write only the first N layers (a draft model cut from its target)")
       ->check(CLI::Range(1, 1 << 16));
+  std::string heads_from;
+  app.add_option("--heads-from", heads_from,
+                 "pack trained speculative heads (a safetensors file from troupe-train: medusa.* or eagle.* tensors) "
+                 "as a head file for the --from model, which records its shape and vocabulary");
   CLI11_PARSE(app, argc, argv);
+
+  if (!heads_from.empty()) {
+    if (from.empty()) {
+      std::fprintf(stderr, "make-model: --heads-from needs --from, the model the heads were trained for\n");
+      return 2;
+    }
+    auto target = tools::load_model_and_tokenizer(from, from_tokenizer);
+    if (!target) {
+      std::fprintf(stderr, "make-model: %s\n", target.err().message.c_str());
+      return 1;
+    }
+    auto file = mapped_file::open(heads_from);
+    auto heads = file ? safetensors_file::parse(std::move(*file)) : expected<safetensors_file>(file.err());
+    if (!heads) {
+      std::fprintf(stderr, "make-model: %s\n", heads.err().message.c_str());
+      return 1;
+    }
+    if (auto st = write_heads(out, *heads, target->m, target->tok->vocab()); !st) {
+      std::fprintf(stderr, "make-model: %s\n", st.err().message.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "make-model: wrote %s, heads for %s\n", out.c_str(), from.c_str());
+    return 0;
+  }
 
   // A preset fills the shape; a flag given beside it wins (--preset 110m --context 4096).
   for (const auto& p : presets)

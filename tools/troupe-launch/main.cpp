@@ -207,8 +207,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::optional<model> draft;  // loaded to be checked; the nodes load their own
-  if (auto spec = tools::speculative_from(topo->speculative, *m, draft, true); !spec) {
+  tools::speculative_models spec_models;  // loaded to be checked; the nodes load their own
+  if (auto spec = tools::speculative_from(topo->speculative, *m, m->vocab ? &*m->vocab : nullptr, spec_models, true); !spec) {
     std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), spec.err().message.c_str());
     return 1;
   }

@@ -86,10 +86,11 @@ int main(int argc, char** argv) {
   // The draft model is loaded where a replica's draft actor runs.
   const bool drafts_here = std::any_of(topo->replicas.begin(), topo->replicas.end(),
                                        [&](const tools::replica_spec& r) { return r.draft_node == opt.node; });
-  std::optional<model> draft;
-  auto spec = drafts_here ? tools::speculative_from(topo->speculative, m, draft, true)
+  tools::speculative_models spec_models;
+  auto spec = drafts_here ? tools::speculative_from(topo->speculative, m, &loaded->tok->vocab(), spec_models, true)
                           : tools::speculative_config_of(topo->speculative, m.config, true);
   if (!spec) return fail(opt.topology + ": " + spec.err().message);
+  const std::optional<model>& draft = spec_models.draft;
   if (drafts_here && spec->enabled()) {
     const std::string with = draft ? ", draft " + topo->speculative.draft : "";
     std::fprintf(stderr, "troupe-node %s: speculative decoding by %s, k %d%s\n", opt.node.c_str(),

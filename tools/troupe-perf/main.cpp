@@ -55,6 +55,7 @@ void report(const std::string& name, double value, const std::string& unit, cons
 // Speculative decoding for decode and batch (none by default), and its last run's figures.
 speculative_config spec;
 const model* spec_draft = nullptr;
+const speculative_heads* spec_heads = nullptr;
 kv_eviction_config eviction;  // KV eviction for decode and batch (none by default)
 engine_stats last_stats;
 
@@ -66,6 +67,7 @@ double decode_rate(const model& m, const tokenizer& tok, int threads, int sequen
   opts.num_threads = threads;
   opts.spec = spec;
   opts.draft = spec_draft;
+  opts.heads = spec_heads;
   opts.eviction = eviction;
   generator gen(m, tok, opts);
   std::vector<generation_request> reqs(sequences);
@@ -387,14 +389,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-perf: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
                    describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
     const double bytes = static_cast<double>(m.weights.streamed_bytes());
-    std::optional<model> draft;
-    auto sc = tools::speculative_from(spec_opts, m, draft);
+    static tools::speculative_models spec_models;  // (outlives the runs that use it)
+    auto sc = tools::speculative_from(spec_opts, m, m.vocab ? &*m.vocab : nullptr, spec_models);
+    const std::optional<model>& draft = spec_models.draft;
     if (!sc) {
       std::fprintf(stderr, "troupe-perf: %s\n", sc.err().message.c_str());
       return 1;
     }
     spec = *sc;
     spec_draft = draft ? &*draft : nullptr;
+    spec_heads = spec_models.heads.get();
     auto ec = tools::eviction_config_of(evict_opts, m.config);
     if (!ec) {
       std::fprintf(stderr, "troupe-perf: %s\n", ec.err().message.c_str());
@@ -502,6 +506,7 @@ int main(int argc, char** argv) {
         cfg.sched.kv.prefix_caching = l.caching;
         cfg.spec = spec;
         cfg.draft = spec_draft;
+        cfg.heads = spec_heads;
         // (Drafts take positions past the last token.)
         const int64_t per_request = (prompt_tokens + out_tokens + (spec.enabled() ? spec.k : 0) + 15) / 16;
         cfg.sched.kv.num_blocks = static_cast<uint32_t>(per_request * l.c + 16);

@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  troupe-run stories260K.bin -z tok512.bin -p \"Once upon a time\" -t 0\n"
       "  troupe-run model.gguf -p \"The answer is\" -n 128 -t 0.8 --top-p 0.95 --seed 7\n"
-      "  troupe-run model.gguf -p \"...\" --speculative draft --draft small.gguf -k 4\n\n"
+      "  troupe-run model.gguf -p \"...\" --speculative draft --draft small.gguf -k 4\n"
+      "  troupe-run model.gguf -p \"...\" --speculative medusa --heads model-medusa.gguf\n\n"
       "Environment: TROUPE_KV_TYPE=f32|f16|q8_0 sets the KV cache's type (default: F32 for F32\n"
       "weights, F16 otherwise; q8_0 is int8 with a scale per token and KV head, lossy).\n",
       "troupe-run"};
@@ -83,8 +84,9 @@ int main(int argc, char** argv) {
   if (!quiet)
     std::fprintf(stderr, "troupe-run: %s: %s, %s, %d threads; %s\n", m.path.c_str(), m.format.c_str(),
                  describe(m.config).c_str(), threads, transformer_shard::cpu_kernels(m).c_str());
-  std::optional<model> draft;
-  auto spec = tools::speculative_from(spec_opts, m, draft);
+  tools::speculative_models spec_models;
+  auto spec = tools::speculative_from(spec_opts, m, &tok.vocab(), spec_models);
+  const std::optional<model>& draft = spec_models.draft;
   if (!spec) {
     std::fprintf(stderr, "troupe-run: %s\n", spec.err().message.c_str());
     return 1;
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   if (!quiet && spec->enabled()) {
     std::string how = std::string(spec_method_name(spec->method)) + ", k " + std::to_string(spec->k);
     if (spec->method == spec_method::draft) how += ", draft " + draft->path + " (" + describe(draft->config) + ")";
+    if (spec_models.heads) how += ", " + spec_models.heads->describe() + " from " + spec_models.heads->path;
     if (spec->method == spec_method::early_exit)
       how += ", exit after layer " + std::to_string(spec->exit_layer_for(m.config.num_layers)) + " of " +
              std::to_string(m.config.num_layers);
@@ -152,6 +155,7 @@ int main(int argc, char** argv) {
   opts.num_threads = threads;
   opts.spec = *spec;
   opts.draft = draft ? &*draft : nullptr;
+  opts.heads = spec_models.heads.get();
   opts.eviction = eviction;
   generator gen(m, tok, opts);
   const auto t1 = std::chrono::steady_clock::now();

@@ -12,7 +12,6 @@ compares its logits with troupe's (model_logits: a prefill step, then one token 
 """
 import json
 import math
-import struct
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,9 @@ try:
 except ImportError:
     print(f"FAIL: {sys.executable} has no torch: Debian's python3-torch provides it (tools/install-packages.sh installs it)")
     sys.exit(1)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools" / "troupe-train"))
+from torch_llama import inv_frequencies, read_safetensors, rms_norm, rotate  # noqa: E402
 
 torch.set_grad_enabled(False)
 BUILD = Path(sys.argv[1])
@@ -36,78 +38,6 @@ MODEL_LOGITS = BUILD / "tests" / "model_logits"
 # of the span of the logits.
 ABSOLUTE = 1e-4
 Q8_RELATIVE = 0.02
-
-
-def read_safetensors(path):
-    data = Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    tensors = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = t["data_offsets"]
-        raw = bytearray(data[8 + n + lo:8 + n + hi])
-        if t["dtype"] == "F32":
-            x = torch.frombuffer(raw, dtype=torch.float32)
-        elif t["dtype"] == "F16":
-            x = torch.frombuffer(raw, dtype=torch.float16)
-        else:
-            x = torch.frombuffer(raw, dtype=torch.bfloat16)
-        tensors[name] = x.to(torch.float64).reshape(t["shape"])
-    return tensors
-
-
-def inv_frequencies(cfg, head_dim):
-    base = cfg.get("rope_theta", 10000.0)
-    f = [1.0 / (base ** (2 * i / head_dim)) for i in range(head_dim // 2)]
-    rs = cfg.get("rope_scaling")
-    if not rs:
-        return f, 1.0
-    kind, factor = rs.get("rope_type", rs.get("type")), rs["factor"]
-    if kind == "linear":
-        return [x / factor for x in f], 1.0
-    if kind == "llama3":
-        old = rs["original_max_position_embeddings"]
-        low, high = rs["low_freq_factor"], rs["high_freq_factor"]
-        out = []
-        for x in f:
-            wavelen = 2 * math.pi / x
-            if wavelen < old / high:
-                out.append(x)
-            elif wavelen > old / low:
-                out.append(x / factor)
-            else:
-                smooth = (old / wavelen - low) / (high - low)
-                out.append((1 - smooth) * x / factor + smooth * x)
-        return out, 1.0
-    if kind == "yarn":
-        old = rs.get("original_max_position_embeddings", cfg["max_position_embeddings"])
-        fast, slow = rs.get("beta_fast", 32.0), rs.get("beta_slow", 1.0)
-
-        def correction(rotations):
-            return head_dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-        lo = max(math.floor(correction(fast)), 0)
-        hi = min(math.ceil(correction(slow)), head_dim - 1)
-        span = 0.001 if hi == lo else hi - lo
-        out = []
-        for i, x in enumerate(f):
-            keep = 1 - min(max((i - lo) / span, 0.0), 1.0)
-            out.append(x / factor * (1 - keep) + x * keep)
-        att = rs.get("attention_factor") or (1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0)
-        return out, att
-    raise ValueError(kind)
-
-
-def rms_norm(x, w, eps):
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
-
-
-def rotate(x, cos, sin):  # x [T, heads, hd]; rotation in halves
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 def reference_logits(model_dir, tokens):

@@ -12,6 +12,7 @@
 #include "engine/sample/rng.hpp"
 #include "engine/sample/sampler.hpp"
 #include "engine/serve/llm_engine.hpp"
+#include "engine/spec/heads.hpp"
 #include "engine/spec/ngram_proposer.hpp"
 #include "engine/spec/speculative.hpp"
 #include "kernels/cpu/sample.hpp"
@@ -368,16 +369,27 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     plain = run_all(e, reqs);
     CHECK(e.stats().preemptions > 0);
   }
+  // The proposers trained for stories260K (tests/data/README.md).
+  auto trained_draft = load_model(test::data_path("stories260K-draft.gguf"));
+  REQUIRE(trained_draft.has_value());
+  auto medusa = load_heads(test::data_path("stories260K-medusa.gguf"), l.m, &l.tok.vocab());
+  auto eagle = load_heads(test::data_path("stories260K-eagle.gguf"), l.m, &l.tok.vocab());
+  REQUIRE(medusa.has_value());
+  REQUIRE(eagle.has_value());
   struct variant {
     std::string name;
     spec_method method;
     int32_t k;
     const model* draft;
+    const speculative_heads* heads = nullptr;
   };
   const variant variants[] = {{"ngram", spec_method::ngram, 4, nullptr},
                               {"early exit", spec_method::early_exit, 3, nullptr},
                               {"draft model (2 of 5 layers)", spec_method::draft, 4, &draft},
-                              {"draft model (the target itself)", spec_method::draft, 5, &l.m}};
+                              {"draft model (the target itself)", spec_method::draft, 5, &l.m},
+                              {"draft model (trained)", spec_method::draft, 4, &*trained_draft},
+                              {"Medusa heads (trained)", spec_method::medusa, 4, nullptr, medusa->get()},
+                              {"EAGLE head (trained)", spec_method::eagle, 5, nullptr, eagle->get()}};
   for (const variant& v : variants) {
     CAPTURE(v.name);
     engine_config cfg = base;
@@ -386,6 +398,7 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     cfg.spec.exit_layer = 2;
     cfg.spec.max_step_tokens = 64;  // drafts for every request, batched as they are
     cfg.draft = v.draft;
+    cfg.heads = v.heads;
     llm_engine e(l.m, l.tok, cfg);
     const auto got = run_all(e, reqs);
     REQUIRE(got.size() == plain.size());
@@ -416,8 +429,13 @@ TEST_CASE("sampling with speculation is reproducible by seed and workload") {
   // same workload, and keeps the target's distribution in any.)
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const model draft = truncated_draft(l.m, 2);
+  auto medusa = load_heads(test::data_path("stories260K-medusa.gguf"), l.m, &l.tok.vocab());
+  auto eagle = load_heads(test::data_path("stories260K-eagle.gguf"), l.m, &l.tok.vocab());
+  REQUIRE(medusa.has_value());
+  REQUIRE(eagle.has_value());
   const std::vector<request_params> reqs = random_requests(9, 8, 0.9f);
-  for (spec_method method : {spec_method::draft, spec_method::ngram, spec_method::early_exit}) {
+  for (spec_method method :
+       {spec_method::draft, spec_method::ngram, spec_method::early_exit, spec_method::medusa, spec_method::eagle}) {
     CAPTURE(spec_method_name(method));
     engine_config cfg;
     cfg.num_threads = 2;
@@ -426,6 +444,7 @@ TEST_CASE("sampling with speculation is reproducible by seed and workload") {
     cfg.spec.k = 4;
     cfg.spec.max_step_tokens = 64;
     cfg.draft = &draft;
+    cfg.heads = method == spec_method::medusa ? medusa->get() : eagle->get();
     llm_engine first(l.m, l.tok, cfg), second(l.m, l.tok, cfg);
     const auto a = run_all(first, reqs), b = run_all(second, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) CHECK(a.at(i).tokens == b.at(i).tokens);
