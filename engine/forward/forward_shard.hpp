@@ -70,6 +70,13 @@ class forward_shard {
   }
   // False, with nothing changed, for a shard without an input link.
   virtual bool take_next_input_from_link() { return false; }
+  // Moves a sequence's KV slots now (kv_compaction), as a step's compactions do before its
+  // tokens: a token tree's accepted path, moved down to follow the sequence. False, with
+  // nothing moved, for a shard that cannot (no trees are verified on it).
+  virtual bool compact_kv(const kv_compaction& c) {
+    (void)c;
+    return false;
+  }
   virtual bool is_first_stage() const = 0;
   virtual bool is_last_stage() const = 0;
   virtual const shard_spec& spec() const = 0;

@@ -25,6 +25,12 @@ struct step_sequence {
                                        // (1 to sample; more to verify drafts)
   int32_t rope_pos = -1;               // its first token's RoPE position, where KV eviction
                                        // made it differ from its slot (-1: start_pos)
+  const int32_t* tree_parents = nullptr;  // when set, [num_tokens]: the tokens are a token
+                                          // tree (speculative decoding), token i's parent
+                                          // tree_parents[i] < i, the first the root (-1).
+                                          // Each token sees the slots before the root and its
+                                          // own ancestors; its RoPE position is the root's
+                                          // plus its depth. At most max_tree_tokens.
   float* attention_mass = nullptr;     // when set, [start_pos + num_tokens]: the attention
                                        // each slot receives from this sequence's last
                                        // attention_mass_queries tokens (all of a shorter

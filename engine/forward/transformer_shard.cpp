@@ -167,6 +167,8 @@ void transformer_shard::run(const step_batch& batch, float* hidden, float* logit
       TROUPE_ASSERT(table[b] < static_cast<uint32_t>(kv_.shape().num_blocks), table[b], kv_.shape().num_blocks);
     }
     const int32_t seen = s.start_pos + s.num_tokens;  // the slots its last token sees
+    if (s.tree_parents) TROUPE_ASSERT(s.num_tokens <= max_tree_tokens && s.tree_parents[0] == -1, s.num_tokens);
+    const size_t first_token = att_tokens_.size();
     for (int32_t i = 0; i < s.num_tokens; ++i) {
       const int32_t pos = s.start_pos + i;
       attention_token t{pos, table, cfg_.sliding_window > 0 ? std::max(0, pos - cfg_.sliding_window + 1) : 0};
@@ -175,8 +177,16 @@ void transformer_shard::run(const step_batch& batch, float* hidden, float* logit
         t.weights_stride = seen;
         weights += int64_t{local_heads_} * seen;
       }
+      int32_t rope = rope0 + i;
+      if (s.tree_parents) {  // its parent's ancestors and itself; one deeper than its parent
+        const int32_t up = s.tree_parents[i];
+        TROUPE_ASSERT(up < i && (up >= 0 || i == 0), up, i);
+        t.tree_first = s.start_pos;
+        t.tree_mask = (up < 0 ? 0 : att_tokens_[first_token + static_cast<size_t>(up)].tree_mask) | (uint64_t{1} << i);
+        rope = up < 0 ? rope0 : rope_at_[first_token + static_cast<size_t>(up)] + 1;
+      }
       att_tokens_.push_back(t);
-      rope_at_.push_back(rope0 + i);
+      rope_at_.push_back(rope);
     }
     if (attention) {
       mass_at_.push_back(s.attention_mass ? mass_at : -1);

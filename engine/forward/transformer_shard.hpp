@@ -42,6 +42,10 @@ class transformer_shard final : public forward_shard {
   // (every layer, or only the first ones: an early-exit draft's own).
   void forward_early_exit(const step_batch& batch, float* hidden, float* logits, int32_t exit_layer);
 
+  bool compact_kv(const kv_compaction& c) override {
+    compact(c);
+    return true;
+  }
   bool is_first_stage() const override { return spec_.first_layer == 0; }
   bool is_last_stage() const override { return spec_.end_layer == cfg_.num_layers; }
   const shard_spec& spec() const override { return spec_; }

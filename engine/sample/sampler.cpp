@@ -159,4 +159,71 @@ std::vector<sample_result> sampler::verify(float* rows, int32_t vocab, std::span
   return out;
 }
 
+std::vector<int32_t> sampler::ranked(float* logits, int32_t vocab, int32_t k) const {
+  adjust_logits(logits, vocab);
+  k = std::clamp(k, 0, vocab);
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int32_t i = 0; i < vocab; ++i) ids[i] = i;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [logits](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  ids.resize(static_cast<size_t>(k));
+  return ids;
+}
+
+std::vector<sample_result> sampler::verify_tree(float* rows, int32_t vocab, std::span<const int32_t> draft,
+                                                std::span<const int32_t> parent, std::vector<int32_t>& path) {
+  TROUPE_ASSERT(parent.size() == draft.size(), parent.size(), draft.size());
+  path.clear();
+  std::vector<sample_result> out;
+  std::vector<int32_t> children;
+  for (int32_t at = -1;;) {  // at: the node whose row is read (-1: the sequence's end)
+    float* row = rows + static_cast<size_t>(at + 1) * vocab;
+    children.clear();
+    for (size_t i = 0; i < draft.size(); ++i)
+      if (parent[i] == at) children.push_back(static_cast<int32_t>(i));
+    if (children.empty()) {  // a leaf: one more, as sample() chooses it
+      out.push_back(sample(row, vocab));
+      return out;
+    }
+    adjust_logits(row, vocab);
+    sample_result r;
+    int32_t taken = -1;
+    if (p_.temperature == 0.0f) {
+      r.token = argmax(row, vocab);
+      for (int32_t c : children)
+        if (draft[c] == r.token) taken = c;
+    } else {
+      p_row_.resize(vocab);
+      troupe::distribution(row, vocab, how(), p_row_.data(), scratch_);
+      residual_.assign(p_row_.begin(), p_row_.end());
+      float mass = 0.0f;
+      for (float x : residual_) mass += x;
+      for (int32_t c : children) {
+        const int32_t d = draft[c];
+        TROUPE_ASSERT(d >= 0 && d < vocab, d, vocab);
+        if (mass > 0.0f && rng_.uniform() * mass < residual_[d]) {
+          taken = c;
+          r.token = d;
+          break;
+        }
+        mass -= residual_[d];
+        residual_[d] = 0.0f;
+      }
+      // None taken: a draw from what is left (p itself, should rounding leave nothing).
+      if (taken < 0) {
+        float left = 0.0f;
+        for (float x : residual_) left += x;
+        r.token = troupe::draw(left > 0.0f ? residual_.data() : p_row_.data(), vocab, rng_.uniform());
+      }
+    }
+    add_logprobs(row, vocab, r);
+    record(r.token);
+    out.push_back(std::move(r));
+    if (taken < 0) return out;
+    path.push_back(taken);
+    at = taken;
+  }
+}
+
 }  // namespace troupe

@@ -65,6 +65,24 @@ class sampler {
   std::vector<sample_result> verify(float* rows, int32_t vocab, std::span<const int32_t> draft,
                                     std::span<const float> q);
 
+  // Token trees: the drafts are a tree's nodes, draft i's parent parent[i] < i (-1: a child
+  // of the sequence's end; siblings' tokens distinct); rows [draft.size() + 1][vocab], row 0
+  // following the sequence, row i + 1 following the sequence and draft i's path (its
+  // ancestors, then itself). Walks down from the sequence's end and returns the tokens
+  // that follow, recorded as sample() records them: the accepted path's drafts, then one
+  // more; `path` gets the accepted drafts' indices.
+  //   greedy: the child whose token is the argmax, while there is one; then the argmax;
+  //   random: the children in order, each accepted with its probability under the
+  //           distribution left when the siblings before it are taken out (their
+  //           probabilities zeroed, the rest renormalized); when none is, a draw from
+  //           what is left. Each token is distributed exactly as sample() gives it.
+  std::vector<sample_result> verify_tree(float* rows, int32_t vocab, std::span<const int32_t> draft,
+                                         std::span<const int32_t> parent, std::vector<int32_t>& path);
+
+  // The k most likely next tokens as sample() would weigh them (penalties and biases
+  // applied to logits in place), most likely first. Records nothing.
+  std::vector<int32_t> ranked(float* logits, int32_t vocab, int32_t k) const;
+
   const sampling_params& params() const { return p_; }
 
   // Whether the next choice needs nothing but the logits (no penalties, biases or

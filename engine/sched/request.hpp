@@ -67,6 +67,8 @@ struct draft_state {
                                  // plan; 0: none)
   std::vector<int32_t> tokens = {};  // the drafts its step in flight verifies
   std::vector<float> q = {};     // [tokens.size()][vocab] they were drawn from, or empty
+  std::vector<int32_t> parents = {};  // a token tree's: each draft's parent (-1: under the
+                                      // sequence's end); empty: a chain
   int32_t length = 0;            // its adaptive draft length (0: not yet speculating)
   int32_t pause = 0;             // decode steps to go without drafts (they kept failing)
   int32_t misses = 0;            // single drafts rejected in a row

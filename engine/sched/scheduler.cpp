@@ -470,6 +470,7 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
     // The known tokens' KV, and the accepted drafts' (every emitted token but the last).
     r.num_computed_tokens += c.count - c.num_draft + (got.empty() ? 0 : static_cast<int32_t>(got.size()) - 1);
     r.drafts.tokens.clear();
+    r.drafts.parents.clear();
     if (got.empty()) continue;
     const auto& p = r.params;
     step_output out;

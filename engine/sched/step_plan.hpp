@@ -22,6 +22,8 @@ struct scheduled_chunk {
   std::span<const int32_t> tokens;        // the known tokens (count - num_draft of them)
   std::span<const int32_t> draft;         // the drafts, once a proposer filled the slots
                                           // (request::drafts.tokens)
+  std::span<const int32_t> draft_parents; // a token tree's (request::drafts.parents); empty:
+                                          // a chain
   std::span<const block_id> block_table;  // the request's blocks, covering first + count
   bool sample = false;     // the chunk reaches the end of the known tokens: sample one
                            // (with drafts, verify them: 1 to num_draft + 1 tokens)

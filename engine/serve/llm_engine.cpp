@@ -42,6 +42,8 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
   }
   for (const tier_config& t : cfg.sched.kv.tiers)
     if (auto e = validate(t)) return error{*e};
+  if (!s.tree.empty() && ev.enabled()) return error{"token trees and KV eviction do not run together"};
+  if (!s.tree.empty() && !cfg.sched.kv.tiers.empty()) return error{"token trees and KV tiers do not run together"};
   if (s.method == spec_method::draft) {
     if (cfg.draft == nullptr) return error{"speculative method draft needs a draft model"};
     if (auto e = check_draft(*cfg.draft, m)) return error{*e};
@@ -104,6 +106,7 @@ expected<std::unique_ptr<llm_engine>> llm_engine::on_gpu(const model& m, const t
   if (!cfg.sched.kv.tiers.empty()) return error{"KV tiers serve CPU shards; a GPU shard's cache stays on its device"};
   if (cfg.spec.method == spec_method::draft || cfg.spec.method == spec_method::early_exit || cfg.spec.uses_heads())
     return error{"on a GPU, speculative decoding proposes by n-gram only"};
+  if (!cfg.spec.tree.empty()) return error{"on a GPU, speculative decoding verifies chains, not token trees"};
   if (auto st = check(m, cfg); !st) return st.err();
   cfg = complete(cfg, m);
   cuda_shard_options o;
@@ -126,13 +129,32 @@ std::optional<step_output> llm_engine::abort(request_id id) {
   return sched_.abort(id);
 }
 
+void llm_engine::keep_tree_paths(const step_plan& plan, const step_tokens& got) {
+  size_t sampled = 0;
+  for (const auto& c : plan.chunks) {
+    if (!c.sample) continue;
+    const size_t at = sampled++;
+    if (at >= got.paths.size() || got.paths[at].empty()) continue;
+    // The accepted path's slots move down to follow the root; the rest are left behind.
+    const std::vector<int32_t>& path = got.paths[at];
+    bool moves = false;
+    for (size_t j = 0; j < path.size(); ++j) moves |= path[j] != static_cast<int32_t>(j);
+    if (!moves) continue;
+    kept_.resize(static_cast<size_t>(c.first_slot()) + 1);
+    for (int32_t s = 0; s <= c.first_slot(); ++s) kept_[s] = s;
+    for (int32_t node : path) kept_.push_back(c.first_slot() + 1 + node);
+    const bool moved = shard_->compact_kv({c.block_table, kept_, false, {}});
+    TROUPE_ASSERT(moved, "a shard that verified a tree moves its KV");
+  }
+}
+
 std::vector<step_output> llm_engine::step() {
   if (proposer_) plan_drafts(sched_.running(), cfg_.spec, cfg_.sched.context);
   step_plan plan = sched_.schedule();
   stats_.preemptions += plan.preempted.size();
   if (proposer_) {
     for (request_id id : plan.preempted) proposer_->forget(id);
-    fill_drafts(plan, sched_, *proposer_, slots_);
+    fill_drafts(plan, sched_, *proposer_, slots_, cfg_.spec.tree);
   }
   step_tokens got;
   batch_.clear();
@@ -149,6 +171,7 @@ std::vector<step_output> llm_engine::step() {
   mass_.assign(static_cast<size_t>(plan.attention_sums()), 0.0f);
   float* mass = mass_.data();
   if (!plan.chunks.empty()) {
+    tree_parents_.resize(plan.chunks.size());
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       const scheduled_chunk& c = plan.chunks[i];
       const request* r = sched_.find(c.id);
@@ -156,6 +179,12 @@ std::vector<step_output> llm_engine::step() {
         tokens_.assign(c.tokens.begin(), c.tokens.end());
         tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
         batch_.add(tokens_, c.first_slot(), c.block_table, 1 + c.num_draft);
+        if (!c.draft_parents.empty()) {  // a token tree: its root, then its nodes
+          std::vector<int32_t>& up = tree_parents_[i];
+          up.assign(1, -1);
+          for (int32_t p : c.draft_parents) up.push_back(p + 1);
+          batch_.sequences.back().tree_parents = up.data();
+        }
       } else {
         batch_.add(c.tokens, c.first_slot(), c.block_table, c.sample ? 1 : 0);
       }
@@ -182,13 +211,16 @@ std::vector<step_output> llm_engine::step() {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
       got = sample_rows(plan, sched_, logits_.data(), vocab, cfg_.spec);
+      keep_tree_paths(plan, got);
       // (Heads that read features run on CPU shards, whose forward() leaves them here.)
-      if (proposer_) observe_features(plan, sched_, got.emitted, hidden_.data(), model_.config.dim, *proposer_);
+      if (proposer_)
+        observe_features(plan, sched_, got.emitted, got.paths, hidden_.data(), model_.config.dim, *proposer_);
     }
     if (tiers_) tiers_->save(plan.tier_saves, failed);
     stats_.spec_verifies += got.spec.verifies;
     stats_.spec_proposed += got.spec.proposed;
     stats_.spec_accepted += got.spec.accepted;
+    for (size_t d = 0; d < got.spec.by_accepted.size(); ++d) stats_.spec_by_accepted[d] += got.spec.by_accepted[d];
   }
   std::vector<step_output> outs = sched_.update_from_output(plan, got.samples, got.emitted);
   sched_.observe_attention(plan, mass_, model_.config.num_heads * model_.config.num_layers);

@@ -10,6 +10,7 @@
 // got: its new tokens, the text that became final, and whether it finished.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "engine/forward/shard_tiers.hpp"
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/sched/scheduler.hpp"
+#include "engine/serve/step_choices.hpp"
 #include "engine/spec/speculative.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
@@ -51,6 +53,8 @@ struct engine_stats {
   uint64_t spec_verifies = 0;    // request-steps that verified drafts
   uint64_t spec_proposed = 0;    // drafted tokens verified
   uint64_t spec_accepted = 0;    // of which accepted
+  std::array<uint64_t, max_draft_tokens + 1> spec_by_accepted{};  // verifies by drafts accepted
+                                                                  // (a tree's: its path's depth)
   uint64_t evicted_tokens = 0;   // KV eviction: tokens dropped from requests' caches
 };
 
@@ -99,6 +103,9 @@ class llm_engine {
 
  private:
   static engine_config complete(engine_config cfg, const model& m);
+  // Token trees: each verified tree's accepted path, moved down in its KV to follow the
+  // root, as a chain of the same drafts would have left it.
+  void keep_tree_paths(const step_plan& plan, const step_tokens& got);
   void start_speculation(transformer_shard* cpu_shard);
 
   const model& model_;
@@ -117,6 +124,8 @@ class llm_engine {
   std::vector<draft_slot> slots_;
   std::vector<request*> running_;
   std::vector<float> mass_;  // KV eviction: the attention sums, chunk after chunk
+  std::vector<std::vector<int32_t>> tree_parents_;  // per chunk, a token tree's, as the batch has them
+  std::vector<int32_t> kept_;
 };
 
 }  // namespace troupe

@@ -8,7 +8,7 @@ std::vector<token_choice> shard_choices(const step_plan& plan, scheduler& sched)
     if (!c.sample) continue;
     const request* r = sched.find(c.id);
     if (r == nullptr || !r->smp.needs_only_logits()) return {};
-    if (c.num_draft > 0 && r->smp.params().temperature != 0.0f) return {};
+    if (c.num_draft > 0 && (r->smp.params().temperature != 0.0f || !r->drafts.parents.empty())) return {};
     out.insert(out.end(), static_cast<size_t>(1 + c.num_draft), r->smp.next_choice());
   }
   return out;
@@ -93,8 +93,15 @@ step_tokens sample_rows(const step_plan& plan, scheduler& sched, float* logits, 
       out.emitted.push_back(1);
       continue;
     }
-    std::vector<sample_result> got = r->smp.verify(l, vocab, r->drafts.tokens, r->drafts.q);
+    const bool tree = !r->drafts.parents.empty();
+    std::vector<int32_t> path;
+    std::vector<sample_result> got = tree ? r->smp.verify_tree(l, vocab, r->drafts.tokens, r->drafts.parents, path)
+                                          : r->smp.verify(l, vocab, r->drafts.tokens, r->drafts.q);
     const auto accepted = static_cast<int32_t>(got.size()) - 1;
+    if (tree) {
+      out.paths.resize(out.emitted.size());
+      out.paths.push_back(std::move(path));
+    }
     count_verify(out, *r, c.num_draft, accepted, spec);
     out.emitted.push_back(accepted + 1);
     for (auto& s : got) out.samples.push_back(std::move(s));

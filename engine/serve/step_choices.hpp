@@ -50,6 +50,9 @@ struct spec_tally {
 struct step_tokens {
   std::vector<sample_result> samples;
   std::vector<int32_t> emitted;
+  std::vector<std::vector<int32_t>> paths;  // per sampled chunk, a token tree's accepted
+                                            // drafts (indices); empty for chains (and
+                                            // shorter than emitted when trailing ones are)
   spec_tally spec;
 };
 

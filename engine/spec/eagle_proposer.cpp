@@ -155,7 +155,7 @@ void eagle_proposer::propose(std::span<draft_slot> slots) {
     in_.resize(2 * d);
     for (int32_t i = 0;; ++i) {
       head(feature.data(), logits_.data());
-      choose_draft(slot, view, logits_.data(), vocab, greedy_);
+      draft_next(slot, view, logits_.data(), vocab, greedy_);
       if (i + 1 >= slot.max_tokens) break;
       std::copy(feature.begin(), feature.end(), in_.begin());
       embedding(target_.weights.token_embedding, &slot.tokens.back(), 1, in_.data() + d, dim_);

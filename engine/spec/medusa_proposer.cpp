@@ -81,7 +81,7 @@ void medusa_proposer::propose(std::span<draft_slot> slots) {
     if (runs[i] == 0) continue;
     sampler view = slots[i].req->smp;
     for (int32_t h = 0; h < runs[i]; ++h)
-      choose_draft(slots[i], view, logits_.data() + int64_t{row_of[i * heads + h]} * vocab, vocab, greedy_);
+      draft_next(slots[i], view, logits_.data() + int64_t{row_of[i * heads + h]} * vocab, vocab, greedy_);
   }
 }
 

@@ -66,7 +66,7 @@ void model_proposer::propose(std::span<draft_slot> slots) {
     run_(batch_, hidden_.data(), logits_.data());
     for (size_t row = 0; row < in.size(); ++row) {
       draft_slot& s = slots[in[row]];
-      choose_draft(s, views_[in[row]], logits_.data() + row * vocab, vocab, greedy_);
+      draft_next(s, views_[in[row]], logits_.data() + row * vocab, vocab, greedy_);
     }
   }
   if (!own_kv_) return;

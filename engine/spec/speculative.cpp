@@ -4,6 +4,7 @@
 
 #include "engine/spec/heads.hpp"
 #include "kernels/cpu/argmax.hpp"
+#include "kernels/cpu/paged_attention.hpp"
 #include "kernels/cpu/sample.hpp"
 
 namespace troupe {
@@ -28,8 +29,30 @@ std::optional<spec_method> parse_spec_method(std::string_view s) {
   return std::nullopt;
 }
 
+int32_t speculative_config::tree_nodes() const {
+  int64_t nodes = 0, level = 1;
+  for (int32_t w : tree) {
+    level *= std::max(w, 0);
+    nodes += level;
+    if (nodes > 1 << 20) break;
+  }
+  return static_cast<int32_t>(std::min<int64_t>(nodes, 1 << 20));
+}
+
 std::optional<std::string> validate(const speculative_config& c, const model_config& target) {
   if (!c.enabled()) return std::nullopt;
+  if (!c.tree.empty()) {
+    if (static_cast<int32_t>(c.tree.size()) > max_draft_tokens)
+      return "a tree of depth " + std::to_string(c.tree.size()) + " is deeper than " + std::to_string(max_draft_tokens);
+    for (int32_t w : c.tree)
+      if (w < 1 || w > 16) return "a tree's widths must be in 1..16; got " + std::to_string(w);
+    if (c.tree_nodes() > max_tree_tokens - 1)
+      return "a tree of " + std::to_string(c.tree_nodes()) + " nodes is more than one pass verifies (" +
+             std::to_string(max_tree_tokens - 1) + ")";
+    if (c.max_step_tokens < c.tree_nodes() + 1)
+      return "max_step_tokens " + std::to_string(c.max_step_tokens) + " cannot hold a tree of " +
+             std::to_string(c.tree_nodes()) + " nodes and its root";
+  }
   if (c.k < 1 || c.k > max_draft_tokens)
     return "speculative k must be in 1.." + std::to_string(max_draft_tokens) + "; got " + std::to_string(c.k);
   if (c.max_step_tokens < 2)
@@ -70,7 +93,10 @@ std::optional<std::string> check_heads(const speculative_config& c, const specul
   if (c.method != (medusa ? spec_method::medusa : spec_method::eagle))
     return h.path + " holds " + (medusa ? "Medusa heads" : "an EAGLE head") + "; speculative method " +
            std::string(spec_method_name(c.method)) + " needs " + (medusa ? "an EAGLE head" : "Medusa heads");
-  if (c.k > h.depth())
+  if (!c.tree.empty() && static_cast<int32_t>(c.tree.size()) > h.depth())
+    return "a tree of depth " + std::to_string(c.tree.size()) + " is deeper than the " + std::to_string(h.depth()) +
+           " Medusa heads of " + h.path + " reach";
+  if (c.tree.empty() && c.k > h.depth())
     return "k " + std::to_string(c.k) + " drafts a step, deeper than the " + std::to_string(h.depth()) +
            " Medusa heads of " + h.path + " reach";
   return std::nullopt;
@@ -100,10 +126,19 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
       --r->drafts.pause;
       continue;
     }
-    const int32_t limit = draft_cap(*r, c);
-    if (r->drafts.length == 0) r->drafts.length = limit;
     // Drafts past max_tokens or the context could never be kept.
     const int32_t room = std::min(r->params.max_tokens - r->num_output_tokens(), context - r->num_tokens()) - 1;
+    if (!c.tree.empty()) {  // a whole tree, or nothing: its depth kept, its nodes held
+      const int32_t nodes = c.tree_nodes();
+      if (r->params.speculative == 0 || static_cast<int32_t>(c.tree.size()) > room ||
+          nodes > std::min(left, context - r->num_tokens() - 1))
+        continue;
+      r->drafts.wanted = nodes;
+      left -= nodes;
+      continue;
+    }
+    const int32_t limit = draft_cap(*r, c);
+    if (r->drafts.length == 0) r->drafts.length = limit;
     const int32_t want = std::min({r->drafts.length, limit, room, left});
     if (want <= 0) continue;
     r->drafts.wanted = want;
@@ -111,13 +146,49 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
   }
 }
 
-void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots) {
+void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots,
+                 std::span<const int32_t> tree) {
   slots.clear();
-  for (const auto& c : plan.chunks)
-    if (c.num_draft > 0) slots.push_back({sched.find(c.id), c.num_draft, {}, {}, {}});
+  for (const auto& c : plan.chunks) {
+    if (c.num_draft == 0) continue;
+    // A tree's proposer drafts its depth's positions along one path.
+    const int32_t positions = tree.empty() ? c.num_draft : static_cast<int32_t>(tree.size());
+    slots.push_back({sched.find(c.id), positions, {}, {}, {}, tree});
+  }
   if (slots.empty()) return;
   p.propose(slots);
   take_drafts(plan, slots);
+}
+
+void build_tree(std::span<const std::vector<int32_t>> levels, std::span<const int32_t> widths, int32_t max_nodes,
+                std::vector<int32_t>& tokens, std::vector<int32_t>& parents) {
+  tokens.clear();
+  parents.clear();
+  std::vector<int32_t> above = {-1}, next;  // the nodes of the depth above
+  for (size_t d = 0; d < levels.size() && d < widths.size(); ++d) {
+    next.clear();
+    const int32_t width = std::min(widths[d], static_cast<int32_t>(levels[d].size()));
+    for (int32_t up : above)
+      for (int32_t j = 0; j < width; ++j) {
+        if (static_cast<int32_t>(tokens.size()) >= max_nodes) return;
+        next.push_back(static_cast<int32_t>(tokens.size()));
+        tokens.push_back(levels[d][j]);
+        parents.push_back(up);
+      }
+    above.swap(next);
+  }
+}
+
+void draft_next(draft_slot& s, sampler& view, float* logits, int32_t vocab, std::vector<float>& scratch) {
+  if (s.tree.empty()) {
+    choose_draft(s, view, logits, vocab, scratch);
+    return;
+  }
+  const size_t depth = s.levels.size();
+  s.levels.push_back(view.ranked(logits, vocab, depth < s.tree.size() ? s.tree[depth] : 1));
+  const int32_t d = s.levels.back().front();
+  view.replay(d);
+  s.tokens.push_back(d);
 }
 
 void choose_draft(draft_slot& s, sampler& view, float* logits, int32_t vocab, std::vector<float>& scratch) {
@@ -137,20 +208,29 @@ void choose_draft(draft_slot& s, sampler& view, float* logits, int32_t vocab, st
   s.tokens.push_back(d);
 }
 
-void observe_features(const step_plan& plan, scheduler& sched, std::span<const int32_t> emitted, const float* hidden,
-                      int32_t dim, proposer& p) {
+void observe_features(const step_plan& plan, scheduler& sched, std::span<const int32_t> emitted,
+                      std::span<const std::vector<int32_t>> paths, const float* hidden, int32_t dim, proposer& p) {
   if (!p.wants_features()) return;
   size_t row = 0, sampled = 0;
+  std::vector<float> gathered;
+  const auto d = static_cast<size_t>(dim);
   for (const auto& c : plan.chunks) {
     int32_t held = c.count - c.num_draft;  // the known tokens
+    const float* rows = hidden + row * d;
     if (c.sample) {
       TROUPE_ASSERT(sampled < emitted.size(), sampled, emitted.size());
+      const std::vector<int32_t>* path = sampled < paths.size() && !paths[sampled].empty() ? &paths[sampled] : nullptr;
       const int32_t e = emitted[sampled++];
       if (c.num_draft > 0) held += e - 1;  // and the accepted drafts
+      if (path) {  // a tree's root, then its accepted path
+        gathered.assign(rows, rows + d);
+        for (int32_t node : *path) gathered.insert(gathered.end(), rows + (node + 1) * d, rows + (node + 2) * d);
+        rows = gathered.data();
+      }
     }
     const request* r = sched.find(c.id);
     if (r && r->state == request_state::running)  // (one that ended meanwhile is forgotten)
-      p.observe(c.id, c.first, hidden + row * static_cast<size_t>(dim), held);
+      p.observe(c.id, c.first, rows, held);
     row += static_cast<size_t>(c.count);
   }
 }
@@ -162,6 +242,12 @@ void take_drafts(step_plan& plan, std::span<draft_slot> slots) {
     TROUPE_ASSERT(i < slots.size(), i, slots.size());
     draft_slot& s = slots[i++];
     if (!s.req) s.tokens.clear();
+    if (!s.tree.empty()) {  // the path's candidates become the tree
+      if (s.levels.size() < s.tokens.size())  // (a proposer of one candidate a position)
+        for (size_t d = s.levels.size(); d < s.tokens.size(); ++d) s.levels.push_back({s.tokens[d]});
+      build_tree(s.levels, s.tree, c.num_draft, s.tokens, s.parents);
+      s.q.clear();
+    }
     TROUPE_ASSERT(static_cast<int32_t>(s.tokens.size()) <= c.num_draft, s.tokens.size(), c.num_draft);
     const int32_t shortfall = c.num_draft - static_cast<int32_t>(s.tokens.size());
     c.count -= shortfall;
@@ -173,7 +259,9 @@ void take_drafts(step_plan& plan, std::span<draft_slot> slots) {
     }
     s.req->drafts.tokens = std::move(s.tokens);
     s.req->drafts.q = std::move(s.q);
+    s.req->drafts.parents = std::move(s.parents);
     c.draft = s.req->drafts.tokens;
+    c.draft_parents = s.req->drafts.parents;
   }
 }
 

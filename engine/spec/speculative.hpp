@@ -46,8 +46,14 @@ struct speculative_config {
   int32_t max_step_tokens = 8;   // speculation adapts to the batch: drafts are handed out
                                  // while a step's decode tokens and drafts stay within this
                                  // many (at 8 requests decoding, none)
+  // A token tree instead of a chain of k drafts: tree[d] candidates at depth d + 1 under
+  // every node of depth d (the proposer's top ones for that position, along its most
+  // likely path), all verified in one pass. Empty: a chain.
+  std::vector<int32_t> tree;
 
   bool enabled() const { return method != spec_method::none; }
+  // A tree's nodes (its root, the sequence's end, not counted).
+  int32_t tree_nodes() const;
   // Trained heads (a head file) propose: Medusa or EAGLE.
   bool uses_heads() const { return method == spec_method::medusa || method == spec_method::eagle; }
   // The exit layer early exit runs with, for a target of num_layers layers.
@@ -77,6 +83,12 @@ struct draft_slot {
   std::span<const float> uniforms;  // random drafts: the uniform each slot's draw uses (a
                                     // proposer elsewhere gets them with the order); empty:
                                     // drawn from the request's draft stream
+  // A token tree (speculative_config::tree): the widths wanted; the proposer fills levels
+  // (each position's candidates, most likely first, along its most likely path, which
+  // `tokens` holds), and take_drafts makes the tree: tokens, then parents.
+  std::span<const int32_t> tree = {};
+  std::vector<std::vector<int32_t>> levels = {};
+  std::vector<int32_t> parents = {};
 };
 
 class proposer {
@@ -95,6 +107,17 @@ class proposer {
   virtual void forget_all() {}
 };
 
+// A token tree's nodes in breadth-first order from per-position candidates: levels[d]'s
+// first widths[d] under every node of depth d (fewer where a level has fewer); tokens and
+// parents (-1: under the sequence's end), at most max_nodes of them.
+void build_tree(std::span<const std::vector<int32_t>> levels, std::span<const int32_t> widths, int32_t max_nodes,
+                std::vector<int32_t>& tokens, std::vector<int32_t>& parents);
+
+// What a proposer does with a drafted position's logits: in a chain, choose_draft; in a
+// tree, the position's candidates (sampler::ranked, s.tree's width) go to s.levels and the
+// first continues the path (tokens; view advanced over it).
+void draft_next(draft_slot& s, sampler& view, float* logits, int32_t vocab, std::vector<float>& scratch);
+
 // Appends to `s` the draft its request's sampler would choose from `logits` (penalties
 // and biases, over the sequence and s's drafts so far, as `view` has them; view is then
 // advanced over it): greedy, the argmax; sampling, a draw with the request's draft stream,
@@ -105,8 +128,10 @@ void choose_draft(draft_slot& s, sampler& view, float* logits, int32_t vocab, st
 // request now holds: all its known tokens; of a verified chunk's drafts, the accepted ones
 // (emitted: per sampled chunk, as step_tokens has it; requests still running only).
 // hidden: [tokens of the step][dim].
-void observe_features(const step_plan& plan, scheduler& sched, std::span<const int32_t> emitted, const float* hidden,
-                      int32_t dim, proposer& p);
+// A tree's chunk: its root and accepted path (paths, per sampled chunk: the accepted
+// drafts' indices; empty for a chain).
+void observe_features(const step_plan& plan, scheduler& sched, std::span<const int32_t> emitted,
+                      std::span<const std::vector<int32_t>> paths, const float* hidden, int32_t dim, proposer& p);
 
 // The most drafts a request takes per step: k, or its own cap when lower.
 inline int32_t draft_cap(const request& r, const speculative_config& c) {
@@ -133,7 +158,9 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
 // chunk whose proposer came up short computes fewer positions. Each request keeps its
 // drafts (request::drafts: tokens, q) for verification, and its chunk's draft points at
 // them. slots: scratch, kept by the caller between steps.
-void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots);
+// With `tree` (speculative_config::tree), each slot's candidates make a token tree.
+void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<draft_slot>& slots,
+                 std::span<const int32_t> tree = {});
 
 // The second half of fill_drafts, for drafts from anywhere: slots holds one entry per chunk
 // of `plan` with draft slots, in order, each with its proposals (a slot without a request,

@@ -238,6 +238,14 @@ inline void mask_before(float* scores, int32_t first) {
   for (int32_t p = 0; p < first; ++p) scores[p] = -INFINITY;
 }
 
+// Those too, and a token tree's nodes the token does not descend from.
+inline void mask_token(float* scores, const attention_token& tok) {
+  mask_before(scores, tok.first);
+  if (tok.tree_first < 0) return;
+  for (int32_t p = tok.tree_first; p <= tok.position; ++p)
+    if (!((tok.tree_mask >> (p - tok.tree_first)) & 1u)) scores[p] = -INFINITY;
+}
+
 // The softmax weights of rows that asked for them (wouts[i] set), positions 0..n_i.
 inline void keep_weights(float* const* wouts, const float* const* weights, int rows, const int32_t* ns) {
   for (int i = 0; i < rows; ++i)
@@ -255,7 +263,7 @@ void attend_group(const float* const* q, float* const* out, float* const* wouts,
   for (int h = 0; h < group; ++h) scores[h] = scratch.data() + h * padded;
   scores_for<T>(q, group, tok, kv_head, kv, n, scores);
   for (int h = 0; h < group; ++h) {
-    mask_before(scores[h], tok.first);
+    mask_token(scores[h], tok);
     softmax(scores[h], n);
     if (wouts[h]) std::memcpy(wouts[h], scores[h], sizeof(float) * n);
     weighted_values<T>(scores[h], n, tok, kv_head, kv, out[h]);
@@ -274,7 +282,7 @@ void attend_heads(const float* const* q, float* const* out, float* const* wouts,
   // more blocks at a time it also asks for more of the cache ahead.
   scores_heads<T, (H * G >= 8 ? 1 : 8 / (H * G)), H, G>(q, tok, kv_head0, kv, n, scores);
   for (int i = 0; i < H * G; ++i) {
-    mask_before(scores[i], tok.first);
+    mask_token(scores[i], tok);
     softmax(scores[i], n);
     if (wouts[i]) std::memcpy(wouts[i], scores[i], sizeof(float) * n);
   }
@@ -349,7 +357,7 @@ void attend_run(const float* const* q, float* const* out, float* const* wouts, c
   // Every row scored over the last token's positions (the extra ones are not used).
   scores_heads<T, (Rows >= 8 ? 2 : 16 / Rows), 1, Rows>(q, toks[R - 1], kv_head, kv, n, scores);
   for (int i = 0; i < Rows; ++i) {
-    mask_before(scores[i], toks[i / G].first);
+    mask_token(scores[i], toks[i / G]);
     softmax(scores[i], ns[i]);
   }
   keep_weights(wouts, scores, Rows, ns);

@@ -62,7 +62,14 @@ struct attention_token {
   float* weights = nullptr;     // when set, query head h's softmax weights go to
   int64_t weights_stride = 0;   // weights[h * weights_stride + p], p in 0..position (those
                                 // before first exactly 0): what KV eviction policies read
+  // A token tree (speculative decoding verifies one in a pass): positions tree_first ..
+  // position hold the tree's nodes, and this token sees only those whose bit
+  // (p - tree_first) of tree_mask is set (its ancestors and itself); the positions
+  // before tree_first as usual. tree_first -1: no tree.
+  int32_t tree_first = -1;
+  uint64_t tree_mask = 0;
 };
+inline constexpr int32_t max_tree_tokens = 64;  // a tree's nodes, its root included
 
 void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_stride,
                      const attention_token* tokens, int32_t num_tokens, int32_t num_heads,

@@ -24,6 +24,11 @@ inline void add_speculative_options(CLI::App& app, speculative_options& o) {
   app.add_option("--heads", o.heads,
                  "the head file (--speculative medusa or eagle) that troupe-train made for this model")
       ->group(group);
+  app.add_option("--tree", o.tree,
+                 "verify a token tree instead of a chain: widths by depth, as 4,2,2 (4 candidates for the next "
+                 "token, 2 under each for the one after, ...; at most 63 nodes), the proposer's top candidates "
+                 "for each position along its most likely path")
+      ->group(group);
   app.add_option("--exit-layer", o.exit_layer, "early exit after this many layers (default: a quarter of them)")
       ->group(group);
 }

@@ -1,6 +1,7 @@
 #include "tools/common/speculative_options.hpp"
 
 #include <algorithm>
+#include <charconv>
 
 namespace troupe::tools {
 
@@ -17,10 +18,26 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
   if (!method) return error{method_name + ": '" + o.method + "' is not ngram, draft, early-exit, medusa, eagle or none"};
   c.method = *method;
   if (!c.enabled()) {
-    if (o.k != -1 || !o.draft.empty() || o.exit_layer != 0 || !o.heads.empty())
+    if (o.k != -1 || !o.draft.empty() || o.exit_layer != 0 || !o.heads.empty() || !o.tree.empty())
       return error{k_name + ", " + draft_name + ", " + heads_name + " and " + exit_name + " apply with " + method_name +
                    " ngram, draft, early-exit, medusa or eagle"};
     return c;
+  }
+  if (!o.tree.empty()) {
+    const std::string tree_name = topology ? "[speculative] tree" : "--tree";
+    if (o.k != -1) return error{k_name + " and " + tree_name + ": a tree sets how many drafts a step verifies"};
+    size_t at = 0;
+    while (at <= o.tree.size()) {
+      const size_t end = std::min(o.tree.find(',', at), o.tree.size());
+      const std::string w = o.tree.substr(at, end - at);
+      int32_t v = 0;
+      const auto [p, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
+      if (w.empty() || ec != std::errc() || p != w.data() + w.size())
+        return error{tree_name + ": '" + o.tree + "' is not widths by depth, as 4,2,2"};
+      c.tree.push_back(v);
+      at = end + 1;
+    }
+    c.max_step_tokens = std::max(c.max_step_tokens, c.tree_nodes() + 1);
   }
   if (o.k != -1) c.k = o.k;
   c.exit_layer = o.exit_layer;

@@ -21,6 +21,7 @@ struct speculative_options {
   std::string draft;            // the draft model's file, for method draft
   int32_t exit_layer = 0;       // 0: a quarter of the target's layers
   std::string heads;            // the head file, for methods medusa and eagle
+  std::string tree;             // a token tree's widths by depth, "4,2,2"; empty: a chain
 };
 
 // What a speculative configuration loads: a draft model, or trained heads.

@@ -204,6 +204,21 @@ int main(int argc, char** argv) {
                    static_cast<unsigned long long>(st.spec_accepted), static_cast<unsigned long long>(st.spec_proposed),
                    100.0 * static_cast<double>(st.spec_accepted) / static_cast<double>(std::max<uint64_t>(st.spec_proposed, 1)),
                    1.0 + static_cast<double>(st.spec_accepted) / static_cast<double>(st.spec_verifies));
+    if (spec->enabled() && st.spec_verifies > 0) {
+      // How far down verification went: the share of verify steps that kept a draft at
+      // each depth (a Medusa head's own acceptance: head d guesses depth d).
+      std::string depths;
+      uint64_t reached = st.spec_verifies;
+      for (size_t d = 1; d < st.spec_by_accepted.size(); ++d) {
+        reached -= st.spec_by_accepted[d - 1];
+        if (reached == 0) break;
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%s%zu: %.0f%%", depths.empty() ? "" : ", ", d,
+                      100.0 * static_cast<double>(reached) / static_cast<double>(st.spec_verifies));
+        depths += buf;
+      }
+      if (!depths.empty()) std::fprintf(stderr, "troupe-run: speculative: drafts kept at depth %s\n", depths.c_str());
+    }
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 // Speculative decoding: the proposers, the adaptive draft length, verification by
 // rejection sampling (its output distribution, by chi-square over seeded draws), and the
 // engine loop's output against plain decoding, token for token under greedy.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -263,6 +264,112 @@ TEST_CASE("rejection sampling emits the target's distribution at every position,
   }
 }
 
+TEST_CASE("a token tree's verification emits the target's distribution, whichever branch is taken") {
+  constexpr int32_t vocab = 12;
+  const std::vector<std::vector<float>> l = {
+      {1.0f, 2.5f, 0.3f, -1.0f, 1.9f, 0.0f, 2.2f, -0.5f, 1.4f, 0.8f, -2.0f, 1.7f},
+      {0.2f, -0.4f, 2.1f, 1.1f, 0.9f, 1.6f, -1.2f, 0.4f, 2.4f, 0.1f, 1.3f, -0.7f},
+      {1.5f, 0.5f, -0.3f, 2.0f, 0.1f, 1.2f, 0.7f, 2.6f, -1.0f, 0.9f, 0.2f, 1.1f},
+      {-0.5f, 1.8f, 0.6f, 0.0f, 2.3f, -1.4f, 1.0f, 0.3f, 1.9f, 2.2f, 0.4f, 0.8f}};
+  // The tree: three children of the sequence's end (tokens 4, 2, 6); two under the first
+  // (3, 7), one under the second (8). Node i's row follows its path.
+  const std::vector<int32_t> draft = {4, 2, 6, 3, 7, 8};
+  const std::vector<int32_t> parent = {-1, -1, -1, 0, 0, 1};
+  const std::vector<int> row_of = {0, 1, 2, 3, 1, 1, 2};  // row 0, then node i's at i + 1
+  std::vector<sampling_params> settings(4);
+  for (auto& p : settings) p.temperature = 1.0f;
+  settings[1].temperature = 0.6f;
+  settings[1].top_k = 5;
+  settings[2].top_p = 0.8f;
+  settings[3].repetition_penalty = 1.3f;
+  settings[3].presence_penalty = 0.4f;
+  settings[3].logit_bias = {{2, 1.5f}, {8, -3.0f}};
+  const std::vector<int32_t> prompt = {1, 4, 4, 6, 2};
+  for (size_t si = 0; si < settings.size(); ++si) {
+    CAPTURE(si);
+    const int32_t n = 24000;
+    std::vector<int64_t> first(vocab, 0);
+    std::map<int32_t, std::vector<int64_t>> second;  // by the first token
+    std::vector<int64_t> depth(4, 0);
+    for (int32_t i = 0; i < n; ++i) {
+      sampling_params p = settings[si];
+      p.seed = 5000 + static_cast<uint64_t>(i);
+      sampler target(p, prompt);
+      std::vector<float> rows;
+      for (int r : row_of) rows.insert(rows.end(), l[r].begin(), l[r].end());
+      std::vector<int32_t> path;
+      const auto got = target.verify_tree(rows.data(), vocab, draft, parent, path);
+      REQUIRE(got.size() == path.size() + 1);
+      for (size_t j = 0; j < path.size(); ++j) CHECK(got[j].token == draft[path[j]]);
+      ++depth[path.size()];
+      ++first[got[0].token];
+      if (got.size() >= 2) {
+        auto& c = second[got[0].token];
+        c.resize(vocab, 0);
+        ++c[got[1].token];
+      }
+    }
+    CHECK(depth[1] > 0);
+    CHECK(depth[2] > 0);
+    sampler ref(settings[si], prompt);
+    std::vector<float> row = l[0], probs(vocab);
+    ref.distribution(row.data(), vocab, probs.data());
+    int dof = 0;
+    double chi = chi_square(first, std::vector<double>(probs.begin(), probs.end()), n, &dof);
+    CAPTURE(chi);
+    CHECK(chi < critical(dof));
+    // After a first token the tree holds, the second follows that node's row.
+    for (const auto& [token, counts] : second) {
+      int64_t m = 0;
+      for (int64_t c : counts) m += c;
+      const auto node = std::find(draft.begin(), draft.begin() + 3, token) - draft.begin();
+      REQUIRE(node < 3);
+      if (m < 2000) continue;
+      sampler after(settings[si], prompt);
+      after.replay(token);
+      std::vector<float> r = l[row_of[node + 1]], p1(vocab);
+      after.distribution(r.data(), vocab, p1.data());
+      const double c2 = chi_square(counts, std::vector<double>(p1.begin(), p1.end()), m, &dof);
+      const auto t = token;  // (a variable: clang 14 captures no binding)
+      CAPTURE(t);
+      CAPTURE(c2);
+      CHECK(c2 < critical(dof));
+    }
+  }
+}
+
+TEST_CASE("greedy tree verification follows the argmax down the tree, then emits one more") {
+  constexpr int32_t vocab = 6;
+  // Row 0's argmax is 3 (the second child), its row's argmax 5 (its child), whose row's is 0.
+  const std::vector<float> r0 = {0, 1, 2, 9, 1, 0}, r_a = {9, 0, 0, 0, 0, 0}, r_b = {0, 0, 0, 0, 1, 8},
+                           r_c = {7, 0, 0, 0, 0, 0};
+  const std::vector<int32_t> draft = {2, 3, 4, 5};
+  const std::vector<int32_t> parent = {-1, -1, 0, 1};
+  std::vector<float> rows;
+  for (const auto* r : {&r0, &r_a, &r_b, &r_a, &r_c}) rows.insert(rows.end(), r->begin(), r->end());
+  sampling_params p;
+  p.temperature = 0.0f;
+  const std::vector<int32_t> prompt = {1};
+  sampler s(p, prompt);
+  std::vector<int32_t> path;
+  const auto got = s.verify_tree(rows.data(), vocab, draft, parent, path);
+  REQUIRE(got.size() == 3);
+  CHECK(got[0].token == 3);
+  CHECK(got[1].token == 5);
+  CHECK(got[2].token == 0);
+  CHECK(path == std::vector<int32_t>{1, 3});
+  // A tree whose first level misses: the argmax alone.
+  const std::vector<int32_t> miss = {1, 2};
+  const std::vector<int32_t> flat = {-1, -1};
+  std::vector<float> rows2;
+  for (const auto* r : {&r0, &r_a, &r_a}) rows2.insert(rows2.end(), r->begin(), r->end());
+  sampler s2(p, prompt);
+  const auto got2 = s2.verify_tree(rows2.data(), vocab, miss, flat, path);
+  REQUIRE(got2.size() == 1);
+  CHECK(got2[0].token == 3);
+  CHECK(path.empty());
+}
+
 TEST_CASE("greedy verification keeps drafts while they are the argmax, then the argmax") {
   constexpr int32_t vocab = 6;
   sampling_params p;
@@ -382,6 +489,7 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     int32_t k;
     const model* draft;
     const speculative_heads* heads = nullptr;
+    std::vector<int32_t> tree = {};
   };
   const variant variants[] = {{"ngram", spec_method::ngram, 4, nullptr},
                               {"early exit", spec_method::early_exit, 3, nullptr},
@@ -389,7 +497,12 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
                               {"draft model (the target itself)", spec_method::draft, 5, &l.m},
                               {"draft model (trained)", spec_method::draft, 4, &*trained_draft},
                               {"Medusa heads (trained)", spec_method::medusa, 4, nullptr, medusa->get()},
-                              {"EAGLE head (trained)", spec_method::eagle, 5, nullptr, eagle->get()}};
+                              {"EAGLE head (trained)", spec_method::eagle, 5, nullptr, eagle->get()},
+                              {"ngram, a tree", spec_method::ngram, 4, nullptr, nullptr, {2, 1, 1}},
+                              {"early exit, a tree", spec_method::early_exit, 3, nullptr, nullptr, {3, 2}},
+                              {"draft model (trained), a tree", spec_method::draft, 4, &*trained_draft, nullptr, {2, 2, 2, 1}},
+                              {"Medusa heads (trained), a tree", spec_method::medusa, 4, nullptr, medusa->get(), {4, 2, 2, 1}},
+                              {"EAGLE head (trained), a tree", spec_method::eagle, 4, nullptr, eagle->get(), {3, 2, 1, 1}}};
   for (const variant& v : variants) {
     CAPTURE(v.name);
     engine_config cfg = base;
@@ -399,6 +512,7 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     cfg.spec.max_step_tokens = 64;  // drafts for every request, batched as they are
     cfg.draft = v.draft;
     cfg.heads = v.heads;
+    cfg.spec.tree = v.tree;
     llm_engine e(l.m, l.tok, cfg);
     const auto got = run_all(e, reqs);
     REQUIRE(got.size() == plain.size());

@@ -421,3 +421,54 @@ TEST_CASE("attention weights, where a token asks for them, are dense attention's
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("a token tree's nodes see the cache before the tree, their ancestors and themselves") {
+  // 40 positions of context, then a tree of 8 nodes at positions 40..47: the root (the
+  // sequence's last known token), two children, and their descendants.
+  const std::vector<int32_t> parent = {-1, 0, 0, 1, 1, 2, 3, 5};
+  const int32_t context = 40, nodes = static_cast<int32_t>(parent.size()), len = context + nodes;
+  for (cache_type type : {cache_type::f32, cache_type::f16})
+  for (int32_t heads : {4, 8}) {
+    CAPTURE(heads);
+    const int32_t kv_heads = 4, head_dim = 16, row = heads * head_dim;
+    const std::vector<uint32_t> table = shuffled_table(8, 5);
+    const written_cache c(type, 8, kv_heads, head_dim, len, table, 21);
+    std::vector<attention_token> toks;
+    for (int32_t i = 0; i < nodes; ++i) {
+      attention_token t{context + i, table.data()};
+      t.tree_first = context;
+      for (int32_t a = i; a >= 0; a = parent[a]) t.tree_mask |= uint64_t{1} << a;
+      toks.push_back(t);
+    }
+    const auto q = test::random_floats(size_t(nodes) * row, 9);
+    thread_pool pool(2);
+    std::vector<float> together(q.size(), NAN);
+    paged_attention(q.data(), row, together.data(), row, toks.data(), nodes, heads, c.cache.layer, pool);
+    for (int32_t i = 0; i < nodes; ++i) {
+      CAPTURE(i);
+      // Alone, the same bits (a run of the tree's tokens is read a block at a time).
+      std::vector<float> alone(row, NAN);
+      paged_attention(q.data() + i * row, row, alone.data(), row, &toks[i], 1, heads, c.cache.layer, pool);
+      CHECK(test::same_finite_bits(alone, std::span(together).subspan(size_t(i) * row, row)));
+      if (type != cache_type::f32) continue;
+      // Dense attention over the context and the node's path, as one sequence.
+      std::vector<int32_t> path;
+      for (int32_t a = i; a >= 0; a = parent[a]) path.insert(path.begin(), a);
+      const size_t stride = size_t(kv_heads) * head_dim;
+      std::vector<float> keys(c.keys.begin(), c.keys.begin() + context * stride);
+      std::vector<float> vals(c.vals.begin(), c.vals.begin() + context * stride);
+      for (int32_t a : path) {
+        keys.insert(keys.end(), c.keys.begin() + (context + a) * stride, c.keys.begin() + (context + a + 1) * stride);
+        vals.insert(vals.end(), c.vals.begin() + (context + a) * stride, c.vals.begin() + (context + a + 1) * stride);
+      }
+      const std::vector<float> qi(q.begin() + i * row, q.begin() + (i + 1) * row);
+      const int32_t at = context + static_cast<int32_t>(path.size()) - 1;
+      const auto want = dense_attention(qi, keys, vals, {at}, heads, kv_heads, head_dim);
+      for (int32_t j = 0; j < row; ++j) CHECK(together[i * row + j] == doctest::Approx(want[j]).epsilon(1e-5).scale(1.0));
+    }
+  }
+}
+
+}  // namespace troupe
