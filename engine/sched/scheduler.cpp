@@ -426,8 +426,13 @@ void scheduler::apply(step_draft& d, kv_step_grants g) {
   }
 }
 
-// Running request r did not fit: the lowest-priority request not in flight gives way.
+// Running request r did not fit: its drafts go first (they are optional, and it claims
+// again without them); then the lowest-priority request not in flight gives way.
 void scheduler::out_of_blocks(step_draft& d, request& r) {
+  if (r.drafts.wanted > 0) {
+    r.drafts.wanted = 0;
+    return;
+  }
   request* victim = nullptr;
   for (auto it = running_.rbegin(); it != running_.rend(); ++it)
     if (!(*it)->in_flight) {

@@ -537,6 +537,40 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
   }
 }
 
+TEST_CASE("a request whose blocks hold its sequence but not its drafts decodes to the end, drafting less") {
+  // The pool holds the prompt and every output token, with no room for a tree's 24 nodes
+  // or a chain's 4 drafts past the last block: drafts are dropped before anything else
+  // gives way, and nothing ends short.
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  request_params p;
+  p.prompt = l.tok.encode("Once upon a time", true);
+  p.max_tokens = 128 - static_cast<int32_t>(p.prompt.size());
+  p.sampling.temperature = 0.0f;
+  engine_config base;
+  base.sched.kv.block_size = 16;
+  base.sched.kv.num_blocks = 8;  // 128 tokens exactly
+  base.sched.max_step_tokens = 64;
+  std::map<uint64_t, outcome> plain;
+  {
+    llm_engine e(l.m, l.tok, base);
+    plain = run_all(e, {p});
+  }
+  REQUIRE(plain.at(0).tokens.size() == static_cast<size_t>(p.max_tokens));
+  for (const std::vector<int32_t>& tree : {std::vector<int32_t>{}, std::vector<int32_t>{4, 4, 1}}) {
+    CAPTURE(tree.size());
+    engine_config cfg = base;
+    cfg.spec.method = spec_method::ngram;
+    cfg.spec.k = 4;
+    cfg.spec.tree = tree;
+    cfg.spec.max_step_tokens = 64;
+    llm_engine e(l.m, l.tok, cfg);
+    const auto got = run_all(e, {p});
+    CHECK(got.at(0).tokens == plain.at(0).tokens);
+    CHECK(got.at(0).reason == plain.at(0).reason);
+    CHECK(e.stats().preemptions == 0);
+  }
+}
+
 TEST_CASE("sampling with speculation is reproducible by seed and workload") {
   // (Drafts depend on the batch, which sets each request's share of draft slots, and
   // rejection sampling draws by the drafts: a seeded request repeats its output for the
