@@ -85,22 +85,28 @@ __global__ void attention_partial_kernel(const float* q, int64_t q_stride, token
   float* qs = shared;           // [hd]
   float* scores = shared + hd;  // [split]
   const float scale = rsqrtf(static_cast<float>(hd));
+  // A token tree's nodes that are not this token's ancestors weigh nothing.
+  const int32_t tree_first = b.tree_first ? b.tree_first[t] : -1;
+  const uint64_t tree_mask = tree_first >= 0 ? b.tree_mask[t] : 0;
   for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = q[int64_t{t} * q_stride + int64_t{h} * hd + d];
   __syncthreads();
   float local_max = -INFINITY;
   for (int32_t p = start + threadIdx.x; p < end; p += blockDim.x) {
     const float* kp = kv.k + kv_offset(kv, table[p / kv.block_size], kvh) + p % kv.block_size;
-    const float dot = (hd == 64    ? dot_k<64>(qs, kp, kv.block_size)
-                       : hd == 128 ? dot_k<128>(qs, kp, kv.block_size)
-                                   : dot_k<0>(qs, kp, kv.block_size, hd)) *
-                      scale;
+    float dot = (hd == 64    ? dot_k<64>(qs, kp, kv.block_size)
+                 : hd == 128 ? dot_k<128>(qs, kp, kv.block_size)
+                             : dot_k<0>(qs, kp, kv.block_size, hd)) *
+                scale;
+    if (tree_first >= 0 && p >= tree_first && !((tree_mask >> (p - tree_first)) & 1u)) dot = -INFINITY;
     scores[p - start] = dot;
     local_max = fmaxf(local_max, dot);
   }
   const float m = detail::block_max(local_max);
   float local_sum = 0.0f;
   for (int32_t p = start + threadIdx.x; p < end; p += blockDim.x) {
-    const float e = expf(scores[p - start] - m);
+    // (A split whose positions are all masked has m = -inf: each weighs nothing, and the
+    // merge skips its partial.)
+    const float e = m == -INFINITY ? 0.0f : expf(scores[p - start] - m);
     scores[p - start] = e;
     local_sum += e;
   }

@@ -31,6 +31,10 @@ struct token_batch {
   const uint32_t* tables = nullptr;    // [num_seqs][table_stride]
   int32_t table_stride = 0;
   int32_t num_tokens = 0;
+  // Token trees (paged_attention only; attention_token's tree_first and tree_mask, per
+  // token): null for none.
+  const int32_t* tree_first = nullptr;  // [num_tokens], -1 for a token of no tree
+  const uint64_t* tree_mask = nullptr;  // [num_tokens]
 };
 
 // Writes each token's K and V rows (k, v: [num_tokens][stride], num_kv_heads * head_dim
@@ -53,7 +57,8 @@ int32_t paged_attention_splits(int32_t max_position, int32_t split);
 size_t paged_attention_workspace(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t max_position,
                                  int32_t split);
 
-// out[t][h] = softmax(q[t][h] . K / sqrt(head_dim)) V over positions 0..positions[t].
+// out[t][h] = softmax(q[t][h] . K / sqrt(head_dim)) V over positions 0..positions[t]
+// (those of a token tree that are not the token's ancestors masked, where b has trees).
 // split: positions per partial (a multiple of 32, at most 1024).
 void paged_attention(const float* q, int64_t q_stride, float* out, int64_t out_stride, const token_batch& b,
                      int32_t num_heads, int32_t max_position, const paged_kv_layer& kv, float* workspace, int32_t split,

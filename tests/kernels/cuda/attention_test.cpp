@@ -124,6 +124,56 @@ TEST_CASE("paged KV write, split attention and tiled prefill attention (GQA, scr
 }
 
 
+TEST_CASE("split attention over a token tree matches the CPU's: each node sees its ancestors only") {
+  // 40 positions of context, then a tree of 8 nodes at 40..47 (as the CPU test's), in
+  // splits of 32 positions (the second holds context and the tree) and of 64 (one).
+  const std::vector<int32_t> parent = {-1, 0, 0, 1, 1, 2, 3, 5};
+  const int32_t context = 40, nodes = static_cast<int32_t>(parent.size()), len = context + nodes;
+  const int32_t heads = 4, kv_heads = 2, head_dim = 64, block = 16, blocks = 8, table_stride = 4;
+  std::vector<uint32_t> tables = {5, 1, 7, 2};
+  const size_t cache = size_t(blocks) * kv_heads * block * head_dim;
+  std::vector<float> k(cache, 0.0f), v(cache, 0.0f);
+  paged_kv_layer host{k.data(), v.data(), blocks, kv_heads, block, head_dim};
+  const int32_t row = kv_heads * head_dim;
+  const auto keys = randoms(size_t(len) * row, 21), vals = randoms(size_t(len) * row, 22);
+  for (int32_t p = 0; p < len; ++p) paged_kv_write(host, tables.data(), p, keys.data() + p * row, vals.data() + p * row);
+  std::vector<attention_token> toks;
+  std::vector<int32_t> pos, seq, first;
+  std::vector<uint64_t> mask;
+  for (int32_t i = 0; i < nodes; ++i) {
+    attention_token t{context + i, tables.data()};
+    t.tree_first = context;
+    for (int32_t a = i; a >= 0; a = parent[a]) t.tree_mask |= uint64_t{1} << a;
+    toks.push_back(t);
+    pos.push_back(t.position);
+    seq.push_back(0);
+    first.push_back(t.tree_first);
+    mask.push_back(t.tree_mask);
+  }
+  const int32_t q_stride = heads * head_dim;
+  const auto q = randoms(size_t(nodes) * q_stride, 23);
+  std::vector<float> want(size_t(nodes) * q_stride, NAN);
+  thread_pool cpu(1);
+  paged_attention(q.data(), q_stride, want.data(), q_stride, toks.data(), nodes, heads, host, cpu);
+  auto dk = on_device(k), dv = on_device(v), dq = on_device(q);
+  auto dtables = on_device(tables);
+  auto dpos = on_device(pos), dseq = on_device(seq), dfirst = on_device(first);
+  auto dmask = on_device(mask);
+  paged_kv_layer dev{dk.get(), dv.get(), blocks, kv_heads, block, head_dim};
+  cuda::token_batch b{dpos.get(), dseq.get(), dtables.get(), table_stride, nodes};
+  b.tree_first = dfirst.get();
+  b.tree_mask = dmask.get();
+  for (int32_t split : {32, 64}) {  // partials to merge, and one
+    CAPTURE(split);
+    cuda::buffer<float> ws(cuda::paged_attention_workspace(nodes, heads, head_dim, len - 1, split));
+    auto out = poisoned<float>(want.size());
+    cuda::paged_attention(dq.get(), q_stride, out.get(), q_stride, b, heads, len - 1, dev, ws.get(), split, nullptr);
+    sync();
+    const auto got = out.download();
+    for (size_t i = 0; i < want.size(); ++i) close(got[i], want[i], 1e-5f);
+  }
+}
+
 TEST_CASE("rope and KV write in one launch equal rope, then paged_kv_write") {
   const int32_t heads = 4, kv_heads = 2, head_dim = 12, rot = 8, block = 16, blocks = 8, positions_n = 100;
   const int32_t stride = (heads + 2 * kv_heads) * head_dim + 3, tokens = 5;
