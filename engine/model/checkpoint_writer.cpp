@@ -109,43 +109,23 @@ void write_gguf_row(file_out& f, dtype t, const float* x, int32_t cols) {
   }
 }
 
-void kv_string(file_out& f, const std::string& key, const std::string& v) {
-  f.str(key);
-  f.pod(uint32_t{8});
-  f.str(v);
-}
-void kv_u32(file_out& f, const std::string& key, uint32_t v) {
-  f.str(key);
-  f.pod(uint32_t{4});
-  f.pod(v);
-}
-void kv_f32(file_out& f, const std::string& key, float v) {
-  f.str(key);
-  f.pod(uint32_t{6});
-  f.pod(v);
-}
-void kv_bool(file_out& f, const std::string& key, bool v) {
-  f.str(key);
-  f.pod(uint32_t{7});
-  f.pod(static_cast<uint8_t>(v));
-}
 
 // Metadata keys of the rope scaling and the sliding window, under the architecture's prefix.
 void gguf_rope_keys(const model_config& c, const std::string& a, std::vector<std::function<void(file_out&)>>& kv) {
   const rope_scaling s = c.rope_scale;
   if (s.type == rope_scaling_type::linear || s.type == rope_scaling_type::yarn) {
-    kv.push_back([a, s](file_out& f) { kv_string(f, a + ".rope.scaling.type", rope_scaling_name(s.type)); });
-    kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.factor", s.factor); });
+    kv.push_back([a, s](file_out& f) { gguf_kv_string(f, a + ".rope.scaling.type", rope_scaling_name(s.type)); });
+    kv.push_back([a, s](file_out& f) { gguf_kv_f32(f, a + ".rope.scaling.factor", s.factor); });
   }
   if (s.type == rope_scaling_type::yarn) {
-    kv.push_back([a, s](file_out& f) { kv_u32(f, a + ".rope.scaling.original_context_length", s.original_context); });
-    kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.yarn_beta_fast", s.beta_fast); });
-    kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.yarn_beta_slow", s.beta_slow); });
+    kv.push_back([a, s](file_out& f) { gguf_kv_u32(f, a + ".rope.scaling.original_context_length", s.original_context); });
+    kv.push_back([a, s](file_out& f) { gguf_kv_f32(f, a + ".rope.scaling.yarn_beta_fast", s.beta_fast); });
+    kv.push_back([a, s](file_out& f) { gguf_kv_f32(f, a + ".rope.scaling.yarn_beta_slow", s.beta_slow); });
     if (s.attention_factor > 0)
-      kv.push_back([a, s](file_out& f) { kv_f32(f, a + ".rope.scaling.attn_factor", s.attention_factor); });
+      kv.push_back([a, s](file_out& f) { gguf_kv_f32(f, a + ".rope.scaling.attn_factor", s.attention_factor); });
   }
   if (c.sliding_window > 0)
-    kv.push_back([a, w = c.sliding_window](file_out& f) { kv_u32(f, a + ".attention.sliding_window", w); });
+    kv.push_back([a, w = c.sliding_window](file_out& f) { gguf_kv_u32(f, a + ".attention.sliding_window", w); });
 }
 
 int32_t gguf_token_type(token_kind k) {
@@ -275,35 +255,35 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
   // Metadata entries, counted before they are written.
   std::vector<std::function<void()>> kv;
   auto add = [&](std::function<void()> fn) { kv.push_back(std::move(fn)); };
-  add([&] { kv_string(f, "general.architecture", a); });
-  add([&] { kv_string(f, "general.name", "troupe synthetic"); });
-  add([&] { kv_u32(f, "general.alignment", alignment); });
-  add([&] { kv_u32(f, a + ".context_length", c.max_seq_len); });
-  add([&] { kv_u32(f, a + ".embedding_length", c.dim); });
-  add([&] { kv_u32(f, a + ".feed_forward_length", c.hidden_dim); });
-  add([&] { kv_u32(f, a + ".block_count", c.num_layers); });
-  add([&] { kv_u32(f, a + ".attention.head_count", c.num_heads); });
-  add([&] { kv_u32(f, a + ".attention.head_count_kv", c.num_kv_heads); });
+  add([&] { gguf_kv_string(f, "general.architecture", a); });
+  add([&] { gguf_kv_string(f, "general.name", "troupe synthetic"); });
+  add([&] { gguf_kv_u32(f, "general.alignment", alignment); });
+  add([&] { gguf_kv_u32(f, a + ".context_length", c.max_seq_len); });
+  add([&] { gguf_kv_u32(f, a + ".embedding_length", c.dim); });
+  add([&] { gguf_kv_u32(f, a + ".feed_forward_length", c.hidden_dim); });
+  add([&] { gguf_kv_u32(f, a + ".block_count", c.num_layers); });
+  add([&] { gguf_kv_u32(f, a + ".attention.head_count", c.num_heads); });
+  add([&] { gguf_kv_u32(f, a + ".attention.head_count_kv", c.num_kv_heads); });
   if (c.head_dim * c.num_heads != c.dim) {
-    add([&] { kv_u32(f, a + ".attention.key_length", c.head_dim); });
-    add([&] { kv_u32(f, a + ".attention.value_length", c.head_dim); });
+    add([&] { gguf_kv_u32(f, a + ".attention.key_length", c.head_dim); });
+    add([&] { gguf_kv_u32(f, a + ".attention.value_length", c.head_dim); });
   }
-  add([&] { kv_u32(f, a + ".rope.dimension_count", c.rope_dim); });
-  add([&] { kv_f32(f, a + ".rope.freq_base", c.rope_base); });
-  add([&] { kv_f32(f, a + ".attention.layer_norm_rms_epsilon", c.rms_eps); });
+  add([&] { gguf_kv_u32(f, a + ".rope.dimension_count", c.rope_dim); });
+  add([&] { gguf_kv_f32(f, a + ".rope.freq_base", c.rope_base); });
+  add([&] { gguf_kv_f32(f, a + ".attention.layer_norm_rms_epsilon", c.rms_eps); });
   std::vector<std::function<void(file_out&)>> rope_keys;
   gguf_rope_keys(c, a, rope_keys);
   for (auto& k : rope_keys) add([&f, &k] { k(f); });
   const bool byte_level = vocab.style == vocab_style::byte_level;
-  add([&] { kv_string(f, "tokenizer.ggml.model", byte_level ? "gpt2" : "llama"); });
+  add([&] { gguf_kv_string(f, "tokenizer.ggml.model", byte_level ? "gpt2" : "llama"); });
   if (byte_level) {
     // The pre-tokenizer by llama.cpp's name for its pattern.
     const std::string pre = vocab.pattern == llama3_pattern  ? "llama-bpe"
                             : vocab.pattern == qwen2_pattern ? "qwen2"
                                                              : "gpt-2";
-    add([&f, pre] { kv_string(f, "tokenizer.ggml.pre", pre); });
+    add([&f, pre] { gguf_kv_string(f, "tokenizer.ggml.pre", pre); });
   }
-  if (!chat_template.empty()) add([&] { kv_string(f, "tokenizer.chat_template", chat_template); });
+  if (!chat_template.empty()) add([&] { gguf_kv_string(f, "tokenizer.chat_template", chat_template); });
   add([&] {  // tokens, with spaces as SentencePiece's U+2581, or through GPT-2's byte table
     f.str("tokenizer.ggml.tokens");
     f.pod(uint32_t{9});
@@ -345,11 +325,11 @@ status write_gguf(const std::string& path, const checkpoint_spec& spec, const vo
     f.pod(static_cast<uint64_t>(vocab.size()));
     for (token_kind k : vocab.kinds) f.pod(gguf_token_type(k));
   });
-  add([&] { kv_u32(f, "tokenizer.ggml.bos_token_id", vocab.bos_id); });
-  add([&] { kv_u32(f, "tokenizer.ggml.eos_token_id", vocab.eos_id); });
-  if (!byte_level) add([&] { kv_u32(f, "tokenizer.ggml.unknown_token_id", vocab.unk_id); });
-  add([&] { kv_bool(f, "tokenizer.ggml.add_space_prefix", vocab.add_space_prefix); });
-  add([&] { kv_bool(f, "tokenizer.ggml.add_bos_token", vocab.add_bos); });
+  add([&] { gguf_kv_u32(f, "tokenizer.ggml.bos_token_id", vocab.bos_id); });
+  add([&] { gguf_kv_u32(f, "tokenizer.ggml.eos_token_id", vocab.eos_id); });
+  if (!byte_level) add([&] { gguf_kv_u32(f, "tokenizer.ggml.unknown_token_id", vocab.unk_id); });
+  add([&] { gguf_kv_bool(f, "tokenizer.ggml.add_space_prefix", vocab.add_space_prefix); });
+  add([&] { gguf_kv_bool(f, "tokenizer.ggml.add_bos_token", vocab.add_bos); });
   f.pod(static_cast<uint64_t>(kv.size()));
   for (auto& fn : kv) fn();
 

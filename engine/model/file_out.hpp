@@ -1,5 +1,6 @@
-// file_out: a file written front to back by the checkpoint writers, which remembers the
-// first error (and how many bytes were asked for) instead of failing at each call.
+// file_out: a file written front to back by the checkpoint and head writers, which
+// remembers the first error (and how many bytes were asked for) instead of failing at each
+// call; and GGUF's metadata entries written to one.
 #pragma once
 
 #include <cerrno>
@@ -50,5 +51,27 @@ class file_out {
   std::string error_;
   uint64_t written_ = 0;
 };
+
+// GGUF metadata entries: the key, the value's type, the value.
+inline void gguf_kv_string(file_out& f, const std::string& key, const std::string& v) {
+  f.str(key);
+  f.pod(uint32_t{8});
+  f.str(v);
+}
+inline void gguf_kv_u32(file_out& f, const std::string& key, uint32_t v) {
+  f.str(key);
+  f.pod(uint32_t{4});
+  f.pod(v);
+}
+inline void gguf_kv_f32(file_out& f, const std::string& key, float v) {
+  f.str(key);
+  f.pod(uint32_t{6});
+  f.pod(v);
+}
+inline void gguf_kv_bool(file_out& f, const std::string& key, bool v) {
+  f.str(key);
+  f.pod(uint32_t{7});
+  f.pod(static_cast<uint8_t>(v));
+}
 
 }  // namespace troupe

@@ -194,20 +194,6 @@ expected<std::unique_ptr<speculative_heads>> load_heads(mapped_file file, const 
   return h;
 }
 
-namespace {
-
-void heads_kv_string(file_out& f, const std::string& key, const std::string& value) {
-  f.str(key);
-  f.pod(uint32_t{8});
-  f.str(value);
-}
-void heads_kv_u32(file_out& f, const std::string& key, uint32_t value) {
-  f.str(key);
-  f.pod(uint32_t{4});
-  f.pod(value);
-}
-
-}  // namespace
 
 status write_heads(const std::string& path, const safetensors_file& src, const model& target,
                    const vocabulary& target_vocab) {
@@ -249,15 +235,15 @@ status write_heads(const std::string& path, std::span<const head_tensor> tensors
   f.pod(uint32_t{3});
   f.pod(static_cast<uint64_t>(tensors.size()));
   std::vector<std::function<void()>> kv;
-  kv.push_back([&] { heads_kv_string(f, "general.architecture", medusa ? medusa_arch : eagle_arch); });
-  kv.push_back([&] { heads_kv_u32(f, "general.alignment", heads_alignment); });
-  kv.push_back([&] { heads_kv_u32(f, "troupe.target.dim", static_cast<uint32_t>(c.dim)); });
-  kv.push_back([&] { heads_kv_u32(f, "troupe.target.vocab_size", static_cast<uint32_t>(c.vocab_size)); });
-  kv.push_back([&] { heads_kv_u32(f, "troupe.target.layers", static_cast<uint32_t>(c.num_layers)); });
-  kv.push_back([&] { heads_kv_string(f, "troupe.target.vocabulary", vocabulary_fingerprint(target_vocab)); });
+  kv.push_back([&] { gguf_kv_string(f, "general.architecture", medusa ? medusa_arch : eagle_arch); });
+  kv.push_back([&] { gguf_kv_u32(f, "general.alignment", heads_alignment); });
+  kv.push_back([&] { gguf_kv_u32(f, "troupe.target.dim", static_cast<uint32_t>(c.dim)); });
+  kv.push_back([&] { gguf_kv_u32(f, "troupe.target.vocab_size", static_cast<uint32_t>(c.vocab_size)); });
+  kv.push_back([&] { gguf_kv_u32(f, "troupe.target.layers", static_cast<uint32_t>(c.num_layers)); });
+  kv.push_back([&] { gguf_kv_string(f, "troupe.target.vocabulary", vocabulary_fingerprint(target_vocab)); });
   if (medusa) {
-    kv.push_back([&] { heads_kv_u32(f, "medusa.head_count", static_cast<uint32_t>(heads)); });
-    kv.push_back([&] { heads_kv_u32(f, "medusa.block_count", static_cast<uint32_t>(blocks)); });
+    kv.push_back([&] { gguf_kv_u32(f, "medusa.head_count", static_cast<uint32_t>(heads)); });
+    kv.push_back([&] { gguf_kv_u32(f, "medusa.block_count", static_cast<uint32_t>(blocks)); });
   }
   f.pod(static_cast<uint64_t>(kv.size()));
   for (auto& fn : kv) fn();
