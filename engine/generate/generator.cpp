@@ -17,7 +17,9 @@ expected<std::vector<generation_result>> generator::generate(const std::vector<g
   if (blocks == 0) {
     for (const auto& r : reqs) {
       // (Drafts take positions past the last token: as many as a step may draft.)
-      const int64_t drafts = !opts_.spec.enabled() ? 0 : opts_.spec.tree.empty() ? opts_.spec.k : opts_.spec.tree_nodes();
+      const int64_t drafts = !opts_.spec.enabled()    ? 0
+                             : opts_.spec.tree.empty() ? opts_.spec.k
+                                                       : std::max(opts_.spec.tree_nodes(), opts_.spec.tree_auto);
       int64_t len = std::min<int64_t>(c.max_seq_len, static_cast<int64_t>(r.prompt.size()) + std::max(r.max_tokens, 1)) + drafts;
       if (opts_.eviction.enabled()) len = std::min<int64_t>(len, opts_.eviction.budget + drafts);
       blocks += static_cast<uint64_t>((len + bs - 1) / bs);

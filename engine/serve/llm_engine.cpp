@@ -8,6 +8,7 @@
 #include "engine/spec/model_proposer.hpp"
 #include "engine/spec/ngram_proposer.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace troupe {
@@ -65,6 +66,11 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, 
 void llm_engine::start_speculation(transformer_shard* cpu_shard) {
   if (auto st = check(model_, cfg_); !st) throw std::invalid_argument(st.err().message);
   const speculative_config& s = cfg_.spec;
+  live_ = s;
+  if (s.tree_auto > 0) {
+    const int32_t depth = std::min(8, cfg_.heads && s.method == spec_method::medusa ? cfg_.heads->depth() : 8);
+    chooser_.emplace(s.tree_auto, depth);
+  }
   switch (s.method) {
     case spec_method::none: break;
     case spec_method::ngram: proposer_ = std::make_unique<ngram_proposer>(s.ngram_min, s.ngram_max); break;
@@ -134,9 +140,23 @@ void llm_engine::keep_tree_paths(const step_plan& plan, const step_tokens& got) 
   for (const auto& c : plan.chunks) {
     if (!c.sample) continue;
     const size_t at = sampled++;
-    if (at >= got.paths.size() || got.paths[at].empty()) continue;
+    const request* r = sched_.find(c.id);
+    if (!r || r->drafts.parents.empty()) continue;  // no tree verified
+    static const std::vector<int32_t> none;
+    const std::vector<int32_t>& path = at < got.paths.size() ? got.paths[at] : none;
+    if (chooser_) {
+      // What the tree offered at each depth it reached, and the rank of what it kept.
+      std::vector<int32_t> widths;
+      for (size_t d = 0; d <= path.size(); ++d) {
+        const int32_t above = d == 0 ? -1 : path[d - 1];
+        const auto n = std::count(r->drafts.parents.begin(), r->drafts.parents.end(), above);
+        if (n == 0) break;
+        widths.push_back(static_cast<int32_t>(n));
+      }
+      chooser_->record(widths, path_ranks(r->drafts.parents, path));
+      ++recorded_;
+    }
     // The accepted path's slots move down to follow the root; the rest are left behind.
-    const std::vector<int32_t>& path = got.paths[at];
     bool moves = false;
     for (size_t j = 0; j < path.size(); ++j) moves |= path[j] != static_cast<int32_t>(j);
     if (!moves) continue;
@@ -149,12 +169,16 @@ void llm_engine::keep_tree_paths(const step_plan& plan, const step_tokens& got) 
 }
 
 std::vector<step_output> llm_engine::step() {
-  if (proposer_) plan_drafts(sched_.running(), cfg_.spec, cfg_.sched.context);
+  if (chooser_ && recorded_ >= 8) {  // the shape follows what was kept, re-chosen every 8 trees
+    live_.tree = chooser_->choose();
+    recorded_ = 0;
+  }
+  if (proposer_) plan_drafts(sched_.running(), live_, cfg_.sched.context);
   step_plan plan = sched_.schedule();
   stats_.preemptions += plan.preempted.size();
   if (proposer_) {
     for (request_id id : plan.preempted) proposer_->forget(id);
-    fill_drafts(plan, sched_, *proposer_, slots_, cfg_.spec.tree);
+    fill_drafts(plan, sched_, *proposer_, slots_, live_.tree);
   }
   step_tokens got;
   batch_.clear();

@@ -22,6 +22,7 @@
 #include "engine/sched/scheduler.hpp"
 #include "engine/serve/step_choices.hpp"
 #include "engine/spec/speculative.hpp"
+#include "engine/spec/tree_shape.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -125,6 +126,9 @@ class llm_engine {
   std::vector<request*> running_;
   std::vector<float> mass_;  // KV eviction: the attention sums, chunk after chunk
   std::vector<std::vector<int32_t>> tree_parents_;  // per chunk, a token tree's, as the batch has them
+  speculative_config live_;                 // cfg_.spec, its tree as now chosen
+  std::optional<tree_chooser> chooser_;     // with spec.tree_auto
+  uint64_t recorded_ = 0;                   // trees the chooser has seen
   std::vector<int32_t> kept_;
 };
 

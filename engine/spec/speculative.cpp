@@ -41,6 +41,15 @@ int32_t speculative_config::tree_nodes() const {
 
 std::optional<std::string> validate(const speculative_config& c, const model_config& target) {
   if (!c.enabled()) return std::nullopt;
+  if (c.tree_auto != 0) {
+    if (c.tree_auto < 1 || c.tree_auto > max_tree_tokens - 1)
+      return "a tree's node budget must be in 1.." + std::to_string(max_tree_tokens - 1) + "; got " +
+             std::to_string(c.tree_auto);
+    if (c.tree.empty()) return "a tree chosen from acceptance needs a first shape";
+    if (c.max_step_tokens < c.tree_auto + 1)
+      return "max_step_tokens " + std::to_string(c.max_step_tokens) + " cannot hold a tree of " +
+             std::to_string(c.tree_auto) + " nodes and its root";
+  }
   if (!c.tree.empty()) {
     if (static_cast<int32_t>(c.tree.size()) > max_draft_tokens)
       return "a tree of depth " + std::to_string(c.tree.size()) + " is deeper than " + std::to_string(max_draft_tokens);

@@ -50,6 +50,8 @@ struct speculative_config {
   // every node of depth d (the proposer's top ones for that position, along its most
   // likely path), all verified in one pass. Empty: a chain.
   std::vector<int32_t> tree;
+  int32_t tree_auto = 0;  // > 0: the tree's shape is chosen from the acceptance measured so
+                          // far (tree_shape.hpp), within this many nodes; tree: the first
 
   bool enabled() const { return method != spec_method::none; }
   // A tree's nodes (its root, the sequence's end, not counted).

@@ -27,7 +27,8 @@ inline void add_speculative_options(CLI::App& app, speculative_options& o) {
   app.add_option("--tree", o.tree,
                  "verify a token tree instead of a chain: widths by depth, as 4,2,2 (4 candidates for the next "
                  "token, 2 under each for the one after, ...; at most 63 nodes), the proposer's top candidates "
-                 "for each position along its most likely path")
+                 "for each position along its most likely path; or auto[:NODES], the shape that keeps the most "
+                 "drafts by the acceptance measured so far, within NODES (default 15)")
       ->group(group);
   app.add_option("--exit-layer", o.exit_layer, "early exit after this many layers (default: a quarter of them)")
       ->group(group);

@@ -26,18 +26,27 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
   if (!o.tree.empty()) {
     const std::string tree_name = topology ? "[speculative] tree" : "--tree";
     if (o.k != -1) return error{k_name + " and " + tree_name + ": a tree sets how many drafts a step verifies"};
-    size_t at = 0;
-    while (at <= o.tree.size()) {
-      const size_t end = std::min(o.tree.find(',', at), o.tree.size());
-      const std::string w = o.tree.substr(at, end - at);
-      int32_t v = 0;
+    auto number = [](const std::string& w, int32_t& v) {
       const auto [p, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
-      if (w.empty() || ec != std::errc() || p != w.data() + w.size())
-        return error{tree_name + ": '" + o.tree + "' is not widths by depth, as 4,2,2"};
-      c.tree.push_back(v);
-      at = end + 1;
+      return !w.empty() && ec == std::errc() && p == w.data() + w.size();
+    };
+    if (o.tree.rfind("auto", 0) == 0) {  // auto, or auto:NODES
+      c.tree_auto = 15;
+      if (o.tree.size() > 4 && (o.tree[4] != ':' || !number(o.tree.substr(5), c.tree_auto)))
+        return error{tree_name + ": '" + o.tree + "' is not auto or auto:NODES"};
+      c.tree = {1, 1, 1, 1};  // the first shape, until acceptance is measured
+    } else {
+      size_t at = 0;
+      while (at <= o.tree.size()) {
+        const size_t end = std::min(o.tree.find(',', at), o.tree.size());
+        int32_t v = 0;
+        if (!number(o.tree.substr(at, end - at), v))
+          return error{tree_name + ": '" + o.tree + "' is not widths by depth, as 4,2,2, or auto[:NODES]"};
+        c.tree.push_back(v);
+        at = end + 1;
+      }
     }
-    c.max_step_tokens = std::max(c.max_step_tokens, c.tree_nodes() + 1);
+    c.max_step_tokens = std::max({c.max_step_tokens, c.tree_nodes() + 1, c.tree_auto + 1});
   }
   if (o.k != -1) c.k = o.k;
   c.exit_layer = o.exit_layer;
@@ -65,6 +74,7 @@ expected<speculative_config> speculative_from(const speculative_options& o, cons
     auto h = load_heads(o.heads, target, target_vocab);
     if (!h) return error{heads_name + h.err().message};
     if (o.k == -1) c->k = std::min(c->k, (*h)->depth());
+    if (c->tree_auto > 0 && static_cast<int32_t>(c->tree.size()) > (*h)->depth()) c->tree.resize((*h)->depth());
     if (auto e = check_heads(*c, **h)) return error{*e};
     loaded.heads = std::move(*h);
     return c;

@@ -223,6 +223,7 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     const model* draft;
     const speculative_heads* heads = nullptr;
     std::vector<int32_t> tree = {};
+    int32_t tree_auto = 0;
   };
   const variant variants[] = {{"ngram", spec_method::ngram, 4, nullptr},
                               {"early exit", spec_method::early_exit, 3, nullptr},
@@ -235,7 +236,9 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
                               {"early exit, a tree", spec_method::early_exit, 3, nullptr, nullptr, {3, 2}},
                               {"draft model (trained), a tree", spec_method::draft, 4, &*trained_draft, nullptr, {2, 2, 2, 1}},
                               {"Medusa heads (trained), a tree", spec_method::medusa, 4, nullptr, medusa->get(), {4, 2, 2, 1}},
-                              {"EAGLE head (trained), a tree", spec_method::eagle, 4, nullptr, eagle->get(), {3, 2, 1, 1}}};
+                              {"EAGLE head (trained), a tree", spec_method::eagle, 4, nullptr, eagle->get(), {3, 2, 1, 1}},
+                              {"Medusa heads (trained), a tree chosen as it goes", spec_method::medusa, 4, nullptr,
+                               medusa->get(), {1, 1, 1, 1}, 15}};
   for (const variant& v : variants) {
     CAPTURE(v.name);
     engine_config cfg = base;
@@ -246,6 +249,7 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     cfg.draft = v.draft;
     cfg.heads = v.heads;
     cfg.spec.tree = v.tree;
+    cfg.spec.tree_auto = v.tree_auto;
     llm_engine e(l.m, l.tok, cfg);
     const auto got = run_all(e, reqs);
     REQUIRE(got.size() == plain.size());
