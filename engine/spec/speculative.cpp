@@ -39,6 +39,14 @@ int32_t speculative_config::tree_nodes() const {
   return static_cast<int32_t>(std::min<int64_t>(nodes, 1 << 20));
 }
 
+std::string speculative_config::drafts_text() const {
+  if (tree_auto > 0) return "a tree chosen by acceptance, " + std::to_string(tree_auto) + " nodes at most";
+  if (tree.empty()) return "k " + std::to_string(k);
+  std::string widths;
+  for (int32_t w : tree) widths += (widths.empty() ? "" : ",") + std::to_string(w);
+  return "tree " + widths + " (" + std::to_string(tree_nodes()) + " nodes)";
+}
+
 std::optional<std::string> validate(const speculative_config& c, const model_config& target) {
   if (!c.enabled()) return std::nullopt;
   if (c.tree_auto != 0) {

@@ -56,6 +56,9 @@ struct speculative_config {
   bool enabled() const { return method != spec_method::none; }
   // A tree's nodes (its root, the sequence's end, not counted).
   int32_t tree_nodes() const;
+  // What each step drafts, for operators: "k 3", "tree 4,2,2 (28 nodes)", "a tree chosen
+  // by acceptance, 15 nodes at most".
+  std::string drafts_text() const;
   // Trained heads (a head file) propose: Medusa or EAGLE.
   bool uses_heads() const { return method == spec_method::medusa || method == spec_method::eagle; }
   // The exit layer early exit runs with, for a target of num_layers layers.

@@ -411,7 +411,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     // The speculative figures of the last run, after a decode row.
-    std::string spec_name = spec.enabled() ? ", speculative " + std::string(spec_method_name(spec.method)) + " k " + std::to_string(spec.k) : "";
+    std::string spec_name = spec.enabled() ? ", speculative " + std::string(spec_method_name(spec.method)) + ", " + spec.drafts_text() : "";
     if (eviction.enabled())
       spec_name += ", KV " + std::string(kv_policy_name(eviction.policy)) + " budget " + std::to_string(eviction.budget);
     auto spec_note = [&]() -> std::string {

@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!quiet && spec->enabled()) {
-    std::string how = std::string(spec_method_name(spec->method)) + ", k " + std::to_string(spec->k);
+    std::string how = std::string(spec_method_name(spec->method)) + ", " + spec->drafts_text();
     if (spec->method == spec_method::draft) how += ", draft " + draft->path + " (" + describe(draft->config) + ")";
     if (spec_models.heads) how += ", " + spec_models.heads->describe() + " from " + spec_models.heads->path;
     if (spec->method == spec_method::early_exit)
