@@ -151,15 +151,15 @@ void eagle_proposer::propose(std::span<draft_slot> slots) {
     s.pending.clear();
     // Draft 0 from the last output; each further one from the prediction before it.
     sampler view = r.smp;
-    std::vector<float> feature(out_.end() - static_cast<std::ptrdiff_t>(d), out_.end());
+    feature_.assign(out_.end() - static_cast<std::ptrdiff_t>(d), out_.end());
     in_.resize(2 * d);
     for (int32_t i = 0;; ++i) {
-      head(feature.data(), logits_.data());
+      head(feature_.data(), logits_.data());
       draft_next(slot, view, logits_.data(), vocab, greedy_);
       if (i + 1 >= slot.max_tokens) break;
-      std::copy(feature.begin(), feature.end(), in_.begin());
+      std::copy(feature_.begin(), feature_.end(), in_.begin());
       embedding(target_.weights.token_embedding, &slot.tokens.back(), 1, in_.data() + d, dim_);
-      run_layer(s, in_.data(), 1, n - 1 + i, feature.data());
+      run_layer(s, in_.data(), 1, n - 1 + i, feature_.data());
     }
     s.k.resize(static_cast<size_t>(s.fed) * kv_dim_);  // the drafts' rows go
     s.v.resize(s.k.size());

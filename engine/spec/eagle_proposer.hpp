@@ -58,7 +58,7 @@ class eagle_proposer final : public proposer {
   std::vector<float> cos_, sin_;  // [context][head_dim / 2]
   std::unordered_map<request_id, state> states_;
   aligned_vector<float> in_, x_, xb_, q_, k_, v_, att_, gate_, up_, out_, normed_, logits_;
-  std::vector<float> scores_, greedy_;
+  std::vector<float> scores_, greedy_, feature_;  // feature_: the prediction drafting feeds back
 };
 
 }  // namespace troupe
