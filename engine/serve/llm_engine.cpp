@@ -27,6 +27,7 @@ std::optional<std::string> llm_engine::why_no_eviction(const model& m, const spe
   if (s.method == spec_method::draft || s.method == spec_method::early_exit)
     return "KV eviction works with n-gram speculation only (a draft's cache would not follow the evictions)";
   if (m.config.sliding_window > 0) return "KV eviction needs a model without a sliding window";
+  if (!s.tree.empty()) return "token trees and KV eviction do not run together";
   return std::nullopt;
 }
 
@@ -43,7 +44,6 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
   }
   for (const tier_config& t : cfg.sched.kv.tiers)
     if (auto e = validate(t)) return error{*e};
-  if (!s.tree.empty() && ev.enabled()) return error{"token trees and KV eviction do not run together"};
   if (!s.tree.empty() && !cfg.sched.kv.tiers.empty()) return error{"token trees and KV tiers do not run together"};
   if (s.method == spec_method::draft) {
     if (cfg.draft == nullptr) return error{"speculative method draft needs a draft model"};
@@ -66,11 +66,7 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, 
 void llm_engine::start_speculation(transformer_shard* cpu_shard) {
   if (auto st = check(model_, cfg_); !st) throw std::invalid_argument(st.err().message);
   const speculative_config& s = cfg_.spec;
-  live_ = s;
-  if (s.tree_auto > 0) {
-    const int32_t depth = std::min(8, cfg_.heads && s.method == spec_method::medusa ? cfg_.heads->depth() : 8);
-    chooser_.emplace(s.tree_auto, depth);
-  }
+  trees_.emplace(s, cfg_.heads && s.method == spec_method::medusa ? cfg_.heads->depth() : max_draft_tokens);
   switch (s.method) {
     case spec_method::none: break;
     case spec_method::ngram: proposer_ = std::make_unique<ngram_proposer>(s.ngram_min, s.ngram_max); break;
@@ -135,50 +131,14 @@ std::optional<step_output> llm_engine::abort(request_id id) {
   return sched_.abort(id);
 }
 
-void llm_engine::keep_tree_paths(const step_plan& plan, const step_tokens& got) {
-  size_t sampled = 0;
-  for (const auto& c : plan.chunks) {
-    if (!c.sample) continue;
-    const size_t at = sampled++;
-    const request* r = sched_.find(c.id);
-    if (!r || r->drafts.parents.empty()) continue;  // no tree verified
-    static const std::vector<int32_t> none;
-    const std::vector<int32_t>& path = at < got.paths.size() ? got.paths[at] : none;
-    if (chooser_) {
-      // What the tree offered at each depth it reached, and the rank of what it kept.
-      std::vector<int32_t> widths;
-      for (size_t d = 0; d <= path.size(); ++d) {
-        const int32_t above = d == 0 ? -1 : path[d - 1];
-        const auto n = std::count(r->drafts.parents.begin(), r->drafts.parents.end(), above);
-        if (n == 0) break;
-        widths.push_back(static_cast<int32_t>(n));
-      }
-      chooser_->record(widths, path_ranks(r->drafts.parents, path));
-      ++recorded_;
-    }
-    // The accepted path's slots move down to follow the root; the rest are left behind.
-    bool moves = false;
-    for (size_t j = 0; j < path.size(); ++j) moves |= path[j] != static_cast<int32_t>(j);
-    if (!moves) continue;
-    kept_.resize(static_cast<size_t>(c.first_slot()) + 1);
-    for (int32_t s = 0; s <= c.first_slot(); ++s) kept_[s] = s;
-    for (int32_t node : path) kept_.push_back(c.first_slot() + 1 + node);
-    const bool moved = shard_->compact_kv({c.block_table, kept_, false, {}});
-    TROUPE_ASSERT(moved, "a shard that verified a tree moves its KV");
-  }
-}
-
 std::vector<step_output> llm_engine::step() {
-  if (chooser_ && recorded_ >= 8) {  // the shape follows what was kept, re-chosen every 8 trees
-    live_.tree = chooser_->choose();
-    recorded_ = 0;
-  }
-  if (proposer_) plan_drafts(sched_.running(), live_, cfg_.sched.context);
+  const speculative_config& live = trees_->next_step();
+  if (proposer_) plan_drafts(sched_.running(), live, cfg_.sched.context);
   step_plan plan = sched_.schedule();
   stats_.preemptions += plan.preempted.size();
   if (proposer_) {
     for (request_id id : plan.preempted) proposer_->forget(id);
-    fill_drafts(plan, sched_, *proposer_, slots_, live_.tree);
+    fill_drafts(plan, sched_, *proposer_, slots_, live.tree);
   }
   step_tokens got;
   batch_.clear();
@@ -235,16 +195,17 @@ std::vector<step_output> llm_engine::step() {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
       got = sample_rows(plan, sched_, logits_.data(), vocab, cfg_.spec);
-      keep_tree_paths(plan, got);
+      // Each verified tree's accepted path moves down in its KV to follow the root.
+      trees_->keep(plan, sched_, got.paths, [this](const scheduled_chunk& c, std::span<const int32_t> kept) {
+        const bool moved = shard_->compact_kv({c.block_table, kept, false, {}});
+        TROUPE_ASSERT(moved, "a shard that verified a tree moves its KV");
+      });
       // (Heads that read features run on CPU shards, whose forward() leaves them here.)
       if (proposer_)
         observe_features(plan, sched_, got.emitted, got.paths, hidden_.data(), model_.config.dim, *proposer_);
     }
     if (tiers_) tiers_->save(plan.tier_saves, failed);
-    stats_.spec_verifies += got.spec.verifies;
-    stats_.spec_proposed += got.spec.proposed;
-    stats_.spec_accepted += got.spec.accepted;
-    for (size_t d = 0; d < got.spec.by_accepted.size(); ++d) stats_.spec_by_accepted[d] += got.spec.by_accepted[d];
+    stats_.spec += got.spec;
   }
   std::vector<step_output> outs = sched_.update_from_output(plan, got.samples, got.emitted);
   sched_.observe_attention(plan, mass_, model_.config.num_heads * model_.config.num_layers);

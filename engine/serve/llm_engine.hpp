@@ -22,7 +22,7 @@
 #include "engine/sched/scheduler.hpp"
 #include "engine/serve/step_choices.hpp"
 #include "engine/spec/speculative.hpp"
-#include "engine/spec/tree_shape.hpp"
+#include "engine/spec/tree_keeper.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -51,11 +51,9 @@ struct engine_stats {
   uint64_t tokens_computed = 0;   // every token a forward pass processed
   uint64_t prompt_tokens_computed = 0;
   uint64_t preemptions = 0;
-  uint64_t spec_verifies = 0;    // request-steps that verified drafts
-  uint64_t spec_proposed = 0;    // drafted tokens verified
-  uint64_t spec_accepted = 0;    // of which accepted
-  std::array<uint64_t, max_draft_tokens + 1> spec_by_accepted{};  // verifies by drafts accepted
-                                                                  // (a tree's: its path's depth)
+  spec_tally spec;                // speculative decoding: verifies, drafts proposed and
+                                  // accepted, by drafts accepted (a tree's: its path's
+                                  // depth) and by depth
   uint64_t evicted_tokens = 0;   // KV eviction: tokens dropped from requests' caches
 };
 
@@ -104,9 +102,6 @@ class llm_engine {
 
  private:
   static engine_config complete(engine_config cfg, const model& m);
-  // Token trees: each verified tree's accepted path, moved down in its KV to follow the
-  // root, as a chain of the same drafts would have left it.
-  void keep_tree_paths(const step_plan& plan, const step_tokens& got);
   void start_speculation(transformer_shard* cpu_shard);
 
   const model& model_;
@@ -126,10 +121,7 @@ class llm_engine {
   std::vector<request*> running_;
   std::vector<float> mass_;  // KV eviction: the attention sums, chunk after chunk
   std::vector<std::vector<int32_t>> tree_parents_;  // per chunk, a token tree's, as the batch has them
-  speculative_config live_;                 // cfg_.spec, its tree as now chosen
-  std::optional<tree_chooser> chooser_;     // with spec.tree_auto
-  uint64_t recorded_ = 0;                   // trees the chooser has seen
-  std::vector<int32_t> kept_;
+  std::optional<tree_keeper> trees_;        // with speculation: the tree each step drafts
 };
 
 }  // namespace troupe

@@ -1,5 +1,7 @@
 #include "engine/serve/step_choices.hpp"
 
+#include <algorithm>
+
 namespace troupe {
 
 std::vector<token_choice> shard_choices(const step_plan& plan, scheduler& sched) {
@@ -29,7 +31,25 @@ std::vector<std::optional<token_choice>> shard_choices_by_chunk(const step_plan&
 
 namespace {
 
+// How deep the request's drafts reach: a chain's length, a tree's levels.
+int32_t draft_depth(const request& r, int32_t proposed) {
+  if (r.drafts.parents.empty()) return proposed;
+  int32_t deepest = 0;
+  std::vector<int32_t> depth(r.drafts.parents.size());
+  for (size_t i = 0; i < depth.size(); ++i) {
+    const int32_t p = r.drafts.parents[i];
+    depth[i] = p < 0 ? 1 : depth[static_cast<size_t>(p)] + 1;
+    deepest = std::max(deepest, depth[i]);
+  }
+  return deepest;
+}
+
 void count_verify(step_tokens& out, request& r, int32_t proposed, int32_t accepted, const speculative_config& spec) {
+  const int32_t depth = std::min(draft_depth(r, proposed), max_draft_tokens);
+  for (int32_t d = 0; d < depth; ++d) {
+    ++out.spec.offered_at[static_cast<size_t>(d)];
+    out.spec.kept_at[static_cast<size_t>(d)] += d < accepted;
+  }
   ++out.spec.verifies;
   out.spec.proposed += static_cast<uint64_t>(proposed);
   out.spec.accepted += static_cast<uint64_t>(accepted);

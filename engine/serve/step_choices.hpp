@@ -35,12 +35,20 @@ struct spec_tally {
   uint64_t proposed = 0;  // drafts verified
   uint64_t accepted = 0;  // of which accepted
   std::array<uint64_t, max_draft_tokens + 1> by_accepted{};  // verifies by drafts accepted
+  // By depth d (index d - 1): verifies whose drafts reached depth d (a chain's d-th draft,
+  // a tree's nodes d levels down), and those that kept a draft there. With Medusa, depth d
+  // is head d's guess.
+  std::array<uint64_t, max_draft_tokens> offered_at{}, kept_at{};
 
   spec_tally& operator+=(const spec_tally& o) {
     verifies += o.verifies;
     proposed += o.proposed;
     accepted += o.accepted;
     for (size_t i = 0; i < by_accepted.size(); ++i) by_accepted[i] += o.by_accepted[i];
+    for (size_t i = 0; i < offered_at.size(); ++i) {
+      offered_at[i] += o.offered_at[i];
+      kept_at[i] += o.kept_at[i];
+    }
     return *this;
   }
 };

@@ -415,11 +415,11 @@ int main(int argc, char** argv) {
     if (eviction.enabled())
       spec_name += ", KV " + std::string(kv_policy_name(eviction.policy)) + " budget " + std::to_string(eviction.budget);
     auto spec_note = [&]() -> std::string {
-      if (!spec.enabled() || last_stats.spec_verifies == 0) return "";
+      if (!spec.enabled() || last_stats.spec.verifies == 0) return "";
       char buf[128];
       std::snprintf(buf, sizeof buf, "; %.0f%% of drafts accepted, %.2f tokens per verify",
-                    100.0 * static_cast<double>(last_stats.spec_accepted) / static_cast<double>(std::max<uint64_t>(last_stats.spec_proposed, 1)),
-                    1.0 + static_cast<double>(last_stats.spec_accepted) / static_cast<double>(last_stats.spec_verifies));
+                    100.0 * static_cast<double>(last_stats.spec.accepted) / static_cast<double>(std::max<uint64_t>(last_stats.spec.proposed, 1)),
+                    1.0 + static_cast<double>(last_stats.spec.accepted) / static_cast<double>(last_stats.spec.verifies));
       return buf;
     };
     if (gpu->parsed()) {

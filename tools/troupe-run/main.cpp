@@ -199,22 +199,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "troupe-run: KV eviction (%s, budget %d): %llu tokens evicted\n",
                    std::string(kv_policy_name(eviction.policy)).c_str(), eviction.budget,
                    static_cast<unsigned long long>(st.evicted_tokens));
-    if (spec->enabled() && st.spec_verifies > 0)
+    if (spec->enabled() && st.spec.verifies > 0)
       std::fprintf(stderr, "troupe-run: speculative: %llu of %llu drafts accepted (%.0f%%), %.2f tokens per verify step\n",
-                   static_cast<unsigned long long>(st.spec_accepted), static_cast<unsigned long long>(st.spec_proposed),
-                   100.0 * static_cast<double>(st.spec_accepted) / static_cast<double>(std::max<uint64_t>(st.spec_proposed, 1)),
-                   1.0 + static_cast<double>(st.spec_accepted) / static_cast<double>(st.spec_verifies));
-    if (spec->enabled() && st.spec_verifies > 0) {
-      // How far down verification went: the share of verify steps that kept a draft at
-      // each depth (a Medusa head's own acceptance: head d guesses depth d).
+                   static_cast<unsigned long long>(st.spec.accepted), static_cast<unsigned long long>(st.spec.proposed),
+                   100.0 * static_cast<double>(st.spec.accepted) / static_cast<double>(std::max<uint64_t>(st.spec.proposed, 1)),
+                   1.0 + static_cast<double>(st.spec.accepted) / static_cast<double>(st.spec.verifies));
+    if (spec->enabled() && st.spec.verifies > 0) {
+      // How far down verification went: at each depth, of the verify steps whose drafts
+      // reached it, the share that kept a draft there (a Medusa head's own acceptance:
+      // head d guesses depth d).
       std::string depths;
-      uint64_t reached = st.spec_verifies;
-      for (size_t d = 1; d < st.spec_by_accepted.size(); ++d) {
-        reached -= st.spec_by_accepted[d - 1];
-        if (reached == 0) break;
-        char buf[48];
-        std::snprintf(buf, sizeof buf, "%s%zu: %.0f%%", depths.empty() ? "" : ", ", d,
-                      100.0 * static_cast<double>(reached) / static_cast<double>(st.spec_verifies));
+      for (size_t d = 0; d < st.spec.offered_at.size() && st.spec.offered_at[d] > 0; ++d) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%s%zu: %.0f%% of %llu", depths.empty() ? "" : ", ", d + 1,
+                      100.0 * static_cast<double>(st.spec.kept_at[d]) / static_cast<double>(st.spec.offered_at[d]),
+                      static_cast<unsigned long long>(st.spec.offered_at[d]));
         depths += buf;
       }
       if (!depths.empty()) std::fprintf(stderr, "troupe-run: speculative: drafts kept at depth %s\n", depths.c_str());

@@ -240,7 +240,7 @@ TEST_CASE("n-gram speculation under a KV budget: drafts verified, every request 
     CHECK(e.stats().preemptions == 0);
     CHECK(most <= reqs.size() * 3);
     CHECK(e.stats().evicted_tokens > 0);
-    CHECK(e.stats().spec_accepted > 0);
+    CHECK(e.stats().spec.accepted > 0);
   }
 }
 

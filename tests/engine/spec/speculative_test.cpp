@@ -265,12 +265,24 @@ TEST_CASE("greedy output with each proposer is the plain output, token for token
     }
     const engine_stats& st = e.stats();
     CHECK(st.preemptions > 0);
-    CHECK(st.spec_verifies > 0);
-    CHECK(st.spec_accepted > 0);
-    CHECK(st.spec_accepted <= st.spec_proposed);
-    if (v.draft == &l.m) CHECK(st.spec_accepted == st.spec_proposed);  // a draft that is the target
-    MESSAGE(v.name << ": " << st.spec_accepted << " of " << st.spec_proposed << " drafts accepted in "
-                   << st.spec_verifies << " verifies; " << st.steps << " steps");
+    CHECK(st.spec.verifies > 0);
+    CHECK(st.spec.accepted > 0);
+    CHECK(st.spec.accepted <= st.spec.proposed);
+    if (v.draft == &l.m) CHECK(st.spec.accepted == st.spec.proposed);  // a draft that is the target
+    // By depth: every verify offers depth 1; a depth is offered no more often than the one
+    // above it, and kept at most as often as offered; the kept drafts, one per depth a
+    // verify reached and kept, are the accepted ones.
+    CHECK(st.spec.offered_at[0] == st.spec.verifies);
+    uint64_t kept = 0;
+    for (size_t d = 0; d < st.spec.offered_at.size(); ++d) {
+      CHECK(st.spec.kept_at[d] <= st.spec.offered_at[d]);
+      if (d > 0) CHECK(st.spec.offered_at[d] <= st.spec.offered_at[d - 1]);
+      if (d > 0) CHECK(st.spec.kept_at[d] <= st.spec.kept_at[d - 1]);
+      kept += st.spec.kept_at[d];
+    }
+    CHECK(kept == st.spec.accepted);
+    MESSAGE(v.name << ": " << st.spec.accepted << " of " << st.spec.proposed << " drafts accepted in "
+                   << st.spec.verifies << " verifies; " << st.steps << " steps");
   }
 }
 
@@ -333,7 +345,7 @@ TEST_CASE("sampling with speculation is reproducible by seed and workload") {
     llm_engine first(l.m, l.tok, cfg), second(l.m, l.tok, cfg);
     const auto a = run_all(first, reqs), b = run_all(second, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) CHECK(a.at(i).tokens == b.at(i).tokens);
-    CHECK(first.stats().spec_verifies > 0);
+    CHECK(first.stats().spec.verifies > 0);
   }
 }
 

@@ -1,10 +1,13 @@
 // Token trees chosen from measured acceptance (engine/spec/tree_shape.hpp): deep and narrow
-// where first candidates are kept, wide where later ones are, always within the budget.
+// where first candidates are kept, wide where later ones are, always within the budget;
+// kept paths moved to follow their roots (engine/spec/tree_keeper.hpp).
 #include <vector>
 
 #include <doctest/doctest.h>
 
+#include "engine/spec/tree_keeper.hpp"
 #include "engine/spec/tree_shape.hpp"
+#include "tests/support/test_support.hpp"
 
 namespace troupe {
 
@@ -57,6 +60,77 @@ TEST_CASE("a tree chooser goes deep where first candidates are kept, wide where 
   for (int i = 0; i < 300; ++i) shallow.record(std::vector<int32_t>{1, 4}, std::vector<int32_t>{0});
   CHECK(shallow.kept(2, 0) < 0.05);
   CHECK(shallow.choose().size() <= 2);
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("a tree keeper moves each verified tree's kept path to follow its root, and re-chooses its shape") {
+  scheduler_config cfg;
+  cfg.max_step_tokens = 64;
+  cfg.kv.num_blocks = 16;
+  cfg.kv.block_size = 4;
+  cfg.context = 256;
+  cfg.vocab = 512;
+  scheduler s(cfg, test::tok512());
+  request_params p;
+  p.prompt = {1, 5, 9, 20, 31};
+  p.max_tokens = 40;
+  p.ignore_eos = true;
+  REQUIRE(s.add(request_id{3}, p).has_value());
+  const step_plan prefill = s.schedule();
+  std::vector<sample_result> first{{33, 0.0f, {}}};
+  s.update_from_output(prefill, first);
+
+  speculative_config sc;
+  sc.method = spec_method::ngram;
+  sc.tree = {2, 2};
+  sc.tree_auto = 6;
+  sc.max_step_tokens = 64;
+  tree_keeper keeper(sc, 4);
+  int moves = 0;
+  for (int round = 0; round < 8; ++round) {
+    CAPTURE(round);
+    const speculative_config& live = keeper.next_step();
+    plan_drafts(s.running(), live, cfg.context);
+    step_plan plan = s.schedule();
+    REQUIRE(plan.chunks.size() == 1);
+    // Two candidates a position: nodes 0 and 1 under the root, 2 and 3 under node 0.
+    std::vector<draft_slot> slots(1);
+    slots[0] = {s.find(request_id{3}), static_cast<int32_t>(live.tree.size()), {100, 101}, {}, {}, live.tree,
+                {{100, 200}, {101, 201}}};
+    take_drafts(plan, slots);
+    const scheduled_chunk& c = plan.chunks[0];
+    REQUIRE(c.draft_parents.size() == 6);
+    // Kept: the second candidate at depth 1 (node 1), then its first child (node 4).
+    const std::vector<std::vector<int32_t>> paths{{1, 4}};
+    std::vector<int32_t> kept;
+    keeper.keep(plan, s, paths, [&](const scheduled_chunk& moved, std::span<const int32_t> k) {
+      CHECK(moved.id == request_id{3});
+      kept.assign(k.begin(), k.end());
+      ++moves;
+    });
+    std::vector<int32_t> want;
+    for (int32_t slot = 0; slot <= c.first_slot(); ++slot) want.push_back(slot);
+    want.push_back(c.first_slot() + 2);
+    want.push_back(c.first_slot() + 5);
+    CHECK(kept == want);
+    // A path where a chain would have it (the first candidate, alone) moves nothing.
+    const std::vector<std::vector<int32_t>> firsts{{0}};
+    int32_t calls = 0;
+    tree_keeper(sc, 4).keep(plan, s, firsts, [&](const scheduled_chunk&, std::span<const int32_t>) { ++calls; });
+    CHECK(calls == 0);
+    std::vector<sample_result> got{{c.draft[1], 0.0f, {}}, {c.draft[4], 0.0f, {}}, {7, 0.0f, {}}};
+    s.update_from_output(plan, got, std::vector<int32_t>{3});
+  }
+  CHECK(moves == 8);
+  // Eight trees in, every one keeping the second candidate at depth 1: the shape chosen
+  // now offers it, within the budget.
+  const std::vector<int32_t> shape = keeper.next_step().tree;
+  REQUIRE_FALSE(shape.empty());
+  CHECK(shape[0] >= 2);
+  CHECK(nodes_of(shape) <= 6);
 }
 
 }  // namespace troupe
