@@ -194,12 +194,40 @@ void render_speculation(prometheus_text& out, const router_state& st) {
     troupe::histogram h;  // buckets le 0 .. max_draft_tokens
     h.bounds.clear();
     for (int32_t n = 0; n <= max_draft_tokens; ++n) h.bounds.push_back(n);
-    h.counts.assign(v.begin() + 3, v.end());
+    h.counts.assign(v.begin() + 3, v.begin() + spec_figures_offered);
     h.counts.push_back(0);  // (nothing above the last bound)
     h.sum = static_cast<double>(v[2]);
     h.n = v[0];
     out.histogram_samples(len, h, "method", method);
   }
+  // How far down verification goes: per depth (a chain's d-th draft, a token tree's d-th
+  // level), the verifies whose drafts reached it and those that kept a draft there. A
+  // Medusa head guesses one depth, so its own acceptance is its depth's, under `head` too.
+  const struct {
+    const char* name;
+    const char* help;
+    size_t at;
+  } depths[] = {
+      {"troupe_speculative_depth_offered_total", "Verifying request steps whose drafts reached this depth.",
+       spec_figures_offered},
+      {"troupe_speculative_depth_accepted_total", "Verifying request steps that accepted a draft at this depth.",
+       spec_figures_kept},
+  };
+  for (const auto& c : depths) {
+    out.family(c.name, c.help, "counter");
+    for (const auto& [method, v] : by_method)
+      for (int32_t d = 0; d < max_draft_tokens && v[spec_figures_offered + d] > 0; ++d)
+        out.sample(c.name, {{"method", method}, {"depth", std::to_string(d + 1)}}, static_cast<double>(v[c.at + d]));
+  }
+  const auto medusa = by_method.find("medusa");
+  if (medusa == by_method.end()) return;
+  const char* head = "troupe_speculative_head_acceptance_ratio";
+  out.family(head, "Medusa heads: the share of the verifies that reached head h's depth which accepted its draft.",
+             "gauge");
+  const std::vector<uint64_t>& v = medusa->second;
+  for (int32_t d = 0; d < max_draft_tokens && v[spec_figures_offered + d] > 0; ++d)
+    out.sample(head, {{"head", std::to_string(d + 1)}},
+               static_cast<double>(v[spec_figures_kept + d]) / static_cast<double>(v[spec_figures_offered + d]));
 }
 
 // KV tiers (engine/kv/kv_tiers.hpp): what the schedulers planned, summed over the

@@ -9,6 +9,8 @@
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/forward/shard_tiers.hpp"
+#include "engine/spec/eagle_proposer.hpp"
+#include "engine/spec/medusa_proposer.hpp"
 #include "engine/spec/ngram_proposer.hpp"
 
 namespace troupe {
@@ -63,11 +65,21 @@ void announce(self_ptr self) {
 
 namespace {
 
-// N-gram drafts are made here; a draft model's and early exit's come from the draft
-// actor, whose orders are checked against the replica's limits.
+// N-gram and trained heads' drafts are made here; a draft model's and early exit's come
+// from the draft actor, whose orders are checked against the replica's limits.
 void setup_drafts(scheduler_state& st) {
   const scheduler_setup& s = st.setup;
+  if (!s.spec.enabled()) return;
+  st.trees.emplace(s.spec, s.heads && s.spec.method == spec_method::medusa ? s.heads->depth() : max_draft_tokens);
   if (s.spec.method == spec_method::ngram) st.drafts = std::make_unique<ngram_proposer>(s.spec.ngram_min, s.spec.ngram_max);
+  if (s.spec.uses_heads()) {
+    TROUPE_ASSERT(s.heads != nullptr, "trained heads are loaded with the replica");
+    st.draft_pool = std::make_unique<thread_pool>(1);
+    if (s.spec.method == spec_method::medusa)
+      st.drafts = std::make_unique<medusa_proposer>(*s.m, *s.heads, *st.draft_pool);
+    else
+      st.drafts = std::make_unique<eagle_proposer>(*s.m, *s.heads, *st.draft_pool);
+  }
   if (s.spec.method != spec_method::draft && s.spec.method != spec_method::early_exit) return;
   wire::draft_limits lim;
   lim.num_blocks = s.config.kv.num_blocks;
@@ -243,6 +255,8 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         const kv_usage u = st.sched->usage();
         std::vector<uint64_t> spec{st.spec.verifies, st.spec.proposed, st.spec.accepted};
         spec.insert(spec.end(), st.spec.by_accepted.begin(), st.spec.by_accepted.end());
+        spec.insert(spec.end(), st.spec.offered_at.begin(), st.spec.offered_at.end());
+        spec.insert(spec.end(), st.spec.kept_at.begin(), st.spec.kept_at.end());
         const scheduler::eviction_usage e = st.sched->eviction_now();
         std::vector<uint64_t> eviction{st.sched->evicted_tokens(), e.requests, e.budget_tokens, e.held_tokens};
         const tier_usage t = st.sched->tiers_now();

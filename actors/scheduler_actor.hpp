@@ -63,6 +63,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -98,7 +99,12 @@ struct scheduler_setup {
   // Speculative decoding: n-gram drafts are made here; a draft model's, or early exit's
   // (the model's first layers), come from the replica's draft actor (actors/draft_actor.hpp),
   // found by name like a stage. Verify steps go through the stages like any step.
+  // Medusa and EAGLE heads (spec.method medusa, eagle) draft here too, from the features
+  // of the last layer that the last stage returns with each step's logits or tokens. With
+  // a token tree (spec.tree), each verified tree's accepted path moves down in the
+  // stages' KV with its request's next step (a compaction).
   speculative_config spec;
+  std::shared_ptr<const speculative_heads> heads;  // for medusa and eagle, loaded
   stage_address draft;  // the draft actor, for spec.method draft and early-exit
   // KV tiers (config.kv.tiers): the ones that outlive this scheduler and that it can reach
   // (Redis; a directory on this node when every stage is here too), and each shard's
@@ -111,8 +117,12 @@ struct scheduler_setup {
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);
 
 // The speculative figures metrics_atom answers with, as a flat list: verifies, drafts
-// proposed, drafts accepted, then verifies by drafts accepted (0 .. max_draft_tokens).
-inline constexpr size_t spec_figures_size = 3 + max_draft_tokens + 1;
+// proposed, drafts accepted, then verifies by drafts accepted (0 .. max_draft_tokens),
+// then by depth (1 .. max_draft_tokens) verifies whose drafts reached it, then those that
+// kept a draft there (spec_tally).
+inline constexpr size_t spec_figures_offered = 3 + max_draft_tokens + 1;
+inline constexpr size_t spec_figures_kept = spec_figures_offered + max_draft_tokens;
+inline constexpr size_t spec_figures_size = spec_figures_kept + max_draft_tokens;
 // KV eviction's: tokens evicted since the scheduler started, then now: running requests
 // under a budget, their budgets and the tokens they hold, summed.
 inline constexpr size_t eviction_figures_size = 4;

@@ -1,6 +1,7 @@
-// The scheduler actor's drafts: n-gram ones made here, or a draft model's and early exit's
-// from the replica's draft actor, one exchange per step (scheduler_state.hpp,
-// engine/spec/draft_exchange.hpp).
+// The scheduler actor's drafts: n-gram and trained heads' made here, or a draft model's
+// and early exit's from the replica's draft actor, one exchange per step
+// (scheduler_state.hpp, engine/spec/draft_exchange.hpp); token trees' accepted paths, and
+// the features heads draft from.
 #include <cstdio>
 
 #include "actors/agent_link.hpp"
@@ -10,6 +11,7 @@
 namespace troupe::scheduler_actor_impl {
 
 void forget_drafts(scheduler_state& st, request_id id) {
+  st.tree_moves.erase(id);  // (its KV is gone)
   if (st.drafts) st.drafts->forget(id);
   if (remote_drafts(st)) st.orders.forget(id);
 }
@@ -100,10 +102,11 @@ void find_draft(self_ptr self) {
 void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<step_plan>)> then) {
   auto& st = self->state;
   for (request_id id : p.preempted) forget_drafts(st, id);
-  if (st.drafts) fill_drafts(p, *st.sched, *st.drafts, st.slots);
+  const std::span<const int32_t> tree = st.trees ? std::span<const int32_t>(st.trees->live().tree) : std::span<const int32_t>{};
+  if (st.drafts) fill_drafts(p, *st.sched, *st.drafts, st.slots, tree);
   std::optional<draft_order> order;
   if (remote_drafts(st)) {
-    if (st.draft) order = st.orders.make(p, *st.sched);
+    if (st.draft) order = st.orders.make(p, *st.sched, tree);
     if (!order) draft_orders::give_up(p);
   }
   if (!order) return then(std::make_shared<step_plan>(std::move(p)));
@@ -136,6 +139,43 @@ void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<
           [self, epoch, go](caf::error& e) {
             if (epoch == self->state.epoch()) go(reason_of(e));
           });
+}
+
+std::vector<int32_t> ready_plan(scheduler_state& st, step_plan& plan) {
+  std::vector<int32_t> wanted;
+  if (!st.tree_moves.empty())
+    for (const auto& c : plan.chunks)
+      if (auto it = st.tree_moves.find(c.id); it != st.tree_moves.end()) {
+        plan.compactions.push_back(std::move(it->second));
+        st.tree_moves.erase(it);
+      }
+  if (!st.drafts || !st.drafts->wants_features()) return wanted;
+  for (const auto& c : plan.chunks) wanted.push_back(feature_rows(c, *st.drafts));
+  return wanted;
+}
+
+void after_tokens(scheduler_state& st, const step_plan& plan, const step_tokens& got, std::span<const int32_t> wanted,
+                  std::span<const float> features) {
+  if (st.trees)
+    st.trees->keep(plan, *st.sched, got.paths, [&st](const scheduled_chunk& c, std::span<const int32_t> kept) {
+      planned_compaction& m = st.tree_moves[c.id];
+      m.id = c.id;
+      m.block_table.assign(c.block_table.begin(), c.block_table.end());
+      m.kept.assign(kept.begin(), kept.end());
+    });
+  if (wanted.empty()) return;
+  // The rows the last stage returned, in their places in the step's batch.
+  const auto dim = static_cast<size_t>(st.setup.m->config.dim);
+  st.features.resize(static_cast<size_t>(plan.num_tokens) * dim);
+  size_t row = 0, from = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const auto count = static_cast<size_t>(plan.chunks[i].count), n = static_cast<size_t>(wanted[i]);
+    std::copy_n(features.begin() + static_cast<ptrdiff_t>(from * dim), n * dim,
+                st.features.begin() + static_cast<ptrdiff_t>((row + count - n) * dim));
+    from += n;
+    row += count;
+  }
+  observe_features(plan, *st.sched, got.emitted, got.paths, st.features.data(), st.setup.m->config.dim, *st.drafts);
 }
 
 }  // namespace troupe::scheduler_actor_impl

@@ -28,6 +28,8 @@
 #include "engine/serve/replica_recovery.hpp"
 #include "engine/serve/step_choices.hpp"
 #include "engine/spec/draft_exchange.hpp"
+#include "engine/spec/tree_keeper.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe::scheduler_actor_impl {
 
@@ -84,10 +86,16 @@ struct scheduler_state {
   std::unique_ptr<replica_recovery> recovery;
   uint64_t session_base = 0;
 
-  // Speculative decoding: n-gram drafts made here (drafts, slots: scratch), or orders to
-  // the draft actor (draft, invalid while it is gone), and what verification gave.
+  // Speculative decoding: n-gram or trained heads' drafts made here (drafts, slots:
+  // scratch; heads run on draft_pool), or orders to the draft actor (draft, invalid while
+  // it is gone), and what verification gave.
+  std::unique_ptr<thread_pool> draft_pool;
   std::unique_ptr<proposer> drafts;
   std::vector<draft_slot> slots;
+  std::optional<tree_keeper> trees;  // the tree each step drafts (a chain: none)
+  // Verified trees' accepted paths, moved with their requests' next steps.
+  std::unordered_map<request_id, planned_compaction> tree_moves;
+  std::vector<float> features;       // a step's features, by batch row (scratch)
   draft_orders orders;
   std::optional<wire::draft_limits> draft_limits;  // set where a draft actor drafts
   caf::actor draft;
@@ -141,6 +149,16 @@ void find_draft(self_ptr self);
 // dropped). A plan without draft slots, or with the draft actor gone, goes at once
 // without drafts. Planning stays on while the order is out.
 void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<step_plan>)> then);
+
+// Before `plan` goes out: the accepted paths of trees its requests verified join its
+// compactions (applied before its chunks). Returns, per chunk, how many of its last rows'
+// features the last stage is to return (empty: none; a proposer here reads them).
+std::vector<int32_t> ready_plan(scheduler_state& st, step_plan& plan);
+// A step's tokens are in, not yet recorded: each tree verified keeps its accepted path
+// for its request's next step, and a proposer here sees the features (`wanted`, as
+// ready_plan gave them; features: the rows, chunk after chunk).
+void after_tokens(scheduler_state& st, const step_plan& plan, const step_tokens& got, std::span<const int32_t> wanted,
+                  std::span<const float> features);
 
 // scheduler_recovery.cpp
 // Does what recovery asked for after an event.

@@ -98,11 +98,20 @@ void hand_back(self_ptr self) {
   if (!q.releases.empty()) claim(self, q, [](kv_step_grants) {});
 }
 
+// The feature values a step returns: the rows each chunk asked for, a model's width each.
+int64_t feature_values(const scheduler_state& st, std::span<const int32_t> wanted) {
+  int64_t rows = 0;
+  for (int32_t n : wanted) rows += n;
+  return rows * st.setup.m->config.dim;
+}
+
 // A step's tokens are in: speculation's figures, each request's news, then what its
 // eviction policy learns from the attention its slots received.
-void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::span<const float> attention) {
+void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::span<const float> attention,
+                 std::span<const int32_t> wanted, std::span<const float> features) {
   auto& st = self->state;
   st.spec += got.spec;
+  after_tokens(st, plan, got, wanted, features);
   dispatch(self, st.sched->update_from_output(plan, got.samples, got.emitted));
   const model_config& mc = st.setup.m->config;
   st.sched->observe_attention(plan, attention, mc.num_heads * mc.num_layers);
@@ -119,10 +128,11 @@ void settle_loads(self_ptr self, const step_plan& plan, std::span<const request_
 
 // The tokens the last stage chose for every logit row of `plan` (a sampled chunk's, and
 // one per draft): each request records its tokens as its sampler would have drawn them.
-void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) {
+void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out, std::span<const int32_t> wanted) {
   auto& st = self->state;
   const int32_t vocab = st.setup.m->config.vocab_size;
-  auto res = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens, plan.attention_sums())
+  auto res = out.bytes ? wire::decode_step_result(*out.bytes, vocab, st.setup.config.max_step_tokens, plan.attention_sums(),
+                                                  feature_values(st, wanted))
                        : expected<wire::step_result>(error{"no tokens"});
   if (!res || static_cast<int32_t>(res->tokens.size()) != plan.num_logit_rows())
     return lose(self, st.stages.size() - 1, res ? "chosen tokens do not match the step" : res.err().message);
@@ -139,7 +149,7 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out) 
     }
   }
   step_tokens got = replay_chosen(plan, *st.sched, chosen, st.setup.spec);
-  finish_step(self, plan, got, res->attention);
+  finish_step(self, plan, got, res->attention, wanted, res->features);
 }
 
 // Sends `plan` (its drafts filled in) through the pipeline; an empty plan (requests in
@@ -153,11 +163,12 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
   // Who chooses the tokens (engine/serve/step_choices.hpp): the last stage, where the
   // logits are, when every row allows it; else the samplers here, from the logits.
   const auto choices = shard_choices_by_chunk(*plan, *st.sched);
-  const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released, choices));
+  std::vector<int32_t> wanted = ready_plan(st, *plan);
+  const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released, choices, wanted));
   st.released.clear();
   ++st.in_flight;
   const auto sent = self->clock().now();
-  run_from(self, st.epoch(), 0, msg, wire_message{}, [self, plan, sent](const wire_message& out) {
+  run_from(self, st.epoch(), 0, msg, wire_message{}, [self, plan, sent, wanted = std::move(wanted)](const wire_message& out) {
     auto& st = self->state;
     --st.in_flight;
     // The time this step held the pipeline's end: from when it went out, or from the step
@@ -167,14 +178,15 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
                            std::chrono::duration<double, std::milli>(now - std::max(sent, st.last_step_done)).count());
     st.last_step_done = now;
     const int32_t vocab = st.setup.m->config.vocab_size;
-    if (out.kind == wire_kind::step_result) return take_tokens(self, *plan, out);
-    auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens, plan->attention_sums())
+    if (out.kind == wire_kind::step_result) return take_tokens(self, *plan, out, wanted);
+    auto lg = out.bytes ? wire::decode_activations(*out.bytes, vocab, st.setup.config.max_step_tokens, plan->attention_sums(),
+                                                   feature_values(st, wanted))
                         : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_logit_rows())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
     settle_loads(self, *plan, lg->failed_loads);
     step_tokens got = sample_rows(*plan, *st.sched, lg->data.data(), vocab, st.setup.spec);
-    finish_step(self, *plan, got, lg->attention);
+    finish_step(self, *plan, got, lg->attention, wanted, lg->features);
   });
 }
 
@@ -212,7 +224,7 @@ void maybe_step(self_ptr self) {
   while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
     // Draft slots for the requests that decode next, claimed with the step's blocks.
     if (st.setup.spec.enabled())
-      plan_drafts(st.sched->running(), can_draft(st) ? st.setup.spec : speculative_config{}, st.sched->config().context);
+      plan_drafts(st.sched->running(), can_draft(st) ? st.trees->next_step() : speculative_config{}, st.sched->config().context);
     if (remote_kv(st)) {
       st.planning = true;
       return claim_round(self, std::make_shared<step_draft>(st.sched->begin_step()));

@@ -31,6 +31,7 @@ struct shard_core {
   std::unique_ptr<kv_landing> landing; // a decode replica's: blocks from prefill replicas
   std::unique_ptr<wire::step_decoder> decoder;
   aligned_vector<float> hidden, logits;
+  std::vector<float> features;  // the rows of `hidden` the plan asked for
   std::vector<int32_t> chosen;
   std::vector<wire::chosen_token> tokens;
   sample_scratch scratch;
@@ -76,14 +77,25 @@ struct shard_core {
     save_blocks(*decoded, failed);
     const auto& attention = decoded->attention;
     if (head)
-      return wire_message(wire_kind::activations,
-                          wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data(), attention, failed));
+      return wire_message(wire_kind::activations, wire::encode_activations(decoded->step_id, rows, c.vocab_size, logits.data(),
+                                                                           attention, failed, gather_features(*decoded)));
     if (shard->is_last_stage()) return wire_message{};
     if (shard->has_link(link_side::output))
       return wire_message(wire_kind::linked_activations,
                           wire::encode_linked_activations(decoded->step_id, n, c.dim, attention));
     return wire_message(wire_kind::activations,
                         wire::encode_activations(decoded->step_id, n, c.dim, hidden.data(), attention, failed));
+  }
+
+  // The last layer's output (before the final norm) of the rows the plan asked for, which
+  // a CPU shard's forward pass leaves in `hidden`.
+  std::span<const float> gather_features(const wire::decoded_step& d) {
+    const auto dim = static_cast<size_t>(setup.m->config.dim);
+    features.clear();
+    for (int32_t r : d.feature_rows)
+      features.insert(features.end(), hidden.begin() + static_cast<ptrdiff_t>(r * dim),
+                      hidden.begin() + static_cast<ptrdiff_t>((r + 1) * dim));
+    return features;
   }
 
   // KV tiers, before the forward pass: the plan's loads of requests whose loads have not
@@ -133,7 +145,8 @@ struct shard_core {
     const int32_t vocab = setup.m->config.vocab_size;
     const auto rows = static_cast<int32_t>(d.choices.size());
     chosen.resize(rows);
-    if (!shard->forward_choose(d.batch, hidden.data(), d.choices.data(), chosen.data())) {
+    // (Features are read from `hidden`, where a forward pass on the host leaves them.)
+    if (!d.feature_rows.empty() || !shard->forward_choose(d.batch, hidden.data(), d.choices.data(), chosen.data())) {
       logits.resize(static_cast<size_t>(rows) * vocab);
       shard->forward(d.batch, hidden.data(), logits.data());
       for (int32_t r = 0; r < rows; ++r)
@@ -142,7 +155,8 @@ struct shard_core {
     save_blocks(d, failed);
     tokens.clear();
     for (int32_t r = 0; r < rows; ++r) tokens.push_back({d.chosen_ids[r], chosen[r]});
-    return wire_message(wire_kind::step_result, wire::encode_step_result(d.step_id, tokens, d.attention, failed));
+    return wire_message(wire_kind::step_result,
+                        wire::encode_step_result(d.step_id, tokens, d.attention, failed, gather_features(d)));
   }
 };
 

@@ -25,6 +25,10 @@ struct DraftOrder {
   session @0 :UInt64;              # a new one: forget every request first
   forget @1 :List(UInt64);         # requests that ended or lost their blocks, before any slot
   slots @2 :List(DraftSlot);
+  # A token tree's widths by depth (1..16 each): every slot drafts one position per depth
+  # (maxTokens), and answers each position's candidates, most likely first; no uniforms.
+  # Empty: chains.
+  tree @3 :List(Int32);
 }
 
 # A drafted token's distribution: every token's probability, or, where few are possible
@@ -40,6 +44,7 @@ struct Drafted {
   tokens @1 :List(Int32);
   rows @2 :List(DraftRow);         # one per token when drawn at random; none when greedy
   unknown @3 :Bool;                # the draft actor lacked the tokens before tokensFrom
+  levels @4 :List(List(Int32));    # a tree's order: per drafted position, its candidates
 }
 
 struct Drafts {

@@ -36,6 +36,15 @@ struct Chunk {
   # shorter chunk's), summed over every head and layer, comes back with the step (its
   # policy ranks tokens by it).
   attention @15 :Bool;
+  # Speculative decoding with a proposer that reads the model's features (Medusa, EAGLE):
+  # the last stage returns the last layer's output (before the final norm) of the chunk's
+  # last `features` tokens with the step's result.
+  features @16 :Int32;
+  # A token tree: the drafts' parents, one per draft (-1: the chunk's last known token, the
+  # root; otherwise an earlier draft's index). Each draft sees the slots before the root
+  # and its own ancestors, at the RoPE position of the root plus its depth; the drafts
+  # number up to 63. Empty: the drafts are a chain.
+  draftParents @17 :List(Int32);
 }
 
 # KV eviction before a step: the request keeps slots `kept` (ascending) of its cache, slot
@@ -98,6 +107,9 @@ struct Activations {
   # KV tiers: the requests whose loads failed in this stage or an earlier one (a block no
   # tier held intact): their outputs of this step are garbage and are dropped.
   failedLoads @5 :List(UInt64);
+  # From the last stage: the features the plan's chunks asked for (Chunk.features),
+  # float32 little-endian, [rows][dim], chunk after chunk in batch order.
+  features @6 :Data;
 }
 
 # The tokens the last stage chose, when every sampled chunk of the plan asked it to choose
@@ -114,4 +126,5 @@ struct StepResult {
   error @2 :Text;                  # non-empty: the step failed and must be recomputed
   attention @3 :Data;              # as Activations.attention, summed over every stage
   failedLoads @4 :List(UInt64);    # as Activations.failedLoads, over every stage
+  features @5 :Data;               # as Activations.features
 }

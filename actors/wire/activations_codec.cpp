@@ -11,7 +11,8 @@
 namespace troupe::wire {
 
 std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data,
-                                        std::span<const float> attention, std::span<const request_id> failed_loads) {
+                                        std::span<const float> attention, std::span<const request_id> failed_loads,
+                                        std::span<const float> features) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::Activations>();
   root.setStepId(step_id);
@@ -21,6 +22,7 @@ std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, in
   auto d = root.initData(static_cast<unsigned>(bytes));
   std::memcpy(d.begin(), data, bytes);
   write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
+  write_floats([&](unsigned n) { return root.initFeatures(n); }, features);
   auto failed = root.initFailedLoads(static_cast<unsigned>(failed_loads.size()));
   for (size_t i = 0; i < failed_loads.size(); ++i) failed.set(static_cast<unsigned>(i), failed_loads[i].value);
   return to_bytes(msg);
@@ -28,12 +30,12 @@ std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, in
 
 namespace {
 
-// An Activations frame of width `dim` with its data (linked: without it) and `attention`
-// sums.
+// An Activations frame of width `dim` with its data (linked: without it), `attention`
+// sums and `features` values.
 expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens, bool linked,
-                                     int64_t attention) {
+                                     int64_t attention, int64_t features = 0) {
   frame_limits fl;
-  fl.max_bytes = (linked ? 0 : static_cast<size_t>(max_tokens) * dim * 4) + static_cast<size_t>(attention) * 4 +
+  fl.max_bytes = (linked ? 0 : static_cast<size_t>(max_tokens) * dim * 4) + static_cast<size_t>(attention + features) * 4 +
                  static_cast<size_t>(max_tokens) * 8 + 4096;
   fl.traversal_words = fl.max_bytes / 8 + 64;
   fl.nesting = 4;
@@ -52,6 +54,9 @@ expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim
     auto sums = read_floats(root.getAttention(), attention, "attention sums");
     if (!sums) return error{"activations carry " + sums.err().message};
     out.attention = std::move(sums).value();
+    auto feats = read_floats(root.getFeatures(), features, "feature values");
+    if (!feats) return error{"activations carry " + feats.err().message};
+    out.features = std::move(feats).value();
     auto failed = read_failed_loads(root.getFailedLoads(), max_tokens);
     if (!failed) return error{"activations: " + failed.err().message};
     out.failed_loads = std::move(failed).value();
@@ -76,8 +81,8 @@ expected<decoded_activations> decode(std::span<const uint8_t> bytes, int32_t dim
 }  // namespace
 
 expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens,
-                                                 int64_t attention) {
-  return decode(bytes, dim, max_tokens, false, attention);
+                                                 int64_t attention, int64_t features) {
+  return decode(bytes, dim, max_tokens, false, attention, features);
 }
 
 std::vector<uint8_t> encode_linked_activations(uint64_t step_id, int32_t num_tokens, int32_t dim,

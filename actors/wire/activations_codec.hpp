@@ -15,10 +15,12 @@
 namespace troupe::wire {
 
 // attention: the step's KV-eviction attention sums so far (schema/step.capnp), if any;
-// failed_loads: the requests whose KV-tier loads failed in this stage or an earlier one.
+// failed_loads: the requests whose KV-tier loads failed in this stage or an earlier one;
+// features: from the last stage, with its logits, the features the plan asked for.
 std::vector<uint8_t> encode_activations(uint64_t step_id, int32_t num_tokens, int32_t dim, const float* data,
                                         std::span<const float> attention = {},
-                                        std::span<const request_id> failed_loads = {});
+                                        std::span<const request_id> failed_loads = {},
+                                        std::span<const float> features = {});
 
 struct decoded_activations {
   uint64_t step_id = 0;
@@ -27,12 +29,13 @@ struct decoded_activations {
   std::vector<float> data;       // [num_tokens][dim]
   std::vector<float> attention;  // the attention sums, as many as the receiver expects
   std::vector<request_id> failed_loads;  // KV tiers (at most max_tokens of them)
+  std::vector<float> features;   // the last stage's: [rows][model dim]
 };
 
-// Checks the shape against what the receiver expects (dim, and exactly `attention` sums:
-// the plan says how many) and its limits.
+// Checks the shape against what the receiver expects (dim, exactly `attention` sums and
+// `features` values: the plan says how many) and its limits.
 expected<decoded_activations> decode_activations(std::span<const uint8_t> bytes, int32_t dim, int32_t max_tokens,
-                                                 int64_t attention = 0);
+                                                 int64_t attention = 0, int64_t features = 0);
 
 // The frame of hidden states sent over a device link, and its reading (data stays empty,
 // and is refused when present).

@@ -52,6 +52,8 @@ std::vector<uint8_t> encode_draft_order(const draft_order& o) {
     if (s.sampling) write_sampling(out.initSampling(), *s.sampling);
     out.setPromptTokens(s.prompt_tokens);
   }
+  auto tree = root.initTree(static_cast<unsigned>(o.tree.size()));
+  for (size_t d = 0; d < o.tree.size(); ++d) tree.set(static_cast<unsigned>(d), o.tree[d]);
   return to_bytes(msg);
 }
 
@@ -66,6 +68,14 @@ expected<draft_order> decode_draft_order(std::span<const uint8_t> bytes, const d
     const auto slots = root.getSlots();
     if (slots.size() > static_cast<unsigned>(lim.max_slots))
       return error{"draft order: " + std::to_string(slots.size()) + " requests; at most " + std::to_string(lim.max_slots)};
+    const auto tree = root.getTree();
+    if (tree.size() > static_cast<unsigned>(max_draft_tokens))
+      return error{"draft order: a tree of depth " + std::to_string(tree.size()) + "; at most " +
+                   std::to_string(max_draft_tokens)};
+    for (int32_t w : tree) {
+      if (w < 1 || w > max_tree_width) return error{"draft order: a tree's widths must be in 1.." + std::to_string(max_tree_width)};
+      o.tree.push_back(w);
+    }
     for (auto in : slots) {
       draft_order_slot s;
       s.id = request_id{in.getRequestId()};
@@ -75,6 +85,8 @@ expected<draft_order> decode_draft_order(std::span<const uint8_t> bytes, const d
       s.max_tokens = in.getMaxTokens();
       if (s.max_tokens < 1 || s.max_tokens > max_draft_tokens)
         return error{who + ": " + std::to_string(s.max_tokens) + " drafts; 1.." + std::to_string(max_draft_tokens) + " may be asked for"};
+      if (!o.tree.empty() && s.max_tokens > static_cast<int32_t>(o.tree.size()))
+        return error{who + ": " + std::to_string(s.max_tokens) + " positions in a tree of depth " + std::to_string(o.tree.size())};
       s.from = in.getTokensFrom();
       const auto toks = in.getTokens();
       const int64_t total = int64_t{s.from} + toks.size();
@@ -113,9 +125,10 @@ expected<draft_order> decode_draft_order(std::span<const uint8_t> bytes, const d
         if (s.prompt_tokens < 1 || s.prompt_tokens > static_cast<int32_t>(s.tokens.size()))
           return error{who + ": a prompt of " + std::to_string(s.prompt_tokens) + " tokens in a sequence of " +
                        std::to_string(s.tokens.size())};
-        if ((s.sampling->temperature != 0.0f) != !s.uniforms.empty())
+        if (o.tree.empty() && (s.sampling->temperature != 0.0f) != !s.uniforms.empty())
           return error{who + ": random drafts need one uniform each, greedy ones none"};
       }
+      if (!o.tree.empty() && !s.uniforms.empty()) return error{who + ": a tree's candidates take no uniforms"};
       o.slots.push_back(std::move(s));
     }
     return o;
@@ -136,6 +149,13 @@ std::vector<uint8_t> encode_drafts(const draft_answer& a, int32_t vocab) {
     out.setUnknown(d.unknown);
     auto toks = out.initTokens(static_cast<unsigned>(d.tokens.size()));
     for (size_t k = 0; k < d.tokens.size(); ++k) toks.set(static_cast<unsigned>(k), d.tokens[k]);
+    if (!d.levels.empty()) {
+      auto levels = out.initLevels(static_cast<unsigned>(d.levels.size()));
+      for (size_t p = 0; p < d.levels.size(); ++p) {
+        auto level = levels.init(static_cast<unsigned>(p), static_cast<unsigned>(d.levels[p].size()));
+        for (size_t k = 0; k < d.levels[p].size(); ++k) level.set(static_cast<unsigned>(k), d.levels[p][k]);
+      }
+    }
     if (d.q.empty()) continue;
     auto rows = out.initRows(static_cast<unsigned>(d.tokens.size()));
     for (size_t k = 0; k < d.tokens.size(); ++k) {
@@ -184,6 +204,13 @@ expected<draft_answer> decode_drafts(std::span<const uint8_t> bytes, const draft
       const auto toks = in.getTokens();
       if (toks.size() > static_cast<unsigned>(max_draft_tokens)) return error{"drafts: more than a step takes"};
       for (int32_t t : toks) d.tokens.push_back(t);  // (checked against the order: draft_orders::take)
+      const auto levels = in.getLevels();
+      if (levels.size() > toks.size()) return error{"drafts: candidates for more positions than drafted"};
+      for (const auto level : levels) {
+        if (level.size() > static_cast<unsigned>(max_tree_width)) return error{"drafts: more candidates than a tree is wide"};
+        auto& out = d.levels.emplace_back();  // (checked against the order: draft_orders::take)
+        for (int32_t t : level) out.push_back(t);
+      }
       const auto rows = in.getRows();
       if (rows.size() != 0 && rows.size() != toks.size()) return error{"drafts: a distribution for each draft, or none"};
       d.q.assign(rows.size() * vocab, 0.0f);

@@ -6,6 +6,7 @@
 #include <kj/exception.h>
 
 #include "actors/wire/frame.hpp"
+#include "kernels/cpu/paged_attention.hpp"
 #include "schema/kv.capnp.h"
 
 namespace troupe::wire {
@@ -190,9 +191,10 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
       const int64_t drafts = c.getSpeculative();
       if (c.getTierTokens() < 0 || c.getTierTokens() > total || (!c.getAdmit() && c.getTierTokens() != 0))
         return error{who() + "a tier prefix of " + std::to_string(c.getTierTokens()) + " tokens of " + std::to_string(total)};
-      if (drafts < 0 || drafts > max_draft_tokens || (c.getAdmit() && drafts != 0))
+      // (A token tree's nodes, up to max_tree_tokens - 1; a chain's drafts, up to max_draft_tokens.)
+      if (drafts < 0 || drafts > max_tree_tokens - 1 || (c.getAdmit() && drafts != 0))
         return error{who() + std::to_string(drafts) + " draft positions; a running request may claim 0.." +
-                     std::to_string(max_draft_tokens)};
+                     std::to_string(max_tree_tokens - 1)};
       if (total + drafts > most)
         return error{who() + std::to_string(total) + " tokens and " + std::to_string(drafts) +
                      " drafts; the context holds " + std::to_string(lim_.context)};

@@ -7,6 +7,7 @@
 #include <kj/exception.h>
 
 #include "actors/wire/frame.hpp"
+#include "kernels/cpu/paged_attention.hpp"
 #include "schema/step.capnp.h"
 
 namespace troupe::wire {
@@ -19,7 +20,8 @@ void step_encoder::restart(uint64_t session) {
 }
 
 std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const request_id> released,
-                                          std::span<const std::optional<token_choice>> choices) {
+                                          std::span<const std::optional<token_choice>> choices,
+                                          std::span<const int32_t> features) {
   for (request_id id : plan.preempted) sent_.erase(id);  // their tables start anew
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::StepPlan>();
@@ -47,6 +49,12 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
     for (size_t k = 0; k < c.tokens.size(); ++k) toks.set(static_cast<unsigned>(k), c.tokens[k]);
     for (size_t k = 0; k < c.draft.size(); ++k) toks.set(static_cast<unsigned>(c.tokens.size() + k), c.draft[k]);
     out.setDrafts(c.num_draft);
+    if (!c.draft_parents.empty()) {
+      TROUPE_ASSERT(c.draft_parents.size() == c.draft.size(), c.draft_parents.size(), c.draft.size());
+      auto up = out.initDraftParents(static_cast<unsigned>(c.draft_parents.size()));
+      for (size_t k = 0; k < c.draft_parents.size(); ++k) up.set(static_cast<unsigned>(k), c.draft_parents[k]);
+    }
+    if (i < features.size()) out.setFeatures(features[i]);
     out.setEvicted(c.evicted);
     out.setRopeInCache(c.rope_in_cache);
     out.setAttention(c.attention);
@@ -150,14 +158,31 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
         if (b >= lim_.num_blocks) return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
       if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(slot) + toks.size())
         return error{who() + "block table does not cover its positions"};
+      const auto parents = c.getDraftParents();
+      const int32_t most = parents.size() > 0 ? max_tree_tokens - 1 : max_draft_tokens;
       if (c.getDrafts() != 0) {
-        if (c.getDrafts() < 0 || c.getDrafts() > max_draft_tokens)
-          return error{who() + std::to_string(c.getDrafts()) + " drafts; 0.." + std::to_string(max_draft_tokens) + " allowed"};
+        if (c.getDrafts() < 0 || c.getDrafts() > most)
+          return error{who() + std::to_string(c.getDrafts()) + " drafts; 0.." + std::to_string(most) + " allowed" +
+                       (parents.size() > 0 ? " in a token tree" : "")};
         if (static_cast<unsigned>(c.getDrafts()) >= toks.size()) return error{who() + "drafts but no known token before them"};
         if (!c.getSample()) return error{who() + "drafts in a chunk that samples nothing"};
         if (c.getChoose() && c.getTemperature() != 0.0f)
           return error{who() + "drafts are chosen on the shard only greedily (their verification needs the logits)"};
       }
+      if (parents.size() > 0) {
+        if (parents.size() != static_cast<unsigned>(c.getDrafts()))
+          return error{who() + std::to_string(parents.size()) + " tree parents for " + std::to_string(c.getDrafts()) +
+                       " drafts"};
+        if (toks.size() != parents.size() + 1) return error{who() + "a token tree follows one known token, its root"};
+        if (c.getChoose()) return error{who() + "a token tree's tokens are not chosen on the shard (its verification needs the logits)"};
+        for (unsigned k = 0; k < parents.size(); ++k)
+          if (parents[k] < -1 || parents[k] >= static_cast<int32_t>(k))
+            return error{who() + "draft " + std::to_string(k) + "'s parent " + std::to_string(parents[k]) +
+                         " is not -1 or an earlier draft"};
+      }
+      if (c.getFeatures() < 0 || static_cast<unsigned>(c.getFeatures()) > toks.size())
+        return error{who() + "features of " + std::to_string(c.getFeatures()) + " tokens; it has " +
+                     std::to_string(toks.size())};
       if (c.getChoose()) {
         if (!c.getSample()) return error{who() + "a choice for a chunk that samples nothing"};
         const float t = c.getTemperature(), p = c.getTopP(), mp = c.getMinP(), u = c.getU();
@@ -269,13 +294,23 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     out.attention.assign(static_cast<size_t>(attention), 0.0f);
     float* mass = out.attention.data();
     bool every_sample_chooses = true;
+    out.tree_parents.reserve(chunks.size());  // (the batch points into them)
     for (const auto c : chunks) {
       const auto toks = c.getTokens();
+      const auto first_row = static_cast<int32_t>(out.batch.tokens.size());
+      for (int32_t r = static_cast<int32_t>(toks.size()) - c.getFeatures(); r < static_cast<int32_t>(toks.size()); ++r)
+        out.feature_rows.push_back(first_row + r);
       for (int32_t t : toks) out.batch.tokens.push_back(t);
       const int32_t rows = c.getSample() ? 1 + c.getDrafts() : 0;
       const int32_t slot = c.getFirst() - c.getEvicted();
       out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), slot, tables_[c.getRequestId()], rows});
       out.batch.sequences.back().rope_pos = c.getRopeInCache() ? slot : c.getFirst();
+      if (const auto parents = c.getDraftParents(); parents.size() > 0) {
+        // Its root, the known token, then each draft's parent as a position in the chunk.
+        std::vector<int32_t>& up = out.tree_parents.emplace_back(1, -1);
+        for (int32_t p : parents) up.push_back(p + 1);
+        out.batch.sequences.back().tree_parents = up.data();
+      }
       if (c.getAttention()) {
         out.batch.sequences.back().attention_mass = mass;
         mass += slot + toks.size();
@@ -300,7 +335,8 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
 }
 
 std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens,
-                                        std::span<const float> attention, std::span<const request_id> failed_loads) {
+                                        std::span<const float> attention, std::span<const request_id> failed_loads,
+                                        std::span<const float> features) {
   capnp::MallocMessageBuilder msg;
   auto root = msg.initRoot<schema::StepResult>();
   root.setStepId(step_id);
@@ -310,15 +346,17 @@ std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen
     samples[static_cast<unsigned>(i)].setToken(tokens[i].token);
   }
   write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
+  write_floats([&](unsigned n) { return root.initFeatures(n); }, features);
   auto failed = root.initFailedLoads(static_cast<unsigned>(failed_loads.size()));
   for (size_t i = 0; i < failed_loads.size(); ++i) failed.set(static_cast<unsigned>(i), failed_loads[i].value);
   return to_bytes(msg);
 }
 
 expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows,
-                                         int64_t attention) {
+                                         int64_t attention, int64_t features) {
   auto frame = frame_reader::parse(
-      bytes, frame_limits::flat(static_cast<size_t>(max_rows) * 32 + static_cast<size_t>(attention) * 4 + (1 << 12)));
+      bytes, frame_limits::flat(static_cast<size_t>(max_rows) * 32 + static_cast<size_t>(attention + features) * 4 +
+                                (1 << 12)));
   if (!frame) return frame.err();
   try {
     auto root = (*frame)->root<schema::StepResult>();
@@ -336,6 +374,9 @@ expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t
     auto sums = read_floats(root.getAttention(), attention, "attention sums");
     if (!sums) return error{"step result carries " + sums.err().message};
     out.attention = std::move(sums).value();
+    auto feats = read_floats(root.getFeatures(), features, "feature values");
+    if (!feats) return error{"step result carries " + feats.err().message};
+    out.features = std::move(feats).value();
     auto failed = read_failed_loads(root.getFailedLoads(), max_rows);
     if (!failed) return error{"step result: " + failed.err().message};
     out.failed_loads = std::move(failed).value();

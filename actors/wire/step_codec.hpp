@@ -35,9 +35,11 @@ namespace troupe::wire {
 class step_encoder {
  public:
   // released: requests that finished or were aborted since the last plan. choices: empty,
-  // or one per chunk of the plan (nullopt: the chunk's logits come back).
+  // or one per chunk of the plan (nullopt: the chunk's logits come back). features: empty,
+  // or per chunk of the plan how many of its last tokens' features come back.
   std::vector<uint8_t> encode(const step_plan& plan, std::span<const request_id> released,
-                              std::span<const std::optional<token_choice>> choices = {});
+                              std::span<const std::optional<token_choice>> choices = {},
+                              std::span<const int32_t> features = {});
   // The next plan tells the stages to forget every table and to accept only plans of
   // `session` from then on (a scheduler starts, or recovers from a lost stage).
   void restart(uint64_t session);
@@ -66,6 +68,11 @@ struct decoded_step {
   // stage chooses its token; empty unless every sampled chunk asked for that.
   std::vector<token_choice> choices;
   std::vector<request_id> chosen_ids;  // the requests of those rows
+  // The batch rows (tokens, in order) whose features the last stage returns.
+  std::vector<int32_t> feature_rows;
+  // Token trees: batch.sequences' tree_parents point into these (the root's -1, then each
+  // draft's parent as a batch position within its sequence).
+  std::vector<std::vector<int32_t>> tree_parents;
   // KV eviction: batch.compactions point into these (each request's table as it stood
   // before the plan, the one the plan leaves it, and what it keeps).
   std::vector<std::vector<block_id>> compaction_tables, compaction_new_tables;
@@ -86,18 +93,21 @@ struct chosen_token {
   request_id id;
   int32_t token = 0;
 };
+// features: the rows the plan asked for ([rows][dim]), if any.
 std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens,
                                         std::span<const float> attention = {},
-                                        std::span<const request_id> failed_loads = {});
+                                        std::span<const request_id> failed_loads = {},
+                                        std::span<const float> features = {});
 struct step_result {
   std::vector<chosen_token> tokens;
   std::vector<float> attention;  // the step's attention sums, as many as the receiver expects
   std::vector<request_id> failed_loads;  // KV tiers: requests whose loads failed
+  std::vector<float> features;   // [rows][dim], as many as the receiver expects
 };
 // Checks that the count is at most max_rows, every token is inside the vocabulary, and
-// exactly `attention` sums came back.
+// exactly `attention` sums and `features` floats came back.
 expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows,
-                                         int64_t attention = 0);
+                                         int64_t attention = 0, int64_t features = 0);
 
 class step_decoder {
  public:

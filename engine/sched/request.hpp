@@ -32,6 +32,7 @@ enum class finish_reason : uint8_t { none, stop, length, aborted };
 std::string_view finish_reason_name(finish_reason r);
 
 inline constexpr int32_t max_draft_tokens = 16;  // speculative drafts per step at most
+inline constexpr int32_t max_tree_width = 16;    // a token tree's candidates per position at most
 
 // What a client asks for.
 struct request_params {

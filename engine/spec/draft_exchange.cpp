@@ -16,17 +16,20 @@ void draft_orders::forget(request_id id) {
   if (told_.erase(id) > 0) forget_.push_back(id);
 }
 
-std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& sched) {
+std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& sched, std::span<const int32_t> tree) {
   last_.clear();
+  tree_.assign(tree.begin(), tree.end());
   draft_order o;
   o.session = session_;
+  o.tree = tree_;
   for (const auto& c : plan.chunks) {
     if (c.num_draft == 0) continue;
     request* r = sched.find(c.id);
     TROUPE_ASSERT(r != nullptr, c.id.value);
     draft_order_slot s;
     s.id = c.id;
-    s.max_tokens = c.num_draft;
+    // A tree's proposer drafts its depth's positions along one path (fill_drafts).
+    s.max_tokens = tree.empty() ? c.num_draft : static_cast<int32_t>(tree.size());
     const auto told = told_.find(c.id);
     s.from = told == told_.end() ? 0 : std::min(told->second, r->num_tokens());
     s.tokens.assign(r->tokens.begin() + s.from, r->tokens.end());
@@ -35,10 +38,10 @@ std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& 
       s.prompt_tokens = r->num_prompt_tokens;
     }
     s.blocks = r->blocks;
-    if (r->smp.params().temperature != 0.0f)
+    if (r->smp.params().temperature != 0.0f && tree.empty())
       for (int32_t j = 0; j < s.max_tokens; ++j) s.uniforms.push_back(static_cast<float>(r->drafts.stream.uniform()));
     told_[c.id] = r->num_tokens();
-    last_.push_back({c.id, c.num_draft});
+    last_.push_back({c.id, s.max_tokens});
     o.slots.push_back(std::move(s));
   }
   if (o.slots.empty()) return std::nullopt;
@@ -82,6 +85,14 @@ status draft_orders::take(step_plan& plan, scheduler& sched, draft_answer a, int
       if (t < 0 || t >= vocab) return error{who + ": token " + std::to_string(t) + " is outside the vocabulary"};
     if (!d.q.empty() && (d.q.size() != d.tokens.size() * static_cast<size_t>(vocab) || !sound_q(d.q, d.tokens, vocab)))
       return error{who + ": their distributions are not distributions over the vocabulary that drew them"};
+    if (tree_.empty() != d.levels.empty() && !d.tokens.empty())
+      return error{who + (tree_.empty() ? ": a tree's candidates for a chain" : ": a chain for a tree")};
+    if (d.levels.size() > d.tokens.size()) return error{who + ": candidates for more positions than it drafted"};
+    for (size_t p = 0; p < d.levels.size(); ++p) {
+      if (d.levels[p].size() > static_cast<size_t>(tree_[p])) return error{who + ": more candidates than the tree's width"};
+      for (int32_t t : d.levels[p])
+        if (t < 0 || t >= vocab) return error{who + ": candidate " + std::to_string(t) + " is outside the vocabulary"};
+    }
   }
   slots_.clear();
   for (drafted& d : a.slots) {
@@ -90,6 +101,10 @@ status draft_orders::take(step_plan& plan, scheduler& sched, draft_answer a, int
     draft_slot s{r, static_cast<int32_t>(d.tokens.size()), std::move(d.tokens), {}, {}};
     // A greedy request verifies against its argmax alone.
     if (r && r->smp.params().temperature != 0.0f) s.q = std::move(d.q);
+    if (!tree_.empty()) {  // take_drafts makes the tree
+      s.tree = tree_;
+      s.levels = std::move(d.levels);
+    }
     slots_.push_back(std::move(s));
   }
   last_.clear();
@@ -153,13 +168,14 @@ draft_answer draft_server::serve(const draft_order& o) {
       r->smp.replay(s.tokens[j]);
     }
     r->blocks = s.blocks;
-    slots_.push_back({r, s.max_tokens, {}, {}, s.uniforms});
+    slots_.push_back({r, s.max_tokens, {}, {}, s.uniforms, o.tree});
     at.push_back(i);
   }
   if (!slots_.empty()) proposer_->propose(slots_);
   for (size_t j = 0; j < slots_.size(); ++j) {
     a.slots[at[j]].tokens = std::move(slots_[j].tokens);
     a.slots[at[j]].q = std::move(slots_[j].q);
+    a.slots[at[j]].levels = std::move(slots_[j].levels);
   }
   return a;
 }

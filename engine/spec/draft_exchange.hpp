@@ -52,6 +52,8 @@ struct draft_order {
   uint64_t session = 0;
   std::vector<request_id> forget;   // requests whose copies go, before any slot
   std::vector<draft_order_slot> slots;
+  std::vector<int32_t> tree;        // a token tree's widths: each slot's max_tokens are its
+                                    // positions, and each answers their candidates
 };
 
 struct drafted {
@@ -61,6 +63,7 @@ struct drafted {
                                 // as certain (greedy)
   bool unknown = false;         // the server lacked the tokens before `from` (it restarted):
                                 // none drafted, the whole sequence goes with the next order
+  std::vector<std::vector<int32_t>> levels;  // a tree's: each position's candidates
 };
 
 struct draft_answer {
@@ -79,7 +82,8 @@ class draft_orders {
 
   // The order for the draft slots of `plan` (made after plan_drafts), or none when no
   // chunk has any. Draws the uniforms of random drafts from each request's draft stream.
-  std::optional<draft_order> make(const step_plan& plan, scheduler& sched);
+  // With `tree` (speculative_config::tree), each slot asks for a tree's candidates.
+  std::optional<draft_order> make(const step_plan& plan, scheduler& sched, std::span<const int32_t> tree = {});
   // Takes the answer to the last order into `plan` (take_drafts): a chunk whose request
   // ended meanwhile, or whose slot came back empty, computes no drafts. An answer that
   // does not fit the order is an error, and then nothing is taken; give_up() next.
@@ -97,6 +101,7 @@ class draft_orders {
   std::unordered_map<request_id, int32_t> told_;  // tokens the server has, per request
   std::vector<request_id> forget_;
   std::vector<sent_slot> last_;
+  std::vector<int32_t> tree_;  // the last order's
   std::vector<draft_slot> slots_;
 };
 

@@ -30,6 +30,7 @@ class eagle_proposer final : public proposer {
 
   void propose(std::span<draft_slot> slots) override;
   bool wants_features() const override { return true; }
+  bool wants_every_feature() const override { return true; }
   void observe(request_id id, int32_t first, const float* features, int32_t n) override;
   void forget(request_id id) override { states_.erase(id); }
   void forget_all() override { states_.clear(); }

@@ -62,7 +62,8 @@ std::optional<std::string> validate(const speculative_config& c, const model_con
     if (static_cast<int32_t>(c.tree.size()) > max_draft_tokens)
       return "a tree of depth " + std::to_string(c.tree.size()) + " is deeper than " + std::to_string(max_draft_tokens);
     for (int32_t w : c.tree)
-      if (w < 1 || w > 16) return "a tree's widths must be in 1..16; got " + std::to_string(w);
+      if (w < 1 || w > max_tree_width)
+        return "a tree's widths must be in 1.." + std::to_string(max_tree_width) + "; got " + std::to_string(w);
     if (c.tree_nodes() > max_tree_tokens - 1)
       return "a tree of " + std::to_string(c.tree_nodes()) + " nodes is more than one pass verifies (" +
              std::to_string(max_tree_tokens - 1) + ")";

@@ -104,6 +104,9 @@ class proposer {
   // last layer's output, before the final norm; [n][dim]) of request `id`'s tokens at
   // positions first .. first + n - 1, which the step computed and the request now holds.
   virtual bool wants_features() const { return false; }
+  // Whether it keeps a feature for every position (EAGLE), or reads only the last one a
+  // step leaves each request (Medusa): a pipeline returns only those.
+  virtual bool wants_every_feature() const { return false; }
   virtual void observe(request_id id, int32_t first, const float* features, int32_t n) {
     (void)id, (void)first, (void)features, (void)n;
   }
@@ -137,6 +140,13 @@ void choose_draft(draft_slot& s, sampler& view, float* logits, int32_t vocab, st
 // drafts' indices; empty for a chain).
 void observe_features(const step_plan& plan, scheduler& sched, std::span<const int32_t> emitted,
                       std::span<const std::vector<int32_t>> paths, const float* hidden, int32_t dim, proposer& p);
+
+// How many of a chunk's last rows observe_features hands p, when p wants features at all:
+// every row where p keeps one per position, else the chunk's last known token's and its
+// drafts' (the last one its request holds is among them).
+inline int32_t feature_rows(const scheduled_chunk& c, const proposer& p) {
+  return p.wants_every_feature() ? c.count : 1 + c.num_draft;
+}
 
 // The most drafts a request takes per step: k, or its own cap when lower.
 inline int32_t draft_cap(const request& r, const speculative_config& c) {

@@ -348,14 +348,32 @@ TEST_CASE("a [speculative] table: the command line's names, the draft beside the
   CHECK(e->speculative.exit_layer == 3);
   CHECK(problem(ok_replica + "[speculative]\nmethod = \"early-exit\"\nexit_layer = 2\n").empty());
   CHECK(problem(ok_replica + "[speculative]\nmethod = \"ngram\"\n").empty());
+  // Trained heads beside the file, and a token tree as an array or as the command line spells it.
+  auto h = parse_topology_text(std::string(base) + ok_replica +
+                                   "[speculative]\nmethod = \"medusa\"\nheads = \"h/medusa.gguf\"\ntree = [3, 2, 1]\n",
+                               "t.toml", "/d");
+  REQUIRE_MESSAGE(h.has_value(), (h ? "" : h.err().message));
+  CHECK(h->speculative.heads == "/d/h/medusa.gguf");
+  CHECK(h->speculative.tree == "3,2,1");
+  auto a = parse_topology_text(std::string(base) + ok_replica + "[speculative]\nmethod = \"ngram\"\ntree = \"auto:12\"\n",
+                               "t.toml", "/d");
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.err().message));
+  CHECK(a->speculative.tree == "auto:12");
+  CHECK(problem(ok_replica + "[speculative]\nmethod = \"ngram\"\ntree = \"2,2\"\n").empty());
 
   auto says = [](const std::string& extra, const std::string& part) {
     const std::string p = problem(ok_replica + "[speculative]\n" + extra);
     CAPTURE(p);
     CHECK(p.find(part) != std::string::npos);
   };
-  says("method = \"hydra\"\n", "t.toml:20: [speculative]: method must be ngram, draft, early-exit or none");
-  says("method = \"medusa\"\n", "t.toml:20: [speculative]: method medusa: trained heads propose in troupe-run");
+  says("method = \"hydra\"\n", "t.toml:20: [speculative]: method must be ngram, draft, early-exit, medusa, eagle or none");
+  says("method = \"medusa\"\n", "[speculative] method medusa needs [speculative] heads = FILE");
+  says("method = \"ngram\"\nheads = \"h.gguf\"\n", "[speculative] heads applies to medusa and eagle");
+  says("method = \"ngram\"\ntree = [2, 0]\n", "tree's widths must be integers in 1..16");
+  says("method = \"ngram\"\ntree = []\n", "tree is empty");
+  says("method = \"ngram\"\ntree = 3\n", "tree must be widths by depth");
+  says("method = \"ngram\"\ntree = \"2,,1\"\n", "'2,,1' is not widths by depth");
+  says("method = \"ngram\"\ntree = [2, 2]\nk = 3\n", "a tree sets how many drafts");
   says("method = \"ngram\"\nk = 0\n", "k must be in 1..16");
   says("method = \"ngram\"\nk = 17\n", "k must be in 1..16");
   says("method = \"ngram\"\ndraft_length = 2\n", "draft_length");

@@ -156,7 +156,8 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
 }  // namespace
 
 expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer& tok, const std::string& node,
-                              const endpoint_overrides& overrides, const model* draft) {
+                              const endpoint_overrides& overrides, const model* draft,
+                              std::shared_ptr<const speculative_heads> heads) {
   const node_spec* me = t.node_named(node);
   if (me == nullptr) return error{t.path + ": no node named '" + node + "'"};
   auto spec = speculative_config_of(t.speculative, m.config, true);
@@ -188,6 +189,8 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
     p.schedulers.push_back(scheduler_of(t, m, tok, r, *me));
     scheduler_setup& s = p.schedulers.back().setup;
     s.spec = *spec;
+    if (spec->uses_heads() && !heads) return error{t.path + ": [speculative] method " + t.speculative.method + ": the head file is not loaded"};
+    if (spec->uses_heads()) s.heads = heads;
     // KV eviction: the deployment's default, or requests' own, where the replica can run it.
     s.config.no_eviction = llm_engine::why_no_eviction(m, *spec).value_or("");
     const kv_eviction_config& ev = t.scheduler.eviction;

@@ -6,6 +6,7 @@
 // topology in deploy/ without starting anything.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,8 +76,11 @@ struct endpoint_overrides {
 
 // The plan of node `node` (an error when the topology has none by that name). draft: the
 // model [speculative] draft names, loaded and checked (speculative_from), where the node
-// runs a replica's draft actor and the method is draft.
+// runs a replica's draft actor and the method is draft; heads: the head file
+// [speculative] heads names, loaded and checked, where the node runs a replica's scheduler
+// and the method is medusa or eagle.
 expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer& tok, const std::string& node,
-                              const endpoint_overrides& overrides = {}, const model* draft = nullptr);
+                              const endpoint_overrides& overrides = {}, const model* draft = nullptr,
+                              std::shared_ptr<const speculative_heads> heads = nullptr);
 
 }  // namespace troupe::tools

@@ -227,7 +227,21 @@ std::string topology_warnings(const topology& t, const model_config& m) {
 }
 
 status validate_topology(const topology& t, const model_config& m, int32_t q8_group_size) {
+  const std::string spec_method = t.speculative.method;
+  if (!t.speculative.tree.empty() && !t.kv.tiers.empty())
+    return error{t.path + ": [speculative] tree: token trees and KV tiers ([[tier]]) do not run together"};
   for (const auto& r : t.replicas) {
+    if (!t.speculative.tree.empty() && r.role != replica_role::both)
+      return error{t.path + ": [speculative] tree: token trees and KV tiers do not run together, and replica '" + r.name +
+                   "' (" + std::string(replica_role_name(r.role)) + ") hands its prompts' KV through a host tier"};
+    for (const stage_spec& st : r.stages)
+      for (const std::string& d : st.devices)
+        if (d != "cpu" && (spec_method == "medusa" || spec_method == "eagle"))
+          return error{t.path + ": replica '" + r.name + "' runs on " + d + ": [speculative] method " + spec_method +
+                       " drafts from the features CPU shards return; a GPU shard proposes by n-gram only"};
+        else if (d != "cpu" && !t.speculative.tree.empty())
+          return error{t.path + ": replica '" + r.name + "' runs on " + d +
+                       ": [speculative] tree: on a GPU, speculative decoding verifies chains, not token trees"};
     if (!t.kv.tiers.empty())
       for (const stage_spec& st : r.stages)
         for (const std::string& d : st.devices)

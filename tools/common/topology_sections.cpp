@@ -296,19 +296,32 @@ gpu_config parse_gpu(reader& rd, const toml::table& t) {
 speculative_options parse_speculative(reader& rd, const toml::table& t, const std::string& base_dir) {
   speculative_options o;
   const std::string w = "[speculative]";
-  rd.only(t, w, {"method", "k", "draft", "exit_layer", "exit-layer"});
-  if (rd.get(t, w, "method", o.method)) {
-    const auto m = parse_spec_method(o.method);
-    if (!m)
-      rd.fail(t.get("method"), w + ": method must be ngram, draft, early-exit or none");
-    else if (*m == spec_method::medusa || *m == spec_method::eagle)
-      rd.fail(t.get("method"), w + ": method " + o.method +
-                                   ": trained heads propose in troupe-run and troupe-perf; a cluster's replicas do not "
-                                   "run them yet (ngram, draft or early-exit do)");
-  }
+  rd.only(t, w, {"method", "k", "draft", "exit_layer", "exit-layer", "heads", "tree"});
+  if (rd.get(t, w, "method", o.method) && !parse_spec_method(o.method))
+    rd.fail(t.get("method"), w + ": method must be ngram, draft, early-exit, medusa, eagle or none");
   rd.get_in(t, w, "k", o.k, 1, max_draft_tokens);
   if (rd.get(t, w, "draft", o.draft) && std::filesystem::path(o.draft).is_relative())
     o.draft = (std::filesystem::path(base_dir) / o.draft).lexically_normal().string();
+  if (rd.get(t, w, "heads", o.heads) && std::filesystem::path(o.heads).is_relative())
+    o.heads = (std::filesystem::path(base_dir) / o.heads).lexically_normal().string();
+  // tree: widths by depth, as [4, 2, 2] or "4,2,2", or "auto" / "auto:NODES".
+  if (const toml::node* tree = t.get("tree")) {
+    if (const auto* widths = tree->as_array()) {
+      for (const toml::node& v : *widths) {
+        const auto* n = v.as_integer();
+        if (!n || n->get() < 1 || n->get() > max_tree_width) {
+          rd.fail(&v, w + ": tree's widths must be integers in 1.." + std::to_string(max_tree_width));
+          break;
+        }
+        o.tree += (o.tree.empty() ? "" : ",") + std::to_string(n->get());
+      }
+      if (widths->empty()) rd.fail(tree, w + ": tree is empty; leave it out for chains");
+    } else if (tree->is_string()) {
+      rd.get(t, w, "tree", o.tree);
+    } else {
+      rd.fail(tree, w + ": tree must be widths by depth ([4, 2, 2] or \"4,2,2\") or \"auto\" / \"auto:NODES\"");
+    }
+  }
   const char* exit_key = t.contains("exit-layer") ? "exit-layer" : "exit_layer";
   if (t.contains("exit-layer") && t.contains("exit_layer"))
     rd.fail(t.get("exit-layer"), w + ": exit_layer is given twice (as exit_layer and exit-layer)");

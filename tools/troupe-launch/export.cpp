@@ -148,6 +148,8 @@ expected<std::vector<exported_file>> k8s_manifests(const topology& t, const mode
   }
   if (auto* sp = tbl["speculative"].as_table(); sp && !t.speculative.draft.empty())
     sp->insert_or_assign("draft", under_models(t.speculative.draft));
+  if (auto* sp = tbl["speculative"].as_table(); sp && !t.speculative.heads.empty())
+    sp->insert_or_assign("heads", under_models(t.speculative.heads));
   if (auto* g = tbl["gateway"].as_table()) {
     g->insert_or_assign("capnp", "0.0.0.0:" + std::to_string(t.gateway.capnp.port));
     if (t.gateway.http.port != 0) g->insert_or_assign("http", "0.0.0.0:" + std::to_string(t.gateway.http.port));

@@ -83,20 +83,27 @@ int main(int argc, char** argv) {
   if (auto v = tools::validate_topology(*topo, m.config, gs); !v) return fail(v.err().message);
   if (const std::string w = tools::topology_warnings(*topo, m.config); !w.empty())
     std::fprintf(stderr, "troupe-node %s: %s\n", opt.node.c_str(), w.c_str());
-  // The draft model is loaded where a replica's draft actor runs.
-  const bool drafts_here = std::any_of(topo->replicas.begin(), topo->replicas.end(),
-                                       [&](const tools::replica_spec& r) { return r.draft_node == opt.node; });
+  // The draft model is loaded where a replica's draft actor runs, trained heads where a
+  // scheduler runs (it drafts from them).
+  const auto method = parse_spec_method(topo->speculative.method);
+  const bool heads = method && (*method == spec_method::medusa || *method == spec_method::eagle);
+  const bool loads_here = std::any_of(topo->replicas.begin(), topo->replicas.end(), [&](const tools::replica_spec& r) {
+    return (heads ? r.scheduler_node : r.draft_node) == opt.node;
+  });
   tools::speculative_models spec_models;
-  auto spec = drafts_here ? tools::speculative_from(topo->speculative, m, &loaded->tok->vocab(), spec_models, true)
-                          : tools::speculative_config_of(topo->speculative, m.config, true);
+  auto spec = loads_here ? tools::speculative_from(topo->speculative, m, &loaded->tok->vocab(), spec_models, true)
+                         : tools::speculative_config_of(topo->speculative, m.config, true);
   if (!spec) return fail(opt.topology + ": " + spec.err().message);
   const std::optional<model>& draft = spec_models.draft;
-  if (drafts_here && spec->enabled()) {
-    const std::string with = draft ? ", draft " + topo->speculative.draft : "";
-    std::fprintf(stderr, "troupe-node %s: speculative decoding by %s, k %d%s\n", opt.node.c_str(),
-                 std::string(spec_method_name(spec->method)).c_str(), spec->k, with.c_str());
+  if (loads_here && spec->enabled()) {
+    const std::string with = draft                ? ", draft " + topo->speculative.draft
+                             : spec_models.heads ? ", " + spec_models.heads->describe() + " from " + topo->speculative.heads
+                                                 : "";
+    std::fprintf(stderr, "troupe-node %s: speculative decoding by %s, %s%s\n", opt.node.c_str(),
+                 std::string(spec_method_name(spec->method)).c_str(), spec->drafts_text().c_str(), with.c_str());
   }
-  auto plan = tools::plan_node(*topo, m, *loaded->tok, opt.node, opt.overrides, draft ? &*draft : nullptr);
+  const std::shared_ptr<const speculative_heads> loaded_heads = std::move(spec_models.heads);
+  auto plan = tools::plan_node(*topo, m, *loaded->tok, opt.node, opt.overrides, draft ? &*draft : nullptr, loaded_heads);
   if (!plan) return fail(plan.err().message);
   for (const auto& s : plan->stages)
     for (const auto& d : s.layout.devices) {

@@ -83,8 +83,8 @@ std::vector<request_params> requests(int count) {
 
 // One exchange as the scheduler actor and the draft actor make it, bytes between them.
 status exchange(draft_orders& orders, draft_server& server, step_plan& plan, scheduler& s, const draft_limits& lim,
-                size_t* bytes = nullptr) {
-  auto order = orders.make(plan, s);
+                size_t* bytes = nullptr, std::span<const int32_t> tree = {}) {
+  auto order = orders.make(plan, s, tree);
   if (!order) return ok();
   const auto sent = encode_draft_order(*order);
   auto got = decode_draft_order(sent, lim);
@@ -113,7 +113,10 @@ std::vector<float> target_rows(const step_plan& plan, int32_t vocab, uint64_t se
 
 }  // namespace
 
-TEST_CASE("drafts from a draft server through the codec are a local proposer's, step for step, under preemption") {
+namespace {
+
+// With `tree` (widths), token trees of the proposer's candidates instead of chains.
+void same_drafts_as_local(const std::vector<int32_t>& tree) {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const int32_t vocab = l.m.config.vocab_size;
   const scheduler_config cfg = config(l.m, 16);  // fewer blocks than the requests want: preemption
@@ -129,10 +132,11 @@ TEST_CASE("drafts from a draft server through the codec are a local proposer's, 
     REQUIRE(a.add(request_id{i + 1}, reqs[i]).has_value());
     REQUIRE(b.add(request_id{i + 1}, reqs[i]).has_value());
   }
-  const speculative_config sc = spec();
+  speculative_config sc = spec();
+  sc.tree = tree;
   const draft_limits lim = limits_of(cfg);
   spec_tally tally;
-  int preempted = 0, with_q = 0, sparse_rows = 0;
+  int preempted = 0, with_q = 0, sparse_rows = 0, trees = 0;
   size_t bytes = 0;
   for (int step = 0; step < 400 && a.has_unfinished(); ++step) {
     CAPTURE(step);
@@ -143,8 +147,8 @@ TEST_CASE("drafts from a draft server through the codec are a local proposer's, 
     preempted += static_cast<int>(pa.preempted.size());
     for (request_id id : pa.preempted) local->forget(id);
     for (request_id id : pb.preempted) orders.forget(id);
-    fill_drafts(pa, a, *local, slots);
-    const auto taken = exchange(orders, server, pb, b, lim, &bytes);
+    fill_drafts(pa, a, *local, slots, tree);
+    const auto taken = exchange(orders, server, pb, b, lim, &bytes, tree);
     REQUIRE_MESSAGE(taken.has_value(), (taken ? "" : taken.err().message));
     REQUIRE(pa.chunks.size() == pb.chunks.size());
     CHECK(pa.num_tokens == pb.num_tokens);
@@ -154,6 +158,9 @@ TEST_CASE("drafts from a draft server through the codec are a local proposer's, 
       CHECK(x.count == y.count);
       REQUIRE(x.num_draft == y.num_draft);
       CHECK(std::vector<int32_t>(x.draft.begin(), x.draft.end()) == std::vector<int32_t>(y.draft.begin(), y.draft.end()));
+      CHECK(std::vector<int32_t>(x.draft_parents.begin(), x.draft_parents.end()) ==
+            std::vector<int32_t>(y.draft_parents.begin(), y.draft_parents.end()));
+      trees += !y.draft_parents.empty();
       if (x.num_draft == 0) continue;
       const auto& qa = a.find(x.id)->drafts.q;
       const auto& qb = b.find(y.id)->drafts.q;
@@ -183,9 +190,24 @@ TEST_CASE("drafts from a draft server through the codec are a local proposer's, 
   CHECK(preempted > 0);
   CHECK(tally.verifies > 20);
   CHECK(tally.accepted > 0);
-  CHECK(with_q > 0);       // sampled requests' drafts carried their distributions
-  CHECK(sparse_rows > 0);  // and truncated ones went sparse
+  if (tree.empty()) {
+    CHECK(with_q > 0);       // sampled requests' drafts carried their distributions
+    CHECK(sparse_rows > 0);  // and truncated ones went sparse
+  } else {
+    CHECK(trees > 20);  // (a tree's candidates are ranked: no distributions travel)
+    CHECK(with_q == 0);
+  }
   MESSAGE(tally.accepted << " of " << tally.proposed << " drafts accepted; " << bytes << " bytes exchanged");
+}
+
+}  // namespace
+
+TEST_CASE("drafts from a draft server through the codec are a local proposer's, step for step, under preemption") {
+  same_drafts_as_local({});
+}
+
+TEST_CASE("a draft server's token trees are a local proposer's, step for step, under preemption") {
+  same_drafts_as_local({3, 2, 1});
 }
 
 TEST_CASE("a draft server that restarted answers 'unknown', and the next order sends the whole sequence") {
@@ -385,6 +407,12 @@ TEST_CASE("draft orders outside the replica's limits are refused with the reason
       {[](draft_order& o) { o.slots.push_back(o.slots[0]); }, "comes twice"},
       {[](draft_order& o) { o.slots[0].from = 250; }, "does not fit the context"},
       {[](draft_order& o) { o.slots[0].from = -3; }, "does not fit the context"},
+      // Token trees: widths 1..16, up to 16 deep, a position per depth, no uniforms.
+      {[](draft_order& o) { o.tree = {3, 0}; }, "widths must be in 1..16"},
+      {[](draft_order& o) { o.tree = {17}; }, "widths must be in 1..16"},
+      {[](draft_order& o) { o.tree.assign(17, 1); }, "a tree of depth 17"},
+      {[](draft_order& o) { o.tree = {2, 2}, o.slots[0].uniforms.clear(); }, "3 positions in a tree of depth 2"},
+      {[](draft_order& o) { o.tree = {2, 2, 1}; }, "a tree's candidates take no uniforms"},
   };
   for (const broken& c : cases) {
     CAPTURE(c.says);
@@ -392,6 +420,20 @@ TEST_CASE("draft orders outside the replica's limits are refused with the reason
     REQUIRE_FALSE(got.has_value());
     CHECK(got.err().message.find(c.says) != std::string::npos);
   }
+  auto tree_order = order_with([](draft_order& o) { o.tree = {2, 2, 1}, o.slots[0].uniforms.clear(); });
+  REQUIRE_MESSAGE(tree_order.has_value(), (tree_order ? "" : tree_order.err().message));
+  CHECK(tree_order->tree == std::vector<int32_t>{2, 2, 1});
+  // A tree's candidates come back per position; one wider than a tree may be is refused.
+  draft_answer a;
+  a.session = 3;
+  a.slots.push_back({request_id{5}, {7, 8}, {}, false, {{7, 9}, {8}}});
+  auto back = decode_drafts(encode_drafts(a, lim.vocab), lim);
+  REQUIRE(back.has_value());
+  CHECK(back->slots[0].levels == a.slots[0].levels);
+  a.slots[0].levels[0].assign(17, 3);
+  CHECK_FALSE(decode_drafts(encode_drafts(a, lim.vocab), lim).has_value());
+  a.slots[0].levels.assign(3, {7});  // candidates for three positions, two drafted
+  CHECK_FALSE(decode_drafts(encode_drafts(a, lim.vocab), lim).has_value());
   // Bytes that are no order at all.
   std::vector<uint8_t> junk(64, 0xff);
   CHECK_FALSE(decode_draft_order(junk, lim).has_value());

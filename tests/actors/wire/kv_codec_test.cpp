@@ -337,8 +337,8 @@ TEST_CASE("a claim's draft positions are refused out of range, and on an admissi
     return to_bytes(msg);
   };
   for (const auto& [admit, drafts, why] : std::vector<std::tuple<bool, int32_t, std::string>>{
-           {false, -1, "draft positions"}, {false, 17, "draft positions"}, {true, 2, "draft positions"},
-           {false, 16, ""}}) {
+           {false, -1, "draft positions"}, {false, 64, "draft positions"}, {true, 2, "draft positions"},
+           {false, 16, ""}, {false, 62, ""}}) {  // (up to a token tree's 63 nodes, in a context of 64)
     kv_claim_receiver fresh(limits());
     auto step = fresh.decode(with_drafts(admit, drafts));
     const int32_t draft_count = drafts;  // (a variable: clang 14 captures no binding)
