@@ -162,13 +162,19 @@ std::vector<sample_result> sampler::verify(float* rows, int32_t vocab, std::span
 std::vector<int32_t> sampler::ranked(float* logits, int32_t vocab, int32_t k) const {
   adjust_logits(logits, vocab);
   k = std::clamp(k, 0, vocab);
-  std::vector<int32_t> ids(static_cast<size_t>(vocab));
-  for (int32_t i = 0; i < vocab; ++i) ids[i] = i;
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [logits](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  ids.resize(static_cast<size_t>(k));
-  return ids;
+  // One pass, the best k kept in order (by logit, the lower id first among equals): a
+  // token enters only past the k-th best, so most of a vocabulary costs one compare.
+  std::vector<int32_t> top;
+  if (k == 0) return top;
+  top.reserve(static_cast<size_t>(k));
+  for (int32_t i = 0; i < vocab; ++i) {
+    const float x = logits[i];
+    if (static_cast<int32_t>(top.size()) == k && !(x > logits[top.back()])) continue;
+    const auto at = std::find_if(top.begin(), top.end(), [&](int32_t t) { return x > logits[t]; }) - top.begin();
+    if (static_cast<int32_t>(top.size()) == k) top.pop_back();
+    top.insert(top.begin() + at, i);
+  }
+  return top;
 }
 
 std::vector<sample_result> sampler::verify_tree(float* rows, int32_t vocab, std::span<const int32_t> draft,

@@ -260,6 +260,29 @@ TEST_CASE("greedy tree verification follows the argmax down the tree, then emits
   CHECK(path.empty());
 }
 
+TEST_CASE("a tree's candidates are the k best logits, the lower id first among equals") {
+  rng r(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t vocab = 1 + static_cast<int32_t>(r.next() % 300);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& x : logits) x = static_cast<float>(r.next() % 40) * 0.25f;  // many ties
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    sampling_params p;
+    p.temperature = 0.0f;
+    const std::vector<int32_t> prompt = {1};
+    const sampler s(p, prompt);
+    for (const int32_t k : {0, 1, 4, 16, vocab}) {
+      CAPTURE(vocab);
+      CAPTURE(k);
+      std::vector<float> l = logits;
+      const std::vector<int32_t> want(order.begin(), order.begin() + std::min(k, vocab));
+      CHECK(s.ranked(l.data(), vocab, k) == want);
+    }
+  }
+}
+
 TEST_CASE("greedy verification keeps drafts while they are the argmax, then the argmax") {
   constexpr int32_t vocab = 6;
   sampling_params p;
