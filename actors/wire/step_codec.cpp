@@ -1,7 +1,9 @@
 #include "actors/wire/step_codec.hpp"
 
 #include <cmath>
+#include <optional>
 #include <set>
+#include <string>
 
 #include <capnp/message.h>
 #include <kj/exception.h>
@@ -105,6 +107,48 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
   return to_bytes(msg);
 }
 
+namespace {
+
+// What a chunk asks of the last stage (drafts and their tree, features, the choice of its
+// token) that does not fit the chunk: the problem in words.
+std::optional<std::string> last_stage_problem(schema::Chunk::Reader c) {
+  const auto toks = c.getTokens();
+  const auto parents = c.getDraftParents();
+  const int32_t most = parents.size() > 0 ? max_tree_tokens - 1 : max_draft_tokens;
+  if (c.getDrafts() != 0) {
+    if (c.getDrafts() < 0 || c.getDrafts() > most)
+      return std::to_string(c.getDrafts()) + " drafts; 0.." + std::to_string(most) + " allowed" +
+             (parents.size() > 0 ? " in a token tree" : "");
+    if (static_cast<unsigned>(c.getDrafts()) >= toks.size()) return "drafts but no known token before them";
+    if (!c.getSample()) return "drafts in a chunk that samples nothing";
+    if (c.getChoose() && c.getTemperature() != 0.0f)
+      return "drafts are chosen on the shard only greedily (their verification needs the logits)";
+  }
+  if (parents.size() > 0) {
+    if (parents.size() != static_cast<unsigned>(c.getDrafts()))
+      return std::to_string(parents.size()) + " tree parents for " + std::to_string(c.getDrafts()) + " drafts";
+    if (toks.size() != parents.size() + 1) return "a token tree follows one known token, its root";
+    if (c.getChoose()) return "a token tree's tokens are not chosen on the shard (its verification needs the logits)";
+    for (unsigned k = 0; k < parents.size(); ++k)
+      if (parents[k] < -1 || parents[k] >= static_cast<int32_t>(k))
+        return "draft " + std::to_string(k) + "'s parent " + std::to_string(parents[k]) + " is not -1 or an earlier draft";
+  }
+  if (c.getFeatures() < 0 || static_cast<unsigned>(c.getFeatures()) > toks.size())
+    return "features of " + std::to_string(c.getFeatures()) + " tokens; it has " + std::to_string(toks.size());
+  if (c.getChoose()) {
+    if (!c.getSample()) return "a choice for a chunk that samples nothing";
+    const float t = c.getTemperature(), p = c.getTopP(), mp = c.getMinP(), u = c.getU();
+    if (!(t >= 0.0f) || !std::isfinite(t)) return "temperature must be a finite number >= 0";
+    if (c.getTopK() < 0) return "top_k must be >= 0";
+    if (!(p > 0.0f && p <= 1.0f)) return "top_p must be in (0, 1]";
+    if (!(mp >= 0.0f && mp <= 1.0f)) return "min_p must be in [0, 1]";
+    if (!(u >= 0.0f && u < 1.0f)) return "u must be in [0, 1)";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
   const auto fl = frame_limits::flat(static_cast<size_t>(lim_.max_step_tokens + lim_.max_chunks * 4) * 16 +
                                      static_cast<size_t>(lim_.num_blocks) * 3 * 48 + (1 << 16));
@@ -158,40 +202,7 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
         if (b >= lim_.num_blocks) return error{who() + "block id " + std::to_string(b) + " is outside the pool of " + std::to_string(lim_.num_blocks)};
       if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(slot) + toks.size())
         return error{who() + "block table does not cover its positions"};
-      const auto parents = c.getDraftParents();
-      const int32_t most = parents.size() > 0 ? max_tree_tokens - 1 : max_draft_tokens;
-      if (c.getDrafts() != 0) {
-        if (c.getDrafts() < 0 || c.getDrafts() > most)
-          return error{who() + std::to_string(c.getDrafts()) + " drafts; 0.." + std::to_string(most) + " allowed" +
-                       (parents.size() > 0 ? " in a token tree" : "")};
-        if (static_cast<unsigned>(c.getDrafts()) >= toks.size()) return error{who() + "drafts but no known token before them"};
-        if (!c.getSample()) return error{who() + "drafts in a chunk that samples nothing"};
-        if (c.getChoose() && c.getTemperature() != 0.0f)
-          return error{who() + "drafts are chosen on the shard only greedily (their verification needs the logits)"};
-      }
-      if (parents.size() > 0) {
-        if (parents.size() != static_cast<unsigned>(c.getDrafts()))
-          return error{who() + std::to_string(parents.size()) + " tree parents for " + std::to_string(c.getDrafts()) +
-                       " drafts"};
-        if (toks.size() != parents.size() + 1) return error{who() + "a token tree follows one known token, its root"};
-        if (c.getChoose()) return error{who() + "a token tree's tokens are not chosen on the shard (its verification needs the logits)"};
-        for (unsigned k = 0; k < parents.size(); ++k)
-          if (parents[k] < -1 || parents[k] >= static_cast<int32_t>(k))
-            return error{who() + "draft " + std::to_string(k) + "'s parent " + std::to_string(parents[k]) +
-                         " is not -1 or an earlier draft"};
-      }
-      if (c.getFeatures() < 0 || static_cast<unsigned>(c.getFeatures()) > toks.size())
-        return error{who() + "features of " + std::to_string(c.getFeatures()) + " tokens; it has " +
-                     std::to_string(toks.size())};
-      if (c.getChoose()) {
-        if (!c.getSample()) return error{who() + "a choice for a chunk that samples nothing"};
-        const float t = c.getTemperature(), p = c.getTopP(), mp = c.getMinP(), u = c.getU();
-        if (!(t >= 0.0f) || !std::isfinite(t)) return error{who() + "temperature must be a finite number >= 0"};
-        if (c.getTopK() < 0) return error{who() + "top_k must be >= 0"};
-        if (!(p > 0.0f && p <= 1.0f)) return error{who() + "top_p must be in (0, 1]"};
-        if (!(mp >= 0.0f && mp <= 1.0f)) return error{who() + "min_p must be in [0, 1]"};
-        if (!(u >= 0.0f && u < 1.0f)) return error{who() + "u must be in [0, 1)"};
-      }
+      if (auto problem = last_stage_problem(c)) return error{who() + *problem};
     }
 
     // Compactions move slots within tables the stages hold already.
