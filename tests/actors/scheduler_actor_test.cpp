@@ -1,7 +1,8 @@
 // The scheduler actor over a TP=2 replica of actors: concurrent streams, a cancel, and
 // the engine's tokens, greedy and seeded draws (chosen by the last stage, or, in steps
 // with a request that needs more than the logits, by the scheduler); and speculative
-// decoding by each proposer, whose greedy streams are the engine's alone.
+// decoding by each proposer (trained heads and token trees too), whose greedy streams are
+// the engine's alone.
 #include "actors/scheduler_actor.hpp"
 
 #include <map>
@@ -15,6 +16,7 @@
 #include "actors/replica.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
+#include "engine/spec/heads.hpp"
 #include "tests/actors/actor_test_support.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -133,24 +135,49 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
   const auto alone = test::alone_tokens(l, reqs);
   REQUIRE(alone[4].tokens.size() <= 24);  // cut at the stop, well before max_tokens
 
+  // Trained proposers (tests/data): heads draft in the scheduler from the features the
+  // last stage returns; the trained draft model in the draft actor.
+  auto trained = load_model(test::data_path("stories260K-draft.gguf"));
+  REQUIRE(trained.has_value());
+  auto heads = [&](const char* file) {
+    auto h = load_heads(test::data_path(file), l.m, &l.tok.vocab());
+    REQUIRE(h.has_value());
+    return std::shared_ptr<const speculative_heads>(std::move(h).value());
+  };
+  const auto medusa = heads("stories260K-medusa.gguf"), eagle = heads("stories260K-eagle.gguf");
+
   system_config cfg;
   caf::actor_system sys{cfg};
   struct run {
     spec_method method;
     std::vector<stage_layout> layout;
+    std::vector<int32_t> tree = {};
+    int32_t tree_auto = 0;
   };
   for (const run& r : {run{spec_method::ngram, {{0, 5, 2}}}, run{spec_method::draft, {{0, 2, 1}, {2, 5, 1}}},
-                       run{spec_method::early_exit, {{0, 5, 1}}}, run{spec_method::early_exit, {{0, 2, 1}, {2, 5, 2}}}}) {
+                       run{spec_method::early_exit, {{0, 5, 1}}}, run{spec_method::early_exit, {{0, 2, 1}, {2, 5, 2}}},
+                       run{spec_method::medusa, {{0, 5, 2}}}, run{spec_method::eagle, {{0, 2, 1}, {2, 5, 1}}},
+                       run{spec_method::medusa, {{0, 2, 1}, {2, 5, 2}}, {3, 2, 1}},
+                       run{spec_method::eagle, {{0, 5, 1}}, {1, 1, 1, 1}, 12},
+                       run{spec_method::draft, {{0, 2, 1}, {2, 5, 1}}, {2, 2, 1}},
+                       run{spec_method::ngram, {{0, 5, 2}}, {2, 1, 1}}}) {
     CAPTURE(spec_method_name(r.method));
     CAPTURE(r.layout.size());
+    const std::vector<int32_t> tree = r.tree;  // (a variable: doctest captures it)
+    CAPTURE(tree);
     scheduler_setup setup = test::scheduler_for(l, "r0", r.layout.size());
     setup.spec.method = r.method;
     setup.spec.k = 4;
     setup.spec.exit_layer = 4;
+    setup.spec.tree = r.tree;
+    setup.spec.tree_auto = r.tree_auto;
+    setup.spec.max_step_tokens = 64;
+    if (r.method == spec_method::medusa) setup.heads = medusa;
+    if (r.method == spec_method::eagle) setup.heads = eagle;
     // A draft model's and early exit's drafts come from the replica's draft actor.
     draft_setup drafter;
-    if (r.method != spec_method::ngram) {
-      drafter.m = r.method == spec_method::draft ? &draft.m : &l.m;
+    if (r.method == spec_method::draft || r.method == spec_method::early_exit) {
+      drafter.m = r.method != spec_method::draft ? &l.m : r.tree.empty() ? &draft.m : &*trained;
       drafter.spec = setup.spec;
     }
     auto rep = spawn_replica(sys, l.m, test::with_kv(r.layout, setup.config.kv, setup.config.max_step_tokens), "r0", drafter);
@@ -190,7 +217,17 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
     }
     CHECK(verifies == spec[0]);
     CHECK(accepted == spec[2]);
-    if (r.method == spec_method::draft) CHECK(spec[2] == spec[1]);  // the model as its own draft: all taken
+    // By depth: every verify reaches depth 1; the kept drafts, one per depth kept, are the
+    // accepted ones.
+    CHECK(spec[spec_figures_offered] == spec[0]);
+    uint64_t kept = 0;
+    for (size_t d = 0; d < max_draft_tokens; ++d) {
+      CHECK(spec[spec_figures_kept + d] <= spec[spec_figures_offered + d]);
+      kept += spec[spec_figures_kept + d];
+    }
+    CHECK(kept == spec[2]);
+    // (The model as its own draft: every chain's drafts taken.)
+    if (r.method == spec_method::draft && r.tree.empty()) CHECK(spec[2] == spec[1]);
     uint32_t used = 99;
     self->request(sched, std::chrono::seconds(10), stats_atom_v)
         .receive([&](uint32_t u, uint32_t, uint32_t, uint32_t) { used = u; }, [&](caf::error& e) { FAIL(sys.render(e)); });
