@@ -28,8 +28,9 @@ std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& 
     TROUPE_ASSERT(r != nullptr, c.id.value);
     draft_order_slot s;
     s.id = c.id;
-    // A tree's proposer drafts its depth's positions along one path (fill_drafts).
-    s.max_tokens = tree.empty() ? c.num_draft : static_cast<int32_t>(tree.size());
+    // A tree's proposer drafts its depth's positions along one path (fill_drafts; one,
+    // for a tree cut to a single draft).
+    s.max_tokens = tree.empty() ? c.num_draft : std::min(c.num_draft, static_cast<int32_t>(tree.size()));
     const auto told = told_.find(c.id);
     s.from = told == told_.end() ? 0 : std::min(told->second, r->num_tokens());
     s.tokens.assign(r->tokens.begin() + s.from, r->tokens.end());

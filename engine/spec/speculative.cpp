@@ -146,11 +146,14 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
     }
     // Drafts past max_tokens or the context could never be kept.
     const int32_t room = std::min(r->params.max_tokens - r->num_output_tokens(), context - r->num_tokens()) - 1;
-    if (!c.tree.empty()) {  // a whole tree, or nothing: its depth kept, its nodes held
-      const int32_t nodes = c.tree_nodes();
-      if (r->params.speculative == 0 || static_cast<int32_t>(c.tree.size()) > room ||
-          nodes > std::min(left, context - r->num_tokens() - 1))
-        continue;
+    if (!c.tree.empty()) {
+      // A whole tree, or nothing: its depth kept, its nodes held. After a tree that kept
+      // nothing (its length is then 1), a single draft, until one is kept, as a chain
+      // shrinks; single misses then pause drafting as they do a chain's.
+      const bool single = r->drafts.length == 1;
+      const int32_t nodes = single ? 1 : c.tree_nodes();
+      const int32_t depth = single ? 1 : static_cast<int32_t>(c.tree.size());
+      if (r->params.speculative == 0 || depth > room || nodes > std::min(left, context - r->num_tokens() - 1)) continue;
       r->drafts.wanted = nodes;
       left -= nodes;
       continue;
@@ -169,8 +172,9 @@ void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<dra
   slots.clear();
   for (const auto& c : plan.chunks) {
     if (c.num_draft == 0) continue;
-    // A tree's proposer drafts its depth's positions along one path.
-    const int32_t positions = tree.empty() ? c.num_draft : static_cast<int32_t>(tree.size());
+    // A tree's proposer drafts its depth's positions along one path (one, for a tree cut
+    // to a single draft).
+    const int32_t positions = tree.empty() ? c.num_draft : std::min(c.num_draft, static_cast<int32_t>(tree.size()));
     slots.push_back({sched.find(c.id), positions, {}, {}, {}, tree});
   }
   if (slots.empty()) return;

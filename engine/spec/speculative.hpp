@@ -160,7 +160,8 @@ int32_t next_draft_length(int32_t current, int32_t proposed, int32_t accepted, i
 // What a request learns from a verify: its next draft length, and, when even single
 // drafts keep being rejected (where a draft costs more than it returns), a pause without
 // drafts: 4 decode steps after the second such miss in a row, doubling with each further
-// one up to 64; any acceptance ends the streak.
+// one up to 64; any acceptance ends the streak. A token tree that kept nothing leaves its
+// request a single draft a step (plan_drafts) until one is kept.
 void after_verify(request& r, int32_t proposed, int32_t accepted, const speculative_config& c);
 
 // Draft slots for the running requests that decode next (in scheduling order): each its

@@ -76,6 +76,37 @@ TEST_CASE("single drafts rejected again and again pause a request's drafting, fo
   CHECK(r.drafts.pause == 64);
 }
 
+TEST_CASE("a token tree that keeps nothing gives way to single drafts until one is kept") {
+  request_params p;
+  p.prompt = {1, 5, 6};
+  p.max_tokens = 1000;
+  request r(request_id{1}, p, 0);
+  r.num_computed_tokens = 2;
+  r.state = request_state::running;
+  speculative_config c;
+  c.method = spec_method::ngram;
+  c.tree = {2, 2};
+  c.max_step_tokens = 16;
+  std::vector<request*> running = {&r};
+  auto wanted = [&] {
+    plan_drafts(running, c, 512);
+    return r.drafts.wanted;
+  };
+  CHECK(wanted() == 6);  // the whole tree
+  after_verify(r, 6, 0, c);  // it kept nothing: a single draft next
+  CHECK(wanted() == 1);
+  after_verify(r, 1, 0, c);  // single misses pause drafting as a chain's do
+  CHECK(wanted() == 1);
+  after_verify(r, 1, 0, c);
+  for (int i = 0; i < 4; ++i) CHECK(wanted() == 0);
+  CHECK(wanted() == 1);
+  after_verify(r, 1, 1, c);  // kept: the whole tree again
+  CHECK(r.drafts.misses == 0);
+  CHECK(wanted() == 6);
+  after_verify(r, 6, 2, c);  // a path kept: the tree stays
+  CHECK(wanted() == 6);
+}
+
 TEST_CASE("draft slots shrink as the batch grows, and respect max_tokens, the context and each request's cap") {
   const tokenizer& tok = test::tok512();
   (void)tok;
