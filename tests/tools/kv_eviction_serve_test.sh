@@ -19,9 +19,7 @@ topology() {
   shift
   pp2_topology "$work/$name.toml" "[kv]" "$@" "${extra_tables[@]}"
 }
-status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
 post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
-text_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body"; }
 run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -t 0 -q --ignore-eos "$@"; }
 
 extra_tables=()

@@ -97,6 +97,18 @@ fail() {
 }
 
 # A free loopback port (free when asked: a server started soon after binds it).
+# status CURL_ARGS...: the HTTP status of a request; its body is left in $work/body.
+status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
+# text_of: the first choice's text of the completion in $work/body.
+text_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body"; }
+# streamed_text: the text of the streamed completion in $work/body, its events' joined.
+streamed_text() {
+  python3 -c '
+import json, sys
+ev = [l[6:].strip() for l in open(sys.argv[1]) if l.startswith("data: ")]
+print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) if c.get("choices")), end="")' "$work/body"
+}
+
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # N free loopback ports, all different, on one line.
 free_ports() {

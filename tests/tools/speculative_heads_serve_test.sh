@@ -18,9 +18,7 @@ topology() {
   shift
   pp2_topology "$work/$name.toml" "[speculative]" "$@"
 }
-status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
 post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
-text_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body"; }
 metric() { sed -n "s/^$1 //p" "$work/metrics"; }
 
 # The shared prompts, and three made of words drawn at random (seeded by the run's time,
@@ -63,10 +61,7 @@ for variant in ${VARIANTS:-medusa medusa-tree eagle-tree-auto eagle draft-tree-o
   ref=${want["Once upon a time"]#"Once upon a time"}
   code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":60,"temperature":0,"stream":true}')
   [[ $code == 200 ]] || fail "$variant: streamed: status $code $(cat "$work/body")"
-  got=$(python3 -c '
-import json, sys
-ev = [l[6:].strip() for l in open(sys.argv[1]) if l.startswith("data: ")]
-print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) if c.get("choices")), end="")' "$work/body")
+  got=$(streamed_text)
   [[ -n $got && $ref == "$got"* ]] || fail "$variant: streamed: '$got' vs '$ref'"
   # Seeded draws, two choices: both complete.
   code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0.8,"seed":5,"n":2}')

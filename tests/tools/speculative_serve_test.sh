@@ -18,9 +18,7 @@ topology() {
   shift
   pp2_topology "$work/$name.toml" "[speculative]" "$@"
 }
-status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
 post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
-text_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body"; }
 
 prompts=("Once upon a time" "Lily and Tom went to the" "The little dog")
 declare -A want
@@ -54,10 +52,7 @@ for variant in ngram early-exit draft draft-on-n1; do
     code=$(post /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":60,"temperature":0,'"$extra"'}')
     [[ $code == 200 ]] || fail "$variant: $extra: status $code $(cat "$work/body")"
     if [[ $extra == '"stream":true' ]]; then
-      got=$(python3 -c '
-import json, sys
-ev = [l[6:].strip() for l in open(sys.argv[1]) if l.startswith("data: ")]
-print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) if c.get("choices")), end="")' "$work/body")
+      got=$(streamed_text)
     else
       got=$(text_of)
     fi
