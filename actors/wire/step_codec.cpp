@@ -317,10 +317,8 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), slot, tables_[c.getRequestId()], rows});
       out.batch.sequences.back().rope_pos = c.getRopeInCache() ? slot : c.getFirst();
       if (const auto parents = c.getDraftParents(); parents.size() > 0) {
-        // Its root, the known token, then each draft's parent as a position in the chunk.
-        std::vector<int32_t>& up = out.tree_parents.emplace_back(1, -1);
-        for (int32_t p : parents) up.push_back(p + 1);
-        out.batch.sequences.back().tree_parents = up.data();
+        tree_parents_of(parents, out.tree_parents.emplace_back());
+        out.batch.sequences.back().tree_parents = out.tree_parents.back().data();
       }
       if (c.getAttention()) {
         out.batch.sequences.back().attention_mass = mass;

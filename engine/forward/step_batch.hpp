@@ -64,6 +64,15 @@ struct kv_compaction {
   }
 };
 
+// A token tree's step_sequence::tree_parents for a sequence of one known token, the root,
+// and drafts whose parents are `draft_parents` (-1: the root; otherwise an earlier
+// draft): the root's -1, then each draft's parent as a position in the sequence.
+template <class Parents>  // a range of int32_t
+void tree_parents_of(const Parents& draft_parents, std::vector<int32_t>& out) {
+  out.assign(1, -1);
+  for (int32_t p : draft_parents) out.push_back(p + 1);
+}
+
 struct step_batch {
   std::vector<int32_t> tokens;
   std::vector<step_sequence> sequences;

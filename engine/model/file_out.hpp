@@ -52,25 +52,25 @@ class file_out {
   uint64_t written_ = 0;
 };
 
-// GGUF metadata entries: the key, the value's type, the value.
-inline void gguf_kv_string(file_out& f, const std::string& key, const std::string& v) {
+// GGUF metadata entries: the key, the value's type (GGUF's numbering), the value.
+inline void gguf_key(file_out& f, const std::string& key, uint32_t type) {
   f.str(key);
-  f.pod(uint32_t{8});
+  f.pod(type);
+}
+inline void gguf_kv_string(file_out& f, const std::string& key, const std::string& v) {
+  gguf_key(f, key, 8);
   f.str(v);
 }
 inline void gguf_kv_u32(file_out& f, const std::string& key, uint32_t v) {
-  f.str(key);
-  f.pod(uint32_t{4});
+  gguf_key(f, key, 4);
   f.pod(v);
 }
 inline void gguf_kv_f32(file_out& f, const std::string& key, float v) {
-  f.str(key);
-  f.pod(uint32_t{6});
+  gguf_key(f, key, 6);
   f.pod(v);
 }
 inline void gguf_kv_bool(file_out& f, const std::string& key, bool v) {
-  f.str(key);
-  f.pod(uint32_t{7});
+  gguf_key(f, key, 7);
   f.pod(static_cast<uint8_t>(v));
 }
 

@@ -182,7 +182,7 @@ std::vector<sample_result> sampler::verify_tree(float* rows, int32_t vocab, std:
   TROUPE_ASSERT(parent.size() == draft.size(), parent.size(), draft.size());
   path.clear();
   std::vector<sample_result> out;
-  std::vector<int32_t> children;
+  std::vector<int32_t>& children = children_;
   for (int32_t at = -1;;) {  // at: the node whose row is read (-1: the sequence's end)
     float* row = rows + static_cast<size_t>(at + 1) * vocab;
     children.clear();

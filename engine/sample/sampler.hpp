@@ -108,7 +108,8 @@ class sampler {
   std::unordered_map<int32_t, int32_t> seen_;    // prompt + output, for repetition
   std::unordered_map<int32_t, int32_t> output_;  // output only, for frequency/presence
   sample_scratch scratch_;  // the draw's buffers, and the top log-probabilities' before it
-  std::vector<float> p_row_, residual_;  // verify()'s
+  std::vector<float> p_row_, residual_;  // verify()'s and verify_tree()'s
+  std::vector<int32_t> children_;        // verify_tree()'s: a node's
 };
 
 }  // namespace troupe

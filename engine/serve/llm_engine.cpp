@@ -164,10 +164,8 @@ std::vector<step_output> llm_engine::step() {
         tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
         batch_.add(tokens_, c.first_slot(), c.block_table, 1 + c.num_draft);
         if (!c.draft_parents.empty()) {  // a token tree: its root, then its nodes
-          std::vector<int32_t>& up = tree_parents_[i];
-          up.assign(1, -1);
-          for (int32_t p : c.draft_parents) up.push_back(p + 1);
-          batch_.sequences.back().tree_parents = up.data();
+          tree_parents_of(c.draft_parents, tree_parents_[i]);
+          batch_.sequences.back().tree_parents = tree_parents_[i].data();
         }
       } else {
         batch_.add(c.tokens, c.first_slot(), c.block_table, c.sample ? 1 : 0);

@@ -10,7 +10,6 @@
 // got: its new tokens, the text that became final, and whether it finished.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>

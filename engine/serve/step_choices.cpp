@@ -1,6 +1,9 @@
 #include "engine/serve/step_choices.hpp"
 
 #include <algorithm>
+#include <array>
+
+#include "kernels/cpu/paged_attention.hpp"
 
 namespace troupe {
 
@@ -31,12 +34,14 @@ std::vector<std::optional<token_choice>> shard_choices_by_chunk(const step_plan&
 
 namespace {
 
-// How deep the request's drafts reach: a chain's length, a tree's levels.
+// How deep the request's drafts reach: a chain's length, a tree's levels (its nodes,
+// at most max_tree_tokens - 1, each after its parent).
 int32_t draft_depth(const request& r, int32_t proposed) {
   if (r.drafts.parents.empty()) return proposed;
+  TROUPE_ASSERT(r.drafts.parents.size() < max_tree_tokens, r.drafts.parents.size());
+  std::array<int32_t, max_tree_tokens> depth;
   int32_t deepest = 0;
-  std::vector<int32_t> depth(r.drafts.parents.size());
-  for (size_t i = 0; i < depth.size(); ++i) {
+  for (size_t i = 0; i < r.drafts.parents.size(); ++i) {
     const int32_t p = r.drafts.parents[i];
     depth[i] = p < 0 ? 1 : depth[static_cast<size_t>(p)] + 1;
     deepest = std::max(deepest, depth[i]);

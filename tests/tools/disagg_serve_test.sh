@@ -119,9 +119,7 @@ role   = "decode"
 stages = [ { node = "n2", layers = "0-2", devices = ["cpu"], kv_port = ${kv[2]} },
            { node = "n2", layers = "3-4", devices = ["cpu"], kv_port = ${kv[3]} } ]
 TOML
-out=$(launch up "$work/pp2.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "troupe-launch up: $out"
-base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
-[[ -n $base ]] || fail "no HTTP endpoint line: $out"
+launch_http "$work/pp2.toml"
 check "PP=2 across three processes"
 
 # Node n2 (decode replica d1, whole) killed while streams run there and on d0: every stream

@@ -11,7 +11,6 @@ build=$1 src=$2 models=$3
 scratch
 
 stop_node() { kill -TERM "$node_pid"; wait "$node_pid" || true; node_pid=; }
-post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
 expect() {  # code, body-substring, description, curl result
   [[ $4 == "$1" ]] || fail "$3: status $4, wanted $1 ($(cat "$work/body"))"
   grep -q -- "$2" "$work/body" || fail "$3: body lacks '$2': $(cat "$work/body")"

@@ -19,14 +19,11 @@ topology() {
   shift
   pp2_topology "$work/$name.toml" "[kv]" "$@" "${extra_tables[@]}"
 }
-post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
 run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -t 0 -q --ignore-eos "$@"; }
 
 extra_tables=()
 topology h2o 'policy = "h2o"' 'budget = 64'
-out=$(launch up "$work/h2o.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "troupe-launch up: $out"
-base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
-[[ -n $base ]] || fail "no HTTP endpoint line: $out"
+launch_http "$work/h2o.toml"
 
 # The deployment's policy: troupe-run's text under the same one (it ran 230 steps counting
 # the prompt; the completion is 200 tokens: a prefix), which differs from the full cache's.

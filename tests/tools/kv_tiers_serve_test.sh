@@ -27,9 +27,7 @@ start_redis
 pp2_topology "$work/t.toml" "[kv]" "num_blocks = 24" "" "[[tier]]" 'kind = "host"' "" "[[tier]]" 'kind = "redis"' \
   "address = \"127.0.0.1:$redis_port\""
 up() {
-  out=$(launch up "$work/t.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "troupe-launch up: $out"
-  base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
-  [[ -n $base ]] || fail "no HTTP endpoint line: $out"
+  launch_http "$work/t.toml"
 }
 post() { curl -s -o "$1" -w '%{http_code}' -H 'Content-Type: application/json' "$base/v1/completions" --data-binary "$2"; }
 # complete OUT PROMPT TOKENS: a greedy completion; its text in OUT.text, cached tokens in OUT.cached.

@@ -99,6 +99,8 @@ fail() {
 # A free loopback port (free when asked: a server started soon after binds it).
 # status CURL_ARGS...: the HTTP status of a request; its body is left in $work/body.
 status() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
+# post PATH BODY: a JSON POST to $base (the gateway's HTTP address); status as above.
+post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
 # text_of: the first choice's text of the completion in $work/body.
 text_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$work/body"; }
 # streamed_text: the text of the streamed completion in $work/body, its events' joined.
@@ -129,6 +131,15 @@ launch_scratch() {
     if [[ $1 == up ]]; then launched_over_tls "$2" "$state"; fi
   }
   trap 'for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
+}
+
+# launch_http TOPOLOGY [WHAT]: troupe-launch up (launch_scratch's launch) with the client
+# endpoints on free ports; sets $base to the HTTP one. A failure names WHAT.
+launch_http() {
+  local out who=${2:+$2: }
+  out=$(launch up "$1" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "${who}troupe-launch up: $out"
+  base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
+  [[ -n $base ]] || fail "${who}no HTTP endpoint line: $out"
 }
 
 # pp2_topology FILE LINES...: a PP=2 stories260K topology at FILE (nodes n0 and n1 on free
@@ -164,6 +175,14 @@ stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] },
            { node = "n1", layers = "3-4", devices = ["cpu"] } ]
 ${replica_extra:-}
 TOML
+}
+
+# speculative_topology NAME LINES...: pp2_topology at $work/NAME.toml with a
+# [speculative] table of LINES.
+speculative_topology() {
+  local name=$1
+  shift
+  pp2_topology "$work/$name.toml" "[speculative]" "$@"
 }
 
 # Starts Debian's Prometheus on CONFIG (a file in $work) at a free port, its log in

@@ -8,17 +8,12 @@
 # acceptance per depth, and per head with Medusa. Heads that cannot work start nothing.
 # Bounded in time; every node is stopped.
 # Usage: speculative_heads_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
+#   SEED=N replays a run's random prompts; VARIANTS="medusa eagle" runs only those.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 trained=$src/tests/data/stories260K
 launch_scratch
-topology() {
-  local name=$1
-  shift
-  pp2_topology "$work/$name.toml" "[speculative]" "$@"
-}
-post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
 metric() { sed -n "s/^$1 //p" "$work/metrics"; }
 
 # The shared prompts, and three made of words drawn at random (seeded by the run's time,
@@ -41,15 +36,13 @@ for variant in ${VARIANTS:-medusa medusa-tree eagle-tree-auto eagle draft-tree-o
   replica_extra=
   [[ $variant == *-on-n1 ]] && replica_extra='draft  = "n1"'
   case $variant in
-    medusa) topology "$variant" 'method = "medusa"' "heads = \"$trained-medusa.gguf\"" ;;
-    medusa-tree) topology "$variant" 'method = "medusa"' "heads = \"$trained-medusa.gguf\"" 'tree = [3, 2, 1]' ;;
-    eagle) topology "$variant" 'method = "eagle"' "heads = \"$trained-eagle.gguf\"" 'k = 4' ;;
-    eagle-tree-auto) topology "$variant" 'method = "eagle"' "heads = \"$trained-eagle.gguf\"" 'tree = "auto:12"' ;;
-    draft-tree-on-n1) topology "$variant" 'method = "draft"' "draft = \"$trained-draft.gguf\"" 'tree = "3,2,2"' ;;
+    medusa) speculative_topology "$variant" 'method = "medusa"' "heads = \"$trained-medusa.gguf\"" ;;
+    medusa-tree) speculative_topology "$variant" 'method = "medusa"' "heads = \"$trained-medusa.gguf\"" 'tree = [3, 2, 1]' ;;
+    eagle) speculative_topology "$variant" 'method = "eagle"' "heads = \"$trained-eagle.gguf\"" 'k = 4' ;;
+    eagle-tree-auto) speculative_topology "$variant" 'method = "eagle"' "heads = \"$trained-eagle.gguf\"" 'tree = "auto:12"' ;;
+    draft-tree-on-n1) speculative_topology "$variant" 'method = "draft"' "draft = \"$trained-draft.gguf\"" 'tree = "3,2,2"' ;;
   esac
-  out=$(launch up "$work/$variant.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "$variant: troupe-launch up: $out"
-  base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
-  [[ -n $base ]] || fail "$variant: no HTTP endpoint line: $out"
+  launch_http "$work/$variant.toml" "$variant"
 
   for p in "${prompts[@]}"; do
     want_rest=${want[$p]#"$p"}
@@ -79,7 +72,7 @@ for variant in ${VARIANTS:-medusa medusa-tree eagle-tree-auto eagle draft-tree-o
     fi
     sleep 0.2
   done
-  [[ -n $ok ]] || { cat "$state"/*.log >&2 || true; ls "$state" >&2; }
+  [[ -n $ok ]] || cat "$state"/*.log >&2 || true  # (the nodes' logs say why)
   [[ -n $ok ]] || fail "$variant: /metrics lacks acceptance by depth: $(grep speculative "$work/metrics" || true)"
   if [[ $method == medusa ]]; then
     head1=$(metric 'troupe_speculative_head_acceptance_ratio{head="1"}')
@@ -92,17 +85,17 @@ done
 
 # Settings that cannot work: nothing starts, and troupe-launch says why.
 replica_extra=
-topology bad-heads-model 'method = "medusa"' "heads = \"$models/stories260K.gguf\""
-topology bad-heads-kind 'method = "eagle"' "heads = \"$trained-medusa.gguf\""
-topology bad-no-heads 'method = "eagle"'
-topology bad-tree-deep 'method = "medusa"' "heads = \"$trained-medusa.gguf\"" 'tree = [2, 2, 1, 1, 1]'
-topology bad-tree-width 'method = "ngram"' 'tree = [2, 0]'
+speculative_topology bad-heads-model 'method = "medusa"' "heads = \"$models/stories260K.gguf\""
+speculative_topology bad-heads-kind 'method = "eagle"' "heads = \"$trained-medusa.gguf\""
+speculative_topology bad-no-heads 'method = "eagle"'
+speculative_topology bad-tree-deep 'method = "medusa"' "heads = \"$trained-medusa.gguf\"" 'tree = [2, 2, 1, 1, 1]'
+speculative_topology bad-tree-width 'method = "ngram"' 'tree = [2, 0]'
 "$build/tools/make-model" "$work/dim128.gguf" --dim 128 --layers 5 --vocab 512 >/dev/null 2>&1
-topology bad-heads-shape 'method = "eagle"' "heads = \"$trained-eagle.gguf\""
+speculative_topology bad-heads-shape 'method = "eagle"' "heads = \"$trained-eagle.gguf\""
 sed -i "s|path      = \"$models/stories260K.bin\"|path      = \"$work/dim128.gguf\"|" "$work/bad-heads-shape.toml"
-topology bad-gpu-heads 'method = "medusa"' "heads = \"$trained-medusa.gguf\""
+speculative_topology bad-gpu-heads 'method = "medusa"' "heads = \"$trained-medusa.gguf\""
 sed -i 's|layers = "3-4", devices = \["cpu"\]|layers = "3-4", devices = ["cuda:0"]|' "$work/bad-gpu-heads.toml"
-topology bad-gpu-tree 'method = "ngram"' 'tree = "2,2"'
+speculative_topology bad-gpu-tree 'method = "ngram"' 'tree = "2,2"'
 sed -i 's|layers = "3-4", devices = \["cpu"\]|layers = "3-4", devices = ["cuda:0"]|' "$work/bad-gpu-tree.toml"
 for bad in "bad-gpu-heads:a GPU shard proposes by n-gram only" "bad-gpu-tree:verifies chains, not token trees" \
            "bad-heads-model:is not a head file" "bad-heads-kind:holds Medusa heads" "bad-no-heads:needs [speculative] heads = FILE" \

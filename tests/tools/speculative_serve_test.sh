@@ -12,13 +12,6 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 launch_scratch
-# topology NAME LINES...: the PP=2 stories260K topology with a [speculative] table of LINES.
-topology() {
-  local name=$1
-  shift
-  pp2_topology "$work/$name.toml" "[speculative]" "$@"
-}
-post() { status -H 'Content-Type: application/json' "$base$1" --data-binary "$2"; }
 
 prompts=("Once upon a time" "Lily and Tom went to the" "The little dog")
 declare -A want
@@ -31,13 +24,11 @@ for variant in ngram early-exit draft draft-on-n1; do
   replica_extra=
   [[ $variant == *-on-n1 ]] && replica_extra='draft  = "n1"'
   case $method in
-    ngram) topology "$variant" 'method = "ngram"' 'k = 4' ;;
-    early-exit) topology "$variant" 'method = "early-exit"' 'exit_layer = 4' ;;
-    draft) topology "$variant" 'method = "draft"' "draft = \"$models/stories260K.gguf\"" 'k = 5' ;;
+    ngram) speculative_topology "$variant" 'method = "ngram"' 'k = 4' ;;
+    early-exit) speculative_topology "$variant" 'method = "early-exit"' 'exit_layer = 4' ;;
+    draft) speculative_topology "$variant" 'method = "draft"' "draft = \"$models/stories260K.gguf\"" 'k = 5' ;;
   esac
-  out=$(launch up "$work/$variant.toml" --capnp 127.0.0.1:0 --http 127.0.0.1:0) || fail "$variant: troupe-launch up: $out"
-  base=$(sed -n 's|^endpoint: \(http://.*\)|\1|p' <<<"$out")
-  [[ -n $base ]] || fail "$variant: no HTTP endpoint line: $out"
+  launch_http "$work/$variant.toml" "$variant"
 
   for p in "${prompts[@]}"; do
     want_rest=${want[$p]#"$p"}
@@ -86,11 +77,11 @@ done
 
 # Settings that cannot work: nothing starts, and troupe-launch says why.
 replica_extra=
-topology bad-exit 'method = "early-exit"' 'exit_layer = 5'
-topology bad-key 'method = "ngram"' 'draft_length = 3'
-topology bad-draft 'method = "draft"'
+speculative_topology bad-exit 'method = "early-exit"' 'exit_layer = 5'
+speculative_topology bad-key 'method = "ngram"' 'draft_length = 3'
+speculative_topology bad-draft 'method = "draft"'
 "$build/tools/make-model" "$work/vocab300.gguf" --vocab 300 --layers 1 >/dev/null 2>&1
-topology bad-vocab 'method = "draft"' "draft = \"$work/vocab300.gguf\""
+speculative_topology bad-vocab 'method = "draft"' "draft = \"$work/vocab300.gguf\""
 for bad in "bad-exit:exit layer 5 is outside the model" "bad-key:draft_length" "bad-draft:needs [speculative] draft" \
            "bad-vocab:vocabulary has 300 tokens"; do
   name=${bad%%:*} why=${bad#*:}

@@ -43,68 +43,73 @@ TEST_CASE("the draft length grows after full acceptance, falls to what was accep
   CHECK(next_draft_length(2, 1, 1, 5) == 3);  // a proposal cut short, fully taken
 }
 
-TEST_CASE("single drafts rejected again and again pause a request's drafting, for longer each time") {
-  request_params p;
-  p.prompt = {1, 5, 6};
-  p.max_tokens = 1000;
-  request r(request_id{1}, p, 0);
-  r.num_computed_tokens = 2;
-  r.state = request_state::running;
+namespace {
+
+// One decoding request (its prompt computed but the last token) under an n-gram
+// configuration, and the draft slots plan_drafts gives it each step.
+struct one_decoding {
+  request r{request_id{1}, params(), 0};
   speculative_config c;
-  c.method = spec_method::ngram;
-  c.k = 4;
-  std::vector<request*> running = {&r};
-  auto wanted = [&] {
+  std::vector<request*> running{&r};
+
+  one_decoding() {
+    r.num_computed_tokens = 2;
+    r.state = request_state::running;
+    c.method = spec_method::ngram;
+  }
+  static request_params params() {
+    request_params p;
+    p.prompt = {1, 5, 6};
+    p.max_tokens = 1000;
+    return p;
+  }
+  int32_t wanted() {
     plan_drafts(running, c, 512);
     return r.drafts.wanted;
-  };
-  CHECK(wanted() == 4);
-  after_verify(r, 4, 0, c);  // nothing taken: one next
-  CHECK(wanted() == 1);
-  after_verify(r, 1, 0, c);  // a first single miss: keep trying
-  CHECK(wanted() == 1);
-  after_verify(r, 1, 0, c);  // a second: four steps without drafts
-  for (int i = 0; i < 4; ++i) CHECK(wanted() == 0);
-  CHECK(wanted() == 1);
-  after_verify(r, 1, 0, c);  // a third: eight
-  for (int i = 0; i < 8; ++i) CHECK(wanted() == 0);
-  CHECK(wanted() == 1);
-  after_verify(r, 1, 1, c);  // taken: the streak ends, the length grows
-  CHECK(r.drafts.misses == 0);
-  CHECK(wanted() == 2);
-  for (int i = 0; i < 10; ++i) after_verify(r, 1, 0, c);
-  CHECK(r.drafts.pause == 64);
+  }
+  void verified(int32_t proposed, int32_t accepted) { after_verify(r, proposed, accepted, c); }
+};
+
+}  // namespace
+
+TEST_CASE("single drafts rejected again and again pause a request's drafting, for longer each time") {
+  one_decoding d;
+  d.c.k = 4;
+  CHECK(d.wanted() == 4);
+  d.verified(4, 0);  // nothing taken: one next
+  CHECK(d.wanted() == 1);
+  d.verified(1, 0);  // a first single miss: keep trying
+  CHECK(d.wanted() == 1);
+  d.verified(1, 0);  // a second: four steps without drafts
+  for (int i = 0; i < 4; ++i) CHECK(d.wanted() == 0);
+  CHECK(d.wanted() == 1);
+  d.verified(1, 0);  // a third: eight
+  for (int i = 0; i < 8; ++i) CHECK(d.wanted() == 0);
+  CHECK(d.wanted() == 1);
+  d.verified(1, 1);  // taken: the streak ends, the length grows
+  CHECK(d.r.drafts.misses == 0);
+  CHECK(d.wanted() == 2);
+  for (int i = 0; i < 10; ++i) d.verified(1, 0);
+  CHECK(d.r.drafts.pause == 64);
 }
 
 TEST_CASE("a token tree that keeps nothing gives way to single drafts until one is kept") {
-  request_params p;
-  p.prompt = {1, 5, 6};
-  p.max_tokens = 1000;
-  request r(request_id{1}, p, 0);
-  r.num_computed_tokens = 2;
-  r.state = request_state::running;
-  speculative_config c;
-  c.method = spec_method::ngram;
-  c.tree = {2, 2};
-  c.max_step_tokens = 16;
-  std::vector<request*> running = {&r};
-  auto wanted = [&] {
-    plan_drafts(running, c, 512);
-    return r.drafts.wanted;
-  };
-  CHECK(wanted() == 6);  // the whole tree
-  after_verify(r, 6, 0, c);  // it kept nothing: a single draft next
-  CHECK(wanted() == 1);
-  after_verify(r, 1, 0, c);  // single misses pause drafting as a chain's do
-  CHECK(wanted() == 1);
-  after_verify(r, 1, 0, c);
-  for (int i = 0; i < 4; ++i) CHECK(wanted() == 0);
-  CHECK(wanted() == 1);
-  after_verify(r, 1, 1, c);  // kept: the whole tree again
-  CHECK(r.drafts.misses == 0);
-  CHECK(wanted() == 6);
-  after_verify(r, 6, 2, c);  // a path kept: the tree stays
-  CHECK(wanted() == 6);
+  one_decoding d;
+  d.c.tree = {2, 2};
+  d.c.max_step_tokens = 16;
+  CHECK(d.wanted() == 6);  // the whole tree
+  d.verified(6, 0);        // it kept nothing: a single draft next
+  CHECK(d.wanted() == 1);
+  d.verified(1, 0);  // single misses pause drafting as a chain's do
+  CHECK(d.wanted() == 1);
+  d.verified(1, 0);
+  for (int i = 0; i < 4; ++i) CHECK(d.wanted() == 0);
+  CHECK(d.wanted() == 1);
+  d.verified(1, 1);  // kept: the whole tree again
+  CHECK(d.r.drafts.misses == 0);
+  CHECK(d.wanted() == 6);
+  d.verified(6, 2);  // a path kept: the tree stays
+  CHECK(d.wanted() == 6);
 }
 
 TEST_CASE("draft slots shrink as the batch grows, and respect max_tokens, the context and each request's cap") {

@@ -89,6 +89,7 @@ TEST_CASE("a tree keeper moves each verified tree's kept path to follow its root
   sc.tree_auto = 6;
   sc.max_step_tokens = 64;
   tree_keeper keeper(sc, 4);
+  tree_keeper misses(sc, 4);  // told of the same trees, each keeping nothing
   int moves = 0;
   for (int round = 0; round < 8; ++round) {
     CAPTURE(round);
@@ -116,6 +117,8 @@ TEST_CASE("a tree keeper moves each verified tree's kept path to follow its root
     want.push_back(c.first_slot() + 2);
     want.push_back(c.first_slot() + 5);
     CHECK(kept == want);
+    const std::vector<std::vector<int32_t>> nothing{{}};
+    misses.keep(plan, s, nothing, [&](const scheduled_chunk&, std::span<const int32_t>) { FAIL("nothing kept moves"); });
     // A path where a chain would have it (the first candidate, alone) moves nothing.
     const std::vector<std::vector<int32_t>> firsts{{0}};
     int32_t calls = 0;
@@ -125,12 +128,16 @@ TEST_CASE("a tree keeper moves each verified tree's kept path to follow its root
     s.update_from_output(plan, got, std::vector<int32_t>{3});
   }
   CHECK(moves == 8);
-  // Eight trees in, every one keeping the second candidate at depth 1: the shape chosen
-  // now offers it, within the budget.
-  const std::vector<int32_t> shape = keeper.next_step().tree;
+  // Eight trees in, the shape is chosen again, within the budget, from what was kept: every
+  // tree keeping the second candidate and its first child, or every one keeping nothing,
+  // choose apart.
+  const std::vector<int32_t> shape = keeper.next_step().tree, missed = misses.next_step().tree;
+  CHECK(shape != sc.tree);
+  CHECK(shape != missed);
   REQUIRE_FALSE(shape.empty());
   CHECK(shape[0] >= 2);
   CHECK(nodes_of(shape) <= 6);
+  CHECK(nodes_of(missed) <= 6);
 }
 
 }  // namespace troupe
