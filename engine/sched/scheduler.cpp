@@ -120,9 +120,14 @@ status scheduler::add(request_id id, request_params p) {
   if (blocks > cfg_.kv.num_blocks)
     return error{who + "the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
                  std::to_string(cfg_.kv.num_blocks)};
-  if (static_cast<int64_t>(p.delivered.size()) >= p.max_tokens ||
-      (static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context && !eviction.rope_in_cache()))
-    return error{who + "the output already delivered leaves nothing to generate"};
+  // A resubmission whose earlier attempt delivered its whole output (its client saw the
+  // last token but not the end) ends at once, with nothing new.
+  const bool delivered_all =
+      static_cast<int64_t>(p.delivered.size()) >= p.max_tokens ||
+      (static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context && !eviction.rope_in_cache());
+  if (static_cast<int64_t>(p.delivered.size()) > p.max_tokens)
+    return error{who + "more tokens delivered (" + std::to_string(p.delivered.size()) + ") than max_tokens (" +
+                 std::to_string(p.max_tokens) + ")"};
   for (int32_t t : p.delivered)
     if (t < 0 || t >= cfg_.vocab) return error{who + "delivered token id " + std::to_string(t) + " is outside the vocabulary"};
   if (p.kv_to.size() > 64) return error{who + "a decode replica's name is 64 bytes at most"};
@@ -143,7 +148,17 @@ status scheduler::add(request_id id, request_params p) {
     r->smp.replay(t);
     (void)r->stops.push(r->utf8.push(tok_.decode(prev, t)));
   }
-  if (r->stops.stopped()) return error{who + "the output already delivered ends at a stop string"};
+  if (r->stops.stopped() || delivered_all) {
+    // The chunk that carried the last token was the final one, and carried the text held
+    // back then: the end says nothing more.
+    const finish_reason why = r->stops.stopped() ? finish_reason::stop : finish_reason::length;
+    request& done = *r;
+    requests_.emplace(id, std::move(r));
+    step_output out = finish(done, why);
+    out.text.clear();
+    pending_.push_back(std::move(out));
+    return ok();
+  }
   // Disaggregation: the prompt blocks a prefill replica sent are in this replica's first
   // tier (or on their way): its directory learns them, so admission loads them. A block
   // that has not landed fails its load, and the request computes it.

@@ -186,7 +186,8 @@ class scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   std::span<request* const> running() const { return running_; }  // in scheduling order
-  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  // Requests to run, or outputs decided without a step that the next one delivers.
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !pending_.empty(); }
   // Block figures now; prefix-cache token counts since construction (reset_kv included).
   kv_usage usage() const {
     kv_usage u = kv_ ? kv_->usage() : remote_usage_;
@@ -249,7 +250,8 @@ class scheduler {
   std::deque<request*> waiting_;   // in scheduling order
   std::vector<request*> running_;  // in scheduling order
   uint64_t next_arrival_ = 0;
-  std::vector<step_output> pending_;  // outputs decided in schedule() (out of memory)
+  std::vector<step_output> pending_;  // outputs decided outside a step (out of memory, a
+                                      // resubmission with its whole output delivered)
   uint64_t queried_before_reset_ = 0, hits_before_reset_ = 0;
   std::optional<tier_directory> tiers_;  // KV tiers, when there are some
   tier_probe probe_;

@@ -61,12 +61,18 @@ caf::behavior broken_stage(caf::event_based_actor*, std::shared_ptr<int> steps) 
   }};
 }
 
-// A one-stage pipeline that answers a step of one token with finite logits.
-caf::behavior working_stage(caf::event_based_actor*, int32_t vocab) {
-  return {[vocab](step_atom, const wire_message&, const wire_message&) -> wire_message {
+// A one-stage pipeline that answers a step of one token with finite logits, counting
+// the steps it answers.
+caf::behavior counting_stage(caf::event_based_actor*, int32_t vocab, std::shared_ptr<int> steps) {
+  return {[vocab, steps](step_atom, const wire_message&, const wire_message&) -> wire_message {
+    ++*steps;
     const std::vector<float> logits(vocab, 0.5f);
     return wire_message(wire_kind::activations, wire::encode_activations(0, 1, vocab, logits.data()));
   }};
+}
+
+caf::behavior working_stage(caf::event_based_actor* self, int32_t vocab) {
+  return counting_stage(self, vocab, std::make_shared<int>(0));
 }
 
 // A one-stage pipeline that refuses every plan carrying request `poison` and answers the
@@ -185,6 +191,45 @@ TEST_CASE("scheduler actor: a request waiting past the recovery timeout ends as 
   CHECK(result->request == 5);
   CHECK(result->error_type == error_code::unavailable);
   CHECK(result->error == "replica r0 did not recover within 2 s (stage 0: this stage is broken)");
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  d.run();
+}
+
+TEST_CASE("scheduler actor: a resubmission whose whole output was delivered ends at once, with no step and no chunk") {
+  // Its client saw the final chunk but lost the end (a gateway that died in between).
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  deterministic_system d;
+  auto names = std::make_shared<std::map<std::string, caf::actor>>();
+  auto steps = std::make_shared<int>(0);
+  (*names)["r0/stage0"] = d.sys.spawn(counting_stage, l.m.config.vocab_size, steps);
+  auto sched = spawn_scheduler(d.sys, one_stage(l, d.sys.spawn(agent_behavior, names), 30s));
+  caf::scoped_actor self{d.sys, true};
+  d.run();
+  const int before = *steps;  // the canary's
+  request_params p;
+  p.prompt = l.tok.encode("Once upon a time", true);
+  p.max_tokens = 3;
+  const std::vector<int32_t> delivered = {l.tok.encode(" the", false)[0], 5, 6};
+  wire::route_rewrite w;
+  w.delivered = delivered;
+  auto frame = wire::with_route(wire::encode_generate_request_tokens(p), w);
+  REQUIRE(frame.has_value());
+  self->send(sched, generate_atom_v, uint64_t{7}, wire_message(wire_kind::none, *frame), caf::actor{self});
+  d.run();
+  int chunks = 0;
+  std::optional<wire::result_view> r;
+  for (bool more = true; more;)
+    self->receive([&](chunk_atom, const wire_message&) { ++chunks; },
+                  [&](done_atom, const wire_message& m) { r = wire::decode_generate_result(*m.bytes).value(); },
+                  caf::after(0s) >> [&] { more = false; });
+  REQUIRE(r.has_value());
+  CHECK(r->request == 7);
+  CHECK(r->error.empty());
+  CHECK(r->reason == finish_reason::length);
+  CHECK(r->output_tokens == 3);
+  CHECK_FALSE(r->last.has_value());
+  CHECK(chunks == 0);
+  CHECK(*steps == before);  // nothing was computed for it
   self->send_exit(sched, caf::exit_reason::user_shutdown);
   d.run();
 }

@@ -185,7 +185,9 @@ TEST_CASE("tls kv channels: records within a cluster, strangers refused and logg
     const bool landed_too = (*plain)->send("block-2", bytes_of(secret)) && (*plain)->flush(std::chrono::seconds(10));
     CHECK_FALSE(landed_too);
   }
-  CHECK(log.wait_for("troupe: kv channel on port " + std::to_string(port) + ": 127.0.0.1:"));
+  // Both strangers are refused on the receiver's side, each on its own thread and in
+  // either order: the count is read once both are logged.
+  CHECK(log.wait_for_count("troupe: kv channel on port " + std::to_string(port) + ": 127.0.0.1:", 2));
   CHECK(log.wait_for("refused: it does not speak TLS"));
   CHECK((*r)->stats().refused >= 2);
   std::lock_guard<std::mutex> lock(m);

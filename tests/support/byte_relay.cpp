@@ -158,9 +158,16 @@ std::string stderr_capture::text() const {
 }
 
 bool stderr_capture::wait_for(std::string_view needle, int seconds) const {
+  return wait_for_count(needle, 1, seconds);
+}
+
+bool stderr_capture::wait_for_count(std::string_view needle, size_t times, int seconds) const {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   for (;;) {
-    if (text().find(needle) != std::string::npos) return true;
+    const std::string t = text();
+    size_t seen = 0;
+    for (size_t at = t.find(needle); at != std::string::npos && seen < times; at = t.find(needle, at + needle.size())) ++seen;
+    if (seen >= times) return true;
     if (std::chrono::steady_clock::now() > until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

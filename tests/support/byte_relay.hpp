@@ -51,6 +51,8 @@ class stderr_capture {
   std::string text() const;  // what was written so far
   // Waits (at most `seconds`) until the text holds `needle`.
   bool wait_for(std::string_view needle, int seconds = 5) const;
+  // Waits (at most `seconds`) until the text holds `needle` at least `times` times.
+  bool wait_for_count(std::string_view needle, size_t times, int seconds = 5) const;
 
  private:
   int saved_ = -1;

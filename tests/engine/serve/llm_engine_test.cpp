@@ -188,14 +188,61 @@ TEST_CASE("a request resumed with the output already delivered continues with th
       CHECK(all.text_after[k - 1] + rest.text == all.text);
     }
   }
-  // Delivered output that leaves nothing to do, or is not in the vocabulary, is refused.
+  // More output delivered than max_tokens allows, or tokens outside the vocabulary: refused.
   llm_engine e(l.m, l.tok, cfg);
-  request_params done = base;
-  done.delivered.assign(static_cast<size_t>(base.max_tokens), 5);
-  CHECK_FALSE(e.add_request(request_id{2}, done).has_value());
+  request_params over = base;
+  over.delivered.assign(static_cast<size_t>(base.max_tokens) + 1, 5);
+  CHECK_FALSE(e.add_request(request_id{2}, over).has_value());
   request_params bad = base;
   bad.delivered = {l.m.config.vocab_size};
   CHECK_FALSE(e.add_request(request_id{3}, bad).has_value());
+  CHECK_FALSE(e.has_unfinished());
+}
+
+TEST_CASE("a resubmission whose whole output was delivered ends at once, with nothing new") {
+  // Its client saw the final chunk but lost the end (its gateway died in between).
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  engine_config cfg;
+  llm_engine e(l.m, l.tok, cfg);
+  request_params p;
+  p.prompt = l.tok.encode("Once upon a time", true);
+  p.max_tokens = 12;
+  p.stop_strings = {"zzz"};
+  const std::vector<int32_t> words = l.tok.encode(" and then the dog ran to the park with his friend", false);
+  REQUIRE(words.size() >= 12);
+  SUBCASE("max_tokens delivered: it ends by length") {
+    p.delivered.assign(words.begin(), words.begin() + 12);
+    REQUIRE(e.add_request(request_id{1}, p).has_value());
+    REQUIRE(e.has_unfinished());
+    const std::vector<step_output> outs = e.step();
+    REQUIRE(outs.size() == 1);
+    CHECK(outs[0].finished);
+    CHECK(outs[0].reason == finish_reason::length);
+    CHECK(outs[0].num_output_tokens == 12);
+    CHECK(outs[0].new_tokens.empty());
+    CHECK(outs[0].text.empty());  // the final chunk before said all of it
+  }
+  SUBCASE("a stop string within what was delivered: it ends by stop") {
+    p.max_tokens = 40;
+    p.stop_strings = {"dog"};
+    p.delivered = words;
+    REQUIRE(e.add_request(request_id{1}, p).has_value());
+    const std::vector<step_output> outs = e.step();
+    REQUIRE(outs.size() == 1);
+    CHECK(outs[0].finished);
+    CHECK(outs[0].reason == finish_reason::stop);
+  }
+  SUBCASE("the whole context delivered: it ends by length") {
+    p.max_tokens = 100000;
+    p.delivered.assign(static_cast<size_t>(l.m.config.max_seq_len) - p.prompt.size(), words[0]);
+    REQUIRE(e.add_request(request_id{1}, p).has_value());
+    const std::vector<step_output> outs = e.step();
+    REQUIRE(outs.size() == 1);
+    CHECK(outs[0].reason == finish_reason::length);
+  }
+  CHECK(e.stats().tokens_computed == 0);  // nothing was computed for it
+  CHECK(e.step().empty());
+  CHECK_FALSE(e.has_unfinished());
 }
 
 TEST_CASE("reset_kv mid-generation: every running request recomputes and yields the same tokens") {
