@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 
+#include "kernels/cpu/paged_attention.hpp"
+
 namespace troupe::tools {
 
 expected<speculative_config> speculative_config_of(const speculative_options& o, const model_config& target,
@@ -34,6 +36,9 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
       c.tree_auto = 15;
       if (o.tree.size() > 4 && (o.tree[4] != ':' || !number(o.tree.substr(5), c.tree_auto)))
         return error{tree_name + ": '" + o.tree + "' is not auto or auto:NODES"};
+      if (c.tree_auto < 1)  // (0 would read as no auto at all)
+        return error{tree_name + ": a tree's node budget must be in 1.." + std::to_string(max_tree_tokens - 1) + "; got " +
+                     std::to_string(c.tree_auto)};
       c.tree = {1, 1, 1, 1};  // the first shape, until acceptance is measured
     } else {
       size_t at = 0;
