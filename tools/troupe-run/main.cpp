@@ -121,11 +121,13 @@ int main(int argc, char** argv) {
   }
   const kv_eviction_config eviction = *evicting;
   req.ignore_eos = ignore_eos;
-  // Positions after BOS; the sequence with BOS must fit the model's context, but where
-  // streaming eviction keeps the positions within the budget.
+  // Positions after BOS (where the prompt starts with one: Qwen2's text does not);
+  // the sequence with BOS must fit the model's context, but where streaming eviction keeps
+  // the positions within the budget.
+  const int32_t bos = !req.prompt.empty() && req.prompt[0] == tok.bos_id() ? 1 : 0;
   const bool past_context = eviction.rope_in_cache();
-  const int32_t limit = steps == 0 || (steps >= m.config.max_seq_len && !past_context) ? m.config.max_seq_len - 1 : steps;
-  const auto prompt_after_bos = static_cast<int32_t>(req.prompt.size()) - 1;
+  const int32_t limit = steps == 0 || (steps >= m.config.max_seq_len && !past_context) ? m.config.max_seq_len - bos : steps;
+  const auto prompt_after_bos = static_cast<int32_t>(req.prompt.size()) - bos;
   if (prompt_after_bos >= limit) {
     std::fprintf(stderr, "troupe-run: the prompt is %d tokens; -n %d leaves no room to generate (the context is %d)\n",
                  prompt_after_bos, steps, m.config.max_seq_len);
@@ -145,9 +147,9 @@ int main(int argc, char** argv) {
 
   // Echo the prompt.
   if (ids) {
-    for (size_t i = 1; i < req.prompt.size(); ++i) std::printf("%d ", req.prompt[i]);
+    for (size_t i = bos; i < req.prompt.size(); ++i) std::printf("%d ", req.prompt[i]);
   } else {
-    std::printf("%s", tok.decode_all(std::vector<int32_t>(req.prompt.begin() + 1, req.prompt.end())).c_str());
+    std::printf("%s", tok.decode_all(std::vector<int32_t>(req.prompt.begin() + bos, req.prompt.end())).c_str());
   }
   std::fflush(stdout);
 
