@@ -30,22 +30,29 @@
 
 namespace troupe {
 
-// A q8_0 matrix repacked, one record per block of 16 rows and group, block by block: the
-// int8 values [column / 4][row][4], then the rows' sums of those values, then their
-// scales, so that a kernel reads one stream front to back. Compact records (every scale
-// exact in F16, as GGUF's are) hold the sums as int16 and the scales as F16, 64 bytes
-// where the others take 128 for int32 sums and float scales: a tenth less to read for
-// groups of 32. Rows past `rows` are zero.
+// A q8_0 matrix repacked for the kernels, block by block of 16 rows: first each group's
+// int8 values, [group][column / 4][row][4] (512 bytes a group of 32 columns), then every
+// group's sixteen scales, [group][row] (padded to 64 bytes), so that a kernel reads two
+// streams front to back and each group's values start on a cache line. Compact blocks
+// (every scale exact in F16, as GGUF's are) hold the scales as F16, the others as float:
+// 544 bytes per 512 values in groups of 32 for compact, as many as GGUF's q8_0 takes.
+// Rows past `rows` are zero.
 struct q8_packed {
   int32_t rows = 0, cols = 0, group = 0, groups = 0, blocks = 0;
   bool compact = false;
+  int64_t block_bytes = 0;  // a block's values and scales
   aligned_vector<int8_t> data;
 
-  int64_t record_bytes() const { return int64_t{group} * 16 + (compact ? 64 : 128); }
-  const int8_t* tile(int32_t b, int32_t g) const { return data.data() + (int64_t{b} * groups + g) * record_bytes(); }
-  // The record's sixteen sums (int16 or int32) and scales (F16 or float).
-  const void* sums(int32_t b, int32_t g) const { return tile(b, g) + int64_t{group} * 16; }
-  const void* scales(int32_t b, int32_t g) const { return tile(b, g) + int64_t{group} * 16 + (compact ? 32 : 64); }
+  // Sets the shape's figures (block_bytes) and makes room for the blocks.
+  void lay_out(int32_t rows, int32_t cols, int32_t group, bool compact);
+  int32_t scale_bytes() const { return compact ? 2 : 4; }
+  int64_t values_bytes() const { return int64_t{group} * 16; }  // one group's values in a block
+  int64_t record_bytes() const { return values_bytes() + 16 * scale_bytes(); }  // ... and its scales
+  const int8_t* tile(int32_t b, int32_t g) const { return data.data() + b * block_bytes + g * values_bytes(); }
+  // The sixteen scales (F16 or float) of group g in block b.
+  const void* scales(int32_t b, int32_t g) const {
+    return data.data() + b * block_bytes + groups * values_bytes() + int64_t{g} * 16 * scale_bytes();
+  }
   int8_t at(int32_t r, int32_t c) const {
     const int32_t k = c % group;
     return tile(r / 16, c / group)[(k / 4) * 64 + (r % 16) * 4 + k % 4];

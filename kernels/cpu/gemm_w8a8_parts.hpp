@@ -40,7 +40,7 @@ inline __mmask16 row_mask(int32_t b, int32_t rb, int32_t re) {
 }
 
 
-// A record's sixteen scales and the start of its sums, -128 sum(w) (see rows_vnni).
+// A record's sixteen scales.
 template <bool Compact>
 TROUPE_VNNI inline __m512 record_scales(const q8_packed& w, int32_t b, int32_t g) {
   if constexpr (Compact)
@@ -48,15 +48,23 @@ TROUPE_VNNI inline __m512 record_scales(const q8_packed& w, int32_t b, int32_t g
   else
     return _mm512_load_ps(static_cast<const float*>(w.scales(b, g)));
 }
-template <bool Compact>
-TROUPE_VNNI inline __m512i record_start(const q8_packed& w, int32_t b, int32_t g) {
-  __m512i sums;
-  if constexpr (Compact)
-    sums = _mm512_cvtepi16_epi32(_mm256_load_si256(static_cast<const __m256i*>(w.sums(b, g))));
-  else
-    sums = _mm512_load_si512(w.sums(b, g));
-  return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
+
+// Block b's scales, which lie past its values (those stream through prefetch_ahead), a few
+// groups ahead of group g: at g == 0 the first eight groups', then one group's at a time,
+// so that no burst of requests holds up the arithmetic.
+inline void prefetch_scales(const q8_packed& w, int32_t b, int32_t g) {
+  const auto* s = static_cast<const int8_t*>(w.scales(b, 0));
+  const int64_t per = 16 * w.scale_bytes(), total = w.groups * per;
+  if (g == 0) {
+    for (int64_t off = 0; off < std::min<int64_t>(total, 8 * per); off += 64) __builtin_prefetch(s + off);
+  } else if ((g + 7) * per < total) {
+    __builtin_prefetch(s + (g + 7) * per);
+  }
 }
+
+// 128 in every byte: dpbusd of it with a quad of weights adds 128 times their sum (see
+// rows_vnni).
+TROUPE_VNNI inline __m512i bytes_128() { return _mm512_set1_epi32(static_cast<int32_t>(0x80808080u)); }
 
 // Tokens [t, num_tokens) against rows [rb, re) with VNNI, t a multiple of vnni_tokens,
 // fetching the weights of rows up to fetch_end ahead of their turn (gemm_w8a8_vnni.cpp).

@@ -155,7 +155,7 @@ TEST_CASE("node plans: [speculative] reaches each scheduler, and the draft actor
   CHECK(plan_node(t, l.m, l.tok, "n1")->drafts.empty());
 
   // A draft model, its actor on the second node: the scheduler finds it there.
-  t.speculative = {"draft", 4, "stories260K.gguf", 0};
+  t.speculative = {"draft", 4, "stories260K.gguf", 0, "", ""};
   auto unloaded = plan_node(t, l.m, l.tok, "n0");  // (loaded where its actor runs)
   REQUIRE_FALSE(unloaded.has_value());
   CHECK(unloaded.err().message.find("the draft model is not loaded") != std::string::npos);
@@ -176,7 +176,7 @@ TEST_CASE("node plans: [speculative] reaches each scheduler, and the draft actor
   CHECK(n1->schedulers.empty());
 
   // N-gram drafts need no actor.
-  t.speculative = {"ngram", 3, "", 0};
+  t.speculative = {"ngram", 3, "", 0, "", ""};
   auto ngram = plan_node(t, l.m, l.tok, "n1");
   REQUIRE(ngram.has_value());
   CHECK(ngram->drafts.empty());

@@ -16,7 +16,7 @@
 namespace troupe::tools {
 
 struct speculative_options {
-  std::string method = "none";  // ngram, draft, early-exit or none
+  std::string method = "none";  // ngram, draft, early-exit, medusa, eagle or none
   int32_t k = -1;               // -1: the method's default
   std::string draft;            // the draft model's file, for method draft
   int32_t exit_layer = 0;       // 0: a quarter of the target's layers
