@@ -17,7 +17,10 @@ system_config::system_config(const failure_detection& fd) {
   add_error_category(error_category, [](uint8_t code, caf::atom_value, const caf::message& context) {
     return "troupe: " + reason_of(caf::error(code, error_category, context));
   });
-  caf::put(content, "middleman.heartbeat-interval", caf::timespan{fd.heartbeat_interval});
+  // The middleman looks for silent peers when it sends its heartbeats: sending them three
+  // times a heartbeat interval notices a hung peer within a third of an interval past the
+  // timeout rather than a whole one (and leaves a late heartbeat more slack).
+  caf::put(content, "middleman.heartbeat-interval", caf::timespan{std::max(fd.heartbeat_interval / 3, std::chrono::milliseconds(5))});
   caf::put(content, "middleman.connection-timeout", caf::timespan{fd.connection_timeout});
   // Idle workers that poll with sleeps add tens of microseconds to every hop; a step
   // crosses several. As many workers as cores, and no sleeping polls (measured: the
