@@ -117,8 +117,7 @@ expected<request_params> decode_generate_request(std::span<const uint8_t> bytes,
     const int32_t most_tokens = p.eviction && p.eviction->rope_in_cache() ? max_tokens_past_context : lim.context;
     p.max_tokens = r.getMaxTokens();
     if (r.getStepsIncludePrompt()) {
-      const int32_t bos = !p.prompt.empty() && p.prompt[0] == tok.bos_id() ? 1 : 0;  // (Qwen2's text has none)
-      const int32_t after_bos = static_cast<int32_t>(p.prompt.size()) - bos;
+      const int32_t after_bos = static_cast<int32_t>(p.prompt.size()) - tok.leading_bos(p.prompt);
       if (p.max_tokens <= after_bos)
         return error{"the prompt is " + std::to_string(after_bos) + " tokens; " + std::to_string(p.max_tokens) +
                      " steps leave no room to generate"};

@@ -43,7 +43,10 @@ std::string speculative_config::drafts_text() const {
   if (tree_auto > 0) return "a tree chosen by acceptance, " + std::to_string(tree_auto) + " nodes at most";
   if (tree.empty()) return "k " + std::to_string(k);
   std::string widths;
-  for (int32_t w : tree) widths += (widths.empty() ? "" : ",") + std::to_string(w);
+  for (int32_t w : tree) {
+    if (!widths.empty()) widths += ',';
+    widths += std::to_string(w);
+  }
   return "tree " + widths + " (" + std::to_string(tree_nodes()) + " nodes)";
 }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -44,6 +45,8 @@ class tokenizer {
 
   const vocabulary& vocab() const { return v_; }
   int32_t bos_id() const { return v_.bos_id; }
+  // 1 if `ids` start with BOS (a prompt encode() began with one), else 0: Qwen2's text has none.
+  int32_t leading_bos(std::span<const int32_t> ids) const { return !ids.empty() && ids[0] == v_.bos_id ? 1 : 0; }
   int32_t eos_id() const { return v_.eos_id; }
   int32_t size() const { return v_.size(); }
   int32_t find(std::string_view piece) const;  // -1 if absent

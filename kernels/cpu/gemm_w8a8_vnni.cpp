@@ -75,8 +75,10 @@ TROUPE_VNNI void rows_vnni_pair(const q8_activations& a, const q8_packed& w, int
   for (int32_t g = 0; g < a.groups; ++g, xg += Q * 4 * vnni_tokens, xs += block) {
     const int8_t* w0 = w.tile(b, g);
     const int8_t* w1 = w.tile(b + 1, g);
-    prefetch_scales(w, b, g);
-    prefetch_scales(w, b + 1, g);
+    if constexpr (!Known) {  // (the later passes find them in L1)
+      prefetch_scales(w, b, g);
+      prefetch_scales(w, b + 1, g);
+    }
     // Into L2 (the L1 holds this pair for the later passes).
     for (int32_t off = 0; off < fetch.per_group; off += 64)
       __builtin_prefetch(fetch.from + int64_t{g} * fetch.per_group + off, 0, 1);

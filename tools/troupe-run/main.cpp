@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   // Positions after BOS (where the prompt starts with one: Qwen2's text does not);
   // the sequence with BOS must fit the model's context, but where streaming eviction keeps
   // the positions within the budget.
-  const int32_t bos = !req.prompt.empty() && req.prompt[0] == tok.bos_id() ? 1 : 0;
+  const int32_t bos = tok.leading_bos(req.prompt);
   const bool past_context = eviction.rope_in_cache();
   const int32_t limit = steps == 0 || (steps >= m.config.max_seq_len && !past_context) ? m.config.max_seq_len - bos : steps;
   const auto prompt_after_bos = static_cast<int32_t>(req.prompt.size()) - bos;
