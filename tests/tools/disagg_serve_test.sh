@@ -44,6 +44,13 @@ open(path + ".cached", "w").write(str(cached))
 PY
 }
 metric() { curl -s "$base/metrics" | sed -n "s/^$1 //p" | head -1; }
+metric_n() { local v; v=$(metric "$1"); echo "${v%.*}"; }
+# all_ready N WHAT: waits (20 s at most) until N replicas are ready, or fails: a prefill
+# replica not ready yet would leave the decode replicas to compute prompts themselves.
+all_ready() {
+  for _ in $(seq 1 200); do [[ $(metric_n troupe_replicas_ready) == "$1" ]] && return; sleep 0.1; done
+  fail "$2: the $1 replicas were not all ready within 20 s"
+}
 
 story="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big red ball and wanted to play with it. Her mom said"
 want=$(run -p "$story" -n 512)
@@ -89,6 +96,7 @@ stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = ${kv[0]} 
 TOML
 start_node "$work/one.toml" "$work"
 base=$http_url
+all_ready 2 "one process"
 check "one process"
 handed=$(metric troupe_requests_handed_off_total)
 [[ ${handed%.*} -ge 2 ]] || fail "troupe_requests_handed_off_total is '$handed' after two requests"
@@ -120,6 +128,9 @@ stages = [ { node = "n2", layers = "0-2", devices = ["cpu"], kv_port = ${kv[2]} 
            { node = "n2", layers = "3-4", devices = ["cpu"], kv_port = ${kv[3]} } ]
 TOML
 launch_http "$work/pp2.toml"
+# troupe-launch up returns once every replica is ready, the prefill replica too.
+ready=$(metric_n troupe_replicas_ready)
+[[ $ready == 3 ]] || fail "troupe-launch up returned with $ready of 3 replicas ready"
 check "PP=2 across three processes"
 
 # Node n2 (decode replica d1, whole) killed while streams run there and on d0: every stream
@@ -128,11 +139,9 @@ check "PP=2 across three processes"
 # replica), so n2 is killed as soon as a stream of the batch has its first chunk: the
 # prompts are computed together and handed over, and d1's streams are under way. If none
 # was on d1 then, the next batch tries.
-metric_n() { local v; v=$(metric "$1"); echo "${v%.*}"; }
 moved=0
 for batch in 1 2 3 4 5; do
-  for _ in $(seq 1 200); do [[ $(metric_n troupe_replicas_ready) == 3 ]] && break; sleep 0.1; done
-  [[ $(metric_n troupe_replicas_ready) == 3 ]] || fail "batch $batch: the replicas were not all ready again within 20 s"
+  all_ready 3 "batch $batch"
   n2=$(launch status "$work/pp2.toml" 2>/dev/null | sed -n 's/^node n2 pid \([0-9]*\).*/\1/p' | head -1)
   [[ -n $n2 ]] || fail "cannot find node n2's process: $(launch status "$work/pp2.toml" 2>&1)"
   before=$(metric_n troupe_requests_resubmitted_total)

@@ -93,6 +93,11 @@ scratch() {
 fail() {
   echo "FAIL: $*"
   [[ -s ${work:-}/node.err ]] && tail -5 "$work/node.err"
+  # The nodes troupe-launch started: what each logged last.
+  local log
+  for log in "${state:-/nonexistent}"/*.log; do
+    [[ -s $log ]] && { echo "--- ${log##*/}, last lines:"; tail -8 "$log"; }
+  done
   exit 1
 }
 

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -243,11 +244,15 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "troupe-launch: started node %s (pid %d), the gateway\n", gateway->name.c_str(), procs.back().pid);
   write_state(table, procs);
 
-  // Wait for the endpoint line, then for health.
+  // Wait for the endpoint line, then for health: the gateway serving, and then every
+  // replica ready (a disaggregated cluster serves before its prefill replicas are, computing
+  // prompts on the decode replicas). A replica still not ready at the deadline is said, and
+  // the cluster, serving, is left up.
   const std::string out = (fs::path(state_dir) / (gateway->name + ".out")).string();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   const bool tty = isatty(STDERR_FILENO);
   std::string endpoint, http_endpoint, last_error;
+  std::optional<client_health> serving;  // the last health once the gateway serves
   int dots = 0;
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream f(out);
@@ -259,7 +264,10 @@ int main(int argc, char** argv) {
     if (!endpoint.empty()) {
       // (A gateway over TLS shows a certificate of the cluster's CA, or one $TROUPE_CA trusts.)
       auto h = troupe_client::connect(endpoint, "", topo->tls.ca)->health();
-      if (h && h->ready) break;
+      if (h && h->ready) {
+        serving = *h;
+        if (h->replicas_ready >= h->replicas) break;
+      }
       if (!h) last_error = h.err().message;
       if (!h && last_error.find("TLS: ") != std::string::npos) {  // waiting will not mend it
         if (tty) std::fprintf(stderr, "\n");
@@ -291,19 +299,28 @@ int main(int argc, char** argv) {
       fs::remove(table, ec);
       return 128 + interrupted;
     }
-    if (tty) std::fprintf(stderr, "\rtroupe-launch: waiting for the cluster to answer%.*s", (dots++ % 4), "...");
+    if (tty && serving)
+      std::fprintf(stderr, "\rtroupe-launch: serving; %u of %u replicas ready%.*s   ", serving->replicas_ready,
+                   serving->replicas, (dots++ % 4), "...");
+    else if (tty)
+      std::fprintf(stderr, "\rtroupe-launch: waiting for the cluster to answer%.*s", (dots++ % 4), "...");
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (tty) std::fprintf(stderr, "\n");
-  if (endpoint.empty() || std::chrono::steady_clock::now() >= deadline) {
+  if (endpoint.empty() || (!serving && std::chrono::steady_clock::now() >= deadline)) {
     std::fprintf(stderr, "troupe-launch: the cluster did not answer within %d s%s; see the logs in %s\n", timeout_s,
                  last_error.empty() ? "" : (" (last: " + last_error + ")").c_str(), state_dir.c_str());
     stop_all(procs, topo->gateway.node, false);
     fs::remove(table, ec);
     return 1;
   }
+  if (serving->replicas_ready < serving->replicas)
+    std::fprintf(stderr,
+                 "troupe-launch: serving, but only %u of %u replicas were ready within %d s (troupe-launch status "
+                 "shows them; the node logs are in %s)\n",
+                 serving->replicas_ready, serving->replicas, timeout_s, state_dir.c_str());
   if (topo->failure.restart) {
     std::fflush(nullptr);
     const pid_t sup = fork();
