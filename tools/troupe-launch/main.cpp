@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string topology, state_dir = "/tmp/troupe-launch-" + std::to_string(getuid()), capnp, http, node_bin;
   int timeout_s = 60;
-  auto* up = app.add_subcommand("up", "start every node of a topology");
+  auto* up = app.add_subcommand("up", "start every node of a topology and wait until every replica is ready");
   auto* status = app.add_subcommand("status", "print the node processes");
   auto* down = app.add_subcommand("down", "stop every node");
   auto* chaos = app.add_subcommand("chaos", "inject failures into a running cluster and time the recovery");
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   up->add_option("--capnp", capnp, "serve the client API here instead of the topology's endpoint (port 0: any)")
       ->check(tools::host_port(true));
   up->add_option("--http", http, "serve the OpenAI-compatible HTTP API here (port 0: any)")->check(tools::host_port(true));
-  up->add_option("--timeout", timeout_s, "seconds to wait for the cluster to answer")->check(CLI::Range(1, 3600))->capture_default_str();
+  up->add_option("--timeout", timeout_s, "seconds to wait for the cluster to answer and every replica to be ready")->check(CLI::Range(1, 3600))->capture_default_str();
   up->add_option("--node-binary", node_bin, "troupe-node to run (default: beside this tool)");
   CLI11_PARSE(app, argc, argv);
 
