@@ -62,6 +62,9 @@ struct router_setup {
   std::vector<node_address> nodes;
   caf::actor agent;  // this node's agent, for local schedulers
   std::chrono::milliseconds wait_timeout{30000};
+  // How long a scheduler's node has to answer a lookup before it is asked again (a node
+  // resumed after a hang can lose the first answers): the peers' heartbeat timeout.
+  std::chrono::milliseconds lookup_timeout{2000};
   route_config route;              // the policy and its weights (its wait_timeout: the above)
   const tokenizer* tok = nullptr;  // kv-aware: reads text prompts (none: prompts of ids only)
   int32_t block_size = 16;         // kv-aware: the replicas' KV block size

@@ -32,7 +32,7 @@ void find_scheduler(self_ptr self, size_t k) {
           rep.agent = agent;
           self->monitor(agent);
         }
-        self->request(agent, std::chrono::seconds(2), lookup_atom_v, rep.addr.scheduler)
+        self->request(agent, self->state.setup.lookup_timeout, lookup_atom_v, rep.addr.scheduler)
             .then(
                 [self, k](const caf::actor& sched) {
                   replica_slot& rep = self->state.replicas[k];
