@@ -37,6 +37,8 @@ bench() {
 }
 ready() { [[ $(timeout 10 "$build/tools/troupe-client" --connect "$1" --health 2>/dev/null || true) == ready ]]; }
 pid_of() { awk -v n="$1" '$1 == n {print $2}' "$state/t.procs"; }
+# connections_to PORT: connections established to the local server on PORT.
+connections_to() { awk -v p="$(printf ':%04X' "$1")" 'substr($2, length($2) - 4) == p && $4 == "01"' /proc/net/tcp | wc -l; }
 for ep in 127.0.0.1:7430 127.0.0.1:7432; do
   for _ in $(seq 1 100); do ready "$ep" && break; sleep 0.1; done
   ready "$ep" || fail "gateway $ep never became ready"
@@ -54,6 +56,12 @@ lone=$!
 curl -sN -o "$state/http.out" -w '%{http_code}' http://127.0.0.1:7431/v1/completions \
   -d '{"model":"stories260K","prompt":"Once","max_tokens":64,"stream":true}' >"$state/http.code" 2>&1 &
 streamer=$!
+# Both connected (a client can take a while to start beside other work), and a moment for
+# their requests to arrive, before g1 goes.
+for _ in $(seq 1 100); do
+  (($(connections_to 7430) > 0 && $(connections_to 7431) > 0)) && break
+  sleep 0.1
+done
 sleep 0.15
 pid=$(pid_of g1)
 kill -9 "$pid"
