@@ -99,7 +99,7 @@ struct scheduler_setup {
   // How long a stage's or draft actor's node has to answer a lookup (and a stage, for its
   // step link) before it is asked again. A node resumed after a hang can lose the first
   // answers on its way back, so this is short: the peers' heartbeat timeout.
-  std::chrono::milliseconds lookup_timeout{2000};
+  std::chrono::milliseconds answer_timeout{2000};
   // Speculative decoding: n-gram drafts are made here; a draft model's, or early exit's
   // (the model's first layers), come from the replica's draft actor (actors/draft_actor.hpp),
   // found by name like a stage. Verify steps go through the stages like any step.
