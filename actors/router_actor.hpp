@@ -62,11 +62,6 @@ struct router_setup {
   std::vector<node_address> nodes;
   caf::actor agent;  // this node's agent, for local schedulers
   std::chrono::milliseconds wait_timeout{30000};
-  // How long a scheduler, or its node's agent, has to answer a health poll or a lookup:
-  // the peers' heartbeat timeout. A scheduler silent that long is not ready (its node may
-  // hang where the links have not dropped it yet); a lookup is asked again (a node resumed
-  // after a hang can lose the first answers).
-  std::chrono::milliseconds answer_timeout{1000};
   route_config route;              // the policy and its weights (its wait_timeout: the above)
   const tokenizer* tok = nullptr;  // kv-aware: reads text prompts (none: prompts of ids only)
   int32_t block_size = 16;         // kv-aware: the replicas' KV block size

@@ -32,7 +32,7 @@ void find_scheduler(self_ptr self, size_t k) {
           rep.agent = agent;
           self->monitor(agent);
         }
-        self->request(agent, self->state.setup.answer_timeout, lookup_atom_v, rep.addr.scheduler)
+        self->request(agent, std::chrono::seconds(2), lookup_atom_v, rep.addr.scheduler)
             .then(
                 [self, k](const caf::actor& sched) {
                   replica_slot& rep = self->state.replicas[k];
@@ -79,7 +79,7 @@ void poll_one(self_ptr self, size_t k) {
   replica_slot& rep = self->state.replicas[k];
   if (!rep.sched) return find_scheduler(self, k);
   const caf::actor_addr asked = rep.sched.address();
-  self->request(rep.sched, self->state.setup.answer_timeout, health_atom_v)
+  self->request(rep.sched, std::chrono::seconds(1), health_atom_v)
       .then(
           [self, k, asked](bool ready, uint32_t used, uint32_t free, uint32_t running, uint32_t waiting,
                            const std::string& detail) {

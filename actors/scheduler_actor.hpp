@@ -96,10 +96,6 @@ struct scheduler_setup {
   int32_t max_in_flight = 1;  // the number of pipeline stages is a good value
   std::chrono::milliseconds step_timeout{60000};
   std::chrono::milliseconds recovery_timeout{30000};
-  // How long a stage's or draft actor's node has to answer a lookup (and a stage, for its
-  // step link) before it is asked again. A node resumed after a hang can lose the first
-  // answers on its way back, so this is short: the peers' heartbeat timeout.
-  std::chrono::milliseconds answer_timeout{2000};
   // Speculative decoding: n-gram drafts are made here; a draft model's, or early exit's
   // (the model's first layers), come from the replica's draft actor (actors/draft_actor.hpp),
   // found by name like a stage. Verify steps go through the stages like any step.

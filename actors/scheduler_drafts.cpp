@@ -81,7 +81,7 @@ void find_draft(self_ptr self) {
           self->state.peers[key] = agent;
           self->monitor(agent);
         }
-        self->request(agent, self->state.setup.answer_timeout, lookup_atom_v, name)
+        self->request(agent, std::chrono::seconds(2), lookup_atom_v, name)
             .then(
                 [self, done](const caf::actor& draft) {
                   auto& st = self->state;

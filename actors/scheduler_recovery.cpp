@@ -159,7 +159,7 @@ void open_links(self_ptr self, uint64_t epoch) {
   for (size_t i = 0; i < st.stages.size(); ++i) {
     if (st.links[i].client || st.stages[i].node() == self->node()) continue;
     ++*pending;
-    self->request(st.stages[i], st.setup.answer_timeout, link_atom_v)
+    self->request(st.stages[i], std::chrono::seconds(2), link_atom_v)
         .then(
             [self, epoch, i, finish_one](uint16_t port) {
               if (epoch == self->state.epoch()) connect_link(self, i, port);
@@ -294,7 +294,7 @@ void resolve(self_ptr self) {
             self->state.peers[key] = agent;
             self->monitor(agent);
           }
-          self->request(agent, self->state.setup.answer_timeout, lookup_atom_v, name)
+          self->request(agent, std::chrono::seconds(2), lookup_atom_v, name)
               .then(
                   [self, epoch, i, finish_one](const caf::actor& stage) {
                     auto& st = self->state;

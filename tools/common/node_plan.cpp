@@ -40,13 +40,6 @@ stage_layout layout_of(const topology& t, const model& m, const replica_spec& r,
   return l;
 }
 
-// How long a peer has to answer a lookup or a health poll: the heartbeat timeout after
-// which a silent peer is dropped (an answer later than that is one a hang lost), from
-// 250 ms to 2 s.
-std::chrono::milliseconds answer_timeout_of(const topology& t) {
-  return std::chrono::milliseconds(std::clamp(t.failure.timeout_ms, 250, 2000));
-}
-
 // Where a scheduler or the router finds an actor of node `peer`: through its own agent
 // when it is on node `me`, else through the agent published at the peer's port.
 stage_address address_of(const std::string& name, const node_spec& peer, const node_spec& me) {
@@ -71,7 +64,6 @@ scheduler_placement scheduler_of(const topology& t, const model& m, const tokeni
   s.max_in_flight = static_cast<int32_t>(r.stages.size());
   s.config.micro_batches = s.max_in_flight;
   s.recovery_timeout = std::chrono::seconds(t.failure.recovery_timeout_s);
-  s.answer_timeout = answer_timeout_of(t);
   for (size_t i = 0; i < r.stages.size(); ++i)
     s.stages.push_back(address_of(stage_name(r.name, i), *t.node_named(r.stages[i].node), me));
   s.kv_manager = kv_manager_name(r.name);
@@ -143,7 +135,6 @@ gateway_plan gateway_of(const topology& t, const model& m, const node_spec& me, 
   h.prefix_cache_per_key = t.kv.prefix_cache_per_key;
   h.layout = layout_of(t, m.config.num_layers);
   g.router.wait_timeout = std::chrono::seconds(t.failure.recovery_timeout_s);
-  g.router.answer_timeout = answer_timeout_of(t);
   // Without a prefix cache there is nothing to route by.
   g.router.route.policy = t.kv.prefix_caching ? t.router.policy : route_policy::least_loaded;
   g.router.route.stream_tokens = t.router.stream_tokens;
