@@ -156,6 +156,7 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
   if (rep.sched) self->demonitor(rep.sched);
   rep.sched = caf::actor{};
   st.note("replica " + rep.addr.name + " lost: " + why);
+  spdlog::warn("replica {} lost: {}", rep.addr.name, why);
   auto acts = st.core->replica_lost(k, why, self->clock().now());
   if (!acts.sends.empty() || !acts.ends.empty())
     std::fprintf(stderr, "troupe: replica %s lost (%s): %zu request(s) resubmitted\n", rep.addr.name.c_str(), why.c_str(),
@@ -168,8 +169,15 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
 
 void health_of(self_ptr self, size_t k, bool ready, const std::string& detail) {
   auto& st = self->state;
-  if (st.core->replica(k).ready != ready)
-    st.note("replica " + st.replicas[k].addr.name + (ready ? " ready" : " not ready" + (detail.empty() ? "" : ": " + detail)));
+  if (st.core->replica(k).ready != ready) {
+    const std::string what =
+        "replica " + st.replicas[k].addr.name + (ready ? " ready" : " not ready" + (detail.empty() ? "" : ": " + detail));
+    if (ready)
+      spdlog::info("{}", what);
+    else
+      spdlog::warn("{}", what);
+    st.note(what);
+  }
   carry_out(self, st.core->replica_health(k, ready, detail, self->clock().now()));
   const uint32_t now_ready = st.core->num_ready();
   auto& waiters = st.ready_waiters;
