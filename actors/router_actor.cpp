@@ -156,11 +156,8 @@ void lose_replica(self_ptr self, size_t k, const std::string& why) {
   if (rep.sched) self->demonitor(rep.sched);
   rep.sched = caf::actor{};
   st.note("replica " + rep.addr.name + " lost: " + why);
-  spdlog::warn("replica {} lost: {}", rep.addr.name, why);
   auto acts = st.core->replica_lost(k, why, self->clock().now());
-  if (!acts.sends.empty() || !acts.ends.empty())
-    std::fprintf(stderr, "troupe: replica %s lost (%s): %zu request(s) resubmitted\n", rep.addr.name.c_str(), why.c_str(),
-                 acts.sends.size());
+  spdlog::warn("replica {} lost: {}; {} request(s) resubmitted", rep.addr.name, why, acts.sends.size());
   carry_out(self, std::move(acts));
 }
 

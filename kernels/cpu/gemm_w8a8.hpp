@@ -47,12 +47,13 @@ struct q8_packed {
   void lay_out(int32_t rows, int32_t cols, int32_t group, bool compact);
   int32_t scale_bytes() const { return compact ? 2 : 4; }
   int64_t values_bytes() const { return int64_t{group} * 16; }  // one group's values in a block
-  int64_t record_bytes() const { return values_bytes() + 16 * scale_bytes(); }  // ... and its scales
-  const int8_t* tile(int32_t b, int32_t g) const { return data.data() + b * block_bytes + g * values_bytes(); }
-  // The sixteen scales (F16 or float) of group g in block b.
-  const void* scales(int32_t b, int32_t g) const {
-    return data.data() + b * block_bytes + groups * values_bytes() + int64_t{g} * 16 * scale_bytes();
+  // Where group g of block b has its values, and its sixteen scales (F16 or float).
+  int64_t tile_offset(int32_t b, int32_t g) const { return b * block_bytes + g * values_bytes(); }
+  int64_t scales_offset(int32_t b, int32_t g) const {
+    return b * block_bytes + groups * values_bytes() + int64_t{g} * 16 * scale_bytes();
   }
+  const int8_t* tile(int32_t b, int32_t g) const { return data.data() + tile_offset(b, g); }
+  const void* scales(int32_t b, int32_t g) const { return data.data() + scales_offset(b, g); }
   int8_t at(int32_t r, int32_t c) const {
     const int32_t k = c % group;
     return tile(r / 16, c / group)[(k / 4) * 64 + (r % 16) * 4 + k % 4];

@@ -116,8 +116,10 @@ TROUPE_AMX int32_t tokens_amx(const q8_activations& a, const q8_packed& w, int32
 #define TROUPE_MULTIPLY(C, X, W)                                                               \
   do {                                                                                         \
     const int8_t* wt_ = w.tile(mul.b, mul.g);                                                  \
-    if (mul.t0 == 0) prefetch_ahead(wt_, w.values_bytes());                                    \
-    if (mul.t0 == 0) prefetch_scales(w, mul.b, mul.g);                                         \
+    if (mul.t0 == 0) {                                                                         \
+      prefetch_ahead(wt_, w.values_bytes());                                                   \
+      prefetch_scales(w, mul.b, mul.g);                                                        \
+    }                                                                                          \
     TROUPE_TILE_MULTIPLY(C, X, W, a.q.data() + int64_t{mul.t0} * xs + mul.g * grp, xs, wt_); \
     advance(mul);                                                                              \
   } while (0)

@@ -33,13 +33,12 @@ q8_packed pack_q8(const matrix_view& w) {
     }
   q8_packed p;
   p.lay_out(w.rows, w.cols, w.group_size, compact);
-  int8_t* const base = p.data.data();
   for (int32_t r = 0; r < w.rows; ++r)
     for (int32_t g = 0; g < p.groups; ++g) {
       const int8_t* src = w.q + r * w.q_row_stride + g * w.q_group_stride;
-      int8_t* dst = base + (p.tile(r / block, g) - base);
+      int8_t* dst = p.data.data() + p.tile_offset(r / block, g);
       for (int32_t j = 0; j < p.group / 4; ++j) std::memcpy(dst + j * 64 + (r % block) * 4, src + j * 4, 4);
-      int8_t* scales = base + (static_cast<const int8_t*>(p.scales(r / block, g)) - base);
+      int8_t* scales = p.data.data() + p.scales_offset(r / block, g);
       const float scale = w.scale_at(r, g);
       if (p.compact) {
         const uint16_t h = f32_to_f16(scale);
