@@ -31,6 +31,7 @@ struct agent_state {
   std::vector<unit_state> units;
   bool stopping = false;
   std::shared_ptr<tier_meter> meter;
+  std::shared_ptr<link_meter> links;  // its step links' and KV landings' peers
 };
 
 using self_ptr = caf::stateful_actor<agent_state>*;
@@ -61,10 +62,11 @@ void unit_down(self_ptr self, size_t i) {
 // (The node and units come as spawn arguments: CAF 0.17 binds a reference to a null
 // pointer when it starts an actor whose function takes no argument beyond self.)
 caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<unit_spec> units,
-                                  std::shared_ptr<tier_meter> meter) {
+                                  std::shared_ptr<tier_meter> meter, std::shared_ptr<link_meter> links) {
   auto& st = self->state;
   st.node = std::move(node);
   st.meter = std::move(meter);
+  st.links = std::move(links);
   for (auto& spec : units) st.units.push_back(unit_state{spec, {}, false, 0, 0, {}});
   for (size_t i = 0; i < st.units.size(); ++i) start_unit(self, i);
   self->set_down_handler([self](const caf::down_msg& dm) {
@@ -117,6 +119,8 @@ caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<u
         }
         if (st.meter)
           for (const auto& [kind, s] : st.meter->totals()) h.tiers.push_back({std::string(tier_kind_name(kind)), s});
+        if (st.links)
+          for (link_kind k : all_link_kinds) h.links.push_back({k, st.links->counts(k)});
         return wire_message(wire_kind::node_health, wire::encode_node_health(h));
       },
       [](ping_atom, uint64_t x) { return x; },
@@ -126,8 +130,8 @@ caf::behavior node_agent_behavior(self_ptr self, std::string node, std::vector<u
 }  // namespace
 
 caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vector<unit_spec> units,
-                            std::shared_ptr<tier_meter> meter) {
-  return sys.spawn(node_agent_behavior, std::move(node), std::move(units), std::move(meter));
+                            std::shared_ptr<tier_meter> meter, std::shared_ptr<link_meter> links) {
+  return sys.spawn(node_agent_behavior, std::move(node), std::move(units), std::move(meter), std::move(links));
 }
 
 }  // namespace troupe

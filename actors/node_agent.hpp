@@ -7,8 +7,10 @@
 //   (lookup_atom, name)      -> the named actor, if alive ("r0/stage1", "r0/scheduler",
 //                               "r0/stage1/shard0", ...)
 //   (kill_atom, name)        -> bool: kills the named actor (failure injection)
-//   (health_atom)            -> NodeHealth frame: every member, alive, restarts, and the
-//                               process's KV-tier figures (the meter's, if given)
+//   (health_atom)            -> NodeHealth frame: every member, alive, restarts, the
+//                               process's KV-tier figures (the meter's, if given) and
+//                               what its step links and KV landings saw of their peers
+//                               (the link meter's, if given)
 //   (ping_atom, x)           -> x
 //
 // An exit message (the process stops) ends every unit without restarting any.
@@ -44,6 +46,6 @@ struct unit_spec {
 };
 
 caf::actor spawn_node_agent(caf::actor_system& sys, std::string node, std::vector<unit_spec> units,
-                            std::shared_ptr<tier_meter> meter = nullptr);
+                            std::shared_ptr<tier_meter> meter = nullptr, std::shared_ptr<link_meter> links = nullptr);
 
 }  // namespace troupe

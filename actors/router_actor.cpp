@@ -320,8 +320,10 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
       [self](health_atom) {
         const auto& core = *self->state.core;
         const uint32_t ready = core.num_ready();
-        return caf::make_message(core.can_serve(), static_cast<uint32_t>(core.num_replicas()), ready,
-                                 core.not_ready_detail(self->state.names), core.outages());
+        std::string detail = core.not_ready_detail(self->state.names);
+        if (const std::string stalls = recent_link_stalls(self->state); !stalls.empty())
+          detail += (detail.empty() ? "" : "; ") + stalls;
+        return caf::make_message(core.can_serve(), static_cast<uint32_t>(core.num_replicas()), ready, detail, core.outages());
       },
       [self](health_atom, uint32_t at_least) -> caf::result<uint32_t> {
         // Answered once at least that many replicas are ready (the caller's own timeout

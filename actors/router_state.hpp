@@ -66,6 +66,7 @@ struct node_slot {
   uint32_t restarts = 0;  // over the node's supervised actors, as its agent last said
   bool answered = false;
   std::vector<wire::tier_figures> tiers = {};  // its process's KV tiers, as its agent last said
+  std::vector<wire::link_figures> links = {};  // what its step links and KV landings saw of their peers
 };
 
 struct router_state {
@@ -102,8 +103,13 @@ void poll_one(self_ptr self, size_t k);
 void poll_nodes(self_ptr self);
 // kv-aware routing: asks replica k's scheduler for its prefix summary.
 void poll_summary(self_ptr self, size_t k);
+
+// router_metrics.cpp
 std::string render_metrics(const router_state& st);
 // The status page's figures, as JSON (actors/gateway/status_page.hpp).
 std::string render_status(const router_state& st);
+// For /health: the nodes whose step links or KV landings saw a stall in the last minute
+// ("node n1: a step link stalled 4 s ago, 2 in all"); empty when none did.
+std::string recent_link_stalls(const router_state& st);
 
 }  // namespace troupe::router_actor_impl

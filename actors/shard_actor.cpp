@@ -254,7 +254,8 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
     }
     // Disaggregation. Without a landing, handed-over requests compute their prompts here.
     if (setup.kv_listen_port != 0 && st.tiers) {
-      auto l = kv_landing::start(setup.kv_listen_host, setup.kv_listen_port, st.tiers->prefix(), st.tiers->shared_tiers());
+      auto l = kv_landing::start(setup.kv_listen_host, setup.kv_listen_port, st.tiers->prefix(), st.tiers->shared_tiers(),
+                                 setup.links);
       if (l)
         st.landing = std::move(l).value();
       else
@@ -307,7 +308,7 @@ caf::behavior shard_behavior(shard_ptr self, shard_setup setup) {
         if (!st.link) {
           auto server = step_link_server::start(
               s.link_host, [core = st.core](const wire_message& plan, const wire_message& act) { return core->step(plan, act); },
-              s.link_ports);
+              s.link_ports, process_link_guard(), s.links);
           if (!server) return make_error(error_code::internal, server.err().message);
           st.link = std::move(server).value();
           std::fprintf(stderr, "troupe: step link for layers %d-%d on %s:%u\n", s.spec.first_layer, s.spec.end_layer - 1,

@@ -68,6 +68,7 @@ struct shard_setup {
   // KV tiers (kv.tiers) on a tensor-parallel stage: where its shards' failed loads meet.
   std::shared_ptr<tier_failures> failures;
   std::shared_ptr<tier_meter> meter;  // where its tiers' figures are counted (the node's)
+  std::shared_ptr<link_meter> links;  // where its step link and KV landing count their peers' faults (the node's)
   // Disaggregation (engine/forward/shard_push.hpp), CPU shards: a decode replica's shard
   // takes blocks on kv_listen (port 0: it does not) into its first tier; a prefill
   // replica's sends them to its counterparts in kv_peers.

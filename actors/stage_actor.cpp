@@ -177,6 +177,7 @@ stage_group spawn_stage_group(caf::actor_system& sys, const model& m, const stag
     s.group = out.group;
     s.kv = layout.kv;
     s.meter = layout.meter;
+    s.links = layout.links;
     s.threads = layout.threads_per_shard;
     s.max_step_tokens = layout.max_step_tokens;
     if (static_cast<size_t>(r) < layout.devices.size()) s.device = layout.devices[r];

@@ -37,6 +37,7 @@
 #include "engine/forward/collective.hpp"
 #include "engine/kv/kv_config.hpp"
 #include "engine/kv/kv_tiers.hpp"
+#include "engine/util/link_meter.hpp"
 #include "engine/forward/nccl_group.hpp"
 #include "engine/forward/shard_push.hpp"
 #include "engine/model/model.hpp"
@@ -55,6 +56,7 @@ struct stage_layout {
   tcp::port_range link_ports = {};  // the node's ports for links (any, by default)
   kv_config kv = {};           // each shard's cache (the replica's, carried whole)
   std::shared_ptr<tier_meter> meter = {};  // KV tiers: the node's figures, if counted
+  std::shared_ptr<link_meter> links = {};  // its step links' and KV landings' peers, if counted
   int32_t max_step_tokens = 512;
   // Disaggregation: shard r of a decode replica's stage takes KV blocks on
   // kv_listen_port + r (0: none); shard r of a prefill replica's sends them to each

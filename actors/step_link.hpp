@@ -19,31 +19,46 @@
 // payloads are the same Cap'n Proto frames the actor messages carry, checked by the same
 // decoders.
 //
+// The server reads every connection as its bytes arrive (frame_assembler), never waiting
+// on one: a step is run once its frame is whole, and a frame not whole within its
+// deadline (5 s, and more for a long one at 16 MiB/s) ends its connection, counted as a
+// stall (link_meter) and logged. A peer trickling a frame byte by byte therefore delays
+// no other connection's steps, and holds no more memory than the bytes it sent.
+//
 // Secured (a link_guard: TLS with the node's certificate), a link carries the same frames
 // over TLS; the server runs each newcomer's handshake on a thread of its own, so a
 // stranger that stalls its handshake holds up no step, and logs each peer it refuses.
+// Handshakes have 32 slots; a newcomer finding them all taken cuts one short (the oldest
+// that has sent nothing: engine/util/newcomers.hpp), so silent connections cannot keep a
+// peer with a valid certificate out.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "actors/caf/wire_message.hpp"
 #include "engine/util/expected.hpp"
+#include "engine/util/frame_assembler.hpp"
+#include "engine/util/link_meter.hpp"
+#include "engine/util/newcomers.hpp"
+#include "engine/util/rate_limited_log.hpp"
 #include "engine/util/link_stream.hpp"
 #include "engine/util/tcp.hpp"
 
 namespace troupe {
 
 // Runs the steps of every connection (the scheduler's; a new one after a loss; at most
-// eight, the oldest closed first) on its own thread, one at a time, each connection's in
+// eight, the oldest that never stepped closed first, else the oldest) on its own thread, one at a time, each connection's in
 // its order. Like the middleman's port, it belongs on the cluster's own network.
 class step_link_server {
  public:
@@ -51,9 +66,13 @@ class step_link_server {
 
   // Listens on host, on the first free port of `ports` (any port by default); secured by
   // `guard` (the process's by default; null: plain TCP).
+  // What its peers did wrong is counted in `meter` (none: not counted); a step frame must
+  // be whole within `frame_time` of its first byte.
   static expected<std::unique_ptr<step_link_server>> start(const std::string& host, step_fn fn,
                                                            tcp::port_range ports = {},
-                                                           std::shared_ptr<const link_guard> guard = process_link_guard());
+                                                           std::shared_ptr<const link_guard> guard = process_link_guard(),
+                                                           std::shared_ptr<link_meter> meter = nullptr,
+                                                           frame_deadline frame_time = {});
   ~step_link_server();  // closes the sockets; waits for a running step to end
 
   step_link_server(const step_link_server&) = delete;
@@ -66,23 +85,36 @@ class step_link_server {
   struct connection {
     std::unique_ptr<link_stream> stream;
     std::string peer;  // its address, for the log
+    frame_assembler frame;  // the step being read
+    std::chrono::steady_clock::time_point begun;  // when its first byte came
+    uint64_t steps = 0;  // steps it had answered
   };
+  connection make_connection(std::unique_ptr<link_stream> s, std::string peer);
+  void add(connection c);
   // A newcomer in its handshake, on its own thread: the thread owns a duplicate of `fd`
   // (closed by the thread on failure), and shutting `fd` down ends the handshake at once.
   struct handshake {
     int fd;
     std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
+    std::shared_ptr<newcomer_flags> flags;
   };
   void run();
   void accept_one();
-  // One step; false: the connection is done, `why` saying how the peer broke the
-  // protocol (empty when it closed, or stalled mid-frame).
-  bool serve_one(link_stream& s, std::string& why);
+  // Reads what c's peer sent and runs its step once the frame is whole; false: the
+  // connection is done, `why` saying how the peer broke the protocol (empty when it
+  // closed).
+  bool pump(connection& c, std::string& why);
+  // Runs a whole step and writes its answer; false when the answer cannot be written.
+  bool serve(connection& c);
+  // When the first unfinished frame's deadline passes (nullopt: none is under way).
+  std::optional<std::chrono::steady_clock::time_point> next_deadline() const;
   void wake();
 
   step_fn fn_;
   std::shared_ptr<const link_guard> guard_;
+  std::shared_ptr<link_meter> meter_;
+  frame_deadline deadline_;
+  rate_limited_log refusals_;  // lines about peers it refused or cut off (stderr), this link's own budget
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};  // a pipe: the destructor and finished handshakes write
   std::atomic<bool> stopping_{false};

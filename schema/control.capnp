@@ -43,12 +43,23 @@ struct TierFigures {
   lookups @10 :UInt64;
 }
 
+# What a process's own listeners of one kind (engine/util/link_meter.hpp) saw of their
+# peers since it started.
+struct LinkFigures {
+  kind @0 :Text;                   # "step" (step links) or "kv" (KV channels)
+  refused @1 :UInt64;              # connections closed: a failed handshake, a broken frame
+  stalled @2 :UInt64;              # connections closed: a frame not whole by its deadline
+  crowded @3 :UInt64;              # handshakes cut short for newcomers
+  lastStallMs @4 :Int64;           # when the latest stall was noticed (Unix ms; 0: never)
+}
+
 struct NodeHealth {
   node @0 :Text;
   pid @1 :UInt32;
   actors @2 :List(ActorStatus);
   ready @3 :Bool;
   tiers @4 :List(TierFigures);
+  links @5 :List(LinkFigures);
 }
 
 # A request to stop one named actor (failure injection, or a drain).

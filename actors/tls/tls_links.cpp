@@ -41,6 +41,12 @@ class tls_link final : public link_stream {
 
   bool read_exact(void* buf, size_t n) override { return whole(SSL_read, static_cast<char*>(buf), n); }
 
+  ptrdiff_t read_some(void* buf, size_t n) override {
+    const auto [r, e] = call([&](SSL* s) { return SSL_read(s, buf, static_cast<int>(std::min<size_t>(n, INT_MAX))); });
+    if (r > 0) return r;
+    return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? 0 : -1;
+  }
+
   bool write_all(std::initializer_list<std::pair<const void*, size_t>> parts) override {
     std::lock_guard<std::mutex> turn(writing_);
     size_t total = 0;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "actors/wire/control_codec.hpp"
 
 #include <cmath>
@@ -55,6 +56,16 @@ std::vector<uint8_t> encode_node_health(const node_health& h) {
     t.setLoadSeconds(s.load_seconds);
     t.setLookups(s.lookups);
   }
+  auto links = r.initLinks(static_cast<unsigned>(h.links.size()));
+  for (size_t i = 0; i < h.links.size(); ++i) {
+    auto l = links[static_cast<unsigned>(i)];
+    const link_counts& c = h.links[i].counts;
+    l.setKind(std::string(link_kind_name(h.links[i].kind)));
+    l.setRefused(c.refused);
+    l.setStalled(c.stalled);
+    l.setCrowded(c.crowded);
+    l.setLastStallMs(c.last_stall_ms);
+  }
   return to_bytes(msg);
 }
 
@@ -92,6 +103,13 @@ expected<node_health> decode_node_health(std::span<const uint8_t> bytes) {
       s.lookups = t.getLookups();
       if (!(s.load_seconds >= 0) || !std::isfinite(s.load_seconds)) return error{"node health: bad KV tier load time"};
       h.tiers.push_back({kind, s});
+    }
+    for (auto l : r.getLinks()) {
+      const std::string kind = l.getKind().cStr();
+      const auto known = std::find_if(all_link_kinds.begin(), all_link_kinds.end(),
+                                      [&](link_kind k) { return link_kind_name(k) == kind; });
+      if (known == all_link_kinds.end()) return error{"node health: unknown link kind \"" + kind.substr(0, 16) + "\""};
+      h.links.push_back({*known, {l.getRefused(), l.getStalled(), l.getCrowded(), l.getLastStallMs()}});
     }
     return h;
   } catch (const kj::Exception& e) {

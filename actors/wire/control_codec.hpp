@@ -11,6 +11,7 @@
 #include "engine/forward/nccl_group.hpp"
 #include "engine/kv/kv_tiers.hpp"
 #include "engine/util/expected.hpp"
+#include "engine/util/link_meter.hpp"
 
 namespace troupe::wire {
 
@@ -29,12 +30,18 @@ struct tier_figures {
   tier_stats stats;
 };
 
+struct link_figures {
+  link_kind kind = link_kind::step;
+  link_counts counts;
+};
+
 struct node_health {
   std::string node;
   uint32_t pid = 0;
   std::vector<actor_status> actors;
   bool ready = false;  // every supervised actor is alive
   std::vector<tier_figures> tiers;  // the process's KV tiers, by kind
+  std::vector<link_figures> links;  // what its own listeners saw of their peers, by kind
 };
 
 std::vector<uint8_t> encode_node_health(const node_health& h);

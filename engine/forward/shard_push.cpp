@@ -80,7 +80,7 @@ void shard_push::push(std::span<const tier_move> pushes, std::span<const request
 }
 
 expected<std::unique_ptr<kv_landing>> kv_landing::start(const std::string& host, uint16_t port, std::string prefix,
-                                                        std::shared_ptr<kv_tiers> tiers) {
+                                                        std::shared_ptr<kv_tiers> tiers, std::shared_ptr<link_meter> meter) {
   std::unique_ptr<kv_landing> l(new kv_landing());
   l->tiers_ = tiers;
   auto foreign = l->foreign_;
@@ -93,8 +93,10 @@ expected<std::unique_ptr<kv_landing>> kv_landing::start(const std::string& host,
   };
   kv_channel_limits limits;
   limits.max_connections = 256;  // one from each prefill shard of its layers
-  auto r = kv_channel_receiver::start(host, port, std::move(sink), limits,
-                                      [](const std::string& line) { std::fprintf(stderr, "troupe: KV landing: %s\n", line.c_str()); });
+  auto r = kv_channel_receiver::start(
+      host, port, std::move(sink), limits,
+      [](const std::string& line) { std::fprintf(stderr, "troupe: KV landing: %s\n", line.c_str()); }, process_link_guard(),
+      std::move(meter));
   if (!r) return r.err();
   l->receiver_ = std::move(r).value();
   return l;

@@ -80,8 +80,9 @@ class shard_push {
 // first tier (and down, as any save); others are dropped and counted.
 class kv_landing {
  public:
+  // What its senders' peers did wrong is counted in `meter` too (none: only in stats()).
   static expected<std::unique_ptr<kv_landing>> start(const std::string& host, uint16_t port, std::string prefix,
-                                                     std::shared_ptr<kv_tiers> tiers);
+                                                     std::shared_ptr<kv_tiers> tiers, std::shared_ptr<link_meter> meter = nullptr);
   uint16_t port() const { return receiver_->port(); }
   kv_channel_stats stats() const { return receiver_->stats(); }
   uint64_t foreign() const { return foreign_->load(); }  // records of another shard's prefix

@@ -27,13 +27,15 @@ constexpr size_t min_record = 24;   // a sealed record's header
 
 expected<std::unique_ptr<kv_channel_receiver>> kv_channel_receiver::start(const std::string& host, uint16_t port,
                                                                           sink_fn sink, kv_channel_limits limits,
-                                                                          log_fn log, std::shared_ptr<const link_guard> guard) {
-  auto l = tcp::listen_on(host, port, "kv channel", 16);
+                                                                          log_fn log, std::shared_ptr<const link_guard> guard,
+                                                                          std::shared_ptr<link_meter> meter) {
+  auto l = tcp::listen_on(host, port, "kv channel", 64);
   if (!l) return l.err();
   std::unique_ptr<kv_channel_receiver> r(new kv_channel_receiver);
   r->sink_ = std::move(sink);
-  r->log_ = std::move(log);
+  if (log) r->log_ = std::make_unique<rate_limited_log>(std::move(log));
   r->guard_ = std::move(guard);
+  r->meter_ = std::move(meter);
   r->limits_ = limits;
   r->listen_fd_ = l->fd;
   r->port_ = l->port;
@@ -70,12 +72,22 @@ kv_channel_stats kv_channel_receiver::stats() const {
   return stats_;
 }
 
-void kv_channel_receiver::refuse(const std::string& why) {
+void kv_channel_receiver::refuse(const std::string& peer, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.refused;
   }
-  if (log_) log_("kv channel: " + why + "; connection closed");
+  if (meter_) meter_->refused(link_kind::kv);
+  if (log_) (*log_)("kv channel: " + peer + ": " + why + "; connection closed");
+}
+
+void kv_channel_receiver::late(const std::string& peer, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.late;
+  }
+  if (meter_) meter_->stalled(link_kind::kv);
+  if (log_) (*log_)("kv channel: " + peer + ": " + what + " not whole by its deadline (a stalled link); connection closed");
 }
 
 void kv_channel_receiver::accept_loop() {
@@ -98,23 +110,31 @@ void kv_channel_receiver::accept_loop() {
     }
     tcp::no_delay(c);
     const std::string peer = tcp::address_text(from);
-    // Finished connections go; past the limit, the oldest makes room (a sender that
-    // vanished). Joined outside the lock: a connection's thread takes it for its figures.
+    // Finished connections go; past max_pending connections yet to say hello, the oldest
+    // of them makes room (senders that said hello are never cut short for a newcomer).
+    // Joined outside the lock: a connection's thread takes it for its figures.
     std::deque<connection> gone;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      int waiting = 0;
       for (auto it = connections_.begin(); it != connections_.end();) {
-        if (it->done->load()) {
+        if (it->phase->load() == done) {
           gone.push_back(std::move(*it));
           it = connections_.erase(it);
         } else {
+          waiting += it->phase->load() == pending && !it->flags->cut.load();
           ++it;
         }
       }
-      if (static_cast<int>(connections_.size()) >= limits_.max_connections) {
-        ::shutdown(connections_.front().fd, SHUT_RDWR);
-        gone.push_back(std::move(connections_.front()));
-        connections_.pop_front();
+      if (waiting >= limits_.max_pending) {
+        const auto cut = newcomer_to_cut(connections_.begin(), connections_.end(),
+                                         [](const connection& k) -> const newcomer_flags& { return *k.flags; });
+        if (cut != connections_.end()) {
+          cut->flags->cut.store(true);
+          ::shutdown(cut->fd, SHUT_RDWR);
+          ++stats_.crowded;
+          if (meter_) meter_->crowded(link_kind::kv);
+        }
       }
     }
     for (connection& g : gone) {
@@ -122,63 +142,114 @@ void kv_channel_receiver::accept_loop() {
       ::close(g.fd);
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    connections_.push_back(connection{c, std::thread([this, c, mine, peer, done] {
-                                        serve(mine, peer);
+    auto phase = std::make_shared<std::atomic<int>>(pending);
+    auto flags = std::make_shared<newcomer_flags>();
+    connections_.push_back(connection{c, std::thread([this, c, mine, peer, phase, flags] {
+                                        serve(mine, peer, phase, flags);
                                         ::shutdown(c, SHUT_RDWR);
-                                        done->store(true);
+                                        flags->done.store(true);
+                                        phase->store(done);
                                       }),
-                                      done});
+                                      phase, flags});
   }
 }
 
-void kv_channel_receiver::serve(int mine, const std::string& peer) {
+void kv_channel_receiver::said_hello(const std::shared_ptr<std::atomic<int>>& phase, newcomer_flags& flags) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (flags.cut.load()) return;  // cut short meanwhile: its reads fail from now on
+  phase->store(sender);
+  flags.done.store(true);  // no longer a newcomer
+  int senders = 0;
+  for (const connection& c : connections_) senders += c.phase->load() == sender;
+  if (senders <= limits_.max_connections) return;
+  for (connection& old : connections_)
+    if (old.phase->load() == sender && old.phase != phase) {
+      ::shutdown(old.fd, SHUT_RDWR);
+      return;
+    }
+}
+
+void kv_channel_receiver::serve(int mine, const std::string& peer, const std::shared_ptr<std::atomic<int>>& phase,
+                                const std::shared_ptr<newcomer_flags>& flags) {
+  // Its first bytes mark it as more than a silent connection; one that sends none is a
+  // hello not whole by its deadline.
+  const auto begun = std::chrono::steady_clock::now();
+  if (!wait_readable(mine, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               limits_.frame_time.base).count()))) {
+    ::close(mine);
+    if (!flags->cut.load()) late(peer, "a hello");
+    return;
+  }
+  flags->heard.store(true);
   auto opened = open_server_stream(guard_.get(), mine, link_handshake_ms);
+  if (flags->cut.load()) return;  // counted as crowded
   if (!opened) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.refused;
     }
-    log_link_refusal("troupe: kv channel on port " + std::to_string(port_) + ": " + peer + ": refused: " + opened.err().message);
+    if (meter_) meter_->refused(link_kind::kv);
+    refusals_("troupe: kv channel on port " + std::to_string(port_) + ": " + peer + ": refused: " + opened.err().message);
     return;
   }
   link_stream& s = **opened;
-  s.set_timeout(limits_.frame_timeout_s);
-  uint8_t h[8];
-  if (!s.read_exact(h, sizeof h)) return refuse("no hello within " + std::to_string(limits_.frame_timeout_s) + " s");
-  if (tcp::get32(h) != hello_magic) return refuse("a peer that is not a kv channel sender");
-  if (tcp::get32(h + 4) != version) return refuse("a sender of version " + std::to_string(tcp::get32(h + 4)));
-  std::vector<std::byte> record;
+  s.set_timeout(static_cast<int>(std::chrono::ceil<std::chrono::seconds>(limits_.frame_time.base).count()));  // for acks
+  std::string why;
+  frame_assembler hello(8, [](std::span<const uint8_t> h) -> expected<size_t> {
+    if (tcp::get32(h.data()) != hello_magic) return error{"a peer that is not a kv channel sender"};
+    if (tcp::get32(h.data() + 4) != version) return error{"a sender of version " + std::to_string(tcp::get32(h.data() + 4))};
+    return size_t{0};
+  });
+  switch (read_frame(s, hello, limits_.frame_time, begun, why)) {
+    case frame_read::whole: break;
+    case frame_read::closed: return;
+    case frame_read::late: return late(peer, "a hello");
+    case frame_read::refused: return refuse(peer, why);
+  }
+  said_hello(phase, *flags);
+  const size_t max_record = limits_.max_record;
+  frame_assembler record(8, [max_record](std::span<const uint8_t> h) -> expected<size_t> {
+    if (tcp::get32(h.data()) != block_magic) return error{"a frame that is not a block"};
+    const uint32_t len = tcp::get32(h.data() + 4);
+    if (len < min_record || len > max_record)
+      return error{"a record of " + std::to_string(len) + " bytes (at most " + std::to_string(max_record) + ")"};
+    return size_t{len};
+  });
   uint64_t taken = 0;
   for (;;) {
-    // Between frames a sender may be quiet as long as it likes; within one, 5 s.
+    // Between frames a sender may be quiet as long as it likes; a frame begun must be whole
+    // by its deadline.
     pollfd p{s.fd(), POLLIN, 0};
     if (!s.buffered() && ::poll(&p, 1, -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    if (!s.read_exact(h, sizeof h)) return;  // closed between frames: done
-    if (tcp::get32(h) != block_magic) return refuse("a frame that is not a block");
-    const uint32_t len = tcp::get32(h + 4);
-    if (len < min_record || len > limits_.max_record)
-      return refuse("a record of " + std::to_string(len) + " bytes (at most " + std::to_string(limits_.max_record) + ")");
-    record.resize(len);
-    if (!s.read_exact(record.data(), len)) return refuse("a block cut short");
-    const auto name = record_name(record);
-    if (!name) return refuse("a record whose header does not add up");
-    const auto payload = open_record(*name, record);
+    switch (read_frame(s, record, limits_.frame_time, std::chrono::steady_clock::now(), why)) {
+      case frame_read::whole: break;
+      case frame_read::closed:
+        if (record.begun()) refuse(peer, "a block cut short");
+        return;  // closed between frames: done
+      case frame_read::late: return late(peer, "a block of " + std::to_string(record.frame_bytes()) + " bytes");
+      case frame_read::refused: return refuse(peer, why);
+    }
+    const std::span<const uint8_t> body = record.body();
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(body.data()), body.size());
+    const auto name = record_name(bytes);
+    if (!name) return refuse(peer, "a record whose header does not add up");
+    const auto payload = open_record(*name, bytes);
     if (payload) sink_(*name, *payload);
-    taken += len;
+    taken += body.size();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (payload) {
         ++stats_.records;
-        stats_.bytes += len;
+        stats_.bytes += body.size();
       } else {
         ++stats_.corrupt;
       }
     }
-    if (!payload && log_) log_("kv channel: a record failing its checksum, dropped");
+    if (!payload && log_) (*log_)("kv channel: " + peer + ": a record failing its checksum, dropped");
+    record.next();
     uint8_t a[12];
     tcp::put32(a, ack_magic);
     tcp::put64(a + 4, taken);

@@ -11,15 +11,25 @@
 // Flow control: a sender keeps at most `window` record bytes beyond the receiver's latest
 // ack in flight; send() writes the record itself (its payload never copied) and waits
 // while the window is full, so a slow receiver slows its producer instead of growing
-// memory. A receiver acknowledges a record once its sink has it. A frame that breaks the format (a wrong magic, a
-// record past max_record, a record whose header does not add up) ends that connection
-// with a reason; a record failing its checksum is dropped and counted (its block is
-// computed again where it was wanted). A peer silent for frame_timeout_s (5 s) in the
-// middle of a frame, or before its hello, is closed.
+// memory. A receiver acknowledges a record once its sink has it. A frame that breaks the
+// format (a wrong magic, a record past max_record, a record whose header does not add up)
+// ends that connection with a reason; a record failing its checksum is dropped and counted
+// (its block is computed again where it was wanted).
+//
+// What a stranger can hold: a receiver reads a record into a buffer that grows with the
+// bytes that arrived (frame_assembler), never to the length announced, and a frame (the
+// hello, or a record begun) must be whole within its deadline (5 s, more for a long one at
+// 16 MiB/s), else its connection is closed and counted as a stall. Between frames a sender
+// may be quiet as long as it likes. Connections that have not yet sent their hello (over
+// TLS: not finished their handshake) are counted apart from those that have: at most
+// max_pending of them, one cut short for a newcomer (the oldest silent one first:
+// engine/util/newcomers.hpp), so a flood of silent connections never pushes out a sender,
+// nor one whose handshake is under way; among senders, past max_connections, the oldest
+// goes (a sender that vanished).
 //
 // Secured (a link_guard: TLS with the node's certificate), a channel carries the same
 // frames over TLS, after a handshake each receiver connection runs on its own thread; a
-// peer that fails it is refused and logged.
+// peer that fails it is refused and logged (log lines about strangers are rate-limited).
 #pragma once
 
 #include <atomic>
@@ -37,23 +47,29 @@
 #include <vector>
 
 #include "engine/util/expected.hpp"
+#include "engine/util/frame_assembler.hpp"
+#include "engine/util/link_meter.hpp"
 #include "engine/util/link_stream.hpp"
+#include "engine/util/newcomers.hpp"
+#include "engine/util/rate_limited_log.hpp"
 
 namespace troupe {
 
 struct kv_channel_limits {
   size_t max_record = size_t{64} << 20;  // bytes of one record at most
   size_t window = size_t{16} << 20;      // bytes in flight beyond the receiver's ack
-  int max_connections = 16;              // a receiver's; the oldest goes for a newcomer
-  int frame_timeout_s = 5;               // a receiver waits this long for a hello, or for
-                                         // the rest of a frame begun
+  int max_connections = 16;              // a receiver's senders (hello said); the oldest goes for a newcomer
+  int max_pending = 32;                  // a receiver's connections before their hello; likewise
+  frame_deadline frame_time;             // a whole frame (the hello, a record begun) within this
 };
 
 struct kv_channel_stats {
   uint64_t records = 0;  // taken (receiver) or acknowledged (sender)
   uint64_t bytes = 0;
   uint64_t corrupt = 0;  // receiver: records failing their checks, dropped
-  uint64_t refused = 0;  // receiver: connections ended for a broken frame or a silent peer
+  uint64_t refused = 0;  // receiver: connections ended for a failed handshake or a broken frame
+  uint64_t late = 0;     // receiver: connections ended for a frame not whole by its deadline
+  uint64_t crowded = 0;  // receiver: connections cut short for a newcomer before their hello
   uint64_t stalls = 0;   // sender: waits for the receiver's acks (the window was full)
 };
 
@@ -65,10 +81,11 @@ class kv_channel_receiver {
   using log_fn = std::function<void(const std::string&)>;
 
   // Listens on host:port (0: any free port); secured by `guard` (the process's by
-  // default; null: plain TCP).
+  // default; null: plain TCP). What peers did wrong is counted in `meter` as well (none:
+  // only in stats()).
   static expected<std::unique_ptr<kv_channel_receiver>> start(
       const std::string& host, uint16_t port, sink_fn sink, kv_channel_limits limits = {}, log_fn log = {},
-      std::shared_ptr<const link_guard> guard = process_link_guard());
+      std::shared_ptr<const link_guard> guard = process_link_guard(), std::shared_ptr<link_meter> meter = nullptr);
   ~kv_channel_receiver();  // closes every connection, waits for their threads
   kv_channel_receiver(const kv_channel_receiver&) = delete;
   kv_channel_receiver& operator=(const kv_channel_receiver&) = delete;
@@ -81,11 +98,17 @@ class kv_channel_receiver {
   void accept_loop();
   // One connection: `fd` is the receiver's (shut down to end it), `mine` a duplicate the
   // connection's stream owns.
-  void serve(int mine, const std::string& peer);
-  void refuse(const std::string& why);
+  void serve(int mine, const std::string& peer, const std::shared_ptr<std::atomic<int>>& phase,
+             const std::shared_ptr<newcomer_flags>& flags);
+  // Its hello said: counted among the senders, the oldest of them going past the limit.
+  void said_hello(const std::shared_ptr<std::atomic<int>>& phase, newcomer_flags& flags);
+  void refuse(const std::string& peer, const std::string& why);
+  void late(const std::string& peer, const std::string& what);
 
   sink_fn sink_;
-  log_fn log_;
+  std::unique_ptr<rate_limited_log> log_;  // through the log_fn given
+  rate_limited_log refusals_;              // handshakes refused (stderr), this receiver's own budget
+  std::shared_ptr<link_meter> meter_;
   std::shared_ptr<const link_guard> guard_;
   kv_channel_limits limits_;
   int listen_fd_ = -1;
@@ -93,10 +116,12 @@ class kv_channel_receiver {
   uint16_t port_ = 0;
   std::thread acceptor_;
   mutable std::mutex mutex_;
+  enum phase : int { pending, sender, done };
   struct connection {
     int fd;
     std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
+    std::shared_ptr<std::atomic<int>> phase;  // pending, then sender, then done
+    std::shared_ptr<newcomer_flags> flags;    // while pending (engine/util/newcomers.hpp)
   };
   std::deque<connection> connections_;
   kv_channel_stats stats_;

@@ -8,6 +8,7 @@
 // their own (tests do).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -34,6 +35,10 @@ class link_stream {
   virtual void set_timeout(int seconds) = 0;
   // Reads exactly n bytes; false on close, error or timeout.
   virtual bool read_exact(void* buf, size_t n) = 0;
+  // Reads what has arrived, at most n bytes, without waiting: how many (> 0); 0 when none
+  // has yet (poll fd() for more, unless buffered()); -1 when the connection is over
+  // (closed, broken, or its peer broke the secured protocol).
+  virtual ptrdiff_t read_some(void* buf, size_t n) = 0;
   // Writes every part in order (empty parts skipped; at most four).
   virtual bool write_all(std::initializer_list<std::pair<const void*, size_t>> parts) = 0;
   // Bytes received and ready to read that a poll on fd() would not show (a secured
@@ -71,6 +76,21 @@ std::shared_ptr<const link_guard> process_link_guard();
 // past that, how many more there were, once the 10 s are over (a flood of strangers
 // cannot fill the log).
 void log_link_refusal(const std::string& line);
+
+class frame_assembler;
+struct frame_deadline;
+
+// How read_frame ended.
+enum class frame_read {
+  whole,    // the frame is whole
+  closed,   // the connection ended
+  late,     // the frame was not whole by its deadline
+  refused,  // its header was refused (`why` says why)
+};
+// Reads the rest of the frame `f` holds (or a whole one) from s, within `limit` of
+// `begun` for a frame of its length (known once its header is).
+frame_read read_frame(link_stream& s, frame_assembler& f, const frame_deadline& limit,
+                      std::chrono::steady_clock::time_point begun, std::string& why);
 
 // The stream for a new connection: through `guard`, or plain without one.
 expected<std::unique_ptr<link_stream>> open_client_stream(const link_guard* guard, int fd, int timeout_ms);

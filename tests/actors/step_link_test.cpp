@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <future>
 #include <condition_variable>
@@ -86,12 +87,14 @@ int raw_connect(uint16_t port) {
   return fd;
 }
 
-// True when the server closes the connection within a few seconds.
+// True when the server closes the connection within a few seconds (a reset counts: the
+// server closed with bytes of ours unread).
 bool closed_by_server(int fd) {
   pollfd p{fd, POLLIN, 0};
   if (::poll(&p, 1, 5000) != 1) return false;
   char b;
-  return ::recv(fd, &b, 1, 0) == 0;
+  const ssize_t r = ::recv(fd, &b, 1, 0);
+  return r == 0 || (r < 0 && errno == ECONNRESET);
 }
 
 std::vector<uint8_t> header(uint32_t magic, uint32_t plan_kind, uint32_t plan_len, uint32_t act_kind,
@@ -190,11 +193,64 @@ TEST_CASE("a step link server drops a connection that breaks the frame rules and
   auto client = connect_to(**server, in);
   REQUIRE(client->send(bytes_message(wire_kind::step_plan, "still"), wire_message{}).has_value());
   CHECK(in.next() == "ok:still+");
-  // Eight idle connections more: the oldest, the client's, is closed.
+  // Sixteen idle connections more (a stranger's): they push out each other, never the
+  // client's, which has stepped.
   std::vector<int> idle;
-  for (int i = 0; i < 8; ++i) idle.push_back(raw_connect(port));
-  CHECK(in.broken_count(std::chrono::seconds(5)) == 1);
+  for (int i = 0; i < 16; ++i) idle.push_back(raw_connect(port));
+  REQUIRE(client->send(bytes_message(wire_kind::step_plan, "among idle"), wire_message{}).has_value());
+  CHECK(in.next() == "ok:among idle+");
+  CHECK(in.broken_count(std::chrono::milliseconds(200)) == 0);
   for (int fd : idle) ::close(fd);
+  // Eight clients more that step: the oldest of them all, the first, is closed.
+  std::vector<std::unique_ptr<inbox>> inboxes;
+  std::vector<std::unique_ptr<step_link_client>> more;
+  for (int i = 0; i < 8; ++i) {
+    inboxes.push_back(std::make_unique<inbox>());
+    more.push_back(connect_to(**server, *inboxes.back()));
+    REQUIRE(more.back()->send(bytes_message(wire_kind::step_plan, "m"), wire_message{}).has_value());
+    CHECK(inboxes.back()->next() == "ok:m+");
+  }
+  CHECK(in.broken_count(std::chrono::seconds(5)) == 1);
+}
+
+TEST_CASE("a step frame trickled byte by byte holds up no other connection's steps, and is cut off at its deadline") {
+  auto meter = std::make_shared<link_meter>();
+  frame_deadline limit;
+  limit.base = std::chrono::milliseconds(800);
+  auto server = step_link_server::start("127.0.0.1", echo_step, {}, nullptr, meter, limit);
+  REQUIRE(server.has_value());
+  // A header announcing a 4,096-byte plan, then a byte at a time: every read comes well
+  // within any per-read timeout, the frame as a whole never.
+  const int trickle = raw_connect((*server)->port());
+  const auto h = header(magic, static_cast<uint32_t>(wire_kind::step_plan), 4096, 0, 0);
+  REQUIRE(::send(trickle, h.data(), h.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(h.size()));
+  inbox in;
+  auto client = connect_to(**server, in);
+  bool cut = false;
+  int answered_while_trickling = 0;
+  for (int i = 0; i < 500 && !cut; ++i) {
+    const char b = 'p';
+    if (::send(trickle, &b, 1, MSG_NOSIGNAL) != 1 || meter->counts(link_kind::step).stalled == 1) {
+      cut = true;
+      break;
+    }
+    if (i % 5 == 0) {
+      // The scheduler's steps go on beside it, each answered before the trickle ends.
+      REQUIRE(client->send(bytes_message(wire_kind::step_plan, "s" + std::to_string(i)), wire_message{}).has_value());
+      CHECK(in.next() == "ok:s" + std::to_string(i) + "+");
+      answered_while_trickling += meter->counts(link_kind::step).stalled == 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(answered_while_trickling >= 3);
+  CHECK(closed_by_server(trickle));
+  ::close(trickle);
+  CHECK(meter->counts(link_kind::step).stalled == 1);
+  CHECK(meter->counts(link_kind::step).last_stall_ms > 0);
+  // The trickler's connection is gone; the scheduler's is not.
+  REQUIRE(client->send(bytes_message(wire_kind::step_plan, "after"), wire_message{}).has_value());
+  CHECK(in.next() == "ok:after+");
+  CHECK(in.broken_count(std::chrono::milliseconds(50)) == 0);
 }
 
 TEST_CASE("a client hears once that its link broke when the server goes, and connections are served side by side") {

@@ -149,6 +149,32 @@ TEST_CASE("tls step links: steps within a cluster, strangers refused and logged,
   ::close(silent);
 }
 
+TEST_CASE("tls step links: silent connections filling every handshake slot do not keep a cluster's node out") {
+  std::signal(SIGPIPE, SIG_IGN);
+  clusters c;
+  const auto [a1, a2, b1] = guards(c);
+  auto meter = std::make_shared<link_meter>();
+  auto server = step_link_server::start("127.0.0.1", echo_step, {}, a1, meter);
+  REQUIRE(server.has_value());
+  const uint16_t port = (*server)->port();
+  // Many more silent connections than there are handshake slots, all still open.
+  std::vector<int> silent;
+  for (int i = 0; i < 80; ++i) silent.push_back(raw_connect(port));
+  // A node of the cluster connects and steps, every time.
+  for (int round = 0; round < 5; ++round) {
+    inbox ok;
+    std::string why;
+    auto client = ok.connect(port, a2, &why);
+    CAPTURE(why);
+    REQUIRE(client);
+    REQUIRE(client->send(text_message(wire_kind::step_plan, "p" + std::to_string(round)), wire_message{}));
+    CHECK(ok.next() == "p" + std::to_string(round) + "+");
+    silent.push_back(raw_connect(port));
+  }
+  CHECK(meter->counts(link_kind::step).crowded >= 40);
+  for (int fd : silent) ::close(fd);
+}
+
 TEST_CASE("tls kv channels: records within a cluster, strangers refused and logged") {
   std::signal(SIGPIPE, SIG_IGN);
   clusters c;

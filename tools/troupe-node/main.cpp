@@ -146,7 +146,10 @@ int main(int argc, char** argv) {
                (t.kind == tier_kind::disk ? " " + t.path : t.kind == tier_kind::redis ? " " + t.address : "");
     std::fprintf(stderr, "troupe-node %s: KV tiers below the pool: %s\n", opt.node.c_str(), kinds.c_str());
   }
-  caf::actor agent = spawn_node_agent(sys, opt.node, tools::units_of(*plan, m), meter);
+  // What strangers and stalled peers did to this node's step links and KV landings.
+  auto links_meter = std::make_shared<link_meter>();
+  for (auto& s : plan->stages) s.layout.links = links_meter;
+  caf::actor agent = spawn_node_agent(sys, opt.node, tools::units_of(*plan, m), meter, links_meter);
   // Other nodes (and troupe-launch chaos) reach this node's agent at its port.
   const tools::node_spec& me = plan->node;
   if (tls_ctx)

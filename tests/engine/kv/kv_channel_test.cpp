@@ -4,6 +4,7 @@
 // connections go on.
 #include "engine/kv/kv_channel.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,6 +67,19 @@ int raw(uint16_t port) {
 bool wait_refused(const kv_channel_receiver& r, uint64_t n) {
   for (int i = 0; i < 2000 && r.stats().refused < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   return r.stats().refused >= n;
+}
+
+bool wait_late(const kv_channel_receiver& r, uint64_t n) {
+  for (int i = 0; i < 2000 && r.stats().late < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return r.stats().late >= n;
+}
+
+// Whether the peer closed fd (a read sees the end within `within`).
+bool closed_by_peer(int fd, std::chrono::milliseconds within) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(within.count())) <= 0) return false;
+  char b[64];
+  return ::recv(fd, b, sizeof b, MSG_DONTWAIT) <= 0;
 }
 
 }  // namespace
@@ -140,7 +154,7 @@ TEST_CASE("kv channel: broken frames, an oversized record and a silent peer are 
   collected c;
   kv_channel_limits lim;
   lim.max_record = 1 << 16;
-  lim.frame_timeout_s = 1;
+  lim.frame_time.base = std::chrono::seconds(1);
   auto r = receiver(c, lim);
   const uint8_t hello[8] = {'T', 'K', 'V', 'H', 1, 0, 0, 0};
   // Not a sender at all.
@@ -159,10 +173,10 @@ TEST_CASE("kv channel: broken frames, an oversized record and a silent peer are 
     CHECK(wait_refused(*r, 2));
     ::close(fd);
   }
-  // Silent after connecting: no hello within the frame timeout.
+  // Silent after connecting: no hello within the frame's deadline (a stall, counted apart).
   {
     const int fd = raw(r->port());
-    CHECK(wait_refused(*r, 3));
+    CHECK(wait_late(*r, 1));
     ::close(fd);
   }
   // A record with a flipped byte: dropped and counted; the next one on the same
@@ -183,7 +197,8 @@ TEST_CASE("kv channel: broken frames, an oversized record and a silent peer are 
     CHECK(r->stats().corrupt == 1);
     ::close(fd);
   }
-  CHECK(r->stats().refused == 3);
+  CHECK(r->stats().refused == 2);
+  CHECK(r->stats().late == 1);
   std::lock_guard<std::mutex> lock(c.m);
   std::string all;
   for (auto& l : c.logs) all += l + "\n";
@@ -191,7 +206,7 @@ TEST_CASE("kv channel: broken frames, an oversized record and a silent peer are 
   CHECK(all.find("a frame that is not a block") == std::string::npos);
   CHECK(all.find("a peer that is not a kv channel sender") != std::string::npos);
   CHECK(all.find("a record of 65537 bytes (at most 65536)") != std::string::npos);
-  CHECK(all.find("no hello within 1 s") != std::string::npos);
+  CHECK(all.find("a hello not whole by its deadline (a stalled link)") != std::string::npos);
   CHECK(all.find("failing its checksum") != std::string::npos);
 }
 
@@ -238,6 +253,72 @@ TEST_CASE("kv channel: past its connections, a receiver closes the oldest for a 
   CHECK((*a)->broken() == "the receiver closed the channel");
   REQUIRE(c.wait_for(2));
   CHECK(c.got["b"] == bytes_of(10, 2));
+}
+
+TEST_CASE("kv channel: a record trickled byte by byte is cut off at its deadline, holding memory only for what came") {
+  collected c;
+  kv_channel_limits lim;
+  lim.frame_time.base = std::chrono::milliseconds(600);
+  auto r = receiver(c, lim);
+  const uint8_t hello[8] = {'T', 'K', 'V', 'H', 1, 0, 0, 0};
+  // A header announcing 60 MiB, then a byte at a time: each read arrives well within any
+  // per-read timeout, the frame as a whole never.
+  const int fd = raw(r->port());
+  uint8_t h[8] = {'T', 'K', 'V', 'B'};
+  tcp::put32(h + 4, 60u << 20);
+  REQUIRE(tcp::write_all(fd, {{hello, 8}, {h, 8}}));
+  // A sender beside it is served meanwhile.
+  auto s = kv_channel_sender::connect("127.0.0.1", r->port());
+  REQUIRE(s.has_value());
+  bool cut = false;
+  for (int i = 0; i < 400 && !cut; ++i) {
+    const uint8_t b = 7;
+    cut = ::send(fd, &b, 1, MSG_NOSIGNAL) != 1 || r->stats().late == 1;
+    if (i == 3) {
+      REQUIRE((*s)->send("beside", bytes_of(1000, 9)).has_value());
+      CHECK((*s)->flush(std::chrono::milliseconds(500)));  // not behind the trickle
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(wait_late(*r, 1));  // the 60 MiB frame's deadline is 600 ms + 60 MiB / 16 MiB/s
+  CHECK(closed_by_peer(fd, std::chrono::seconds(5)));
+  ::close(fd);
+  CHECK(c.got.count("beside") == 1);
+  std::lock_guard<std::mutex> lock(c.m);
+  std::string all;
+  for (auto& l : c.logs) all += l + "\n";
+  CHECK(all.find("a block of 62914568 bytes not whole by its deadline (a stalled link)") != std::string::npos);
+}
+
+TEST_CASE("kv channel: a flood of silent connections never pushes out a sender that said hello") {
+  collected c;
+  kv_channel_limits lim;
+  lim.max_connections = 2;
+  lim.max_pending = 4;
+  auto r = receiver(c, lim);
+  auto a = kv_channel_sender::connect("127.0.0.1", r->port());
+  REQUIRE(a.has_value());
+  REQUIRE((*a)->send("a", bytes_of(10, 1)).has_value());
+  REQUIRE((*a)->flush(std::chrono::seconds(20)));
+  // Many more silent connections than either limit.
+  std::vector<int> silent;
+  for (int i = 0; i < 24; ++i) silent.push_back(raw(r->port()));
+  // A newcomer still gets in (it pushes out the oldest silent one), and the first sender
+  // still sends.
+  auto b = kv_channel_sender::connect("127.0.0.1", r->port());
+  REQUIRE(b.has_value());
+  REQUIRE((*b)->send("b", bytes_of(10, 2)).has_value());
+  CHECK((*b)->flush(std::chrono::seconds(20)));
+  REQUIRE((*a)->send("a2", bytes_of(10, 3)).has_value());
+  CHECK((*a)->flush(std::chrono::seconds(20)));
+  CHECK((*a)->broken().empty());
+  CHECK(r->stats().crowded >= 20);
+  // The silent ones were cut short, all but the newest max_pending.
+  int open = 0;
+  for (int fd : silent) open += !closed_by_peer(fd, std::chrono::milliseconds(50));
+  CHECK(open <= 4);
+  for (int fd : silent) ::close(fd);
+  REQUIRE(c.wait_for(3));
 }
 
 }  // namespace troupe
