@@ -117,6 +117,9 @@ for st in by_kind["StatefulSet"].values():
         gw_ports = {p["name"] for p in st["spec"]["template"]["spec"]["containers"][0]["ports"]}
         assert all(p["targetPort"] in gw_ports for p in client[0]["spec"]["ports"])
 assert pod_topo["gateway"]["api_keys_file"] == "/etc/troupe/secrets/api-keys"
+# Off loopback, a node without [tls] must say that its internal ports may be open.
+for n in pod_topo["node"]:
+    assert n.get("insecure_internal_ports", False) == ("tls" not in topo), n
 assert pod_topo["model"]["path"].startswith("/models/")
 PY
   # The pods' topology parses (the models are not here to check it against).

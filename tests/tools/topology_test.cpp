@@ -474,6 +474,37 @@ timeout_ms = 50
   CHECK(p.find("KV tiers ([[tier]]) serve CPU shards") != std::string::npos);
 }
 
+TEST_CASE("a node off loopback needs [tls], or says insecure_internal_ports; its refusal names the line") {
+  const std::string off = "[[node]]\nname = \"n2\"\nhost = \"10.1.2.3\"\nport = 7412\n";
+  const std::string refused = problem(off + ok_replica);
+  CAPTURE(refused);
+  CHECK(refused.find("t.toml:17:") == 0);  // the host's line
+  CHECK(refused.find("[[node]] #3 'n2': host 10.1.2.3 is not loopback, and without [tls]") != std::string::npos);
+  CHECK(refused.find("insecure_internal_ports = true") != std::string::npos);
+  CHECK(problem("[[node]]\nname = \"n2\"\nhost = \"troupe-n2.svc\"\nport = 7412\n" + ok_replica) != "");
+  // Loopback, however written; or said insecure; or with [tls].
+  CHECK(problem("[[node]]\nname = \"n2\"\nhost = \"127.0.0.2\"\nport = 7412\n" + ok_replica) == "");
+  CHECK(problem("[[node]]\nname = \"n2\"\nhost = \"localhost\"\nport = 7412\n" + ok_replica) == "");
+  auto insecure = parse_topology_text(std::string(base) + off + "insecure_internal_ports = true\n" + ok_replica, "t.toml", "/d");
+  REQUIRE(insecure.has_value());
+  CHECK(insecure->nodes[2].insecure_internal_ports);
+  CHECK(insecure_ports_warning(*insecure, insecure->nodes[2]).find("WARNING: node n2's internal ports") == 0);
+  CHECK(insecure_ports_warning(*insecure, insecure->nodes[0]).empty());  // on loopback
+  auto secured = parse_topology_text(std::string(base) + off + ok_replica +
+                                         "[tls]\nca = \"ca.pem\"\ncert = \"{node}.pem\"\nkey = \"{node}.key\"\n",
+                                     "t.toml", "/d");
+  REQUIRE(secured.has_value());
+  CHECK(insecure_ports_warning(*secured, secured->nodes[2]).empty());
+  const std::string not_bool =
+      problem("[[node]]\nname = \"n2\"\nhost = \"10.1.2.3\"\nport = 7412\ninsecure_internal_ports = 1\n" + ok_replica);
+  CAPTURE(not_bool);
+  CHECK(not_bool.find("'insecure_internal_ports' must be true or false") != std::string::npos);
+  CHECK_FALSE(loopback_host("127.0.0.256"));
+  CHECK_FALSE(loopback_host("127.0.0.1x"));
+  CHECK_FALSE(loopback_host("128.0.0.1"));
+  CHECK(loopback_host("127.255.0.9"));
+}
+
 TEST_CASE("a missing topology file and a gateway on an unknown node are errors") {
   auto t = parse_topology("/nonexistent/topology.toml");
   REQUIRE_FALSE(t.has_value());

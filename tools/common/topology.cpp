@@ -1,6 +1,7 @@
 #include "tools/common/topology.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -192,7 +193,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   const toml::array* nodes = root["node"].as_array();
   if (!nodes || nodes->empty()) return error{name + ": no [[node]] is declared"};
   for (size_t i = 0; i < nodes->size() && rd.ok(); ++i)
-    t.nodes.push_back(parse_node(rd, *(*nodes)[i].as_table(), "[[node]] #" + std::to_string(i + 1)));
+    t.nodes.push_back(parse_node(rd, *(*nodes)[i].as_table(), "[[node]] #" + std::to_string(i + 1), t.tls.on()));
   const toml::array* replicas = root["replica"].as_array();
   if (rd.ok() && (!replicas || replicas->empty())) rd.fail(nullptr, "no [[replica]] is declared");
   for (size_t i = 0; rd.ok() && i < replicas->size(); ++i)
@@ -216,6 +217,20 @@ expected<topology> parse_topology(const std::string& path) {
   }();
   if (!text) return text.err();
   return parse_topology_text(*text, path, std::filesystem::path(path).parent_path().string());
+}
+
+bool loopback_host(const std::string& host) {
+  if (host == "localhost") return true;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char tail = 0;
+  return std::sscanf(host.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a == 127 && b < 256 && c < 256 && d < 256;
+}
+
+std::string insecure_ports_warning(const topology& t, const node_spec& n) {
+  if (t.tls.on() || loopback_host(n.host)) return "";
+  return "WARNING: node " + n.name + "'s internal ports (its agent, step links, KV channels) listen on " + n.host +
+         " without TLS (insecure_internal_ports = true): anyone who reaches them can list and stop its actors, inject "
+         "steps and send KV; add a [tls] table to the topology (troupe-launch certs makes its files)";
 }
 
 std::string topology_warnings(const topology& t, const model_config& m) {

@@ -130,7 +130,9 @@ struct node_spec {
   uint16_t port = 0;    // its agent's, where the other nodes find it
   int32_t threads = 1;  // CPU threads for the shards it runs
   tcp::port_range link_ports;  // where its step links listen (link_ports = "A-B"; any port if unset)
+  bool insecure_internal_ports = false;  // off loopback without [tls]: allowed (and warned of at every start)
 };
+
 
 struct stage_spec {
   std::string node;
@@ -173,6 +175,12 @@ struct topology {
 
   const node_spec* node_named(const std::string& name) const;
 };
+
+// A host only this machine reaches: localhost or 127.x.x.x.
+bool loopback_host(const std::string& host);
+// What a node says at every start when its internal ports are open to the network
+// without [tls] (insecure_internal_ports); empty when they are not.
+std::string insecure_ports_warning(const topology& t, const node_spec& n);
 
 // A replica's KV settings: [kv] with its own pool size, and a decode replica's landing.
 kv_config kv_of(const topology& t, const replica_spec& r);

@@ -83,8 +83,9 @@ class reader {
       }
       fail(n, where + ": '" + key + "' must be a string");
     } else if constexpr (std::is_same_v<T, bool>) {
-      if (auto v = n->value<bool>()) {
-        out = *v;
+      // A boolean node only: toml++'s value<bool>() takes an integer as well (1: true).
+      if (const auto* b = n->as_boolean()) {
+        out = b->get();
         return true;
       }
       fail(n, where + ": '" + key + "' must be true or false");
@@ -162,7 +163,9 @@ router_section parse_router(reader& rd, const toml::table& t);
 gpu_config parse_gpu(reader& rd, const toml::table& t);
 tls_section parse_tls(reader& rd, const toml::table& t, const std::string& base_dir);
 speculative_options parse_speculative(reader& rd, const toml::table& t, const std::string& base_dir);
-node_spec parse_node(reader& rd, const toml::table& t, const std::string& where);
+// tls_on: the topology has a [tls] table (without one, a node off loopback is refused
+// unless it says insecure_internal_ports = true).
+node_spec parse_node(reader& rd, const toml::table& t, const std::string& where, bool tls_on);
 replica_spec parse_replica(reader& rd, const toml::table& t, const std::string& where);
 
 }  // namespace troupe::tools::topology_impl

@@ -329,12 +329,23 @@ speculative_options parse_speculative(reader& rd, const toml::table& t, const st
   return o;
 }
 
-node_spec parse_node(reader& rd, const toml::table& t, const std::string& where) {
+node_spec parse_node(reader& rd, const toml::table& t, const std::string& where, bool tls_on) {
   node_spec n;
-  rd.only(t, where, {"name", "host", "port", "threads", "link_ports"});
+  rd.only(t, where, {"name", "host", "port", "threads", "link_ports", "insecure_internal_ports"});
   rd.get(t, where, "name", n.name, true);
   const std::string named = where + " '" + n.name + "'";
   if (rd.get(t, where, "host", n.host, true)) rd.host_ok(n.host, t.get("host"), named);
+  rd.get(t, named, "insecure_internal_ports", n.insecure_internal_ports);
+  // A node's own ports (its agent, step links, KV channels) take orders and data from
+  // whoever reaches them unless [tls] authenticates its peers: on loopback only that
+  // machine's users can, elsewhere anyone on the network could list and stop its actors,
+  // inject steps and send KV.
+  if (rd.ok() && !tls_on && !n.insecure_internal_ports && !loopback_host(n.host))
+    rd.fail(t.get("host"), named + ": host " + n.host +
+                               " is not loopback, and without [tls] the node's internal ports (its agent, step links and KV "
+                               "channels) would take orders and data from anyone who reaches them: add a [tls] table "
+                               "(troupe-launch certs makes its files), or insecure_internal_ports = true in this [[node]] "
+                               "for a network only the cluster can reach");
   int64_t port = 0;
   if (rd.get(t, where, "port", port, true)) rd.port_of(port, t.get("port"), named, n.port);
   rd.get_in(t, named, "threads", n.threads, 1, 1024);

@@ -155,9 +155,15 @@ expected<std::vector<exported_file>> k8s_manifests(const topology& t, const mode
     if (t.gateway.http.port != 0) g->insert_or_assign("http", "0.0.0.0:" + std::to_string(t.gateway.http.port));
     g->insert_or_assign("api_keys_file", "/etc/troupe/secrets/api-keys");
   }
+  // Each pod's address is on the cluster's network: without [tls] its internal ports are
+  // open to whoever reaches the pods, which the nodes refuse unless told (and say so at
+  // every start).
   if (auto* nodes = tbl["node"].as_array())
     for (auto& n : *nodes)
-      if (auto* nt = n.as_table()) nt->insert_or_assign("host", name + "-" + (*nt)["name"].value_or(std::string()));
+      if (auto* nt = n.as_table()) {
+        nt->insert_or_assign("host", name + "-" + (*nt)["name"].value_or(std::string()));
+        if (!t.tls.on()) nt->insert_or_assign("insecure_internal_ports", true);
+      }
   std::ostringstream topo;
   topo << tbl << "\n";
 
@@ -166,6 +172,10 @@ expected<std::vector<exported_file>> k8s_manifests(const topology& t, const mode
     << "# PersistentVolumeClaim " << q(o.models_claim) << " (mounted at /models), build an image with troupe-node\n"
     << "# on its PATH (" << o.image << "), and create the API keys, one a line:\n"
     << "#   kubectl create secret generic " << name << "-api-keys --from-file=api-keys=KEYS_FILE\n";
+  if (!t.tls.on())
+    y << "# WARNING: the topology has no [tls]: the nodes' internal ports (agents, step links, KV channels) take\n"
+      << "# orders and data from any pod that reaches them (insecure_internal_ports = true below). Add a [tls]\n"
+      << "# table and export again for links that authenticate their peers.\n";
   y << "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: " << name << "-topology\n"
     << "  labels:\n    app.kubernetes.io/name: troupe\n    app.kubernetes.io/instance: " << name << "\n"
     << "data:\n  topology.toml: |\n";

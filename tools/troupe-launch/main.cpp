@@ -199,6 +199,9 @@ int main(int argc, char** argv) {
   }
   if (const std::string w = tools::topology_warnings(*topo, m->config); !w.empty())
     std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), w.c_str());
+  for (const node_spec& n : topo->nodes)
+    if (const std::string w = tools::insecure_ports_warning(*topo, n); !w.empty())
+      std::fprintf(stderr, "troupe-launch: %s: %s\n", topology.c_str(), w.c_str());
   // Links over TLS: every local node's files checked here, before any node starts.
   for (const node_spec& n : topo->nodes) {
     if (!topo->tls.on() || !is_local(n.host)) continue;

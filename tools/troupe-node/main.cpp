@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   if (auto v = tools::validate_topology(*topo, m.config, gs); !v) return fail(v.err().message);
   if (const std::string w = tools::topology_warnings(*topo, m.config); !w.empty())
     std::fprintf(stderr, "troupe-node %s: %s\n", opt.node.c_str(), w.c_str());
+  if (const tools::node_spec* me = topo->node_named(opt.node))
+    if (const std::string w = tools::insecure_ports_warning(*topo, *me); !w.empty())
+      std::fprintf(stderr, "troupe-node %s: %s\n", opt.node.c_str(), w.c_str());
   // The draft model is loaded where a replica's draft actor runs, trained heads where a
   // scheduler runs (it drafts from them).
   const auto method = parse_spec_method(topo->speculative.method);

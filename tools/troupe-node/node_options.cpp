@@ -20,7 +20,7 @@ endpoint endpoint_of(const std::string& text) {
   return {text.substr(0, colon), static_cast<uint16_t>(std::stol(text.substr(colon + 1)))};
 }
 
-bool loopback(const std::string& h) { return h == "127.0.0.1" || h == "localhost" || h == "::1"; }
+bool loopback(const std::string& h) { return h == "::1" || loopback_host(h); }
 
 }  // namespace
 
