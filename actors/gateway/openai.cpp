@@ -24,6 +24,22 @@ api_error bad(const std::string& message, const std::string& param, int status =
   return e;
 }
 
+// A prompt's text past the server's limit (413), or past what the context can hold (400,
+// as OpenAI's context_length_exceeded): found from its bytes, before it is tokenized.
+std::optional<api_error> prompt_too_long(const std::string& text, const api_limits& lim, const std::string& which,
+                                         const std::string& param) {
+  if (text.size() > lim.max_prompt_bytes)
+    return bad(which + "'s text is " + std::to_string(text.size()) + " bytes, past this server's limit of " +
+                   std::to_string(lim.max_prompt_bytes),
+               param, 413);
+  if (lim.context_prompt_bytes > 0 && text.size() > lim.context_prompt_bytes)
+    return bad(which + "'s text is " + std::to_string(text.size()) + " bytes, more than the model's context of " +
+                   std::to_string(lim.context) + " tokens can hold (at most " + std::to_string(lim.context_prompt_bytes) +
+                   " bytes)",
+               param, 400, "context_length_exceeded");
+  return std::nullopt;
+}
+
 }  // namespace
 
 namespace {
@@ -225,12 +241,12 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
   } else {
     if (auto e = read_prompts(j, lim, r)) return *e;
   }
-  // (Text is UTF-8: the JSON parser refuses anything else.)
+  // (Text is UTF-8: the JSON parser refuses anything else.) Checked before anything
+  // tokenizes it.
   for (size_t k = 0; k < r.prompts.size(); ++k)
-    if (r.prompts[k].text.size() > lim.max_prompt_bytes)
-      return bad((r.prompts.size() == 1 ? "the prompt" : "prompt " + std::to_string(k)) +
-                     " is longer than this server accepts",
-                 chat ? "messages" : "prompt", 413);
+    if (auto e = prompt_too_long(r.prompts[k].text, lim, r.prompts.size() == 1 ? "the prompt" : "prompt " + std::to_string(k),
+                                 chat ? "messages" : "prompt"))
+      return *e;
 
   auto number = [&](const char* key, double lo, double hi, double& out) -> std::optional<api_error> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
@@ -408,7 +424,7 @@ std::variant<tokenize_request, api_error> parse_tokenize(const std::string& body
         !(j["add_generation_prompt"].is_boolean() && j["add_generation_prompt"].get<bool>()))
       return bad("'add_generation_prompt' other than true is not supported by this server", "add_generation_prompt");
   }
-  if (t.text.size() > lim.max_prompt_bytes) return bad("the prompt is longer than this server accepts", "prompt", 413);
+  if (auto e = prompt_too_long(t.text, lim, "the prompt", "prompt")) return *e;
   if (j.contains("add_special_tokens") && !j["add_special_tokens"].is_null()) {
     if (!j["add_special_tokens"].is_boolean()) return bad("'add_special_tokens' must be a boolean", "add_special_tokens");
     t.add_bos = j["add_special_tokens"].get<bool>();

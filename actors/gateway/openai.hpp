@@ -29,6 +29,9 @@ struct api_limits {
   int32_t max_n = 8;              // completions per prompt
   int32_t max_choices = 64;       // completions per request: prompts x n
   size_t max_prompt_bytes = 1 << 20;  // each prompt's text
+  // Each prompt's text at most, as the context bounds it (prompt_text_limit: more bytes
+  // than this are more tokens than the context holds); 0: no such bound.
+  size_t context_prompt_bytes = 0;
 };
 
 // One prompt: text (BOS is added when it is tokenized), or token ids taken as given.

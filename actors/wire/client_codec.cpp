@@ -68,7 +68,13 @@ expected<std::vector<int32_t>> read_prompt(schema::GenerateRequest::Prompt::Read
   std::vector<int32_t> ids;
   if (prompt.isText()) {
     const auto text = prompt.getText();
-    if (text.size() > static_cast<size_t>(lim.max_prompt_bytes)) return error{"prompt text is longer than the limit"};
+    if (text.size() > static_cast<size_t>(lim.max_prompt_bytes))
+      return error{"the prompt's text is " + std::to_string(text.size()) + " bytes, past this server's limit of " +
+                   std::to_string(lim.max_prompt_bytes)};
+    // Checked before tokenizing: a text this long has more tokens than the context holds.
+    if (const size_t most = prompt_text_limit(tok, lim.context, static_cast<size_t>(lim.max_prompt_bytes)); text.size() > most)
+      return error{"the prompt's text is " + std::to_string(text.size()) + " bytes, more than the model's context of " +
+                   std::to_string(lim.context) + " tokens can hold (at most " + std::to_string(most) + " bytes)"};
     return tok.encode(std::string_view(text.cStr(), text.size()), true);
   }
   for (int32_t t : prompt.getTokens()) {

@@ -111,6 +111,8 @@ tokenizer::tokenizer(vocabulary v) : v_(std::move(v)) {
   }
   std::stable_sort(specials_.begin(), specials_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const std::string& p : v_.pieces) max_text_bytes_ = std::max(max_text_bytes_, p.size());
+  if (v_.nfc) max_text_bytes_ *= 3;
   if (v_.style == vocab_style::byte_level) {
     auto r = std::make_shared<regex>();
     std::string why;

@@ -19,6 +19,8 @@
 // Immutable after construction; safe to share between threads.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -50,6 +52,13 @@ class tokenizer {
   int32_t eos_id() const { return v_.eos_id; }
   int32_t size() const { return v_.size(); }
   int32_t find(std::string_view piece) const;  // -1 if absent
+  // The most bytes of text one token can stand for: the longest piece (a special token's
+  // text included; a piece is never shorter than the text it covers, whose spaces it
+  // writes as 3-byte U+2581, whose bytes a byte-level piece maps to 1 or 2), at least 4 (a
+  // character's bytes), three times that where the text is NFC-normalised first (which
+  // composes up to three characters into one). A text longer than this times N bytes has
+  // more than N tokens: what a server checks before it tokenizes.
+  size_t max_text_bytes_per_token() const { return max_text_bytes_; }
 
  private:
   struct regex;  // the compiled pre-tokenizer pattern (PCRE2)
@@ -69,6 +78,15 @@ class tokenizer {
   bool special_starts_[256] = {};                          // first bytes of those pieces
   int32_t byte_ids_[256];
   std::vector<std::string> decoded_;  // what decode() yields for each token
+  size_t max_text_bytes_ = 4;
 };
+
+// The most bytes of prompt text worth tokenizing for a context of `context` tokens (0 or
+// less: no context bound), and at most `cap`: a longer text has more tokens than the
+// context holds, so a server refuses it before spending the CPU to find out.
+inline size_t prompt_text_limit(const tokenizer& tok, int32_t context, size_t cap) {
+  if (context <= 0) return cap;
+  return std::min(cap, static_cast<size_t>(context) * tok.max_text_bytes_per_token());
+}
 
 }  // namespace troupe

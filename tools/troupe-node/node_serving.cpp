@@ -105,6 +105,7 @@ int serve_gateway(caf::actor_system& sys, const caf::actor& agent, const node_pl
   http_config hc = g.http;
   hc.api_keys = std::move(api_keys);
   hc.tok = &*model.tok;
+  hc.limits.context_prompt_bytes = prompt_text_limit(*model.tok, hc.limits.context, hc.limits.max_prompt_bytes);
   hc.metrics = metrics;
   hc.tls = rpc.tls;  // the same certificate: HTTPS
   http_gateway http(sys, router, hc);

@@ -208,7 +208,8 @@ TEST_CASE("a completion takes several prompts, texts or token-id arrays, in orde
   CHECK(message_of(R"({"model":"m","prompt":["a",null]})").find("an array of strings") != std::string::npos);
   // Which prompt is at fault is said.
   const std::string huge(openai::api_limits{}.max_prompt_bytes + 1, 'x');
-  CHECK(message_of(R"({"model":"m","prompt":["a",")" + huge + "\"]}").find("prompt 1 is longer") != std::string::npos);
+  CHECK(message_of(R"({"model":"m","prompt":["a",")" + huge + "\"]}").find("prompt 1's text is 1048577 bytes, past this "
+                                                                          "server's limit of 1048576") != std::string::npos);
 
   // At most max_choices completions in one request: prompts x n.
   std::string many = R"({"model":"m","prompt":[)";
@@ -218,6 +219,34 @@ TEST_CASE("a completion takes several prompts, texts or token-id arrays, in orde
   for (int k = 0; k < 9; ++k) nine += (k ? ",\"p\"" : "\"p\"");
   CHECK(message_of(nine + "]}").find("ask for 72 completions") != std::string::npos);
   CHECK(std::holds_alternative<openai::api_request>(parse(nine.substr(0, nine.size() - 4) + "]}", false)));  // 8 x 8
+}
+
+TEST_CASE("a prompt past what the context holds is refused from its bytes, before tokenizing, on every route") {
+  openai::api_limits lim;
+  lim.context = 64;
+  lim.context_prompt_bytes = 64 * 16;  // a vocabulary whose longest piece is 16 bytes
+  auto error_of = [&](const std::string& body, bool chat) {
+    auto r = openai::parse_request(body, chat, "m", openai::chat_template::raw, lim);
+    REQUIRE(std::holds_alternative<openai::api_error>(r));
+    return std::get<openai::api_error>(r);
+  };
+  const std::string fits(1024, 'x'), over(1025, 'x');
+  CHECK(std::holds_alternative<openai::api_request>(
+      openai::parse_request(R"({"model":"m","prompt":")" + fits + "\"}", false, "m", openai::chat_template::raw, lim)));
+  const openai::api_error e = error_of(R"({"model":"m","prompt":")" + over + "\"}", false);
+  CHECK(e.status == 400);
+  CHECK(e.code == "context_length_exceeded");
+  CHECK(e.param == "prompt");
+  CHECK(e.message == "the prompt's text is 1025 bytes, more than the model's context of 64 tokens can hold (at most 1024 bytes)");
+  const openai::api_error c = error_of(R"({"model":"m","messages":[{"role":"user","content":")" + over + "\"}]}", true);
+  CHECK(c.code == "context_length_exceeded");
+  CHECK(c.param == "messages");
+  auto t = openai::parse_tokenize(R"({"prompt":")" + over + "\"}", "m", openai::chat_template::raw, lim);
+  REQUIRE(std::holds_alternative<openai::api_error>(t));
+  CHECK(std::get<openai::api_error>(t).code == "context_length_exceeded");
+  // The server's own cap first, as a 413.
+  lim.max_prompt_bytes = 1000;
+  CHECK(error_of(R"({"model":"m","prompt":")" + fits + "\"}", false).status == 413);
 }
 
 TEST_CASE("the sampling and stopping extensions reach the request, and unsupported fields are refused unless neutral") {

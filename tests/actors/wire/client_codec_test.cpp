@@ -49,6 +49,26 @@ TEST_CASE("a request longer than the context is refused with its length and the 
   CHECK(decode_generate_request(encode_generate_request_tokens(p), tok, lim).has_value());
 }
 
+TEST_CASE("a text more than the context can hold is refused from its bytes, before it is tokenized") {
+  const tokenizer& tok = test::tok512();
+  const request_limits lim = with_context(64);
+  request_params p;
+  p.max_tokens = 8;
+  const size_t most = 64 * tok.max_text_bytes_per_token();
+  const std::string over(most + 1, 'o');
+  auto refused = decode_generate_request(encode_generate_request_text(over, p), tok, lim);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.err().message == "the prompt's text is " + std::to_string(most + 1) +
+                                     " bytes, more than the model's context of 64 tokens can hold (at most " +
+                                     std::to_string(most) + " bytes)");
+  // The router's look at it stops there too.
+  CHECK_FALSE(peek_route(encode_generate_request_text(over, p), &tok, lim).has_value());
+  // At the bound it is tokenized, and refused by its token count as before.
+  auto counted = decode_generate_request(encode_generate_request_text(over.substr(1), p), tok, lim);
+  REQUIRE_FALSE(counted.has_value());
+  CHECK(counted.err().message.find("tokens; the model's context is 64") != std::string::npos);
+}
+
 TEST_CASE("a request's prefix-cache namespace travels with it, 0 when unset") {
   const tokenizer& tok = test::tok512();
   const request_limits lim = with_context(64);

@@ -123,3 +123,34 @@ TEST_CASE("long inputs encode in reasonable time and round-trip") {
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+TEST_CASE("no token stands for more text than max_text_bytes_per_token: the bound a server refuses long prompts by") {
+  auto big = load_llama2c_vocabulary(test::shared_path("models/llama2-tokenizer/tokenizer.bin"), 32000);
+  REQUIRE(big.has_value());
+  const tokenizer llama2(std::move(big).value());
+  for (const tokenizer* t : {&tok512(), &llama2}) {
+    const size_t most = t->max_text_bytes_per_token();
+    CAPTURE(most);
+    CHECK(most >= 4);
+    // Texts a token covers the most of: long words, runs of one character, spaces, the
+    // pieces themselves, bytes outside the vocabulary.
+    std::vector<std::string> texts = {std::string(5000, ' '), std::string(5000, 'a'), std::string(3000, '\n'),
+                                      "Once upon a time there was a little girl named Lily who loved to play outside",
+                                      "\xe2\x96\x81\xe2\x96\x81\xe2\x96\x81", std::string(2000, '\xff')};
+    std::string pieces;
+    for (int32_t i = 0; i < t->size(); i += 7) pieces += std::string(t->decode(i, i));
+    texts.push_back(pieces);
+    for (const std::string& text : texts) {
+      const size_t tokens = t->encode(text, false).size();
+      CAPTURE(text.size());
+      CHECK(tokens * most >= text.size());
+    }
+    // The bound a gateway takes: the context's worth of the longest pieces, within the cap.
+    CHECK(prompt_text_limit(*t, 512, size_t{1} << 20) == std::min<size_t>(512 * most, size_t{1} << 20));
+    CHECK(prompt_text_limit(*t, 0, 77) == 77);
+  }
+}
+
+}  // namespace troupe
