@@ -5,9 +5,11 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include <CLI/CLI.hpp>
 
+#include "actors/gateway/api_keys.hpp"
 #include "tools/common/cli.hpp"
 
 namespace troupe::tools {
@@ -55,10 +57,15 @@ std::optional<int> parse_node_options(int argc, char** argv, node_options& out) 
 expected<std::vector<std::string>> gateway_keys(const topology& t, const gateway_plan& g) {
   std::vector<std::string> keys;
   if (!t.gateway.api_keys_file.empty()) {
-    std::ifstream f(t.gateway.api_keys_file);
+    std::ifstream f(t.gateway.api_keys_file, std::ios::binary);
     if (!f) return error{"cannot read the API keys file " + t.gateway.api_keys_file};
-    for (std::string line; std::getline(f, line);)
-      if (!line.empty() && line[0] != '#') keys.push_back(line);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (f.bad()) return error{"cannot read the API keys file " + t.gateway.api_keys_file};
+    keys = parse_api_keys(text);
+    if (keys.empty())
+      return error{"the API keys file " + t.gateway.api_keys_file + " holds no key (one a line; blank lines and # comments "
+                   "are skipped)"};
+    std::fprintf(stderr, "troupe-node: API keys: %zu from %s\n", keys.size(), t.gateway.api_keys_file.c_str());
   }
   if (!loopback(g.capnp_endpoint.host) && keys.empty())
     return error{"the Cap'n Proto endpoint " + g.capnp_endpoint.str() + " is not on loopback: name an api_keys_file in [gateway]"};
