@@ -8,6 +8,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <optional>
 
 #include <boost/asio/buffer.hpp>
@@ -24,6 +25,7 @@ struct request_reader::impl {
   std::string in;  // read, not yet parsed
   std::optional<bhttp::request_parser<bhttp::string_body>> parser;
   bool told_continue = false, is_refused = false;
+  size_t head_bytes = 0;  // of the request begun: its head's bytes the parser took
   refusal why;
 
   void start() {
@@ -32,6 +34,10 @@ struct request_reader::impl {
     parser->body_limit(lim.max_body_bytes);
     parser->eager(true);
     told_continue = false;
+    head_bytes = 0;
+  }
+  state head_too_large() {
+    return refuse(431, "the request's head is larger than " + std::to_string(lim.max_head_bytes) + " bytes");
   }
   state refuse(int status, std::string message) {
     is_refused = true;
@@ -54,18 +60,27 @@ request_reader::state request_reader::step() {
   if (m.is_refused) return state::refused;
   if (!m.parser) m.start();
   if (m.parser->is_done()) return state::request;
+  // The head's limit is the whole head's: Beast checks it per call, so that a head of
+  // many short fields arriving in pieces would pass it. While the head is not whole, the
+  // parser is given no more than the head may still take.
   size_t used_all = 0;
   boost::system::error_code ec;
   while (used_all < m.in.size() && !m.parser->is_done()) {
-    const size_t used = m.parser->put(boost::asio::buffer(m.in.data() + used_all, m.in.size() - used_all), ec);
+    const bool in_head = !m.parser->is_header_done();
+    size_t avail = m.in.size() - used_all;
+    if (in_head) avail = std::min(avail, m.lim.max_head_bytes - std::min(m.head_bytes, m.lim.max_head_bytes));
+    if (avail == 0) break;
+    const size_t used = m.parser->put(boost::asio::buffer(m.in.data() + used_all, avail), ec);
     used_all += used;
+    if (in_head) m.head_bytes += used;
     if (ec || used == 0) break;
   }
   if (ec == bhttp::error::need_more) ec = {};
+  if (!ec && !m.parser->is_header_done() && m.head_bytes + (m.in.size() - used_all) > m.lim.max_head_bytes)
+    return m.head_too_large();
   if (ec) {
     if (ec == bhttp::error::body_limit) return m.refuse(413, "the request body is too large");
-    if (ec == bhttp::error::header_limit)
-      return m.refuse(431, "the request's head is larger than " + std::to_string(m.lim.max_head_bytes) + " bytes");
+    if (ec == bhttp::error::header_limit) return m.head_too_large();
     if (ec == bhttp::error::bad_content_length) return m.refuse(400, "Content-Length is not a length");
     return m.refuse(400, "the request's head is not HTTP/1.1 (a request line, then headers)");
   }

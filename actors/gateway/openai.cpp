@@ -24,6 +24,15 @@ api_error bad(const std::string& message, const std::string& param, int status =
   return e;
 }
 
+// Chat templates here always end with the assistant's cue: a request that asks otherwise
+// (vLLM's add_generation_prompt: false, to continue a turn) is refused, not misread.
+std::optional<api_error> generation_prompt_only(const json& j) {
+  if (j.contains("add_generation_prompt") && !j["add_generation_prompt"].is_null() &&
+      !(j["add_generation_prompt"].is_boolean() && j["add_generation_prompt"].get<bool>()))
+    return bad("'add_generation_prompt' other than true is not supported by this server", "add_generation_prompt");
+  return std::nullopt;
+}
+
 // A prompt's text past the server's limit (413), or past what the context can hold (400,
 // as OpenAI's context_length_exceeded): found from its bytes, before it is tokenized.
 std::optional<api_error> prompt_too_long(const std::string& text, const api_limits& lim, const std::string& which,
@@ -238,6 +247,7 @@ std::variant<api_request, api_error> parse_request(const std::string& body, bool
 
   if (chat) {
     if (auto e = read_messages(j, tmpl, r)) return *e;
+    if (auto e = generation_prompt_only(j)) return *e;
   } else {
     if (auto e = read_prompts(j, lim, r)) return *e;
   }
@@ -420,9 +430,7 @@ std::variant<tokenize_request, api_error> parse_tokenize(const std::string& body
     api_request r;
     if (auto e = read_messages(j, tmpl, r)) return *e;
     t.text = r.prompts.at(0).text;
-    if (j.contains("add_generation_prompt") && !j["add_generation_prompt"].is_null() &&
-        !(j["add_generation_prompt"].is_boolean() && j["add_generation_prompt"].get<bool>()))
-      return bad("'add_generation_prompt' other than true is not supported by this server", "add_generation_prompt");
+    if (auto e = generation_prompt_only(j)) return *e;
   }
   if (auto e = prompt_too_long(t.text, lim, "the prompt", "prompt")) return *e;
   if (j.contains("add_special_tokens") && !j["add_special_tokens"].is_null()) {

@@ -44,6 +44,11 @@ expected<sampling_params> read_sampling(schema::Sampling::Reader s, int32_t voca
     p.logit_bias.push_back({b.getToken(), b.getBias()});
   }
   if (auto e = validate(p)) return error{*e};
+  // The bounds the HTTP API takes too (OpenAI's, and vLLM's for repetition_penalty): the
+  // sampler itself would take more, which troupe-run allows.
+  if (p.temperature > 2.0f) return error{"temperature must be in [0, 2]"};
+  if (p.repetition_penalty < 0.01f || p.repetition_penalty > 10.0f) return error{"repetition_penalty must be in [0.01, 10]"};
+  if (p.top_k > (1 << 30)) return error{"top_k must be in 0..1073741824"};
   return p;
 }
 

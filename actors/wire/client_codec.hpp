@@ -25,7 +25,7 @@ struct request_limits {
 };
 
 // A request's sampler settings, and back, checked (token ids against a vocabulary of
-// `vocab`).
+// `vocab`; values within the bounds the HTTP API takes: temperature 0 to 2, ...).
 void write_sampling(schema::Sampling::Builder s, const sampling_params& p);
 expected<sampling_params> read_sampling(schema::Sampling::Reader s, int32_t vocab);
 

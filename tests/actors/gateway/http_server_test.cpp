@@ -455,6 +455,31 @@ TEST_CASE("http reader: requests fed a byte at a time, chunked with trailers, pi
     CHECK(b.step() == http::request_reader::state::refused);
     CHECK(b.why().status == status);
   }
+  // The limit is the whole head's, however it arrives: many short fields in pieces of any
+  // size, a head of exactly the limit served, one byte more refused.
+  for (size_t size : {size_t{200}, size_t{255}, size_t{256}, size_t{257}, size_t{300}, size_t{700}}) {
+    std::string head = "GET /x HTTP/1.1\r\n";  // 17 bytes, then fields of 6, one to fill, the end
+    const size_t fields = (size - 17 - 2 - 5) / 6;
+    for (size_t i = 0; i < fields; ++i) head += "A: b\r\n";
+    head += "Z: " + std::string(size - 17 - fields * 6 - 2 - 5, 'z') + "\r\n\r\n";
+    REQUIRE(head.size() == size);
+    for (size_t piece : {size_t{1}, size_t{7}, size_t{64}, size_t{200}, size_t{256}, size_t{1000}}) {
+      CAPTURE(size);
+      CAPTURE(piece);
+      http::request_reader h(lim);
+      auto st = http::request_reader::state::need_more;
+      for (size_t at = 0; at < head.size() && st == http::request_reader::state::need_more; at += piece) {
+        h.add(std::string_view(head).substr(at, piece));
+        st = h.step();
+      }
+      if (size <= 256) {
+        CHECK(st == http::request_reader::state::request);
+      } else {
+        REQUIRE(st == http::request_reader::state::refused);
+        CHECK(h.why().status == 431);
+      }
+    }
+  }
   // Expect: 100-continue, once, when the head is whole and the body is not.
   http::request_reader e(lim);
   e.add("POST /x HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n");

@@ -221,6 +221,21 @@ TEST_CASE("a completion takes several prompts, texts or token-id arrays, in orde
   CHECK(std::holds_alternative<openai::api_request>(parse(nine.substr(0, nine.size() - 4) + "]}", false)));  // 8 x 8
 }
 
+TEST_CASE("chat completions take add_generation_prompt true or absent, and refuse false as documented") {
+  for (const char* extra : {"", R"(,"add_generation_prompt":true)", R"(,"add_generation_prompt":null)"}) {
+    CAPTURE(extra);
+    CHECK(std::holds_alternative<openai::api_request>(
+        parse(std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}])") + extra + "}", true)));
+  }
+  for (const char* extra : {R"(,"add_generation_prompt":false)", R"(,"add_generation_prompt":"yes")"}) {
+    CAPTURE(extra);
+    auto r = parse(std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}])") + extra + "}", true);
+    REQUIRE(std::holds_alternative<openai::api_error>(r));
+    CHECK(std::get<openai::api_error>(r).status == 400);
+    CHECK(std::get<openai::api_error>(r).param == "add_generation_prompt");
+  }
+}
+
 TEST_CASE("a prompt past what the context holds is refused from its bytes, before tokenizing, on every route") {
   openai::api_limits lim;
   lim.context = 64;

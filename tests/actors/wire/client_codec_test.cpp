@@ -69,6 +69,26 @@ TEST_CASE("a text more than the context can hold is refused from its bytes, befo
   CHECK(counted.err().message.find("tokens; the model's context is 64") != std::string::npos);
 }
 
+TEST_CASE("sampling settings take the bounds the HTTP API takes") {
+  const tokenizer& tok = test::tok512();
+  const request_limits lim = with_context(64);
+  request_params p;
+  p.max_tokens = 8;
+  auto with = [&](auto set) {
+    request_params q = p;
+    set(q.sampling);
+    auto r = decode_generate_request(encode_generate_request_text("Once", q), tok, lim);
+    return r ? std::string() : r.err().message;
+  };
+  CHECK(with([](sampling_params& s) { s.temperature = 2.0f; }) == "");
+  CHECK(with([](sampling_params& s) { s.temperature = 2.01f; }) == "temperature must be in [0, 2]");
+  CHECK(with([](sampling_params& s) { s.temperature = 100.0f; }) == "temperature must be in [0, 2]");
+  CHECK(with([](sampling_params& s) { s.repetition_penalty = 10.0f; }) == "");
+  CHECK(with([](sampling_params& s) { s.repetition_penalty = 11.0f; }) == "repetition_penalty must be in [0.01, 10]");
+  CHECK(with([](sampling_params& s) { s.repetition_penalty = 0.001f; }) == "repetition_penalty must be in [0.01, 10]");
+  CHECK(with([](sampling_params& s) { s.top_k = (1 << 30) + 1; }) == "top_k must be in 0..1073741824");
+}
+
 TEST_CASE("a request's prefix-cache namespace travels with it, 0 when unset") {
   const tokenizer& tok = test::tok512();
   const request_limits lim = with_context(64);
