@@ -55,9 +55,11 @@ expected<safetensors_file> safetensors_file::parse(mapped_file file) {
     uint64_t count = 1;
     for (const auto& d : t["shape"]) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 32)) return bad(where + "a dimension is not a size");
-      st.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
-      count *= d.get<uint64_t>();
-      if (count > (uint64_t{1} << 40)) return bad(where + "too many elements");
+      const uint64_t dim = d.get<uint64_t>();
+      st.shape.push_back(static_cast<int64_t>(dim));
+      // Checked before multiplying: [2^32, 2^32] would wrap to 0 elements.
+      if (dim != 0 && count > (uint64_t{1} << 40) / dim) return bad(where + "too many elements");
+      count *= dim;
     }
     const auto& off = t.contains("data_offsets") ? t["data_offsets"] : json();
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())

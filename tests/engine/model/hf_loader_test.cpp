@@ -251,6 +251,16 @@ TEST_CASE("safetensors: truncated and corrupted headers are errors naming the fi
   expect(replaced("\"F32\"", "\"I64\""), "dtype I64 is not supported");
   expect(replaced("\"data_offsets\":[0,", "\"data_offsets\":[4,"), "bytes for");
   expect(replaced("\"shape\":[", "\"shape\":[-1,"), "not a size");
+  // An element count that would wrap to 0 past 2^64, in a tensor no layer reads (a header
+  // of its own length, padded to keep the data aligned).
+  std::string wrapped = R"({"junk":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]},)" + header.substr(1);
+  wrapped.resize((wrapped.size() + 7) / 8 * 8, ' ');
+  std::vector<char> rebuilt(8);
+  const uint64_t wrapped_size = wrapped.size();
+  std::memcpy(rebuilt.data(), &wrapped_size, 8);
+  rebuilt.insert(rebuilt.end(), wrapped.begin(), wrapped.end());
+  rebuilt.insert(rebuilt.end(), full.begin() + 8 + static_cast<ptrdiff_t>(n), full.end());
+  expect(rebuilt, "tensor junk: too many elements");
   std::vector<char> huge = full;
   const uint64_t big = uint64_t{1} << 62;
   std::memcpy(huge.data(), &big, 8);
