@@ -192,11 +192,11 @@ void drop_in_flight(self_ptr self, bool was_ready) {
     std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
                  st.setup.replica.c_str(), st.recovery->why().c_str(), requeued - doomed.size());
   for (request_id id : doomed) {
-    const std::string why = "request " + std::to_string(id.value) + ": its last " +
-                            std::to_string(scheduler::max_lost_steps) + " steps failed on replica " +
+    const std::string why = "its last " + std::to_string(scheduler::max_lost_steps) + " steps failed on replica " +
                             st.setup.replica + " (the latest: " + st.recovery->why() +
                             "); it is ended rather than computed into the same failure again";
-    std::fprintf(stderr, "troupe: %s\n", why.c_str());
+    // The log names the request by its id; its client knows it by its own.
+    std::fprintf(stderr, "troupe: request %llu: %s\n", static_cast<unsigned long long>(id.value), why.c_str());
     fail_request(self, id, why, error_code::internal);
   }
 }

@@ -172,11 +172,12 @@ std::variant<json, api_error> body_object(const std::string& body) {
   try {
     j = json::parse(body, track);
   } catch (const json::parse_error& e) {
-    // The parser's message, without the text it last read (which can be the whole body).
-    std::string what = e.what();
-    if (const size_t cut = what.find("; last read"); cut != std::string::npos) what.resize(cut);
-    if (what.size() > 200) what.resize(200);
-    return bad("the body is not valid JSON: " + what, "");
+    // Where, and in which field's value, in troupe's words (the library's message names
+    // its own exception and repeats what it last read, which can be the whole body).
+    const std::string in = field.substr(0, 40);
+    return bad("the body is not valid JSON: a syntax error at byte " + std::to_string(e.byte) +
+                   (in.empty() ? "" : ", after the key '" + in + "'"),
+               in);
   } catch (const json::out_of_range&) {
     // A number no double holds (1e309): JSON allows it, nothing here can take it.
     if (field.empty()) return bad("the body holds a number out of range", "");

@@ -10,6 +10,7 @@
 
 #include "actors/gateway/api_keys.hpp"
 #include "actors/gateway/rpc_gateway_impl.hpp"
+#include "actors/gateway/rpc_message_guard.hpp"
 #include "actors/tls/kj_tls.hpp"
 #include "engine/util/link_stream.hpp"
 #include "engine/util/tcp.hpp"
@@ -36,12 +37,15 @@ struct connection_book {
 // room (evict).
 struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatId> {
   rpc_connection(kj::Own<kj::AsyncIoStream>&& s, gateway_server& g, const std::vector<std::string>& keys,
-                 connection_book& b)
+                 connection_book& b, std::string peer_name, rate_limited_log& protocol_log)
       : book(b),
         gateway(g),
         api_keys(keys),
+        peer(std::move(peer_name)),
+        log(protocol_log),
         stream(kj::mv(s)),
-        network(*stream, capnp::rpc::twoparty::Side::SERVER, rpc_reader_options()),
+        messages(*stream, peer, protocol_log),
+        network(messages, capnp::rpc::twoparty::Side::SERVER, rpc_reader_options()),
         rpc(capnp::makeRpcServer(network, *this)) {
     ++book.live;
     book.metrics.connection_opened(gateway_metrics::api::capnp);
@@ -87,35 +91,56 @@ struct rpc_connection final : capnp::BootstrapFactory<capnp::rpc::twoparty::VatI
   bool waiting = true;   // has made no call with a valid key yet
   bool counted = true;
   kj::PromiseFulfillerPair<void> closing = kj::newPromiseAndFulfiller<void>();
+  std::string peer;       // "host:port", for the log
+  rate_limited_log& log;  // the listener's lines about broken protocol
   kj::Own<kj::AsyncIoStream> stream;
+  guarded_message_stream messages;  // what the client is told when it breaks the protocol
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;  // last: its capabilities go first
 };
 
 // The gateway as one connection sees it: each call goes to the one gateway, after telling
-// the connection which key it carried.
+// the connection which key it carried. A call whose parameters the library cannot read (a
+// pointer of the wrong kind, past the limits) is answered in troupe's words, the
+// library's logged.
 class connection_gateway final : public schema::Gateway::Server {
  public:
   explicit connection_gateway(rpc_connection& c) : c_(c) {}
 
   kj::Promise<void> generate(GenerateContext context) override {
-    c_.called_with(context.getParams().getApiKey().cStr());
-    return c_.gateway.generate(context);
+    return guarded([&] {
+      c_.called_with(context.getParams().getApiKey().cStr());
+      return c_.gateway.generate(context);
+    });
   }
   kj::Promise<void> cancel(CancelContext context) override {
-    c_.called_with(context.getParams().getApiKey().cStr());
-    return c_.gateway.cancel(context);
+    return guarded([&] {
+      c_.called_with(context.getParams().getApiKey().cStr());
+      return c_.gateway.cancel(context);
+    });
   }
   kj::Promise<void> health(HealthContext context) override {
     if (c_.api_keys.empty()) c_.leave_waiting();
     return c_.gateway.health(context);
   }
   kj::Promise<void> stats(StatsContext context) override {
-    c_.called_with(context.getParams().getApiKey().cStr());
-    return c_.gateway.stats(context);
+    return guarded([&] {
+      c_.called_with(context.getParams().getApiKey().cStr());
+      return c_.gateway.stats(context);
+    });
   }
 
  private:
+  template <class F>
+  kj::Promise<void> guarded(F call) {
+    try {
+      return call();
+    } catch (const kj::Exception& e) {
+      c_.log("troupe-capnp: " + c_.peer + ": a call refused: " + std::string(e.getDescription().cStr()));
+      return KJ_EXCEPTION(FAILED, "troupe-capnp: the call's parameters are not a request this gateway can read");
+    }
+  }
+
   rpc_connection& c_;
 };
 
@@ -212,7 +237,8 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
            " are open (max_connections), every one a client that has made a call");
       return;  // closed as it goes
     }
-    auto c = kj::heap<rpc_connection>(kj::mv(stream), gateway_, api_keys_, book_);
+    std::string peer = peer_of(*stream);
+    auto c = kj::heap<rpc_connection>(kj::mv(stream), gateway_, api_keys_, book_, kj::mv(peer), protocol_log_);
     rpc_connection& conn = *c;
     auto greeting = timer_.afterDelay(limits_.greeting_timeout_s * kj::SECONDS).then([&conn]() -> kj::Promise<void> {
       if (conn.greeted) return kj::NEVER_DONE;
@@ -251,6 +277,7 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
   const rpc_limits limits_;
   connection_book book_;
   int32_t handshakes_ = 0;  // TLS handshakes under way
+  rate_limited_log protocol_log_;  // clients that broke the protocol (stderr)
   uint64_t unreported_[note_kinds] = {};
   std::chrono::steady_clock::time_point last_report_[note_kinds] = {};
   kj::TaskSet tasks_;  // last: its connections go first

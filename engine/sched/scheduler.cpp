@@ -89,36 +89,36 @@ void scheduler::insert_waiting(request* r) {
 }
 
 status scheduler::add(request_id id, request_params p) {
-  const std::string who = "request " + std::to_string(id.value) + ": ";
-  if (requests_.count(id)) return error{who + "the id is already in use"};
-  if (p.prompt.empty()) return error{who + "the prompt is empty"};
+  // Errors are for the request's client, in its words: its id is the runtime's own.
+  if (requests_.count(id)) return error{"request " + std::to_string(id.value) + ": the id is already in use"};
+  if (p.prompt.empty()) return error{"the prompt is empty"};
   if (static_cast<int64_t>(p.prompt.size()) >= cfg_.context)
-    return error{who + "the prompt has " + std::to_string(p.prompt.size()) +
+    return error{"the prompt has " + std::to_string(p.prompt.size()) +
                  " tokens; the model's context is " + std::to_string(cfg_.context)};
   for (int32_t t : p.prompt)
     if (t < 0 || t >= cfg_.vocab)
-      return error{who + "token id " + std::to_string(t) + " is outside the vocabulary (" +
+      return error{"token id " + std::to_string(t) + " is outside the vocabulary (" +
                    std::to_string(cfg_.vocab) + ")"};
   for (int32_t t : p.stop_tokens)
-    if (t < 0 || t >= cfg_.vocab) return error{who + "stop token " + std::to_string(t) + " is outside the vocabulary"};
+    if (t < 0 || t >= cfg_.vocab) return error{"stop token " + std::to_string(t) + " is outside the vocabulary"};
   for (const auto& b : p.sampling.logit_bias)
     if (b.token >= cfg_.vocab)
-      return error{who + "logit bias: token " + std::to_string(b.token) + " is outside the vocabulary"};
-  if (p.max_tokens < 1) return error{who + "max_tokens must be at least 1"};
+      return error{"logit bias: token " + std::to_string(b.token) + " is outside the vocabulary"};
+  if (p.max_tokens < 1) return error{"max_tokens must be at least 1"};
   if (p.speculative < -1 || p.speculative > max_draft_tokens)
-    return error{who + "speculative drafts per step must be in 0.." + std::to_string(max_draft_tokens) + " (or -1: the engine's)"};
-  if (auto e = validate(p.sampling)) return error{who + *e};
+    return error{"speculative drafts per step must be in 0.." + std::to_string(max_draft_tokens) + " (or -1: the engine's)"};
+  if (auto e = validate(p.sampling)) return error{*e};
   const kv_eviction_config eviction = p.eviction.value_or(cfg_.eviction);
   if (p.eviction) {
-    if (auto e = validate(*p.eviction)) return error{who + *e};
-    if (p.eviction->enabled() && !cfg_.no_eviction.empty()) return error{who + cfg_.no_eviction};
+    if (auto e = validate(*p.eviction)) return error{*e};
+    if (p.eviction->enabled() && !cfg_.no_eviction.empty()) return error{cfg_.no_eviction};
   }
   if (eviction.enabled() && eviction.budget > cfg_.context)
-    return error{who + "a KV budget of " + std::to_string(eviction.budget) + " tokens is past the model's context of " +
+    return error{"a KV budget of " + std::to_string(eviction.budget) + " tokens is past the model's context of " +
                  std::to_string(cfg_.context)};
   const int64_t blocks = (static_cast<int64_t>(p.prompt.size()) + cfg_.kv.block_size) / cfg_.kv.block_size;
   if (blocks > cfg_.kv.num_blocks)
-    return error{who + "the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
+    return error{"the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
                  std::to_string(cfg_.kv.num_blocks)};
   // A resubmission whose earlier attempt delivered its whole output (its client saw the
   // last token but not the end) ends at once, with nothing new.
@@ -126,15 +126,15 @@ status scheduler::add(request_id id, request_params p) {
       static_cast<int64_t>(p.delivered.size()) >= p.max_tokens ||
       (static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context && !eviction.rope_in_cache());
   if (static_cast<int64_t>(p.delivered.size()) > p.max_tokens)
-    return error{who + "more tokens delivered (" + std::to_string(p.delivered.size()) + ") than max_tokens (" +
+    return error{"more tokens delivered (" + std::to_string(p.delivered.size()) + ") than max_tokens (" +
                  std::to_string(p.max_tokens) + ")"};
   for (int32_t t : p.delivered)
-    if (t < 0 || t >= cfg_.vocab) return error{who + "delivered token id " + std::to_string(t) + " is outside the vocabulary"};
-  if (p.kv_to.size() > 64) return error{who + "a decode replica's name is 64 bytes at most"};
+    if (t < 0 || t >= cfg_.vocab) return error{"delivered token id " + std::to_string(t) + " is outside the vocabulary"};
+  if (p.kv_to.size() > 64) return error{"a decode replica's name is 64 bytes at most"};
   if (p.kv_from < 0 || p.kv_from > static_cast<int64_t>(p.prompt.size()))
-    return error{who + "kv_from must be within the prompt's " + std::to_string(p.prompt.size()) + " tokens"};
+    return error{"kv_from must be within the prompt's " + std::to_string(p.prompt.size()) + " tokens"};
   auto cls = class_of(p);
-  if (!cls) return error{who + cls.err().message};
+  if (!cls) return error{cls.err().message};
   auto r = std::make_unique<request>(id, std::move(p), next_arrival_++);
   r->eviction = eviction;
   r->slo = *cls;

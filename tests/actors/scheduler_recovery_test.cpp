@@ -264,7 +264,7 @@ TEST_CASE("scheduler actor: a request whose every step is refused ends with the 
   if (r) {
     CHECK(r->request == 5);
     CHECK(r->error_type == error_code::internal);
-    CHECK(r->error == "request 5: its last 4 steps failed on replica r0 (the latest: stage 0: this plan is refused); "
+    CHECK(r->error == "its last 4 steps failed on replica r0 (the latest: stage 0: this plan is refused); "
                       "it is ended rather than computed into the same failure again");
   }
   // The replica is ready again, and serves the next request.
