@@ -12,7 +12,10 @@ frame_assembler::frame_assembler(size_t header_bytes, body_fn body_of, size_t ch
 
 size_t frame_assembler::wanted() const {
   if (!header_known_) return header_bytes_ - got_;
-  return std::min(chunk_, header_bytes_ + body_bytes_ - got_);
+  // Room for as much again as arrived (at least a page, at most a chunk): a long frame
+  // reads in ever larger pieces, a trickled one holds a page.
+  const size_t step = std::min(chunk_, std::max(got_, min_step));
+  return std::min(step, header_bytes_ + body_bytes_ - got_);
 }
 
 uint8_t* frame_assembler::space() {

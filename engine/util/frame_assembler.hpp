@@ -30,13 +30,15 @@ class frame_assembler {
  public:
   // Checks a whole header; the body's length, or why the header is refused.
   using body_fn = std::function<expected<size_t>(std::span<const uint8_t> header)>;
-  // Bytes the buffer may grow by ahead of what arrived (one read's worth).
+  // The most bytes the buffer grows by ahead of what arrived (one read's worth); it grows
+  // by as much again as arrived, from min_step up to the chunk.
   static constexpr size_t default_chunk = size_t{1} << 20;
+  static constexpr size_t min_step = 4096;
 
   frame_assembler(size_t header_bytes, body_fn body_of, size_t chunk = default_chunk);
 
-  // How many bytes the next read may take: the rest of the header, or of the body, at
-  // most one chunk; 0 when the frame is whole.
+  // How many bytes the next read may take: the rest of the header, or of the body, as
+  // much again as arrived (at least min_step, at most one chunk); 0 when the frame is whole.
   size_t wanted() const;
   // Room for `wanted()` bytes (or fewer) at the end of what arrived.
   uint8_t* space();

@@ -126,7 +126,8 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 }
 
 # scratch, for a test that starts clusters with troupe-launch: launch() runs it with the
-# test's state directory ($state), and every topology under $work is taken down on exit.
+# test's state directory ($state), and every topology under $work is taken down on exit
+# (and the servers in $node_pid and $others stopped, as scratch does).
 launch_scratch() {
   scratch
   state=$work/state
@@ -135,7 +136,8 @@ launch_scratch() {
     timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state" || return
     if [[ $1 == up ]]; then launched_over_tls "$2" "$state"; fi
   }
-  trap 'for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
+  trap 'for p in "${others[@]}"; do stop_tree "$p"; done; stop_tree "$node_pid"
+        for t in "$work"/*.toml; do launch down "$t" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
 }
 
 # launch_http TOPOLOGY [WHAT]: troupe-launch up (launch_scratch's launch) with the client

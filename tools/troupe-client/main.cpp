@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("-p,--prompt", prompt, "prompt text");
   app.add_option("-n,--steps", steps, "tokens after BOS, prompt included")->check(CLI::Range(1, 1 << 22))->capture_default_str();
-  app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  app.add_option("-t,--temperature", temperature, "0 is greedy")->check(CLI::Range(0.0f, 2.0f))->capture_default_str();
   app.add_option("--top-p", top_p, "nucleus sampling mass, in (0, 1]")->capture_default_str();
   app.add_option("--top-k", top_k, "keep the k most likely tokens; 0: all")->check(tools::non_negative())->capture_default_str();
   app.add_option("--min-p", min_p, "drop tokens below this fraction of the top probability")->capture_default_str();
