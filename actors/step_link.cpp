@@ -117,9 +117,8 @@ void step_link_server::wake() {
   [[maybe_unused]] const ssize_t w = ::write(wake_[1], &b, 1);
 }
 
-step_link_server::connection step_link_server::make_connection(std::unique_ptr<link_stream> s, std::string peer) {
-  s->set_timeout(answer_timeout_s);  // for writing answers; reads never wait
-  auto header = [](std::span<const uint8_t> h) -> expected<size_t> {
+frame_assembler step_link_frames() {
+  return frame_assembler(step_header, [](std::span<const uint8_t> h) -> expected<size_t> {
     if (get32(h.data()) != frame_magic) return error{"not a step link frame"};
     const uint32_t plan_kind = get32(h.data() + 4), plan_len = get32(h.data() + 8), act_kind = get32(h.data() + 12),
                    act_len = get32(h.data() + 16);
@@ -128,8 +127,12 @@ step_link_server::connection step_link_server::make_connection(std::unique_ptr<l
       return error{"a frame of " + std::to_string(std::max(plan_len, act_len)) + " bytes, past the limit of " +
                    std::to_string(wire_message::max_frame_bytes)};
     return size_t{plan_len} + act_len;
-  };
-  return connection{std::move(s), std::move(peer), frame_assembler(step_header, header), {}};
+  });
+}
+
+step_link_server::connection step_link_server::make_connection(std::unique_ptr<link_stream> s, std::string peer) {
+  s->set_timeout(answer_timeout_s);  // for writing answers; reads never wait
+  return connection{std::move(s), std::move(peer), step_link_frames(), {}};
 }
 
 void step_link_server::add(connection c) {

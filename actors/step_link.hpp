@@ -57,6 +57,11 @@
 
 namespace troupe {
 
+// The server's frames as it reads them (frame_assembler): a 20-byte step header (magic,
+// kinds, lengths, checked as above), then the plan's and the activations' bytes as one
+// body. Exposed for the fuzz target that feeds them in pieces.
+frame_assembler step_link_frames();
+
 // Runs the steps of every connection (the scheduler's; a new one after a loss; at most
 // eight, the oldest that never stepped closed first, else the oldest) on its own thread, one at a time, each connection's in
 // its order. Like the middleman's port, it belongs on the cluster's own network.

@@ -31,7 +31,7 @@ done
 [[ $seconds =~ ^[0-9]+$ ]] && ((seconds > 0)) || { echo "fuzz: --seconds takes a whole number above 0, not '$seconds'" >&2; exit 2; }
 dir=${args[0]:-build-sanitize}
 targets=("${args[@]:1}")
-all_targets=(model_files tokenizer_files wire openai http_reader kv_records topology)
+all_targets=(model_files tokenizer_files wire openai http_reader kv_records link_frames topology)
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do
   [[ " ${all_targets[*]} " == *" $t "* ]] || { echo "fuzz: no target '$t' (there are: ${all_targets[*]})" >&2; exit 2; }
@@ -47,7 +47,7 @@ if ((make_seeds)); then
   rm -rf tests/fuzz/corpus
   "$bin/fuzz_make_seeds" tests/fuzz/corpus
   echo "fuzz: seeds written:"
-  for t in model_files tokenizer_files wire openai http_reader kv_records; do printf '  %-16s %3d files, %6d bytes\n' "$t" "$(ls tests/fuzz/corpus/$t | wc -l)" "$(cat tests/fuzz/corpus/$t/* | wc -c)"; done
+  for t in model_files tokenizer_files wire openai http_reader kv_records link_frames; do printf '  %-16s %3d files, %6d bytes\n' "$t" "$(ls tests/fuzz/corpus/$t | wc -l)" "$(cat tests/fuzz/corpus/$t/* | wc -c)"; done
   exit 0
 fi
 

@@ -25,6 +25,24 @@ constexpr size_t min_record = 24;   // a sealed record's header
 
 // -- receiver -------------------------------------------------------------------------------
 
+frame_assembler kv_hello_frames() {
+  return frame_assembler(8, [](std::span<const uint8_t> h) -> expected<size_t> {
+    if (tcp::get32(h.data()) != hello_magic) return error{"a peer that is not a kv channel sender"};
+    if (tcp::get32(h.data() + 4) != version) return error{"a sender of version " + std::to_string(tcp::get32(h.data() + 4))};
+    return size_t{0};
+  });
+}
+
+frame_assembler kv_block_frames(size_t max_record) {
+  return frame_assembler(8, [max_record](std::span<const uint8_t> h) -> expected<size_t> {
+    if (tcp::get32(h.data()) != block_magic) return error{"a frame that is not a block"};
+    const uint32_t len = tcp::get32(h.data() + 4);
+    if (len < min_record || len > max_record)
+      return error{"a record of " + std::to_string(len) + " bytes (at most " + std::to_string(max_record) + ")"};
+    return size_t{len};
+  });
+}
+
 expected<std::unique_ptr<kv_channel_receiver>> kv_channel_receiver::start(const std::string& host, uint16_t port,
                                                                           sink_fn sink, kv_channel_limits limits,
                                                                           log_fn log, std::shared_ptr<const link_guard> guard,
@@ -195,11 +213,7 @@ void kv_channel_receiver::serve(int mine, const std::string& peer, const std::sh
   link_stream& s = **opened;
   s.set_timeout(static_cast<int>(std::chrono::ceil<std::chrono::seconds>(limits_.frame_time.base).count()));  // for acks
   std::string why;
-  frame_assembler hello(8, [](std::span<const uint8_t> h) -> expected<size_t> {
-    if (tcp::get32(h.data()) != hello_magic) return error{"a peer that is not a kv channel sender"};
-    if (tcp::get32(h.data() + 4) != version) return error{"a sender of version " + std::to_string(tcp::get32(h.data() + 4))};
-    return size_t{0};
-  });
+  frame_assembler hello = kv_hello_frames();
   switch (read_frame(s, hello, limits_.frame_time, begun, why)) {
     case frame_read::whole: break;
     case frame_read::closed: return;
@@ -207,14 +221,7 @@ void kv_channel_receiver::serve(int mine, const std::string& peer, const std::sh
     case frame_read::refused: return refuse(peer, why);
   }
   said_hello(phase, *flags);
-  const size_t max_record = limits_.max_record;
-  frame_assembler record(8, [max_record](std::span<const uint8_t> h) -> expected<size_t> {
-    if (tcp::get32(h.data()) != block_magic) return error{"a frame that is not a block"};
-    const uint32_t len = tcp::get32(h.data() + 4);
-    if (len < min_record || len > max_record)
-      return error{"a record of " + std::to_string(len) + " bytes (at most " + std::to_string(max_record) + ")"};
-    return size_t{len};
-  });
+  frame_assembler record = kv_block_frames(limits_.max_record);
   uint64_t taken = 0;
   for (;;) {
     // Between frames a sender may be quiet as long as it likes; a frame begun must be whole

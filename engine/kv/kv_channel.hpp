@@ -73,6 +73,12 @@ struct kv_channel_stats {
   uint64_t stalls = 0;   // sender: waits for the receiver's acks (the window was full)
 };
 
+// A receiver's frames as it reads them (frame_assembler): first the hello (8 bytes, no
+// body; another magic or version refused), then blocks (8 bytes, then a record of
+// min_record to max_record bytes). Exposed for the fuzz target that feeds them in pieces.
+frame_assembler kv_hello_frames();
+frame_assembler kv_block_frames(size_t max_record);
+
 class kv_channel_receiver {
  public:
   // A checked record: its name and payload (spans valid during the call). Called on the

@@ -293,6 +293,38 @@ void kv_records(const fs::path& out) {
   seed(out, "empty-payload", 0, seal_bytes("x", {}));
 }
 
+// The frames of a step link and of a KV channel, as their readers take them in pieces;
+// the byte after the selector seeds the piece sizes.
+void link_frames(const fs::path& out) {
+  auto u32 = [](std::vector<uint8_t>& b, uint32_t v) {
+    for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  std::vector<uint8_t> steps{7};
+  for (const std::string& plan : {std::string("a plan"), std::string(300, 'p')}) {
+    const std::string act(40, 'a');
+    u32(steps, 0x4c535254);  // "TRSL"
+    u32(steps, 1);
+    u32(steps, static_cast<uint32_t>(plan.size()));
+    u32(steps, 3);
+    u32(steps, static_cast<uint32_t>(act.size()));
+    steps.insert(steps.end(), plan.begin(), plan.end());
+    steps.insert(steps.end(), act.begin(), act.end());
+  }
+  seed(out, "steps", 0, steps);
+  std::vector<uint8_t> kv{3};
+  u32(kv, 0x48564b54);  // "TKVH"
+  u32(kv, 1);
+  std::vector<std::byte> payload(64);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 5);
+  for (const std::string& name : {std::string("kv/0123456789abcdef/0"), std::string("kv/0123456789abcdef/1")}) {
+    const auto r = seal_bytes(name, payload);
+    u32(kv, 0x42564b54);  // "TKVB"
+    u32(kv, static_cast<uint32_t>(r.size()));
+    kv.insert(kv.end(), r.begin(), r.end());
+  }
+  seed(out, "kv-blocks", 1, kv);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -309,6 +341,7 @@ int main(int argc, char** argv) {
   openai(out / "openai");
   http_requests(out / "http_reader");
   kv_records(out / "kv_records");
+  link_frames(out / "link_frames");
   fs::remove_all(scratch);
   return 0;
 }

@@ -49,6 +49,17 @@ check_served() {
   [[ $(cat "$work/r.cached") -ge 32 ]] || fail "$1: the decode replica computed the prompt ($(cat "$work/r.cached") tokens loaded)"
   awk -v s="$(cat "$work/r.s")" 'BEGIN { exit !(s < 5) }' || fail "$1: took $(cat "$work/r.s") s"
 }
+# wait_metric NAME AT_LEAST: the metric's value once it reaches AT_LEAST (5 s at most; the
+# gateway polls the nodes every second), else what it was.
+wait_metric() {
+  local v
+  for _ in $(seq 1 50); do
+    v=$(metric "$1")
+    [[ -n $v && ${v%.*} -ge $2 ]] && break
+    sleep 0.1
+  done
+  echo "${v:-none}"
+}
 pid_of() { launch status "$work/t.toml" 2>/dev/null | sed -n "s/^node $1 pid \([0-9]*\).*/\1/p" | head -1; }
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
@@ -112,11 +123,7 @@ PY
   grep -q "cut off [1-9]" "$work/trickle" || fail "the trickler was never cut off: $(cat "$work/trickle")"
   grep -q "step link on port $step_port: closed the connection from 127.0.0.1:[0-9]*: a frame of 4116 bytes not whole within" "$state/n1.log" ||
     fail "n1 does not log the stalled frame: $(grep 'step link' "$state/n1.log" | tail -3)"
-  for _ in $(seq 1 50); do
-    stalls=$(metric 'troupe_link_stalled_total{node="n1",link="step"}')
-    [[ -n $stalls && ${stalls%.*} -ge 1 ]] && break
-    sleep 0.1
-  done
+  stalls=$(wait_metric 'troupe_link_stalled_total{node="n1",link="step"}' 1)
   [[ ${stalls%.*} -ge 1 ]] || fail "/metrics shows no stall of n1's step link: '$stalls'"
   curl -s "$base/health" >"$work/health"
   grep -q "node n1: a step link stalled" "$work/health" || fail "/health does not name the stall: $(cat "$work/health")"
@@ -153,13 +160,9 @@ PY
   echo "n1's memory: $((before / 1024)) MiB before, $((during / 1024)) MiB with 24 records of 60 MiB trickling"
   # Each announced record held its full 60 MiB before: 1.4 GiB for 24.
   ((grown < 32)) || fail "24 trickled KV records took n1 from $((before / 1024)) to $((during / 1024)) MiB"
-  for _ in $(seq 1 150); do
-    kv_stalls=$(metric 'troupe_link_stalled_total{node="n1",link="kv"}')
-    [[ -n $kv_stalls && ${kv_stalls%.*} -ge 1 ]] && break
-    sleep 0.1
-  done
+  wait "$kvtrickler" || true  # (its frames' deadlines, 8.75 s, have passed)
+  kv_stalls=$(wait_metric 'troupe_link_stalled_total{node="n1",link="kv"}' 1)
   [[ ${kv_stalls%.*} -ge 1 ]] || fail "/metrics shows no stall of n1's KV landing: '$kv_stalls'"
-  wait "$kvtrickler" || true
   check_served "after the trickled KV records"
   echo "ok: trickled KV records: n1 grew $grown MiB, $kv_stalls stall(s) in /metrics, handoffs went on"
 }
@@ -240,12 +243,8 @@ PY
   cat "$work/flood.log"
   check_served "after the handshake floods"
   local crowded
-  for _ in $(seq 1 50); do
-    crowded=$(metric 'troupe_link_crowded_total{node="n1",link="kv"}')
-    [[ -n $crowded && ${crowded%.*} -ge 100 ]] && break
-    sleep 0.1
-  done
-  [[ -n $crowded && ${crowded%.*} -ge 100 ]] || fail "n1's KV landing counts '$crowded' crowded handshakes, not 100 or more"
+  crowded=$(wait_metric 'troupe_link_crowded_total{node="n1",link="kv"}' 100)
+  [[ ${crowded%.*} -ge 100 ]] || fail "n1's KV landing counts '$crowded' crowded handshakes, not 100 or more"
   echo "ok: handshake floods: authenticated peers got in, handoffs went on, $crowded crowded out at the landing"
 }
 

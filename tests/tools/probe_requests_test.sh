@@ -101,57 +101,37 @@ cat "$work/flood"
 
 # -- heads -----------------------------------------------------------------------------
 python3 - "$base" >"$work/heads" 2>&1 <<'PY' || fail "large heads: $(cat "$work/heads")"
-import socket, sys, time
-from raw_conns import address
+import sys, time
+from raw_conns import Conn, address
 addr = address(sys.argv[1])
 def send_head(size, piece):
     head = b"GET /health HTTP/1.1\r\nHost: x\r\n"
     while len(head) < size:
         head += b"X-F: y\r\n"
     head += b"\r\n"
-    s = socket.create_connection(addr, timeout=10)
+    c = Conn(addr)
     for at in range(0, len(head), piece):
         try:
-            s.sendall(head[at:at + piece])
-        except (BrokenPipeError, ConnectionResetError):
+            c.sock.sendall(head[at:at + piece])
+        except OSError:  # refused before the head was whole: its answer is waiting
             break
         time.sleep(0.001)
-    got = b""
-    try:
-        while b"\r\n" not in got:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            got += chunk
-    except (socket.timeout, ConnectionResetError):
-        pass
-    return got.split(b"\r\n")[0]
+    return (c.answer() or "").split("\r\n")[0]
 for size in (70_000, 90_000, 119_000):
     for piece in (1460, 16384):
         status = send_head(size, piece)
-        assert b" 431 " in status, f"a head of {size} bytes in pieces of {piece}: {status!r}"
-assert b" 200 " in send_head(60_000, 1460), "a head under 64 KiB was not served"
+        assert " 431 " in status, f"a head of {size} bytes in pieces of {piece}: {status!r}"
+assert " 200 " in send_head(60_000, 1460), "a head under 64 KiB was not served"
 print("heads over 64 KiB: 431")
 PY
 
 # -- troupe's own words ----------------------------------------------------------------
 python3 - "$capnp_url" >"$work/garbage" 2>&1 <<'PY' || fail "Cap'n Proto garbage: $(cat "$work/garbage")"
-import socket, struct, sys
-from raw_conns import address
+import struct, sys
+from raw_conns import Conn, address
 addr = address(sys.argv[1])
 def answer(data):
-    s = socket.create_connection(addr, timeout=10)
-    s.sendall(data)
-    got = b""
-    try:
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            got += chunk
-    except (socket.timeout, ConnectionResetError):
-        pass
-    return got
+    return Conn(addr, data).until_closed(10) or b""
 for name, data in [("text", b"hello, not Cap'n Proto at all" * 4),
                    ("a segment count of 2^32 - 1", struct.pack("<II", 0xFFFFFFFF, 10) + bytes(64)),
                    ("a pointer of the wrong kind", struct.pack("<II", 0, 4) + bytes(range(1, 9)) * 4),
