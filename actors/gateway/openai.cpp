@@ -175,8 +175,9 @@ std::variant<json, api_error> body_object(const std::string& body) {
     // Where, and in which field's value, in troupe's words (the library's message names
     // its own exception and repeats what it last read, which can be the whole body).
     const std::string in = field.substr(0, 40);
-    return bad("the body is not valid JSON: a syntax error at byte " + std::to_string(e.byte) +
-                   (in.empty() ? "" : ", after the key '" + in + "'"),
+    const bool utf8 = std::string_view(e.what()).find("UTF-8") != std::string_view::npos;
+    return bad(std::string("the body is not valid JSON: ") + (utf8 ? "text that is not UTF-8" : "a syntax error") +
+                   " at byte " + std::to_string(e.byte) + (in.empty() ? "" : ", after the key '" + in + "'"),
                in);
   } catch (const json::out_of_range&) {
     // A number no double holds (1e309): JSON allows it, nothing here can take it.

@@ -474,7 +474,7 @@ timeout_ms = 50
   CHECK(p.find("KV tiers ([[tier]]) serve CPU shards") != std::string::npos);
 }
 
-TEST_CASE("a node off loopback needs [tls], or says insecure_internal_ports; its refusal names the line") {
+TEST_CASE("a node off loopback needs [tls] or says insecure_internal_ports, and its refusal names the line") {
   const std::string off = "[[node]]\nname = \"n2\"\nhost = \"10.1.2.3\"\nport = 7412\n";
   const std::string refused = problem(off + ok_replica);
   CAPTURE(refused);

@@ -30,8 +30,8 @@ TEST_CASE("a request longer than the context is refused with its length and the 
   const request_limits lim = with_context(64);
   request_params p;
   p.max_tokens = 8;
-  std::string words;
-  for (int i = 0; i < 100; ++i) words += "once ";
+  std::string words;  // more tokens than the context, in fewer bytes than its bound
+  for (int i = 0; i < 80; ++i) words += "a ";
   auto text = decode_generate_request(encode_generate_request_text(words, p), tok, lim);
   REQUIRE_FALSE(text.has_value());
   CHECK(text.err().message.find("the prompt is ") == 0);
