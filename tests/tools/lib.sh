@@ -116,6 +116,38 @@ ev = [l[6:].strip() for l in open(sys.argv[1]) if l.startswith("data: ")]
 print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) if c.get("choices")), end="")' "$work/body"
 }
 
+# served_as_run WHAT BODY MAX_TOKENS PROMPT [TROUPE_RUN_ARGS...]: the greedy, non-streamed
+# completion in the file BODY ran to MAX_TOKENS (finish "length" and usage's
+# completion_tokens both say so) with a text, and that text is exactly troupe-run's
+# continuation of PROMPT over as many tokens (with --ignore-eos and TROUPE_RUN_ARGS: a KV
+# budget, say). Leaves the text in BODY.text, and the prompt's tokens (BOS included, as
+# usage counts them) in $served_prompt_tokens. Needs $build and $models (stories260K).
+served_as_run() {
+  local what=$1 body=$2 max=$3 prompt=$4 counts p_tokens c_tokens want
+  shift 4
+  counts=$(python3 - "$body" "$max" <<'PY') || fail "$what: $counts $(head -c 300 "$body")"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    c = d["choices"][0]
+    assert c["text"], "no text"
+    assert c["finish_reason"] == "length", f"finish_reason {c['finish_reason']}, not length"
+    u = d["usage"]
+    assert u["completion_tokens"] == int(sys.argv[2]), f"{u['completion_tokens']} tokens, not max_tokens {sys.argv[2]}"
+except Exception as e:
+    print(e)
+    sys.exit(1)
+open(sys.argv[1] + ".text", "w").write(c["text"])
+print(u["prompt_tokens"], u["completion_tokens"])
+PY
+  read -r p_tokens c_tokens <<<"$counts"
+  served_prompt_tokens=$p_tokens
+  want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "$prompt" -t 0 -q --ignore-eos \
+    -n $((p_tokens - 1 + c_tokens)) "$@")  # (troupe-run counts the prompt's tokens after BOS)
+  [[ $(cat "$body.text") == "${want#"$prompt"}" ]] ||
+    fail "$what: the text is not troupe-run's over $c_tokens tokens: '$(cat "$body.text")' vs '${want#"$prompt"}'"
+}
+
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # N free loopback ports, all different, on one line.
 free_ports() {

@@ -22,20 +22,17 @@ source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
 launch_scratch
 
-run() { "$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -t 0 -q --ignore-eos "$@"; }
 story="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big red ball and wanted to play with it. Her mom said"
-want=$(run -p "$story" -n 100)
-want=${want#"$story"}
 metric() { curl -s "$base/metrics" | sed -n "s/^$1 //p" | head -1; }
 # served OUT [TIMEOUT]: a greedy completion of the story (40 tokens), its status printed;
-# its text in OUT.text, its cached prompt tokens in OUT.cached, its seconds in OUT.s.
+# its cached prompt tokens in OUT.cached, its seconds in OUT.s.
 served() {
   local t0 code
   t0=$(date +%s%N)
   code=$(curl -s -m "${2:-20}" -o "$1" -w '%{http_code}' -H 'Content-Type: application/json' "$base/v1/completions" \
     --data-binary '{"model":"stories260K","prompt":"'"$story"'","max_tokens":40,"temperature":0,"ignore_eos":true}' || true)
   awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }' >"$1.s"
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open(sys.argv[1]+".text","w").write(d["choices"][0]["text"]);
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
 open(sys.argv[1]+".cached","w").write(str(d["usage"].get("prompt_tokens_details",{}).get("cached_tokens",0)))' "$1" 2>/dev/null || true
   echo "$code"
 }
@@ -45,7 +42,7 @@ check_served() {
   local code
   code=$(served "$work/r")
   [[ $code == 200 ]] || fail "$1: status $code after $(cat "$work/r.s") s: $(head -c 300 "$work/r")"
-  [[ $(cat "$work/r.text") == "${want:0:$(wc -c <"$work/r.text")}" && -s $work/r.text ]] || fail "$1: text differs: $(cat "$work/r.text")"
+  served_as_run "$1" "$work/r" 40 "$story"
   [[ $(cat "$work/r.cached") -ge 32 ]] || fail "$1: the decode replica computed the prompt ($(cat "$work/r.cached") tokens loaded)"
   awk -v s="$(cat "$work/r.s")" 'BEGIN { exit !(s < 5) }' || fail "$1: took $(cat "$work/r.s") s"
 }
