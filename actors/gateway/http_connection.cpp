@@ -161,6 +161,7 @@ void connection::got(const boost::system::error_code& ec, const char* data, size
 void connection::end_of_input() {
   peer_eof_ = true;
   if (phase_ == phase::serving) {
+    ++srv_.half_closed;
     if (version_ == 11 && !answer_begun_) schedule_probe();
     return;
   }

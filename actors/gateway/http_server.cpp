@@ -240,6 +240,7 @@ server_stats server::stats() const {
   st.timed_out = s.timed_out.load();
   st.shed = s.shed.load();
   st.slow_readers = s.slow_readers.load();
+  st.half_closed = s.half_closed.load();
   st.refused_tls = s.refused_tls.load();
   st.threads = 1 + (s.workers ? s.workers->size() : 0);
   return st;

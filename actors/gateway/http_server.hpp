@@ -126,6 +126,7 @@ struct server_stats {
   uint64_t timed_out = 0;   // answered 408: no whole request in read_timeout
   uint64_t shed = 0;        // answered 408 to make room
   uint64_t slow_readers = 0;  // streams ended for a reader that fell behind
+  uint64_t half_closed = 0;   // clients that shut their sending half while an answer was owed
   uint64_t refused_tls = 0;   // TLS handshakes that failed or did not finish in time
   size_t threads = 0;       // the server's, all of them
 };

@@ -118,7 +118,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   clock_type::time_point last_report{};
 
   std::atomic<int64_t> open{0}, streaming{0};
-  std::atomic<uint64_t> accepted{0}, timed_out{0}, shed{0}, slow_readers{0}, refused_tls{0};
+  std::atomic<uint64_t> accepted{0}, timed_out{0}, shed{0}, slow_readers{0}, refused_tls{0}, half_closed{0};
 
   impl(server_config c, handler h) : cfg(std::move(c)), on_request(std::move(h)) {
     if (!cfg.error_page) cfg.error_page = default_error_page;

@@ -18,6 +18,7 @@
 #include "engine/generate/generator.hpp"
 #include "engine/spec/heads.hpp"
 #include "tests/actors/actor_test_support.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {
@@ -307,15 +308,14 @@ TEST_CASE("a draft actor that dies costs drafts, not output: the replica stays r
   // Its replacement is found within a few ticks, and the second round has drafts again.
   const uint64_t before = verifies();
   std::map<uint64_t, size_t> second;
-  for (int attempt = 0; attempt < 20 && verifies() == before; ++attempt) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(test::eventually([&] {
     std::map<uint64_t, size_t> one;
     send(4, 5, one);
     test::ledger l1;
     test::collect(self, l1, 1);
     check(l1, one);
-  }
-  CHECK(verifies() > before);
+    return verifies() > before;
+  }));
   send(4, 8, second);
   test::ledger l2;
   test::collect(self, l2, 4);

@@ -240,7 +240,7 @@ TEST_CASE("a step frame trickled byte by byte holds up no other connection's ste
       CHECK(in.next() == "ok:s" + std::to_string(i) + "+");
       answered_while_trickling += meter->counts(link_kind::step).stalled == 0;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the trickler's pace
   }
   CHECK(answered_while_trickling >= 3);
   CHECK(closed_by_server(trickle));

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/eventually.hpp"
+
 namespace troupe::test {
 
 namespace {
@@ -162,15 +164,15 @@ bool stderr_capture::wait_for(std::string_view needle, int seconds) const {
 }
 
 bool stderr_capture::wait_for_count(std::string_view needle, size_t times, int seconds) const {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  for (;;) {
-    const std::string t = text();
-    size_t seen = 0;
-    for (size_t at = t.find(needle); at != std::string::npos && seen < times; at = t.find(needle, at + needle.size())) ++seen;
-    if (seen >= times) return true;
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  return eventually(
+      [&] {
+        const std::string t = text();
+        size_t seen = 0;
+        for (size_t at = t.find(needle); at != std::string::npos && seen < times; at = t.find(needle, at + needle.size()))
+          ++seen;
+        return seen >= times;
+      },
+      std::chrono::seconds(seconds));
 }
 
 }  // namespace troupe::test

@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/support/eventually.hpp"
+
 namespace troupe::test {
 
 namespace {
@@ -78,13 +80,16 @@ bool redis_server::start() {
                "--appendonly", "no", static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (std::chrono::steady_clock::now() < until) {
-    if (answers(port_)) return true;
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  bool exited = false;
+  if (eventually(
+          [&] {
+            int status = 0;
+            exited = ::waitpid(pid_, &status, WNOHANG) == pid_;
+            return exited || answers(port_);
+          },
+          std::chrono::seconds(5)) &&
+      !exited)
+    return true;
   why_ = "redis-server did not answer on port " + port;
   kill();
   return false;

@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/eventually.hpp"
+
 using namespace troupe;
 using namespace std::chrono_literals;
 
@@ -209,7 +211,7 @@ TEST_CASE("http server: a client that half-closes after its whole request gets i
     c.half_close();
     auto ex = f.h->wait_held(1);
     REQUIRE(ex);
-    std::this_thread::sleep_for(100ms);  // the end of input has reached the server
+    REQUIRE(test::eventually([&] { return f.srv->stats().half_closed == 1; }));  // the end of input reached the server
     http::response r;
     r.body = "late";
     ex->respond(r);
@@ -344,9 +346,9 @@ TEST_CASE("http server: at max_connections a newcomer takes the place of the one
   cfg.max_connections = 4;
   fixture f(cfg);
   std::vector<std::unique_ptr<raw_client>> idle;
-  for (int i = 0; i < 4; ++i) {
+  for (uint64_t i = 0; i < 4; ++i) {
     idle.push_back(std::make_unique<raw_client>(f.port));
-    std::this_thread::sleep_for(20ms);  // so that the first is the oldest
+    REQUIRE(test::eventually([&] { return f.srv->stats().accepted == i + 1; }));  // so that the first is the oldest
   }
   raw_client c(f.port);
   c.send(get_health);
@@ -413,8 +415,7 @@ TEST_CASE("http server: stop closes connections whose request has not arrived, w
     c->read_for(5s);
     CHECK(c->closed);
   }
-  for (int i = 0; i < 500 && !stopped; ++i) std::this_thread::sleep_for(10ms);
-  CHECK(stopped);  // long before the drain's bound
+  CHECK(test::eventually([&] { return stopped.load(); }, 5s));  // long before the drain's bound
   stopper.join();
 }
 

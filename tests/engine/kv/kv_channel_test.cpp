@@ -17,6 +17,7 @@
 
 #include "engine/kv/kv_tiers.hpp"
 #include "engine/util/tcp.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace troupe {
 
@@ -65,13 +66,11 @@ int raw(uint16_t port) {
 }
 
 bool wait_refused(const kv_channel_receiver& r, uint64_t n) {
-  for (int i = 0; i < 2000 && r.stats().refused < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  return r.stats().refused >= n;
+  return test::eventually([&] { return r.stats().refused >= n; });
 }
 
 bool wait_late(const kv_channel_receiver& r, uint64_t n) {
-  for (int i = 0; i < 2000 && r.stats().late < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  return r.stats().late >= n;
+  return test::eventually([&] { return r.stats().late >= n; });
 }
 
 // Whether the peer closed fd (a read sees the end within `within`).
@@ -133,9 +132,9 @@ TEST_CASE("kv channel: a receiver that does not take records holds its sender wi
       ++queued;
     }
   });
-  // Whatever the timing, with the first record stuck in the sink (unacknowledged) the
-  // producer sends no more than the window holds: two records of 4 KB.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // With the first record stuck in the sink (unacknowledged) the producer stops at the
+  // window, having sent no more than it holds: two records of 4 KB.
+  REQUIRE(test::eventually([&] { return (*s)->stats().stalls >= 1; }));
   CHECK(queued.load() <= 2);
   CHECK_FALSE((*s)->flush(std::chrono::milliseconds(10)));
   {
@@ -218,7 +217,7 @@ TEST_CASE("kv channel: a receiver that goes away breaks its sender with a reason
   REQUIRE((*s)->send("a", bytes_of(10, 1)).has_value());
   CHECK((*s)->flush(std::chrono::seconds(20)));
   r.reset();
-  for (int i = 0; i < 2000 && (*s)->broken().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(test::eventually([&] { return !(*s)->broken().empty(); }));
   CHECK((*s)->broken() == "the receiver closed the channel");
   auto after = (*s)->send("b", bytes_of(10, 1));
   REQUIRE_FALSE(after.has_value());
@@ -249,7 +248,7 @@ TEST_CASE("kv channel: past its connections, a receiver closes the oldest for a 
   REQUIRE(b.has_value());
   REQUIRE((*b)->send("b", bytes_of(10, 2)).has_value());
   CHECK((*b)->flush(std::chrono::seconds(20)));
-  for (int i = 0; i < 2000 && (*a)->broken().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(test::eventually([&] { return !(*a)->broken().empty(); }));
   CHECK((*a)->broken() == "the receiver closed the channel");
   REQUIRE(c.wait_for(2));
   CHECK(c.got["b"] == bytes_of(10, 2));
@@ -276,9 +275,10 @@ TEST_CASE("kv channel: a record trickled byte by byte is cut off at its deadline
     cut = ::send(fd, &b, 1, MSG_NOSIGNAL) != 1 || r->stats().late == 1;
     if (i == 3) {
       REQUIRE((*s)->send("beside", bytes_of(1000, 9)).has_value());
-      CHECK((*s)->flush(std::chrono::milliseconds(500)));  // not behind the trickle
+      CHECK((*s)->flush(std::chrono::seconds(20)));
+      CHECK(r->stats().late == 0);  // landed while the trickle went on, not behind it
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the trickler's pace
   }
   CHECK(wait_late(*r, 1));  // the 60 MiB frame's deadline is 600 ms + 60 MiB / 16 MiB/s
   CHECK(closed_by_peer(fd, std::chrono::seconds(5)));
