@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <random>
+#include <utility>
 
 #include <caf/all.hpp>
 
@@ -51,6 +52,30 @@ void fail_request(self_ptr self, request_id id, const std::string& why, error_co
     send_result(self, id.value, *out, why, kind);
     st.released.push_back(id);
   }
+}
+
+bool end_request(self_ptr self, uint64_t id, bool sink_gone) {
+  auto& st = self->state;
+  if (!st.sched->find(request_id{id})) return false;
+  if (st.planning) {
+    st.deferred_ends.emplace_back(id, sink_gone);
+    return true;
+  }
+  auto out = st.sched->abort(request_id{id});
+  forget_drafts(st, request_id{id});
+  if (sink_gone) {
+    st.sinks.erase(id);
+    st.released.push_back(request_id{id});
+  } else {
+    dispatch(self, {*out});
+  }
+  return true;
+}
+
+void end_deferred(self_ptr self) {
+  auto& st = self->state;
+  if (st.planning) return;
+  for (const auto& [id, sink_gone] : std::exchange(st.deferred_ends, {})) end_request(self, id, sink_gone);
 }
 
 // Sinks (the router) hear at once when the replica stops or starts being ready.
@@ -163,12 +188,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
     std::vector<uint64_t> gone;
     for (auto& [id, s] : st.sinks)
       if (s.sink.address() == dm.source) gone.push_back(id);
-    for (uint64_t id : gone)
-      if (auto out = st.sched->abort(request_id{id})) {
-        forget_drafts(st, request_id{id});
-        st.sinks.erase(id);
-        st.released.push_back(request_id{id});
-      }
+    for (uint64_t id : gone) end_request(self, id, true);
     maybe_step(self);
   });
   st.recovery = std::make_unique<replica_recovery>(setup.recovery_timeout, self->clock().now());
@@ -210,10 +230,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         }
       },
       [self](cancel_atom, uint64_t id) -> bool {
-        auto& st = self->state;
-        auto out = st.sched->abort(request_id{id});
-        if (!out) return false;
-        dispatch(self, {*out});
+        if (!end_request(self, id, false)) return false;
         maybe_step(self);
         return true;
       },

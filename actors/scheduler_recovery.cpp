@@ -199,6 +199,7 @@ void drop_in_flight(self_ptr self, bool was_ready) {
     std::fprintf(stderr, "troupe: request %llu: %s\n", static_cast<unsigned long long>(id.value), why.c_str());
     fail_request(self, id, why, error_code::internal);
   }
+  end_deferred(self);  // (planning stopped with the loss: the caches start anew)
 }
 
 }  // namespace

@@ -76,6 +76,9 @@ struct scheduler_state {
   caf::actor kv;                                     // invalid while lost
   std::optional<wire::kv_claim_sender> kv_sender;
   bool planning = false;                             // claims of a step are out
+  // Requests whose clients gave up while a step was being planned: ended once it has gone
+  // to the stages (end_request). Each with whether its sink is gone.
+  std::vector<std::pair<uint64_t, bool>> deferred_ends;
 
   // The pipeline, and recovery (engine/serve/replica_recovery.hpp: its epoch changes on
   // every loss, and replies of older epochs are dropped).
@@ -124,6 +127,14 @@ void dispatch(self_ptr self, std::vector<step_output> outs);
 // Ends a request this replica cannot serve: it did not recover in time (unavailable: the
 // client may try again later), or the request's own steps keep failing (internal).
 void fail_request(self_ptr self, request_id id, const std::string& why, error_code kind = error_code::unavailable);
+// Ends a request its client gave up on (cancelled it, or its sink went down): at once, or,
+// while a step's claims or drafts are out (planning), once that step has gone to the
+// stages. A request must not vanish between its claim and its step: the blocks granted to
+// it are in the prefix cache from the claim on (a request of the same step may already
+// share them), and only its step computes them. True if the request was there to end.
+bool end_request(self_ptr self, uint64_t id, bool sink_gone);
+// The requests end_request deferred, ended now (a plan has gone out, or planning stopped).
+void end_deferred(self_ptr self);
 void announce(self_ptr self);
 
 // scheduler_steps.cpp

@@ -197,6 +197,7 @@ void run_plan(self_ptr self, step_plan p) {
     auto& st = self->state;
     const int32_t before = st.in_flight;
     send_plan(self, plan);
+    end_deferred(self);  // (the plan is out: its requests' blocks are computed whatever happens to them)
     if (st.ready() && st.in_flight > before)
       maybe_step(self);
     else

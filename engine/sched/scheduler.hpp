@@ -149,7 +149,10 @@ class scheduler {
   step_plan schedule();
 
   // Planning a step against a block manager elsewhere (see above). A draft dropped half
-  // way (a lost stage) must be followed by reset_kv().
+  // way (a lost stage) must be followed by reset_kv(). A request must not be aborted
+  // between next_claims() and the plan going out: its granted blocks are in the prefix
+  // cache from the claim on, another request of the step may share them, and only its
+  // step computes them (the scheduler actor defers such aborts: end_request).
   step_draft begin_step();
   std::optional<kv_step_request> next_claims(step_draft& d);
   void apply(step_draft& d, kv_step_grants grants);

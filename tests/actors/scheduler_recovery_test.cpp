@@ -4,6 +4,7 @@
 // news a watcher hears, and the recovery deadline are checked to the millisecond.
 #include <map>
 #include <memory>
+#include <set>
 
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
@@ -11,6 +12,7 @@
 
 #include "actors/caf/errors.hpp"
 #include "actors/caf/type_ids.hpp"
+#include "actors/kv_manager_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/wire/activations_codec.hpp"
 #include "actors/wire/client_codec.hpp"
@@ -277,6 +279,101 @@ TEST_CASE("scheduler actor: a request whose every step is refused ends with the 
     CHECK(r->error.empty());
     CHECK(r->output_tokens == 1);
   }
+  self->send_exit(sched, caf::exit_reason::user_shutdown);
+  d.run();
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+namespace {
+
+// A one-stage pipeline that checks every plan against the ones before: a sequence that
+// starts past position 0 (a prefix hit) must find each slot before its start written by
+// an earlier plan, or by this one. It answers each plan with finite logits, a row a
+// logit row, and counts the slots found unwritten.
+struct slot_ledger {
+  std::set<std::pair<uint32_t, int32_t>> written;  // (block, slot)
+  int unwritten = 0;
+  int plans = 0;
+};
+caf::behavior ledger_stage(caf::event_based_actor*, const test::loaded* l, int32_t block_size,
+                           std::shared_ptr<slot_ledger> ledger) {
+  wire::step_limits lim;
+  lim.vocab = l->m.config.vocab_size;
+  lim.context = l->m.config.max_seq_len;
+  lim.num_blocks = 1u << 20;
+  lim.block_size = block_size;
+  auto decoder = std::make_shared<wire::step_decoder>(lim);
+  return {[decoder, ledger, block_size, vocab = lim.vocab](step_atom, const wire_message& plan,
+                                                           const wire_message&) -> caf::result<wire_message> {
+    auto step = decoder->decode(*plan.bytes);
+    if (!step) return make_error(error_code::invalid, step.err().message);
+    ++ledger->plans;
+    for (const step_sequence& s : step->batch.sequences)
+      for (int32_t p = s.start_pos; p < s.start_pos + s.num_tokens; ++p)
+        ledger->written.insert({s.block_table[static_cast<size_t>(p / block_size)].value, p % block_size});
+    for (const step_sequence& s : step->batch.sequences)
+      for (int32_t p = 0; p < s.start_pos; ++p)
+        ledger->unwritten += !ledger->written.count({s.block_table[static_cast<size_t>(p / block_size)].value, p % block_size});
+    const int32_t rows = step->batch.num_logits();
+    const std::vector<float> logits(static_cast<size_t>(vocab) * static_cast<size_t>(rows), 0.5f);
+    return wire_message(wire_kind::activations, wire::encode_activations(step->step_id, rows, vocab, logits.data()));
+  }};
+}
+
+caf::behavior silent_sink(caf::event_based_actor*) {
+  return {[](chunk_atom, const wire_message&) {}, [](done_atom, const wire_message&) {}};
+}
+
+}  // namespace
+
+TEST_CASE("scheduler actor: a request whose client leaves while its step's claims are out ends after that step; "
+          "a request sharing its prefix reads only computed blocks") {
+  // The blocks a claim is granted are in the kv manager's prefix cache from the claim on.
+  // A request that ended between its claim and its step (its client gone) left them there
+  // uncomputed, and the next request with the same prompt read them as a prefix hit.
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  deterministic_system d;
+  auto names = std::make_shared<std::map<std::string, caf::actor>>();
+  auto ledger = std::make_shared<slot_ledger>();
+  (*names)["r0/stage0"] = d.sys.spawn(ledger_stage, &l, 16, ledger);
+  const caf::actor kv = spawn_kv_manager(d.sys, test::kv_manager_for(l));
+  (*names)[kv_manager_name("r0")] = kv;
+  scheduler_setup s = test::scheduler_for(l, "r0", 1);
+  s.agent = d.sys.spawn(agent_behavior, names);
+  s.recovery_timeout = 30s;
+  auto sched = spawn_scheduler(d.sys, s);
+  caf::scoped_actor self{d.sys, true};
+  d.run();
+  REQUIRE(ledger->plans >= 1);  // the canary's
+  request_params p;
+  p.prompt = l.tok.encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+                          "with her friends. One day, she saw a big red ball", true);
+  REQUIRE(p.prompt.size() >= 33);  // two whole blocks before its last token: a prefix to share
+  p.max_tokens = 4;
+  const wire_message frame(wire_kind::none, wire::encode_generate_request_tokens(p));
+  const caf::actor left = d.sys.spawn(silent_sink);
+  auto all_but_kv = [&](caf::resumable* job) { return job != dynamic_cast<caf::resumable*>(caf::actor_cast<caf::abstract_actor*>(kv)); };
+  // The request arrives, and the scheduler sends its claim (the kv manager not yet run).
+  self->send(sched, generate_atom_v, uint64_t{11}, frame, left);
+  d.coordinator.run_jobs_filtered(all_but_kv);
+  // Its client goes, and another request with the same prompt arrives, while the claim is out.
+  caf::anon_send_exit(left, caf::exit_reason::kill);
+  self->send(sched, generate_atom_v, uint64_t{12}, frame, caf::actor{self});
+  d.coordinator.run_jobs_filtered(all_but_kv);
+  d.run();
+  std::optional<wire::result_view> r;
+  for (bool more = true; more;)
+    self->receive([&](chunk_atom, const wire_message&) {},
+                  [&](done_atom, const wire_message& m) { r = wire::decode_generate_result(*m.bytes).value(); },
+                  caf::after(0s) >> [&] { more = false; });
+  REQUIRE(r.has_value());
+  CHECK(r->request == 12);
+  CHECK(r->error.empty());
+  CHECK(r->output_tokens == 4);
+  CHECK(ledger->unwritten == 0);
   self->send_exit(sched, caf::exit_reason::user_shutdown);
   d.run();
 }
