@@ -228,6 +228,12 @@ std::string render_metrics(const router_state& st) {
     out.sample("troupe_replica_prefix_queried_tokens_total", {{"replica", rep.addr.name}},
                double(rep.queried_base + rep.queried_now));
   render_slo(out, st);
+  out.family("troupe_router_summary_blocks",
+             "Blocks each replica's prefix-cache summary held when the router last received it (kv-aware).", "gauge");
+  for (size_t k = 0; k < st.replicas.size(); ++k) {
+    const auto& summary = st.core->replica(k).summary;
+    out.sample("troupe_router_summary_blocks", {{"replica", st.names[k]}}, summary ? static_cast<double>(summary->entries()) : 0);
+  }
   const bool kv_aware = st.core->config().policy == route_policy::kv_aware;
   out.family("troupe_router_policy", "The routing policy (the label; the value is 1).", "gauge");
   out.sample("troupe_router_policy", {{"policy", kv_aware ? "kv-aware" : "least-loaded"}}, 1);

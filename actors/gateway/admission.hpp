@@ -14,7 +14,9 @@ namespace troupe {
 
 class admission {
  public:
-  explicit admission(int32_t budget) : budget_(budget < 1 ? 1 : budget) {}
+  // `shown`, when given, follows the count in flight too (what /metrics shows; it outlives
+  // the admission).
+  explicit admission(int32_t budget, std::atomic<int64_t>* shown = nullptr) : budget_(budget < 1 ? 1 : budget), shown_(shown) {}
 
   // A request's place, given back when the ticket goes (moved, not copied).
   class ticket {
@@ -34,7 +36,10 @@ class admission {
     ticket& operator=(const ticket&) = delete;
     ~ticket() { release(); }
     void release() {
-      if (owner_) owner_->in_flight_.fetch_sub(weight_, std::memory_order_relaxed);
+      if (owner_) {
+        owner_->in_flight_.fetch_sub(weight_, std::memory_order_relaxed);
+        if (owner_->shown_) owner_->shown_->fetch_sub(weight_, std::memory_order_relaxed);
+      }
       owner_ = nullptr;
     }
     int32_t weight() const { return owner_ ? weight_ : 0; }
@@ -53,6 +58,7 @@ class admission {
       in_flight_.fetch_sub(weight, std::memory_order_relaxed);
       return std::nullopt;
     }
+    if (shown_) shown_->fetch_add(weight, std::memory_order_relaxed);
     return ticket(this, weight);
   }
 
@@ -62,6 +68,7 @@ class admission {
  private:
   const int32_t budget_;
   std::atomic<int32_t> in_flight_{0};
+  std::atomic<int64_t>* shown_;
 };
 
 }  // namespace troupe

@@ -68,6 +68,11 @@ std::string gateway_metrics::render(const router_stats& st) const {
   out.family("troupe_connections_open", "Client connections each API holds.", "gauge");
   out.sample("troupe_connections_open", {{"api", "http"}}, static_cast<double>(connections_open(api::http)));
   out.sample("troupe_connections_open", {{"api", "capnp"}}, static_cast<double>(connections_open(api::capnp)));
+  out.family("troupe_requests_in_flight", "Completions each API has admitted that have not ended.", "gauge");
+  out.sample("troupe_requests_in_flight", {{"api", "http"}},
+             static_cast<double>(connections_[index(api::http)].in_flight.load()));
+  out.sample("troupe_requests_in_flight", {{"api", "capnp"}},
+             static_cast<double>(connections_[index(api::capnp)].in_flight.load()));
   out.family("troupe_connections_shed_total",
              "Client connections closed to make room for a newcomer (the endpoint at max_connections or out of "
              "descriptors): each the one that had waited longest for its request.",

@@ -2,7 +2,7 @@
 // completion requests by outcome, prompt and generated tokens, and histograms of time to
 // first token, time per output token, inter-token gaps and request latency, over the HTTP
 // and the Cap'n Proto APIs together (one object, shared); and each API's client
-// connections: open now, and closed to make room for others. Safe to call from every HTTP
+// connections (open now, and closed to make room for others) and requests in flight. Safe to call from every HTTP
 // worker and the RPC thread at once.
 #pragma once
 
@@ -62,6 +62,9 @@ class gateway_metrics {
   void slow_reader(api a) { connections_[index(a)].slow_readers.fetch_add(1, std::memory_order_relaxed); }
   uint64_t slow_readers(api a) const { return connections_[index(a)].slow_readers.load(); }
   int64_t connections_open(api a) const { return connections_[index(a)].open.load(); }
+  // What each API's admission has let in and not yet released (completions): its
+  // admission keeps this count (admission.hpp).
+  std::atomic<int64_t>& in_flight(api a) { return connections_[index(a)].in_flight; }
   uint64_t connections_shed(api a) const { return connections_[index(a)].shed.load(); }
 
   // Everything, with the router's running, waiting and KV figures.
@@ -77,6 +80,7 @@ class gateway_metrics {
     std::atomic<int64_t> open{0};
     std::atomic<uint64_t> shed{0};
     std::atomic<uint64_t> slow_readers{0};
+    std::atomic<int64_t> in_flight{0};
   };
   static size_t index(api a) { return a == api::http ? 0 : 1; }
   connection_counts connections_[2];

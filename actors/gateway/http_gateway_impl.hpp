@@ -26,12 +26,12 @@ struct http_gateway::impl {
   caf::actor router;
   http_config cfg;
   std::unique_ptr<http::server> server;  // from start()
-  admission admit;  // completions in flight, against max_requests
+  std::shared_ptr<gateway_metrics> m;  // shared with the Cap'n Proto gateway
+  admission admit;  // completions in flight, against max_requests (shown in m)
   std::atomic<bool> draining{false};
   // HTTP request ids live above the Cap'n Proto API's, through the same router, each
   // gateway's apart (request_id_base).
   std::atomic<uint64_t> next_id;
-  std::shared_ptr<gateway_metrics> m;  // shared with the Cap'n Proto gateway
   int64_t started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
   // From the configuration: whether any origin may call, and the token ending a chat turn
@@ -40,8 +40,12 @@ struct http_gateway::impl {
   std::optional<int32_t> turn_end;
 
   impl(caf::actor_system& s, caf::actor rtr, http_config c)
-      : sys(s), router(std::move(rtr)), cfg(std::move(c)), admit(cfg.max_requests), next_id(request_id_base(1, cfg.gateway)),
-        m(cfg.metrics ? cfg.metrics : std::make_shared<gateway_metrics>()) {
+      : sys(s),
+        router(std::move(rtr)),
+        cfg(std::move(c)),
+        m(cfg.metrics ? cfg.metrics : std::make_shared<gateway_metrics>()),
+        admit(cfg.max_requests, &m->in_flight(gateway_metrics::api::http)),
+        next_id(request_id_base(1, cfg.gateway)) {
     any_origin = std::find(cfg.cors_origins.begin(), cfg.cors_origins.end(), "*") != cfg.cors_origins.end();
     if (cfg.tok) turn_end = openai::turn_end_token(cfg.chat, *cfg.tok);
   }

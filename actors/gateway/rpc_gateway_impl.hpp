@@ -97,7 +97,7 @@ struct rpc_gateway::impl {
 class gateway_server final : public schema::Gateway::Server {
  public:
   gateway_server(rpc_gateway::impl& g, const rpc_limits& limits)
-      : g_(g), admit_(limits.max_requests), per_key_(limits.prefix_cache_per_key),
+      : g_(g), admit_(limits.max_requests, &g.metrics->in_flight(gateway_metrics::api::capnp)), per_key_(limits.prefix_cache_per_key),
         next_id_(request_id_base(0, limits.gateway) + 1), tasks_(errors_) {}
 
   kj::Promise<void> generate(GenerateContext context) override;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # No single point of failure: deploy/two-gateways.toml (two gateway nodes, each with its
 # router and both APIs, before two PP=2 replicas) on real processes on 127.0.0.1. Rounds of
-# 64 concurrent greedy requests through troupe-bench naming both gateways, one gateway
-# SIGKILLed in each round (g1, g2, in turn, while the requests stream): every request ends
+# 192 greedy requests, 64 at a time, through troupe-bench naming both gateways, one gateway
+# SIGKILLed in each round (g1, g2, in turn, once the bench's clients of it are connected,
+# and each round must have moved requests to the other gateway): every request ends
 # exactly once, every stream numbered without gap or repeat, with the failure-free
 # output, byte for byte. A client of a killed gateway alone is told the connection was
 # lost, in words (never KJ's "PromiseFulfiller was destroyed"), and an HTTP stream gets a
@@ -15,6 +16,9 @@ build=$1 src=$2
 state=$(mktemp -d)
 topology_copy "$src/deploy/two-gateways.toml" "$state/t.toml"
 topo=$state/t.toml
+# The replicas' schedulers are held (SIGSTOP) for a moment below, so that requests wait
+# when a gateway goes: a heartbeat timeout long enough that their nodes are not lost.
+sed -i 's/^timeout_ms *= *[0-9]*/timeout_ms = 10000/' "$topo"
 launch() { timeout 120 "$build/tools/troupe-launch" "$@" --state-dir "$state"; }
 cleanup() {
   [[ -f $state/t.supervisor ]] && kill -9 "$(cat "$state/t.supervisor")" 2>/dev/null || true
@@ -32,11 +36,16 @@ for ep in capnp://127.0.0.1:7430 capnp://127.0.0.1:7432 http://127.0.0.1:7431 ht
 done
 both=capnp://127.0.0.1:7430,127.0.0.1:7432
 bench() {
-  timeout 120 "$build/tools/troupe-bench" --endpoint "$both" --requests 64 --concurrency 64 --prompt-words 12 \
+  # 192 requests, 64 at a time: three waves, two seconds or so, every moment of it with requests
+  # under way at both gateways.
+  timeout 120 "$build/tools/troupe-bench" --endpoint "$both" --requests 192 --concurrency 64 --prompt-words 12 \
     --output-tokens 200 --outputs "$1" --json "$1.json" >/dev/null 2>"$1.err"
 }
 ready() { [[ $(timeout 10 "$build/tools/troupe-client" --connect "$1" --health 2>/dev/null || true) == ready ]]; }
 pid_of() { awk -v n="$1" '$1 == n {print $2}' "$state/t.procs"; }
+# in_flight HTTP_PORT: the completions a gateway has admitted (both APIs) that have not
+# ended (from its /metrics: troupe_requests_in_flight, summed).
+in_flight() { curl -s -m 5 "http://127.0.0.1:$1/metrics" | awk '/^troupe_requests_in_flight\{/ {s += $2} END {print s + 0}'; }
 # connections_to PORT: connections established to the local server on PORT.
 connections_to() { awk -v p="$(printf ':%04X' "$1")" 'substr($2, length($2) - 4) == p && $4 == "01"' /proc/net/tcp | wc -l; }
 for ep in 127.0.0.1:7430 127.0.0.1:7432; do
@@ -45,7 +54,7 @@ for ep in 127.0.0.1:7430 127.0.0.1:7432; do
 done
 
 bench "$state/clean.jsonl"
-[[ $(grep -c '"ok":true' "$state/clean.jsonl") == 64 ]] || fail "the failure-free run: $(grep -v '"ok":true' "$state/clean.jsonl" | head -2)"
+[[ $(grep -c '"ok":true' "$state/clean.jsonl") == 192 ]] || fail "the failure-free run: $(grep -v '"ok":true' "$state/clean.jsonl" | head -2)"
 
 # A client of one gateway alone, and an HTTP stream from it, when that gateway is lost
 # while their requests wait (the replicas' schedulers stopped for a moment, so that they
@@ -56,13 +65,13 @@ lone=$!
 curl -sN -o "$state/http.out" -w '%{http_code}' http://127.0.0.1:7431/v1/completions \
   -d '{"model":"stories260K","prompt":"Once","max_tokens":64,"stream":true}' >"$state/http.code" 2>&1 &
 streamer=$!
-# Both connected (a client can take a while to start beside other work), and a moment for
-# their requests to arrive, before g1 goes.
+# Both connected (a client can take a while to start beside other work), and both requests
+# with g1's router (sent to the stopped replicas), before g1 goes.
 for _ in $(seq 1 100); do
-  (($(connections_to 7430) > 0 && $(connections_to 7431) > 0)) && break
+  (($(connections_to 7430) > 0 && $(connections_to 7431) > 0)) && (($(in_flight 7431) >= 2)) && break
   sleep 0.1
 done
-sleep 0.15
+(($(in_flight 7431) >= 2)) || fail "the lone client's and the stream's requests did not reach g1: $(in_flight 7431) in flight"
 pid=$(pid_of g1)
 kill -9 "$pid"
 rc=0
@@ -82,24 +91,33 @@ ready 127.0.0.1:7430 || fail "g1 was not restarted"
 failovers=0
 for round in 1 2 3 4; do
   victim=g$(((round - 1) % 2 + 1))
-  if [[ $victim == g1 ]]; then ep=127.0.0.1:7430; else ep=127.0.0.1:7432; fi
+  if [[ $victim == g1 ]]; then port=7430; else port=7432; fi
+  ep=127.0.0.1:$port
   rm -f "$state/round.jsonl"
+  # Killed while the bench's requests through it are under way, never after the round has
+  # ended: the replicas' schedulers are held so that the requests wait, until most of the
+  # 32 of the first 64 that start there (request i at gateway i mod 2) are connected.
+  kill -STOP "$(pid_of a0)" "$(pid_of b0)"
   bench "$state/round.jsonl" &
   bench_pid=$!
-  sleep 0.$((RANDOM % 3 + 2))
+  for _ in $(seq 1 1000); do (($(connections_to "$port") >= 24)) && break; sleep 0.01; done
+  killed_at=$(connections_to "$port")
   pid=$(pid_of "$victim")
   kill -9 "$pid"
+  kill -CONT "$(pid_of a0)" "$(pid_of b0)"
+  ((killed_at >= 24)) || fail "round $round: only $killed_at clients of $victim connected (the bench: $(tail -3 "$state/round.jsonl.err"))"
   wait "$bench_pid" || true
   if ! cmp -s "$state/round.jsonl" "$state/clean.jsonl"; then
     diff <(cut -c1-120 "$state/clean.jsonl") <(cut -c1-120 "$state/round.jsonl") | head -6 || true
     fail "round $round ($victim killed) differs from the failure-free run: $(head -3 "$state/round.jsonl.err")"
   fi
   moved=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["failed_over"])' "$state/round.jsonl.json")
+  ((moved > 0)) || fail "round $round: no request was in flight at $victim when it was killed ($killed_at connections then; the bench: $(head -c 600 "$state/round.jsonl.json"))"
   failovers=$((failovers + moved))
   # Restarted by the supervisor, and serving again, before the next round.
   for _ in $(seq 1 200); do [[ $(pid_of "$victim") != "$pid" ]] && ready "$ep" && break; sleep 0.1; done
   ready "$ep" || fail "round $round: $victim was not restarted"
-  echo "round $round: $victim killed under load; 64 of 64 requests as before, $moved finished by the other gateway"
+  echo "round $round: $victim killed under load; 192 of 192 requests as before, $moved finished by the other gateway"
 done
 ((failovers > 0)) || fail "no request was ever in flight at a killed gateway: nothing failed over"
 launch down "$topo" >/dev/null
