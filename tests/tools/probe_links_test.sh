@@ -103,21 +103,30 @@ cut = 0
 while time.monotonic() < end:
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     s.sendall(struct.pack("<5I", 0x4C535254, 1, 4096, 0, 0))
+    print("trickling", flush=True)
     try:
         while time.monotonic() < end:
             s.sendall(b"p")
-            time.sleep(0.3)
+            time.sleep(0.3)  # the trickler's pace
     except OSError:
         cut += 1
+        print("cut off", flush=True)
     s.close()
 print(f"cut off {cut} times")
 PY
   trickler=$!
   others+=("$trickler")
-  sleep 0.5
-  for i in 1 2 3 4 5 6; do check_served "beside a trickled step-link frame ($i)"; sleep 1; done
+  for _ in $(seq 1 100); do grep -q trickling "$work/trickle" && break; sleep 0.05; done
+  # Requests served beside it, one after another, until the trickler has been cut off.
+  local served=0
+  for _ in $(seq 1 150); do
+    check_served "beside a trickled step-link frame ($((served + 1)))"
+    served=$((served + 1))
+    ((served >= 3)) && grep -q "^cut off$" "$work/trickle" && break
+    sleep 0.1
+  done
+  grep -q "^cut off$" "$work/trickle" || fail "the trickler was never cut off: $(cat "$work/trickle")"
   wait "$trickler" || true
-  grep -q "cut off [1-9]" "$work/trickle" || fail "the trickler was never cut off: $(cat "$work/trickle")"
   grep -q "step link on port $step_port: closed the connection from 127.0.0.1:[0-9]*: a frame of 4116 bytes not whole within" "$state/n1.log" ||
     fail "n1 does not log the stalled frame: $(grep 'step link' "$state/n1.log" | tail -3)"
   stalls=$(wait_metric 'troupe_link_stalled_total{node="n1",link="step"}' 1)
@@ -139,18 +148,23 @@ for _ in range(24):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     s.sendall(b"TKVH" + struct.pack("<I", 1) + b"TKVB" + struct.pack("<I", 60 << 20))
     conns.append(s)
-end = time.monotonic() + 12
+end, rounds = time.monotonic() + 12, 0
 while time.monotonic() < end:
     for s in conns:
         try:
             s.sendall(b"k")
         except OSError:
             pass
-    time.sleep(0.5)
+    rounds += 1
+    if rounds == 4:
+        print("24 records trickling", flush=True)
+    time.sleep(0.5)  # the trickler's pace
 PY
   kvtrickler=$!
   others+=("$kvtrickler")
-  sleep 3
+  # Its 24 records begun and trickling (what an announced length would have taken by now).
+  for _ in $(seq 1 100); do grep -q "24 records trickling" "$work/kvtrickle" && break; sleep 0.1; done
+  grep -q "24 records trickling" "$work/kvtrickle" || fail "the KV trickler did not get going: $(cat "$work/kvtrickle")"
   during=$(rss_kb "$n1")
   check_served "beside 24 trickled KV records"
   grown=$(( (during - before) / 1024 ))
