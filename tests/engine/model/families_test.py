@@ -12,6 +12,7 @@ compares its logits with troupe's (model_logits: a prefill step, then one token 
 """
 import json
 import math
+import struct
 import subprocess
 import sys
 import tempfile
@@ -22,9 +23,6 @@ try:
 except ImportError:
     print(f"FAIL: {sys.executable} has no torch: Debian's python3-torch provides it (tools/install-packages.sh installs it)")
     sys.exit(1)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools" / "troupe-train"))
-from torch_llama import inv_frequencies, read_safetensors, rms_norm, rotate  # noqa: E402
 
 torch.set_grad_enabled(False)
 BUILD = Path(sys.argv[1])
@@ -38,6 +36,89 @@ MODEL_LOGITS = BUILD / "tests" / "model_logits"
 # of the span of the logits.
 ABSOLUTE = 1e-4
 Q8_RELATIVE = 0.02
+
+
+# Everything below is this test's own, from the formats' and the families' published
+# definitions; it shares no code with troupe (nor with troupe-train's torch model).
+
+SAFETENSORS_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def read_safetensors(path):
+    """Every tensor of a safetensors file, as float64: an 8-byte little-endian header
+    length, the JSON header (name -> dtype, shape, data_offsets), then the data."""
+    blob = Path(path).read_bytes()
+    header_len = struct.unpack_from("<Q", blob, 0)[0]
+    header = json.loads(blob[8:8 + header_len])
+    start = 8 + header_len
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = info["data_offsets"]
+        kind = SAFETENSORS_TYPES[info["dtype"]]
+        if hi == lo:
+            out[name] = torch.zeros(info["shape"], dtype=torch.float64)
+            continue
+        values = torch.frombuffer(bytearray(blob[start + lo:start + hi]), dtype=kind)
+        out[name] = values.to(torch.float64).reshape(info["shape"])
+    return out
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding in halves (the Hugging Face layout): x [T, heads, head_dim], pair
+    (i, i + head_dim / 2) turned by angle i; cos and sin [T, head_dim]."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos[:, None] + torch.cat([-second, first], dim=-1) * sin[:, None]
+
+
+def inv_frequencies(cfg, head_dim):
+    """The rotary frequency of each pair with the config's rope_scaling (none, linear,
+    llama3, yarn), and yarn's factor on cos and sin."""
+    theta = cfg.get("rope_theta", 10000.0)
+    plain = [theta ** (-2.0 * i / head_dim) for i in range(head_dim // 2)]
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if not kind:
+        return plain, 1.0
+    factor = scaling["factor"]
+    if kind == "linear":  # positions divided by the factor
+        return [f / factor for f in plain], 1.0
+    if kind == "llama3":  # long wavelengths slowed by the factor, short ones kept, blended between
+        original = scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        scaled = []
+        for f in plain:
+            wavelength = 2 * math.pi / f
+            if wavelength > original / low:
+                scaled.append(f / factor)
+            elif wavelength < original / high:
+                scaled.append(f)
+            else:
+                t = (original / wavelength - low) / (high - low)
+                scaled.append(t * f + (1 - t) * f / factor)
+        return scaled, 1.0
+    if kind == "yarn":  # pairs that turn fewer than beta_slow times kept, more than beta_fast scaled, ramp between
+        original = scaling.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+        beta_fast, beta_slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
+
+        def pair_turning(turns):  # the (fractional) pair index that turns `turns` times over the original context
+            return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+        lo = max(math.floor(pair_turning(beta_fast)), 0)
+        hi = min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+        width = hi - lo if hi != lo else 0.001
+        scaled = []
+        for i, f in enumerate(plain):
+            ramp = min(max((i - lo) / width, 0.0), 1.0)  # 0: keep, 1: scale
+            scaled.append(f * (1 - ramp) + f / factor * ramp)
+        mscale = scaling.get("attention_factor") or (1.0 if factor <= 1 else 1.0 + 0.1 * math.log(factor))
+        return scaled, mscale
+    raise ValueError(f"rope_scaling {kind!r} is not one this test knows")
 
 
 def reference_logits(model_dir, tokens):
