@@ -3,6 +3,7 @@
 // draws, under every sampler setting), and their greedy walks.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,48 +13,77 @@
 #include "engine/sample/rng.hpp"
 #include "engine/sample/sampler.hpp"
 #include "kernels/cpu/sample.hpp"
+#include "tests/support/chi_square.hpp"
 
 namespace troupe {
 namespace {
 
-// Pearson's chi-square of counts against probabilities (cells of expectation under 5
-// merged into one).
-double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& probs, int64_t n, int* dof) {
-  double chi = 0.0, rest_obs = 0.0, rest_exp = 0.0;
-  int cells = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    const double e = probs[i] * static_cast<double>(n);
-    if (e < 5.0) {
-      rest_obs += static_cast<double>(counts[i]);
-      rest_exp += e;
-      continue;
-    }
-    chi += (static_cast<double>(counts[i]) - e) * (static_cast<double>(counts[i]) - e) / e;
-    ++cells;
-  }
-  if (rest_exp > 0.0) {
-    chi += (rest_obs - rest_exp) * (rest_obs - rest_exp) / std::max(rest_exp, 1e-9);
-    ++cells;
-  }
-  *dof = cells - 1;
-  return chi;
+using test::chi_square;
+
+// A chi-square check of one position's draws, with what it was (for CAPTURE).
+struct position_check {
+  std::string what;
+  test::chi_square_result r;
+};
+
+// The distribution plain sampling draws from after `history` (the prompt, then these
+// tokens), for the logits `row`.
+std::vector<double> plain_distribution(const sampling_params& p, const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& history, const std::vector<float>& row) {
+  sampler ref(p, prompt);
+  for (int32_t t : history) ref.replay(t);
+  std::vector<float> logits = row, probs(row.size());
+  ref.distribution(logits.data(), static_cast<int32_t>(row.size()), probs.data());
+  return {probs.begin(), probs.end()};
 }
 
-// The chi-square value a correct sampler exceeds with probability 1e-4, for dof degrees
-// of freedom (Wilson-Hilferty).
-double critical(int dof) {
-  const double z = 3.719;  // the standard normal's 1e-4 upper quantile
-  const double k = dof;
-  const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
-  return k * t * t * t;
+// Counts of draws by what came before them.
+using counts_by = std::map<std::vector<int32_t>, std::vector<int64_t>>;
+
+void count(counts_by& c, std::vector<int32_t> before, int32_t token, int32_t vocab) {
+  auto& v = c[std::move(before)];
+  v.resize(static_cast<size_t>(vocab), 0);
+  ++v[static_cast<size_t>(token)];
+}
+
+int64_t total(const std::vector<int64_t>& v) {
+  int64_t m = 0;
+  for (int64_t x : v) m += x;
+  return m;
+}
+
+// Histories with at least `min_draws` draws after them, each checked against plain
+// sampling's distribution there (its row from row_of); how many were checked.
+int check_positions(const counts_by& c, int64_t min_draws, const sampling_params& p, const std::vector<int32_t>& prompt,
+                    const std::function<std::vector<float>(const std::vector<int32_t>&)>& row_of) {
+  int checked = 0;
+  for (const auto& [history, counts] : c) {
+    const int64_t m = total(counts);
+    if (m < min_draws) continue;
+    const auto r = chi_square(counts, plain_distribution(p, prompt, history, row_of(history)), m);
+    std::string after;
+    for (int32_t t : history) after += std::to_string(t) + " ";
+    CAPTURE(after);
+    CAPTURE(m);
+    CAPTURE(r.chi);
+    CAPTURE(r.critical);
+    CHECK(r.passes());
+    ++checked;
+  }
+  return checked;
 }
 
 }  // namespace
 
+// Each position is checked where its history was seen often enough for the test to have
+// power (min_draws), and every position must have been checked at least once: the first
+// token, the second after an accepted first draft, and the bonus token after both drafts
+// were accepted (its own row of logits).
 TEST_CASE("rejection sampling emits the target's distribution at every position, under every sampler setting") {
   constexpr int32_t vocab = 12;
   const std::vector<float> l0 = {1.0f, 2.5f, 0.3f, -1.0f, 1.9f, 0.0f, 2.2f, -0.5f, 1.4f, 0.8f, -2.0f, 1.7f};
   const std::vector<float> l1 = {0.2f, -0.4f, 2.1f, 1.1f, 0.9f, 1.6f, -1.2f, 0.4f, 2.4f, 0.1f, 1.3f, -0.7f};
+  const std::vector<float> l2 = {1.5f, 0.5f, -0.3f, 2.0f, 0.1f, 1.2f, 0.7f, 2.6f, -1.0f, 0.9f, 0.2f, 1.1f};
   // The draft's own logits: a different, overconfident guess.
   const std::vector<float> g0 = {0.0f, 0.5f, 3.0f, 0.0f, 2.8f, 0.0f, 0.2f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   const std::vector<float> g1 = {0.0f, 0.0f, 0.4f, 3.1f, 0.0f, 0.0f, 0.0f, 2.2f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -81,16 +111,13 @@ TEST_CASE("rejection sampling emits the target's distribution at every position,
   });
   add("point-mass drafts", [](sampling_params&) {}, true);
   const std::vector<int32_t> prompt = {1, 4, 4, 6, 2};
+  auto row_of = [&](const std::vector<int32_t>& history) { return history.empty() ? l0 : history.size() == 1 ? l1 : l2; };
 
   for (const setting& s : settings) {
     CAPTURE(s.name);
-    // The distributions plain decoding draws from: p0 after the prompt, p1 after d0 too.
-    const int32_t n = 24000;
-    std::vector<int64_t> first(vocab, 0), second(vocab, 0);
-    std::map<int32_t, std::vector<int64_t>> second_by_d0;
-    int64_t accepted_first = 0;
+    const int32_t n = 150000;
+    counts_by positions[3];  // the first token, the second, the bonus third: by their history
     rng draft_rng(99);
-    std::vector<double> p0(vocab), q0(vocab);
     for (int32_t i = 0; i < n; ++i) {
       sampling_params p = s.p;
       p.seed = 1000 + static_cast<uint64_t>(i);
@@ -109,63 +136,43 @@ TEST_CASE("rejection sampling emits the target's distribution at every position,
       std::vector<float> rows(3 * vocab);
       std::copy(l0.begin(), l0.end(), rows.begin());
       std::copy(l1.begin(), l1.end(), rows.begin() + vocab);
-      std::copy(l1.begin(), l1.end(), rows.begin() + 2 * vocab);  // (after d1: unused below)
+      std::copy(l2.begin(), l2.end(), rows.begin() + 2 * vocab);
       const std::vector<int32_t> drafted = {d0, d1};
       const auto got = target.verify(rows.data(), vocab, drafted, s.point_mass ? std::span<const float>{} : std::span<const float>(q));
       REQUIRE(!got.empty());
       REQUIRE(got.size() <= 3);
-      ++first[got[0].token];
-      if (got[0].token == d0 && got.size() >= 2) {
-        // The second position, where the first was the drafted token: compare by d0.
-        auto& c = second_by_d0[d0];
-        c.resize(vocab, 0);
-        ++c[got[1].token];
-        ++accepted_first;
+      // A token after the first comes only after an accepted draft.
+      for (size_t k = 0; k + 1 < got.size(); ++k) REQUIRE(got[k].token == drafted[k]);
+      std::vector<int32_t> history;
+      for (size_t k = 0; k < got.size(); ++k) {
+        count(positions[k], history, got[k].token, vocab);
+        history.push_back(got[k].token);
       }
     }
-    {
-      sampler ref(s.p, prompt);
-      std::vector<float> row = l0, probs(vocab);
-      ref.distribution(row.data(), vocab, probs.data());
-      for (int32_t t = 0; t < vocab; ++t) p0[t] = probs[t];
-      int dof = 0;
-      const double chi = chi_square(first, p0, n, &dof);
-      CAPTURE(chi);
-      CAPTURE(dof);
-      CHECK(chi < critical(dof));
-    }
-    CHECK(accepted_first > 0);
-    for (auto& [d0, counts] : second_by_d0) {
-      int64_t m = 0;
-      for (int64_t c : counts) m += c;
-      if (m < 2000) continue;
-      sampler ref(s.p, prompt);
-      ref.replay(d0);
-      std::vector<float> row = l1, probs(vocab);
-      ref.distribution(row.data(), vocab, probs.data());
-      std::vector<double> p1(probs.begin(), probs.end());
-      int dof = 0;
-      const double chi = chi_square(counts, p1, m, &dof);
-      const auto first = d0;  // (a variable: clang 14 captures no binding)
-      CAPTURE(first);
-      CAPTURE(chi);
-      CHECK(chi < critical(dof));
-    }
+    // The first token over every draw; the later ones by the drafts accepted before them.
+    CHECK(check_positions(positions[0], n, s.p, prompt, row_of) == 1);
+    CHECK(check_positions(positions[1], 500, s.p, prompt, row_of) >= 1);
+    CHECK(check_positions(positions[2], 500, s.p, prompt, row_of) >= 1);
   }
 }
 
-TEST_CASE("a token tree's verification emits the target's distribution, whichever branch is taken") {
+// Trees fixed, and trees drawn afresh for every draw (the verifier must emit the target's
+// distribution whatever tree it is handed, as long as the tree does not depend on the
+// target's own randomness).
+TEST_CASE("a token tree's verification emits the target's distribution, whichever tree and branch") {
   constexpr int32_t vocab = 12;
   const std::vector<std::vector<float>> l = {
       {1.0f, 2.5f, 0.3f, -1.0f, 1.9f, 0.0f, 2.2f, -0.5f, 1.4f, 0.8f, -2.0f, 1.7f},
       {0.2f, -0.4f, 2.1f, 1.1f, 0.9f, 1.6f, -1.2f, 0.4f, 2.4f, 0.1f, 1.3f, -0.7f},
       {1.5f, 0.5f, -0.3f, 2.0f, 0.1f, 1.2f, 0.7f, 2.6f, -1.0f, 0.9f, 0.2f, 1.1f},
-      {-0.5f, 1.8f, 0.6f, 0.0f, 2.3f, -1.4f, 1.0f, 0.3f, 1.9f, 2.2f, 0.4f, 0.8f}};
-  // The tree: three children of the sequence's end (tokens 4, 2, 6); two under the first
-  // (3, 7), one under the second (8). Node i's row follows its path.
-  const std::vector<int32_t> draft = {4, 2, 6, 3, 7, 8};
+      {-0.5f, 1.8f, 0.6f, 0.0f, 2.3f, -1.4f, 1.0f, 0.3f, 1.9f, 2.2f, 0.4f, 0.8f},
+      {0.9f, 0.1f, 1.7f, -0.2f, 0.5f, 2.1f, 1.3f, -0.9f, 0.6f, 1.5f, 2.4f, 0.0f},
+      {2.0f, -1.1f, 0.8f, 1.4f, -0.3f, 0.2f, 1.9f, 1.1f, 0.4f, -0.6f, 1.2f, 2.3f},
+      {0.3f, 1.6f, -0.8f, 2.2f, 1.0f, 0.7f, -0.1f, 1.8f, 2.5f, 0.6f, -1.3f, 0.9f}};
+  // The tree's shape: three children of the sequence's end; two under the first, one under
+  // the second. Node i's row is l[i + 1]; the sequence end's, l[0].
   const std::vector<int32_t> parent = {-1, -1, -1, 0, 0, 1};
-  const std::vector<int> row_of = {0, 1, 2, 3, 1, 1, 2};  // row 0, then node i's at i + 1
+  const std::vector<int32_t> fixed = {4, 2, 6, 3, 7, 8};
   std::vector<sampling_params> settings(4);
   for (auto& p : settings) p.temperature = 1.0f;
   settings[1].temperature = 0.6f;
@@ -175,55 +182,62 @@ TEST_CASE("a token tree's verification emits the target's distribution, whicheve
   settings[3].presence_penalty = 0.4f;
   settings[3].logit_bias = {{2, 1.5f}, {8, -3.0f}};
   const std::vector<int32_t> prompt = {1, 4, 4, 6, 2};
-  for (size_t si = 0; si < settings.size(); ++si) {
-    CAPTURE(si);
-    const int32_t n = 24000;
-    std::vector<int64_t> first(vocab, 0);
-    std::map<int32_t, std::vector<int64_t>> second;  // by the first token
-    std::vector<int64_t> depth(4, 0);
-    for (int32_t i = 0; i < n; ++i) {
-      sampling_params p = settings[si];
-      p.seed = 5000 + static_cast<uint64_t>(i);
-      sampler target(p, prompt);
-      std::vector<float> rows;
-      for (int r : row_of) rows.insert(rows.end(), l[r].begin(), l[r].end());
-      std::vector<int32_t> path;
-      const auto got = target.verify_tree(rows.data(), vocab, draft, parent, path);
-      REQUIRE(got.size() == path.size() + 1);
-      for (size_t j = 0; j < path.size(); ++j) CHECK(got[j].token == draft[path[j]]);
-      ++depth[path.size()];
-      ++first[got[0].token];
-      if (got.size() >= 2) {
-        auto& c = second[got[0].token];
-        c.resize(vocab, 0);
-        ++c[got[1].token];
+  for (const bool drawn : {false, true}) {
+    for (size_t si = 0; si < settings.size(); ++si) {
+      CAPTURE(drawn);
+      CAPTURE(si);
+      const int32_t n = 100000;
+      counts_by first, second;  // second: by (the first token, the node it was)
+      std::vector<int64_t> depth(4, 0);
+      rng tree_rng(77);
+      for (int32_t i = 0; i < n; ++i) {
+        sampling_params p = settings[si];
+        p.seed = 5000 + static_cast<uint64_t>(i);
+        sampler target(p, prompt);
+        // A drawn tree: distinct tokens among siblings, from the tree's own generator.
+        std::vector<int32_t> draft = fixed;
+        if (drawn) {
+          auto distinct = [&](size_t from, size_t count) {
+            for (size_t k = from; k < from + count; ++k)
+              do draft[k] = static_cast<int32_t>(tree_rng.uniform() * vocab) % vocab;
+              while (std::find(draft.begin() + static_cast<ptrdiff_t>(from), draft.begin() + static_cast<ptrdiff_t>(k), draft[k]) !=
+                     draft.begin() + static_cast<ptrdiff_t>(k));
+          };
+          distinct(0, 3);
+          distinct(3, 2);
+          distinct(5, 1);
+        }
+        std::vector<float> rows(l[0].begin(), l[0].end());
+        for (size_t node = 0; node < draft.size(); ++node) rows.insert(rows.end(), l[node + 1].begin(), l[node + 1].end());
+        std::vector<int32_t> path;
+        const auto got = target.verify_tree(rows.data(), vocab, draft, parent, path);
+        REQUIRE(got.size() == path.size() + 1);
+        for (size_t j = 0; j < path.size(); ++j) CHECK(got[j].token == draft[static_cast<size_t>(path[j])]);
+        ++depth[path.size()];
+        count(first, {}, got[0].token, vocab);
+        // The second token follows the row of the node the first was; the key records both.
+        if (got.size() >= 2) count(second, {got[0].token, path[0]}, got[1].token, vocab);
       }
-    }
-    CHECK(depth[1] > 0);
-    CHECK(depth[2] > 0);
-    sampler ref(settings[si], prompt);
-    std::vector<float> row = l[0], probs(vocab);
-    ref.distribution(row.data(), vocab, probs.data());
-    int dof = 0;
-    double chi = chi_square(first, std::vector<double>(probs.begin(), probs.end()), n, &dof);
-    CAPTURE(chi);
-    CHECK(chi < critical(dof));
-    // After a first token the tree holds, the second follows that node's row.
-    for (const auto& [token, counts] : second) {
-      int64_t m = 0;
-      for (int64_t c : counts) m += c;
-      const auto node = std::find(draft.begin(), draft.begin() + 3, token) - draft.begin();
-      REQUIRE(node < 3);
-      if (m < 2000) continue;
-      sampler after(settings[si], prompt);
-      after.replay(token);
-      std::vector<float> r = l[row_of[node + 1]], p1(vocab);
-      after.distribution(r.data(), vocab, p1.data());
-      const double c2 = chi_square(counts, std::vector<double>(p1.begin(), p1.end()), m, &dof);
-      const auto t = token;  // (a variable: clang 14 captures no binding)
-      CAPTURE(t);
-      CAPTURE(c2);
-      CHECK(c2 < critical(dof));
+      CHECK(depth[1] > 0);
+      CHECK(depth[2] > 0);
+      auto row_of = [&](const std::vector<int32_t>& history) { return history.empty() ? l[0] : l[static_cast<size_t>(history[1]) + 1]; };
+      CHECK(check_positions(first, n, settings[si], prompt, row_of) == 1);
+      // The second token after each (first token, node it was): the node's row, after the
+      // first token alone as history.
+      int checked = 0;
+      for (const auto& [key, counts] : second) {
+        const int64_t m = total(counts);
+        if (m < 500) continue;
+        const auto r = chi_square(counts, plain_distribution(settings[si], prompt, {key[0]}, l[static_cast<size_t>(key[1]) + 1]), m);
+        const int32_t token = key[0], node = key[1];  // (variables: clang 14 captures no binding)
+        CAPTURE(token);
+        CAPTURE(node);
+        CAPTURE(m);
+        CAPTURE(r.chi);
+        CHECK(r.passes());
+        ++checked;
+      }
+      CHECK(checked >= 1);
     }
   }
 }
