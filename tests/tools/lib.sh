@@ -125,21 +125,20 @@ print("".join(c["choices"][0].get("text", "") for c in map(json.loads, ev[:-1]) 
 served_as_run() {
   local what=$1 body=$2 max=$3 prompt=$4 counts p_tokens c_tokens want
   shift 4
-  counts=$(python3 - "$body" "$max" <<'PY') || fail "$what: $counts $(head -c 300 "$body")"
+  counts=$(python3 -c '
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))
     c = d["choices"][0]
     assert c["text"], "no text"
-    assert c["finish_reason"] == "length", f"finish_reason {c['finish_reason']}, not length"
+    assert c["finish_reason"] == "length", "finish_reason %s, not length" % c["finish_reason"]
     u = d["usage"]
-    assert u["completion_tokens"] == int(sys.argv[2]), f"{u['completion_tokens']} tokens, not max_tokens {sys.argv[2]}"
+    assert u["completion_tokens"] == int(sys.argv[2]), "%d tokens, not max_tokens %s" % (u["completion_tokens"], sys.argv[2])
 except Exception as e:
     print(e)
     sys.exit(1)
 open(sys.argv[1] + ".text", "w").write(c["text"])
-print(u["prompt_tokens"], u["completion_tokens"])
-PY
+print(u["prompt_tokens"], u["completion_tokens"])' "$body" "$max") || fail "$what: $counts $(head -c 300 "$body")"
   read -r p_tokens c_tokens <<<"$counts"
   served_prompt_tokens=$p_tokens
   want=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "$prompt" -t 0 -q --ignore-eos \

@@ -382,6 +382,17 @@ TEST_CASE("a [speculative] table: the command line's names, the draft beside the
   says("method = \"ngram\"\nexit_layer = 2\n", "[speculative] exit_layer applies to early-exit");
   says("method = \"draft\"\n", "[speculative] method draft needs [speculative] draft = FILE");
   says("k = 4\n", "apply with [speculative] method ngram, draft, early-exit, medusa or eagle");
+  // The step's budget for drafts: larger batches get drafts; a tree needs room for itself.
+  auto budget = parse_topology_text(std::string(base) + ok_replica + "[speculative]\nmethod = \"ngram\"\nmax_step_tokens = 64\n",
+                                    "t.toml", "/d");
+  REQUIRE(budget.has_value());
+  auto budget_config = speculative_config_of(budget->speculative, stories(), true);
+  REQUIRE(budget_config.has_value());
+  CHECK(budget_config->max_step_tokens == 64);
+  says("method = \"ngram\"\ntree = [2, 2]\nmax_step_tokens = 6\n",
+       "[speculative] max_step_tokens must be at least 7 (the tree's nodes and its root)");
+  says("method = \"ngram\"\nmax_step_tokens = 0\n", "max_step_tokens must be in 1..65536");
+  says("max_step_tokens = 16\n", "apply with [speculative] method");
 }
 
 TEST_CASE("[kv] eviction keys: troupe-run's names, the deployment's default, mistakes named") {

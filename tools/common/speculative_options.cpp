@@ -20,7 +20,7 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
   if (!method) return error{method_name + ": '" + o.method + "' is not ngram, draft, early-exit, medusa, eagle or none"};
   c.method = *method;
   if (!c.enabled()) {
-    if (o.k != -1 || !o.draft.empty() || o.exit_layer != 0 || !o.heads.empty() || !o.tree.empty())
+    if (o.k != -1 || !o.draft.empty() || o.exit_layer != 0 || !o.heads.empty() || !o.tree.empty() || o.max_step_tokens != 0)
       return error{k_name + ", " + draft_name + ", " + heads_name + " and " + exit_name + " apply with " + method_name +
                    " ngram, draft, early-exit, medusa or eagle"};
     return c;
@@ -54,6 +54,13 @@ expected<speculative_config> speculative_config_of(const speculative_options& o,
     c.max_step_tokens = std::max({c.max_step_tokens, c.tree_nodes() + 1, c.tree_auto + 1});
   }
   if (o.k != -1) c.k = o.k;
+  if (o.max_step_tokens != 0) {
+    const int32_t least = c.tree.empty() ? 1 : std::max(c.tree_nodes() + 1, c.tree_auto + 1);
+    if (o.max_step_tokens < least)
+      return error{std::string(topology ? "[speculative] max_step_tokens" : "max_step_tokens") + " must be at least " +
+                   std::to_string(least) + (c.tree.empty() ? "" : " (the tree's nodes and its root)")};
+    c.max_step_tokens = o.max_step_tokens;
+  }
   c.exit_layer = o.exit_layer;
   if (o.exit_layer != 0 && c.method != spec_method::early_exit) return error{exit_name + " applies to early-exit"};
   if (o.exit_layer < 0) return error{exit_name + " must be 1 or more"};

@@ -22,6 +22,7 @@ struct speculative_options {
   int32_t exit_layer = 0;       // 0: a quarter of the target's layers
   std::string heads;            // the head file, for methods medusa and eagle
   std::string tree;             // a token tree's widths by depth, "4,2,2"; empty: a chain
+  int32_t max_step_tokens = 0;  // a step's decode tokens and drafts at most (0: the default)
 };
 
 // What a speculative configuration loads: a draft model, or trained heads.

@@ -296,7 +296,8 @@ gpu_config parse_gpu(reader& rd, const toml::table& t) {
 speculative_options parse_speculative(reader& rd, const toml::table& t, const std::string& base_dir) {
   speculative_options o;
   const std::string w = "[speculative]";
-  rd.only(t, w, {"method", "k", "draft", "exit_layer", "exit-layer", "heads", "tree"});
+  rd.only(t, w, {"method", "k", "draft", "exit_layer", "exit-layer", "heads", "tree", "max_step_tokens"});
+  rd.get_in(t, w, "max_step_tokens", o.max_step_tokens, 1, 1 << 16);
   if (rd.get(t, w, "method", o.method) && !parse_spec_method(o.method))
     rd.fail(t.get("method"), w + ": method must be ngram, draft, early-exit, medusa, eagle or none");
   rd.get_in(t, w, "k", o.k, 1, max_draft_tokens);
