@@ -329,7 +329,7 @@ caf::behavior silent_sink(caf::event_based_actor*) {
 
 }  // namespace
 
-TEST_CASE("scheduler actor: a request whose client leaves while its step's claims are out ends after that step; "
+TEST_CASE("scheduler actor: a request whose client leaves while its step's claims are out ends after that step, and "
           "a request sharing its prefix reads only computed blocks") {
   // The blocks a claim is granted are in the kv manager's prefix cache from the claim on.
   // A request that ended between its claim and its step (its client gone) left them there
