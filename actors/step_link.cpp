@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <exception>
 #include <map>
 #include <string>
@@ -186,8 +185,7 @@ void step_link_server::run() {
         done.push_back(k);
         if (!why.empty()) {
           if (meter_) meter_->refused(link_kind::step);
-          std::fprintf(stderr, "troupe: step link on port %u: closed the connection from %s: %s\n",
-                       static_cast<unsigned>(port_), c.peer.c_str(), why.c_str());
+          refusals_("troupe: step link on port " + std::to_string(port_) + ": closed the connection from " + c.peer + ": " + why);
         }
       } else if (c.frame.begun() && now >= c.begun + deadline_.for_bytes(c.frame.frame_bytes())) {
         // A peer that stops (or trickles) in the middle of a frame: its connection goes,
@@ -196,8 +194,8 @@ void step_link_server::run() {
         if (meter_) meter_->stalled(link_kind::step);
         const auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_.for_bytes(c.frame.frame_bytes()));
         refusals_("troupe: step link on port " + std::to_string(port_) + ": closed the connection from " + c.peer +
-                         ": a frame of " + std::to_string(c.frame.frame_bytes()) + " bytes not whole within " +
-                         std::to_string(limit.count()) + " ms (a stalled link)");
+                  ": a frame of " + std::to_string(c.frame.frame_bytes()) + " bytes not whole within " +
+                  std::to_string(limit.count()) + " ms (a stalled link)");
       }
     }
     for (auto k = done.rbegin(); k != done.rend(); ++k) conns_.erase(conns_.begin() + static_cast<ptrdiff_t>(*k));
