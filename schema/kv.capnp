@@ -34,6 +34,11 @@ struct Claim {
                                    # blocks); what the pool lacks of it is loaded
   loadsLanded @12 :Bool;           # KV tiers, a running request: its loads came back whole;
                                    # its blocks are cached from now on
+  chunkLimit @13 :Int32;           # KV eviction: positions a step computes for it at most (0:
+                                   # no limit); an admission's first chunk ends there, or at
+                                   # its budget or prompt, whatever its prefix hit
+  hitMargin @14 :Int32;            # KV eviction, an admission: the last tokens of that first
+                                   # chunk a prefix hit never covers
 }
 
 struct KvStep {

@@ -58,6 +58,8 @@ std::vector<uint8_t> kv_claim_sender::encode(const kv_step_request& q) {
     out.setRewriteFrom(c.rewrite_from);
     out.setTierTokens(c.tier_tokens);
     out.setLoadsLanded(c.loads_landed);
+    out.setChunkLimit(c.chunk_limit);
+    out.setHitMargin(c.hit_margin);
     int32_t& known = known_[c.id];
     if (c.admit) known = 0;
     const auto rest = c.tokens.subspan(static_cast<size_t>(known));
@@ -188,6 +190,10 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
         return error{who() + "a compaction from slot " + std::to_string(rewrite) + " of " +
                      std::to_string(c.getAdmit() ? 0 : c.getComputed() - evicted) + " cached" +
                      (budget == 0 ? ", without a KV budget" : "")};
+      if (c.getChunkLimit() < 0 || c.getChunkLimit() > most || c.getHitMargin() < 0 || c.getHitMargin() > lim_.context ||
+          (budget == 0 && (c.getChunkLimit() != 0 || c.getHitMargin() != 0)))
+        return error{who() + "a chunk limit of " + std::to_string(c.getChunkLimit()) + " and a hit margin of " +
+                     std::to_string(c.getHitMargin()) + " tokens" + (budget == 0 ? ", without a KV budget" : "")};
       const int64_t drafts = c.getSpeculative();
       if (c.getTierTokens() < 0 || c.getTierTokens() > total || (!c.getAdmit() && c.getTierTokens() != 0))
         return error{who() + "a tier prefix of " + std::to_string(c.getTierTokens()) + " tokens of " + std::to_string(total)};
@@ -221,7 +227,7 @@ expected<decoded_kv_step> kv_claim_receiver::decode(std::span<const uint8_t> byt
                                             static_cast<int32_t>(std::min<uint32_t>(c.getHeldBlocks(), INT32_MAX)),
                                             c.getNamespace(), tokens_[c.getRequestId()], c.getSpeculative(),
                                             c.getEvicted(), c.getKvBudget(), c.getRewriteFrom(), c.getTierTokens(),
-                                            c.getLoadsLanded()});
+                                            c.getLoadsLanded(), c.getChunkLimit(), c.getHitMargin()});
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed kv claims: ") + e.getDescription().cStr()};

@@ -6,6 +6,15 @@
 #include "kernels/common/assert.hpp"
 
 namespace troupe {
+namespace {
+
+// Where an evicting admission's first chunk ends: at its prompt, its budget or the most a
+// step computes for it, whichever comes first.
+int32_t first_chunk_end(const kv_claim& c, int32_t total) {
+  return std::min({total, c.kv_budget, c.chunk_limit > 0 ? c.chunk_limit : total});
+}
+
+}  // namespace
 
 kv_block_manager::kv_block_manager(uint32_t num_blocks, int32_t block_size, bool prefix_caching)
     : pool_(num_blocks), cache_(num_blocks), block_size_(block_size), prefix_caching_(prefix_caching) {
@@ -147,8 +156,13 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
       if (held != held_.end()) return error{who() + "admitted while it holds blocks"};
       if (total == 0) return error{who() + "admitted without tokens"};
       hits = match_prefix(c.tokens, c.ns);
-      // An evicting request's hits leave it room under its budget.
-      if (c.kv_budget > 0) hits.resize(std::min(hits.size(), static_cast<size_t>((c.kv_budget - 1) / block_size_)));
+      // An evicting request's first chunk ends where it would without a hit, and the hit
+      // leaves the chunk's last hit_margin tokens to compute: what its policy sees then is
+      // the same with or without a hit.
+      if (c.kv_budget > 0) {
+        const int32_t end = first_chunk_end(c, total);
+        hits.resize(std::min(hits.size(), static_cast<size_t>(std::max(0, end - std::max(1, c.hit_margin)) / block_size_)));
+      }
       g.first = static_cast<int32_t>(hits.size()) * block_size_;
       // The tiers hold more of its prefix: those blocks are loaded, not computed (whole
       // blocks, and never its last token, whose logits are wanted).
@@ -179,6 +193,8 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
         return error{who() + "holds " + std::to_string(slots) + " slots, at or over its KV budget of " +
                      std::to_string(c.kv_budget)};
       g.count = std::min(g.count, c.kv_budget - slots);
+      if (c.admit) g.count = std::min(g.count, first_chunk_end(c, total) - g.first);
+      if (c.chunk_limit > 0) g.count = std::min(g.count, c.chunk_limit);
     }
     const size_t before = c.admit ? 0 : static_cast<size_t>(c.held);
     const int32_t end_slot = g.first - shift + g.count;

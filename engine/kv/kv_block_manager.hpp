@@ -54,7 +54,8 @@ struct kv_claim {
                              // computed - evicted slots)
   int32_t kv_budget = 0;     // KV eviction: slots its blocks may hold at most (0: no limit);
                              // granted no more positions than fit, cached as its admission
-                             // fills its blocks (not later), prefix hits below its budget
+                             // fills its blocks (not later), prefix hits within its first
+                             // chunk (chunk_limit, hit_margin)
   int32_t rewrite_from = -1; // KV eviction: this step's compaction rewrites its slots from
                              // here on (-1: none), so the blocks from there to the step's
                              // last position must be its own: one shared with another
@@ -66,6 +67,13 @@ struct kv_claim {
   bool loads_landed = false; // KV tiers, a running request: its loads came back whole, so
                              // its blocks are cached from now on (not before: a failed load
                              // would leave garbage in them)
+  int32_t chunk_limit = 0;   // KV eviction: positions a step computes for it at most (0: no
+                             // limit); an admission's first chunk ends there, or at its
+                             // budget or prompt, whatever its prefix hit
+  int32_t hit_margin = 0;    // KV eviction, an admission: the last tokens of that first chunk
+                             // a prefix hit never covers (the queries whose attention its
+                             // policy counts; at least one), so that a hit changes nothing
+                             // the request computes or its policy sees
 };
 
 struct kv_grant {

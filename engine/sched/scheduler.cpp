@@ -291,6 +291,10 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
                                 admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
                                 drafts, admit ? 0 : r.evicted, r.eviction.enabled() ? r.eviction.budget : 0});
     if (admit) q.claims.back().tier_tokens = tier_prefix(r);
+    if (r.eviction.enabled()) {
+      q.claims.back().chunk_limit = cfg_.max_step_tokens;
+      q.claims.back().hit_margin = r.eviction.wants_attention() ? attention_mass_queries : 1;
+    }
     q.claims.back().loads_landed = !admit && r.loads_landed;
     // Its compaction this step, if any: the blocks it writes become its own.
     for (const planned_compaction& c : d.plan.compactions)
@@ -299,16 +303,17 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
     left -= r.num_tokens() + drafts - (admit ? 0 : r.num_computed_tokens);
     --slots;
   };
-  // Running requests first, in scheduling order.
+  // Running requests first, in scheduling order. An evicting request's chunk is computed
+  // whole or waits for a step with room for it (eviction_chunk).
   for (request* r : running_) {
     if (left <= 0 || slots == 0) break;
-    if (!r->in_flight && !d.blocked.count(r->id)) claim(*r, false);
+    if (!r->in_flight && !d.blocked.count(r->id) && eviction_chunk(*r, false) <= left) claim(*r, false);
   }
   // Then waiting ones, unless memory ran short this step.
   if (d.admitting && d.plan.preempted.empty()) {
     size_t room = running_.size() < static_cast<size_t>(cfg_.max_running) ? cfg_.max_running - running_.size() : 0;
     for (request* r : waiting_) {
-      if (left <= 0 || slots == 0 || room == 0) break;
+      if (left <= 0 || slots == 0 || room == 0 || eviction_chunk(*r, true) > left) break;
       claim(*r, true);
       --room;
     }

@@ -37,6 +37,19 @@ void scheduler::make_room(step_draft& d, request& r, int32_t wanted) {
   d.plan.compactions.push_back(std::move(c));
 }
 
+// The positions an evicting request's next step computes (its drafts aside): its prompt's
+// next chunk, which ends at its budget (after its policy's compaction) or at the most a step
+// computes, whatever else runs, so that its chunks, and what its policy sees of them, are
+// the same in any batch. Zero for a request without eviction.
+int32_t scheduler::eviction_chunk(const request& r, bool admit) const {
+  const kv_eviction_config& e = r.eviction;
+  if (!e.enabled()) return 0;
+  if (admit) return std::min({r.num_tokens(), e.budget, cfg_.max_step_tokens});
+  const int32_t slots = r.num_computed_tokens - r.evicted, wanted = r.num_tokens() - r.num_computed_tokens;
+  const int32_t keep = slots_to_keep(e, slots, wanted, cfg_.kv.block_size);
+  return std::min({wanted, e.budget - keep, cfg_.max_step_tokens});
+}
+
 scheduler::eviction_usage scheduler::eviction_now() const {
   eviction_usage u;
   for (const request* r : running_) {

@@ -318,6 +318,24 @@ TEST_CASE("a claim's eviction figures are refused where they contradict it") {
   CHECK(why(rewriting(2, 0, false)).find("without a KV budget") != std::string::npos);
   CHECK(why(rewriting(0, 12, true)).find("a compaction from slot 0") != std::string::npos);
   CHECK(why(rewriting(-2, 12, false)).find("a compaction from slot -2") != std::string::npos);
+  // The chunk limit and hit margin: non-negative, the margin within the context, and both
+  // only with a budget.
+  auto chunking = [&](int32_t limit, int32_t margin, int32_t budget) {
+    return rx.decode(one_claim(1, true, 3, true, 0, 0, std::vector<int32_t>(20, 5), [&](schema::Claim::Builder c) {
+      c.setKvBudget(budget);
+      c.setChunkLimit(limit);
+      c.setHitMargin(margin);
+    }));
+  };
+  auto chunked = chunking(64, 32, 12);
+  REQUIRE_MESSAGE(chunked.has_value(), why(chunked));
+  CHECK(chunked->request.claims[0].chunk_limit == 64);
+  CHECK(chunked->request.claims[0].hit_margin == 32);
+  CHECK(chunking(0, 0, 0).has_value());
+  CHECK(why(chunking(-1, 1, 12)).find("a chunk limit of -1") != std::string::npos);
+  CHECK(why(chunking(8, -3, 12)).find("a hit margin of -3") != std::string::npos);
+  CHECK(why(chunking(8, 65, 12)).find("a hit margin of 65") != std::string::npos);
+  CHECK(why(chunking(8, 1, 0)).find("without a KV budget") != std::string::npos);
 }
 
 TEST_CASE("a claim's draft positions are refused out of range, and on an admission") {

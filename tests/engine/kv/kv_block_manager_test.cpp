@@ -352,4 +352,66 @@ TEST_CASE("an evicting request takes prefix hits below its budget, and copies th
   CHECK_FALSE(m.grant(q).has_value());
 }
 
+TEST_CASE("an evicting admission's hit stops short of its first chunk's end by its margin, and its chunks end at "
+          "the chunk limit, hit or not") {
+  const auto prompt = seq(100, 30);  // seven full blocks and two tokens
+  kv_block_manager m(64, bs, true);
+  kv_step_request q;
+  q.budget = 64;
+  q.claims = {{request_id{1}, true, 0, 0, 0, prompt}};
+  REQUIRE(m.grant(q).has_value());
+  REQUIRE(m.match_prefix(prompt, 0).size() == 7);
+
+  struct sample {
+    int32_t budget, chunk_limit, margin, first, count;
+  };
+  // The first chunk ends at the budget or the chunk limit (the prompt is longer); the hit
+  // covers whole blocks up to that end less the margin, and the grant runs to the end.
+  const sample samples[] = {
+      {20, 0, 6, 12, 8},   // ends at 20; hit <= 14: three blocks
+      {20, 0, 1, 16, 4},   // a margin of one: four blocks, the 20th token computed
+      {20, 0, 0, 16, 4},   // no margin is a margin of one
+      {20, 10, 6, 4, 6},   // ends at 10; hit <= 4: one block
+      {20, 10, 12, 0, 10}, // a margin past the chunk: no hit
+      {40, 64, 6, 24, 6},  // ends at the prompt (30); hit <= 24: six blocks
+  };
+  uint64_t id = 10;
+  for (const sample& s : samples) {
+    CAPTURE(s.budget);
+    CAPTURE(s.chunk_limit);
+    CAPTURE(s.margin);
+    kv_claim c{request_id{++id}, true, 0, 0, 0, prompt};
+    c.kv_budget = s.budget;
+    c.chunk_limit = s.chunk_limit;
+    c.hit_margin = s.margin;
+    q.claims = {c};
+    const auto g = m.grant(q);
+    REQUIRE(g.has_value());
+    REQUIRE(g->grants.size() == 1);
+    CHECK(g->grants[0].first == s.first);
+    CHECK(g->grants[0].count == s.count);
+  }
+
+  // Without a hit the chunks are the same: the first ends at 10, the next is 10 more.
+  kv_block_manager cold(64, bs, true);
+  kv_claim c{request_id{2}, true, 0, 0, 0, prompt};
+  c.kv_budget = 20;
+  c.chunk_limit = 10;
+  c.hit_margin = 6;
+  q.claims = {c};
+  auto g = cold.grant(q);
+  REQUIRE(g.has_value());
+  CHECK(g->grants[0].first == 0);
+  CHECK(g->grants[0].count == 10);
+  c.admit = false;
+  c.computed = 10;
+  c.held = 3;
+  q.claims = {c};
+  g = cold.grant(q);
+  REQUIRE(g.has_value());
+  REQUIRE(g->grants.size() == 1);
+  CHECK(g->grants[0].first == 10);
+  CHECK(g->grants[0].count == 10);  // to the budget, and the chunk limit
+}
+
 }  // namespace troupe

@@ -158,12 +158,13 @@ TEST_CASE("a request's KV policy is refused with the reason where it cannot run 
   }
 }
 
-TEST_CASE("evicting requests share cached prompts, and never change a block another request reads") {
+TEST_CASE("evicting requests share cached prompts, never change a block another request reads, and write their "
+          "own text, hit or not") {
   const auto& l = stories();
   // A long shared opening (three blocks and more), then each request's own words.
   const std::string opening =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her big red "
-      "ball. One day, she saw";
+      "ball and her little brown dog Max. One day, she saw";
   const char* endings[] = {" a dog", " a cat", " a bird", " a tree"};
   std::vector<request_params> reqs;
   for (int i = 0; i < 4; ++i) {
@@ -200,11 +201,16 @@ TEST_CASE("evicting requests share cached prompts, and never change a block anot
   collect();
   for (uint64_t i = 1; i < 4; ++i) REQUIRE(e.add_request(request_id{i}, mixed[i]).has_value());
   for (int steps = 0; e.has_unfinished() && steps < 2000; ++steps) collect();
-  CHECK(cached_prompt >= 32);  // the evicting request's prompt came from the cache, in part
+  // The evicting request's prompt came from the cache, in part: its first chunk ends at its
+  // budget (48), and the hit leaves the 32 queries whose attention H2O counts to compute.
+  CHECK(cached_prompt == 16);
   CHECK(e.stats().evicted_tokens > 0);
-  // The requests with whole caches read the shared blocks unchanged.
+  // The requests with whole caches read the shared blocks unchanged, and the evicting ones
+  // write what they write alone, without a hit and in a batch of one.
   CHECK(out[0] == alone[0]);
   CHECK(out[2] == alone[1]);
+  CHECK(out[1] == alone[2]);
+  CHECK(out[3] == alone[3]);
   // A later request with the same opening hits the cache, whose blocks are intact.
   REQUIRE(e.add_request(request_id{4}, reqs[2]).has_value());
   std::vector<int32_t> again;
@@ -216,6 +222,41 @@ TEST_CASE("evicting requests share cached prompts, and never change a block anot
     }
   CHECK(hit >= 32);
   CHECK(again == alone[1]);
+}
+
+TEST_CASE("an evicting request's prompt chunks are whole whatever else runs: its text is its own alone") {
+  // Where a chunk ends decides which queries a policy counts and which tokens it has
+  // evicted before the next chunk: a chunk cut short by other requests' tokens would make
+  // its text depend on the batch. It waits for a step with room instead.
+  const auto& l = stories();
+  const std::string story =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her big red "
+      "ball and her little brown dog Max. One day, she saw a big tree in the park. She wanted to climb it, but her "
+      "mom said no. Lily was sad, so Max brought her the ball and they played until the sun went down.";
+  for (kv_policy p : {kv_policy::streaming, kv_policy::h2o, kv_policy::scissorhands}) {
+    CAPTURE(kv_policy_name(p));
+    request_params evicting;
+    evicting.prompt = l.tok.encode(story, true);
+    REQUIRE(evicting.prompt.size() > 80);  // three chunks and more under a budget of 40
+    evicting.max_tokens = 60;
+    evicting.ignore_eos = true;
+    evicting.sampling.temperature = 0.0f;
+    evicting.eviction = kv_eviction_config{p, 40, 4, 12, 8};
+    llm_engine solo(l.m, l.tok, small_pool(64));
+    const auto alone = run_all(solo, {evicting})[0];
+    // Two requests with long prompts first, each wanting more than a step's 64 tokens (in
+    // namespaces of their own: no prefix hit shortens them).
+    std::vector<request_params> reqs = long_requests(l.tok, 2, 30);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].prompt = l.tok.encode(story + " The end.", true);
+      reqs[i].cache_namespace = 1 + i;
+    }
+    reqs.push_back(evicting);
+    llm_engine e(l.m, l.tok, small_pool(64));
+    const auto got = run_all(e, reqs);
+    CHECK(e.stats().evicted_tokens > 0);
+    CHECK(got[2] == alone);
+  }
 }
 
 TEST_CASE("n-gram speculation under a KV budget: drafts verified, every request within its budget") {
