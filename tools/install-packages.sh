@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(g++ clang cmake ninja-build pkg-config doctest-dev libcli11-dev libtomlplusplus-dev capnproto libcapnp-dev libcaf-dev libspdlog-dev
           libcpp-httplib-dev libboost-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev curl python3 prometheus
           python3-torch   # (the model families' test compares logits with a torch reference; troupe-train)
+          python3-numpy   # (KV eviction's served test computes each policy's output independently)
           libopenblas0-pthread   # (torch's matrix products: Debian's reference BLAS is several times slower)
           systemd python3-yaml   # (troupe-launch export's test verifies units, reads manifests)
           chromium               # (the status page's test renders it headless)

@@ -2,8 +2,10 @@
 # KV eviction served by a PP=2 cluster (two troupe-node processes, troupe-launch) over the
 # OpenAI HTTP API: the topology's [kv] policy is the deployment's default, and greedy
 # completions under it are troupe-run's under the same policy and budget (the attention
-# the policy ranks by summed over both stages, across the step link); a request's own
-# kv_eviction overrides it ({"policy": "none"}: troupe-run's plain text), streaming runs
+# the policy ranks by summed over both stages, across the step link), and each policy's
+# logprobs and text are those of an independent reference (kv_eviction_reference.py,
+# numpy: attention over exactly the tokens the policy, written from its definition, keeps);
+# a request's own kv_eviction overrides it ({"policy": "none"}: troupe-run's plain text), streaming runs
 # a request past the model's context, a policy that cannot work is a 400 naming the
 # field, and /metrics counts the evicted tokens. [kv] settings that cannot work start
 # nothing. Bounded in time; every node is stopped.
@@ -39,6 +41,30 @@ for p in "Once upon a time" "Lily and Tom went to the"; do
   code=$(post /v1/completions '{"model":"stories260K","prompt":"'"$p"'","max_tokens":200,"temperature":0,"ignore_eos":true,"kv_eviction":{"policy":"scissorhands","budget":48,"window":16}}')
   [[ $code == 200 ]] || fail "scissorhands: '$p': status $code $(cat "$work/body")"
   served_as_run "scissorhands: '$p'" "$work/body" 200 "$p" --kv-policy scissorhands --kv-budget 48 --window 16
+done
+
+# Each policy against an independent reference (kv_eviction_reference.py: the checkpoint
+# read, attention over exactly the kept tokens at their positions, the policy written from
+# its definition): every output token's logprobs and the whole text, after a short prompt
+# and after one longer than the budget (which goes in chunks).
+prompt_ids() {
+  code=$(post /tokenize '{"model":"stories260K","prompt":"'"$1"'"}')
+  [[ $code == 200 ]] || fail "tokenize: status $code $(cat "$work/body")"
+  python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["tokens"])))' "$work/body"
+}
+short=$(prompt_ids "Lily and Tom went to the")
+long=$(prompt_ids "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she saw a big red ball in the park. She ran to the ball and kicked it very hard. The ball flew over the fence and into the garden of an old man.")
+for case in 'short h2o 64' 'short h2o 40 --window 8' 'short scissorhands 48 --window 16' \
+            'short scissorhands 40 --window 24 --history 4' 'short streaming 64 --sinks 4' \
+            'short streaming 48 --sinks 2 --window 30' 'long h2o 48' 'long scissorhands 64' 'long streaming 40'; do
+  read -r which policy budget opts <<<"$case"
+  ids=${!which}
+  fields=$(python3 -c 'import sys; a = sys.argv[1:]; print("".join(",\"%s\":%s" % (a[i][2:], a[i + 1]) for i in range(0, len(a), 2)))' $opts)
+  code=$(post /v1/completions '{"model":"stories260K","prompt":['"$ids"'],"max_tokens":160,"temperature":0,"ignore_eos":true,"logprobs":5,"kv_eviction":{"policy":"'"$policy"'","budget":'"$budget$fields"'}}')
+  [[ $code == 200 ]] || fail "reference: $case: status $code $(cat "$work/body")"
+  # shellcheck disable=SC2086
+  "${TROUPE_TEST_PYTHON:-/usr/bin/python3}" "$(dirname "$0")/kv_eviction_reference.py" "$models/stories260K.bin" \
+    "$models/tok512.bin" "$work/body" "$ids" "$policy" "$budget" $opts || fail "reference: $case"
 done
 
 # Streaming past the context (512 tokens), streamed as it goes.
