@@ -103,7 +103,15 @@ events=$(grep '^chaos [0-9]*: *\(actor\|sigkill\|sigstop\)' "$state/chaos.out" |
 heartbeat=$(sed -n 's/^heartbeat_ms *= *\([0-9]*\).*/\1/p' "$topo")
 [[ -n $heartbeat ]] || { echo "no heartbeat_ms in $topo"; exit 1; }
 # (Past the bound, the gateway's log says when each replica went and came back.)
-late_log() { echo "the gateway's replica changes:"; grep -E "(info|warning) replica " "$state/g.log" | tail -40; }
+late_log() {
+  echo "the gateway's replica changes:"
+  grep -E "(info|warning) replica " "$state/g.log" | tail -40
+  for log in "$state"/*.log; do
+    [[ $log == */g.log || $log == */supervisor.log ]] && continue
+    echo "$(basename "$log" .log): what it saw of other nodes and replicas:"
+    grep -E "unreachable|degraded|down|lost|ready|restart|connect|timeout" "$log" | tail -25
+  done
+}
 python3 - "$state/chaos.json" "$heartbeat" <<'PY' || { late_log; exit 1; }
 import json, sys
 stops = [e for e in json.load(open(sys.argv[1])) if e["kind"] == "sigstop"]
