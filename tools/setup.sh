@@ -8,8 +8,12 @@ build_dir=${1:-build}
 
 tools/install-packages.sh
 
+# A build folder made here starts as a unity build (TROUPE_UNITY: a target's files compiled
+# in batches, about half the time of a whole build); one that exists keeps its settings.
+unity=
+[[ -f $build_dir/CMakeCache.txt ]] || unity=-DTROUPE_UNITY=ON
 echo "setup: configuring $build_dir"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${TROUPE_CMAKE_FLAGS:-} >/dev/null
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release $unity ${TROUPE_CMAKE_FLAGS:-} >/dev/null
 echo "setup: building ($(nproc) jobs)"
 cmake --build "$build_dir" -j "$(nproc)"
 
