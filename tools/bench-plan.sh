@@ -7,6 +7,8 @@
 # workloads with troupe-plan (which simulates 4x the requests, for steadier percentiles).
 #   tools/bench-plan.sh
 #   RATE=1 CONCURRENCY=8 LAYOUTS="pp1 pp2" tools/bench-plan.sh
+#   KEEP=dir tools/bench-plan.sh      also keeps the profile and every run's JSON in dir
+#                                     (tests/data/plan-recorded holds one such sitting)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh build >&2
@@ -118,4 +120,9 @@ PY
 done
 echo >&2
 cp "$work/machine.json" "${PROFILE_OUT:-/dev/null}"
+if [[ -n ${KEEP:-} ]]; then
+  mkdir -p "$KEEP"
+  cp "$work"/*.json "$KEEP/"
+  echo "kept the profile and the runs in $KEEP" >&2
+fi
 grep '"threads"\|"step_overhead_ms"' "$work/machine.json" >&2
