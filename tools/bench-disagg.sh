@@ -10,21 +10,41 @@
 # prints each run, then a Markdown table of medians: the chats' inter-token latency (what a
 # long prompt computed beside running streams stalls), their TTFT and the documents', and
 # output throughput.
+#
+# Sized to the machine: the interference shows in the chats' ITL p99 only where more than
+# 1% of their tokens come from a step that also computes a document's chunk. So unless
+# LONG_RATE is given, documents arrive often enough to keep the colocated replica
+# prefilling BUSY (default 0.25) of the time: LONG_RATE = BUSY / (a document's tokens /
+# the prompt tokens a second both threads compute, measured first by troupe-perf
+# prefill). The run lasts about DURATION seconds (default 120) for both kinds.
 #   tools/bench-disagg.sh
+#   LONG_RATE=0.05 LONG_REQUESTS=6 tools/bench-disagg.sh     a fixed load instead
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-2}
 SEED=${SEED:-1}  # every run the same arrivals and prompts
+DURATION=${DURATION:-120}
+BUSY=${BUSY:-0.25}
 CHAT_WORDS=${CHAT_WORDS:-30}
 CHAT_RATE=${CHAT_RATE:-0.6}
-CHAT_REQUESTS=${CHAT_REQUESTS:-72}
+CHAT_REQUESTS=${CHAT_REQUESTS:-$(awk -v r="$CHAT_RATE" -v s="$DURATION" 'BEGIN { printf "%d", r * s + 0.5 }')}
 LONG_WORDS=${LONG_WORDS:-1000}
-LONG_RATE=${LONG_RATE:-0.05}
-LONG_REQUESTS=${LONG_REQUESTS:-6}
 tools/setup.sh build >&2
 source tools/bench-models.sh
 # (A context of 2,048 tokens, for prompts past 1,000.)
 model=$(bench_model syn110m-ctx2k.q8_0.gguf --type q8_0 --context 2048)
+if [[ -z ${LONG_RATE:-} ]]; then
+  perf=$(mktemp)
+  build/tools/troupe-perf -j 2 -r 1 --json "$perf" prefill "$model" -p 1024 >/dev/null
+  prefill=$(python3 -c 'import json, sys; print(next(r["value"] for r in json.load(open(sys.argv[1])) if r["unit"] == "tok/s"))' "$perf")
+  rm -f "$perf"
+  # (A document of LONG_WORDS words is about 1.035 tokens a word.)
+  LONG_RATE=$(awk -v b="$BUSY" -v p="$prefill" -v w="$LONG_WORDS" 'BEGIN { printf "%.3f", b / (w * 1.035 / p) }')
+  echo "sized to this machine: prefill $prefill tokens/s with 2 threads; documents at $LONG_RATE a second keep" \
+       "a colocated replica prefilling $BUSY of the time" >&2
+fi
+LONG_REQUESTS=${LONG_REQUESTS:-$(awk -v r="$LONG_RATE" -v s="$DURATION" 'BEGIN { n = int(r * s + 0.5); print n < 4 ? 4 : n }')}
+echo "load: chats $CHAT_REQUESTS at $CHAT_RATE a second, documents $LONG_REQUESTS at $LONG_RATE a second" >&2
 bench_cluster_scratch
 topology() {  # NAME
   cat >"$work/$1.toml" <<TOML
