@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
+
 #include "actors/agent_link.hpp"
 #include "actors/caf/errors.hpp"
 #include "actors/scheduler_state.hpp"
@@ -189,8 +191,8 @@ void drop_in_flight(self_ptr self, bool was_ready) {
   // A request lost with every step of it lately would take the replica down with it again.
   const std::vector<request_id> doomed = st.sched->doomed();
   if (was_ready)
-    std::fprintf(stderr, "troupe: replica %s degraded: %s; %zu running request(s) will recompute\n",
-                 st.setup.replica.c_str(), st.recovery->why().c_str(), requeued - doomed.size());
+    spdlog::warn("replica {} degraded: {}; {} running request(s) will recompute", st.setup.replica, st.recovery->why(),
+                 requeued - doomed.size());
   for (request_id id : doomed) {
     const std::string why = "its last " + std::to_string(scheduler::max_lost_steps) + " steps failed on replica " +
                             st.setup.replica + " (the latest: " + st.recovery->why() +
@@ -210,9 +212,8 @@ void follow(self_ptr self, const recovery_step& step) {
   if (step.drop_in_flight) drop_in_flight(self, step.announce);
   if (step.announce) {
     if (st.ready())
-      std::fprintf(stderr, "troupe: replica %s ready (canary step passed; not ready for %lld ms: %s)\n",
-                   st.setup.replica.c_str(), static_cast<long long>(st.recovery->last_outage().count()),
-                   st.recovery->why().c_str());
+      spdlog::info("replica {} ready (canary step passed; not ready for {} ms: {})", st.setup.replica,
+                   static_cast<long long>(st.recovery->last_outage().count()), st.recovery->why());
     announce(self);
   }
   switch (step.what) {

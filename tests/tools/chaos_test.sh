@@ -104,8 +104,14 @@ heartbeat=$(sed -n 's/^heartbeat_ms *= *\([0-9]*\).*/\1/p' "$topo")
 [[ -n $heartbeat ]] || { echo "no heartbeat_ms in $topo"; exit 1; }
 # (Past the bound, the gateway's log says when each replica went and came back.)
 late_log() {
+  python3 - "$state/chaos.json" "$heartbeat" <<'PY'
+import json, sys
+for e in json.load(open(sys.argv[1])):
+    if e["kind"] == "sigstop" and not 0 <= e["detect_ms"] <= 3 * float(sys.argv[2]):
+        print(f"late: {e['target']} stopped at {e['at']}, noticed after {e['detect_ms']:.0f} ms")
+PY
   echo "the gateway's replica changes:"
-  grep -E "(info|warning) replica " "$state/g.log" | tail -40
+  grep -E "(info|warning) replica " "$state/g.log" | tail -60
   for log in "$state"/*.log; do
     [[ $log == */g.log || $log == */supervisor.log ]] && continue
     echo "$(basename "$log" .log): what it saw of other nodes and replicas:"

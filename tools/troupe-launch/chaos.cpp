@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -47,8 +48,23 @@ std::map<std::string, int> read_pids(const std::string& table) {
 struct event_result {
   std::string kind, target;
   std::string actor_kind;  // of a killed actor: "stage", "kv-manager", ...
+  std::string at;          // when it was injected, as the nodes' logs write time
   double detect_ms = -1, recover_ms = -1, first_token_ms = -1;
 };
+
+// The wall-clock time now as the nodes' logs write it (local time, milliseconds), so that
+// an event can be found in them.
+std::string log_time_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[40];
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  const size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%03lld", static_cast<long long>(ms));
+  return buf;
+}
 
 // What a node's agent says of its actors, if it answers within 2 s.
 std::optional<wire::node_health> agent_health(caf::scoped_actor& self, const caf::actor& agent) {
@@ -214,6 +230,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       const std::string victim = names[rng() % names.size()];
       r.target = victim + " on node " + node.name;
       t0 = clock_type::now();
+      r.at = log_time_now();
       std::string refused;
       self->request(*agent, std::chrono::seconds(2), kill_atom_v, victim)
           .receive([&](bool killed) { refused = killed ? "" : "no live actor of that name"; },
@@ -230,6 +247,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       }
       r.target = "node " + node.name + " (pid " + std::to_string(pid) + ")";
       t0 = clock_type::now();
+      r.at = log_time_now();
       if (kill(pid, r.kind == "sigkill" ? SIGKILL : SIGSTOP) != 0) {
         // Gone already (a restart the table does not show yet): nothing was injected.
         std::printf("chaos %d: %-7s %-40s not sent: %s\n", e + 1, r.kind.c_str(), r.target.c_str(), std::strerror(errno));
@@ -325,7 +343,8 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
     j << "[";
     for (size_t i = 0; i < results.size(); ++i)
       j << (i ? ",\n " : "") << "{\"kind\":\"" << results[i].kind << "\",\"actor\":\"" << results[i].actor_kind
-        << "\",\"target\":\"" << results[i].target << "\",\"detect_ms\":" << results[i].detect_ms
+        << "\",\"target\":\"" << results[i].target << "\",\"at\":\"" << results[i].at
+        << "\",\"detect_ms\":" << results[i].detect_ms
         << ",\"recover_ms\":" << results[i].recover_ms << ",\"first_token_ms\":" << results[i].first_token_ms << "}";
     j << "]\n";
   }
