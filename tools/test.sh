@@ -19,7 +19,7 @@ background=
 if ((seconds > 0)); then
   tools/configure-sanitized.sh build-sanitize
   # shellcheck disable=SC2086
-  nice -n 19 cmake --build build-sanitize -j "$(nproc)" --target fuzz_targets fuzz_make_seeds ${TROUPE_SANITIZED_TARGETS:-} \
+  setsid nice -n 19 cmake --build build-sanitize -j "$(nproc)" --target fuzz_targets fuzz_make_seeds ${TROUPE_SANITIZED_TARGETS:-} \
     >build-sanitize/background.log 2>&1 &
   background=$!
   echo "test: the sanitized build compiles beside the suite (build-sanitize/background.log)"
@@ -28,11 +28,14 @@ t1=$SECONDS
 status=0
 (cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600) || status=$?
 echo "test: the suite ran in $((SECONDS - t1)) s"
+if ((status != 0)); then
+  [[ -z $background ]] || kill -- "-$background" 2>/dev/null || true  # (its own process group)
+  exit "$status"
+fi
 if [[ -n $background ]]; then
   t2=$SECONDS
   wait "$background" || { tail -50 build-sanitize/background.log; echo "test: the sanitized build failed" >&2; exit 1; }
   echo "test: waited $((SECONDS - t2)) s for the sanitized build"
 fi
-((status == 0)) || exit "$status"
 ((seconds == 0)) || tools/fuzz.sh --seconds "$seconds" build-sanitize
 echo "test: every part passed in $((SECONDS - t0)) s"
