@@ -287,6 +287,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
       },
       [self](link_atom, uint64_t link, const wire_message& answer) { link_answer(self, link, answer); },
       [self](link_atom, uint64_t link, const std::string& why) { link_failed(self, link, why); },
+      [self](link_atom, uint64_t link) { link_dialled(self, link); },
       [self](tick_atom) {
         check_deadline(self);
         check_links(self);

@@ -58,20 +58,26 @@ void canary(self_ptr self) {
   });
 }
 
-// Connects stage i's step link, listening at `port` on the stage's host. The link's
-// thread hands answers to this actor as (link_atom, id, answer) and failures as
-// (link_atom, id, why).
-void connect_link(self_ptr self, size_t i, uint16_t port) {
-  auto& st = self->state;
-  const std::string& host = st.setup.stages[i].host;
-  if (host.empty()) return;
-  const uint64_t id = st.next_link_id++;
-  const caf::actor_addr me = self->address();
+// One dial, on a helper actor's own thread: stage i's step link at host:port, connected
+// (over a secured link, its handshake done) or not, left in `dials`; then the scheduler is
+// told (link_atom, id). The link's thread hands answers to the scheduler as
+// (link_atom, id, answer) and failures as (link_atom, id, why).
+struct dial_order {
+  caf::actor_addr scheduler;
+  uint64_t id = 0;
+  std::string host;
+  uint16_t port = 0;
+  std::shared_ptr<link_dials> dials;
+};
+
+void dial(caf::event_based_actor*, const dial_order& o) {
+  const caf::actor_addr me = o.scheduler;
+  const uint64_t id = o.id;
   auto tell = [me, id](auto&& what) {
     if (auto h = caf::actor_cast<caf::actor>(me)) caf::anon_send(h, link_atom_v, id, std::forward<decltype(what)>(what));
   };
   auto client = step_link_client::connect(
-      host, port,
+      o.host, o.port,
       [tell](expected<wire_message> answer) {
         if (answer)
           tell(std::move(answer).value());
@@ -79,13 +85,24 @@ void connect_link(self_ptr self, size_t i, uint16_t port) {
           tell(answer.err().message);
       },
       [tell](const std::string& why) { tell(why); });
-  if (!client) {
-    std::fprintf(stderr, "troupe: replica %s, stage %zu: %s; its steps go through the middleman\n",
-                 st.setup.replica.c_str(), i, client.err().message.c_str());
-    return;
+  {
+    std::lock_guard<std::mutex> lock(o.dials->mutex);
+    o.dials->made.emplace(id, std::move(client));
   }
-  st.links[i].id = id;
-  st.links[i].client = std::move(client).value();
+  if (auto h = caf::actor_cast<caf::actor>(me)) caf::anon_send(h, link_atom_v, id);
+}
+
+// Dials stage i's step link, listening at `port` on the stage's host; `done` once the
+// dial is over, whatever became of it (the link is the stage's from then on, if made
+// within the same session). The scheduler goes on meanwhile: a stage host that hangs
+// while a link is dialled is noticed as any other.
+void connect_link(self_ptr self, size_t i, uint16_t port, std::function<void()> done) {
+  auto& st = self->state;
+  const std::string& host = st.setup.stages[i].host;
+  if (host.empty()) return done();
+  const uint64_t id = st.next_link_id++;
+  st.dialing[id] = link_dial{st.epoch(), i, std::move(done)};
+  self->spawn<caf::detached>(dial, dial_order{self->address(), id, host, port, st.dials});
 }
 
 // Setting up the device link from stage i to stage i + 1 (GPU stages of one node: the
@@ -164,8 +181,8 @@ void open_links(self_ptr self, uint64_t epoch) {
     self->request(st.stages[i], std::chrono::seconds(2), link_atom_v)
         .then(
             [self, epoch, i, finish_one](uint16_t port) {
-              if (epoch == self->state.epoch()) connect_link(self, i, port);
-              finish_one();
+              if (epoch != self->state.epoch()) return finish_one();
+              connect_link(self, i, port, finish_one);
             },
             [finish_one](caf::error&) { finish_one(); });
   }
@@ -313,6 +330,34 @@ void resolve(self_ptr self) {
         },
         [finish_one](caf::error&) { finish_one(); });
   }
+}
+
+void link_dialled(self_ptr self, uint64_t id) {
+  auto& st = self->state;
+  std::optional<expected<std::unique_ptr<step_link_client>>> made;
+  {
+    std::lock_guard<std::mutex> lock(st.dials->mutex);
+    auto it = st.dials->made.find(id);
+    if (it == st.dials->made.end()) return;
+    made.emplace(std::move(it->second));
+    st.dials->made.erase(it);
+  }
+  auto d = st.dialing.find(id);
+  if (d == st.dialing.end()) return;
+  link_dial dialled = std::move(d->second);
+  st.dialing.erase(d);
+  const size_t i = dialled.stage;
+  // A link dialled for a session since lost closes here (its stage may be another now).
+  if (dialled.epoch == st.epoch()) {
+    if (*made) {
+      st.links[i].id = id;
+      st.links[i].client = std::move(*made).value();
+    } else {
+      std::fprintf(stderr, "troupe: replica %s, stage %zu: %s; its steps go through the middleman\n",
+                   st.setup.replica.c_str(), i, made->err().message.c_str());
+    }
+  }
+  dialled.done();
 }
 
 // A step link whose oldest step has waited past the step timeout loses its stage (an actor

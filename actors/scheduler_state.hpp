@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -57,6 +58,22 @@ struct stage_link {
   std::deque<link_step> pending;
 };
 
+// Step links being dialled, each on a helper actor of its own (a TCP connect and a TLS
+// handshake with a hung host take seconds, which the scheduler never waits out): what
+// each helper made, kept here until the scheduler takes it, told (link_atom, id).
+struct link_dials {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, expected<std::unique_ptr<step_link_client>>> made;
+};
+
+// A dial the scheduler waits for: which session and stage it is for, and what to do once
+// it is over (made or not).
+struct link_dial {
+  uint64_t epoch = 0;
+  size_t stage = 0;
+  std::function<void()> done;
+};
+
 struct scheduler_state {
   static inline const char* name = "troupe.scheduler";
 
@@ -85,6 +102,8 @@ struct scheduler_state {
   std::vector<caf::actor> stages;                    // invalid while lost
   std::vector<stage_link> links;                     // by stage; closed on every loss
   uint64_t next_link_id = 1;
+  std::shared_ptr<link_dials> dials = std::make_shared<link_dials>();
+  std::unordered_map<uint64_t, link_dial> dialing;  // by link id
   std::unordered_map<std::string, caf::actor> peers; // other nodes' agents, by host:port
   std::unique_ptr<replica_recovery> recovery;
   uint64_t session_base = 0;
@@ -179,5 +198,8 @@ void lose_kv(self_ptr self, const std::string& why);
 void resolve(self_ptr self);
 void check_deadline(self_ptr self);
 void check_links(self_ptr self);
+// A helper's dial with this link id is over: its link taken into use, if its session is
+// still the scheduler's.
+void link_dialled(self_ptr self, uint64_t id);
 
 }  // namespace troupe::scheduler_actor_impl
