@@ -323,7 +323,17 @@ caf::behavior router_behavior(self_ptr self, router_setup setup) {
         std::string detail = core.not_ready_detail(self->state.names);
         if (const std::string stalls = recent_link_stalls(self->state); !stalls.empty())
           detail += (detail.empty() ? "" : "; ") + stalls;
-        return caf::make_message(core.can_serve(), static_cast<uint32_t>(core.num_replicas()), ready, detail, core.outages());
+        // When a replica last stopped being ready, as Unix time (ms; 0: never), so that one who
+        // caused a failure can tell when the router saw it, however late its own call is
+        // answered.
+        uint64_t last_down_ms = 0;
+        if (const auto t = core.last_down()) {
+          const auto at = std::chrono::system_clock::now() - (self->clock().now() - *t);
+          last_down_ms = static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch()).count());
+        }
+        return caf::make_message(core.can_serve(), static_cast<uint32_t>(core.num_replicas()), ready, detail, core.outages(),
+                                 last_down_ms);
       },
       [self](health_atom, uint32_t at_least) -> caf::result<uint32_t> {
         // Answered once at least that many replicas are ready (the caller's own timeout

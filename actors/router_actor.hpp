@@ -14,7 +14,8 @@
 //   (cancel_atom, id)                                -> found (bool)
 //   (stats_atom)   -> (kv used, kv free, running, waiting), summed over the replicas
 //   (health_atom)  -> (ready, replicas, replicas ready, detail, outages: how often a
-//                     replica stopped being ready)
+//                     replica stopped being ready, when one last did: Unix time in
+//                     ms, 0 if never)
 //   (health_atom, n) -> replicas ready, answered once at least n are (the caller's
 //                     timeout bounds the wait)
 //   (metrics_atom) -> Prometheus text: replicas ready, failovers, resubmitted requests,

@@ -135,6 +135,10 @@ struct Health {
   outages @4 :UInt64;                   # times a replica stopped being ready since the
                                         # gateway started (a failure repaired between two
                                         # health calls still counts)
+  lastDownMs @5 :UInt64;                # when a replica last stopped being ready, outage or
+                                        # not, by the gateway's clock (Unix time in ms; 0:
+                                        # never): the moment the gateway noticed, however
+                                        # late this answer
 }
 
 struct Stats {

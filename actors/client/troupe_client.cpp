@@ -291,7 +291,8 @@ expected<client_health> troupe_client::health() {
     // The response owns the message its reader points into: keep it while reading.
     auto response = l.gateway.healthRequest().send().wait(impl_->wait_scope());
     auto h = response.getHealth();
-    return client_health{h.getReady(), h.getDetail().cStr(), h.getReplicas(), h.getReplicasReady(), h.getOutages()};
+    return client_health{h.getReady(),         h.getDetail().cStr(), h.getReplicas(),
+                         h.getReplicasReady(), h.getOutages(),       h.getLastDownMs()};
   });
 }
 

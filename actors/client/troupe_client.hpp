@@ -39,6 +39,7 @@ struct client_health {
   std::string detail;
   uint32_t replicas = 0, replicas_ready = 0;
   uint64_t outages = 0;  // times a replica stopped being ready
+  uint64_t last_down_ms = 0;  // when one last did, by the gateway's clock (Unix time, ms; 0: never)
 };
 
 struct client_stats {

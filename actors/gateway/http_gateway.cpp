@@ -96,7 +96,7 @@ void http_gateway::impl::route(const std::shared_ptr<http::exchange>& ex, http::
   if (path == "/health") {
     const router_health h = ask_health(sys, router, draining);
     res.status = h.ready ? 200 : 503;
-    return set_json(res, openai::health_body(h.ready, h.replicas, h.replicas_ready, h.detail, h.outages));
+    return set_json(res, openai::health_body(h.ready, h.replicas, h.replicas_ready, h.detail, h.outages, h.last_down_ms));
   }
   if (path == "/status") {
     // The status page: the page itself holds nothing (its figures come from /status.json,

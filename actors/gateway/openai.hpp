@@ -97,7 +97,7 @@ std::string detokenize_body(const std::string& text);
 std::string error_body(const api_error& e);
 // GET /health: "ok" (every replica ready), "degraded" (some), "unavailable" (none; 503).
 std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail,
-                        uint64_t outages);
+                        uint64_t outages, uint64_t last_down_ms);
 
 struct choice_result {
   std::string text;

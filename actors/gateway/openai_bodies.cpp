@@ -56,11 +56,12 @@ std::string error_body(const api_error& e) {
 }
 
 std::string health_body(bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail,
-                        uint64_t outages) {
+                        uint64_t outages, uint64_t last_down_ms) {
   json j = {{"status", ready ? (replicas_ready < replicas ? "degraded" : "ok") : "unavailable"},
             {"replicas", replicas},
             {"replicas_ready", replicas_ready},
-            {"outages", outages}};
+            {"outages", outages},
+            {"last_down_ms", last_down_ms}};
   if (!detail.empty()) j["detail"] = detail;
   return serialized(j);
 }

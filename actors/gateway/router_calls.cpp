@@ -13,8 +13,8 @@ router_health ask_health(caf::actor_system& sys, const caf::actor& router, bool 
   caf::scoped_actor self{sys};
   self->request(router, std::chrono::seconds(1), health_atom_v)
       .receive(
-          [&](bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail, uint64_t outages) {
-            h = router_health{ready, replicas, replicas_ready, outages, detail};
+          [&](bool ready, uint32_t replicas, uint32_t replicas_ready, const std::string& detail, uint64_t outages,
+              uint64_t last_down_ms) { h = router_health{ready, replicas, replicas_ready, outages, last_down_ms, detail}; 
           },
           [](caf::error&) {});
   if (draining) {

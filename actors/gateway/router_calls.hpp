@@ -14,6 +14,7 @@ struct router_health {
   bool ready = false;  // a replica can serve now (and the gateway is not draining)
   uint32_t replicas = 0, replicas_ready = 0;
   uint64_t outages = 0;
+  uint64_t last_down_ms = 0;  // when a replica last stopped being ready (Unix time, ms; 0: never)
   std::string detail = "the router does not answer";
 };
 router_health ask_health(caf::actor_system& sys, const caf::actor& router, bool draining);

@@ -59,6 +59,7 @@ kj::Promise<void> gateway_server::health(HealthContext context) {
   h.setReplicas(r.replicas);
   h.setReplicasReady(r.replicas_ready);
   h.setOutages(r.outages);
+  h.setLastDownMs(r.last_down_ms);
   h.setDetail(r.detail);
   return kj::READY_NOW;
 }

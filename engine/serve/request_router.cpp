@@ -350,6 +350,7 @@ route_actions request_router::tick(router_clock::time_point now) {
 }
 
 void request_router::set_ready(replica_view& rep, bool ready, router_clock::time_point now) {
+  if (rep.ready && !ready) last_down_ = now;
   if (rep.ready && !ready && !(rep.down_before && now - rep.ready_since < outage_settle)) {
     ++outages_;
     rep.down_before = true;

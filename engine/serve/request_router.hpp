@@ -239,6 +239,8 @@ class request_router {
   // within outage_settle of coming back (recovering by steps, a stage rejoining) is still
   // in the same outage. Counted since this router started.
   uint64_t outages() const { return outages_; }
+  // When a replica last stopped being ready (found not ready, or lost), outage or not.
+  std::optional<router_clock::time_point> last_down() const { return last_down_; }
   static constexpr std::chrono::seconds outage_settle{10};
   // kv-aware routing: sends to a replica expected to hold part of the prompt, and the
   // prompt tokens it was expected to hold.
@@ -294,6 +296,7 @@ class request_router {
   std::deque<uint64_t> parked_;
   uint64_t next_attempt_;  // from first_resubmission_id, in this gateway's part
   uint64_t failovers_ = 0, resubmitted_ = 0, outages_ = 0;
+  std::optional<router_clock::time_point> last_down_;
   uint64_t prefix_routed_ = 0, expected_hit_tokens_ = 0, redirected_ = 0, handoffs_ = 0;
 };
 

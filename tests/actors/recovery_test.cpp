@@ -5,6 +5,7 @@
 // tests/engine/serve/, and the scheduler actor's recovery on CAF's deterministic
 // coordinator in scheduler_recovery_test.cpp.)
 #include <atomic>
+#include <chrono>
 #include <map>
 
 #include <caf/all.hpp>
@@ -138,6 +139,12 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   rs.replicas = {{"r0", scheduler_name("r0"), "", 0}, {"r1", scheduler_name("r1"), "", 0}};
   auto router = spawn_router(sys, rs);
   wait_ready(self, router, 2);
+  auto unix_ms = [] {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+  };
+  const uint64_t before_kills = unix_ms();
   for (size_t i = 0; i < reqs.size(); ++i)
     self->send(router, generate_atom_v, uint64_t{i + 1},
                wire_message(wire_kind::none, wire::encode_generate_request_text(texts[i], reqs[i])), caf::actor{self});
@@ -167,6 +174,15 @@ TEST_CASE("a scheduler killed under the router: its requests continue on the oth
   CHECK(one.results[100].error.empty());
   CHECK(one.results[100].reason == finish_reason::aborted);
   CHECK(one.tokens[100].size() < 400);
+
+  // The router's health says when a replica last stopped being ready, by the wall clock:
+  // since the kills began.
+  uint64_t last_down_ms = 0;
+  self->request(router, std::chrono::seconds(5), health_atom_v)
+      .receive([&](bool, uint32_t, uint32_t, const std::string&, uint64_t, uint64_t at) { last_down_ms = at; },
+               [&](caf::error& e) { FAIL(sys.render(e)); });
+  CHECK(last_down_ms + 1 >= before_kills);
+  CHECK(last_down_ms <= unix_ms() + 1);
 
   std::string metrics;
   self->request(router, std::chrono::seconds(5), metrics_atom_v)

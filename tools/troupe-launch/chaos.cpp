@@ -49,8 +49,16 @@ struct event_result {
   std::string kind, target;
   std::string actor_kind;  // of a killed actor: "stage", "kv-manager", ...
   std::string at;          // when it was injected, as the nodes' logs write time
-  double detect_ms = -1, recover_ms = -1, first_token_ms = -1;
+  // Noticed: when the gateway saw the failure, by its own clock (its health's lastDownMs:
+  // a replica stopped being ready), else when the harness did; seen: when the harness's
+  // health call showed it (later, when the gateway answers late).
+  double detect_ms = -1, seen_ms = -1, recover_ms = -1, first_token_ms = -1;
 };
+
+uint64_t unix_ms_now() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
 
 // The wall-clock time now as the nodes' logs write it (local time, milliseconds), so that
 // an event can be found in them.
@@ -130,14 +138,22 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
   node_links_scope links(sys, *tls_ctx);
   caf::scoped_actor self{sys};
   auto client = troupe_client::connect(endpoint, "", topo.tls.ca);
-  uint64_t outages = 0;  // the gateway's count when it was last seen whole
-  auto whole = [&](bool* noticed = nullptr) {
+  uint64_t outages = 0;    // the gateway's count when it was last seen whole
+  uint64_t last_down = 0;  // when a replica last stopped being ready, as it said then
+  // `down_at`: when the gateway says a replica last stopped being ready, if later than when
+  // it was last seen whole (0: not since).
+  auto whole = [&](bool* noticed = nullptr, uint64_t* down_at = nullptr) {
     auto h = client->health();
     if (!h) return false;
     const bool all = h->replicas > 0 && h->replicas_ready == h->replicas;
-    // An outage counted since the last look was seen by the gateway, however brief.
-    if (noticed) *noticed = !all || h->outages > outages;
-    if (all) outages = h->outages;
+    // An outage counted, or a replica down, since the last look was seen by the gateway,
+    // however brief.
+    if (noticed) *noticed = !all || h->outages > outages || h->last_down_ms > last_down;
+    if (down_at) *down_at = h->last_down_ms > last_down ? h->last_down_ms : 0;
+    if (all) {
+      outages = h->outages;
+      last_down = h->last_down_ms;
+    }
     return all;
   };
   // Waits until every replica is ready; false after the timeout.
@@ -202,6 +218,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       if (pid <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     clock_type::time_point t0;
+    uint64_t t0_unix = 0;
     if (r.kind == "actor") {
       // Ask the node's agent what runs there, and kill one of its actors.
       // A kind of actor first (so shards, stages and schedulers all get their turn), then one
@@ -230,6 +247,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       const std::string victim = names[rng() % names.size()];
       r.target = victim + " on node " + node.name;
       t0 = clock_type::now();
+      t0_unix = unix_ms_now();
       r.at = log_time_now();
       std::string refused;
       self->request(*agent, std::chrono::seconds(2), kill_atom_v, victim)
@@ -247,6 +265,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       }
       r.target = "node " + node.name + " (pid " + std::to_string(pid) + ")";
       t0 = clock_type::now();
+      t0_unix = unix_ms_now();
       r.at = log_time_now();
       if (kill(pid, r.kind == "sigkill" ? SIGKILL : SIGSTOP) != 0) {
         // Gone already (a restart the table does not show yet): nothing was injected.
@@ -263,13 +282,21 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
       resume_due();
       continue;
     }
-    // Noticed: the gateway reports a replica not ready, or an outage it counted since.
+    // Noticed: the gateway reports a replica not ready, or an outage it counted since, or
+    // a replica down since. Timed by the gateway's clock where it says when (on one host,
+    // the harness's own), as its answer may come late: a gateway streaming at the limit of
+    // its CPU answers a health call hundreds of milliseconds after it noticed.
     const auto notice_by = t0 + std::chrono::milliseconds(std::max(3000, 10 * topo.failure.timeout_ms));
     while (clock_type::now() < notice_by) {
       bool noticed = false;
-      (void)whole(&noticed);
+      uint64_t down_at = 0;
+      (void)whole(&noticed, &down_at);
       if (noticed) {
-        r.detect_ms = ms_since(t0);
+        r.seen_ms = ms_since(t0);
+        // (Two milliseconds of slack for the gateway's conversion of its clock.)
+        r.detect_ms = down_at + 2 >= t0_unix
+                          ? std::min(r.seen_ms, std::max(0.0, static_cast<double>(down_at) - static_cast<double>(t0_unix)))
+                          : r.seen_ms;
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -293,9 +320,11 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
     if (r.detect_ms < 0) ++unseen;
     char line[512];
     auto ms = [](double v) { return v < 0 ? std::string("never") : std::to_string(static_cast<int>(v)) + " ms"; };
-    std::snprintf(line, sizeof line, "chaos %d: %-7s %-40s noticed %s, whole again after %s, a new request's first token after %s",
-                  e + 1, r.kind.c_str(), r.target.c_str(), ms(r.detect_ms).c_str(), ms(r.recover_ms).c_str(),
-                  ms(r.first_token_ms).c_str());
+    std::snprintf(line, sizeof line,
+                  "chaos %d: %-7s %-40s noticed %s (a client saw it after %s), whole again after %s, a new request's "
+                  "first token after %s",
+                  e + 1, r.kind.c_str(), r.target.c_str(), ms(r.detect_ms).c_str(), ms(r.seen_ms).c_str(),
+                  ms(r.recover_ms).c_str(), ms(r.first_token_ms).c_str());
     std::printf("%s\n", line);
     std::fflush(stdout);
     results.push_back(r);
@@ -313,8 +342,9 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
     return back ? 0 : 1;
   }
   // Per kind: how fast failures are noticed and repaired.
-  std::printf("\n| failure | events | noticed p50 / max (ms) | whole again p50 / max (ms) | first token after p50 / max (ms) |\n");
-  std::printf("| --- | ---: | ---: | ---: | ---: |\n");
+  std::printf("\n| failure | events | noticed p50 / max (ms) | seen by a client p50 / max (ms) | whole again p50 / max (ms) "
+              "| first token after p50 / max (ms) |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
   // Actor kills get a row per kind of actor, after one for them all.
   std::vector<std::pair<std::string, std::string>> rows;  // kind, actor kind ("" for all)
   for (const auto& kind : opt.kinds) {
@@ -326,17 +356,19 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
     for (const auto& a : actor_kinds) rows.emplace_back(kind, a);
   }
   for (const auto& [kind, actor_kind] : rows) {
-    std::vector<double> d, rc, ft;
+    std::vector<double> d, seen, rc, ft;
     for (const auto& r : results)
       if (r.kind == kind && (actor_kind.empty() || r.actor_kind == actor_kind) && r.detect_ms >= 0 && r.recover_ms >= 0) {
         d.push_back(r.detect_ms);
+        seen.push_back(r.seen_ms);
         rc.push_back(r.recover_ms);
         if (r.first_token_ms >= 0) ft.push_back(r.first_token_ms);
       }
     if (d.empty()) continue;
     const std::string label = actor_kind.empty() ? kind : kind + ": " + actor_kind;
-    std::printf("| %s | %zu | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", label.c_str(), d.size(), percentile(d, 50),
-                percentile(d, 100), percentile(rc, 50), percentile(rc, 100), percentile(ft, 50), percentile(ft, 100));
+    std::printf("| %s | %zu | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", label.c_str(), d.size(),
+                percentile(d, 50), percentile(d, 100), percentile(seen, 50), percentile(seen, 100), percentile(rc, 50),
+                percentile(rc, 100), percentile(ft, 50), percentile(ft, 100));
   }
   if (!opt.json_path.empty()) {
     std::ofstream j(opt.json_path);
@@ -344,7 +376,7 @@ int run_chaos(const topology& topo, const std::string& endpoint, const std::stri
     for (size_t i = 0; i < results.size(); ++i)
       j << (i ? ",\n " : "") << "{\"kind\":\"" << results[i].kind << "\",\"actor\":\"" << results[i].actor_kind
         << "\",\"target\":\"" << results[i].target << "\",\"at\":\"" << results[i].at
-        << "\",\"detect_ms\":" << results[i].detect_ms
+        << "\",\"detect_ms\":" << results[i].detect_ms << ",\"seen_ms\":" << results[i].seen_ms
         << ",\"recover_ms\":" << results[i].recover_ms << ",\"first_token_ms\":" << results[i].first_token_ms << "}";
     j << "]\n";
   }

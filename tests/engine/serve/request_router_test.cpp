@@ -237,6 +237,24 @@ TEST_CASE("router: a replica that fails again soon after coming back is in the s
   CHECK(r.outages() == 3);
 }
 
+TEST_CASE("router: when a replica last stopped being ready is kept, outage or not") {
+  request_router r = two_ready();
+  CHECK_FALSE(r.last_down());
+  r.replica_health(0, false, "recovering", t0 + 1s);
+  CHECK(r.last_down() == t0 + 1s);
+  r.replica_health(0, false, "still recovering", t0 + 2s);  // no change of state: not a new time
+  CHECK(r.last_down() == t0 + 1s);
+  r.replica_health(0, true, "", t0 + 3s);
+  CHECK(r.last_down() == t0 + 1s);
+  // Down again within the settling time: the same outage, a new time.
+  r.replica_health(0, false, "a stage rejoining", t0 + 4s);
+  CHECK(r.outages() == 1);
+  CHECK(r.last_down() == t0 + 4s);
+  // A replica lost while ready stops being ready too.
+  r.replica_lost(1, "scheduler down", t0 + 5s);
+  CHECK(r.last_down() == t0 + 5s);
+}
+
 TEST_CASE("router: a replica that stops being ready takes nothing new, and each stop counts as an outage") {
   request_router r = two_ready();
   CHECK(r.replica_health(0, false, "recovering", t0).empty());
