@@ -16,40 +16,53 @@ namespace troupe::router_actor_impl {
 
 namespace {
 
+// Every replica's figures: its earlier schedulers' counters with its scheduler's now.
+std::vector<scheduler_figures> figures_of(const router_state& st) {
+  std::vector<scheduler_figures> all;
+  for (const auto& rep : st.replicas) all.push_back(with_counters(rep.base, rep.now));
+  return all;
+}
+
+// The count at index i, 0 past the end (a scheduler that sent fewer).
+double at(const std::vector<uint64_t>& v, size_t i) { return i < v.size() ? static_cast<double>(v[i]) : 0.0; }
+
 // Speculative decoding's figures, summed per method over the replicas that use one.
 void render_speculation(prometheus_text& out, const router_state& st) {
-  std::map<std::string, std::vector<uint64_t>> by_method;
-  for (const auto& rep : st.replicas) {
-    if (rep.spec_method.empty() || rep.spec_method == "none") continue;
-    auto& sum = by_method[rep.spec_method];
-    sum.resize(spec_figures_size);
-    for (const auto* part : {&rep.spec_base, &rep.spec_now})
-      for (size_t i = 0; i < part->size() && i < spec_figures_size; ++i) sum[i] += (*part)[i];
+  std::map<std::string, speculation_figures> by_method;
+  const std::vector<scheduler_figures> figures = figures_of(st);
+  for (size_t k = 0; k < figures.size(); ++k) {
+    // The method is the scheduler's now; its earlier schedulers' counts go with it.
+    const std::string& method = st.replicas[k].now.spec_method;
+    if (!st.replicas[k].polled || method == "none") continue;
+    by_method[method] += figures[k].spec;
   }
   if (by_method.empty()) return;
   const struct {
     const char* name;
     const char* help;
-    size_t at;
+    uint64_t speculation_figures::*count;
   } counters[] = {
-      {"troupe_speculative_verifies_total", "Request steps that verified drafted tokens.", 0},
-      {"troupe_speculative_proposed_tokens_total", "Drafted tokens verified by the model.", 1},
-      {"troupe_speculative_accepted_tokens_total", "Drafted tokens the model accepted.", 2},
+      {"troupe_speculative_verifies_total", "Request steps that verified drafted tokens.", &speculation_figures::verifies},
+      {"troupe_speculative_proposed_tokens_total", "Drafted tokens verified by the model.", &speculation_figures::proposed},
+      {"troupe_speculative_accepted_tokens_total", "Drafted tokens the model accepted.", &speculation_figures::accepted},
   };
   for (const auto& c : counters) {
     out.family(c.name, c.help, "counter");
-    for (const auto& [method, v] : by_method) out.sample(c.name, {{"method", method}}, static_cast<double>(v[c.at]));
+    for (const auto& [method, f] : by_method) out.sample(c.name, {{"method", method}}, static_cast<double>(f.*c.count));
   }
   const char* len = "troupe_speculative_acceptance_length";
   out.family(len, "Drafted tokens accepted per verifying request step.", "histogram");
-  for (const auto& [method, v] : by_method) {
+  for (const auto& [method, f] : by_method) {
     troupe::histogram h;  // buckets le 0 .. max_draft_tokens
     h.bounds.clear();
-    for (int32_t n = 0; n <= max_draft_tokens; ++n) h.bounds.push_back(n);
-    h.counts.assign(v.begin() + 3, v.begin() + spec_figures_offered);
+    h.counts.clear();
+    for (int32_t n = 0; n <= max_draft_tokens; ++n) {
+      h.bounds.push_back(n);
+      h.counts.push_back(static_cast<uint64_t>(at(f.by_accepted, static_cast<size_t>(n))));
+    }
     h.counts.push_back(0);  // (nothing above the last bound)
-    h.sum = static_cast<double>(v[2]);
-    h.n = v[0];
+    h.sum = static_cast<double>(f.accepted);
+    h.n = f.verifies;
     out.histogram_samples(len, h, "method", method);
   }
   // How far down verification goes: per depth (a chain's d-th draft, a token tree's d-th
@@ -58,50 +71,51 @@ void render_speculation(prometheus_text& out, const router_state& st) {
   const struct {
     const char* name;
     const char* help;
-    size_t at;
+    std::vector<uint64_t> speculation_figures::*by_depth;
   } depths[] = {
       {"troupe_speculative_depth_offered_total", "Verifying request steps whose drafts reached this depth.",
-       spec_figures_offered},
+       &speculation_figures::offered_at},
       {"troupe_speculative_depth_accepted_total", "Verifying request steps that accepted a draft at this depth.",
-       spec_figures_kept},
+       &speculation_figures::kept_at},
   };
   for (const auto& c : depths) {
     out.family(c.name, c.help, "counter");
-    for (const auto& [method, v] : by_method)
-      for (int32_t d = 0; d < max_draft_tokens && v[spec_figures_offered + d] > 0; ++d)
-        out.sample(c.name, {{"method", method}, {"depth", std::to_string(d + 1)}}, static_cast<double>(v[c.at + d]));
+    for (const auto& [method, f] : by_method)
+      for (size_t d = 0; d < static_cast<size_t>(max_draft_tokens) && at(f.offered_at, d) > 0; ++d)
+        out.sample(c.name, {{"method", method}, {"depth", std::to_string(d + 1)}}, at(f.*c.by_depth, d));
   }
   const auto medusa = by_method.find("medusa");
   if (medusa == by_method.end()) return;
   const char* head = "troupe_speculative_head_acceptance_ratio";
   out.family(head, "Medusa heads: the share of the verifies that reached head h's depth which accepted its draft.",
              "gauge");
-  const std::vector<uint64_t>& v = medusa->second;
-  for (int32_t d = 0; d < max_draft_tokens && v[spec_figures_offered + d] > 0; ++d)
-    out.sample(head, {{"head", std::to_string(d + 1)}},
-               static_cast<double>(v[spec_figures_kept + d]) / static_cast<double>(v[spec_figures_offered + d]));
+  const speculation_figures& f = medusa->second;
+  for (size_t d = 0; d < static_cast<size_t>(max_draft_tokens) && at(f.offered_at, d) > 0; ++d)
+    out.sample(head, {{"head", std::to_string(d + 1)}}, at(f.kept_at, d) / at(f.offered_at, d));
 }
 
 // KV tiers (engine/kv/kv_tiers.hpp): what the schedulers planned, summed over the
 // replicas, and what each node's tiers did, by node and kind (a node's counts start again
 // when its process does).
 void render_tiers(prometheus_text& out, const router_state& st) {
-  std::vector<uint64_t> sum(tier_figures_size, 0);
+  tier_plan_figures sum;
   bool any = false;
-  for (const replica_slot& rep : st.replicas) {
-    for (size_t i = 0; i < rep.tiers_base.size() && i < sum.size(); ++i) sum[i] += rep.tiers_base[i];
-    for (size_t i = 0; i < rep.tiers_now.size() && i < sum.size(); ++i) sum[i] += rep.tiers_now[i];
-    any = any || !rep.tiers_now.empty();
+  for (const scheduler_figures& f : figures_of(st)) {
+    sum.loaded_tokens += f.tiers.loaded_tokens;
+    sum.failed_loads += f.tiers.failed_loads;
+    sum.saved_blocks += f.tiers.saved_blocks;
+    sum.directory += f.tiers.directory;
   }
+  for (const replica_slot& rep : st.replicas) any = any || rep.polled;
   for (const node_slot& n : st.nodes) any = any || !n.tiers.empty();
   if (!any) return;
   out.counter("troupe_kv_tier_loaded_tokens_total", "Prompt tokens whose KV was loaded from the tiers instead of computed.",
-              static_cast<double>(sum[0]));
+              static_cast<double>(sum.loaded_tokens));
   out.counter("troupe_kv_tier_failed_loads_total",
-              "Requests whose tier loads failed (a block gone or corrupt): computed again.", static_cast<double>(sum[1]));
+              "Requests whose tier loads failed (a block gone or corrupt): computed again.", static_cast<double>(sum.failed_loads));
   out.counter("troupe_kv_tier_saved_blocks_total", "KV blocks the schedulers had copied down into the tiers.",
-              static_cast<double>(sum[2]));
-  out.gauge("troupe_kv_tier_directory_blocks", "Blocks the schedulers believe the tiers hold.", static_cast<double>(sum[3]));
+              static_cast<double>(sum.saved_blocks));
+  out.gauge("troupe_kv_tier_directory_blocks", "Blocks the schedulers believe the tiers hold.", static_cast<double>(sum.directory));
   const struct {
     const char* name;
     const char* help;
@@ -209,24 +223,26 @@ std::string render_metrics(const router_state& st) {
   out.family("troupe_replica_requests", "Requests the router has sent to each replica that have not ended.", "gauge");
   for (size_t k = 0; k < st.replicas.size(); ++k)
     out.sample("troupe_replica_requests", {{"replica", st.names[k]}}, static_cast<double>(st.core->replica(k).active));
+  const std::vector<scheduler_figures> figures = figures_of(st);
   uint32_t cached = 0;
   uint64_t hits = 0, queried = 0;
-  for (auto& rep : st.replicas) {
-    cached += rep.cached;
-    hits += rep.hit_base + rep.hit_now;
-    queried += rep.queried_base + rep.queried_now;
+  for (const scheduler_figures& f : figures) {
+    cached += f.cached;
+    hits += f.hit_tokens;
+    queried += f.queried_tokens;
   }
   out.gauge("troupe_kv_blocks_cached", "KV blocks holding a cached prefix, in use or free.", cached);
   out.counter("troupe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.", static_cast<double>(hits));
   out.counter("troupe_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache.",
               static_cast<double>(queried));
   out.family("troupe_replica_prefix_hit_tokens_total", "Prompt tokens served by each replica's prefix cache.", "counter");
-  for (auto& rep : st.replicas)
-    out.sample("troupe_replica_prefix_hit_tokens_total", {{"replica", rep.addr.name}}, double(rep.hit_base + rep.hit_now));
+  for (size_t k = 0; k < figures.size(); ++k)
+    out.sample("troupe_replica_prefix_hit_tokens_total", {{"replica", st.replicas[k].addr.name}},
+               static_cast<double>(figures[k].hit_tokens));
   out.family("troupe_replica_prefix_queried_tokens_total", "Prompt tokens looked up in each replica's prefix cache.", "counter");
-  for (auto& rep : st.replicas)
-    out.sample("troupe_replica_prefix_queried_tokens_total", {{"replica", rep.addr.name}},
-               double(rep.queried_base + rep.queried_now));
+  for (size_t k = 0; k < figures.size(); ++k)
+    out.sample("troupe_replica_prefix_queried_tokens_total", {{"replica", st.replicas[k].addr.name}},
+               static_cast<double>(figures[k].queried_tokens));
   render_slo(out, st);
   out.family("troupe_router_summary_blocks",
              "Blocks each replica's prefix-cache summary held when the router last received it (kv-aware).", "gauge");
@@ -243,17 +259,19 @@ std::string render_metrics(const router_state& st) {
               static_cast<double>(st.core->expected_hit_tokens()));
   render_speculation(out, st);
   // KV eviction (engine/kv/kv_eviction.hpp): summed over the replicas.
-  std::vector<uint64_t> ev(eviction_figures_size, 0);
-  for (auto& rep : st.replicas) {
-    ev[0] += rep.evicted_base;
-    for (size_t i = 0; i < rep.eviction_now.size() && i < ev.size(); ++i) ev[i] += rep.eviction_now[i];
+  eviction_figures ev;
+  for (const scheduler_figures& f : figures) {
+    ev.evicted_tokens += f.eviction.evicted_tokens;
+    ev.requests += f.eviction.requests;
+    ev.budget_tokens += f.eviction.budget_tokens;
+    ev.held_tokens += f.eviction.held_tokens;
   }
-  out.counter("troupe_kv_evicted_tokens_total", "Tokens KV eviction dropped from requests' caches.", static_cast<double>(ev[0]));
-  out.gauge("troupe_kv_eviction_requests", "Running requests whose KV cache is held within a budget.", static_cast<double>(ev[1]));
-  out.gauge("troupe_kv_eviction_budget_tokens", "The KV budgets of those requests, summed.", static_cast<double>(ev[2]));
+  out.counter("troupe_kv_evicted_tokens_total", "Tokens KV eviction dropped from requests' caches.", static_cast<double>(ev.evicted_tokens));
+  out.gauge("troupe_kv_eviction_requests", "Running requests whose KV cache is held within a budget.", static_cast<double>(ev.requests));
+  out.gauge("troupe_kv_eviction_budget_tokens", "The KV budgets of those requests, summed.", static_cast<double>(ev.budget_tokens));
   out.gauge("troupe_kv_eviction_held_tokens",
             "Tokens those requests' KV caches hold, summed (against troupe_kv_eviction_budget_tokens: the budget use).",
-            static_cast<double>(ev[3]));
+            static_cast<double>(ev.held_tokens));
   render_tiers(out, st);
   render_links(out, st);
   out.family("troupe_actor_restarts_total",

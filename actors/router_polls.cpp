@@ -35,18 +35,9 @@ void find_scheduler(self_ptr self, size_t k) {
                   rep.sched = sched;
                   self->monitor(sched);
                   if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
-                    rep.hit_base += rep.hit_now;
-                    rep.queried_base += rep.queried_now;
-                    rep.hit_now = rep.queried_now = 0;
-                    rep.spec_base.resize(spec_figures_size);
-                    for (size_t i = 0; i < rep.spec_now.size() && i < spec_figures_size; ++i) rep.spec_base[i] += rep.spec_now[i];
-                    rep.spec_now.clear();
-                    if (!rep.eviction_now.empty()) rep.evicted_base += rep.eviction_now[0];
-                    rep.eviction_now.clear();
-                    rep.tiers_base.resize(tier_figures_size);
-                    for (size_t i = 0; i + 1 < rep.tiers_now.size() && i + 1 < tier_figures_size; ++i)
-                      rep.tiers_base[i] += rep.tiers_now[i];
-                    rep.tiers_now.clear();
+                    if (rep.polled) add_counters(rep.base, rep.now);
+                    rep.now = {};
+                    rep.polled = false;
                     rep.counted = sched.address();
                   }
                   self->state.core->replica_found(k);
@@ -91,17 +82,11 @@ void poll_one(self_ptr self, size_t k) {
           });
   self->request(rep.sched, std::chrono::seconds(1), metrics_atom_v)
       .then(
-          [self, k](uint32_t cached, uint64_t hits, uint64_t queried, const std::string& method,
-                    const std::vector<uint64_t>& spec, const std::vector<uint64_t>& eviction,
-                    const std::vector<uint64_t>& tiers) {
+          [self, k, asked](const scheduler_figures& f) {
             replica_slot& rep = self->state.replicas[k];
-            rep.cached = cached;
-            rep.hit_now = hits;
-            rep.queried_now = queried;
-            rep.spec_method = method;
-            if (spec.size() == spec_figures_size) rep.spec_now = spec;
-            if (eviction.size() == eviction_figures_size) rep.eviction_now = eviction;
-            if (tiers.size() == tier_figures_size) rep.tiers_now = tiers;
+            if (rep.counted != asked) return;  // a scheduler since replaced
+            rep.now = f;
+            rep.polled = true;
           },
           [](caf::error&) {});
 }

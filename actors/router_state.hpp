@@ -16,6 +16,7 @@
 
 #include "actors/caf/wire_message.hpp"
 #include "actors/router_actor.hpp"
+#include "actors/scheduler_figures.hpp"
 #include "actors/wire/control_codec.hpp"
 #include "engine/serve/request_router.hpp"
 
@@ -27,20 +28,11 @@ struct replica_slot {
   caf::actor sched = {};  // invalid while unknown or down
   caf::actor agent = {};  // the agent that names it (remote ones are looked up once)
   bool resolving = false;
-  // Prefix-cache counts: of the schedulers this replica had before (base), and of its
-  // scheduler now, which counts from zero when it restarts.
-  uint32_t cached = 0;
-  uint64_t hit_base = 0, queried_base = 0, hit_now = 0, queried_now = 0;
-  // Speculative decoding's figures (scheduler_actor.hpp's spec_figures_size), the same way.
-  std::string spec_method = {};
-  std::vector<uint64_t> spec_base = {}, spec_now = {};
-  // KV eviction's (eviction_figures_size): its evicted tokens counted the same way, the
-  // rest as its scheduler last said.
-  uint64_t evicted_base = 0;
-  std::vector<uint64_t> eviction_now = {};
-  // KV tiers' (tier_figures_size): its counters the same way, the directory as it said.
-  std::vector<uint64_t> tiers_base = {}, tiers_now = {};
-  caf::actor_addr counted = {};  // the scheduler the *_now counts are of
+  // What its scheduler last said of its work (`now`, which counts from zero when the
+  // scheduler restarts), and what the replica's earlier schedulers counted (`base`).
+  scheduler_figures base = {}, now = {};
+  bool polled = false;  // `now` is a scheduler's answer
+  caf::actor_addr counted = {};  // the scheduler `now` is of
   // What its scheduler last said of itself, for the status page.
   uint32_t kv_used = 0, kv_free = 0, running = 0, waiting = 0;
   bool summary_asked = false;  // kv-aware: a prefix summary is being asked for

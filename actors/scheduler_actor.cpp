@@ -270,17 +270,22 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
       [self](metrics_atom) {
         auto& st = self->state;
         const kv_usage u = st.sched->usage();
-        std::vector<uint64_t> spec{st.spec.verifies, st.spec.proposed, st.spec.accepted};
-        spec.insert(spec.end(), st.spec.by_accepted.begin(), st.spec.by_accepted.end());
-        spec.insert(spec.end(), st.spec.offered_at.begin(), st.spec.offered_at.end());
-        spec.insert(spec.end(), st.spec.kept_at.begin(), st.spec.kept_at.end());
+        scheduler_figures f;
+        f.cached = u.cached;
+        f.hit_tokens = u.hit_tokens;
+        f.queried_tokens = u.queried_tokens;
+        f.spec_method = spec_method_name(st.setup.spec.method);
+        f.spec.verifies = st.spec.verifies;
+        f.spec.proposed = st.spec.proposed;
+        f.spec.accepted = st.spec.accepted;
+        f.spec.by_accepted.assign(st.spec.by_accepted.begin(), st.spec.by_accepted.end());
+        f.spec.offered_at.assign(st.spec.offered_at.begin(), st.spec.offered_at.end());
+        f.spec.kept_at.assign(st.spec.kept_at.begin(), st.spec.kept_at.end());
         const scheduler::eviction_usage e = st.sched->eviction_now();
-        std::vector<uint64_t> eviction{st.sched->evicted_tokens(), e.requests, e.budget_tokens, e.held_tokens};
+        f.eviction = {st.sched->evicted_tokens(), e.requests, e.budget_tokens, e.held_tokens};
         const tier_usage t = st.sched->tiers_now();
-        std::vector<uint64_t> tiers{t.loaded_tokens, t.failed_loads, t.saved_blocks, t.directory};
-        return caf::make_message(u.cached, u.hit_tokens, u.queried_tokens,
-                                 std::string(spec_method_name(st.setup.spec.method)), std::move(spec), std::move(eviction),
-                                 std::move(tiers));
+        f.tiers = {t.loaded_tokens, t.failed_loads, t.saved_blocks, t.directory};
+        return f;
       },
       [self](resolve_atom, uint64_t epoch) {
         if (epoch == self->state.epoch() && self->state.recovery->phase() == recovery_phase::looking_up) resolve(self);

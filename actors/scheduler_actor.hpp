@@ -12,12 +12,10 @@
 //   (stats_atom)                                 -> (kv used, kv free, running, waiting)
 //   (health_atom)                                -> (ready, kv used, kv free, running,
 //                                                    waiting, detail)
-//   (metrics_atom)                               -> (kv blocks cached, prefix-cache hit
-//                                                    tokens, prompt tokens looked up,
-//                                                    speculative method, its figures:
-//                                                    spec_figures_size below, KV
-//                                                    eviction's: eviction_figures below,
-//                                                    KV tiers': tier_figures_size below)
+//   (metrics_atom)                               -> scheduler_figures: its prefix
+//                                                    cache, speculative decoding, KV
+//                                                    eviction and KV tiers
+//                                                    (actors/scheduler_figures.hpp)
 //   (prefix_atom)                                -> its prefix cache's summary as words
 //                                                    (engine/kv/prefix_summary.hpp; empty
 //                                                    while not ready), for kv-aware routing
@@ -115,20 +113,5 @@ struct scheduler_setup {
 };
 
 caf::actor spawn_scheduler(caf::actor_system& sys, const scheduler_setup& setup);
-
-// The speculative figures metrics_atom answers with, as a flat list: verifies, drafts
-// proposed, drafts accepted, then verifies by drafts accepted (0 .. max_draft_tokens),
-// then by depth (1 .. max_draft_tokens) verifies whose drafts reached it, then those that
-// kept a draft there (spec_tally).
-inline constexpr size_t spec_figures_offered = 3 + max_draft_tokens + 1;
-inline constexpr size_t spec_figures_kept = spec_figures_offered + max_draft_tokens;
-inline constexpr size_t spec_figures_size = spec_figures_kept + max_draft_tokens;
-// KV eviction's: tokens evicted since the scheduler started, then now: running requests
-// under a budget, their budgets and the tokens they hold, summed.
-inline constexpr size_t eviction_figures_size = 4;
-// KV tiers': prompt tokens loaded from the tiers, requests whose loads failed (computed
-// again), blocks copied down, since the scheduler started; then the blocks its directory
-// holds now.
-inline constexpr size_t tier_figures_size = 4;
 
 }  // namespace troupe

@@ -7,10 +7,12 @@
 #include <caf/type_id.hpp>
 
 #include "actors/caf/wire_message.hpp"
+#include "actors/scheduler_figures.hpp"
 
 CAF_BEGIN_TYPE_ID_BLOCK(troupe, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(troupe, (troupe::wire_message))
   CAF_ADD_TYPE_ID(troupe, (std::vector<uint64_t>))
+  CAF_ADD_TYPE_ID(troupe, (troupe::scheduler_figures))
   CAF_ADD_ATOM(troupe, troupe, step_atom, "step")
   CAF_ADD_ATOM(troupe, troupe, health_atom, "health")
   CAF_ADD_ATOM(troupe, troupe, heartbeat_atom, "heartbeat")

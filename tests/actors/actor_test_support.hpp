@@ -85,18 +85,11 @@ inline uint64_t submit(caf::scoped_actor& self, const caf::actor& sched, const s
   return id;
 }
 
-// What a scheduler's metrics_atom answers (scheduler_actor.hpp).
-struct scheduler_metrics {
-  std::string method;
-  std::vector<uint64_t> spec, eviction, tiers;
-};
-inline scheduler_metrics metrics_of(caf::scoped_actor& self, const caf::actor& sched) {
-  scheduler_metrics m;
+// What a scheduler's metrics_atom answers (actors/scheduler_figures.hpp).
+inline scheduler_figures metrics_of(caf::scoped_actor& self, const caf::actor& sched) {
+  scheduler_figures m;
   self->request(sched, std::chrono::seconds(10), metrics_atom_v)
-      .receive([&](uint32_t, uint64_t, uint64_t, const std::string& method, const std::vector<uint64_t>& spec,
-                   const std::vector<uint64_t>& eviction,
-                   const std::vector<uint64_t>& tiers) { m = {method, spec, eviction, tiers}; },
-               [&](caf::error& e) { FAIL(self->system().render(e)); });
+      .receive([&](const scheduler_figures& f) { m = f; }, [&](caf::error& e) { FAIL(self->system().render(e)); });
   return m;
 }
 

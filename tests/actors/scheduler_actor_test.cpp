@@ -203,32 +203,35 @@ TEST_CASE("speculative decoding through the scheduler actor: greedy streams as t
       if (i == 4) CHECK(lg.results[id].reason == finish_reason::stop);
     }
     // What speculation did: drafts proposed and verified, and some accepted.
-    const auto [method, spec, eviction, tiers] = test::metrics_of(self, sched);
-    CHECK(method == spec_method_name(r.method));
-    CHECK(tiers == std::vector<uint64_t>(tier_figures_size, 0));  // (no tiers here)
-    REQUIRE(spec.size() == spec_figures_size);
-    CHECK(spec[0] > 10);           // verifies
-    CHECK(spec[1] >= spec[0]);     // proposed: at least one a verify
-    CHECK(spec[2] > 0);            // accepted
-    CHECK(spec[2] <= spec[1]);
+    const scheduler_figures m = test::metrics_of(self, sched);
+    const speculation_figures& spec = m.spec;
+    CHECK(m.spec_method == spec_method_name(r.method));
+    CHECK(m.tiers.loaded_tokens + m.tiers.failed_loads + m.tiers.saved_blocks + m.tiers.directory == 0);  // (no tiers here)
+    REQUIRE(spec.by_accepted.size() == max_draft_tokens + 1);
+    REQUIRE(spec.offered_at.size() == max_draft_tokens);
+    REQUIRE(spec.kept_at.size() == max_draft_tokens);
+    CHECK(spec.verifies > 10);
+    CHECK(spec.proposed >= spec.verifies);  // at least one a verify
+    CHECK(spec.accepted > 0);
+    CHECK(spec.accepted <= spec.proposed);
     uint64_t verifies = 0, accepted = 0;
     for (size_t n = 0; n <= max_draft_tokens; ++n) {
-      verifies += spec[3 + n];
-      accepted += n * spec[3 + n];
+      verifies += spec.by_accepted[n];
+      accepted += n * spec.by_accepted[n];
     }
-    CHECK(verifies == spec[0]);
-    CHECK(accepted == spec[2]);
+    CHECK(verifies == spec.verifies);
+    CHECK(accepted == spec.accepted);
     // By depth: every verify reaches depth 1; the kept drafts, one per depth kept, are the
     // accepted ones.
-    CHECK(spec[spec_figures_offered] == spec[0]);
+    CHECK(spec.offered_at[0] == spec.verifies);
     uint64_t kept = 0;
     for (size_t d = 0; d < max_draft_tokens; ++d) {
-      CHECK(spec[spec_figures_kept + d] <= spec[spec_figures_offered + d]);
-      kept += spec[spec_figures_kept + d];
+      CHECK(spec.kept_at[d] <= spec.offered_at[d]);
+      kept += spec.kept_at[d];
     }
-    CHECK(kept == spec[2]);
+    CHECK(kept == spec.accepted);
     // (The model as its own draft: every chain's drafts taken.)
-    if (r.method == spec_method::draft && r.tree.empty()) CHECK(spec[2] == spec[1]);
+    if (r.method == spec_method::draft && r.tree.empty()) CHECK(spec.accepted == spec.proposed);
     uint32_t used = 99;
     self->request(sched, std::chrono::seconds(10), stats_atom_v)
         .receive([&](uint32_t u, uint32_t, uint32_t, uint32_t) { used = u; }, [&](caf::error& e) { FAIL(sys.render(e)); });
@@ -274,7 +277,7 @@ TEST_CASE("a draft actor that dies costs drafts, not output: the replica stays r
   auto sched = spawn_scheduler(sys, setup);
   caf::scoped_actor self{sys};
   auto verifies = [&] {
-    return test::metrics_of(self, sched).spec.at(0);
+    return test::metrics_of(self, sched).spec.verifies;
   };
   auto send = [&](size_t from, size_t to, std::map<uint64_t, size_t>& index) {
     for (size_t i = from; i < to; ++i) {
