@@ -245,7 +245,7 @@ void step_link_server::accept_one() {
                              ready_.push_back(std::move(made));
                            } else if (!flags->cut.load()) {  // (cut ones are counted as crowded)
                              if (meter_) meter_->refused(link_kind::step);
-                             refusals_(where + peer + ": refused: " + s.err().message);
+                             refusals_(where + peer + ": " + handshake_outcome(s.err().message));
                            }
                            flags->done.store(true);
                            wake();

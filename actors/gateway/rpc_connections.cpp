@@ -215,7 +215,7 @@ class rpc_listener final : kj::TaskSet::ErrorHandler {
                          --handshakes_;
                          std::string why = e.getDescription().cStr();
                          if (why.rfind("TLS: ", 0) == 0) why = why.substr(5);
-                         log_link_refusal("troupe-capnp: " + peer + ": refused: " + why);
+                         log_link_refusal("troupe-capnp: " + peer + ": " + handshake_outcome(why));
                        }));
   }
 

@@ -161,7 +161,7 @@ class tls_stream : public net::stream {
     }
     const int e = SSL_get_error(ssl_.get(), r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) return 0;
-    if (!timed_out_) log_link_refusal(what_ + "refused: " + tls::handshake_failure(ssl_.get(), r));
+    if (!timed_out_) log_link_refusal(what_ + handshake_outcome(tls::handshake_failure(ssl_.get(), r)));
     failed_ = true;
     return -1;
   }

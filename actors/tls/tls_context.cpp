@@ -3,6 +3,8 @@
 #include <openssl/err.h>
 #include <openssl/x509.h>
 
+#include "engine/util/link_stream.hpp"
+
 namespace troupe::tls {
 
 std::string error_queue(const char* fallback) {
@@ -58,7 +60,9 @@ std::string handshake_failure(SSL* ssl, int ret) {
     return "it does not trust this node's certificate (" + queue + "): a node of another cluster?";
   if (queue.find("certificate") != std::string::npos || queue.find("alert") != std::string::npos)
     return "the peer refused the handshake (" + queue + ")";
-  if (e == SSL_ERROR_SYSCALL || e == SSL_ERROR_ZERO_RETURN) return "it closed the connection during the TLS handshake";
+  // (OpenSSL 3 says "unexpected eof while reading" where earlier ones gave a syscall error.)
+  if (e == SSL_ERROR_SYSCALL || e == SSL_ERROR_ZERO_RETURN || queue.find("unexpected eof") != std::string::npos)
+    return closed_in_handshake;
   return queue.empty() ? "the TLS handshake failed" : "the TLS handshake failed (" + queue + ")";
 }
 

@@ -207,7 +207,8 @@ void kv_channel_receiver::serve(int mine, const std::string& peer, const std::sh
       ++stats_.refused;
     }
     if (meter_) meter_->refused(link_kind::kv);
-    refusals_("troupe: kv channel on port " + std::to_string(port_) + ": " + peer + ": refused: " + opened.err().message);
+    refusals_("troupe: kv channel on port " + std::to_string(port_) + ": " + peer + ": " +
+              handshake_outcome(opened.err().message));
     return;
   }
   link_stream& s = **opened;

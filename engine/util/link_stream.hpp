@@ -23,6 +23,14 @@ namespace troupe {
 // How long a peer has to complete its handshake on a secured link.
 constexpr int link_handshake_ms = 5000;
 
+// Why a handshake ended when the peer closed the connection before it was done: a peer
+// that gave up (its own time limit, its process ending), not one refused.
+inline constexpr const char* closed_in_handshake = "it closed the connection during the TLS handshake";
+// What a failed handshake's log line says: "refused: WHY", or WHY alone where the peer left.
+inline std::string handshake_outcome(const std::string& why) {
+  return why.find(closed_in_handshake) != std::string::npos ? why : "refused: " + why;
+}
+
 class link_stream {
  public:
   explicit link_stream(int fd) : fd_(fd) {}

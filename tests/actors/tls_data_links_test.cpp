@@ -140,6 +140,11 @@ TEST_CASE("tls step links: steps within a cluster, strangers refused and logged,
     CHECK(plain.broke());
     CHECK(log.wait_for("refused: it does not speak TLS"));
   }
+  SUBCASE("a peer that leaves during its handshake: logged as leaving, not as refused") {
+    ::close(raw_connect(port));
+    CHECK(log.wait_for(std::string(": ") + closed_in_handshake));
+    CHECK(log.text().find(std::string("refused: ") + closed_in_handshake) == std::string::npos);
+  }
   SUBCASE("the silent stranger is closed after the handshake deadline, and logged") {
     CHECK(log.wait_for("refused: no TLS handshake within " + std::to_string(link_handshake_ms) + " ms", 10));
   }
