@@ -31,9 +31,11 @@ void render_speculation(prometheus_text& out, const router_state& st) {
   std::map<std::string, speculation_figures> by_method;
   const std::vector<scheduler_figures> figures = figures_of(st);
   for (size_t k = 0; k < figures.size(); ++k) {
-    // The method is the scheduler's now; its earlier schedulers' counts go with it.
-    const std::string& method = st.replicas[k].now.spec_method;
-    if (!st.replicas[k].polled || method == "none") continue;
+    // The method is the scheduler's now, its earlier schedulers' until it has answered (a
+    // counter never goes back while a restarted scheduler is found).
+    const replica_slot& rep = st.replicas[k];
+    const std::string& method = rep.polled ? rep.now.spec_method : rep.base.spec_method;
+    if (method == "none") continue;
     by_method[method] += figures[k].spec;
   }
   if (by_method.empty()) return;
