@@ -7,7 +7,7 @@
 # stream numbered without gap or repeat; afterwards KV blocks, queues and live actors are
 # back to where they started, and every SIGSTOPped node was noticed by the gateway within
 # three heartbeat intervals (by the gateway's clock: the harness's own health calls wait
-# behind 64 streams on a 2-core machine, up to ~850 ms measured). TOPOLOGY (default deploy/pp2x2.toml) may be any with the same
+# behind 64 streams on a 2-core machine, up to 1.7 s measured). TOPOLOGY (default deploy/pp2x2.toml) may be any with the same
 # nodes and endpoints: deploy/disagg-pp2.toml runs the ledger over a prefill and a decode
 # replica. With `tls` after it, the same over TLS (middleman links, step links and KV
 # channels): a copy of the topology with [tls], the certificates made by troupe-launch
