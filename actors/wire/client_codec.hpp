@@ -1,7 +1,7 @@
 // client_codec: the client API's messages (schema/client.capnp) to and from engine types:
 // a GenerateRequest becomes request_params (text prompts tokenized, BOS prepended, every
 // field range-checked), a step's output becomes a TokenChunk, a finished request a
-// GenerateResult.
+// GenerateResult. Requests: client_requests.cpp; chunks and results: client_results.cpp.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,11 @@
 #include "schema/client.capnp.h"
 
 namespace troupe::wire {
+
+struct frame_limits;
+// The bounds of a client message of at most max_bytes (read flat: every word at most
+// twice, nesting 8).
+frame_limits client_frame_limits(size_t max_bytes);
 
 struct request_limits {
   int32_t context = 0;            // prompt + output tokens at most
