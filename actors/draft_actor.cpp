@@ -8,8 +8,8 @@
 #include "actors/caf/type_ids.hpp"
 #include "actors/wire/draft_codec.hpp"
 #include "engine/forward/kv_cache_type.hpp"
-#include "engine/spec/draft_exchange.hpp"
-#include "engine/spec/model_proposer.hpp"
+#include "engine/speculative/draft_exchange.hpp"
+#include "engine/speculative/model_proposer.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe {

@@ -1,6 +1,6 @@
 // draft_actor: a replica's speculative proposer as an actor of its own: a draft model, or
 // the target's first layers for early exit, each with a KV cache of its own laid out in the
-// replica's block ids (engine/spec/draft_exchange.hpp, schema/draft.capnp):
+// replica's block ids (engine/speculative/draft_exchange.hpp, schema/draft.capnp):
 //
 //   (draft_atom, DraftOrder frame) -> Drafts frame   (a refusal, with why, for an order
 //                                                     that fails its checks)
@@ -19,7 +19,7 @@
 
 #include "engine/kv/kv_config.hpp"
 #include "engine/model/model.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 
 namespace troupe {
 

@@ -10,9 +10,9 @@
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/forward/shard_tiers.hpp"
-#include "engine/spec/eagle_proposer.hpp"
-#include "engine/spec/medusa_proposer.hpp"
-#include "engine/spec/ngram_proposer.hpp"
+#include "engine/speculative/eagle_proposer.hpp"
+#include "engine/speculative/medusa_proposer.hpp"
+#include "engine/speculative/ngram_proposer.hpp"
 
 namespace troupe {
 

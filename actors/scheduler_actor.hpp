@@ -23,7 +23,7 @@
 // Speculative decoding (setup.spec): before each plan the scheduler gives decoding
 // requests draft slots (plan_drafts) and claims their blocks with the step's. It fills
 // them with n-gram drafts itself, or has its draft actor fill them (one exchange per step,
-// engine/spec/draft_exchange.hpp), and sends the drafts as tokens of the step; the last
+// engine/speculative/draft_exchange.hpp), and sends the drafts as tokens of the step; the last
 // stage returns a row per draft (its argmax where step_choices.hpp allows, else its
 // logits), and each request's sampler verifies here. Blocks that only rejected drafts used
 // go back with the request's next claim (the kv manager's grant drops them). The draft
@@ -70,7 +70,7 @@
 
 #include "engine/model/model.hpp"
 #include "engine/sched/scheduler.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 
 namespace troupe {
 

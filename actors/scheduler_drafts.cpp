@@ -1,6 +1,6 @@
 // The scheduler actor's drafts: n-gram and trained heads' made here, or a draft model's
 // and early exit's from the replica's draft actor, one exchange per step
-// (scheduler_state.hpp, engine/spec/draft_exchange.hpp); token trees' accepted paths, and
+// (scheduler_state.hpp, engine/speculative/draft_exchange.hpp); token trees' accepted paths, and
 // the features heads draft from.
 #include <cstdio>
 

@@ -28,8 +28,8 @@
 #include "engine/kv/kv_tiers.hpp"
 #include "engine/serve/replica_recovery.hpp"
 #include "engine/serve/step_choices.hpp"
-#include "engine/spec/draft_exchange.hpp"
-#include "engine/spec/tree_keeper.hpp"
+#include "engine/speculative/draft_exchange.hpp"
+#include "engine/speculative/tree_keeper.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe::scheduler_actor_impl {

@@ -1,6 +1,6 @@
 # Speculative drafts between a scheduler and its replica's draft actor, version 1. Each
 # step with draft slots, the scheduler sends one DraftOrder and the draft actor answers
-# with Drafts (engine/spec/draft_exchange.hpp). A request's tokens travel once, then only
+# with Drafts (engine/speculative/draft_exchange.hpp). A request's tokens travel once, then only
 # what was added. Ordinals are never reused; new fields go at the end.
 @0xb3c1f4e8a2d95e07;
 

@@ -1,5 +1,5 @@
 // draft_codec: speculative drafts between a scheduler and its replica's draft actor
-// (schema/draft.capnp, engine/spec/draft_exchange.hpp). Orders and answers as bytes,
+// (schema/draft.capnp, engine/speculative/draft_exchange.hpp). Orders and answers as bytes,
 // each checked on its way in against the replica's limits: an order's tokens inside the
 // vocabulary, its block ids inside the pool, its tables long enough for the drafts, its
 // sampler settings valid; an answer's rows of the vocabulary's size. A message that fails
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/spec/draft_exchange.hpp"
+#include "engine/speculative/draft_exchange.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::wire {

@@ -33,7 +33,7 @@ struct generator_options {
   uint32_t num_blocks = 0;        // 0: enough for every request at once
   bool prefix_caching = true;
   std::optional<dtype> kv_type;   // the KV cache's (default: kv_cache_type_for)
-  speculative_config spec;        // speculative decoding (engine/spec/speculative.hpp)
+  speculative_config spec;        // speculative decoding (engine/speculative/speculative.hpp)
   const model* draft = nullptr;   // the draft model, for spec.method draft
   const speculative_heads* heads = nullptr;  // the head file, for medusa and eagle
   kv_eviction_config eviction;    // KV eviction (engine/kv/kv_eviction.hpp)

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate/stop_matcher.hpp"
+#include "engine/tokenizer/stop_matcher.hpp"
 #include "engine/kv/kv_eviction.hpp"
 #include "engine/kv/block_id.hpp"
 #include "engine/kv/tier_types.hpp"
@@ -61,7 +61,7 @@ struct request_params {
                                           // tokens' KV was sent here by a prefill replica
 };
 
-// A request's speculative decoding (engine/spec/speculative.hpp): its drafts and how long
+// A request's speculative decoding (engine/speculative/speculative.hpp): its drafts and how long
 // they should be.
 struct draft_state {
   int32_t wanted = 0;            // slots its next decode step claims (set before each

@@ -3,10 +3,10 @@
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/kv_cache_type.hpp"
 #include "engine/serve/step_choices.hpp"
-#include "engine/spec/eagle_proposer.hpp"
-#include "engine/spec/medusa_proposer.hpp"
-#include "engine/spec/model_proposer.hpp"
-#include "engine/spec/ngram_proposer.hpp"
+#include "engine/speculative/eagle_proposer.hpp"
+#include "engine/speculative/medusa_proposer.hpp"
+#include "engine/speculative/model_proposer.hpp"
+#include "engine/speculative/ngram_proposer.hpp"
 
 #include <algorithm>
 #include <stdexcept>

@@ -3,7 +3,7 @@
 // on_gpu), each request's sampler picks its token, and the scheduler applies the
 // results. With speculative decoding (engine_config::spec), a proposer drafts tokens for
 // the requests that decode, the step computes them too, and each sampler verifies its
-// request's drafts (engine/spec/speculative.hpp). The scheduler and kv manager actors
+// request's drafts (engine/speculative/speculative.hpp). The scheduler and kv manager actors
 // drive the same pieces across processes; this loop is what they do inside one.
 //
 // API (one thread at a time): add_request, abort, step. step() returns what each request
@@ -20,8 +20,8 @@
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/sched/scheduler.hpp"
 #include "engine/serve/step_choices.hpp"
-#include "engine/spec/speculative.hpp"
-#include "engine/spec/tree_keeper.hpp"
+#include "engine/speculative/speculative.hpp"
+#include "engine/speculative/tree_keeper.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -40,7 +40,7 @@ struct engine_config {
   int32_t num_threads = 1;
   std::optional<dtype> kv_type;  // the CPU KV cache's: f32, f16 or q8_0 (default: the
                                  // model's, kv_cache_type_for)
-  speculative_config spec;       // speculative decoding (engine/spec/speculative.hpp)
+  speculative_config spec;       // speculative decoding (engine/speculative/speculative.hpp)
   const model* draft = nullptr;  // the draft model, loaded, for spec.method draft
   const speculative_heads* heads = nullptr;  // the head file, loaded, for medusa and eagle
 };

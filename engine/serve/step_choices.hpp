@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "engine/sched/scheduler.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "kernels/cpu/sample.hpp"
 
 namespace troupe {

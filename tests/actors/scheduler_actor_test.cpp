@@ -16,7 +16,7 @@
 #include "actors/replica.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/generate/generator.hpp"
-#include "engine/spec/heads.hpp"
+#include "engine/speculative/heads.hpp"
 #include "tests/actors/actor_test_support.hpp"
 #include "tests/support/eventually.hpp"
 #include "tests/support/test_support.hpp"

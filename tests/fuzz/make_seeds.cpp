@@ -23,7 +23,7 @@
 #include "engine/kv/kv_tiers.hpp"
 #include "engine/model/checkpoint_writer.hpp"
 #include "engine/sched/scheduler.hpp"
-#include "engine/spec/heads.hpp"
+#include "engine/speculative/heads.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "tests/fuzz/heads_target.hpp"
 #include "tests/fuzz/wire_setup.hpp"

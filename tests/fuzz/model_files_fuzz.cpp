@@ -7,7 +7,7 @@
 #include "engine/model/hf_config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/model/safetensors_file.hpp"
-#include "engine/spec/heads.hpp"
+#include "engine/speculative/heads.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
 #include "tests/fuzz/heads_target.hpp"

@@ -10,7 +10,7 @@
 # on the joint distribution of the first two, three and four tokens (cells of expectation
 # under 5 merged; the 1e-4 critical value). Draft probabilities cross the actors here (the
 # draft actor's answers, the scheduler's verification), which the engine-loop test
-# (tests/engine/spec/speculative_distribution_test.cpp) does not see.
+# (tests/engine/speculative/speculative_distribution_test.cpp) does not see.
 # Bounded in time; every node is stopped.
 # Usage: speculative_distribution_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail

@@ -1,6 +1,6 @@
 // The speculative decoding options, as troupe-run and troupe-perf take them on the
 // command line (speculative_cli.hpp) and a topology's [speculative] table names them,
-// and the configuration they make (engine/spec/speculative.hpp).
+// and the configuration they make (engine/speculative/speculative.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "engine/model/model.hpp"
-#include "engine/spec/heads.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/heads.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe::tools {

@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/model/checkpoint_writer.hpp"
-#include "engine/spec/heads.hpp"
+#include "engine/speculative/heads.hpp"
 #include "engine/tokenizer/tokenizer_json.hpp"
 #include "tools/common/model_loading.hpp"
 

@@ -1,4 +1,4 @@
-// Drafts from a draft actor (engine/spec/draft_exchange.hpp through actors/wire/
+// Drafts from a draft actor (engine/speculative/draft_exchange.hpp through actors/wire/
 // draft_codec.hpp): the same drafts, distributions and output as a proposer in the
 // scheduler's own process, step after step; a restarted server; answers and orders that
 // do not fit refused whole.
@@ -11,7 +11,7 @@
 #include "engine/forward/kv_cache_type.hpp"
 #include "engine/sched/scheduler.hpp"
 #include "engine/serve/step_choices.hpp"
-#include "engine/spec/model_proposer.hpp"
+#include "engine/speculative/model_proposer.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 #include "schema/draft.capnp.h"
 #include "tests/support/test_support.hpp"

@@ -10,7 +10,7 @@
 
 #include "actors/wire/frame.hpp"
 #include "engine/sched/scheduler.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "schema/kv.capnp.h"
 #include "tests/support/test_support.hpp"
 

@@ -11,7 +11,7 @@
 #include "actors/wire/frame.hpp"
 #include "engine/sample/rng.hpp"
 #include "engine/sched/scheduler.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "schema/step.capnp.h"
 #include "tests/actors/wire/step_codec_support.hpp"
 #include "tests/support/test_support.hpp"

@@ -17,8 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/spec/heads.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/heads.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 

@@ -1,4 +1,4 @@
-// Head files (engine/spec/heads.hpp): written for a target and read back; refused, with a
+// Head files (engine/speculative/heads.hpp): written for a target and read back; refused, with a
 // reason, for another model's shape or vocabulary, when they are not head files, or when a
 // tensor has the wrong shape.
 #include <cstring>
@@ -9,8 +9,8 @@
 
 #include <doctest/doctest.h>
 
-#include "engine/spec/heads.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/heads.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {

@@ -1,4 +1,4 @@
-#include "engine/spec/medusa_proposer.hpp"
+#include "engine/speculative/medusa_proposer.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -26,7 +26,7 @@
 
 #include "engine/forward/kv_cache.hpp"
 #include "engine/forward/transformer_shard.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "kernels/common/aligned.hpp"
 
 namespace troupe {

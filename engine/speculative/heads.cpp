@@ -1,4 +1,4 @@
-#include "engine/spec/heads.hpp"
+#include "engine/speculative/heads.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,7 @@
 
 #include "engine/model/file_out.hpp"
 #include "engine/model/gguf_file.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 
 namespace troupe {
 

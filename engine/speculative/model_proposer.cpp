@@ -1,4 +1,4 @@
-#include "engine/spec/model_proposer.hpp"
+#include "engine/speculative/model_proposer.hpp"
 
 #include <algorithm>
 

@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 
 namespace troupe {
 

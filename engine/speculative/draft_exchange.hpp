@@ -32,7 +32,7 @@
 
 #include "engine/sample/sampling_params.hpp"
 #include "engine/sched/scheduler.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "engine/util/expected.hpp"
 
 namespace troupe {

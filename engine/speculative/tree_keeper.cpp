@@ -1,4 +1,4 @@
-#include "engine/spec/tree_keeper.hpp"
+#include "engine/speculative/tree_keeper.hpp"
 
 #include <algorithm>
 

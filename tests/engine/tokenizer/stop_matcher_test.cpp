@@ -1,4 +1,4 @@
-#include "engine/generate/stop_matcher.hpp"
+#include "engine/tokenizer/stop_matcher.hpp"
 
 #include <doctest/doctest.h>
 

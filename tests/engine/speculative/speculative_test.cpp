@@ -13,11 +13,11 @@
 #include "engine/sample/rng.hpp"
 #include "engine/sample/sampler.hpp"
 #include "engine/serve/llm_engine.hpp"
-#include "engine/spec/heads.hpp"
-#include "engine/spec/ngram_proposer.hpp"
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/heads.hpp"
+#include "engine/speculative/ngram_proposer.hpp"
+#include "engine/speculative/speculative.hpp"
 #include "kernels/cpu/sample.hpp"
-#include "tests/engine/spec/spec_test_support.hpp"
+#include "tests/engine/speculative/spec_test_support.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {

@@ -12,8 +12,8 @@
 #include <doctest/doctest.h>
 
 #include "engine/serve/llm_engine.hpp"
-#include "engine/spec/heads.hpp"
-#include "tests/engine/spec/spec_test_support.hpp"
+#include "engine/speculative/heads.hpp"
+#include "tests/engine/speculative/spec_test_support.hpp"
 #include "tests/support/chi_square.hpp"
 #include "tests/support/test_support.hpp"
 

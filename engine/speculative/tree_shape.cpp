@@ -1,4 +1,4 @@
-#include "engine/spec/tree_shape.hpp"
+#include "engine/speculative/tree_shape.hpp"
 
 #include <algorithm>
 

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "engine/sched/scheduler.hpp"
-#include "engine/spec/speculative.hpp"
-#include "engine/spec/tree_shape.hpp"
+#include "engine/speculative/speculative.hpp"
+#include "engine/speculative/tree_shape.hpp"
 
 namespace troupe {
 

@@ -1,8 +1,8 @@
-#include "engine/spec/speculative.hpp"
+#include "engine/speculative/speculative.hpp"
 
 #include <algorithm>
 
-#include "engine/spec/heads.hpp"
+#include "engine/speculative/heads.hpp"
 #include "kernels/cpu/argmax.hpp"
 #include "kernels/cpu/paged_attention.hpp"
 #include "kernels/cpu/sample.hpp"

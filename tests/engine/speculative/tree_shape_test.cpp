@@ -1,12 +1,12 @@
-// Token trees chosen from measured acceptance (engine/spec/tree_shape.hpp): deep and narrow
+// Token trees chosen from measured acceptance (engine/speculative/tree_shape.hpp): deep and narrow
 // where first candidates are kept, wide where later ones are, always within the budget;
-// kept paths moved to follow their roots (engine/spec/tree_keeper.hpp).
+// kept paths moved to follow their roots (engine/speculative/tree_keeper.hpp).
 #include <vector>
 
 #include <doctest/doctest.h>
 
-#include "engine/spec/tree_keeper.hpp"
-#include "engine/spec/tree_shape.hpp"
+#include "engine/speculative/tree_keeper.hpp"
+#include "engine/speculative/tree_shape.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace troupe {

@@ -1,4 +1,4 @@
-#include "engine/spec/draft_exchange.hpp"
+#include "engine/speculative/draft_exchange.hpp"
 
 #include <cmath>
 #include <string>

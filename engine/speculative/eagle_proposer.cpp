@@ -1,4 +1,4 @@
-#include "engine/spec/eagle_proposer.hpp"
+#include "engine/speculative/eagle_proposer.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "engine/spec/ngram_proposer.hpp"
+#include "engine/speculative/ngram_proposer.hpp"
 
 #include <algorithm>
 
