@@ -35,7 +35,10 @@ void find_scheduler(self_ptr self, size_t k) {
                   rep.sched = sched;
                   self->monitor(sched);
                   if (rep.counted != sched.address()) {  // a new scheduler, not the same one found again
-                    if (rep.polled) add_counters(rep.base, rep.now);
+                    if (rep.polled) {
+                      add_counters(rep.base, rep.now);
+                      rep.base.spec_method = rep.now.spec_method;  // whose speculation counts they are
+                    }
                     rep.now = {};
                     rep.polled = false;
                     rep.counted = sched.address();

@@ -68,7 +68,6 @@ struct scheduler_figures {
 // A scheduler's counters added to `base` (the figures of "now" left alone): what a
 // replica's scheduler counted before it was replaced.
 inline void add_counters(scheduler_figures& base, const scheduler_figures& gone) {
-  if (gone.spec_method != "none") base.spec_method = gone.spec_method;  // whose counts they are
   base.hit_tokens += gone.hit_tokens;
   base.queried_tokens += gone.queried_tokens;
   base.spec += gone.spec;
