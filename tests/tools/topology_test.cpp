@@ -3,7 +3,11 @@
 // topology_links_test.cpp).
 #include "tools/common/topology.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <regex>
 
 #include <doctest/doctest.h>
 
@@ -242,7 +246,7 @@ TEST_CASE("failure, GPU and KV cache settings: defaults, and what a topology set
                                                   "[gpu]\nweights = \"f32\"\n[kv]\ncache_type = \"q8_0\"\nprefix_cache_scope = \"all\"\n" + R"([[replica]]
 name = "r0"
 scheduler = "n1"
-stages = [ { node = "n0", layers = "0-4", devices = ["cuda:0"] } ])",
+stages = [ { node = "n0", layers = "0-4", devices = ["cpu"] } ])",
                                "t.toml", "/d");
   REQUIRE_MESSAGE(u.has_value(), (u ? "" : u.err().message));
   CHECK(u->failure.heartbeat_ms == 100);
@@ -479,10 +483,45 @@ timeout_ms = 50
   says("[[tier]]\nkind = \"host\"\ncolour = 1\n", "unknown key 'colour'");
   says("[kv]\nprefix_caching = false\n[[tier]]\nkind = \"host\"\n", "prefix_caching must be on");
   says("[tier]\nkind = \"host\"\n", "[[tier]] must be an array of tables");
-  // GPU shards keep their caches on the device.
-  const std::string p = problem("[[replica]]\nname = \"g\"\nstages = [ { node = \"n0\", layers = \"all\", devices = [\"cuda:0\"] } ]\n"
-                                "[[tier]]\nkind = \"host\"\n");
-  CHECK(p.find("KV tiers ([[tier]]) serve CPU shards") != std::string::npos);
+}
+
+TEST_CASE("what a GPU shard would ignore is refused at the line that asks for it") {
+  const std::string gpu = "[[replica]]\nname = \"g\"\nstages = [ { node = \"n0\", layers = \"all\", devices = [\"cuda:0\"] } ]\n";
+  const int base_lines = static_cast<int>(std::count(base, base + std::strlen(base), '\n'));
+  auto at = [&](int line) { return "t.toml:" + std::to_string(base_lines + line) + ": "; };
+  // (Each refusal's line is counted from the end of `base`.)
+  CHECK(problem("[kv]\nblock_size = 16\ncache_type = \"q8_0\"\n" + gpu) ==
+        at(3) + "[kv] cache_type \"q8_0\": replica 'g' runs on cuda:0, and a GPU shard keeps its KV cache in F32: "
+                "cache_type applies to CPU shards");
+  CHECK(problem("[kv]\ncache_type = \"f16\"\n" + ok_replica) == "");  // CPU shards honour it
+  CHECK(problem(gpu + "[[tier]]\nkind = \"host\"\n") ==
+        at(4) + "replica 'g' runs on cuda:0: KV tiers ([[tier]]) serve CPU shards; a GPU shard's cache stays on its device");
+  CHECK(problem("[speculative]\nmethod = \"eagle\"\nheads = \"h.gguf\"\n" + gpu) ==
+        at(2) + "replica 'g' runs on cuda:0: [speculative] method eagle drafts from the features CPU shards return; a GPU "
+                "shard proposes by n-gram only");
+  CHECK(problem("[speculative]\nmethod = \"ngram\"\n\ntree = \"2,2\"\n" + gpu) ==
+        at(4) + "replica 'g' runs on cuda:0: [speculative] tree: on a GPU, speculative decoding verifies chains, not token trees");
+  // The second stage on a GPU is enough; roles name the replica's role line.
+  const std::string roles = R"([[replica]]
+name = "p"
+role = "prefill"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "3-4", devices = ["cuda:1"] } ]
+[[replica]]
+name = "d"
+role = "decode"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"], kv_port = 7500 }, { node = "n1", layers = "3-4", devices = ["cpu"], kv_port = 7501 } ]
+)";
+  CHECK(problem(roles) == at(3) + "replica 'p' (prefill) runs on cuda:1: prefill and decode replicas run on CPU shards (KV "
+                                  "between GPUs is not sent yet)");
+  CHECK(problem(std::regex_replace(roles, std::regex("cuda:1"), "cpu")) == "");
+  // The environment's KV type likewise (nodes and troupe-launch read it).
+  setenv("TROUPE_KV_TYPE", "f16", 1);
+  const std::string env = problem(gpu);
+  const std::string cpu = problem(ok_replica);
+  unsetenv("TROUPE_KV_TYPE");
+  CHECK(env == "TROUPE_KV_TYPE=f16 is set, but t.toml runs replica 'g' on cuda:0, and a GPU shard keeps its KV cache in "
+               "F32: the KV cache type applies to CPU shards");
+  CHECK(cpu == "");
 }
 
 TEST_CASE("a node off loopback needs [tls] or says insecure_internal_ports, and its refusal names the line") {

@@ -91,6 +91,42 @@ void check_names(reader& rd, const topology& t, const toml::table& root) {
     rd.fail(replica_tables, "prefill and decode replicas name KV blocks by their prefix: [kv] prefix_caching must be on");
 }
 
+// What a GPU shard does not honour is refused at the line that asks for it, naming the
+// replica and device that would ignore it: a KV cache type (its cache is F32), KV tiers and
+// prefill/decode roles (both move KV through host memory), and proposers or token trees
+// that need what only CPU shards return.
+void check_gpu_stages(reader& rd, const topology& t, const toml::table& root) {
+  const toml::array* replica_tables = root["replica"].as_array();
+  const toml::node* kv = root.get("kv");
+  const toml::node* spec = root.get("speculative");
+  const std::string& method = t.speculative.method;
+  for (size_t i = 0; rd.ok() && i < t.replicas.size(); ++i) {
+    const replica_spec& r = t.replicas[i];
+    std::string gpu;
+    for (const stage_spec& st : r.stages)
+      if (gpu.empty() && st.devices[0] != "cpu") gpu = st.devices[0];
+    if (gpu.empty()) continue;
+    const std::string who = "replica '" + r.name + "' runs on " + gpu;
+    if (t.kv.cache_type)
+      rd.fail(kv->as_table()->get("cache_type"),
+              "[kv] cache_type \"" + std::string(dtype_name(*t.kv.cache_type)) + "\": " + who +
+                  ", and a GPU shard keeps its KV cache in F32: cache_type applies to CPU shards");
+    else if (!t.kv.tiers.empty())
+      rd.fail(&(*root["tier"].as_array())[0],
+              who + ": KV tiers ([[tier]]) serve CPU shards; a GPU shard's cache stays on its device");
+    else if (r.role != replica_role::both)
+      rd.fail((*replica_tables)[i].as_table()->get("role"),
+              "replica '" + r.name + "' (" + std::string(replica_role_name(r.role)) + ") runs on " + gpu +
+                  ": prefill and decode replicas run on CPU shards (KV between GPUs is not sent yet)");
+    else if (method == "medusa" || method == "eagle")
+      rd.fail(spec->as_table()->get("method"), who + ": [speculative] method " + method +
+                                                   " drafts from the features CPU shards return; a GPU shard proposes by n-gram only");
+    else if (!t.speculative.tree.empty())
+      rd.fail(spec->as_table()->get("tree"),
+              who + ": [speculative] tree: on a GPU, speculative decoding verifies chains, not token trees");
+  }
+}
+
 }  // namespace
 
 kv_config kv_of(const topology& t, const replica_spec& r) {
@@ -199,6 +235,7 @@ expected<topology> parse_topology_text(const std::string& text, const std::strin
   for (size_t i = 0; rd.ok() && i < replicas->size(); ++i)
     t.replicas.push_back(parse_replica(rd, *(*replicas)[i].as_table(), "[[replica]] #" + std::to_string(i + 1)));
   if (rd.ok()) check_names(rd, t, root);
+  if (rd.ok()) check_gpu_stages(rd, t, root);
   if (!rd.ok()) return error{rd.error_message()};
   return t;
 }
@@ -242,27 +279,20 @@ std::string topology_warnings(const topology& t, const model_config& m) {
 }
 
 status validate_topology(const topology& t, const model_config& m, int32_t q8_group_size) {
-  const std::string spec_method = t.speculative.method;
+  // The environment's KV type, like [kv] cache_type (check_gpu_stages), is the CPU's.
+  if (auto env = kv_cache_type_from_environment(); env && *env)
+    for (const auto& r : t.replicas)
+      for (const stage_spec& st : r.stages)
+        if (st.devices[0] != "cpu")
+          return error{"TROUPE_KV_TYPE=" + std::string(dtype_name(**env)) + " is set, but " + t.path + " runs replica '" +
+                       r.name + "' on " + st.devices[0] +
+                       ", and a GPU shard keeps its KV cache in F32: the KV cache type applies to CPU shards"};
   if (!t.speculative.tree.empty() && !t.kv.tiers.empty())
     return error{t.path + ": [speculative] tree: token trees and KV tiers ([[tier]]) do not run together"};
   for (const auto& r : t.replicas) {
     if (!t.speculative.tree.empty() && r.role != replica_role::both)
       return error{t.path + ": [speculative] tree: token trees and KV tiers do not run together, and replica '" + r.name +
                    "' (" + std::string(replica_role_name(r.role)) + ") hands its prompts' KV through a host tier"};
-    for (const stage_spec& st : r.stages)
-      for (const std::string& d : st.devices)
-        if (d != "cpu" && (spec_method == "medusa" || spec_method == "eagle"))
-          return error{t.path + ": replica '" + r.name + "' runs on " + d + ": [speculative] method " + spec_method +
-                       " drafts from the features CPU shards return; a GPU shard proposes by n-gram only"};
-        else if (d != "cpu" && !t.speculative.tree.empty())
-          return error{t.path + ": replica '" + r.name + "' runs on " + d +
-                       ": [speculative] tree: on a GPU, speculative decoding verifies chains, not token trees"};
-    if (!t.kv.tiers.empty())
-      for (const stage_spec& st : r.stages)
-        for (const std::string& d : st.devices)
-          if (d != "cpu")
-            return error{t.path + ": replica '" + r.name + "' runs on " + d +
-                         ": KV tiers ([[tier]]) serve CPU shards; a GPU shard's cache stays on its device"};
     int32_t next = 0;
     for (size_t s = 0; s < r.stages.size(); ++s) {
       const stage_spec& st = r.stages[s];
@@ -289,11 +319,6 @@ status validate_topology(const topology& t, const model_config& m, int32_t q8_gr
     if (r.role == replica_role::decode && !decode) decode = &r;
   for (const auto& r : t.replicas) {
     if (r.role == replica_role::both) continue;
-    for (const stage_spec& st : r.stages)
-      for (const std::string& d : st.devices)
-        if (d != "cpu")
-          return error{t.path + ": replica '" + r.name + "' (" + std::string(replica_role_name(r.role)) + ") runs on " +
-                       d + ": prefill and decode replicas run on CPU shards (KV between GPUs is not sent yet)"};
     bool same = r.stages.size() == decode->stages.size();
     for (size_t s = 0; same && s < r.stages.size(); ++s)
       same = r.stages[s].first_layer == decode->stages[s].first_layer &&
