@@ -10,9 +10,6 @@
 #include "actors/scheduler_state.hpp"
 #include "actors/wire/client_codec.hpp"
 #include "engine/forward/shard_tiers.hpp"
-#include "engine/speculative/eagle_proposer.hpp"
-#include "engine/speculative/medusa_proposer.hpp"
-#include "engine/speculative/ngram_proposer.hpp"
 
 namespace troupe {
 
@@ -32,7 +29,6 @@ void send_result(self_ptr self, uint64_t id, const step_output& out, const std::
 void dispatch(self_ptr self, std::vector<step_output> outs) {
   auto& st = self->state;
   for (const step_output& o : outs) {
-    if (o.finished) forget_drafts(st, o.id);
     auto it = st.sinks.find(o.id.value);
     if (it == st.sinks.end()) continue;
     sink_entry& s = it->second;
@@ -48,7 +44,7 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
 void fail_request(self_ptr self, request_id id, const std::string& why, error_code kind) {
   auto& st = self->state;
   if (auto out = st.sched->abort(id)) {
-    forget_drafts(st, id);
+    st.seq->forget(id);
     send_result(self, id.value, *out, why, kind);
     st.released.push_back(id);
   }
@@ -62,7 +58,7 @@ bool end_request(self_ptr self, uint64_t id, bool sink_gone) {
     return true;
   }
   auto out = st.sched->abort(request_id{id});
-  forget_drafts(st, request_id{id});
+  st.seq->forget(request_id{id});
   if (sink_gone) {
     st.sinks.erase(id);
     st.released.push_back(request_id{id});
@@ -90,22 +86,18 @@ void announce(self_ptr self) {
 
 namespace {
 
-// N-gram and trained heads' drafts are made here; a draft model's and early exit's come
-// from the draft actor, whose orders are checked against the replica's limits.
-void setup_drafts(scheduler_state& st) {
+// The step sequence: n-gram and trained heads' drafts are made here; a draft model's and
+// early exit's come from the draft actor, whose orders are checked against the replica's
+// limits.
+void setup_steps(scheduler_state& st) {
   const scheduler_setup& s = st.setup;
-  if (!s.spec.enabled()) return;
-  st.trees.emplace(s.spec, s.heads && s.spec.method == spec_method::medusa ? s.heads->depth() : max_draft_tokens);
-  if (s.spec.method == spec_method::ngram) st.drafts = std::make_unique<ngram_proposer>(s.spec.ngram_min, s.spec.ngram_max);
-  if (s.spec.uses_heads()) {
-    TROUPE_ASSERT(s.heads != nullptr, "trained heads are loaded with the replica");
-    st.draft_pool = std::make_unique<thread_pool>(1);
-    if (s.spec.method == spec_method::medusa)
-      st.drafts = std::make_unique<medusa_proposer>(*s.m, *s.heads, *st.draft_pool);
-    else
-      st.drafts = std::make_unique<eagle_proposer>(*s.m, *s.heads, *st.draft_pool);
-  }
-  if (s.spec.method != spec_method::draft && s.spec.method != spec_method::early_exit) return;
+  if (s.spec.uses_heads()) st.draft_pool = std::make_unique<thread_pool>(1);
+  step_path::drafts d{s.spec, nullptr, false, step_path::max_tree_depth(s.spec, s.heads.get())};
+  if (s.spec.enabled() && s.spec.method != spec_method::draft && s.spec.method != spec_method::early_exit)
+    d.here = step_path::beside_scheduler(s.spec, *s.m, s.heads.get(), st.draft_pool.get());
+  d.elsewhere = s.spec.method == spec_method::draft || s.spec.method == spec_method::early_exit;
+  st.seq = std::make_unique<step_path>(*st.sched, s.m->config, std::move(d));
+  if (!st.seq->drafts_elsewhere()) return;
   wire::draft_limits lim;
   lim.num_blocks = s.config.kv.num_blocks;
   lim.block_size = s.config.kv.block_size;
@@ -163,7 +155,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
   st.stages.resize(setup.stages.size());
   st.links.resize(setup.stages.size());
   st.session_base = std::random_device{}() * (uint64_t{1} << 32);
-  setup_drafts(st);
+  setup_steps(st);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     if (st.kv && st.kv.address() == dm.source)
@@ -275,12 +267,13 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         f.hit_tokens = u.hit_tokens;
         f.queried_tokens = u.queried_tokens;
         f.spec_method = spec_method_name(st.setup.spec.method);
-        f.spec.verifies = st.spec.verifies;
-        f.spec.proposed = st.spec.proposed;
-        f.spec.accepted = st.spec.accepted;
-        f.spec.by_accepted.assign(st.spec.by_accepted.begin(), st.spec.by_accepted.end());
-        f.spec.offered_at.assign(st.spec.offered_at.begin(), st.spec.offered_at.end());
-        f.spec.kept_at.assign(st.spec.kept_at.begin(), st.spec.kept_at.end());
+        const spec_tally& spec = st.seq->tally();
+        f.spec.verifies = spec.verifies;
+        f.spec.proposed = spec.proposed;
+        f.spec.accepted = spec.accepted;
+        f.spec.by_accepted.assign(spec.by_accepted.begin(), spec.by_accepted.end());
+        f.spec.offered_at.assign(spec.offered_at.begin(), spec.offered_at.end());
+        f.spec.kept_at.assign(spec.kept_at.begin(), spec.kept_at.end());
         const scheduler::eviction_usage e = st.sched->eviction_now();
         f.eviction = {st.sched->evicted_tokens(), e.requests, e.budget_tokens, e.held_tokens};
         const tier_usage t = st.sched->tiers_now();

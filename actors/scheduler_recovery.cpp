@@ -203,8 +203,7 @@ void drop_in_flight(self_ptr self, bool was_ready) {
   st.planning = false;
   st.released.clear();
   const size_t requeued = st.sched->reset_kv();
-  restart_drafts(st);  // the drafts' caches are in block ids given out anew
-  st.tree_moves.clear();  // the stages' caches start anew
+  reset_drafts(st);  // the drafts' caches are in block ids given out anew, the stages' start anew
   // A request lost with every step of it lately would take the replica down with it again.
   const std::vector<request_id> doomed = st.sched->doomed();
   if (was_ready)

@@ -27,9 +27,7 @@
 #include "actors/wire/step_codec.hpp"
 #include "engine/kv/kv_tiers.hpp"
 #include "engine/serve/replica_recovery.hpp"
-#include "engine/serve/step_choices.hpp"
-#include "engine/speculative/draft_exchange.hpp"
-#include "engine/speculative/tree_keeper.hpp"
+#include "engine/serve/step_path.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe::scheduler_actor_impl {
@@ -108,22 +106,15 @@ struct scheduler_state {
   std::unique_ptr<replica_recovery> recovery;
   uint64_t session_base = 0;
 
-  // Speculative decoding: n-gram or trained heads' drafts made here (drafts, slots:
-  // scratch; heads run on draft_pool), or orders to the draft actor (draft, invalid while
-  // it is gone), and what verification gave.
+  // The step around the pipeline (engine/serve/step_path.hpp): drafts made here
+  // (n-gram, trained heads on draft_pool) or ordered from the draft actor (draft, invalid
+  // while it is gone), token trees, features, the speculation figures.
+  std::unique_ptr<step_path> seq;
   std::unique_ptr<thread_pool> draft_pool;
-  std::unique_ptr<proposer> drafts;
-  std::vector<draft_slot> slots;
-  std::optional<tree_keeper> trees;  // the tree each step drafts (a chain: none)
-  // Verified trees' accepted paths, moved with their requests' next steps.
-  std::unordered_map<request_id, planned_compaction> tree_moves;
-  std::vector<float> features;       // a step's features, by batch row (scratch)
-  draft_orders orders;
   std::optional<wire::draft_limits> draft_limits;  // set where a draft actor drafts
   caf::actor draft;
   bool finding_draft = false;
   uint64_t draft_sessions = 0;
-  spec_tally spec;
 
   // KV tiers that outlive the scheduler, asked about prompts its directory does not cover:
   // as each shard sees them, by its names' prefix.
@@ -137,7 +128,7 @@ using self_ptr = caf::stateful_actor<scheduler_state>*;
 
 inline bool remote_kv(const scheduler_state& st) { return !st.setup.kv_manager.empty(); }
 // Whether its drafts come from a draft actor.
-inline bool remote_drafts(const scheduler_state& st) { return st.draft_limits.has_value(); }
+inline bool remote_drafts(const scheduler_state& st) { return st.seq->drafts_elsewhere(); }
 
 // scheduler_actor.cpp
 void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text,
@@ -165,11 +156,11 @@ void link_answer(self_ptr self, uint64_t link, const wire_message& out);
 void link_failed(self_ptr self, uint64_t link, const std::string& why);
 
 // scheduler_drafts.cpp
-// The request is gone from the scheduler or lost its blocks (finished, aborted,
-// preempted): whoever drafts for it forgets it.
-void forget_drafts(scheduler_state& st, request_id id);
-// Every request's drafts start afresh (the block ids are given out anew): a new session.
+// Every request's drafts start afresh (the draft actor is new, or its exchange failed):
+// a new session.
 void restart_drafts(scheduler_state& st);
+// The same, and the KV too (the block ids are given out anew): no tree moves.
+void reset_drafts(scheduler_state& st);
 // Whether the next step can have drafts (a proposer here, or the draft actor found).
 bool can_draft(const scheduler_state& st);
 // Looks up the draft actor when it is missing (at most one lookup at a time).

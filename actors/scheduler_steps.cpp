@@ -105,25 +105,13 @@ int64_t feature_values(const scheduler_state& st, std::span<const int32_t> wante
   return rows * st.setup.m->config.dim;
 }
 
-// A step's tokens are in: speculation's figures, each request's news, then what its
-// eviction policy learns from the attention its slots received.
+// A step's tokens are in: the step sequence records them (trees, features, figures, the
+// scheduler, eviction), and each request's news goes to its client.
 void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::span<const float> attention,
                  std::span<const int32_t> wanted, std::span<const float> features) {
   auto& st = self->state;
-  st.spec += got.spec;
-  after_tokens(st, plan, got, wanted, features);
-  dispatch(self, st.sched->update_from_output(plan, got.samples, got.emitted));
-  const model_config& mc = st.setup.m->config;
-  st.sched->observe_attention(plan, attention, mc.num_heads * mc.num_layers);
+  dispatch(self, st.seq->finish(plan, got, attention, st.seq->spread_features(plan, wanted, features)));
   maybe_step(self);
-}
-
-// KV tiers: the requests whose loads failed go back to compute before anything of theirs
-// is sampled; the others' loads have landed.
-void settle_loads(self_ptr self, const step_plan& plan, std::span<const request_id> failed) {
-  auto& st = self->state;
-  st.sched->settle_tier_loads(plan, failed);
-  for (request_id id : failed) forget_drafts(st, id);
 }
 
 // The tokens the last stage chose for every logit row of `plan` (a sampled chunk's, and
@@ -136,7 +124,7 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out, 
                        : expected<wire::step_result>(error{"no tokens"});
   if (!res || static_cast<int32_t>(res->tokens.size()) != plan.num_logit_rows())
     return lose(self, st.stages.size() - 1, res ? "chosen tokens do not match the step" : res.err().message);
-  settle_loads(self, plan, res->failed_loads);
+  st.seq->settle_loads(plan, res->failed_loads);
   const auto& toks = res->tokens;
   std::vector<int32_t> chosen;
   size_t k = 0;
@@ -148,7 +136,7 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out, 
       chosen.push_back(t.token);
     }
   }
-  step_tokens got = replay_chosen(plan, *st.sched, chosen, st.setup.spec);
+  step_tokens got = st.seq->tokens_chosen(plan, chosen);
   finish_step(self, plan, got, res->attention, wanted, res->features);
 }
 
@@ -157,13 +145,14 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out, 
 void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
   auto& st = self->state;
   if (plan->chunks.empty()) {
-    dispatch(self, st.sched->update_from_output(*plan, {}));
+    step_tokens none;
+    dispatch(self, st.seq->finish(*plan, none, {}, {}));
     return;
   }
   // Who chooses the tokens (engine/serve/step_choices.hpp): the last stage, where the
   // logits are, when every row allows it; else the samplers here, from the logits.
   const auto choices = shard_choices_by_chunk(*plan, *st.sched);
-  std::vector<int32_t> wanted = ready_plan(st, *plan);
+  std::vector<int32_t> wanted = st.seq->ready(*plan);
   const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released, choices, wanted));
   st.released.clear();
   ++st.in_flight;
@@ -184,8 +173,8 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
                         : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_logit_rows())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
-    settle_loads(self, *plan, lg->failed_loads);
-    step_tokens got = sample_rows(*plan, *st.sched, lg->data.data(), vocab, st.setup.spec);
+    st.seq->settle_loads(*plan, lg->failed_loads);
+    step_tokens got = st.seq->tokens_from_logits(*plan, lg->data.data(), vocab);
     finish_step(self, *plan, got, lg->attention, wanted, lg->features);
   });
 }
@@ -224,8 +213,7 @@ void maybe_step(self_ptr self) {
   if (!st.ready()) return;
   while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
     // Draft slots for the requests that decode next, claimed with the step's blocks.
-    if (st.setup.spec.enabled())
-      plan_drafts(st.sched->running(), can_draft(st) ? st.trees->next_step() : speculative_config{}, st.sched->config().context);
+    st.seq->plan_drafts(can_draft(st));
     if (remote_kv(st)) {
       st.planning = true;
       return claim_round(self, std::make_shared<step_draft>(st.sched->begin_step()));

@@ -3,10 +3,7 @@
 #include "engine/forward/cuda_shard.hpp"
 #include "engine/forward/kv_cache_type.hpp"
 #include "engine/serve/step_choices.hpp"
-#include "engine/speculative/eagle_proposer.hpp"
-#include "engine/speculative/medusa_proposer.hpp"
 #include "engine/speculative/model_proposer.hpp"
-#include "engine/speculative/ngram_proposer.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -66,23 +63,22 @@ llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg, 
 void llm_engine::start_speculation(transformer_shard* cpu_shard) {
   if (auto st = check(model_, cfg_); !st) throw std::invalid_argument(st.err().message);
   const speculative_config& s = cfg_.spec;
-  trees_.emplace(s, cfg_.heads && s.method == spec_method::medusa ? cfg_.heads->depth() : max_draft_tokens);
-  switch (s.method) {
-    case spec_method::none: break;
-    case spec_method::ngram: proposer_ = std::make_unique<ngram_proposer>(s.ngram_min, s.ngram_max); break;
-    case spec_method::early_exit:
-      if (cpu_shard == nullptr) throw std::invalid_argument("early exit runs on a CPU shard only");
-      proposer_ = std::make_unique<model_proposer>(model_, *cpu_shard, s.exit_layer_for(model_.config.num_layers));
-      break;
-    case spec_method::medusa: proposer_ = std::make_unique<medusa_proposer>(model_, *cfg_.heads, pool_); break;
-    case spec_method::eagle: proposer_ = std::make_unique<eagle_proposer>(model_, *cfg_.heads, pool_); break;
-    case spec_method::draft:
-      if (cpu_shard == nullptr) throw std::invalid_argument("a draft model runs beside a CPU shard only");
-      proposer_ = std::make_unique<model_proposer>(*cfg_.draft, static_cast<int32_t>(cfg_.sched.kv.num_blocks),
-                                                   cfg_.sched.kv.block_size,
-                                                   cfg_.kv_type.value_or(kv_cache_type_for(*cfg_.draft)), pool_);
-      break;
+  step_path::drafts d{s, step_path::beside_scheduler(s, model_, cfg_.heads, &pool_), false,
+                          step_path::max_tree_depth(s, cfg_.heads)};
+  // A draft model and early exit run here too, beside the shard (the actors' draft actor).
+  if (s.method == spec_method::early_exit) {
+    if (cpu_shard == nullptr) throw std::invalid_argument("early exit runs on a CPU shard only");
+    d.here = std::make_unique<model_proposer>(model_, *cpu_shard, s.exit_layer_for(model_.config.num_layers));
+  } else if (s.method == spec_method::draft) {
+    if (cpu_shard == nullptr) throw std::invalid_argument("a draft model runs beside a CPU shard only");
+    d.here = std::make_unique<model_proposer>(*cfg_.draft, static_cast<int32_t>(cfg_.sched.kv.num_blocks),
+                                              cfg_.sched.kv.block_size, cfg_.kv_type.value_or(kv_cache_type_for(*cfg_.draft)),
+                                              pool_);
   }
+  seq_.emplace(sched_, model_.config, std::move(d), [this](const planned_compaction& c) {
+    const bool moved = shard_->compact_kv({c.block_table, c.kept, false, {}});
+    TROUPE_ASSERT(moved, "a shard that verified a tree moves its KV");
+  });
 }
 
 llm_engine::llm_engine(const model& m, const tokenizer& tok, engine_config cfg)
@@ -127,57 +123,31 @@ status llm_engine::add_request(request_id id, request_params params) {
 }
 
 std::optional<step_output> llm_engine::abort(request_id id) {
-  if (proposer_) proposer_->forget(id);
+  seq_->forget(id);
   return sched_.abort(id);
 }
 
+// The step (step_path.hpp), its forward pass on this engine's shard.
 std::vector<step_output> llm_engine::step() {
-  const speculative_config& live = trees_->next_step();
-  if (proposer_) plan_drafts(sched_.running(), live, cfg_.sched.context);
+  seq_->plan_drafts(true);
   step_plan plan = sched_.schedule();
   stats_.preemptions += plan.preempted.size();
-  if (proposer_) {
-    for (request_id id : plan.preempted) proposer_->forget(id);
-    fill_drafts(plan, sched_, *proposer_, slots_, live.tree);
-  }
-  step_tokens got;
-  batch_.clear();
+  seq_->draft(plan);
   // KV tiers: the loads first; a request one of whose blocks no tier held goes back to
   // compute before anything is sampled for it.
   std::vector<request_id> failed;
   if (tiers_) tiers_->prefetch(plan.tier_prefetch);
   if (tiers_ && !plan.tier_loads.empty()) failed = tiers_->load(plan.tier_loads);
-  sched_.settle_tier_loads(plan, failed);
-  if (proposer_)
-    for (request_id id : failed) proposer_->forget(id);
-  for (const auto& c : plan.compactions) batch_.compactions.push_back({c.block_table, c.kept, c.rotate, c.new_table});
+  seq_->settle_loads(plan, failed);
+  (void)seq_->ready(plan);  // (the shard leaves every row's features in hidden_)
   stats_.evicted_tokens = sched_.evicted_tokens();
+  step_tokens got;
+  batch_.clear();
+  for (const auto& c : plan.compactions) batch_.compactions.push_back({c.block_table, c.kept, c.rotate, c.new_table});
   mass_.assign(static_cast<size_t>(plan.attention_sums()), 0.0f);
-  float* mass = mass_.data();
+  std::span<const float> features;
   if (!plan.chunks.empty()) {
-    tree_parents_.resize(plan.chunks.size());
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      const scheduled_chunk& c = plan.chunks[i];
-      const request* r = sched_.find(c.id);
-      if (c.num_draft > 0) {
-        tokens_.assign(c.tokens.begin(), c.tokens.end());
-        tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
-        batch_.add(tokens_, c.first_slot(), c.block_table, 1 + c.num_draft);
-        if (!c.draft_parents.empty()) {  // a token tree: its root, then its nodes
-          tree_parents_of(c.draft_parents, tree_parents_[i]);
-          batch_.sequences.back().tree_parents = tree_parents_[i].data();
-        }
-      } else {
-        batch_.add(c.tokens, c.first_slot(), c.block_table, c.sample ? 1 : 0);
-      }
-      batch_.sequences.back().rope_pos = c.first_rope_position();
-      if (c.attention) {
-        batch_.sequences.back().attention_mass = mass;
-        mass += c.slots_seen();
-      }
-      if (r && c.first < r->num_prompt_tokens)
-        stats_.prompt_tokens_computed += std::min(c.count, r->num_prompt_tokens - c.first);
-    }
+    fill_batch(plan);
     const int32_t vocab = model_.config.vocab_size;
     hidden_.resize(static_cast<size_t>(batch_.num_tokens()) * model_.config.dim);
     ++stats_.steps;
@@ -188,29 +158,47 @@ std::vector<step_output> llm_engine::step() {
     const std::vector<token_choice> choices = shard_choices(plan, sched_);
     chosen_.assign(choices.size(), 0);
     if (!choices.empty() && shard_->forward_choose(batch_, hidden_.data(), choices.data(), chosen_.data())) {
-      got = replay_chosen(plan, sched_, chosen_, cfg_.spec);
+      got = seq_->tokens_chosen(plan, chosen_);
     } else {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
-      got = sample_rows(plan, sched_, logits_.data(), vocab, cfg_.spec);
-      // Each verified tree's accepted path moves down in its KV to follow the root.
-      trees_->keep(plan, sched_, got.paths, [this](const scheduled_chunk& c, std::span<const int32_t> kept) {
-        const bool moved = shard_->compact_kv({c.block_table, kept, false, {}});
-        TROUPE_ASSERT(moved, "a shard that verified a tree moves its KV");
-      });
-      // (Heads that read features run on CPU shards, whose forward() leaves them here.)
-      if (proposer_)
-        observe_features(plan, sched_, got.emitted, got.paths, hidden_.data(), model_.config.dim, *proposer_);
+      got = seq_->tokens_from_logits(plan, logits_.data(), vocab);
+      features = std::span<const float>(hidden_.data(), hidden_.size());  // (CPU shards leave them)
     }
     if (tiers_) tiers_->save(plan.tier_saves, failed);
-    stats_.spec += got.spec;
   }
-  std::vector<step_output> outs = sched_.update_from_output(plan, got.samples, got.emitted);
-  sched_.observe_attention(plan, mass_, model_.config.num_heads * model_.config.num_layers);
-  if (proposer_)
-    for (const step_output& o : outs)
-      if (o.finished) proposer_->forget(o.id);
+  std::vector<step_output> outs = seq_->finish(plan, got, mass_, features);
+  stats_.spec = seq_->tally();
   return outs;
+}
+
+// The batch of `plan`'s chunks: a chunk's known tokens, then its drafts (a token tree's
+// with their parents); where each attention sum goes.
+void llm_engine::fill_batch(const step_plan& plan) {
+  float* mass = mass_.data();
+  tree_parents_.resize(plan.chunks.size());
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const scheduled_chunk& c = plan.chunks[i];
+    const request* r = sched_.find(c.id);
+    if (c.num_draft > 0) {
+      tokens_.assign(c.tokens.begin(), c.tokens.end());
+      tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
+      batch_.add(tokens_, c.first_slot(), c.block_table, 1 + c.num_draft);
+      if (!c.draft_parents.empty()) {  // a token tree: its root, then its nodes
+        tree_parents_of(c.draft_parents, tree_parents_[i]);
+        batch_.sequences.back().tree_parents = tree_parents_[i].data();
+      }
+    } else {
+      batch_.add(c.tokens, c.first_slot(), c.block_table, c.sample ? 1 : 0);
+    }
+    batch_.sequences.back().rope_pos = c.first_rope_position();
+    if (c.attention) {
+      batch_.sequences.back().attention_mass = mass;
+      mass += c.slots_seen();
+    }
+    if (r && c.first < r->num_prompt_tokens)
+      stats_.prompt_tokens_computed += std::min(c.count, r->num_prompt_tokens - c.first);
+  }
 }
 
 }  // namespace troupe

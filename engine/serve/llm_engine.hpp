@@ -3,8 +3,9 @@
 // on_gpu), each request's sampler picks its token, and the scheduler applies the
 // results. With speculative decoding (engine_config::spec), a proposer drafts tokens for
 // the requests that decode, the step computes them too, and each sampler verifies its
-// request's drafts (engine/speculative/speculative.hpp). The scheduler and kv manager actors
-// drive the same pieces across processes; this loop is what they do inside one.
+// request's drafts (engine/speculative/speculative.hpp). A step is step_path.hpp's, the
+// scheduler actor's too: the two differ only in how the step reaches the shards (here, a
+// call to the one shard; there, messages through the pipeline's stages).
 //
 // API (one thread at a time): add_request, abort, step. step() returns what each request
 // got: its new tokens, the text that became final, and whether it finished.
@@ -20,8 +21,8 @@
 #include "engine/forward/transformer_shard.hpp"
 #include "engine/sched/scheduler.hpp"
 #include "engine/serve/step_choices.hpp"
+#include "engine/serve/step_path.hpp"
 #include "engine/speculative/speculative.hpp"
-#include "engine/speculative/tree_keeper.hpp"
 #include "kernels/common/aligned.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -81,7 +82,7 @@ class llm_engine {
   std::vector<step_output> step();
   // Forgets the KV cache (as after losing a shard): running requests recompute.
   size_t reset_kv() {
-    if (proposer_) proposer_->forget_all();
+    seq_->reset();
     return sched_.reset_kv();
   }
 
@@ -102,6 +103,7 @@ class llm_engine {
  private:
   static engine_config complete(engine_config cfg, const model& m);
   void start_speculation(transformer_shard* cpu_shard);
+  void fill_batch(const step_plan& plan);
 
   const model& model_;
   engine_config cfg_;
@@ -115,12 +117,9 @@ class llm_engine {
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;
   std::vector<int32_t> chosen_, tokens_;
-  std::unique_ptr<proposer> proposer_;
-  std::vector<draft_slot> slots_;
-  std::vector<request*> running_;
   std::vector<float> mass_;  // KV eviction: the attention sums, chunk after chunk
   std::vector<std::vector<int32_t>> tree_parents_;  // per chunk, a token tree's, as the batch has them
-  std::optional<tree_keeper> trees_;        // with speculation: the tree each step drafts
+  std::optional<step_path> seq_;  // the step around the forward pass (made once the shard is)
 };
 
 }  // namespace troupe

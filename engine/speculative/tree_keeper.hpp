@@ -1,13 +1,12 @@
-// tree_keeper: a replica's token trees from one step to the next, for the engine loop
-// (llm_engine) and the scheduler actor alike.
+// tree_keeper: a replica's token trees from one step to the next (engine/serve/step_path.hpp).
 //
 // It holds the shape each step drafts: the configured tree, or with tree_auto the one
 // chosen from what verification kept (tree_shape.hpp), re-chosen every 8 trees. After a
 // step, each verified tree's accepted path becomes the KV slots its request keeps: its
 // sequence up to the root, then the path's nodes, moved down to follow the root as a chain
-// of the same drafts would have left them. The engine loop moves them at once; the
-// scheduler actor sends the move with the request's next step (a planned compaction over
-// the table the stages held for the tree).
+// of the same drafts would have left them (step_path.hpp: at once where the shard is in
+// the same process, else with the request's next step, a planned compaction over the
+// table the shards held for the tree).
 #pragma once
 
 #include <cstdint>
