@@ -86,7 +86,7 @@ void announce(self_ptr self) {
 
 namespace {
 
-// The step sequence: n-gram and trained heads' drafts are made here; a draft model's and
+// The step path: n-gram and trained heads' drafts are made here; a draft model's and
 // early exit's come from the draft actor, whose orders are checked against the replica's
 // limits.
 void setup_steps(scheduler_state& st) {

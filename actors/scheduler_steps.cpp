@@ -105,7 +105,7 @@ int64_t feature_values(const scheduler_state& st, std::span<const int32_t> wante
   return rows * st.setup.m->config.dim;
 }
 
-// A step's tokens are in: the step sequence records them (trees, features, figures, the
+// A step's tokens are in: the step path records them (trees, features, figures, the
 // scheduler, eviction), and each request's news goes to its client.
 void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::span<const float> attention,
                  std::span<const int32_t> wanted, std::span<const float> features) {
