@@ -41,7 +41,6 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
   }
   for (const tier_config& t : cfg.sched.kv.tiers)
     if (auto e = validate(t)) return error{*e};
-  if (!s.tree.empty() && !cfg.sched.kv.tiers.empty()) return error{"token trees and KV tiers do not run together"};
   if (s.method == spec_method::draft) {
     if (cfg.draft == nullptr) return error{"speculative method draft needs a draft model"};
     if (auto e = check_draft(*cfg.draft, m)) return error{*e};

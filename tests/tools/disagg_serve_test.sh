@@ -3,10 +3,10 @@
 # each prompt and its first token, sends the prompt's KV over the KV channel to a decode
 # replica, which generates the rest from it. Greedy text, whole and streamed, is troupe-run's;
 # the decode replica reports the handed-over prompt tokens as loaded (cached), and /metrics
-# counts the handoffs. Then the same through PP=2 replicas on three processes
-# (troupe-launch), and with a decode replica's node killed mid-stream: its requests go on
-# on the other decode replica, each token delivered once. Bounded in time; every
-# process is stopped.
+# counts the handoffs; the same with token trees on the decode replica. Then the same
+# through PP=2 replicas on three processes (troupe-launch), and with a decode replica's
+# node killed mid-stream: its requests go on on the other decode replica, each token
+# delivered once. Bounded in time; every process is stopped.
 # Usage: disagg_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -102,6 +102,39 @@ handed=$(metric troupe_requests_handed_off_total)
 code=$(post "$work/ev" '{"model":"stories260K","prompt":"'"$story"'","max_tokens":40,"temperature":0,"kv_eviction":{"policy":"streaming","budget":128}}')
 [[ $code == 200 ]] || fail "a request with its own KV eviction: status $code: $(head -c 300 "$work/ev")"
 [[ $(metric troupe_requests_handed_off_total) == "$handed" ]] || fail "a request with its own KV eviction was handed over"
+stop_tree "$node_pid"
+node_pid=
+
+# The same with token trees: the decode replica verifies trees (the target drafting for
+# itself, so every kept path moves in the KV) over the prompt KV the prefill replica sent.
+cluster "$work/tree.toml" 1 1
+cat >>"$work/tree.toml" <<TOML
+[[replica]]
+name   = "p0"
+role   = "prefill"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
+[[replica]]
+name   = "d0"
+role   = "decode"
+stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = ${kv[0]} } ]
+[speculative]
+method = "draft"
+draft = "$models/stories260K.bin"
+tree = "2,2,2"
+max_step_tokens = 16
+TOML
+start_node "$work/tree.toml" "$work"
+base=$http_url
+all_ready 2 "token trees"
+check "token trees"
+[[ $(metric_n troupe_requests_handed_off_total) -ge 2 ]] || fail "token trees: requests were not handed over"
+# (The router polls the schedulers' figures about once a second.)
+for _ in $(seq 1 50); do
+  kept=$(metric_n 'troupe_speculative_depth_accepted_total{method="draft",depth="3"}')
+  [[ ${kept:-0} -gt 0 ]] && break
+  sleep 0.2
+done
+[[ ${kept:-0} -gt 0 ]] || fail "token trees: no tree kept a path three deep (${kept:-none})"
 stop_tree "$node_pid"
 node_pid=
 

@@ -4,7 +4,8 @@
 # from the tiers with troupe-run's greedy text; a restarted cluster finds its prefixes in
 # Redis (its first request reports cached tokens); blocks flipped in Redis are computed
 # again; Redis killed while requests run and started again loses none of them, and
-# /metrics counts its errors. Bounded in time; every process is stopped.
+# /metrics counts its errors; token trees' moved blocks reach the host tier as they end up.
+# Bounded in time; every process is stopped.
 # Usage: kv_tiers_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -114,4 +115,33 @@ for _ in $(seq 1 30); do
 done
 [[ ${errors:-0} -ge 1 ]] || fail "Redis away: no errors counted"
 echo "Redis away: $errors errors counted, every request served"
+launch down "$work/t.toml" >/dev/null
+
+# Token trees with a host tier: the target drafts for itself through its draft actor, so
+# every tree keeps a path that moves in the KV (with the request's next step). The blocks
+# its output filled are saved after their move: a prompt of the story's ids and 64 of the
+# generated ones loads them from the tier (the pool lost them) and continues with the text
+# that followed them.
+pp2_topology "$work/tree.toml" "[kv]" "num_blocks = 24" "" "[[tier]]" 'kind = "host"' "" "[speculative]" \
+  'method = "draft"' "draft = \"$models/stories260K.bin\"" 'tree = "2,2,2"' 'max_step_tokens = 16'
+launch_http "$work/tree.toml" tree
+complete "$work/t1" "$story" 100 || fail "tree: $(cat "$work/t1")"
+served_as_run "tree" "$work/t1" 100 "$story"
+kept=$(curl -s "$base/metrics" | sed -n 's/^troupe_speculative_depth_accepted_total{method="draft",depth="3"} //p')
+churn
+ids=$("$build/tools/troupe-run" "$models/stories260K.bin" -z "$models/tok512.bin" -p "$story" -t 0 -q --ignore-eos \
+  -n $((served_prompt_tokens - 1 + 64)) --ids)
+code=$(post "$work/t2" '{"model":"stories260K","prompt":[1,'"$(tr -s ' ' ',' <<<"${ids% }")"'],"max_tokens":24,"temperature":0,"ignore_eos":true}')
+[[ $code == 200 ]] || fail "tree: the prompt of ids: status $code $(head -c 300 "$work/t2")"
+python3 - "$work/t1" "$work/t2" "$served_prompt_tokens" <<'PY' || fail "tree: the prompt over the tree's blocks: $(head -c 400 "$work/t2")"
+import json, sys
+whole = json.load(open(sys.argv[1]))["choices"][0]["text"]
+d = json.load(open(sys.argv[2]))
+text, cached = d["choices"][0]["text"], d["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+# Blocks of 16: those past the story's own hold generated tokens, moved by the trees.
+assert cached >= (int(sys.argv[3]) + 64) // 16 * 16 - 16 and cached > int(sys.argv[3]), "%d tokens cached" % cached
+assert len(text) > 20 and text in whole and whole.find(text) > 0, "%r is not a part of %r" % (text, whole)
+PY
+echo "trees with a host tier: depth 3 kept ${kept:-0} times; $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens_details"]["cached_tokens"])' "$work/t2") tokens of the prompt over the trees' blocks loaded"
+[[ ${kept:-0} -gt 0 ]] || fail "tree: no tree kept a path three deep"
 echo PASS

@@ -287,12 +287,7 @@ status validate_topology(const topology& t, const model_config& m, int32_t q8_gr
           return error{"TROUPE_KV_TYPE=" + std::string(dtype_name(**env)) + " is set, but " + t.path + " runs replica '" +
                        r.name + "' on " + st.devices[0] +
                        ", and a GPU shard keeps its KV cache in F32: the KV cache type applies to CPU shards"};
-  if (!t.speculative.tree.empty() && !t.kv.tiers.empty())
-    return error{t.path + ": [speculative] tree: token trees and KV tiers ([[tier]]) do not run together"};
   for (const auto& r : t.replicas) {
-    if (!t.speculative.tree.empty() && r.role != replica_role::both)
-      return error{t.path + ": [speculative] tree: token trees and KV tiers do not run together, and replica '" + r.name +
-                   "' (" + std::string(replica_role_name(r.role)) + ") hands its prompts' KV through a host tier"};
     int32_t next = 0;
     for (size_t s = 0; s < r.stages.size(); ++s) {
       const stage_spec& st = r.stages[s];

@@ -113,6 +113,35 @@ TEST_CASE("a prefix the pool lost comes back from host memory with the same toke
   CHECK(s[0].bytes_out > 0);
 }
 
+// Token trees and tiers: each verified tree's kept path moves down in the KV, and the
+// blocks it filled are saved only after the move. The target drafts for itself, so every
+// tree keeps its first children, never where a chain would leave them: every verify moves.
+// A prompt made of the first request's prompt and output loads those blocks from the tier
+// and continues as plain decoding (a block saved before its move would not).
+TEST_CASE("blocks a token tree filled reach the tier moved: a prompt over them continues as plain decoding") {
+  const auto& l = stories();
+  llm_engine plain(l.m, l.tok, tiered({}));
+  const request_params p = prompt(5, 40, 120);
+  const result want = run_one(plain, 1, p);
+  engine_config cfg = tiered({host()});
+  cfg.spec.method = spec_method::draft;
+  cfg.spec.tree = {2, 2, 2};
+  cfg.spec.max_step_tokens = 16;
+  cfg.draft = &l.m;
+  llm_engine e(l.m, l.tok, cfg);
+  CHECK(run_one(e, 1, p).tokens == want.tokens);
+  CHECK(e.stats().spec.kept_at[2] > 0);  // trees kept paths three deep: their KV moved
+  churn(e, 10);
+  request_params q = p;
+  q.prompt.insert(q.prompt.end(), want.tokens.begin(), want.tokens.begin() + 100);
+  q.max_tokens = 16;
+  const uint64_t loaded = e.tiers().loaded_tokens;
+  const result again = run_one(e, 2, q);
+  CHECK(e.tiers().loaded_tokens - loaded == 128);  // blocks 2-7 hold generated tokens
+  CHECK(e.tiers().failed_loads == 0);
+  CHECK(again.tokens == run_one(plain, 2, q).tokens);
+}
+
 TEST_CASE("blocks flipped or cut in the disk tier are computed again, with the same tokens") {
   const auto& l = stories();
   llm_engine plain(l.m, l.tok, tiered({}));
