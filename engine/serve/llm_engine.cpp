@@ -63,7 +63,7 @@ void llm_engine::start_speculation(transformer_shard* cpu_shard) {
   if (auto st = check(model_, cfg_); !st) throw std::invalid_argument(st.err().message);
   const speculative_config& s = cfg_.spec;
   step_path::drafts d{s, step_path::beside_scheduler(s, model_, cfg_.heads, &pool_), false,
-                          step_path::max_tree_depth(s, cfg_.heads)};
+                      step_path::max_tree_depth(s, cfg_.heads)};
   // A draft model and early exit run here too, beside the shard (the actors' draft actor).
   if (s.method == spec_method::early_exit) {
     if (cpu_shard == nullptr) throw std::invalid_argument("early exit runs on a CPU shard only");
