@@ -44,7 +44,7 @@ void dispatch(self_ptr self, std::vector<step_output> outs) {
 void fail_request(self_ptr self, request_id id, const std::string& why, error_code kind) {
   auto& st = self->state;
   if (auto out = st.sched->abort(id)) {
-    st.seq->forget(id);
+    st.steps->forget(id);
     send_result(self, id.value, *out, why, kind);
     st.released.push_back(id);
   }
@@ -58,7 +58,7 @@ bool end_request(self_ptr self, uint64_t id, bool sink_gone) {
     return true;
   }
   auto out = st.sched->abort(request_id{id});
-  st.seq->forget(request_id{id});
+  st.steps->forget(request_id{id});
   if (sink_gone) {
     st.sinks.erase(id);
     st.released.push_back(request_id{id});
@@ -96,8 +96,8 @@ void setup_steps(scheduler_state& st) {
   if (s.spec.enabled() && s.spec.method != spec_method::draft && s.spec.method != spec_method::early_exit)
     d.here = step_path::beside_scheduler(s.spec, *s.m, s.heads.get(), st.draft_pool.get());
   d.elsewhere = s.spec.method == spec_method::draft || s.spec.method == spec_method::early_exit;
-  st.seq = std::make_unique<step_path>(*st.sched, s.m->config, std::move(d));
-  if (!st.seq->drafts_elsewhere()) return;
+  st.steps = std::make_unique<step_path>(*st.sched, s.m->config, std::move(d));
+  if (!st.steps->drafts_elsewhere()) return;
   wire::draft_limits lim;
   lim.num_blocks = s.config.kv.num_blocks;
   lim.block_size = s.config.kv.block_size;
@@ -267,7 +267,7 @@ caf::behavior scheduler_behavior(self_ptr self, scheduler_setup setup) {
         f.hit_tokens = u.hit_tokens;
         f.queried_tokens = u.queried_tokens;
         f.spec_method = spec_method_name(st.setup.spec.method);
-        const spec_tally& spec = st.seq->tally();
+        const spec_tally& spec = st.steps->tally();
         f.spec.verifies = spec.verifies;
         f.spec.proposed = spec.proposed;
         f.spec.accepted = spec.accepted;

@@ -27,7 +27,7 @@ void lose_draft(self_ptr self, step_plan& plan, const std::string& why) {
     std::fprintf(stderr, "troupe: replica %s: no drafts from its draft actor (%s); decoding without them until it is back\n",
                  st.setup.replica.c_str(), why.c_str());
   }
-  st.seq->give_up(plan, next_session(st));
+  st.steps->give_up(plan, next_session(st));
 }
 
 // A plan that owns its chunks' tokens and block tables while it waits for its drafts: a
@@ -58,9 +58,9 @@ void drop_ended(step_plan& plan, scheduler& sched) {
 
 }  // namespace
 
-void restart_drafts(scheduler_state& st) { st.seq->restart_drafts(next_session(st)); }
+void restart_drafts(scheduler_state& st) { st.steps->restart_drafts(next_session(st)); }
 
-void reset_drafts(scheduler_state& st) { st.seq->reset(next_session(st)); }
+void reset_drafts(scheduler_state& st) { st.steps->reset(next_session(st)); }
 
 bool can_draft(const scheduler_state& st) { return !remote_drafts(st) || st.draft; }
 
@@ -99,7 +99,7 @@ void find_draft(self_ptr self) {
 
 void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<step_plan>)> then) {
   auto& st = self->state;
-  std::optional<draft_order> order = st.seq->draft(p, static_cast<bool>(st.draft));
+  std::optional<draft_order> order = st.steps->draft(p, static_cast<bool>(st.draft));
   if (!order) return then(std::make_shared<step_plan>(std::move(p)));
   const auto held = std::make_shared<held_plan>(std::move(p));
   const uint64_t epoch = st.epoch();
@@ -120,7 +120,7 @@ void with_drafts(self_ptr self, step_plan p, std::function<void(std::shared_ptr<
             auto a = reply.bytes ? wire::decode_drafts(*reply.bytes, *st.draft_limits)
                                  : expected<draft_answer>(error{"an empty answer"});
             if (!a) return go(a.err().message);
-            if (auto taken = st.seq->take_drafts(held->plan, std::move(a).value()); !taken) return go(taken.err().message);
+            if (auto taken = st.steps->take_drafts(held->plan, std::move(a).value()); !taken) return go(taken.err().message);
             go("");
           },
           [self, epoch, go](caf::error& e) {

@@ -109,8 +109,8 @@ struct scheduler_state {
   // The step around the pipeline (engine/serve/step_path.hpp): drafts made here
   // (n-gram, trained heads on draft_pool) or ordered from the draft actor (draft, invalid
   // while it is gone), token trees, features, the speculation figures.
-  std::unique_ptr<step_path> seq;
-  std::unique_ptr<thread_pool> draft_pool;
+  std::unique_ptr<thread_pool> draft_pool;  // (before steps: its heads run on it)
+  std::unique_ptr<step_path> steps;
   std::optional<wire::draft_limits> draft_limits;  // set where a draft actor drafts
   caf::actor draft;
   bool finding_draft = false;
@@ -128,7 +128,7 @@ using self_ptr = caf::stateful_actor<scheduler_state>*;
 
 inline bool remote_kv(const scheduler_state& st) { return !st.setup.kv_manager.empty(); }
 // Whether its drafts come from a draft actor.
-inline bool remote_drafts(const scheduler_state& st) { return st.seq->drafts_elsewhere(); }
+inline bool remote_drafts(const scheduler_state& st) { return st.steps->drafts_elsewhere(); }
 
 // scheduler_actor.cpp
 void send_result(self_ptr self, uint64_t id, const step_output& out, const std::string& error_text,

@@ -110,7 +110,7 @@ int64_t feature_values(const scheduler_state& st, std::span<const int32_t> wante
 void finish_step(self_ptr self, const step_plan& plan, step_tokens& got, std::span<const float> attention,
                  std::span<const int32_t> wanted, std::span<const float> features) {
   auto& st = self->state;
-  dispatch(self, st.seq->finish(plan, got, attention, st.seq->spread_features(plan, wanted, features)));
+  dispatch(self, st.steps->finish(plan, got, attention, st.steps->spread_features(plan, wanted, features)));
   maybe_step(self);
 }
 
@@ -124,7 +124,7 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out, 
                        : expected<wire::step_result>(error{"no tokens"});
   if (!res || static_cast<int32_t>(res->tokens.size()) != plan.num_logit_rows())
     return lose(self, st.stages.size() - 1, res ? "chosen tokens do not match the step" : res.err().message);
-  st.seq->settle_loads(plan, res->failed_loads);
+  st.steps->settle_loads(plan, res->failed_loads);
   const auto& toks = res->tokens;
   std::vector<int32_t> chosen;
   size_t k = 0;
@@ -136,7 +136,7 @@ void take_tokens(self_ptr self, const step_plan& plan, const wire_message& out, 
       chosen.push_back(t.token);
     }
   }
-  step_tokens got = st.seq->tokens_chosen(plan, chosen);
+  step_tokens got = st.steps->tokens_chosen(plan, chosen);
   finish_step(self, plan, got, res->attention, wanted, res->features);
 }
 
@@ -146,13 +146,13 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
   auto& st = self->state;
   if (plan->chunks.empty()) {
     step_tokens none;
-    dispatch(self, st.seq->finish(*plan, none, {}, {}));
+    dispatch(self, st.steps->finish(*plan, none, {}, {}));
     return;
   }
   // Who chooses the tokens (engine/serve/step_choices.hpp): the last stage, where the
   // logits are, when every row allows it; else the samplers here, from the logits.
   const auto choices = shard_choices_by_chunk(*plan, *st.sched);
-  std::vector<int32_t> wanted = st.seq->ready(*plan);
+  std::vector<int32_t> wanted = st.steps->ready(*plan);
   const wire_message msg(wire_kind::step_plan, st.encoder.encode(*plan, st.released, choices, wanted));
   st.released.clear();
   ++st.in_flight;
@@ -173,8 +173,8 @@ void send_plan(self_ptr self, const std::shared_ptr<step_plan>& plan) {
                         : expected<wire::decoded_activations>(error{"no logits"});
     if (!lg || lg->num_tokens != plan->num_logit_rows())
       return lose(self, st.stages.size() - 1, lg ? "logits do not match the step" : lg.err().message);
-    st.seq->settle_loads(*plan, lg->failed_loads);
-    step_tokens got = st.seq->tokens_from_logits(*plan, lg->data.data(), vocab);
+    st.steps->settle_loads(*plan, lg->failed_loads);
+    step_tokens got = st.steps->tokens_from_logits(*plan, lg->data.data(), vocab);
     finish_step(self, *plan, got, lg->attention, wanted, lg->features);
   });
 }
@@ -213,7 +213,7 @@ void maybe_step(self_ptr self) {
   if (!st.ready()) return;
   while (!st.planning && st.in_flight < std::max(1, st.setup.max_in_flight) && st.sched->has_unfinished()) {
     // Draft slots for the requests that decode next, claimed with the step's blocks.
-    st.seq->plan_drafts(can_draft(st));
+    st.steps->plan_drafts(can_draft(st));
     if (remote_kv(st)) {
       st.planning = true;
       return claim_round(self, std::make_shared<step_draft>(st.sched->begin_step()));

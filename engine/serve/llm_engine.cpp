@@ -74,7 +74,7 @@ void llm_engine::start_speculation(transformer_shard* cpu_shard) {
                                               cfg_.sched.kv.block_size, cfg_.kv_type.value_or(kv_cache_type_for(*cfg_.draft)),
                                               pool_);
   }
-  seq_.emplace(sched_, model_.config, std::move(d), [this](const planned_compaction& c) {
+  steps_.emplace(sched_, model_.config, std::move(d), [this](const planned_compaction& c) {
     const bool moved = shard_->compact_kv({c.block_table, c.kept, false, {}});
     TROUPE_ASSERT(moved, "a shard that verified a tree moves its KV");
   });
@@ -122,23 +122,23 @@ status llm_engine::add_request(request_id id, request_params params) {
 }
 
 std::optional<step_output> llm_engine::abort(request_id id) {
-  seq_->forget(id);
+  steps_->forget(id);
   return sched_.abort(id);
 }
 
 // The step (step_path.hpp), its forward pass on this engine's shard.
 std::vector<step_output> llm_engine::step() {
-  seq_->plan_drafts(true);
+  steps_->plan_drafts(true);
   step_plan plan = sched_.schedule();
   stats_.preemptions += plan.preempted.size();
-  seq_->draft(plan);
+  steps_->draft(plan);
   // KV tiers: the loads first; a request one of whose blocks no tier held goes back to
   // compute before anything is sampled for it.
   std::vector<request_id> failed;
   if (tiers_) tiers_->prefetch(plan.tier_prefetch);
   if (tiers_ && !plan.tier_loads.empty()) failed = tiers_->load(plan.tier_loads);
-  seq_->settle_loads(plan, failed);
-  (void)seq_->ready(plan);  // (the shard leaves every row's features in hidden_)
+  steps_->settle_loads(plan, failed);
+  (void)steps_->ready(plan);  // (the shard leaves every row's features in hidden_)
   stats_.evicted_tokens = sched_.evicted_tokens();
   step_tokens got;
   batch_.clear();
@@ -157,17 +157,17 @@ std::vector<step_output> llm_engine::step() {
     const std::vector<token_choice> choices = shard_choices(plan, sched_);
     chosen_.assign(choices.size(), 0);
     if (!choices.empty() && shard_->forward_choose(batch_, hidden_.data(), choices.data(), chosen_.data())) {
-      got = seq_->tokens_chosen(plan, chosen_);
+      got = steps_->tokens_chosen(plan, chosen_);
     } else {
       logits_.resize(static_cast<size_t>(batch_.num_logits()) * vocab);
       shard_->forward(batch_, hidden_.data(), logits_.data());
-      got = seq_->tokens_from_logits(plan, logits_.data(), vocab);
+      got = steps_->tokens_from_logits(plan, logits_.data(), vocab);
       features = std::span<const float>(hidden_.data(), hidden_.size());  // (CPU shards leave them)
     }
     if (tiers_) tiers_->save(plan.tier_saves, failed);
   }
-  std::vector<step_output> outs = seq_->finish(plan, got, mass_, features);
-  stats_.spec = seq_->tally();
+  std::vector<step_output> outs = steps_->finish(plan, got, mass_, features);
+  stats_.spec = steps_->tally();
   return outs;
 }
 

@@ -82,7 +82,7 @@ class llm_engine {
   std::vector<step_output> step();
   // Forgets the KV cache (as after losing a shard): running requests recompute.
   size_t reset_kv() {
-    seq_->reset();
+    steps_->reset();
     return sched_.reset_kv();
   }
 
@@ -119,7 +119,7 @@ class llm_engine {
   std::vector<int32_t> chosen_, tokens_;
   std::vector<float> mass_;  // KV eviction: the attention sums, chunk after chunk
   std::vector<std::vector<int32_t>> tree_parents_;  // per chunk, a token tree's, as the batch has them
-  std::optional<step_path> seq_;  // the step around the forward pass (made once the shard is)
+  std::optional<step_path> steps_;  // the step around the forward pass (made once the shard is)
 };
 
 }  // namespace troupe
