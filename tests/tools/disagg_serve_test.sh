@@ -79,9 +79,10 @@ cluster() {
   kv=("${ports[@]:$(($2 + 1))}")
 }
 
-# One process: a prefill replica and a decode replica.
-cluster "$work/one.toml" 1 1
-cat >>"$work/one.toml" <<TOML
+# one_process FILE: a prefill replica and a decode replica in one process (cluster).
+one_process() {
+  cluster "$1" 1 1
+  cat >>"$1" <<TOML
 [[replica]]
 name   = "p0"
 role   = "prefill"
@@ -91,6 +92,10 @@ name   = "d0"
 role   = "decode"
 stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = ${kv[0]} } ]
 TOML
+}
+
+# One process: a prefill replica and a decode replica.
+one_process "$work/one.toml"
 start_node "$work/one.toml" "$work"
 base=$http_url
 all_ready 2 "one process"
@@ -107,16 +112,8 @@ node_pid=
 
 # The same with token trees: the decode replica verifies trees (the target drafting for
 # itself, so every kept path moves in the KV) over the prompt KV the prefill replica sent.
-cluster "$work/tree.toml" 1 1
+one_process "$work/tree.toml"
 cat >>"$work/tree.toml" <<TOML
-[[replica]]
-name   = "p0"
-role   = "prefill"
-stages = [ { node = "n0", layers = "all", devices = ["cpu"] } ]
-[[replica]]
-name   = "d0"
-role   = "decode"
-stages = [ { node = "n0", layers = "all", devices = ["cpu"], kv_port = ${kv[0]} } ]
 [speculative]
 method = "draft"
 draft = "$models/stories260K.bin"
