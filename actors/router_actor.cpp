@@ -140,7 +140,6 @@ route_prompt read_request(const router_state& st, std::span<const uint8_t> frame
   lim.context = st.setup.context;
   auto v = wire::peek_route(frame, kv_aware ? st.setup.tok : nullptr, lim);
   if (!v) return p;
-  p.whole = v->eviction;  // its own KV eviction hands no blocks over: served whole
   p.delivered = std::move(v->delivered);
   slo = v->slo_class.empty() ? st.setup.default_class : slo_class_index(st.setup.classes, v->slo_class);
   if (!kv_aware || (st.setup.context > 0 && v->prompt.size() >= static_cast<size_t>(st.setup.context))) return p;

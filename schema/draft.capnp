@@ -19,6 +19,13 @@ struct DraftSlot {
   uniforms @5 :List(Float32);      # random drafts: maxTokens uniforms in [0, 1); greedy: none
   sampling @6 :Client.Sampling;    # with tokensFrom 0: how the request samples
   promptTokens @7 :Int32;          # with tokensFrom 0: how many of tokens are its prompt
+  # KV eviction: tokens gone from the request's cache (its computed tokens, all but its
+  # last, take that many fewer slots); the position each slot holds, sent when the cache
+  # was compacted since the last order (later slots hold the positions after, in order);
+  # whether RoPE positions are slots.
+  evicted @8 :Int32;
+  slotPositions @9 :List(Int32);
+  ropeInCache @10 :Bool;
 }
 
 struct DraftOrder {

@@ -43,7 +43,6 @@ struct route_view {
   std::vector<int32_t> prompt;
   uint64_t cache_namespace = 0;
   std::string slo_class;
-  bool eviction = false;  // it asks for KV eviction of its own
   std::vector<int32_t> delivered;  // output a client was given by another gateway
 };
 // An SLO class's name is this long at most.

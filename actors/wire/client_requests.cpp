@@ -230,7 +230,6 @@ expected<route_view> peek_route(std::span<const uint8_t> bytes, const tokenizer*
     route_view v;
     v.cache_namespace = r.getCacheNamespace();
     if (r.hasSloClass() && r.getSloClass().size() <= max_class_name) v.slo_class = r.getSloClass().cStr();
-    v.eviction = r.hasKvEviction() && r.getKvEviction().getPolicy() != schema::KvPolicy::NONE;
     // (Their ids are checked where the request is read whole, by its scheduler.)
     if (r.hasDelivered() && r.getDelivered().size() < static_cast<unsigned>(std::max(lim.context, 1)))
       for (int32_t t : r.getDelivered()) v.delivered.push_back(t);

@@ -14,9 +14,10 @@ namespace troupe::wire {
 
 namespace {
 
-// An order: every slot's sequence whole, its table, uniforms and settings.
+// An order: every slot's sequence whole, its table, its slots' positions, uniforms and
+// settings.
 frame_limits order_limits(const draft_limits& lim) {
-  const size_t per_slot = static_cast<size_t>(lim.context) * 2 + max_draft_tokens + max_logit_bias * 2 + 64;
+  const size_t per_slot = static_cast<size_t>(lim.context) * 3 + max_draft_tokens + max_logit_bias * 2 + 64;
   return frame_limits::flat(static_cast<size_t>(lim.max_slots) * per_slot * 8 + (1 << 16));
 }
 
@@ -51,6 +52,10 @@ std::vector<uint8_t> encode_draft_order(const draft_order& o) {
     for (size_t k = 0; k < s.uniforms.size(); ++k) u.set(static_cast<unsigned>(k), s.uniforms[k]);
     if (s.sampling) write_sampling(out.initSampling(), *s.sampling);
     out.setPromptTokens(s.prompt_tokens);
+    out.setEvicted(s.evicted);
+    auto pos = out.initSlotPositions(static_cast<unsigned>(s.positions.size()));
+    for (size_t k = 0; k < s.positions.size(); ++k) pos.set(static_cast<unsigned>(k), s.positions[k]);
+    out.setRopeInCache(s.rope_in_cache);
   }
   auto tree = root.initTree(static_cast<unsigned>(o.tree.size()));
   for (size_t d = 0; d < o.tree.size(); ++d) tree.set(static_cast<unsigned>(d), o.tree[d]);
@@ -97,8 +102,24 @@ expected<draft_order> decode_draft_order(std::span<const uint8_t> bytes, const d
         if (t < 0 || t >= lim.vocab) return error{who + ": token " + std::to_string(t) + " is outside the vocabulary"};
         s.tokens.push_back(t);
       }
-      // Every position up to the last draft's input (the last draft itself is not fed).
-      const int64_t positions = total + s.max_tokens - 1;
+      // KV eviction: its computed tokens (all but the last) keep total - 1 - evicted slots,
+      // one slot at least; the positions named are theirs, ascending.
+      s.evicted = in.getEvicted();
+      if (s.evicted < 0 || (s.evicted > 0 && s.evicted >= total - 1))
+        return error{who + ": " + std::to_string(s.evicted) + " tokens evicted of " + std::to_string(total - 1) + " computed"};
+      const auto named = in.getSlotPositions();
+      if (named.size() > static_cast<unsigned>(total - 1 - s.evicted))
+        return error{who + ": positions for " + std::to_string(named.size()) + " slots; it holds " +
+                     std::to_string(total - 1 - s.evicted)};
+      if (named.size() != 0 && s.evicted == 0) return error{who + ": slot positions without evicted tokens"};
+      for (int32_t p : named) {
+        if (p < (s.positions.empty() ? 0 : s.positions.back() + 1) || p >= total - 1)
+          return error{who + ": slot positions must ascend within its " + std::to_string(total - 1) + " computed tokens"};
+        s.positions.push_back(p);
+      }
+      s.rope_in_cache = in.getRopeInCache();
+      // Every slot up to the last draft's input (the last draft itself is not fed).
+      const int64_t positions = total - s.evicted + s.max_tokens - 1;
       const auto blocks = in.getBlocks();
       if (static_cast<int64_t>(blocks.size()) * lim.block_size < positions ||
           static_cast<int64_t>(blocks.size()) * lim.block_size > int64_t{lim.context} + lim.block_size)

@@ -128,6 +128,7 @@ std::optional<std::string> last_stage_problem(schema::Chunk::Reader c) {
     if (parents.size() != static_cast<unsigned>(c.getDrafts()))
       return std::to_string(parents.size()) + " tree parents for " + std::to_string(c.getDrafts()) + " drafts";
     if (toks.size() != parents.size() + 1) return "a token tree follows one known token, its root";
+    if (c.getAttention()) return "a token tree whose attention KV eviction reads (they do not run together)";
     if (c.getChoose()) return "a token tree's tokens are not chosen on the shard (its verification needs the logits)";
     for (unsigned k = 0; k < parents.size(); ++k)
       if (parents[k] < -1 || parents[k] >= static_cast<int32_t>(k))
@@ -300,8 +301,11 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       out.batch.compactions.push_back({out.compaction_tables[i], out.compaction_kept[i], out.compaction_rotate[i] != 0, to});
     }
     int64_t attention = 0;
+    // (A verifying chunk's attention comes back by token: scheduled_chunk::attention_sums.)
     for (const auto c : chunks)
-      if (c.getAttention()) attention += c.getFirst() - c.getEvicted() + c.getTokens().size();
+      if (c.getAttention())
+        attention += attention_values(c.getFirst() - c.getEvicted(), static_cast<int32_t>(c.getTokens().size()),
+                                      c.getDrafts() > 0);
     out.attention.assign(static_cast<size_t>(attention), 0.0f);
     float* mass = out.attention.data();
     bool every_sample_chooses = true;
@@ -311,18 +315,25 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       const auto first_row = static_cast<int32_t>(out.batch.tokens.size());
       for (int32_t r = static_cast<int32_t>(toks.size()) - c.getFeatures(); r < static_cast<int32_t>(toks.size()); ++r)
         out.feature_rows.push_back(first_row + r);
-      for (int32_t t : toks) out.batch.tokens.push_back(t);
       const int32_t rows = c.getSample() ? 1 + c.getDrafts() : 0;
       const int32_t slot = c.getFirst() - c.getEvicted();
-      out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), slot, tables_[c.getRequestId()], rows});
-      out.batch.sequences.back().rope_pos = c.getRopeInCache() ? slot : c.getFirst();
-      if (const auto parents = c.getDraftParents(); parents.size() > 0) {
-        tree_parents_of(parents, out.tree_parents.emplace_back());
-        out.batch.sequences.back().tree_parents = out.tree_parents.back().data();
-      }
-      if (c.getAttention()) {
-        out.batch.sequences.back().attention_mass = mass;
-        mass += slot + toks.size();
+      const int32_t rope = c.getRopeInCache() ? slot : c.getFirst();
+      if (c.getAttention() && c.getDrafts() > 0) {
+        std::vector<int32_t> verified;
+        for (int32_t t : toks) verified.push_back(t);
+        mass = out.batch.add_by_token(verified, slot, rope, tables_[c.getRequestId()], mass);
+      } else {
+        for (int32_t t : toks) out.batch.tokens.push_back(t);
+        out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), slot, tables_[c.getRequestId()], rows});
+        out.batch.sequences.back().rope_pos = rope;
+        if (const auto parents = c.getDraftParents(); parents.size() > 0) {
+          tree_parents_of(parents, out.tree_parents.emplace_back());
+          out.batch.sequences.back().tree_parents = out.tree_parents.back().data();
+        }
+        if (c.getAttention()) {
+          out.batch.sequences.back().attention_mass = mass;
+          mass += slot + toks.size();
+        }
       }
       out.ids.push_back(request_id{c.getRequestId()});
       if (!c.getSample()) continue;

@@ -43,6 +43,13 @@ struct step_sequence {
 inline constexpr int32_t attention_mass_queries = 32;
 inline int32_t attention_mass_rows(int32_t num_tokens) { return std::min(num_tokens, attention_mass_queries); }
 
+// The attention sums of `count` tokens from slot `first_slot`: one per slot the last token
+// sees, or, by token (step_batch::add_by_token), one per slot each token sees.
+inline int64_t attention_values(int32_t first_slot, int32_t count, bool by_token) {
+  if (!by_token) return int64_t{first_slot} + count;
+  return int64_t{count} * first_slot + int64_t{count} * (count + 1) / 2;
+}
+
 // KV eviction (engine/kv/kv_eviction.hpp): a sequence keeps only some of its cache's slots,
 // moved down in order (slot kept[i] becomes slot i) within its block table. With `rotate`,
 // each moved key turns back by as many positions as it moved: its RoPE position is its
@@ -87,6 +94,23 @@ struct step_batch {
            int32_t logit_rows) {
     tokens.insert(tokens.end(), toks.begin(), toks.end());
     sequences.push_back({static_cast<int32_t>(toks.size()), start_pos, blocks, logit_rows});
+  }
+  // A verifying sequence (a known token, then drafts) whose eviction policy reads the
+  // attention its tokens receive: each token is a sequence of its own over the same table
+  // (each sees the slots of the ones before it, whose keys a step writes before any token
+  // attends), with logits for each, and its attention sums go to `mass` token after token
+  // (attention_values). So its policy sees the tokens it keeps one by one, as it would
+  // without drafts. Returns the end of its sums.
+  float* add_by_token(std::span<const int32_t> toks, int32_t start_pos, int32_t rope_pos,
+                      std::span<const block_id> blocks, float* mass) {
+    for (size_t j = 0; j < toks.size(); ++j) {
+      const auto at = static_cast<int32_t>(j);
+      add(toks.subspan(j, 1), start_pos + at, blocks, 1);
+      sequences.back().rope_pos = rope_pos + at;
+      sequences.back().attention_mass = mass;
+      mass += start_pos + at + 1;
+    }
+    return mass;
   }
   bool wants_attention() const {
     for (const auto& s : sequences)

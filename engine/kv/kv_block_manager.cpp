@@ -158,16 +158,18 @@ expected<kv_step_grants> kv_block_manager::grant(const kv_step_request& req) {
       hits = match_prefix(c.tokens, c.ns);
       // An evicting request's first chunk ends where it would without a hit, and the hit
       // leaves the chunk's last hit_margin tokens to compute: what its policy sees then is
-      // the same with or without a hit.
+      // the same with or without a hit. Blocks loaded from the tiers are held to the same.
+      int32_t reuse = (total - 1) / block_size_ * block_size_;  // never its last token
       if (c.kv_budget > 0) {
         const int32_t end = first_chunk_end(c, total);
-        hits.resize(std::min(hits.size(), static_cast<size_t>(std::max(0, end - std::max(1, c.hit_margin)) / block_size_)));
+        reuse = std::min(reuse, std::max(0, end - std::max(1, c.hit_margin)) / block_size_ * block_size_);
+        hits.resize(std::min(hits.size(), static_cast<size_t>(reuse / block_size_)));
       }
       g.first = static_cast<int32_t>(hits.size()) * block_size_;
       // The tiers hold more of its prefix: those blocks are loaded, not computed (whole
       // blocks, and never its last token, whose logits are wanted).
-      const int32_t tier = std::min(c.tier_tokens, (total - 1) / block_size_ * block_size_);
-      if (prefix_caching_ && c.kv_budget == 0 && tier > g.first) {
+      const int32_t tier = std::min(c.tier_tokens, reuse);
+      if (prefix_caching_ && tier > g.first) {
         g.loads = (tier - g.first) / block_size_;
         g.first = tier;
       }

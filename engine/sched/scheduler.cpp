@@ -116,7 +116,11 @@ status scheduler::add(request_id id, request_params p) {
   if (eviction.enabled() && eviction.budget > cfg_.context)
     return error{"a KV budget of " + std::to_string(eviction.budget) + " tokens is past the model's context of " +
                  std::to_string(cfg_.context)};
-  const int64_t blocks = (static_cast<int64_t>(p.prompt.size()) + cfg_.kv.block_size) / cfg_.kv.block_size;
+  // Its prompt and the next token, or under eviction (chunks that keep it within its
+  // budget) the budget at most.
+  int64_t slots = static_cast<int64_t>(p.prompt.size()) + 1;
+  if (eviction.enabled()) slots = std::min<int64_t>(slots, eviction.budget);
+  const int64_t blocks = (slots + cfg_.kv.block_size - 1) / cfg_.kv.block_size;
   if (blocks > cfg_.kv.num_blocks)
     return error{"the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
                  std::to_string(cfg_.kv.num_blocks)};
@@ -162,7 +166,7 @@ status scheduler::add(request_id id, request_params p) {
   // Disaggregation: the prompt blocks a prefill replica sent are in this replica's first
   // tier (or on their way): its directory learns them, so admission loads them. A block
   // that has not landed fails its load, and the request computes it.
-  if (r->params.kv_from > 0 && tiers_ && !r->eviction.enabled())
+  if (r->params.kv_from > 0 && tiers_)
     for (int32_t b = 0; b < r->params.kv_from / cfg_.kv.block_size; ++b) tiers_->add(key_of(*r, b));
   insert_waiting(r.get());
   requests_.emplace(id, std::move(r));
@@ -284,15 +288,25 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
   int64_t left = d.budget;
   size_t slots = d.share - std::min(d.share, d.plan.chunks.size());
   auto claim = [&](request& r, bool admit) {
-    // Drafts only where the step decodes (one known token to compute).
+    // Drafts only where the step decodes (one known token to compute). Room is made for
+    // the known tokens alone: an evicting request's drafts take what its budget has left
+    // (the grant stops there), so that it compacts where it would without drafts.
     const int32_t drafts = !admit && r.num_tokens() - r.num_computed_tokens == 1 ? r.drafts.wanted : 0;
-    if (!admit) make_room(d, r, r.num_tokens() - r.num_computed_tokens + drafts);
+    if (!admit) make_room(d, r, r.num_tokens() - r.num_computed_tokens);
+    // A request given output before (handed over by a prefill replica, or moved off a
+    // failed replica) computes what it has but its last token, then that token alone, a
+    // decode step with its drafts, as where its output started: a seed spends its draws
+    // the same way. (Under eviction every token past the prompt goes alone:
+    // eviction_step_limit.)
+    std::span<const int32_t> tokens = r.tokens;
+    if (!r.params.delivered.empty() && !r.eviction.enabled() && (admit ? 0 : r.num_computed_tokens) < r.num_tokens() - 1)
+      tokens = tokens.first(tokens.size() - 1);
     q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
-                                admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, r.tokens,
+                                admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, tokens,
                                 drafts, admit ? 0 : r.evicted, r.eviction.enabled() ? r.eviction.budget : 0});
     if (admit) q.claims.back().tier_tokens = tier_prefix(r);
     if (r.eviction.enabled()) {
-      q.claims.back().chunk_limit = cfg_.max_step_tokens;
+      q.claims.back().chunk_limit = eviction_step_limit(r, admit);
       q.claims.back().hit_margin = r.eviction.wants_attention() ? attention_mass_queries : 1;
     }
     q.claims.back().loads_landed = !admit && r.loads_landed;

@@ -236,6 +236,7 @@ class scheduler {
   bool grant_here(step_draft& d, const kv_step_request& q);
   void make_room(step_draft& d, request& r, int32_t wanted);
   int32_t eviction_chunk(const request& r, bool admit) const;
+  int32_t eviction_step_limit(const request& r, bool admit) const;
   step_output finish(request& r, finish_reason why);
   void insert_waiting(request* r);
   int32_t tier_prefix(request& r);

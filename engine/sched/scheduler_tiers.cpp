@@ -19,7 +19,7 @@ const tier_key& scheduler::key_of(request& r, int32_t block) {
 // The tokens of r's prompt the tiers hold, in whole blocks from the start (never the last
 // token: its logits are wanted).
 int32_t scheduler::tier_prefix(request& r) {
-  if (!tiers_ || r.eviction.enabled()) return 0;
+  if (!tiers_) return 0;
   const int32_t bs = cfg_.kv.block_size;
   const int32_t max_blocks = (r.num_tokens() - 1) / bs;
   int32_t n = 0;
@@ -34,9 +34,11 @@ int32_t scheduler::tier_prefix(request& r) {
 }
 
 // The blocks r's known tokens fill up to `end` are copied down after the step, unless the
-// tiers hold them already.
+// tiers hold them already. Under KV eviction, only while its cache is untouched: from its
+// first compaction on (this plan's included, which runs before the step) its blocks hold
+// slots, not the positions a block's content address names.
 void scheduler::plan_tier_saves(step_draft& d, request& r, int32_t end) {
-  if (!tiers_ || r.eviction.enabled()) return;
+  if (!tiers_ || r.evicted > 0) return;
   const int32_t bs = cfg_.kv.block_size;
   const int32_t full = std::min(end / bs, static_cast<int32_t>(r.blocks.size()));
   for (int32_t b = r.tier_saved; b < full; ++b) {
@@ -51,9 +53,11 @@ void scheduler::plan_tier_saves(step_draft& d, request& r, int32_t end) {
 
 // Disaggregation (kv_to): the prompt's whole blocks go to the decode replica as the step
 // fills them, those the prefix cache had with the first chunk. Sent after the step, before
-// its answer, so a handed-off request's KV has landed when the router hears of it.
+// its answer, so a handed-off request's KV has landed when the router hears of it. Under
+// KV eviction, the blocks filled before its first compaction (plan_tier_saves): the decode
+// replica computes the rest of the prompt under its own eviction, as this one did.
 void scheduler::plan_pushes(step_draft& d, request& r, int32_t end) {
-  if (r.params.kv_to.empty() || r.eviction.enabled()) return;
+  if (r.params.kv_to.empty() || r.evicted > 0) return;
   const int32_t full = std::min(end, r.num_prompt_tokens) / cfg_.kv.block_size;
   for (int32_t b = r.kv_pushed; b < full; ++b) {
     // A block the prefix cache shares with another request of this plan goes once to each
@@ -75,7 +79,7 @@ void scheduler::plan_tier_prefetch(step_plan& plan) {
   int asked = 0;
   for (request* r : waiting_) {
     if (asked == 4) break;
-    if (r->tier_prefetched || r->eviction.enabled()) continue;
+    if (r->tier_prefetched) continue;
     r->tier_prefetched = true;
     ++asked;
     const int32_t n = tier_prefix(*r) / bs;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/forward/step_batch.hpp"
 #include "engine/kv/block_id.hpp"
 #include "engine/kv/tier_types.hpp"
 #include "engine/sched/request.hpp"
@@ -32,8 +33,15 @@ struct scheduled_chunk {
   bool rope_in_cache = false;  // its RoPE positions are its slots (streaming); otherwise
                                // the tokens' own positions
   bool attention = false;  // KV eviction: the request's policy wants the attention its
-                           // slots receive (its last attention_mass_queries tokens')
+                           // slots receive (its last attention_mass_queries tokens'; with
+                           // drafts, each token's: attention_by_token)
 
+  // Whether its attention comes back token by token (step_batch::add_by_token): a
+  // verifying chunk's, so that its policy observes the tokens it keeps one at a time.
+  bool attention_by_token() const { return attention && num_draft > 0; }
+  int64_t attention_sums() const {
+    return attention ? attention_values(first_slot(), count, attention_by_token()) : 0;
+  }
   int32_t first_slot() const { return first - evicted; }
   int32_t slots_seen() const { return first_slot() + count; }  // its last token's
   int32_t first_rope_position() const { return rope_in_cache ? first_slot() : first; }
@@ -82,11 +90,10 @@ struct step_plan {
     return n;
   }
   // KV eviction: the attention sums the step returns, chunk after chunk, one per slot
-  // each chunk with `attention` sees.
+  // each chunk with `attention` sees (or each of its tokens, attention_by_token).
   int64_t attention_sums() const {
     int64_t n = 0;
-    for (const auto& c : chunks)
-      if (c.attention) n += c.slots_seen();
+    for (const auto& c : chunks) n += c.attention_sums();
     return n;
   }
   // Rows of logits the step returns: one per sampled chunk, and one more per draft.

@@ -21,8 +21,6 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
 }
 
 std::optional<std::string> llm_engine::why_no_eviction(const model& m, const speculative_config& s) {
-  if (s.method == spec_method::draft || s.method == spec_method::early_exit)
-    return "KV eviction works with n-gram speculation only (a draft's cache would not follow the evictions)";
   if (m.config.sliding_window > 0) return "KV eviction needs a model without a sliding window";
   if (!s.tree.empty()) return "token trees and KV eviction do not run together";
   return std::nullopt;
@@ -75,8 +73,8 @@ void llm_engine::start_speculation(transformer_shard* cpu_shard) {
                                               pool_);
   }
   steps_.emplace(sched_, model_.config, std::move(d), [this](const planned_compaction& c) {
-    const bool moved = shard_->compact_kv({c.block_table, c.kept, false, {}});
-    TROUPE_ASSERT(moved, "a shard that verified a tree moves its KV");
+    const bool moved = shard_->compact_kv({c.block_table, c.kept, c.rotate, c.new_table});
+    TROUPE_ASSERT(moved, "a shard that verifies trees or drafts over its own cache moves its KV");
   });
 }
 
@@ -179,6 +177,12 @@ void llm_engine::fill_batch(const step_plan& plan) {
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const scheduled_chunk& c = plan.chunks[i];
     const request* r = sched_.find(c.id);
+    if (c.attention_by_token()) {
+      tokens_.assign(c.tokens.begin(), c.tokens.end());
+      tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
+      mass = batch_.add_by_token(tokens_, c.first_slot(), c.first_rope_position(), c.block_table, mass);
+      continue;
+    }
     if (c.num_draft > 0) {
       tokens_.assign(c.tokens.begin(), c.tokens.end());
       tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());

@@ -101,7 +101,7 @@ int32_t request_router::choose(const routed& r, router_clock::time_point now, si
     // no prefill replica ready, a decode replica computes it whole. Every ready one refused
     // it (SLO admission): their word stands, for a decode replica computing the prompt
     // would stall its streams for it.
-    if (!r.prompt.whole && least_loaded_decoder() >= 0) {
+    if (least_loaded_decoder() >= 0) {
       if (const int32_t k = choose_among(r, true, now, hit_blocks); k >= 0) return k;
       if (std::any_of(replicas_.begin(), replicas_.end(), [](const replica_view& v) {
             return v.role == replica_role::prefill && v.found && v.ready;

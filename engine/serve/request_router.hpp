@@ -93,8 +93,6 @@ struct route_prompt {
   std::vector<uint64_t> chain;  // prefix_chain() of its prompt, in its namespace
   int32_t tokens = 0;           // its prompt's length
   int32_t block_size = 0;       // tokens per block of the chain
-  bool whole = false;           // served whole even where replicas have roles (it asks for
-                                // KV eviction of its own, which hands no blocks over)
   std::vector<int32_t> delivered;  // output its client was given before (by another
                                    // gateway): replayed, never streamed again
 };

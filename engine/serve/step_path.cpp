@@ -40,6 +40,11 @@ std::optional<draft_order> step_path::draft(step_plan& plan, bool available) {
   for (request_id id : plan.preempted) forget(id);
   if (!drafts_.spec.enabled()) return std::nullopt;
   const std::span<const int32_t> tree = trees_->live().tree;
+  if (drafts_.here && drafts_.here->shares_target_kv() && move_now_) {
+    // It drafts over the cache the step's compactions rewrite: they are made first.
+    for (const planned_compaction& c : plan.compactions) move_now_(c);
+    plan.compactions.clear();
+  }
   if (drafts_.here) fill_drafts(plan, sched_, *drafts_.here, slots_, tree);
   if (!drafts_.elsewhere) return std::nullopt;
   std::optional<draft_order> order;

@@ -55,7 +55,8 @@ class step_path {
 
   // The KV moves of verified trees go with their requests' next steps unless `now` is
   // given: where the shard is in this process (the engine loop), a move made at once,
-  // before anything drafts over a cache the proposer shares with it (early exit).
+  // before anything drafts over a cache the proposer shares with it (early exit); for
+  // such a proposer, a plan's eviction compactions are made at once too.
   using mover = std::function<void(const planned_compaction&)>;
   step_path(scheduler& sched, const model_config& m, drafts d, mover now = {});
 

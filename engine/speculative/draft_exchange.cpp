@@ -8,11 +8,13 @@ namespace troupe {
 void draft_orders::restart(uint64_t session) {
   session_ = session;
   told_.clear();
+  told_evicted_.clear();
   forget_.clear();
   last_.clear();
 }
 
 void draft_orders::forget(request_id id) {
+  told_evicted_.erase(id);
   if (told_.erase(id) > 0) forget_.push_back(id);
 }
 
@@ -39,6 +41,12 @@ std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& 
       s.prompt_tokens = r->num_prompt_tokens;
     }
     s.blocks = r->blocks;
+    s.evicted = r->evicted;
+    s.rope_in_cache = r->eviction.rope_in_cache();
+    if (s.from == 0 || told_evicted_[c.id] != r->evicted) {
+      if (r->evicted > 0) s.positions.assign(r->kept.positions().begin(), r->kept.positions().end());
+      told_evicted_[c.id] = r->evicted;
+    }
     if (r->smp.params().temperature != 0.0f && tree.empty())
       for (int32_t j = 0; j < s.max_tokens; ++j) s.uniforms.push_back(static_cast<float>(r->drafts.stream.uniform()));
     told_[c.id] = r->num_tokens();
@@ -97,7 +105,10 @@ status draft_orders::take(step_plan& plan, scheduler& sched, draft_answer a, int
   }
   slots_.clear();
   for (drafted& d : a.slots) {
-    if (d.unknown) told_.erase(d.id);
+    if (d.unknown) {
+      told_.erase(d.id);
+      told_evicted_.erase(d.id);
+    }
     request* r = sched.find(d.id);
     draft_slot s{r, static_cast<int32_t>(d.tokens.size()), std::move(d.tokens), {}, {}};
     // A greedy request verifies against its argmax alone.
@@ -124,7 +135,23 @@ void draft_orders::give_up(step_plan& plan) {
 
 void draft_server::drop(request_id id) {
   copies_.erase(id);
+  slots_held_.erase(id);
   proposer_->forget(id);
+}
+
+bool draft_server::follow_slots(const draft_order_slot& s, const request& copy) {
+  if (s.evicted == 0) {
+    slots_held_.erase(s.id);
+    return true;
+  }
+  std::vector<int32_t>& held = slots_held_[s.id];
+  if (!s.positions.empty()) held = s.positions;
+  // Its computed tokens (all but its last) take this many slots; those past the ones
+  // named hold the positions after, in order.
+  const int32_t slots = copy.num_tokens() - 1 - s.evicted;
+  if (held.empty() || static_cast<int32_t>(held.size()) > slots) return false;
+  while (static_cast<int32_t>(held.size()) < slots) held.push_back(held.back() + 1);
+  return held.back() == copy.num_tokens() - 2;
 }
 
 draft_answer draft_server::serve(const draft_order& o) {
@@ -169,7 +196,14 @@ draft_answer draft_server::serve(const draft_order& o) {
       r->smp.replay(s.tokens[j]);
     }
     r->blocks = s.blocks;
+    if (!follow_slots(s, *r)) {
+      drop(s.id);
+      a.slots[i].unknown = true;
+      continue;
+    }
     slots_.push_back({r, s.max_tokens, {}, {}, s.uniforms, o.tree});
+    if (s.evicted > 0) slots_.back().slot_positions = slots_held_[s.id];
+    slots_.back().rope_in_cache = s.rope_in_cache;
     at.push_back(i);
   }
   if (!slots_.empty()) proposer_->propose(slots_);

@@ -46,6 +46,13 @@ struct draft_order_slot {
   std::vector<float> uniforms;      // random drafts: max_tokens uniforms in [0, 1); greedy: none
   std::optional<sampling_params> sampling;  // with from == 0: how the request samples
   int32_t prompt_tokens = 0;        // with from == 0: how many of tokens are its prompt
+  // KV eviction: tokens gone from the request's cache, so that its computed tokens (all
+  // but its last) take that many fewer slots; the position each slot holds, sent when its
+  // cache was compacted since the last order (the slots after them hold the positions
+  // after, in order); whether RoPE positions are slots.
+  int32_t evicted = 0;
+  std::vector<int32_t> positions;
+  bool rope_in_cache = false;
 };
 
 struct draft_order {
@@ -99,6 +106,7 @@ class draft_orders {
   };
   uint64_t session_ = 0;
   std::unordered_map<request_id, int32_t> told_;  // tokens the server has, per request
+  std::unordered_map<request_id, int32_t> told_evicted_;  // the evicted count it knows the slots of
   std::vector<request_id> forget_;
   std::vector<sent_slot> last_;
   std::vector<int32_t> tree_;  // the last order's
@@ -116,10 +124,15 @@ class draft_server {
 
  private:
   void drop(request_id id);
+  // The position each slot of its cache holds after the order `s` (KV eviction): the
+  // order's, or the ones known, continued to its last computed token. False when they do
+  // not fit the copy (the server lacks what the order assumes).
+  bool follow_slots(const draft_order_slot& s, const request& copy);
   std::unique_ptr<proposer> proposer_;
   uint64_t session_ = 0;
   bool started_ = false;
   std::unordered_map<request_id, std::unique_ptr<request>> copies_;
+  std::unordered_map<request_id, std::vector<int32_t>> slots_held_;  // KV eviction: follow_slots
   std::vector<draft_slot> slots_;
 };
 

@@ -28,6 +28,45 @@ model_proposer::model_proposer(const model& target, transformer_shard& shard, in
   run_ = [&shard, exit_layer](const step_batch& b, float* h, float* l) { shard.forward_early_exit(b, h, l, exit_layer); };
 }
 
+void model_proposer::layout_of(const draft_slot& s, std::vector<held_slot>& out) {
+  const request& r = *s.req;
+  const std::span<const int32_t> kept = s.slot_positions;
+  const int32_t n = r.num_tokens();
+  const int32_t after = kept.empty() ? 0 : kept.back() + 1;  // the first position past the kept ones
+  out.clear();
+  out.reserve(kept.size() + static_cast<size_t>(n - after));
+  auto add = [&](int32_t pos) {
+    const auto slot = static_cast<int32_t>(out.size());
+    out.push_back({r.tokens[static_cast<size_t>(pos)], s.rope_in_cache ? slot : pos});
+  };
+  for (int32_t pos : kept) add(pos);
+  for (int32_t pos = after; pos < n; ++pos) add(pos);
+}
+
+void model_proposer::catch_up(const draft_slot& s) {
+  const request& r = *s.req;
+  layout_of(s, layout_);
+  const auto slots = static_cast<int32_t>(layout_.size());
+  int32_t from = 0;
+  if (own_kv_) {
+    const auto& held = held_[r.id];
+    from = static_cast<int32_t>(std::mismatch(held.begin(), held.end(), layout_.begin(), layout_.end()).first - held.begin());
+  } else {
+    // The target computed its tokens' KV (and the step's compactions are made).
+    from = s.slot_positions.empty() ? r.num_computed_tokens : static_cast<int32_t>(s.slot_positions.size());
+  }
+  from = std::min(from, slots - 1);
+  for (int32_t first = from; first < slots;) {
+    int32_t end = first + 1;
+    while (end < slots && layout_[end].rope == layout_[end - 1].rope + 1) ++end;
+    run_tokens_.clear();
+    for (int32_t i = first; i < end; ++i) run_tokens_.push_back(layout_[i].token);
+    batch_.add(run_tokens_, first, r.blocks, end == slots ? 1 : 0);
+    batch_.sequences.back().rope_pos = layout_[first].rope;
+    first = end;
+  }
+}
+
 void model_proposer::propose(std::span<draft_slot> slots) {
   const int32_t vocab = model_.config.vocab_size, dim = model_.config.dim;
   views_.clear();
@@ -37,26 +76,22 @@ void model_proposer::propose(std::span<draft_slot> slots) {
     views_.push_back(s.req->smp);
   }
   // Round 0 feeds each request's tokens from where the draft's KV stops being right to its
-  // last known token; round j > 0 feeds draft j - 1. Each round's last logits give a draft.
+  // last known token; round j > 0 feeds draft j - 1, in the slot after. Each round's last
+  // logits give a draft.
+  std::vector<int32_t> last_slot(slots.size()), last_rope(slots.size());
   for (int32_t round = 0;; ++round) {
     batch_.clear();
     std::vector<size_t> in;  // the slots this round drafts for
     for (size_t i = 0; i < slots.size(); ++i) {
       draft_slot& s = slots[i];
-      const request& r = *s.req;
       if (static_cast<int32_t>(s.tokens.size()) >= s.max_tokens || static_cast<int32_t>(s.tokens.size()) < round) continue;
-      const int32_t n = r.num_tokens();
       if (round == 0) {
-        int32_t from = r.num_computed_tokens;
-        if (own_kv_) {
-          const auto& held = held_[r.id];
-          const auto diff = std::mismatch(held.begin(), held.end(), r.tokens.begin(), r.tokens.end());
-          from = static_cast<int32_t>(diff.first - held.begin());
-        }
-        from = std::min(from, n - 1);
-        batch_.add(std::span<const int32_t>(r.tokens).subspan(from), from, r.blocks, 1);
+        catch_up(s);
+        last_slot[i] = static_cast<int32_t>(layout_.size()) - 1;
+        last_rope[i] = layout_.back().rope;
       } else {
-        batch_.add(std::span<const int32_t>(s.tokens).subspan(round - 1, 1), n + round - 1, r.blocks, 1);
+        batch_.add(std::span<const int32_t>(s.tokens).subspan(round - 1, 1), last_slot[i] + round, s.req->blocks, 1);
+        batch_.sequences.back().rope_pos = last_rope[i] + round;
       }
       in.push_back(i);
     }
@@ -71,12 +106,13 @@ void model_proposer::propose(std::span<draft_slot> slots) {
   }
   if (!own_kv_) return;
   // The draft's cache now holds each request's known tokens and every draft but the last.
-  for (draft_slot& s : slots) {
-    const request& r = *s.req;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const draft_slot& s = slots[i];
     if (s.tokens.empty()) continue;
-    auto& held = held_[r.id];
-    held.assign(r.tokens.begin(), r.tokens.end());
-    held.insert(held.end(), s.tokens.begin(), s.tokens.end() - 1);
+    auto& held = held_[s.req->id];
+    layout_of(s, held);
+    for (size_t j = 0; j + 1 < s.tokens.size(); ++j)
+      held.push_back({s.tokens[j], last_rope[i] + static_cast<int32_t>(j) + 1});
   }
 }
 

@@ -13,6 +13,16 @@
 //                 runs elsewhere (the scheduler actor's stages), it keeps a cache of its own
 //                 for those L layers, as a draft model does.
 //
+// Under KV eviction (draft_slot::slot_positions) the draft follows the target's slots:
+// each of its cache's slots holds the token the target's slot holds, at the same RoPE
+// position. With a cache of its own, it compares what each slot holds with the target's
+// layout and computes from the first slot that differs (after a compaction, the first
+// slot the compaction moved: about the budget's worth of draft tokens once every eighth
+// of the budget); the kept tokens' positions are not contiguous, so that catch-up goes in
+// runs of consecutive positions, as sequences of one step over the same block table (a
+// CPU shard writes a layer's keys for every token before any attends). Sharing the target's
+// cache, it drafts after the step's compactions are made (shares_target_kv).
+//
 // Drafts are chosen as the request's sampler would choose from the draft's logits (its
 // penalties and biases, over the sequence and the drafts so far): greedy takes the argmax,
 // sampling draws from that distribution with the request's draft stream and hands the
@@ -44,6 +54,7 @@ class model_proposer final : public proposer {
   void propose(std::span<draft_slot> slots) override;
   void forget(request_id id) override { held_.erase(id); }
   void forget_all() override { held_.clear(); }
+  bool shares_target_kv() const override { return !own_kv_; }
 
  private:
   const model& model_;
@@ -52,8 +63,22 @@ class model_proposer final : public proposer {
   std::unique_ptr<transformer_shard> own_;   // a draft model's shard
   std::function<void(const step_batch&, float*, float*)> run_;
   bool own_kv_;
-  // Draft model: per request, the tokens whose KV its cache holds, from position 0.
-  std::unordered_map<request_id, std::vector<int32_t>> held_;
+  // What one slot of a request's cache holds: a token at a RoPE position.
+  struct held_slot {
+    int32_t token = 0;
+    int32_t rope = 0;
+    bool operator==(const held_slot&) const = default;
+  };
+  // The slots a request's known tokens take in the target's cache (draft_slot).
+  static void layout_of(const draft_slot& s, std::vector<held_slot>& out);
+  // Round 0 of a request: its slots from the first its cache does not hold as the target
+  // does, to its last known token's, in runs of consecutive RoPE positions.
+  void catch_up(const draft_slot& s);
+
+  // A cache of its own: per request, what each slot holds, from slot 0.
+  std::unordered_map<request_id, std::vector<held_slot>> held_;
+  std::vector<held_slot> layout_;
+  std::vector<int32_t> run_tokens_;
   step_batch batch_;
   aligned_vector<float> hidden_, logits_;
   std::vector<sampler> views_;  // each slot's sampler, advanced over its drafts

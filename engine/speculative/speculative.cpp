@@ -147,7 +147,8 @@ void plan_drafts(std::span<request* const> running, const speculative_config& c,
       --r->drafts.pause;
       continue;
     }
-    // Drafts past max_tokens or the context could never be kept.
+    // Drafts past max_tokens or the context could never be kept (a sequence that streaming
+    // eviction carries past the context goes on without them).
     const int32_t room = std::min(r->params.max_tokens - r->num_output_tokens(), context - r->num_tokens()) - 1;
     if (!c.tree.empty()) {
       // A whole tree, or nothing: its depth kept, its nodes held. After a tree that kept
@@ -178,7 +179,13 @@ void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<dra
     // A tree's proposer drafts its depth's positions along one path (one, for a tree cut
     // to a single draft).
     const int32_t positions = tree.empty() ? c.num_draft : std::min(c.num_draft, static_cast<int32_t>(tree.size()));
-    slots.push_back({sched.find(c.id), positions, {}, {}, {}, tree});
+    request* r = sched.find(c.id);
+    slots.push_back({r, positions, {}, {}, {}, tree});
+    if (r->evicted > 0) {
+      TROUPE_ASSERT(r->kept.size() == r->num_computed_tokens - r->evicted, r->kept.size(), r->num_computed_tokens, r->evicted);
+      slots.back().slot_positions = r->kept.positions();
+    }
+    slots.back().rope_in_cache = r->eviction.rope_in_cache();
   }
   if (slots.empty()) return;
   p.propose(slots);

@@ -94,6 +94,12 @@ struct draft_slot {
   std::span<const int32_t> tree = {};
   std::vector<std::vector<int32_t>> levels = {};
   std::vector<int32_t> parents = {};
+  // KV eviction (engine/kv/kv_eviction.hpp): the sequence position each slot of the
+  // request's cache holds, for the slots its computed tokens take (ascending; the last is
+  // the last computed token's, the tokens after it take the slots after), and whether
+  // RoPE positions are slots. Empty: slot i holds position i.
+  std::span<const int32_t> slot_positions = {};
+  bool rope_in_cache = false;
 };
 
 class proposer {
@@ -104,6 +110,9 @@ class proposer {
   // last layer's output, before the final norm; [n][dim]) of request `id`'s tokens at
   // positions first .. first + n - 1, which the step computed and the request now holds.
   virtual bool wants_features() const { return false; }
+  // Whether it drafts over the target's own KV cache (early exit beside the target's
+  // shard): the step's compactions must then be made before it drafts.
+  virtual bool shares_target_kv() const { return false; }
   // Whether it keeps a feature for every position (EAGLE), or reads only the last one a
   // step leaves each request (Medusa): a pipeline returns only those.
   virtual bool wants_every_feature() const { return false; }

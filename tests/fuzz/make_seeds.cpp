@@ -201,6 +201,11 @@ void wire_frames(const fs::path& out) {
   s.prompt_tokens = 3;
   s.sampling = sampling_params{};
   o.slots.push_back(s);
+  s.id = request_id{4};  // under KV eviction: one token gone, the slots' positions named
+  s.tokens = {1, 40, 41, 42, 43};
+  s.evicted = 1;
+  s.positions = {0, 2, 3};
+  o.slots.push_back(s);
   seed(out, "draft-order", 12, wire::encode_draft_order(o));
   draft_answer a;
   a.session = 1;

@@ -3,10 +3,12 @@
 # each prompt and its first token, sends the prompt's KV over the KV channel to a decode
 # replica, which generates the rest from it. Greedy text, whole and streamed, is troupe-run's;
 # the decode replica reports the handed-over prompt tokens as loaded (cached), and /metrics
-# counts the handoffs; the same with token trees on the decode replica. Then the same
-# through PP=2 replicas on three processes (troupe-launch), and with a decode replica's
-# node killed mid-stream: its requests go on on the other decode replica, each token
-# delivered once. Bounded in time; every process is stopped.
+# counts the handoffs; the same with token trees on the decode replica, and for a request
+# with KV eviction of its own. Then every lever at once (PP=2 prefill and decode replicas,
+# a draft model, H2O eviction, a host tier), through PP=2 replicas on three processes
+# (troupe-launch), and with a decode replica's node killed mid-stream: its requests go on
+# on the other decode replica, each token delivered once. Bounded in time; every process
+# is stopped.
 # Usage: disagg_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -103,10 +105,14 @@ check "one process"
 handed=$(metric troupe_requests_handed_off_total)
 [[ ${handed%.*} -ge 2 ]] || fail "troupe_requests_handed_off_total is '$handed' after two requests"
 [[ $(metric 'troupe_replica_role{replica="p0",role="prefill"}') == 1 ]] || fail "/metrics does not give p0's role"
-# A request with KV eviction of its own hands nothing over: the decode replica serves it whole.
-code=$(post "$work/ev" '{"model":"stories260K","prompt":"'"$story"'","max_tokens":40,"temperature":0,"kv_eviction":{"policy":"streaming","budget":128}}')
+# A request with KV eviction of its own is handed over like any: the prefill replica
+# evicts within its budget while it computes the prompt, the decode replica computes what
+# it was not sent under the same policy, and the text is troupe-run's with that budget.
+code=$(post "$work/ev" '{"model":"stories260K","prompt":"'"$story"'","max_tokens":60,"temperature":0,"ignore_eos":true,"kv_eviction":{"policy":"streaming","budget":40}}')
 [[ $code == 200 ]] || fail "a request with its own KV eviction: status $code: $(head -c 300 "$work/ev")"
-[[ $(metric troupe_requests_handed_off_total) == "$handed" ]] || fail "a request with its own KV eviction was handed over"
+served_as_run "its own KV eviction" "$work/ev" 60 "$story" --kv-policy streaming --kv-budget 40
+(( $(metric_n troupe_requests_handed_off_total) > ${handed%.*} )) || fail "a request with its own KV eviction was not handed over"
+echo "ok: a request with its own KV eviction was handed over, with troupe-run's text under that budget"
 stop_tree "$node_pid"
 node_pid=
 
@@ -134,6 +140,50 @@ done
 [[ ${kept:-0} -gt 0 ]] || fail "token trees: no tree kept a path three deep (${kept:-none})"
 stop_tree "$node_pid"
 node_pid=
+
+# Every lever at once: prefill and decode replicas PP=2 across two processes, a draft
+# model, H2O eviction within 48 tokens (the story's prompt is longer: the prefill replica
+# compacts while it computes it) and a host tier. Greedy text is troupe-run's with the same
+# eviction and nothing else, on the first request and on one whose prompt the decode
+# replica's tier holds.
+cluster "$work/all.toml" 2 4
+cat >>"$work/all.toml" <<TOML
+[kv]
+policy = "h2o"
+budget = 48
+[[tier]]
+kind = "host"
+[speculative]
+method = "draft"
+draft = "$models/stories260K.bin"
+[[replica]]
+name   = "p0"
+role   = "prefill"
+stages = [ { node = "n0", layers = "0-2", devices = ["cpu"] }, { node = "n1", layers = "3-4", devices = ["cpu"] } ]
+[[replica]]
+name   = "d0"
+role   = "decode"
+stages = [ { node = "n1", layers = "0-2", devices = ["cpu"], kv_port = ${kv[0]} },
+           { node = "n0", layers = "3-4", devices = ["cpu"], kv_port = ${kv[1]} } ]
+TOML
+launch_http "$work/all.toml"
+for i in 1 2; do
+  complete "$work/all$i" "$story" 120 || fail "every lever, request $i: $(cat "$work/all$i")"
+  served_as_run "every lever, request $i" "$work/all$i" 120 "$story" --kv-policy h2o --kv-budget 48
+  # (Of the prompt's first chunk, the 48 tokens the prefill replica sent, what a prefix hit
+  # would give: all but the 32 whose attention H2O reads, in whole blocks.)
+  [[ $(cat "$work/all$i.cached") -ge 16 ]] || fail "every lever, request $i: $(cat "$work/all$i.cached") prompt tokens loaded"
+done
+for _ in $(seq 1 50); do
+  accepted=$(metric_n 'troupe_speculative_accepted_tokens_total{method="draft"}')
+  [[ ${accepted:-0} -gt 0 ]] && break
+  sleep 0.2
+done
+[[ ${accepted:-0} -gt 0 ]] || fail "every lever: no draft was kept ($(curl -s "$base/metrics" | grep speculative_accepted))"
+(( $(metric_n troupe_kv_evicted_tokens_total) > 0 )) || fail "every lever: nothing was evicted"
+(( $(metric_n troupe_requests_handed_off_total) >= 2 )) || fail "every lever: the requests were not handed over"
+echo "ok: PP=2 prefill and decode replicas, a draft model, H2O within 48 tokens and a host tier: troupe-run's text"
+launch down "$work/all.toml" >/dev/null 2>&1 || true
 
 # Three processes: the prefill replica PP=2 across n0 and n1, decode replica d0 PP=2 the
 # other way round, d1 whole on n2 (its scheduler there, so killing n2 loses it).

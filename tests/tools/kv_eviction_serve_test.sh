@@ -108,13 +108,13 @@ topology bad-policy 'policy = "lru"' 'budget = 64'
 topology bad-window 'policy = "streaming"' 'budget = 16' 'sinks = 4' 'window = 16'
 topology bad-budget 'policy = "h2o"' 'budget = 600'
 topology no-policy 'budget = 64'
-extra_tables=('[speculative]' 'method = "early-exit"')
+extra_tables=('[speculative]' 'method = "early-exit"' 'tree = "2,2"')
 topology bad-spec 'policy = "h2o"' 'budget = 64'
 for bad in 'bad-policy:policy "lru" is none, streaming, h2o or scissorhands' \
            'bad-window:budget must be at least sinks + window' \
            "bad-budget:budget 600 is past the model's context of 512" \
            'no-policy:KV eviction settings without a policy' \
-           'bad-spec:KV eviction works with n-gram speculation only'; do
+           'bad-spec:token trees and KV eviction do not run together'; do
   name=${bad%%:*} why=${bad#*:}
   if out=$(launch up "$work/$name.toml" 2>&1); then fail "$name was started"; fi
   grep -qF "$why" <<<"$out" || fail "$name: no reason given: $out"

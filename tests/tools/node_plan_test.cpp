@@ -204,18 +204,21 @@ TEST_CASE("node plans: [kv] eviction reaches each scheduler, and is refused wher
   REQUIRE_FALSE(long_budget.has_value());
   CHECK(long_budget.err().message.find("[kv] budget 513 is past the model's context of 512") != std::string::npos);
 
-  // Early exit's draft cache would not follow the evictions: a default that evicts is
-  // refused, and without one, each request that asks is (the reason travels with the plan).
+  // Token trees do not run with eviction: a default that evicts is refused, and without
+  // one, each request that asks is (the reason travels with the plan).
   t.scheduler.eviction.budget = 128;
   t.speculative.method = "early-exit";
   auto early = plan_node(t, l.m, l.tok, "n0");
-  REQUIRE_FALSE(early.has_value());
-  CHECK(early.err().message.find("[kv] policy h2o in replica 'r0': KV eviction works with n-gram speculation only") !=
+  REQUIRE(early.has_value());  // early exit's cache follows the evictions
+  t.speculative.tree = "2,2";
+  auto tree = plan_node(t, l.m, l.tok, "n0");
+  REQUIRE_FALSE(tree.has_value());
+  CHECK(tree.err().message.find("[kv] policy h2o in replica 'r0': token trees and KV eviction do not run together") !=
         std::string::npos);
   t.scheduler.eviction = {};
   auto refusing = plan_node(t, l.m, l.tok, "n0");
   REQUIRE(refusing.has_value());
-  CHECK(refusing->schedulers[0].setup.config.no_eviction.find("n-gram speculation only") != std::string::npos);
+  CHECK(refusing->schedulers[0].setup.config.no_eviction.find("token trees and KV eviction") != std::string::npos);
 
   // GPU shards sum attention and compact as CPU ones do.
   t.speculative = {};

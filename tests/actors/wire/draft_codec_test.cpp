@@ -1,7 +1,7 @@
 // Drafts from a draft actor (engine/speculative/draft_exchange.hpp through actors/wire/
 // draft_codec.hpp): the same drafts, distributions and output as a proposer in the
-// scheduler's own process, step after step; a restarted server; answers and orders that
-// do not fit refused whole.
+// scheduler's own process, step after step; a restarted server; the slots' positions
+// under KV eviction; answers and orders that do not fit refused whole.
 #include "actors/wire/draft_codec.hpp"
 
 #include <capnp/message.h>
@@ -281,6 +281,71 @@ TEST_CASE("a draft server that restarted answers 'unknown', and the next order s
   CHECK(server->num_requests() == 1);
 }
 
+TEST_CASE("under KV eviction an order names its slots' positions after each compaction, and a server without "
+          "them answers 'unknown'") {
+  const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  scheduler_config cfg = config(l.m, 64);
+  cfg.eviction = {kv_policy::h2o, 48, -1, -1, 16};
+  thread_pool pool(1);
+  scheduler s(cfg, l.tok);
+  request_params p = requests(1)[0];
+  p.max_tokens = 150;  // past its budget of 48 several times
+  REQUIRE(s.add(request_id{1}, p).has_value());
+  draft_orders orders;
+  orders.restart(1);
+  draft_server server(early_exit(l.m, cfg, pool));
+  const speculative_config sc = spec();
+  const draft_limits lim = limits_of(cfg);
+  int32_t told = 0, named = 0, drafted = 0;
+  for (int n = 0; n < 200 && s.has_unfinished(); ++n) {
+    plan_drafts(s.running(), sc, cfg.context);
+    step_plan p = s.schedule();
+    if (auto o = orders.make(p, s)) {
+      const request& r = *s.find(request_id{1});
+      const draft_order_slot& slot = o->slots.at(0);
+      CHECK(slot.evicted == r.evicted);
+      if (r.evicted != told) {  // compacted since the last order: its slots' positions
+        CHECK(slot.positions == std::vector<int32_t>(r.kept.positions().begin(), r.kept.positions().end()));
+        ++named;
+      } else {
+        CHECK(slot.positions.empty());
+      }
+      told = r.evicted;
+      auto got = decode_draft_order(encode_draft_order(*o), lim);
+      REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+      CHECK(got->slots[0].positions == slot.positions);
+      const draft_answer a = server.serve(*got);
+      CHECK_FALSE(a.slots.at(0).unknown);
+      drafted += static_cast<int32_t>(a.slots[0].tokens.size());
+      REQUIRE(orders.take(p, s, a, lim.vocab).has_value());
+    }
+    auto rows = target_rows(p, lim.vocab, 50 + n, 1.0f);
+    step_tokens got = sample_rows(p, s, rows.data(), lim.vocab, sc);
+    s.update_from_output(p, got.samples, got.emitted);
+  }
+  CHECK(named >= 2);
+  CHECK(drafted > 0);
+  // A server that has the request's tokens but not its slots' positions (an order lost
+  // between them) drafts nothing, and says so.
+  draft_server blind(early_exit(l.m, cfg, pool));
+  draft_order_slot whole;
+  whole.id = request_id{9};
+  whole.max_tokens = 2;
+  whole.tokens = {1, 20, 30, 40, 50};
+  whole.prompt_tokens = 3;
+  whole.sampling = sampling_params{};
+  whole.blocks = test::block_ids({4});
+  whole.evicted = 2;
+  whole.positions = {0, 3};
+  draft_order o{.session = 1, .slots = {whole}};
+  CHECK_FALSE(blind.serve(o).slots.at(0).unknown);
+  o.slots[0].positions.clear();
+  o.slots[0].from = 5;
+  o.slots[0].tokens = {60};
+  o.slots[0].evicted = 3;  // a compaction it was not told of
+  CHECK(blind.serve(o).slots.at(0).unknown);
+}
+
 TEST_CASE("an answer that does not fit its order is refused whole, and the plan goes without drafts") {
   const test::loaded l = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
   const int32_t vocab = l.m.config.vocab_size;
@@ -407,6 +472,13 @@ TEST_CASE("draft orders outside the replica's limits are refused with the reason
       {[](draft_order& o) { o.slots.push_back(o.slots[0]); }, "comes twice"},
       {[](draft_order& o) { o.slots[0].from = 250; }, "does not fit the context"},
       {[](draft_order& o) { o.slots[0].from = -3; }, "does not fit the context"},
+      // KV eviction: fewer slots than computed tokens, one at least; their positions ascend.
+      {[](draft_order& o) { o.slots[0].evicted = 3; }, "3 tokens evicted of 3 computed"},
+      {[](draft_order& o) { o.slots[0].evicted = -1; }, "-1 tokens evicted"},
+      {[](draft_order& o) { o.slots[0].positions = {0, 2}; }, "slot positions without evicted tokens"},
+      {[](draft_order& o) { o.slots[0].evicted = 1, o.slots[0].positions = {2, 1}; }, "slot positions must ascend"},
+      {[](draft_order& o) { o.slots[0].evicted = 1, o.slots[0].positions = {0, 3}; }, "slot positions must ascend"},
+      {[](draft_order& o) { o.slots[0].evicted = 1, o.slots[0].positions = {0, 1, 2}; }, "positions for 3 slots; it holds 2"},
       // Token trees: widths 1..16, up to 16 deep, a position per depth, no uniforms.
       {[](draft_order& o) { o.tree = {3, 0}; }, "widths must be in 1..16"},
       {[](draft_order& o) { o.tree = {17}; }, "widths must be in 1..16"},
@@ -420,6 +492,13 @@ TEST_CASE("draft orders outside the replica's limits are refused with the reason
     REQUIRE_FALSE(got.has_value());
     CHECK(got.err().message.find(c.says) != std::string::npos);
   }
+  auto evicting = order_with([](draft_order& o) {
+    o.slots[0].evicted = 1, o.slots[0].positions = {0, 2}, o.slots[0].rope_in_cache = true;
+  });
+  REQUIRE_MESSAGE(evicting.has_value(), (evicting ? "" : evicting.err().message));
+  CHECK(evicting->slots[0].evicted == 1);
+  CHECK(evicting->slots[0].positions == std::vector<int32_t>{0, 2});
+  CHECK(evicting->slots[0].rope_in_cache);
   auto tree_order = order_with([](draft_order& o) { o.tree = {2, 2, 1}, o.slots[0].uniforms.clear(); });
   REQUIRE_MESSAGE(tree_order.has_value(), (tree_order ? "" : tree_order.err().message));
   CHECK(tree_order->tree == std::vector<int32_t>{2, 2, 1});

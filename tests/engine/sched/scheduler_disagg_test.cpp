@@ -90,9 +90,17 @@ TEST_CASE("a prefill-only request sends its prompt's whole blocks as they fill, 
   CHECK(dp.tier_loads[1].key == p1.kv_pushes[1].key);
   CHECK(dp.tier_loads[2].key == p2.kv_pushes[0].key);
   REQUIRE(dp.chunks.size() == 1);
-  CHECK(dp.chunks[0].first == 12);  // the last prompt token and the delivered one
-  CHECK(dp.chunks[0].count == 2);
-  const auto dout = run(d, dp, 9);
+  // The last prompt token; the delivered one goes alone next, a decode step (with its
+  // drafts, where it speculates), as it would have on the prefill replica.
+  CHECK(dp.chunks[0].first == 12);
+  CHECK(dp.chunks[0].count == 1);
+  CHECK_FALSE(dp.chunks[0].sample);
+  CHECK(run(d, dp, 9).empty());
+  const step_plan dn = d.schedule();
+  REQUIRE(dn.chunks.size() == 1);
+  CHECK(dn.chunks[0].first == 13);
+  CHECK(dn.chunks[0].count == 1);
+  const auto dout = run(d, dn, 9);
   REQUIRE(dout.size() == 1);
   CHECK(dout[0].new_tokens == std::vector<int32_t>{9});
   CHECK_FALSE(dout[0].handed_off);
@@ -185,6 +193,66 @@ TEST_CASE("a prompt block the prefix cache shares is sent once to each decode re
     CHECK(o.handed_off);
     CHECK(o.kv_sent == 12);
   }
+}
+
+TEST_CASE("an evicting prefill-only request sends the blocks it filled before its first compaction") {
+  scheduler s(config(0), test::tok512());
+  request_params p = prompt_of(30, 10);
+  p.kv_to = "d0";
+  p.eviction = kv_eviction_config{.policy = kv_policy::streaming, .budget = 12};
+  REQUIRE(s.add(request_id{1}, p));
+  std::vector<step_output> outs;
+  int32_t pushed = 0;
+  for (int i = 0; i < 20 && s.has_unfinished(); ++i) {
+    const step_plan plan = s.schedule();
+    // A plan that compacts the request sends none of its blocks (they hold slots now).
+    if (!plan.compactions.empty()) CHECK(plan.kv_pushes.empty());
+    pushed += static_cast<int32_t>(plan.kv_pushes.size());
+    for (step_output& o : run(s, plan)) outs.push_back(std::move(o));
+  }
+  REQUIRE_FALSE(s.has_unfinished());
+  REQUIRE(outs.size() == 1);
+  CHECK(outs[0].handed_off);
+  // Its first chunk (8 tokens, the step's most) filled two blocks; the 22 tokens left do
+  // not fit its budget beside them, so every later chunk followed a compaction. The decode
+  // replica is told of those 8 tokens only.
+  CHECK(pushed == 2);
+  CHECK(outs[0].kv_sent == 8);
+}
+
+TEST_CASE("an evicting handed-over request loads the sent blocks within its first chunk, as a prefix hit") {
+  scheduler s(config(64), test::tok512());
+  request_params q = prompt_of(30, 10);
+  q.delivered = {7};
+  q.kv_from = 12;
+  q.eviction = kv_eviction_config{.policy = kv_policy::streaming, .budget = 12};
+  REQUIRE(s.add(request_id{1}, q));
+  const step_plan p = s.schedule();
+  REQUIRE(p.chunks.size() == 1);
+  // Its first chunk ends at 8 (the step's most) and leaves its last token to compute: one
+  // block loaded, the next four tokens computed.
+  CHECK(p.tier_loads.size() == 1);
+  CHECK(p.chunks[0].first == 4);
+  CHECK(p.chunks[0].count == 4);
+}
+
+TEST_CASE("an evicting request computes output it was given one token a step, as when it was generated") {
+  scheduler s(config(0), test::tok512());
+  // Moved off a failed replica with five tokens delivered (or handed over with one): its
+  // prompt in chunks as ever, then each delivered token alone, as the first attempt
+  // computed them; so its policy sees what it saw there.
+  request_params q = prompt_of(13, 10);
+  q.delivered = {7, 7, 7, 7, 7};
+  q.eviction = kv_eviction_config{.policy = kv_policy::h2o, .budget = 64};
+  REQUIRE(s.add(request_id{1}, q));
+  std::vector<int32_t> counts;
+  for (int i = 0; i < 7; ++i) {
+    const step_plan p = s.schedule();
+    REQUIRE(p.chunks.size() == 1);
+    counts.push_back(p.chunks[0].count);
+    run(s, p);
+  }
+  CHECK(counts == std::vector<int32_t>{8, 5, 1, 1, 1, 1, 1});
 }
 
 }  // namespace troupe

@@ -190,6 +190,53 @@ TEST_CASE("a request that must wait has its blocks prefetched once, while other 
   CHECK(s.schedule().tier_prefetch.empty());  // once
 }
 
+TEST_CASE("an evicting request's blocks go down until its first compaction, and come back within its first chunk") {
+  scheduler s(tiered(16), test::tok512());
+  request_params p = prompt_of(40, 10);
+  p.eviction = kv_eviction_config{.policy = kv_policy::streaming, .budget = 16};
+  REQUIRE(s.add(request_id{1}, p));
+  // Its first chunk ends at its budget: four whole blocks of positions, copied down.
+  const step_plan first = s.schedule();
+  REQUIRE(first.chunks.size() == 1);
+  CHECK(first.chunks[0].count == 16);
+  CHECK(blocks_of(first.tier_saves, request_id{1}).size() == 4);
+  run(s, first);
+  // From its first compaction on its blocks hold slots, not the positions a key names:
+  // nothing more goes down.
+  bool compacted = false;
+  for (int i = 0; i < 100 && s.has_unfinished(); ++i) {
+    const step_plan plan = s.schedule();
+    compacted = compacted || !plan.compactions.empty();
+    CHECK(plan.tier_saves.empty());
+    run(s, plan);
+  }
+  CHECK(compacted);
+  CHECK(s.tiers_now().saved_blocks == 4);
+
+  churn(s, 16, 10);
+  // The same prompt, evicting alike: its first chunk again ends at 16, and of it the tiers
+  // give what a prefix hit would (all but its last hit_margin tokens, in whole blocks).
+  REQUIRE(s.add(request_id{2}, p));
+  const step_plan again = s.schedule();
+  REQUIRE(again.chunks.size() == 1);
+  CHECK(again.tier_loads.size() == 3);
+  CHECK(again.chunks[0].first == 12);
+  CHECK(again.chunks[0].count == 4);
+  run(s, again);
+  CHECK(s.tiers_now().loaded_tokens == 12);
+
+  // H2O reads the attention of its chunk's last 32 tokens: with a budget of 16, the whole
+  // chunk is computed, and nothing is loaded.
+  churn(s, 16, 20);
+  p.eviction = kv_eviction_config{.policy = kv_policy::h2o, .budget = 16};
+  REQUIRE(s.add(request_id{3}, p));
+  const step_plan h2o = s.schedule();
+  REQUIRE(h2o.chunks.size() == 1);
+  CHECK(h2o.tier_loads.empty());
+  CHECK(h2o.chunks[0].first == 0);
+  CHECK(h2o.chunks[0].count == 16);
+}
+
 TEST_CASE("without tiers, plans carry no copies") {
   scheduler_config c = tiered(8);
   c.tier_blocks = 0;

@@ -161,16 +161,6 @@ TEST_CASE("roles: a request every prefill replica refused is refused, not comput
   CHECK(whole.sends[0].kv_to == -1);
 }
 
-TEST_CASE("roles: a request for KV eviction of its own is served whole by a decode replica") {
-  request_router r = roles(route_policy::kv_aware);
-  route_prompt p;
-  p.whole = true;
-  auto a = r.accept(7, t0, p);
-  REQUIRE(a.sends.size() == 1);
-  CHECK(a.sends[0].replica >= 2);
-  CHECK(a.sends[0].kv_to == -1);
-}
-
 TEST_CASE("roles: cancelled while prefilling, a request ends at its handoff and goes no further") {
   request_router r = roles();
   REQUIRE(r.accept(7, t0).sends.size() == 1);
