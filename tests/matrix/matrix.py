@@ -122,10 +122,12 @@ def sampled_apart(row):
     """Why a layout's sampled text is not troupe-run's with the same seed, or None. Greedy
     text is troupe-run's in every layout; these spend a seed's draws otherwise."""
     if row["proposer"] == "early-exit" and row["eviction"] != "none":
-        return ("a cluster's early exit keeps a cache of its own (in the draft actor), whose kept tokens' keys "
-                "it recomputes over the kept slots after a compaction; troupe-run's drafts over the target's")
-    if row["proposer"] == "eagle":
-        return "open: a cluster's EAGLE drafts for sampled requests differ from troupe-run's from the first tokens"
+        return ("troupe-run's early exit drafts over the target's cache, whose kept keys are the target's own; a "
+                "cluster's draft actor keeps a cache of its own, which computes a prompt's kept tokens after the "
+                "compactions the prompt's chunks made")
+    if row["proposer"] == "eagle" and row["roles"] == "disagg":
+        return ("EAGLE drafts from the features of every position, and a decode replica computes none of the "
+                "prompt's (its KV comes from the prefill replica, its features do not)")
     return None
 
 
@@ -282,7 +284,7 @@ class Matrix:
             self.expected[key] = got.stdout[len(prompt):] if got.stdout.startswith(prompt) else None
         return self.expected[key]
 
-    def run(self, index, row, random_prompt):
+    def run(self, index, row, random_prompt, sampled_prompt):
         work = tempfile.mkdtemp(prefix="troupe-matrix-")
         node = None
         try:
@@ -314,7 +316,10 @@ class Matrix:
             # or where a cluster spends the seed apart from troupe-run's engine loop
             # (sampled_apart), the text of the first layout of the same proposer, shape and
             # eviction.
-            d = complete(base, {"prompt": STORY, "max_tokens": 40, "temperature": 0.8, "seed": 53, "ignore_eos": True})
+            # (A prompt no earlier request of the case shares: EAGLE drafts from the features
+            # of every position, which a prefix hit does not compute.)
+            d = complete(base, {"prompt": sampled_prompt, "max_tokens": 40, "temperature": 0.8, "seed": 53,
+                                "ignore_eos": True})
             text = d["choices"][0]["text"].rstrip("\n")
             apart = sampled_apart(row)
             if apart:
@@ -325,7 +330,7 @@ class Matrix:
                                      f"wrote {first[1]!r}; this one {text!r}")
                 self.apart.add(apart)
             else:
-                want = self.want(STORY, row["eviction"], d["usage"]["prompt_tokens"], 40,
+                want = self.want(sampled_prompt, row["eviction"], d["usage"]["prompt_tokens"], 40,
                                  ["-t", "0.8", "--top-p", "1", "--seed", "53", *self.speculation_flags(row)])
                 if want is None or text != want.rstrip("\n"):
                     raise CaseFailed(f"sampled with a seed: the text is not troupe-run's:\n  got  {text!r}\n  want {want!r}")
@@ -398,9 +403,10 @@ def main():
         rows = covering_set(3 if full else 2, args.seed)
     rng = random.Random(args.seed)
     random_prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40))).capitalize()
+    sampled_prompt = "Once " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 50)))
     print(f"matrix: {len(rows)} layouts covering every {'triple' if full else 'pair'} of levels "
           f"(seed {args.seed}; another: --seed N or TROUPE_MATRIX_SEED; every triple: TROUPE_MATRIX=full)")
-    print(f"random prompt: {random_prompt!r}")
+    print(f"random prompt: {random_prompt!r}; sampled: {sampled_prompt!r}")
     for i, row in enumerate(rows):
         print(f"  case {i}: {label(row)}")
     if args.list:
@@ -413,7 +419,7 @@ def main():
             continue
         t0 = time.time()
         try:
-            m.run(i, row, random_prompt)
+            m.run(i, row, random_prompt, sampled_prompt)
             print(f"ok   case {i} ({time.time() - t0:.1f} s): {label(row)}", flush=True)
         except CaseFailed as e:
             failed.append(i)
