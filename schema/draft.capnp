@@ -36,6 +36,19 @@ struct DraftOrder {
   # (maxTokens), and answers each position's candidates, most likely first; no uniforms.
   # Empty: chains.
   tree @3 :List(Int32);
+  # KV eviction: requests' caches compacted since the last order, in order; the draft
+  # actor's cache moves the same way (after forget, before any slot).
+  compactions @4 :List(DraftCompaction);
+}
+
+# Slot kept[i] of a request's cache moved to slot i, within blockTable (its table then),
+# into newTable (empty: the same); keys turned back by the distance moved with rotate.
+struct DraftCompaction {
+  requestId @0 :UInt64;
+  kept @1 :List(Int32);
+  rotate @2 :Bool;
+  blockTable @3 :List(UInt32);
+  newTable @4 :List(UInt32);
 }
 
 # A drafted token's distribution: every token's probability, or, where few are possible

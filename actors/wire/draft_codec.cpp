@@ -59,6 +59,20 @@ std::vector<uint8_t> encode_draft_order(const draft_order& o) {
   }
   auto tree = root.initTree(static_cast<unsigned>(o.tree.size()));
   for (size_t d = 0; d < o.tree.size(); ++d) tree.set(static_cast<unsigned>(d), o.tree[d]);
+  auto moves = root.initCompactions(static_cast<unsigned>(o.compactions.size()));
+  for (size_t i = 0; i < o.compactions.size(); ++i) {
+    const draft_compaction& c = o.compactions[i];
+    auto out = moves[static_cast<unsigned>(i)];
+    out.setRequestId(c.id.value);
+    auto kept = out.initKept(static_cast<unsigned>(c.kept.size()));
+    for (size_t k = 0; k < c.kept.size(); ++k) kept.set(static_cast<unsigned>(k), c.kept[k]);
+    out.setRotate(c.rotate);
+    for (const auto& [list, table] : {std::pair{out.initBlockTable(static_cast<unsigned>(c.block_table.size())), &c.block_table},
+                                      std::pair{out.initNewTable(static_cast<unsigned>(c.new_table.size())), &c.new_table}}) {
+      auto l = list;
+      for (size_t k = 0; k < table->size(); ++k) l.set(static_cast<unsigned>(k), (*table)[k].value);
+    }
+  }
   return to_bytes(msg);
 }
 
@@ -70,6 +84,36 @@ expected<draft_order> decode_draft_order(std::span<const uint8_t> bytes, const d
     draft_order o;
     o.session = root.getSession();
     for (uint64_t id : root.getForget()) o.forget.push_back(request_id{id});
+    const auto moves = root.getCompactions();
+    if (moves.size() > static_cast<unsigned>(lim.max_slots) * 64)
+      return error{"draft order: " + std::to_string(moves.size()) + " compactions"};
+    for (auto in : moves) {
+      draft_compaction c;
+      c.id = request_id{in.getRequestId()};
+      const std::string who = "draft order: request " + std::to_string(c.id.value) + "'s compaction";
+      for (const auto& [list, table] : {std::pair{in.getBlockTable(), &c.block_table}, std::pair{in.getNewTable(), &c.new_table}}) {
+        if (list.size() > static_cast<unsigned>(lim.context / lim.block_size + 1))
+          return error{who + ": a table of " + std::to_string(list.size()) + " blocks"};
+        for (uint32_t b : list) {
+          if (b >= lim.num_blocks)
+            return error{who + ": block " + std::to_string(b) + " is outside the pool of " + std::to_string(lim.num_blocks)};
+          table->push_back(block_id{b});
+        }
+      }
+      // Slot kept[i] goes to slot i: ascending, within the old table.
+      const int64_t slots = static_cast<int64_t>(c.block_table.size()) * lim.block_size;
+      for (int32_t k : in.getKept()) {
+        const auto at = static_cast<int32_t>(c.kept.size());
+        if (k < at || k >= slots || (!c.kept.empty() && k <= c.kept.back()))
+          return error{who + ": kept slots must ascend within its table of " + std::to_string(slots) + " slots"};
+        c.kept.push_back(k);
+      }
+      if (!c.new_table.empty() && static_cast<int64_t>(c.new_table.size()) * lim.block_size < static_cast<int64_t>(c.kept.size()))
+        return error{who + ": a new table of " + std::to_string(c.new_table.size()) + " blocks for " +
+                     std::to_string(c.kept.size()) + " kept slots"};
+      c.rotate = in.getRotate();
+      o.compactions.push_back(std::move(c));
+    }
     const auto slots = root.getSlots();
     if (slots.size() > static_cast<unsigned>(lim.max_slots))
       return error{"draft order: " + std::to_string(slots.size()) + " requests; at most " + std::to_string(lim.max_slots)};

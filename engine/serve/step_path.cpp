@@ -40,6 +40,12 @@ std::optional<draft_order> step_path::draft(step_plan& plan, bool available) {
   for (request_id id : plan.preempted) forget(id);
   if (!drafts_.spec.enabled()) return std::nullopt;
   const std::span<const int32_t> tree = trees_->live().tree;
+  // KV eviction: a draft's own cache makes the step's compactions too (here at once;
+  // elsewhere with the request's next order).
+  for (const planned_compaction& c : plan.compactions) {
+    if (drafts_.here) drafts_.here->compacted(c.id, {c.block_table, c.kept, c.rotate, c.new_table});
+    if (drafts_.elsewhere) orders_.compacted(c);
+  }
   if (drafts_.here && drafts_.here->shares_target_kv() && move_now_) {
     // It drafts over the cache the step's compactions rewrite: they are made first.
     for (const planned_compaction& c : plan.compactions) move_now_(c);

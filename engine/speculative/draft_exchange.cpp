@@ -10,12 +10,19 @@ void draft_orders::restart(uint64_t session) {
   told_.clear();
   told_evicted_.clear();
   forget_.clear();
+  compactions_.clear();
   last_.clear();
 }
 
 void draft_orders::forget(request_id id) {
   told_evicted_.erase(id);
+  std::erase_if(compactions_, [&](const draft_compaction& c) { return c.id == id; });
   if (told_.erase(id) > 0) forget_.push_back(id);
+}
+
+void draft_orders::compacted(const planned_compaction& c) {
+  if (!told_.count(c.id)) return;  // (the server has no copy to move)
+  compactions_.push_back({c.id, c.kept, c.rotate, c.block_table, c.new_table});
 }
 
 std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& sched, std::span<const int32_t> tree) {
@@ -56,6 +63,8 @@ std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& 
   if (o.slots.empty()) return std::nullopt;
   o.forget = std::move(forget_);
   forget_.clear();
+  o.compactions = std::move(compactions_);
+  compactions_.clear();
   return o;
 }
 
@@ -162,6 +171,8 @@ draft_answer draft_server::serve(const draft_order& o) {
     started_ = true;
   }
   for (request_id id : o.forget) drop(id);
+  for (const draft_compaction& c : o.compactions)
+    if (copies_.count(c.id)) proposer_->compacted(c.id, {c.block_table, c.kept, c.rotate, c.new_table});
   draft_answer a;
   a.session = o.session;
   a.slots.resize(o.slots.size());

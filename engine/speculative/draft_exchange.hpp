@@ -55,9 +55,19 @@ struct draft_order_slot {
   bool rope_in_cache = false;
 };
 
+// KV eviction: a request's cache was compacted (kv_compaction), in `block_table` (its table
+// then) into `new_table` (empty: the same).
+struct draft_compaction {
+  request_id id;
+  std::vector<int32_t> kept;
+  bool rotate = false;
+  std::vector<block_id> block_table, new_table;
+};
+
 struct draft_order {
   uint64_t session = 0;
   std::vector<request_id> forget;   // requests whose copies go, before any slot
+  std::vector<draft_compaction> compactions;  // made in order, after forget, before any slot
   std::vector<draft_order_slot> slots;
   std::vector<int32_t> tree;        // a token tree's widths: each slot's max_tokens are its
                                     // positions, and each answers their candidates
@@ -86,6 +96,8 @@ class draft_orders {
   uint64_t session() const { return session_; }
   // The request ended or lost its blocks (preempted): its copy goes with the next order.
   void forget(request_id id);
+  // KV eviction: its cache was compacted; the server's copy follows with the next order.
+  void compacted(const planned_compaction& c);
 
   // The order for the draft slots of `plan` (made after plan_drafts), or none when no
   // chunk has any. Draws the uniforms of random drafts from each request's draft stream.
@@ -108,6 +120,7 @@ class draft_orders {
   std::unordered_map<request_id, int32_t> told_;  // tokens the server has, per request
   std::unordered_map<request_id, int32_t> told_evicted_;  // the evicted count it knows the slots of
   std::vector<request_id> forget_;
+  std::vector<draft_compaction> compactions_;  // since the last order
   std::vector<sent_slot> last_;
   std::vector<int32_t> tree_;  // the last order's
   std::vector<draft_slot> slots_;

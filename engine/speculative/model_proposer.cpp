@@ -28,6 +28,32 @@ model_proposer::model_proposer(const model& target, transformer_shard& shard, in
   run_ = [&shard, exit_layer](const step_batch& b, float* h, float* l) { shard.forward_early_exit(b, h, l, exit_layer); };
 }
 
+void model_proposer::compacted(request_id id, const kv_compaction& c) {
+  if (!own_kv_) return;  // (the target's moves are its own)
+  const auto it = held_.find(id);
+  if (it == held_.end()) return;
+  own_->compact_kv(c);
+  // What each slot holds now: the kept slots it had computed, in order, as far as they go.
+  // Keys turned back to their slots (rotate) take the slot as their position. Slots of
+  // blocks copied from shared ones are recomputed: the draft's keys in the shared block
+  // may have been overwritten since the compaction was planned (it reaches a draft actor
+  // with the request's next order).
+  std::vector<held_slot>& held = it->second;
+  const auto kept = static_cast<int32_t>(c.kept.size());
+  int32_t valid = 0;
+  while (valid < kept && c.kept[valid] < static_cast<int32_t>(held.size())) ++valid;
+  if (!c.new_table.empty()) {
+    const int32_t bs = cache_->shape().block_size;
+    int32_t own_from = 0;  // the first slot in a block the compaction made the request's own
+    while (own_from < kept && c.new_table[own_from / bs] == c.block_table[own_from / bs]) own_from += bs;
+    valid = std::min(valid, own_from);
+  }
+  std::vector<held_slot> moved;
+  moved.reserve(static_cast<size_t>(valid));
+  for (int32_t i = 0; i < valid; ++i) moved.push_back({held[c.kept[i]].token, c.rotate ? i : held[c.kept[i]].rope});
+  held = std::move(moved);
+}
+
 void model_proposer::layout_of(const draft_slot& s, std::vector<held_slot>& out) {
   const request& r = *s.req;
   const std::span<const int32_t> kept = s.slot_positions;

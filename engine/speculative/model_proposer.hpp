@@ -15,13 +15,14 @@
 //
 // Under KV eviction (draft_slot::slot_positions) the draft follows the target's slots:
 // each of its cache's slots holds the token the target's slot holds, at the same RoPE
-// position. With a cache of its own, it compares what each slot holds with the target's
-// layout and computes from the first slot that differs (after a compaction, the first
-// slot the compaction moved: about the budget's worth of draft tokens once every eighth
-// of the budget); the kept tokens' positions are not contiguous, so that catch-up goes in
-// runs of consecutive positions, as sequences of one step over the same block table (a
-// CPU shard writes a layer's keys for every token before any attends). Sharing the target's
-// cache, it drafts after the step's compactions are made (shares_target_kv).
+// position. A cache of its own makes each of the target's compactions too (compacted), so
+// its kept keys stay the ones it computed; it compares what each slot holds with the
+// target's layout and computes from the first slot that differs (the tokens since its
+// last drafts, or, where a compaction was not passed on, from there). Kept positions are
+// not contiguous, so such a catch-up goes in runs of consecutive positions, as sequences
+// of one step over the same block table (a CPU shard writes a layer's keys for every token
+// before any attends). Sharing the target's cache, it drafts after the step's compactions
+// are made (shares_target_kv).
 //
 // Drafts are chosen as the request's sampler would choose from the draft's logits (its
 // penalties and biases, over the sequence and the drafts so far): greedy takes the argmax,
@@ -55,6 +56,7 @@ class model_proposer final : public proposer {
   void forget(request_id id) override { held_.erase(id); }
   void forget_all() override { held_.clear(); }
   bool shares_target_kv() const override { return !own_kv_; }
+  void compacted(request_id id, const kv_compaction& c) override;
 
  private:
   const model& model_;

@@ -113,6 +113,10 @@ class proposer {
   // Whether it drafts over the target's own KV cache (early exit beside the target's
   // shard): the step's compactions must then be made before it drafts.
   virtual bool shares_target_kv() const { return false; }
+  // KV eviction: request `id`'s cache was compacted (kv_compaction: slot kept[i] moved to
+  // slot i); a proposer with a cache of its own in the request's blocks moves it the same
+  // way, before it next drafts for the request.
+  virtual void compacted(request_id id, const kv_compaction& c) { (void)id, (void)c; }
   // Whether it keeps a feature for every position (EAGLE), or reads only the last one a
   // step leaves each request (Medusa): a pipeline returns only those.
   virtual bool wants_every_feature() const { return false; }

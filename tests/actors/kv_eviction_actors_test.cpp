@@ -202,7 +202,9 @@ TEST_CASE("KV eviction through the actors with a draft actor: its cache follows 
     const double rate = static_cast<double>(m.spec.accepted - before.accepted) /
                         static_cast<double>(m.spec.proposed - before.proposed);
     CHECK(m.spec.proposed - before.proposed > 100);
-    CHECK(rate > 0.75 * rate_before);
+    // (The target as its own draft keeps nearly all: the draft actor's cache makes the
+    // target's compactions.)
+    CHECK(rate > (method == spec_method::draft ? 0.95 : 0.75) * rate_before);
     CHECK(test::kv_used(self, r.sched) == 0);
     r.stop(self);
   }

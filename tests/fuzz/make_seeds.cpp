@@ -206,6 +206,7 @@ void wire_frames(const fs::path& out) {
   s.evicted = 1;
   s.positions = {0, 2, 3};
   o.slots.push_back(s);
+  o.compactions.push_back({request_id{4}, {0, 2, 3}, false, {block_id{0}}, {}});
   seed(out, "draft-order", 12, wire::encode_draft_order(o));
   draft_answer a;
   a.session = 1;

@@ -296,10 +296,11 @@ TEST_CASE("under KV eviction an order names its slots' positions after each comp
   draft_server server(early_exit(l.m, cfg, pool));
   const speculative_config sc = spec();
   const draft_limits lim = limits_of(cfg);
-  int32_t told = 0, named = 0, drafted = 0;
+  int32_t told = 0, named = 0, drafted = 0, moves = 0;
   for (int n = 0; n < 200 && s.has_unfinished(); ++n) {
     plan_drafts(s.running(), sc, cfg.context);
     step_plan p = s.schedule();
+    for (const planned_compaction& c : p.compactions) orders.compacted(c);  // (as step_path passes them on)
     if (auto o = orders.make(p, s)) {
       const request& r = *s.find(request_id{1});
       const draft_order_slot& slot = o->slots.at(0);
@@ -314,6 +315,7 @@ TEST_CASE("under KV eviction an order names its slots' positions after each comp
       auto got = decode_draft_order(encode_draft_order(*o), lim);
       REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
       CHECK(got->slots[0].positions == slot.positions);
+      moves += static_cast<int32_t>(got->compactions.size());
       const draft_answer a = server.serve(*got);
       CHECK_FALSE(a.slots.at(0).unknown);
       drafted += static_cast<int32_t>(a.slots[0].tokens.size());
@@ -324,6 +326,7 @@ TEST_CASE("under KV eviction an order names its slots' positions after each comp
     s.update_from_output(p, got.samples, got.emitted);
   }
   CHECK(named >= 2);
+  CHECK(moves >= named);  // each compaction reaches the server with an order
   CHECK(drafted > 0);
   // A server that has the request's tokens but not its slots' positions (an order lost
   // between them) drafts nothing, and says so.
@@ -479,6 +482,14 @@ TEST_CASE("draft orders outside the replica's limits are refused with the reason
       {[](draft_order& o) { o.slots[0].evicted = 1, o.slots[0].positions = {2, 1}; }, "slot positions must ascend"},
       {[](draft_order& o) { o.slots[0].evicted = 1, o.slots[0].positions = {0, 3}; }, "slot positions must ascend"},
       {[](draft_order& o) { o.slots[0].evicted = 1, o.slots[0].positions = {0, 1, 2}; }, "positions for 3 slots; it holds 2"},
+      // Compactions: slot kept[i] to slot i, ascending within the old table; tables in the pool.
+      {[](draft_order& o) { o.compactions = {{request_id{5}, {0, 16}, false, test::block_ids({4}), {}}}; },
+       "kept slots must ascend within its table of 16 slots"},
+      {[](draft_order& o) { o.compactions = {{request_id{5}, {3, 2}, false, test::block_ids({4}), {}}}; }, "kept slots must ascend"},
+      {[](draft_order& o) { o.compactions = {{request_id{5}, {0, 1}, false, test::block_ids({40}), {}}}; },
+       "block 40 is outside the pool"},
+      {[](draft_order& o) { o.compactions = {{request_id{5}, {0, 1}, false, test::block_ids({4}), test::block_ids({33})}}; },
+       "block 33 is outside the pool"},
       // Token trees: widths 1..16, up to 16 deep, a position per depth, no uniforms.
       {[](draft_order& o) { o.tree = {3, 0}; }, "widths must be in 1..16"},
       {[](draft_order& o) { o.tree = {17}; }, "widths must be in 1..16"},
@@ -499,6 +510,15 @@ TEST_CASE("draft orders outside the replica's limits are refused with the reason
   CHECK(evicting->slots[0].evicted == 1);
   CHECK(evicting->slots[0].positions == std::vector<int32_t>{0, 2});
   CHECK(evicting->slots[0].rope_in_cache);
+  auto moved = order_with([](draft_order& o) {
+    o.compactions = {{request_id{5}, {0, 2, 3}, true, test::block_ids({4, 6}), test::block_ids({7})}};
+  });
+  REQUIRE_MESSAGE(moved.has_value(), (moved ? "" : moved.err().message));
+  REQUIRE(moved->compactions.size() == 1);
+  CHECK(moved->compactions[0].kept == std::vector<int32_t>{0, 2, 3});
+  CHECK(moved->compactions[0].rotate);
+  CHECK(moved->compactions[0].block_table == test::block_ids({4, 6}));
+  CHECK(moved->compactions[0].new_table == test::block_ids({7}));
   auto tree_order = order_with([](draft_order& o) { o.tree = {2, 2, 1}, o.slots[0].uniforms.clear(); });
   REQUIRE_MESSAGE(tree_order.has_value(), (tree_order ? "" : tree_order.err().message));
   CHECK(tree_order->tree == std::vector<int32_t>{2, 2, 1});

@@ -155,9 +155,9 @@ TEST_CASE("a draft model and early exit follow the evictions: the same text, and
       CHECK(got[3] == want[3]);
       CHECK(e.stats().evicted_tokens > 0);
       // A draft that lost track of the slots (wrong tokens or RoPE positions in them) would
-      // have its drafts rejected: they are kept about as often as without eviction (the
-      // draft model's catch-up after each compaction recomputes the kept tokens' keys over
-      // the kept slots alone, which the target computed over all: a little less often).
+      // have its drafts rejected: they are kept about as often as without eviction. The
+      // target as its own draft keeps nearly all: its cache makes the target's compactions,
+      // so its keys are the target's (but for tokens it caught up on after a compaction).
       engine_config whole = drafting;
       whole.sched.eviction = {};
       llm_engine full(l.m, l.tok, whole);
@@ -168,7 +168,9 @@ TEST_CASE("a draft model and early exit follow the evictions: the same text, and
       REQUIRE(f.proposed > 100);
       const double rate = static_cast<double>(t.accepted) / static_cast<double>(t.proposed);
       const double full_rate = static_cast<double>(f.accepted) / static_cast<double>(f.proposed);
-      CHECK(rate > 0.75 * full_rate);
+      CHECK(rate > (method == spec_method::draft ? 0.95 : 0.75) * full_rate);
+      MESSAGE(spec_method_name(method) << " " << kv_policy_name(policy) << ": " << t.accepted << " of " << t.proposed
+                                       << " drafts kept; without eviction " << f.accepted << " of " << f.proposed);
     }
   }
 }
