@@ -169,4 +169,13 @@ void stop_all(std::vector<proc> procs, const std::string& gateway_node, bool ver
   }
 }
 
+std::vector<std::string> gateway_endpoints(const std::string& state_dir, const std::string& node) {
+  std::vector<std::string> out;
+  std::ifstream f(std::filesystem::path(state_dir) / (node + ".out"));
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("endpoint: ", 0) == 0) out.push_back(line.substr(10));
+  return out;
+}
+
+
 }  // namespace troupe::tools

@@ -41,5 +41,8 @@ void supervise(std::vector<proc> procs, const std::string& table, const std::str
 void stop_supervisor(const std::string& file);
 // The gateway's node first (it drains), then the others: SIGTERM, SIGKILL after 35 s.
 void stop_all(std::vector<proc> procs, const std::string& gateway_node, bool verbose);
+// The endpoints a gateway node said it serves ("capnp://...", "https://..."), from its
+// output in the state folder.
+std::vector<std::string> gateway_endpoints(const std::string& state_dir, const std::string& node);
 
 }  // namespace troupe::tools
