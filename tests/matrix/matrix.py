@@ -7,14 +7,13 @@ the KV tier, prefill/decode roles, pipeline and tensor parallelism. A covering s
 layouts is drawn from a seed: every pair of levels of any two factors (or, with
 TROUPE_MATRIX=full, every triple) appears in some layout that can run. Each layout is
 served by one troupe-node process (its stages, replicas and draft actor are actors there;
-PP=2 stages talk over their step links, prefill and decode replicas over the KV channel),
-and each case checks, over HTTP:
+prefill and decode replicas send KV over the KV channel), and each case checks, over HTTP:
 
   - a greedy completion of the story and of a random prompt (drawn from the seed): the
     whole text, and as many tokens as max_tokens, equal to troupe-run's with the same KV
     eviction settings and nothing else (no speculation, one process, no tiers);
-  - the story again, after a request for other words: where a tier or a prefix cache
-    holds its blocks, they come back and the text is the same;
+  - the story again, after a request for other words: served from what the prefix cache
+    and the tiers kept of it, the same text;
   - a sampled completion with a seed: troupe-run's with the same seed, proposer, shape
     and eviction (speculation and eviction are part of how a seed is spent; the layout
     is not), but for the layouts sampled_apart() names, the same text as the first
@@ -24,7 +23,7 @@ The set is printed before it runs (`--list` prints it only); `--case N` runs one
 it again. Bounded: each case's node is stopped after it, and every wait has a limit.
 
 Usage: matrix.py --build BUILD_DIR --models MODELS_DIR --data TESTS_DATA_DIR
-                 [--seed N] [--case N] [--list]
+                 [--seed N] [--case N] [--layout "proposer=... tp=..."] [--list]
 """
 import argparse
 import itertools
