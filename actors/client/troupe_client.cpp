@@ -16,14 +16,12 @@
 
 namespace troupe {
 
-namespace {
-
 // The event loop of this thread, shared by its clients (KJ allows a thread one), for as
-// long as one of them lives.
+// long as one of them lives. (Not in an anonymous namespace: troupe_client::impl holds one.)
 struct thread_io {
   kj::AsyncIoContext context = kj::setupAsyncIo();
 };
-std::shared_ptr<thread_io> io_of_this_thread() {
+static std::shared_ptr<thread_io> io_of_this_thread() {
   thread_local std::weak_ptr<thread_io> current;
   auto io = current.lock();
   if (!io) {
@@ -32,8 +30,6 @@ std::shared_ptr<thread_io> io_of_this_thread() {
   }
   return io;
 }
-
-}  // namespace
 
 // One gateway's connection: plain, or over TLS (made by hand: EzRpcClient takes no
 // stream). Made when first used; errors surface from the first call.

@@ -317,24 +317,21 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
         out.feature_rows.push_back(first_row + r);
       const int32_t rows = c.getSample() ? 1 + c.getDrafts() : 0;
       const int32_t slot = c.getFirst() - c.getEvicted();
-      const int32_t rope = c.getRopeInCache() ? slot : c.getFirst();
-      if (c.getAttention() && c.getDrafts() > 0) {
-        std::vector<int32_t> verified;
-        for (int32_t t : toks) verified.push_back(t);
-        mass = out.batch.add_by_token(verified, slot, rope, tables_[c.getRequestId()], mass);
-      } else {
-        for (int32_t t : toks) out.batch.tokens.push_back(t);
-        out.batch.sequences.push_back({static_cast<int32_t>(toks.size()), slot, tables_[c.getRequestId()], rows});
-        out.batch.sequences.back().rope_pos = rope;
-        if (const auto parents = c.getDraftParents(); parents.size() > 0) {
-          tree_parents_of(parents, out.tree_parents.emplace_back());
-          out.batch.sequences.back().tree_parents = out.tree_parents.back().data();
-        }
-        if (c.getAttention()) {
-          out.batch.sequences.back().attention_mass = mass;
-          mass += slot + toks.size();
-        }
+      const int32_t* parents = nullptr;
+      if (const auto up = c.getDraftParents(); up.size() > 0) {
+        tree_parents_of(up, out.tree_parents.emplace_back());
+        parents = out.tree_parents.back().data();
       }
+      chunk_tokens_.clear();
+      for (int32_t t : toks) chunk_tokens_.push_back(t);
+      mass = out.batch.add_chunk(chunk_tokens_, tables_[c.getRequestId()],
+                                 {.start_pos = slot,
+                                  .rope_pos = c.getRopeInCache() ? slot : c.getFirst(),
+                                  .logit_rows = rows,
+                                  .tree_parents = parents,
+                                  .attention = c.getAttention(),
+                                  .by_token = c.getDrafts() > 0},
+                                 mass);
       out.ids.push_back(request_id{c.getRequestId()});
       if (!c.getSample()) continue;
       every_sample_chooses = every_sample_chooses && c.getChoose();
@@ -351,58 +348,6 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     return out;
   } catch (const kj::Exception& e) {
     return error{std::string("malformed step plan: ") + e.getDescription().cStr()};
-  }
-}
-
-std::vector<uint8_t> encode_step_result(uint64_t step_id, std::span<const chosen_token> tokens,
-                                        std::span<const float> attention, std::span<const request_id> failed_loads,
-                                        std::span<const float> features) {
-  capnp::MallocMessageBuilder msg;
-  auto root = msg.initRoot<schema::StepResult>();
-  root.setStepId(step_id);
-  auto samples = root.initSamples(static_cast<unsigned>(tokens.size()));
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    samples[static_cast<unsigned>(i)].setRequestId(tokens[i].id.value);
-    samples[static_cast<unsigned>(i)].setToken(tokens[i].token);
-  }
-  write_floats([&](unsigned n) { return root.initAttention(n); }, attention);
-  write_floats([&](unsigned n) { return root.initFeatures(n); }, features);
-  auto failed = root.initFailedLoads(static_cast<unsigned>(failed_loads.size()));
-  for (size_t i = 0; i < failed_loads.size(); ++i) failed.set(static_cast<unsigned>(i), failed_loads[i].value);
-  return to_bytes(msg);
-}
-
-expected<step_result> decode_step_result(std::span<const uint8_t> bytes, int32_t vocab, int32_t max_rows,
-                                         int64_t attention, int64_t features) {
-  auto frame = frame_reader::parse(
-      bytes, frame_limits::flat(static_cast<size_t>(max_rows) * 32 + static_cast<size_t>(attention + features) * 4 +
-                                (1 << 12)));
-  if (!frame) return frame.err();
-  try {
-    auto root = (*frame)->root<schema::StepResult>();
-    if (root.hasError() && root.getError().size() > 0) return error{std::string("step failed: ") + root.getError().cStr()};
-    const auto samples = root.getSamples();
-    if (samples.size() > static_cast<unsigned>(max_rows))
-      return error{"step result has " + std::to_string(samples.size()) + " tokens; at most " + std::to_string(max_rows)};
-    step_result out;
-    out.tokens.reserve(samples.size());
-    for (const auto s : samples) {
-      if (s.getToken() < 0 || s.getToken() >= vocab)
-        return error{"step result: token " + std::to_string(s.getToken()) + " is outside the vocabulary"};
-      out.tokens.push_back({request_id{s.getRequestId()}, s.getToken()});
-    }
-    auto sums = read_floats(root.getAttention(), attention, "attention sums");
-    if (!sums) return error{"step result carries " + sums.err().message};
-    out.attention = std::move(sums).value();
-    auto feats = read_floats(root.getFeatures(), features, "feature values");
-    if (!feats) return error{"step result carries " + feats.err().message};
-    out.features = std::move(feats).value();
-    auto failed = read_failed_loads(root.getFailedLoads(), max_rows);
-    if (!failed) return error{"step result: " + failed.err().message};
-    out.failed_loads = std::move(failed).value();
-    return out;
-  } catch (const kj::Exception& e) {
-    return error{std::string("malformed step result: ") + e.getDescription().cStr()};
   }
 }
 

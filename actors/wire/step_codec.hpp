@@ -120,6 +120,7 @@ class step_decoder {
  private:
   step_limits lim_;
   std::unordered_map<uint64_t, std::vector<block_id>> tables_;
+  std::vector<int32_t> chunk_tokens_;  // (a chunk's tokens as the batch takes them)
   uint64_t last_step_ = 0;
   uint64_t session_ = 0;
   bool any_ = false;

@@ -112,6 +112,29 @@ struct step_batch {
     }
     return mass;
   }
+  // A chunk of a step plan: its tokens (known ones, then any drafts) from slot start_pos,
+  // the first at RoPE position rope_pos, its last logit_rows wanted, a token tree's
+  // parents (tree_parents_of) or none; with attention, its sums go to `mass` (token by
+  // token where by_token: add_by_token). Returns the end of its sums.
+  struct chunk_layout {
+    int32_t start_pos = 0;
+    int32_t rope_pos = 0;
+    int32_t logit_rows = 0;
+    const int32_t* tree_parents = nullptr;
+    bool attention = false;
+    bool by_token = false;
+  };
+  float* add_chunk(std::span<const int32_t> toks, std::span<const block_id> blocks, const chunk_layout& l,
+                   float* mass) {
+    if (l.attention && l.by_token) return add_by_token(toks, l.start_pos, l.rope_pos, blocks, mass);
+    add(toks, l.start_pos, blocks, l.logit_rows);
+    step_sequence& s = sequences.back();
+    s.rope_pos = l.rope_pos;
+    s.tree_parents = l.tree_parents;
+    if (!l.attention) return mass;
+    s.attention_mass = mass;
+    return mass + l.start_pos + static_cast<int32_t>(toks.size());
+  }
   bool wants_attention() const {
     for (const auto& s : sequences)
       if (s.attention_mass) return true;

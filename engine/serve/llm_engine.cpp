@@ -177,28 +177,17 @@ void llm_engine::fill_batch(const step_plan& plan) {
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const scheduled_chunk& c = plan.chunks[i];
     const request* r = sched_.find(c.id);
-    if (c.attention_by_token()) {
-      tokens_.assign(c.tokens.begin(), c.tokens.end());
-      tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
-      mass = batch_.add_by_token(tokens_, c.first_slot(), c.first_rope_position(), c.block_table, mass);
-      continue;
-    }
-    if (c.num_draft > 0) {
-      tokens_.assign(c.tokens.begin(), c.tokens.end());
-      tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
-      batch_.add(tokens_, c.first_slot(), c.block_table, 1 + c.num_draft);
-      if (!c.draft_parents.empty()) {  // a token tree: its root, then its nodes
-        tree_parents_of(c.draft_parents, tree_parents_[i]);
-        batch_.sequences.back().tree_parents = tree_parents_[i].data();
-      }
-    } else {
-      batch_.add(c.tokens, c.first_slot(), c.block_table, c.sample ? 1 : 0);
-    }
-    batch_.sequences.back().rope_pos = c.first_rope_position();
-    if (c.attention) {
-      batch_.sequences.back().attention_mass = mass;
-      mass += c.slots_seen();
-    }
+    tokens_.assign(c.tokens.begin(), c.tokens.end());
+    tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
+    if (!c.draft_parents.empty()) tree_parents_of(c.draft_parents, tree_parents_[i]);  // its root, then its nodes
+    mass = batch_.add_chunk(tokens_, c.block_table,
+                            {.start_pos = c.first_slot(),
+                             .rope_pos = c.first_rope_position(),
+                             .logit_rows = c.sample ? 1 + c.num_draft : 0,
+                             .tree_parents = c.draft_parents.empty() ? nullptr : tree_parents_[i].data(),
+                             .attention = c.attention,
+                             .by_token = c.attention_by_token()},
+                            mass);
     if (r && c.first < r->num_prompt_tokens)
       stats_.prompt_tokens_computed += std::min(c.count, r->num_prompt_tokens - c.first);
   }

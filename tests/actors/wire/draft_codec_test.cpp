@@ -340,7 +340,9 @@ TEST_CASE("under KV eviction an order names its slots' positions after each comp
   whole.blocks = test::block_ids({4});
   whole.evicted = 2;
   whole.positions = {0, 3};
-  draft_order o{.session = 1, .slots = {whole}};
+  draft_order o;
+  o.session = 1;
+  o.slots = {whole};
   CHECK_FALSE(blind.serve(o).slots.at(0).unknown);
   o.slots[0].positions.clear();
   o.slots[0].from = 5;
