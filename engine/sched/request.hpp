@@ -76,6 +76,40 @@ struct draft_state {
   rng stream;                    // the proposer's draws for it, apart from the sampler's
 };
 
+// A request's KV eviction (engine/kv/kv_eviction.hpp; the scheduler's eviction part).
+struct eviction_state {
+  kv_eviction_config config;  // its policy: its own, or the deployment's
+  kv_eviction_state kept;     // what its policy knows of each slot
+  int32_t evicted = 0;        // tokens dropped from its cache, so that its blocks hold
+                              // num_computed_tokens - evicted slots
+
+  bool enabled() const { return config.enabled(); }
+  bool rope_in_cache() const { return config.rope_in_cache(); }
+  bool wants_attention() const { return config.wants_attention(); }
+};
+
+// A request's KV tiers (engine/kv/kv_tiers.hpp; the scheduler's tier part).
+struct tier_state {
+  std::vector<tier_key> keys;    // its full blocks' content addresses, as far as needed
+  int32_t saved = 0;             // full blocks whose copy down is decided
+  bool loads_in_flight = false;  // its step in flight loads blocks from the tiers
+  bool loads_landed = false;     // they landed: its next claim says so
+  bool probed = false;           // the tiers were asked what they hold of its prompt
+  bool prefetched = false;       // a plan named its blocks for reading up
+};
+
+// A request's prefill/decode roles (request_params::kv_to; the scheduler's handoff part).
+struct handoff_state {
+  int32_t pushed = 0;  // prompt blocks whose push to its decode replica is planned
+};
+
+// A request's SLO class (engine/sched/slo.hpp; the scheduler's SLO part).
+struct slo_state {
+  int32_t cls = -1;          // scheduler_config::classes, or -1
+  double deadline_ms = 0;    // its first token is due then (arrival plus its class's TTFT
+                             // target; no target: never)
+};
+
 struct request {
   request_id id;
   request_params params;
@@ -83,9 +117,6 @@ struct request {
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0;
   uint64_t arrival = 0;         // admission order, for FCFS and ties
-  int32_t slo = -1;             // its SLO class (scheduler_config::classes), or -1
-  double deadline_ms = 0;       // under classes: its first token is due then (arrival plus
-                                // its class's TTFT target; no target: never)
   request_state state = request_state::waiting;
   finish_reason reason = finish_reason::none;
   int32_t num_preemptions = 0;
@@ -93,19 +124,13 @@ struct request {
   bool in_flight = false;  // a step computing this request has not come back yet
   int32_t lost_steps = 0;   // its steps lost with the replica's state since one last came back
   std::vector<block_id> blocks;  // its KV blocks, as the block manager granted them
-  draft_state drafts;            // speculative decoding
-  int32_t evicted = 0;           // KV eviction: tokens dropped from its cache, so its
-                                 // blocks hold num_computed_tokens - evicted slots
-  kv_eviction_config eviction;   // its policy: its own, or the deployment's
-  kv_eviction_state kept;        // what its eviction policy knows of each slot
-  // KV tiers (engine/kv/kv_tiers.hpp)
-  std::vector<tier_key> tier_keys;  // its full blocks' content addresses, as far as needed
-  int32_t tier_saved = 0;        // full blocks whose copy down is decided
-  bool loads_in_flight = false;  // its step in flight loads blocks from the tiers
-  bool loads_landed = false;     // they landed: its next claim says so
-  bool tier_probed = false;      // the tiers were asked what they hold of its prompt
-  bool tier_prefetched = false;  // a plan named its blocks for reading up
-  int32_t kv_pushed = 0;         // disaggregation (kv_to): prompt blocks whose push is planned
+  // The features' own state of it: each is read and written by its scheduler part
+  // (engine/sched/scheduler_part.hpp), and the proposers read drafts and eviction.
+  draft_state drafts;
+  eviction_state eviction;
+  tier_state tiers;
+  handoff_state handoff;
+  slo_state slo;
   sampler smp;
   utf8_stream utf8;
   stop_matcher stops;
@@ -118,6 +143,12 @@ struct request {
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  // Whether its full blocks hold what their content addresses (tier_key) name: the
+  // positions of a run of its tokens. Until KV eviction first compacts its cache; after,
+  // a block holds slots of scattered positions that no other sequence's prefix has. Where
+  // KV eviction meets the features that move blocks by content: the KV tiers save, and a
+  // prefill replica pushes, only blocks filled before.
+  bool blocks_by_content() const { return eviction.evicted == 0; }
 };
 
 }  // namespace troupe

@@ -23,7 +23,6 @@ scheduler::scheduler(const scheduler_config& cfg, const tokenizer& tok)
   TROUPE_ASSERT(cfg.max_step_tokens > 0 && cfg.max_running > 0 && cfg.context > 0 && cfg.vocab > 0,
                 cfg.max_step_tokens, cfg.max_running, cfg.context, cfg.vocab);
   if (!cfg.remote_kv) kv_.emplace(cfg.kv.num_blocks, cfg.kv.block_size, cfg.kv.prefix_caching);
-  if (cfg.tier_blocks > 0 && cfg.kv.prefix_caching) tiers_.emplace(cfg.tier_blocks);
   remote_usage_.num_blocks = remote_usage_.free = cfg.kv.num_blocks;
 }
 
@@ -37,18 +36,14 @@ bool scheduler::before(const queue_key& a, const queue_key& b) const {
   return a.arrival < b.arrival;
 }
 
-expected<int32_t> scheduler::class_of(const request_params& p) const {
-  if (p.slo_class.empty()) return cfg_.default_class;
-  const int32_t k = slo_class_index(cfg_.classes, p.slo_class);
-  if (k >= 0) return k;
-  if (cfg_.classes.empty()) return error{"class '" + p.slo_class + "': this deployment has no SLO classes"};
-  return error{"class '" + p.slo_class + "' does not exist (the classes: " + slo_class_names(cfg_.classes) + ")"};
+bool scheduler::past_context(const request_params& p) const {
+  return std::any_of(parts_.begin(), parts_.end(), [&](const scheduler_part* part) { return part->past_context(p); });
 }
 
 std::optional<std::string> scheduler::slo_refusal(const request_params& p) const {
   // A request moved off a lost replica has streamed already: it is not turned away now.
   if (!cfg_.slo_admission || !p.delivered.empty()) return std::nullopt;
-  auto k = class_of(p);
+  auto k = classes_.class_of(p);
   if (!k || *k < 0) return std::nullopt;  // add() says what is wrong; no class, no targets
   const slo_class& c = cfg_.classes[*k];
   const queue_key probe{c.priority, c.ttft_ms > 0 ? p.arrival_ms + c.ttft_ms : std::numeric_limits<double>::infinity(),
@@ -105,21 +100,13 @@ status scheduler::add(request_id id, request_params p) {
     if (b.token >= cfg_.vocab)
       return error{"logit bias: token " + std::to_string(b.token) + " is outside the vocabulary"};
   if (p.max_tokens < 1) return error{"max_tokens must be at least 1"};
-  if (p.speculative < -1 || p.speculative > max_draft_tokens)
-    return error{"speculative drafts per step must be in 0.." + std::to_string(max_draft_tokens) + " (or -1: the engine's)"};
   if (auto e = validate(p.sampling)) return error{*e};
-  const kv_eviction_config eviction = p.eviction.value_or(cfg_.eviction);
-  if (p.eviction) {
-    if (auto e = validate(*p.eviction)) return error{*e};
-    if (p.eviction->enabled() && !cfg_.no_eviction.empty()) return error{cfg_.no_eviction};
-  }
-  if (eviction.enabled() && eviction.budget > cfg_.context)
-    return error{"a KV budget of " + std::to_string(eviction.budget) + " tokens is past the model's context of " +
-                 std::to_string(cfg_.context)};
-  // Its prompt and the next token, or under eviction (chunks that keep it within its
-  // budget) the budget at most.
+  for (const scheduler_part* part : parts_)
+    if (auto st = part->check(p); !st) return st;
+  // Its prompt and the next token, or the most its cache holds.
   int64_t slots = static_cast<int64_t>(p.prompt.size()) + 1;
-  if (eviction.enabled()) slots = std::min<int64_t>(slots, eviction.budget);
+  for (const scheduler_part* part : parts_)
+    if (auto bound = part->cache_bound(p)) slots = std::min(slots, *bound);
   const int64_t blocks = (slots + cfg_.kv.block_size - 1) / cfg_.kv.block_size;
   if (blocks > cfg_.kv.num_blocks)
     return error{"the prompt needs " + std::to_string(blocks) + " KV blocks; the pool has " +
@@ -128,22 +115,13 @@ status scheduler::add(request_id id, request_params p) {
   // last token but not the end) ends at once, with nothing new.
   const bool delivered_all =
       static_cast<int64_t>(p.delivered.size()) >= p.max_tokens ||
-      (static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context && !eviction.rope_in_cache());
+      (static_cast<int64_t>(p.prompt.size() + p.delivered.size()) >= cfg_.context && !past_context(p));
   if (static_cast<int64_t>(p.delivered.size()) > p.max_tokens)
     return error{"more tokens delivered (" + std::to_string(p.delivered.size()) + ") than max_tokens (" +
                  std::to_string(p.max_tokens) + ")"};
   for (int32_t t : p.delivered)
     if (t < 0 || t >= cfg_.vocab) return error{"delivered token id " + std::to_string(t) + " is outside the vocabulary"};
-  if (p.kv_to.size() > 64) return error{"a decode replica's name is 64 bytes at most"};
-  if (p.kv_from < 0 || p.kv_from > static_cast<int64_t>(p.prompt.size()))
-    return error{"kv_from must be within the prompt's " + std::to_string(p.prompt.size()) + " tokens"};
-  auto cls = class_of(p);
-  if (!cls) return error{cls.err().message};
   auto r = std::make_unique<request>(id, std::move(p), next_arrival_++);
-  r->eviction = eviction;
-  r->slo = *cls;
-  r->deadline_ms = *cls >= 0 && cfg_.classes[*cls].ttft_ms > 0 ? r->params.arrival_ms + cfg_.classes[*cls].ttft_ms
-                                                                 : std::numeric_limits<double>::infinity();
   // Replay what was delivered: the same sampler, detokenizer and stop-string state as the
   // attempt that streamed it, and no text from it again.
   for (int32_t t : r->params.delivered) {
@@ -163,11 +141,7 @@ status scheduler::add(request_id id, request_params p) {
     pending_.push_back(std::move(out));
     return ok();
   }
-  // Disaggregation: the prompt blocks a prefill replica sent are in this replica's first
-  // tier (or on their way): its directory learns them, so admission loads them. A block
-  // that has not landed fails its load, and the request computes it.
-  if (r->params.kv_from > 0 && tiers_)
-    for (int32_t b = 0; b < r->params.kv_from / cfg_.kv.block_size; ++b) tiers_->add(key_of(*r, b));
+  for (scheduler_part* part : parts_) part->added(*r);
   insert_waiting(r.get());
   requests_.emplace(id, std::move(r));
   return ok();
@@ -226,13 +200,10 @@ std::optional<step_output> scheduler::abort(request_id id) {
 // Back to waiting with its tokens kept; it recomputes its KV when admitted again.
 void scheduler::requeue(request& r) {
   r.num_computed_tokens = 0;
-  r.evicted = 0;
-  r.kept.clear();
   r.blocks.clear();
   r.state = request_state::waiting;
   r.in_flight = false;
-  r.loads_in_flight = r.loads_landed = false;
-  r.kv_pushed = 0;
+  for (scheduler_part* part : parts_) part->requeued(r);
   ++r.num_preemptions;
   insert_waiting(&r);
 }
@@ -245,12 +216,12 @@ void scheduler::release(request& r) {
   r.blocks.clear();
 }
 
-void scheduler::preempt(request& r, step_plan& plan) {
-  std::erase_if(plan.compactions, [&](const planned_compaction& c) { return c.id == r.id; });
+void scheduler::preempt(step_draft& d, request& r) {
+  for (scheduler_part* part : parts_) part->dropped(d, r);
   release(r);
   std::erase(running_, &r);
   requeue(r);
-  plan.preempted.push_back(r.id);
+  d.plan.preempted.push_back(r.id);
 }
 
 step_plan scheduler::schedule() {
@@ -272,7 +243,16 @@ step_draft scheduler::begin_step() {
                 ? std::max<size_t>(1, (running_.size() + waiting_.size() + cfg_.micro_batches - 1) /
                                           static_cast<size_t>(cfg_.micro_batches))
                 : SIZE_MAX;
+  for (scheduler_part* part : parts_) part->begin_step(d);
   return d;
+}
+
+// The positions r's next step must compute at once, if a part says (its claim is sent only
+// where the step's budget has them).
+int32_t scheduler::whole_chunk(const request& r, bool admit) const {
+  int32_t n = 0;
+  for (const scheduler_part* part : parts_) n = std::max(n, part->whole_chunk(r, admit));
+  return n;
 }
 
 std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
@@ -288,46 +268,36 @@ std::optional<kv_step_request> scheduler::next_claims(step_draft& d) {
   int64_t left = d.budget;
   size_t slots = d.share - std::min(d.share, d.plan.chunks.size());
   auto claim = [&](request& r, bool admit) {
-    // Drafts only where the step decodes (one known token to compute). Room is made for
-    // the known tokens alone: an evicting request's drafts take what its budget has left
-    // (the grant stops there), so that it compacts where it would without drafts.
-    const int32_t drafts = !admit && r.num_tokens() - r.num_computed_tokens == 1 ? r.drafts.wanted : 0;
-    if (!admit) make_room(d, r, r.num_tokens() - r.num_computed_tokens);
     // A request given output before (handed over by a prefill replica, or moved off a
     // failed replica) computes what it has but its last token, then that token alone, a
     // decode step with its drafts, as where its output started: a seed spends its draws
-    // the same way. (Under eviction every token past the prompt goes alone:
-    // eviction_step_limit.)
+    // the same way.
     std::span<const int32_t> tokens = r.tokens;
-    if (!r.params.delivered.empty() && !r.eviction.enabled() && (admit ? 0 : r.num_computed_tokens) < r.num_tokens() - 1)
+    if (!r.params.delivered.empty() && (admit ? 0 : r.num_computed_tokens) < r.num_tokens() - 1)
       tokens = tokens.first(tokens.size() - 1);
-    q.claims.push_back(kv_claim{r.id, admit, admit ? 0 : r.num_computed_tokens,
-                                admit ? 0 : static_cast<int32_t>(r.blocks.size()), r.params.cache_namespace, tokens,
-                                drafts, admit ? 0 : r.evicted, r.eviction.enabled() ? r.eviction.budget : 0});
-    if (admit) q.claims.back().tier_tokens = tier_prefix(r);
-    if (r.eviction.enabled()) {
-      q.claims.back().chunk_limit = eviction_step_limit(r, admit);
-      q.claims.back().hit_margin = r.eviction.wants_attention() ? attention_mass_queries : 1;
-    }
-    q.claims.back().loads_landed = !admit && r.loads_landed;
-    // Its compaction this step, if any: the blocks it writes become its own.
-    for (const planned_compaction& c : d.plan.compactions)
-      if (c.id == r.id) q.claims.back().rewrite_from = c.rewrite_from();
+    kv_claim c{.id = r.id,
+               .admit = admit,
+               .computed = admit ? 0 : r.num_computed_tokens,
+               .held = admit ? 0 : static_cast<int32_t>(r.blocks.size()),
+               .ns = r.params.cache_namespace,
+               .tokens = tokens};
+    for (scheduler_part* part : parts_) part->claim(d, r, c);
     d.sent.emplace_back(r.id, admit);
-    left -= r.num_tokens() + drafts - (admit ? 0 : r.num_computed_tokens);
+    left -= r.num_tokens() + c.speculative - c.computed;
     --slots;
+    q.claims.push_back(c);
   };
-  // Running requests first, in scheduling order. An evicting request's chunk is computed
-  // whole or waits for a step with room for it (eviction_chunk).
+  // Running requests first, in scheduling order. A chunk a part wants whole is computed
+  // whole or waits for a step with room for it.
   for (request* r : running_) {
     if (left <= 0 || slots == 0) break;
-    if (!r->in_flight && !d.blocked.count(r->id) && eviction_chunk(*r, false) <= left) claim(*r, false);
+    if (!r->in_flight && !d.blocked.count(r->id) && whole_chunk(*r, false) <= left) claim(*r, false);
   }
   // Then waiting ones, unless memory ran short this step.
   if (d.admitting && d.plan.preempted.empty()) {
     size_t room = running_.size() < static_cast<size_t>(cfg_.max_running) ? cfg_.max_running - running_.size() : 0;
     for (request* r : waiting_) {
-      if (left <= 0 || slots == 0 || room == 0 || eviction_chunk(*r, true) > left) break;
+      if (left <= 0 || slots == 0 || room == 0 || whole_chunk(*r, true) > left) break;
       claim(*r, true);
       --room;
     }
@@ -377,35 +347,15 @@ void scheduler::add_chunk(step_draft& d, request& r, int32_t first, int32_t coun
   c.tokens = std::span<const int32_t>(r.tokens).subspan(first, known);
   c.block_table = r.blocks;
   c.sample = first + known == r.num_tokens();
-  c.evicted = r.evicted;
-  c.rope_in_cache = r.eviction.rope_in_cache();
-  c.attention = r.eviction.wants_attention();
   r.in_flight = true;
-  plan_tier_saves(d, r, first + known);
-  plan_pushes(d, r, first + known);
+  for (scheduler_part* part : parts_) part->planned(d, r, c, first + known);
   d.plan.chunks.push_back(c);
   d.plan.num_tokens += count;
   d.budget -= count;
 }
 
 step_plan scheduler::end_step(step_draft& d) {
-  // A compaction goes with its request's grant: one without (the request waits for blocks,
-  // or the budget ran out first) is taken back, so no block it shares is written in place.
-  for (const step_draft::kept_before& b : d.compacted) {
-    const bool granted = std::any_of(d.plan.chunks.begin(), d.plan.chunks.end(),
-                                     [&](const scheduled_chunk& c) { return c.id == b.id; });
-    const auto it = std::find_if(d.plan.compactions.begin(), d.plan.compactions.end(),
-                                 [&](const planned_compaction& c) { return c.id == b.id; });
-    request* r = find(b.id);
-    if (granted || it == d.plan.compactions.end() || !r) continue;
-    evicted_tokens_ -= static_cast<uint64_t>(r->evicted - b.evicted);
-    r->kept = b.kept;
-    r->evicted = b.evicted;
-    d.plan.compactions.erase(it);
-  }
-  for (planned_compaction& c : d.plan.compactions)
-    if (const request* r = find(c.id); r && r->blocks != c.block_table) c.new_table = r->blocks;
-  plan_tier_prefetch(d.plan);
+  for (scheduler_part* part : parts_) part->end_step(d, waiting_);
   return std::move(d.plan);
 }
 
@@ -423,23 +373,12 @@ void scheduler::apply(step_draft& d, kv_step_grants g) {
       if (r->num_preemptions == 0) r->num_cached_prompt_tokens = grant.first;
       r->state = request_state::running;
       running_.push_back(r);
-      // KV tiers: the blocks the pool lacked are loaded first, the step's tokens after them.
-      const int32_t bs = cfg_.kv.block_size;
-      r->tier_saved = grant.first / bs;
-      if (grant.loads > 0 && tiers_) {
-        TROUPE_ASSERT(grant.loads <= grant.first / bs && grant.first / bs <= static_cast<int32_t>(r->blocks.size()), grant.loads);
-        for (int32_t b = grant.first / bs - grant.loads; b < grant.first / bs; ++b)
-          d.plan.tier_loads.push_back({r->id, r->blocks[b], key_of(*r, b)});
-        r->loads_in_flight = true;
-        tier_usage_.loaded_blocks += grant.loads;
-        tier_usage_.loaded_tokens += static_cast<uint64_t>(grant.loads) * bs;
-      }
     } else {
-      r->loads_landed = false;  // (the block manager has heard)
       TROUPE_ASSERT(grant.dropped <= static_cast<int32_t>(r->blocks.size()), grant.dropped, r->blocks.size());
       r->blocks.resize(r->blocks.size() - grant.dropped);
       r->blocks.insert(r->blocks.end(), grant.added.begin(), grant.added.end());
     }
+    for (scheduler_part* part : parts_) part->granted(d, *r, grant, d.sent[k].second);
     add_chunk(d, *r, grant.first, grant.count);
   }
   if (!g.short_of_blocks) {
@@ -454,19 +393,19 @@ void scheduler::apply(step_draft& d, kv_step_grants g) {
   if (!admit) return out_of_blocks(d, *r);
   if (running_.empty() && d.plan.chunks.empty()) {
     // Nothing runs that could free blocks: it can never fit.
+    for (scheduler_part* part : parts_) part->dropped(d, *r);
     pending_.push_back(finish(*r, finish_reason::length));
   } else {
     d.admitting = false;
   }
 }
 
-// Running request r did not fit: its drafts go first (they are optional, and it claims
-// again without them); then the lowest-priority request not in flight gives way.
+// Running request r did not fit: a part may ask for less (its drafts go first: they are
+// optional, and it claims again without them); then the lowest-priority request not in
+// flight gives way.
 void scheduler::out_of_blocks(step_draft& d, request& r) {
-  if (r.drafts.wanted > 0) {
-    r.drafts.wanted = 0;
-    return;
-  }
+  for (scheduler_part* part : parts_)
+    if (part->shrink(r)) return;
   request* victim = nullptr;
   for (auto it = running_.rbegin(); it != running_.rend(); ++it)
     if (!(*it)->in_flight) {
@@ -476,12 +415,13 @@ void scheduler::out_of_blocks(step_draft& d, request& r) {
   if (victim == nullptr) {
     d.blocked.insert(r.id);  // only requests in flight hold blocks: wait for them
   } else if (victim != &r) {
-    preempt(*victim, d.plan);  // then r claims again
+    preempt(d, *victim);  // then r claims again
   } else if (running_.size() == 1) {
     // Alone and still out of blocks: the pool cannot hold this sequence.
+    for (scheduler_part* part : parts_) part->dropped(d, r);
     pending_.push_back(finish(r, finish_reason::length));
   } else {
-    preempt(r, d.plan);
+    preempt(d, r);
   }
 }
 
@@ -508,8 +448,7 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
     request& r = *rp;
     // The known tokens' KV, and the accepted drafts' (every emitted token but the last).
     r.num_computed_tokens += c.count - c.num_draft + (got.empty() ? 0 : static_cast<int32_t>(got.size()) - 1);
-    r.drafts.tokens.clear();
-    r.drafts.parents.clear();
+    for (scheduler_part* part : parts_) part->applied(r);
     if (got.empty()) continue;
     const auto& p = r.params;
     step_output out;
@@ -531,18 +470,15 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
       out.text += r.stops.push(r.utf8.push(tok_.decode(prev, tok)));
       if (r.stops.stopped())
         why = finish_reason::stop;
-      else if (r.num_output_tokens() >= p.max_tokens || (r.num_tokens() >= cfg_.context && !past_context(r)))
+      else if (r.num_output_tokens() >= p.max_tokens || (r.num_tokens() >= cfg_.context && !past_context(p)))
         why = finish_reason::length;
-      else if (!p.kv_to.empty()) {
-        why = finish_reason::length;  // prefill only: its decode replica goes on from here
-        out.handed_off = true;
-      }
+      for (scheduler_part* part : parts_)
+        if (why == finish_reason::none) why = part->ends_after(r, out);
       if (why != finish_reason::none) break;  // later tokens of an accepted run are dropped
     }
     out.num_prompt_tokens = r.num_prompt_tokens;
     out.num_output_tokens = r.num_output_tokens();
     if (why != finish_reason::none) {
-      if (out.handed_off) out.kv_sent = r.kv_pushed * cfg_.kv.block_size;
       step_output fin = finish(r, why);
       // Text held back (half a character, a possible stop string) stays unsaid: the decode
       // replica replays the tokens and says it once it is final.
@@ -553,6 +489,20 @@ std::vector<step_output> scheduler::update_from_output(const step_plan& plan, st
     outs.push_back(std::move(out));
   }
   return outs;
+}
+
+void scheduler::settle_tier_loads(const step_plan& plan, std::span<const request_id> failed) {
+  for (request* r : tiers_.settle(plan, failed, [this](request_id id) { return find(id); })) {
+    release(*r);
+    std::erase(running_, r);
+    requeue(*r);
+    --r->num_preemptions;  // (not a preemption)
+  }
+}
+
+void scheduler::observe_attention(const step_plan& plan, std::span<const float> sums, int32_t heads) {
+  TROUPE_ASSERT(static_cast<int64_t>(sums.size()) == plan.attention_sums(), sums.size(), plan.attention_sums());
+  eviction_.observe(plan, sums, heads, [this](request_id id) { return find(id); });
 }
 
 }  // namespace troupe

@@ -32,6 +32,10 @@
 // finished, aborted or preempted requests travel with the next claims (take_releases()
 // hands them over when no step follows).
 //
+// Features (KV eviction, speculation's drafts, the KV tiers, the prefill/decode handoff,
+// SLO classes) are parts (scheduler_part.hpp) that the core calls at fixed points of a
+// request's life and of a step's planning; the core itself branches on none.
+//
 // Policies: FCFS (arrival order) or priority (lower first, then arrival). Under SLO classes
 // (engine/sched/slo.hpp): the class's priority (lower first), then the deadline of the first
 // token, then arrival; with slo_admission, a request whose class's targets the replica
@@ -39,6 +43,7 @@
 // Single-threaded; owned by one engine loop.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -50,9 +55,11 @@
 
 #include "engine/kv/kv_block_manager.hpp"
 #include "engine/kv/kv_config.hpp"
-#include "engine/kv/tier_directory.hpp"
+#include "engine/sched/eviction_part.hpp"
+#include "engine/sched/parts.hpp"
 #include "engine/sched/slo.hpp"
 #include "engine/sched/step_plan.hpp"
+#include "engine/sched/tier_part.hpp"
 #include "engine/tokenizer/tokenizer.hpp"
 #include "engine/util/expected.hpp"
 
@@ -85,39 +92,11 @@ struct scheduler_config {
   bool slo_admission = false;     // refuse what cannot meet its class's targets
 };
 
-// KV tiers, as the scheduler saw them: blocks it had loaded and saved, and loads that came
-// back failed (the block gone or corrupt in every tier: its request was computed again).
-struct tier_usage {
-  uint64_t loaded_blocks = 0;  // loads that landed
-  uint64_t failed_loads = 0;   // requests
-  uint64_t saved_blocks = 0;
-  uint64_t loaded_tokens = 0;  // prompt tokens served by the tiers (loads that landed)
-  size_t directory = 0;        // blocks the directory holds now
-};
-
-// A step being planned.
-struct step_draft {
-  step_plan plan;
-  int32_t budget = 0;
-  size_t share = 0;                            // chunks this plan may take
-  bool admitting = true;                       // waiting requests may still be admitted
-  bool done = false;
-  std::unordered_set<request_id> blocked;      // out of blocks, with only requests in flight
-                                               // to give way: they wait for the next step
-  std::vector<std::pair<request_id, bool>> sent;  // the last claims: id, admission
-  // KV eviction: what each request that compacts this step knew of its cache before; a
-  // compaction whose claim is not granted (blocked, or past the budget) is taken back.
-  struct kept_before {
-    request_id id;
-    kv_eviction_state kept;
-    int32_t evicted = 0;
-  };
-  std::vector<kept_before> compacted;
-};
-
 class scheduler {
  public:
   scheduler(const scheduler_config& cfg, const tokenizer& tok);
+  scheduler(const scheduler&) = delete;  // (its parts hold its configuration)
+  scheduler& operator=(const scheduler&) = delete;
 
   // Queues a request; an error (duplicate id, empty or too long prompt, bad token ids,
   // bad sampling parameters) leaves nothing queued.
@@ -176,8 +155,8 @@ class scheduler {
   // prompt the directory does not cover, how many of the keys given (from the first) they
   // hold. Those join the directory.
   using tier_probe = std::function<size_t(std::span<const tier_key>)>;
-  void set_tier_probe(tier_probe p) { probe_ = std::move(p); }
-  tier_usage tiers_now() const;
+  void set_tier_probe(tier_probe p) { tiers_.set_probe(std::move(p)); }
+  tier_usage tiers_now() const { return tiers_.usage(); }
   // KV eviction: the attention the slots of the step just applied received, its chunks'
   // sums one after the other (plan.attention_sums() of them), each summed over its last
   // attention_mass_queries tokens and `heads` softmax rows a token (query heads times
@@ -200,18 +179,11 @@ class scheduler {
   }
   const scheduler_config& config() const { return cfg_; }
   // KV eviction: tokens dropped from requests' caches so far.
-  uint64_t evicted_tokens() const { return evicted_tokens_; }
+  uint64_t evicted_tokens() const { return eviction_.evicted_tokens(); }
   // KV eviction now: the running requests under a budget, their budgets and the tokens
   // their caches hold, summed.
-  struct eviction_usage {
-    uint32_t requests = 0;
-    uint64_t budget_tokens = 0;
-    uint64_t held_tokens = 0;
-  };
-  eviction_usage eviction_now() const;
-  // Whether r may run past the model's context: streaming eviction's RoPE positions are
-  // slots, which the budget bounds.
-  static bool past_context(const request& r) { return r.eviction.rope_in_cache(); }
+  using eviction_usage = eviction_part::usage;
+  eviction_usage eviction_now() const { return eviction_.now(running_); }
 
  private:
   // Scheduling order: priority (the class's, under classes; else under the priority
@@ -222,35 +194,28 @@ class scheduler {
     uint64_t arrival = 0;
   };
   queue_key key_of(const request& r) const {
-    return {r.slo >= 0 ? cfg_.classes[r.slo].priority : r.params.priority, r.deadline_ms, r.arrival};
+    return {r.slo.cls >= 0 ? cfg_.classes[r.slo.cls].priority : r.params.priority, r.slo.deadline_ms, r.arrival};
   }
   bool before(const queue_key& a, const queue_key& b) const;
   bool before(const request& a, const request& b) const { return before(key_of(a), key_of(b)); }
-  // The class a request's parameters name (-1: none), or an error.
-  expected<int32_t> class_of(const request_params& p) const;
+  // Whether a request's positions may pass the model's context (a part's say: streaming
+  // eviction's RoPE positions are slots, which its budget bounds).
+  bool past_context(const request_params& p) const;
   void requeue(request& r);
   void release(request& r);
-  void preempt(request& r, step_plan& plan);
+  void preempt(step_draft& d, request& r);
   void add_chunk(step_draft& d, request& r, int32_t first, int32_t count);
   void out_of_blocks(step_draft& d, request& r);
   bool grant_here(step_draft& d, const kv_step_request& q);
-  void make_room(step_draft& d, request& r, int32_t wanted);
-  int32_t eviction_chunk(const request& r, bool admit) const;
-  int32_t eviction_step_limit(const request& r, bool admit) const;
+  int32_t whole_chunk(const request& r, bool admit) const;
   step_output finish(request& r, finish_reason why);
   void insert_waiting(request* r);
-  int32_t tier_prefix(request& r);
-  const tier_key& key_of(request& r, int32_t block);
-  void plan_tier_saves(step_draft& d, request& r, int32_t end);
-  void plan_pushes(step_draft& d, request& r, int32_t end);
-  void plan_tier_prefetch(step_plan& plan);
 
   scheduler_config cfg_;
   const tokenizer& tok_;
   std::optional<kv_block_manager> kv_;  // unless remote_kv
   std::vector<request_id> releases_;     // for the remote block manager
   kv_usage remote_usage_;
-  uint64_t evicted_tokens_ = 0;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
   std::deque<request*> waiting_;   // in scheduling order
   std::vector<request*> running_;  // in scheduling order
@@ -258,10 +223,14 @@ class scheduler {
   std::vector<step_output> pending_;  // outputs decided outside a step (out of memory, a
                                       // resubmission with its whole output delivered)
   uint64_t queried_before_reset_ = 0, hits_before_reset_ = 0;
-  std::optional<tier_directory> tiers_;  // KV tiers, when there are some
-  tier_probe probe_;
-  tier_usage tier_usage_;
   slo_estimator slo_;
+  // The features' parts, called in this order (scheduler_part.hpp).
+  eviction_part eviction_{cfg_};
+  speculation_part speculation_;
+  tier_part tiers_{cfg_};
+  handoff_part handoff_{cfg_};
+  slo_part classes_{cfg_};
+  std::array<scheduler_part*, 5> parts_{&eviction_, &speculation_, &tiers_, &handoff_, &classes_};
 };
 
 }  // namespace troupe

@@ -48,11 +48,11 @@ std::optional<draft_order> draft_orders::make(const step_plan& plan, scheduler& 
       s.prompt_tokens = r->num_prompt_tokens;
     }
     s.blocks = r->blocks;
-    s.evicted = r->evicted;
+    s.evicted = r->eviction.evicted;
     s.rope_in_cache = r->eviction.rope_in_cache();
-    if (s.from == 0 || told_evicted_[c.id] != r->evicted) {
-      if (r->evicted > 0) s.positions.assign(r->kept.positions().begin(), r->kept.positions().end());
-      told_evicted_[c.id] = r->evicted;
+    if (s.from == 0 || told_evicted_[c.id] != r->eviction.evicted) {
+      if (r->eviction.evicted > 0) s.positions.assign(r->eviction.kept.positions().begin(), r->eviction.kept.positions().end());
+      told_evicted_[c.id] = r->eviction.evicted;
     }
     if (r->smp.params().temperature != 0.0f && tree.empty())
       for (int32_t j = 0; j < s.max_tokens; ++j) s.uniforms.push_back(static_cast<float>(r->drafts.stream.uniform()));

@@ -181,9 +181,9 @@ void fill_drafts(step_plan& plan, scheduler& sched, proposer& p, std::vector<dra
     const int32_t positions = tree.empty() ? c.num_draft : std::min(c.num_draft, static_cast<int32_t>(tree.size()));
     request* r = sched.find(c.id);
     slots.push_back({r, positions, {}, {}, {}, tree});
-    if (r->evicted > 0) {
-      TROUPE_ASSERT(r->kept.size() == r->num_computed_tokens - r->evicted, r->kept.size(), r->num_computed_tokens, r->evicted);
-      slots.back().slot_positions = r->kept.positions();
+    if (r->eviction.evicted > 0) {
+      TROUPE_ASSERT(r->eviction.kept.size() == r->num_computed_tokens - r->eviction.evicted, r->eviction.kept.size(), r->num_computed_tokens, r->eviction.evicted);
+      slots.back().slot_positions = r->eviction.kept.positions();
     }
     slots.back().rope_in_cache = r->eviction.rope_in_cache();
   }

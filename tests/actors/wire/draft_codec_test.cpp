@@ -304,14 +304,14 @@ TEST_CASE("under KV eviction an order names its slots' positions after each comp
     if (auto o = orders.make(p, s)) {
       const request& r = *s.find(request_id{1});
       const draft_order_slot& slot = o->slots.at(0);
-      CHECK(slot.evicted == r.evicted);
-      if (r.evicted != told) {  // compacted since the last order: its slots' positions
-        CHECK(slot.positions == std::vector<int32_t>(r.kept.positions().begin(), r.kept.positions().end()));
+      CHECK(slot.evicted == r.eviction.evicted);
+      if (r.eviction.evicted != told) {  // compacted since the last order: its slots' positions
+        CHECK(slot.positions == std::vector<int32_t>(r.eviction.kept.positions().begin(), r.eviction.kept.positions().end()));
         ++named;
       } else {
         CHECK(slot.positions.empty());
       }
-      told = r.evicted;
+      told = r.eviction.evicted;
       auto got = decode_draft_order(encode_draft_order(*o), lim);
       REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
       CHECK(got->slots[0].positions == slot.positions);

@@ -350,7 +350,7 @@ TEST_CASE("a compaction whose claim is not granted is taken back, and comes agai
   bool refused_once = false, compacted_after = false;
   for (int step = 0; step < 40 && s.has_unfinished(); ++step) {
     step_draft d = s.begin_step();
-    const int32_t evicted_before = s.find(request_id{1})->evicted;
+    const int32_t evicted_before = s.find(request_id{1})->eviction.evicted;
     const uint64_t total_before = s.evicted_tokens();
     bool refused = false;
     while (auto q = s.next_claims(d)) {
@@ -370,7 +370,7 @@ TEST_CASE("a compaction whose claim is not granted is taken back, and comes agai
     if (refused) {
       CHECK(plan.compactions.empty());
       CHECK(plan.chunks.empty());
-      CHECK(s.find(request_id{1})->evicted == evicted_before);
+      CHECK(s.find(request_id{1})->eviction.evicted == evicted_before);
       CHECK(s.evicted_tokens() == total_before);
     }
     std::vector<sample_result> samples(static_cast<size_t>(plan.num_samples()));

@@ -176,8 +176,8 @@ TEST_CASE("slo classes: a request that names none takes the default class") {
   CHECK(s.slo_refusal(prompt_of(100, "")));                 // 1 s for 100 tokens: past chat's 500 ms
   CHECK_FALSE(s.slo_refusal(prompt_of(100, "batch")));
   REQUIRE(s.add(request_id{1}, prompt_of(4, "", 0)).has_value());
-  CHECK(s.find(request_id{1})->slo == 0);
-  CHECK(s.find(request_id{1})->deadline_ms == 500);
+  CHECK(s.find(request_id{1})->slo.cls == 0);
+  CHECK(s.find(request_id{1})->slo.deadline_ms == 500);
 }
 
 TEST_CASE("slo judge: met within both targets, missed past either, a one-token answer has no TPOT") {
