@@ -13,7 +13,7 @@ struct scheduler_config;
 // Speculative decoding (engine/speculative/speculative.hpp): a decode step claims room for
 // the drafts its proposer will fill (draft_state::wanted, set before each plan); drafts are
 // the first thing a request short of blocks gives up; the drafts a step verified are gone
-// once it is applied.
+// once it is applied, or dropped with it.
 class speculation_part final : public scheduler_part {
  public:
   status check(const request_params& p) const override {
@@ -30,8 +30,14 @@ class speculation_part final : public scheduler_part {
     r.drafts.wanted = 0;
     return true;
   }
-  void applied(request& r) override {
+  void applied(request& r) override { forget(r); }
+  // (Its step in flight, whose drafts these were, is dropped: a lost stage.)
+  void requeued(request& r) override { forget(r); }
+
+ private:
+  static void forget(request& r) {
     r.drafts.tokens.clear();
+    r.drafts.q.clear();
     r.drafts.parents.clear();
   }
 };

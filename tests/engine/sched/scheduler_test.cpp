@@ -279,6 +279,31 @@ TEST_CASE("a request whose steps are lost with the replica every time is doomed,
 
 namespace troupe {
 
+TEST_CASE("a step lost with the replica takes its drafts with it") {
+  scheduler s(small(64), test::tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(6)).has_value());
+  CHECK(run(s, s.schedule(), 401).size() == 1);
+  request* r = s.find(request_id{1});
+  REQUIRE(r != nullptr);
+  r->drafts.wanted = 3;
+  const step_plan lost = s.schedule();
+  REQUIRE(lost.chunks.size() == 1);
+  CHECK(lost.chunks[0].num_draft == 3);
+  r->drafts.tokens = {402, 403, 404};  // as its proposer filled them
+  r->drafts.parents = {-1, 0, 1};
+  r->drafts.q.assign(3 * 512, 0.0f);
+  CHECK(s.reset_kv() == 1);
+  CHECK(r->drafts.tokens.empty());
+  CHECK(r->drafts.parents.empty());
+  CHECK(r->drafts.q.empty());
+  // Computed again from its tokens: a chunk without drafts, whose result applies.
+  const step_plan again = s.schedule();
+  REQUIRE(again.chunks.size() == 1);
+  CHECK(again.chunks[0].num_draft == 0);
+  CHECK(run(s, again, 405).size() == 1);
+  CHECK(r->num_tokens() == 8);
+}
+
 TEST_CASE("micro-batches: each plan takes its share of the requests") {
   auto cfg = small(64);
   cfg.micro_batches = 2;
