@@ -49,9 +49,18 @@ int32_t eviction_part::whole_chunk(const request& r, bool admit) const {
   if (!e.enabled()) return 0;
   const int32_t limit = step_limit(r, admit);
   if (admit) return std::min({r.num_tokens(), e.budget, limit});
-  const int32_t slots = r.num_computed_tokens - r.eviction.evicted, wanted = r.num_tokens() - r.num_computed_tokens;
-  const int32_t keep = slots_to_keep(e, slots, wanted, cfg_.kv.block_size);
-  return std::min({wanted, e.budget - keep, limit});
+  const int32_t slots = r.num_computed_tokens - r.eviction.evicted;
+  const int32_t keep = slots_to_keep(e, slots, room_wanted(r), cfg_.kv.block_size);
+  return std::min({r.num_tokens() - r.num_computed_tokens, e.budget - keep, limit});
+}
+
+// The positions a running request makes room for: the rest of its prompt, or one (a
+// decode step's known token), as when it first computed them. A request computing again
+// the tokens it has (after a preemption or a lost stage, or moved to another replica)
+// asks for no more, so that it compacts where it did then.
+int32_t eviction_part::room_wanted(const request& r) {
+  const int32_t first = r.num_computed_tokens;
+  return first < r.num_prompt_tokens ? r.num_prompt_tokens - first : 1;
 }
 
 // The most an evicting request's step computes (kv_claim::chunk_limit): the step's most,
@@ -71,7 +80,7 @@ void eviction_part::claim(step_draft& d, request& r, kv_claim& c) {
   const eviction_state& e = r.eviction;
   if (!e.enabled()) return;
   if (!c.admit) {
-    make_room(d, r, r.num_tokens() - r.num_computed_tokens);
+    make_room(d, r, room_wanted(r));
     c.evicted = e.evicted;
   }
   c.kv_budget = e.config.budget;

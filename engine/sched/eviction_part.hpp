@@ -62,6 +62,7 @@ class eviction_part final : public scheduler_part {
  private:
   const kv_eviction_config& config_of(const request_params& p) const;
   int32_t step_limit(const request& r, bool admit) const;
+  static int32_t room_wanted(const request& r);
   void make_room(step_draft& d, request& r, int32_t wanted);
   void observe(const scheduled_chunk& c, request& r, std::span<const float> mass, int32_t heads);
 

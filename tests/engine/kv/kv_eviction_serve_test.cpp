@@ -382,6 +382,40 @@ TEST_CASE("a compaction whose claim is not granted is taken back, and comes agai
   CHECK_FALSE(s.has_unfinished());
 }
 
+TEST_CASE("an evicting request computed again, its cache lost or moved with its output, evicts as it did") {
+  const auto& l = stories();
+  for (kv_policy policy : {kv_policy::streaming, kv_policy::h2o, kv_policy::scissorhands}) {
+    CAPTURE(kv_policy_name(policy));
+    engine_config cfg = small_pool(64);
+    cfg.sched.eviction = {policy, 48, -1, -1, 16};
+    request_params p = long_requests(l.tok, 2, 160)[1];  // greedy
+    llm_engine whole(l.m, l.tok, cfg);
+    const std::vector<int32_t> want = run_all(whole, {p})[0];
+    REQUIRE(want.size() == 160);
+    REQUIRE(whole.stats().evicted_tokens > 0);
+    // Moved off a failed replica with 70 tokens delivered (compacted several times by
+    // then): the rest is what the whole run wrote.
+    request_params moved = p;
+    moved.delivered.assign(want.begin(), want.begin() + 70);
+    llm_engine other(l.m, l.tok, cfg);
+    CHECK(run_all(other, {moved})[0] == std::vector<int32_t>(want.begin() + 70, want.end()));
+    // Its cache lost (a stage gone) after 90 tokens: computed again, the same text.
+    llm_engine lost(l.m, l.tok, cfg);
+    REQUIRE(lost.add_request(request_id{0}, p).has_value());
+    std::vector<int32_t> got;
+    bool reset = false;
+    for (int steps = 0; lost.has_unfinished() && steps < 5000; ++steps) {
+      for (const step_output& o : lost.step()) got.insert(got.end(), o.new_tokens.begin(), o.new_tokens.end());
+      if (got.size() >= 90 && !reset) {
+        CHECK(lost.reset_kv() == 1);
+        reset = true;
+      }
+    }
+    CHECK(reset);
+    CHECK(got == want);
+  }
+}
+
 TEST_CASE("streaming decodes past the model's context, and the other policies stop at it") {
   const auto& l = stories();
   const int32_t context = l.m.config.max_seq_len;
