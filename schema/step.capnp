@@ -45,6 +45,10 @@ struct Chunk {
   # and its own ancestors, at the RoPE position of the root plus its depth; the drafts
   # number up to 63. Empty: the drafts are a chain.
   draftParents @17 :List(Int32);
+  # KV eviction on a sliding-window model: each token's first slot within its window (by
+  # position, among the slots the request kept), nondecreasing, none past the token's own
+  # slot. Empty: each token's slot minus the window.
+  windowFirst @18 :List(Int32);
 }
 
 # KV eviction before a step: the request keeps slots `kept` (ascending) of its cache, slot

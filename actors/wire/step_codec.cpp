@@ -57,6 +57,11 @@ std::vector<uint8_t> step_encoder::encode(const step_plan& plan, std::span<const
       for (size_t k = 0; k < c.draft_parents.size(); ++k) up.set(static_cast<unsigned>(k), c.draft_parents[k]);
     }
     if (i < features.size()) out.setFeatures(features[i]);
+    if (!c.window_first.empty()) {
+      TROUPE_ASSERT(c.window_first.size() == static_cast<size_t>(c.count), c.window_first.size(), c.count);
+      auto w = out.initWindowFirst(static_cast<unsigned>(c.window_first.size()));
+      for (size_t k = 0; k < c.window_first.size(); ++k) w.set(static_cast<unsigned>(k), c.window_first[k]);
+    }
     out.setEvicted(c.evicted);
     out.setRopeInCache(c.rope_in_cache);
     out.setAttention(c.attention);
@@ -204,6 +209,12 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       if ((known + blocks.size()) * static_cast<uint64_t>(lim_.block_size) < static_cast<uint64_t>(slot) + toks.size())
         return error{who() + "block table does not cover its positions"};
       if (auto problem = last_stage_problem(c)) return error{who() + *problem};
+      if (const auto w = c.getWindowFirst(); w.size() > 0) {
+        if (w.size() != toks.size()) return error{who() + "a window start for each token, or none"};
+        for (unsigned k = 0; k < w.size(); ++k)
+          if (w[k] < 0 || w[k] > slot + k || (k > 0 && w[k] < w[k - 1]))
+            return error{who() + "window starts must ascend, none past its token's slot"};
+      }
     }
 
     // Compactions move slots within tables the stages hold already.
@@ -310,6 +321,7 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
     float* mass = out.attention.data();
     bool every_sample_chooses = true;
     out.tree_parents.reserve(chunks.size());  // (the batch points into them)
+    out.window_first.reserve(chunks.size());
     for (const auto c : chunks) {
       const auto toks = c.getTokens();
       const auto first_row = static_cast<int32_t>(out.batch.tokens.size());
@@ -324,11 +336,18 @@ expected<decoded_step> step_decoder::decode(std::span<const uint8_t> bytes) {
       }
       chunk_tokens_.clear();
       for (int32_t t : toks) chunk_tokens_.push_back(t);
+      const int32_t* window = nullptr;
+      if (const auto w = c.getWindowFirst(); w.size() > 0) {
+        auto& starts = out.window_first.emplace_back();
+        for (int32_t s : w) starts.push_back(s);
+        window = starts.data();
+      }
       mass = out.batch.add_chunk(chunk_tokens_, tables_[c.getRequestId()],
                                  {.start_pos = slot,
                                   .rope_pos = c.getRopeInCache() ? slot : c.getFirst(),
                                   .logit_rows = rows,
                                   .tree_parents = parents,
+                                  .window_first = window,
                                   .attention = c.getAttention(),
                                   .by_token = c.getDrafts() > 0},
                                  mass);

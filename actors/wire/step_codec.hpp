@@ -73,6 +73,8 @@ struct decoded_step {
   // Token trees: batch.sequences' tree_parents point into these (the root's -1, then each
   // draft's parent as a batch position within its sequence).
   std::vector<std::vector<int32_t>> tree_parents;
+  // A sliding-window model under KV eviction: the sequences' window_first point into these.
+  std::vector<std::vector<int32_t>> window_first;
   // KV eviction: batch.compactions point into these (each request's table as it stood
   // before the plan, the one the plan leaves it, and what it keeps).
   std::vector<std::vector<block_id>> compaction_tables, compaction_new_tables;

@@ -31,6 +31,10 @@ struct step_sequence {
                                           // Each token sees the slots before the root and its
                                           // own ancestors; its RoPE position is the root's
                                           // plus its depth. At most max_tree_tokens.
+  const int32_t* window_first = nullptr;  // a sliding-window model's, when set,
+                                          // [num_tokens]: the first slot each token sees
+                                          // (KV eviction left slots and positions apart);
+                                          // otherwise its slot minus the window
   float* attention_mass = nullptr;     // when set, [start_pos + num_tokens]: the attention
                                        // each slot receives from this sequence's last
                                        // attention_mass_queries tokens (all of a shorter
@@ -102,11 +106,12 @@ struct step_batch {
   // (attention_values). So its policy sees the tokens it keeps one by one, as it would
   // without drafts. Returns the end of its sums.
   float* add_by_token(std::span<const int32_t> toks, int32_t start_pos, int32_t rope_pos,
-                      std::span<const block_id> blocks, float* mass) {
+                      std::span<const block_id> blocks, float* mass, const int32_t* window_first = nullptr) {
     for (size_t j = 0; j < toks.size(); ++j) {
       const auto at = static_cast<int32_t>(j);
       add(toks.subspan(j, 1), start_pos + at, blocks, 1);
       sequences.back().rope_pos = rope_pos + at;
+      sequences.back().window_first = window_first ? window_first + j : nullptr;
       sequences.back().attention_mass = mass;
       mass += start_pos + at + 1;
     }
@@ -121,16 +126,18 @@ struct step_batch {
     int32_t rope_pos = 0;
     int32_t logit_rows = 0;
     const int32_t* tree_parents = nullptr;
+    const int32_t* window_first = nullptr;
     bool attention = false;
     bool by_token = false;
   };
   float* add_chunk(std::span<const int32_t> toks, std::span<const block_id> blocks, const chunk_layout& l,
                    float* mass) {
-    if (l.attention && l.by_token) return add_by_token(toks, l.start_pos, l.rope_pos, blocks, mass);
+    if (l.attention && l.by_token) return add_by_token(toks, l.start_pos, l.rope_pos, blocks, mass, l.window_first);
     add(toks, l.start_pos, blocks, l.logit_rows);
     step_sequence& s = sequences.back();
     s.rope_pos = l.rope_pos;
     s.tree_parents = l.tree_parents;
+    s.window_first = l.window_first;
     if (!l.attention) return mass;
     s.attention_mass = mass;
     return mass + l.start_pos + static_cast<int32_t>(toks.size());

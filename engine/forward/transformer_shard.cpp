@@ -172,6 +172,10 @@ void transformer_shard::run(const step_batch& batch, float* hidden, float* logit
     for (int32_t i = 0; i < s.num_tokens; ++i) {
       const int32_t pos = s.start_pos + i;
       attention_token t{pos, table, cfg_.sliding_window > 0 ? std::max(0, pos - cfg_.sliding_window + 1) : 0};
+      if (s.window_first && cfg_.sliding_window > 0) {
+        TROUPE_ASSERT(s.window_first[i] >= 0 && s.window_first[i] <= pos, s.window_first[i], pos);
+        t.first = s.window_first[i];
+      }
       if (s.attention_mass && i >= s.num_tokens - attention_mass_rows(s.num_tokens)) {
         t.weights = weights;
         t.weights_stride = seen;

@@ -68,19 +68,19 @@ void kv_eviction_state::observe(std::span<const float> mass, int32_t rows) {
   }
 }
 
-std::vector<int32_t> kv_eviction_state::choose(const kv_eviction_config& c, int32_t keep) const {
+std::vector<int32_t> kv_eviction_state::choose(const kv_eviction_config& c, int32_t keep, int32_t from) const {
   const int32_t n = size();
-  TROUPE_ASSERT(keep >= 0 && keep < n, keep, n);
+  TROUPE_ASSERT(keep >= 0 && from >= 0 && keep < n - from, keep, from, n);
   std::vector<int32_t> kept;
   if (c.policy == kv_policy::streaming) {
     const int32_t sinks = std::min(c.sinks_kept(), keep);
-    for (int32_t i = 0; i < sinks; ++i) kept.push_back(i);
+    for (int32_t i = from; i < from + sinks; ++i) kept.push_back(i);
     for (int32_t i = n - (keep - sinks); i < n; ++i) kept.push_back(i);
     return kept;
   }
   const int32_t recent = std::min(c.window_kept(), keep);
-  std::vector<int32_t> older(static_cast<size_t>(n - recent));
-  std::iota(older.begin(), older.end(), 0);
+  std::vector<int32_t> older(static_cast<size_t>(n - recent - from));
+  std::iota(older.begin(), older.end(), from);
   const uint32_t mask = c.history >= 32 ? ~0u : (1u << c.history) - 1;
   // Best first; ties to the later token.
   auto better = [&](int32_t a, int32_t b) {

@@ -77,8 +77,9 @@ class kv_eviction_state {
   // it saw (`seen` of them at most).
   void observe(std::span<const float> mass, int32_t rows);
 
-  // The slots to keep so that `keep` remain, ascending (keep < size()).
-  std::vector<int32_t> choose(const kv_eviction_config& c, int32_t keep) const;
+  // The slots to keep so that `keep` remain, ascending, chosen from slot `from` on (the
+  // ones before it are dropped first: a sliding window's dead slots); keep < size() - from.
+  std::vector<int32_t> choose(const kv_eviction_config& c, int32_t keep, int32_t from = 0) const;
   // Only those slots remain, in that order.
   void retain(std::span<const int32_t> kept);
 

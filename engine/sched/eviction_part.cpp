@@ -1,6 +1,7 @@
 #include "engine/sched/eviction_part.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include "engine/forward/step_batch.hpp"
 #include "engine/sched/scheduler.hpp"
@@ -92,7 +93,8 @@ void eviction_part::claim(step_draft& d, request& r, kv_claim& c) {
 }
 
 // When a running request's cache and the step's new positions would pass the budget, its
-// policy drops tokens (slots_to_keep says how many stay).
+// policy drops tokens (slots_to_keep says how many stay). On a sliding-window model the
+// slots the step's tokens no longer see go first; the policy chooses among the others.
 void eviction_part::make_room(step_draft& d, request& r, int32_t wanted) {
   eviction_state& e = r.eviction;
   sync_slots(r);
@@ -102,7 +104,13 @@ void eviction_part::make_room(step_draft& d, request& r, int32_t wanted) {
   planned_compaction c;
   c.id = r.id;
   c.block_table = r.blocks;
-  c.kept = e.kept.choose(e.config, keep);
+  const int32_t dead = out_of_window(r);
+  if (slots - dead > keep) {
+    c.kept = e.kept.choose(e.config, keep, dead);
+  } else {  // (the latest of the dead too, so that as many stay: outside every window, unseen)
+    c.kept.resize(static_cast<size_t>(keep));
+    std::iota(c.kept.begin(), c.kept.end(), slots - keep);
+  }
   c.rotate = e.rope_in_cache();
   taken_.push_back({&r, e.kept, e.evicted});
   e.kept.retain(c.kept);
@@ -111,10 +119,56 @@ void eviction_part::make_room(step_draft& d, request& r, int32_t wanted) {
   d.plan.compactions.push_back(std::move(c));
 }
 
+// On a sliding-window model, the slots before the window of the step's first token: by
+// position, or where positions are slots (streaming) by slot.
+int32_t eviction_part::out_of_window(const request& r) const {
+  const int32_t w = cfg_.sliding_window;
+  if (w <= 0) return 0;
+  const std::span<const int32_t> positions = r.eviction.kept.positions();
+  if (r.eviction.rope_in_cache()) return std::max(0, static_cast<int32_t>(positions.size()) - w + 1);
+  const int32_t start = r.num_computed_tokens - w + 1;
+  return static_cast<int32_t>(std::lower_bound(positions.begin(), positions.end(), start) - positions.begin());
+}
+
 void eviction_part::planned(step_draft&, request& r, scheduled_chunk& c, int32_t) {
   c.evicted = r.eviction.evicted;
   c.rope_in_cache = r.eviction.rope_in_cache();
   c.attention = r.eviction.wants_attention();
+  window_of(r, c);
+}
+
+// On a sliding-window model whose cache dropped tokens, with the tokens' own positions:
+// each token's window, the first slot whose position is within it (the kept slots hold
+// ascending positions, then the ones computed since their last compaction follow in order,
+// then the chunk's). Where positions are slots (streaming), and before any compaction,
+// slot and position windows are one: the shards find it.
+void eviction_part::window_of(request& r, scheduled_chunk& c) {
+  std::vector<int32_t>& first = r.eviction.window_first;
+  first.clear();
+  const int32_t w = cfg_.sliding_window;
+  if (w <= 0 || r.eviction.evicted == 0 || r.eviction.rope_in_cache()) return;
+  const std::span<const int32_t> kept = r.eviction.kept.positions();
+  const int32_t first_slot = c.first_slot();
+  // Slot s's position: kept ones, then one after another up to the chunk's first.
+  auto position = [&](int32_t s) {
+    return s < static_cast<int32_t>(kept.size()) ? kept[static_cast<size_t>(s)] : c.first - (first_slot - s);
+  };
+  int32_t slot = 0;
+  for (int32_t t = 0; t < c.count; ++t) {
+    const int32_t start = c.first + t - w + 1;
+    if (slot < first_slot && position(slot) < start) {
+      // (Binary search over the slots before the chunk; they ascend in position.)
+      int32_t lo = slot, hi = first_slot;
+      while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (position(mid) < start) lo = mid + 1; else hi = mid;
+      }
+      slot = lo;
+    }
+    if (slot >= first_slot) slot = std::max(slot, first_slot + std::max(0, start - c.first));
+    first.push_back(slot);
+  }
+  c.window_first = first;
 }
 
 void eviction_part::dropped(step_draft& d, request& r) {

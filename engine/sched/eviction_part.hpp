@@ -64,6 +64,8 @@ class eviction_part final : public scheduler_part {
   int32_t step_limit(const request& r, bool admit) const;
   static int32_t room_wanted(const request& r);
   void make_room(step_draft& d, request& r, int32_t wanted);
+  int32_t out_of_window(const request& r) const;
+  void window_of(request& r, scheduled_chunk& c);
   void observe(const scheduled_chunk& c, request& r, std::span<const float> mass, int32_t heads);
 
   const scheduler_config& cfg_;

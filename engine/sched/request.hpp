@@ -82,6 +82,9 @@ struct eviction_state {
   kv_eviction_state kept;     // what its policy knows of each slot
   int32_t evicted = 0;        // tokens dropped from its cache, so that its blocks hold
                               // num_computed_tokens - evicted slots
+  std::vector<int32_t> window_first;  // a sliding-window model's: each token of its step
+                                      // in flight, the first slot it sees
+                                      // (scheduled_chunk::window_first)
 
   bool enabled() const { return config.enabled(); }
   bool rope_in_cache() const { return config.rope_in_cache(); }

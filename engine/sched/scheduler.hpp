@@ -82,6 +82,9 @@ struct scheduler_config {
                                   // unless the request names its own
   std::string no_eviction;        // non-empty: why KV eviction cannot run here (requests
                                   // that ask for it are refused with this)
+  int32_t sliding_window = 0;     // the model's attention window in positions (0: none):
+                                  // under KV eviction, slots out of it go first, and each
+                                  // token's window is found among the kept slots
   size_t tier_blocks = 0;         // KV tiers: blocks the tiers are taken to hold (the
                                   // directory's size); 0: no tiers
   bool tier_prefetch = false;     // KV tiers: plans name waiting requests' blocks, for the

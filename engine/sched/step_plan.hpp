@@ -32,6 +32,9 @@ struct scheduled_chunk {
                            // `first` goes to slot first - evicted
   bool rope_in_cache = false;  // its RoPE positions are its slots (streaming); otherwise
                                // the tokens' own positions
+  std::span<const int32_t> window_first;  // KV eviction on a sliding-window model: each
+                                         // token's first slot it sees (empty: its slot
+                                         // minus the window, as without eviction)
   bool attention = false;  // KV eviction: the request's policy wants the attention its
                            // slots receive (its last attention_mass_queries tokens'; with
                            // drafts, each token's: attention_by_token)

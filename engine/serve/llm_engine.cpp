@@ -12,6 +12,7 @@ namespace troupe {
 
 engine_config llm_engine::complete(engine_config cfg, const model& m) {
   if (cfg.sched.context == 0) cfg.sched.context = m.config.max_seq_len;
+  cfg.sched.sliding_window = m.config.sliding_window;
   if (cfg.sched.vocab == 0) cfg.sched.vocab = m.config.vocab_size;
   if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(m, cfg.spec).value_or("");
   if (cfg.sched.tier_blocks == 0 && !cfg.sched.kv.tiers.empty())
@@ -21,7 +22,6 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
 }
 
 std::optional<std::string> llm_engine::why_no_eviction(const model& m, const speculative_config& s) {
-  if (m.config.sliding_window > 0) return "KV eviction needs a model without a sliding window";
   if (!s.tree.empty()) return "token trees and KV eviction do not run together";
   return std::nullopt;
 }
@@ -185,6 +185,7 @@ void llm_engine::fill_batch(const step_plan& plan) {
                              .rope_pos = c.first_rope_position(),
                              .logit_rows = c.sample ? 1 + c.num_draft : 0,
                              .tree_parents = c.draft_parents.empty() ? nullptr : tree_parents_[i].data(),
+                             .window_first = c.window_first.empty() ? nullptr : c.window_first.data(),
                              .attention = c.attention,
                              .by_token = c.attention_by_token()},
                             mass);

@@ -233,6 +233,50 @@ TEST_CASE("attention sums: zero where the plan asks, carried by activations and 
   for (size_t n = 0; n < res.size(); ++n) CHECK_FALSE(decode_step_result(std::span(res).first(n), 512, 8, 7).has_value());
 }
 
+TEST_CASE("a sliding-window model's window starts reach the stage, token by token, and bad ones are refused") {
+  step_decoder dec(limits());
+  step_encoder enc;
+  enc.restart(1);
+  std::vector<block_id> table{block_id{1}, block_id{3}};
+  std::vector<int32_t> toks{5, 6, 7}, starts{1, 1, 3};
+  step_plan plan;
+  scheduled_chunk a;
+  a.id = request_id{1};
+  a.first = 9;
+  a.evicted = 4;  // slots 5, 6 and 7
+  a.count = 3;
+  a.tokens = toks;
+  a.block_table = table;
+  a.window_first = starts;
+  plan.chunks = {a};
+  auto got = dec.decode(enc.encode(plan, {}));
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.err().message));
+  REQUIRE(got->batch.sequences.size() == 1);
+  REQUIRE(got->batch.sequences[0].window_first != nullptr);
+  CHECK(std::vector<int32_t>(got->batch.sequences[0].window_first, got->batch.sequences[0].window_first + 3) == starts);
+  // Without them, none.
+  a.window_first = {};
+  plan.chunks = {a};
+  auto plain = dec.decode(enc.encode(plan, {}));
+  REQUIRE(plain.has_value());
+  CHECK(plain->batch.sequences[0].window_first == nullptr);
+  // Descending, past a token's own slot, or below slot 0: refused.
+  for (const std::vector<int32_t>& bad :
+       {std::vector<int32_t>{3, 1, 3}, std::vector<int32_t>{1, 7, 7}, std::vector<int32_t>{-1, 0, 0}}) {
+    CAPTURE(bad);
+    step_encoder e;
+    e.restart(2);
+    step_decoder d(limits());
+    scheduled_chunk c = a;
+    c.window_first = bad;
+    step_plan p;
+    p.chunks = {c};
+    auto r = d.decode(e.encode(p, {}));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.err().message.find("window starts must ascend") != std::string::npos);
+  }
+}
+
 TEST_CASE("KV tier loads and saves reach the stage with their keys, and only blocks of the plan's tables") {
   step_decoder dec(limits());
   step_encoder enc;

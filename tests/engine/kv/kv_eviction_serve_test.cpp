@@ -416,6 +416,26 @@ TEST_CASE("an evicting request computed again, its cache lost or moved with its 
   }
 }
 
+TEST_CASE("a sliding-window model under a KV budget: the slots out of the window go first") {
+  test::loaded windowed = test::load(test::models_dir() + "/stories260K.bin", test::models_dir() + "/tok512.bin");
+  windowed.m.config.sliding_window = 16;
+  const auto reqs = long_requests(windowed.tok, 3, 200);
+  llm_engine plain(windowed.m, windowed.tok, small_pool(64));
+  const auto want = run_all(plain, reqs);
+  for (kv_policy p : {kv_policy::h2o, kv_policy::scissorhands}) {
+    CAPTURE(kv_policy_name(p));
+    // A budget of three windows, of which the policy holds only the last 2 tokens for
+    // recency: every compaction finds enough out of the window to drop, so that nothing
+    // the model sees goes (whatever the policy would rank first), and the text is the
+    // model's without eviction.
+    engine_config cfg = small_pool(64);
+    cfg.sched.eviction = {p, 48, -1, 2, 16};
+    llm_engine evicting(windowed.m, windowed.tok, cfg);
+    CHECK(run_all(evicting, reqs) == want);
+    CHECK(evicting.stats().evicted_tokens > 0);
+  }
+}
+
 TEST_CASE("streaming decodes past the model's context, and the other policies stop at it") {
   const auto& l = stories();
   const int32_t context = l.m.config.max_seq_len;

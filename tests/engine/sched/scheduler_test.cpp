@@ -304,6 +304,52 @@ TEST_CASE("a step lost with the replica takes its drafts with it") {
   CHECK(r->num_tokens() == 8);
 }
 
+TEST_CASE("KV eviction on a sliding-window model: dead slots go first, each token's window found by position") {
+  constexpr int32_t window = 12;
+  scheduler_config cfg = small(8);
+  cfg.sliding_window = window;
+  cfg.eviction = {kv_policy::h2o, 16, -1, 4, 16};
+  scheduler s(cfg, test::tok512());
+  REQUIRE(s.add(request_id{1}, prompt_of(30, 300, 60)).has_value());
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> mass(0.0f, 1.0f);
+  std::vector<int32_t> cache;  // each slot's position, as the plans move them
+  int32_t windows = 0, gaps = 0;
+  for (int steps = 0; s.has_unfinished() && steps < 200; ++steps) {
+    const step_plan plan = s.schedule();
+    REQUIRE(plan.chunks.size() == 1);
+    const scheduled_chunk& c = plan.chunks[0];
+    for (const planned_compaction& m : plan.compactions) {
+      const int32_t start = c.first - window + 1;  // the step's first token's window
+      const auto live = std::count_if(cache.begin(), cache.end(), [&](int32_t p) { return p >= start; });
+      std::vector<int32_t> kept;
+      for (int32_t k : m.kept) kept.push_back(cache.at(static_cast<size_t>(k)));
+      const auto kept_dead = std::count_if(kept.begin(), kept.end(), [&](int32_t p) { return p < start; });
+      CHECK((kept_dead == 0 || kept.size() - kept_dead == static_cast<size_t>(live)));  // the dead go first
+      cache = kept;
+    }
+    REQUIRE(c.first_slot() == static_cast<int32_t>(cache.size()));
+    for (int32_t t = 0; t < c.count; ++t) cache.push_back(c.first + t);
+    gaps += cache.back() - cache.front() + 1 != static_cast<int32_t>(cache.size());
+    for (int32_t t = 0; t < c.count; ++t) {
+      // The first slot of a position within token t's window, by a scan.
+      int32_t want = 0;
+      while (cache[static_cast<size_t>(want)] < c.first + t - window + 1) ++want;
+      const int32_t got = c.window_first.empty() ? std::max(0, c.first_slot() + t - window + 1)
+                                                 : c.window_first[static_cast<size_t>(t)];
+      CHECK(got == want);
+      windows += !c.window_first.empty();
+    }
+    std::vector<float> sums(static_cast<size_t>(plan.attention_sums()));
+    for (float& x : sums) x = mass(gen);
+    s.observe_attention(plan, sums, 1);
+    (void)run(s, plan, 400 + steps % 50);
+  }
+  CHECK_FALSE(s.has_unfinished());
+  CHECK(windows > 0);
+  CHECK(gaps > 0);  // (the policy dropped tokens inside the window: slots and positions apart)
+}
+
 TEST_CASE("micro-batches: each plan takes its share of the requests") {
   auto cfg = small(64);
   cfg.micro_batches = 2;
