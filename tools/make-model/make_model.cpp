@@ -30,6 +30,14 @@ constexpr preset presets[] = {
 // The shape from the preset, the family's settings and the rope flags; false (with the
 // reason on stderr) for flags that do not go together.
 bool settle_shape(make_options& o, const CLI::App& app) {
+  // A model converted keeps its architecture: flags that would describe another are refused.
+  if (!o.from.empty())
+    for (const char* flag : {"--family", "--sliding-window", "--rope-theta"})
+      if (app.count(flag) > 0) {
+        std::fprintf(stderr, "make-model: %s describes a generated model; --from converts %s as it is\n", flag,
+                     o.from.c_str());
+        return false;
+      }
   // A preset fills the shape; a flag given beside it wins (--preset 110m --context 4096).
   for (const auto& p : presets)
     if (o.preset_name == p.name) {
