@@ -8,6 +8,8 @@
 // part in turn and in a fixed order, at these points:
 //
 //   add        check()       the request's parameters, as far as the feature reads them
+//              cache_bound() the most slots its cache holds, where the feature bounds it
+//              past_context() whether its positions may pass the model's context
 //              added()       the request is made; the part sets its state of it
 //   each step  begin_step()
 //              whole_chunk() the positions its step computes all at once, if any: the core
@@ -18,7 +20,7 @@
 //                            a request being preempted (drafts)
 //              granted()     it got its blocks (the grant), an admission or not
 //              planned()     a chunk of it joins the plan
-//              dropped()     it leaves the plan being made (preempted)
+//              dropped()     it leaves the plan being made (preempted, or it can never fit)
 //              end_step()    the plan is whole; the parts add what the step also carries
 //   results    applied()     the step's tokens were applied to it
 //              ends_after()  a token was appended: whether that ends it (and how)
@@ -28,13 +30,17 @@
 // Order: eviction, speculation, tiers, handoff, SLO classes. Eviction claims first, since
 // its compaction decides the slots the others see. Where two features meet, the meeting
 // is written once: request::blocks_by_content (eviction against the tiers and the
-// prefill/decode handoff), tier_part::learn (the handoff fills the tiers' directory).
+// prefill/decode handoff), tier_part::added (what a prefill replica sent is in the
+// decode replica's first tier).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <optional>
 #include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "engine/kv/kv_block_manager.hpp"
 #include "engine/sched/step_plan.hpp"
