@@ -25,6 +25,8 @@ each case checks, over HTTP:
     eviction settings and nothing else (no speculation, one process, no tiers);
   - the story again, after a request for other words: served from what the prefix cache
     and the tiers kept of it, the same text;
+  - llama2.c's greedy text of the shared reference (../shared/reference), under a KV budget
+    above the sequence where the layout evicts (the request's own, the layout's policy);
   - a sampled completion with a seed: troupe-run's with the same seed, proposer, shape
     and eviction (speculation and eviction are part of how a seed is spent; the layout
     is not), but for the layouts sampled_apart() names, the same text as the first
@@ -192,6 +194,12 @@ class Matrix:
         self.expected = {}   # troupe-run's text, by its settings
         self.sampled = {}    # where sampled_apart: the first sampled text, by proposer, shape and eviction
         self.apart = set()   # the reasons sampled_apart gave
+        # llama2.c's greedy continuations (PROVENANCE.md beside them): `steps` tokens after
+        # BOS, the prompt's included.
+        path = os.path.normpath(os.path.join(self.models, "..", "..", "reference", "stories260K_greedy.jsonl"))
+        with open(path) as f:
+            self.reference = [json.loads(line) for line in f if line.strip()]
+        self.reference_prompt_tokens = None  # after BOS, as the first case's server counts them
 
     def topology(self, row, work):
         """The layout's topology file, and the nodes a failure strikes (name: role)."""
@@ -435,6 +443,21 @@ class Matrix:
                 # compares without them on both sides)
                 if want is None or c["text"].rstrip("\n") != want.rstrip("\n"):
                     raise CaseFailed(f"{what}: the text is not troupe-run's:\n  got  {c['text']!r}\n  want {want!r}")
+            # The shared reference (llama2.c's greedy text, no code in common): under a KV
+            # budget above the sequence (the request's own, with the layout's policy), the
+            # same text.
+            ref = self.reference[0]
+            if self.reference_prompt_tokens is None:
+                once = complete(base, {"prompt": ref["prompt"], "max_tokens": 1, "temperature": 0})
+                self.reference_prompt_tokens = once["usage"]["prompt_tokens"] - 1
+            body = {"prompt": ref["prompt"], "max_tokens": ref["steps"] - self.reference_prompt_tokens, "temperature": 0,
+                    "ignore_eos": True}
+            if row["eviction"] != "none":
+                body["kv_eviction"] = {"policy": row["eviction"], "budget": 256}
+            text = complete(base, body)["choices"][0]["text"]
+            if text.rstrip("\n") != ref["text"][len(ref["prompt"]):].rstrip("\n"):
+                raise CaseFailed(f"the reference, a budget above the sequence: not llama2.c's text:\n  got  {text!r}\n"
+                                 f"  want {ref['text'][len(ref['prompt']):]!r}")
             # Sampled with a seed: troupe-run's text with the same seed, proposer and
             # eviction (a draft's draws come from the request's own stream wherever it runs),
             # or where a cluster spends the seed apart from troupe-run's engine loop
