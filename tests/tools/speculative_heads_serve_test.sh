@@ -8,7 +8,8 @@
 # acceptance per depth, and per head with Medusa. Heads that cannot work start nothing.
 # Bounded in time; every node is stopped.
 # Usage: speculative_heads_serve_test.sh BUILD_DIR SOURCE_DIR MODELS_DIR
-#   SEED=N replays a run's random prompts; VARIANTS="medusa eagle" runs only those.
+#   SEED=N replays a run's random prompts; VARIANTS="medusa eagle" runs only those (over
+#   TLS, TROUPE_TEST_TLS=1, two of them unless VARIANTS names others).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 build=$1 src=$2 models=$3
@@ -27,7 +28,13 @@ r = random.Random(int(sys.argv[1]))
 words = "the a little big dog cat girl boy sun tree park ball happy sad went saw said and then one day mom".split()
 for _ in range(3): print(" ".join(r.choice(words) for _ in range(r.randint(1, 7))).capitalize())' "$seed")
 
-for variant in ${VARIANTS:-medusa medusa-tree eagle-tree-auto eagle draft-tree-on-n1}; do
+# Over TLS (the twin), the variants whose traffic crosses the links in ways of their own:
+# features coming back from the last stage to the scheduler (EAGLE, a tree chosen by
+# acceptance), and draft orders to the draft actor on the other node; the rest differ from
+# them only inside a process.
+variants="medusa medusa-tree eagle-tree-auto eagle draft-tree-on-n1"
+tls_twin && variants="eagle-tree-auto draft-tree-on-n1"
+for variant in ${VARIANTS:-$variants}; do
   method=${variant%%-*}
   replica_extra=
   [[ $variant == *-on-n1 ]] && replica_extra='draft  = "n1"'
