@@ -22,7 +22,9 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
 }
 
 std::optional<std::string> llm_engine::why_no_eviction(const model& m, const speculative_config& s) {
-  if (!s.tree.empty()) return "token trees and KV eviction do not run together";
+  if (!s.tree.empty())
+    return "token trees and KV eviction do not run together (yet): a tree's kept path and a compaction both "
+           "move the request's slots, and the two moves are not composed";
   return std::nullopt;
 }
 
