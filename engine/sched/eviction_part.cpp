@@ -138,34 +138,22 @@ void eviction_part::planned(step_draft&, request& r, scheduled_chunk& c, int32_t
 }
 
 // On a sliding-window model whose cache dropped tokens, with the tokens' own positions:
-// each token's window, the first slot whose position is within it (the kept slots hold
-// ascending positions, then the ones computed since their last compaction follow in order,
-// then the chunk's). Where positions are slots (streaming), and before any compaction,
-// slot and position windows are one: the shards find it.
+// each token's window, the first slot whose position is within it. The kept slots hold
+// ascending positions; the slots after them (computed since the last compaction, then the
+// chunk's) hold one position after another, slot first_slot + k position first + k. Where
+// positions are slots (streaming), and before any compaction, slot and position windows
+// are one: the shards find it.
 void eviction_part::window_of(request& r, scheduled_chunk& c) {
   std::vector<int32_t>& first = r.eviction.window_first;
   first.clear();
   const int32_t w = cfg_.sliding_window;
   if (w <= 0 || r.eviction.evicted == 0 || r.eviction.rope_in_cache()) return;
   const std::span<const int32_t> kept = r.eviction.kept.positions();
-  const int32_t first_slot = c.first_slot();
-  // Slot s's position: kept ones, then one after another up to the chunk's first.
-  auto position = [&](int32_t s) {
-    return s < static_cast<int32_t>(kept.size()) ? kept[static_cast<size_t>(s)] : c.first - (first_slot - s);
-  };
-  int32_t slot = 0;
   for (int32_t t = 0; t < c.count; ++t) {
     const int32_t start = c.first + t - w + 1;
-    if (slot < first_slot && position(slot) < start) {
-      // (Binary search over the slots before the chunk; they ascend in position.)
-      int32_t lo = slot, hi = first_slot;
-      while (lo < hi) {
-        const int32_t mid = lo + (hi - lo) / 2;
-        if (position(mid) < start) lo = mid + 1; else hi = mid;
-      }
-      slot = lo;
-    }
-    if (slot >= first_slot) slot = std::max(slot, first_slot + std::max(0, start - c.first));
+    const auto it = std::lower_bound(kept.begin(), kept.end(), start);
+    auto slot = static_cast<int32_t>(it - kept.begin());
+    if (it == kept.end()) slot = std::max(slot, c.first_slot() + start - c.first);
     first.push_back(slot);
   }
   c.window_first = first;

@@ -14,14 +14,14 @@ engine_config llm_engine::complete(engine_config cfg, const model& m) {
   if (cfg.sched.context == 0) cfg.sched.context = m.config.max_seq_len;
   cfg.sched.sliding_window = m.config.sliding_window;
   if (cfg.sched.vocab == 0) cfg.sched.vocab = m.config.vocab_size;
-  if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(m, cfg.spec).value_or("");
+  if (cfg.sched.no_eviction.empty()) cfg.sched.no_eviction = why_no_eviction(cfg.spec).value_or("");
   if (cfg.sched.tier_blocks == 0 && !cfg.sched.kv.tiers.empty())
     cfg.sched.tier_blocks = tier_directory_blocks(cfg.sched.kv, m.config, cfg.kv_type.value_or(kv_cache_type_for(m)));
   cfg.sched.tier_prefetch = cfg.sched.kv.tiers.size() > 1;
   return cfg;
 }
 
-std::optional<std::string> llm_engine::why_no_eviction(const model& m, const speculative_config& s) {
+std::optional<std::string> llm_engine::why_no_eviction(const speculative_config& s) {
   if (!s.tree.empty())
     return "token trees and KV eviction do not run together (yet): a tree's kept path and a compaction both "
            "move the request's slots, and the two moves are not composed";
@@ -34,7 +34,7 @@ status llm_engine::check(const model& m, const engine_config& cfg) {
   const kv_eviction_config& ev = cfg.sched.eviction;
   if (auto e = validate(ev)) return error{*e};
   if (ev.enabled()) {
-    if (auto why = why_no_eviction(m, s)) return error{*why};
+    if (auto why = why_no_eviction(s)) return error{*why};
     if (ev.budget > m.config.max_seq_len)
       return error{"a KV budget of " + std::to_string(ev.budget) + " tokens is past the model's context of " +
                    std::to_string(m.config.max_seq_len)};
@@ -179,10 +179,14 @@ void llm_engine::fill_batch(const step_plan& plan) {
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const scheduled_chunk& c = plan.chunks[i];
     const request* r = sched_.find(c.id);
-    tokens_.assign(c.tokens.begin(), c.tokens.end());
-    tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
+    std::span<const int32_t> toks = c.tokens;
+    if (c.num_draft > 0) {  // (the known tokens and the drafts live apart: joined here)
+      tokens_.assign(c.tokens.begin(), c.tokens.end());
+      tokens_.insert(tokens_.end(), c.draft.begin(), c.draft.end());
+      toks = tokens_;
+    }
     if (!c.draft_parents.empty()) tree_parents_of(c.draft_parents, tree_parents_[i]);  // its root, then its nodes
-    mass = batch_.add_chunk(tokens_, c.block_table,
+    mass = batch_.add_chunk(toks, c.block_table,
                             {.start_pos = c.first_slot(),
                              .rope_pos = c.first_rope_position(),
                              .logit_rows = c.sample ? 1 + c.num_draft : 0,

@@ -67,7 +67,7 @@ class llm_engine {
   static status check(const model& m, const engine_config& cfg);
   // Why KV eviction cannot run for m with speculation s, on CPU or GPU shards (nullopt: it
   // can): a deployment default that asks for it is refused, and so is each request.
-  static std::optional<std::string> why_no_eviction(const model& m, const speculative_config& s);
+  static std::optional<std::string> why_no_eviction(const speculative_config& s);
   // On the GPU `where` names; an error when its shard cannot be made there (this build has
   // no CUDA, no such device, not enough device memory). Tokens are chosen on the device
   // where step_choices.hpp's rule allows, else on the host as on the CPU.

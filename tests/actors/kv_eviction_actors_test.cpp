@@ -218,7 +218,7 @@ TEST_CASE("a request's KV policy is refused by a scheduler that cannot run it, w
   speculative_config trees;
   trees.method = spec_method::early_exit;
   trees.tree = {2, 2};
-  const auto why_not = llm_engine::why_no_eviction(l.m, trees);
+  const auto why_not = llm_engine::why_no_eviction(trees);
   REQUIRE(why_not.has_value());
   setup.config.no_eviction = *why_not;
   auto r = test::start_replica(sys, l.m, setup, {{0, 5, 1}});

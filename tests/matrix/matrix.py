@@ -49,6 +49,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -496,7 +497,6 @@ class Pulse:
     any heartbeat timeout), until kill() SIGKILLs it (or, with kill=False, lets it go)."""
 
     def __init__(self, pid, kill=True):
-        import threading
         self.pid = pid
         self.lethal = kill
         self.done = threading.Event()

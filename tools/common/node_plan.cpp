@@ -192,7 +192,7 @@ expected<node_plan> plan_node(const topology& t, const model& m, const tokenizer
     if (spec->uses_heads() && !heads) return error{t.path + ": [speculative] method " + t.speculative.method + ": the head file is not loaded"};
     if (spec->uses_heads()) s.heads = heads;
     // KV eviction: the deployment's default, or requests' own, where the replica can run it.
-    s.config.no_eviction = llm_engine::why_no_eviction(m, *spec).value_or("");
+    s.config.no_eviction = llm_engine::why_no_eviction(*spec).value_or("");
     s.config.sliding_window = m.config.sliding_window;
     const kv_eviction_config& ev = t.scheduler.eviction;
     if (ev.enabled() && !s.config.no_eviction.empty())
